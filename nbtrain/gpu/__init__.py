@@ -1,0 +1,1 @@
+"""GPU facts read through NVML, without initialising CUDA in the calling process."""

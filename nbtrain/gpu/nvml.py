@@ -1,0 +1,118 @@
+"""NVML, wrapped once: the only place nbtrain talks to the NVIDIA driver from the kernel.
+
+Why NVML and not ``torch.cuda``: asking CUDA how many GPUs there are initialises the CUDA driver in the
+notebook kernel, which is what later breaks forked workers ("Cannot re-initialize CUDA in forked
+subprocess") and holds memory on GPU 0. NVML reads the same facts from the driver without a CUDA context.
+
+* Initialised lazily, on the first query — never at import — and only once per process.
+* Every query degrades instead of raising: no driver, no ``pynvml`` module, a field the GPU does not
+  support (MIG, old boards) give ``None``, and the first failure of each kind is explained once through
+  :func:`hint`.
+* The module is ``pynvml`` as shipped by ``nvidia-ml-py`` (NVIDIA's bindings), not the deprecated
+  ``pynvml`` package.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+_lock = threading.Lock()
+_state: dict[str, Any] = {"module": None, "error": None, "tried": False}
+_hints: set[str] = set()
+_hint_sink: list[Callable[[str], None]] = []
+
+
+def hint(message: str) -> None:
+    """Say ``message`` once per process (to the sinks registered by the UI, else stderr)."""
+    if message in _hints:
+        return
+    _hints.add(message)
+    for sink in _hint_sink or [lambda m: print(f"nbtrain: {m}", file=sys.stderr)]:
+        sink(message)
+
+
+def library():
+    """The initialised ``pynvml`` module, or ``None`` when there is no usable NVIDIA driver."""
+    with _lock:
+        if not _state["tried"]:
+            _state["tried"] = True
+            try:
+                import pynvml
+
+                pynvml.nvmlInit()
+                _state["module"] = pynvml
+            except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, DriverNotLoaded...
+                _state["error"] = f"{type(exc).__name__}: {exc}"
+        return _state["module"]
+
+
+def unavailable_reason() -> str | None:
+    library()
+    return _state["error"]
+
+
+def query(fn: Callable[..., Any], *args, default=None):
+    """Call an NVML function; on any NVML error return ``default`` (a missing value, not a crash)."""
+    nvml = library()
+    if nvml is None:
+        return default
+    try:
+        return fn(*args)
+    except Exception as exc:
+        hint(f"NVML could not read {getattr(fn, '__name__', 'a value')} ({exc}); it is shown as N/A")
+        return default
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int  # NVML (physical) index
+    name: str
+    uuid: str
+    memory_total: int | None  # bytes
+
+
+def _decode(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def all_gpus() -> list[GpuInfo]:
+    nvml = library()
+    if nvml is None:
+        return []
+    gpus = []
+    for index in range(query(nvml.nvmlDeviceGetCount, default=0)):
+        handle = query(nvml.nvmlDeviceGetHandleByIndex, index)
+        if handle is None:
+            continue
+        memory = query(nvml.nvmlDeviceGetMemoryInfo, handle)
+        gpus.append(GpuInfo(index, _decode(query(nvml.nvmlDeviceGetName, handle, default="GPU")),
+                            _decode(query(nvml.nvmlDeviceGetUUID, handle, default="")),
+                            getattr(memory, "total", None)))
+    return gpus
+
+
+def visible_gpus(environ=os.environ) -> list[GpuInfo]:
+    """The GPUs this process may use, in CUDA's order, honouring ``CUDA_VISIBLE_DEVICES``.
+
+    As CUDA does: entries are indices or UUID prefixes, and the list stops at the first entry that
+    names no GPU. MIG instances are not resolved to their parent here (they cannot run NCCL anyway).
+    """
+    gpus = all_gpus()
+    spec = environ.get("CUDA_VISIBLE_DEVICES")
+    if spec is None:
+        return gpus
+    chosen: list[GpuInfo] = []
+    for entry in (e.strip() for e in spec.split(",")):
+        match = None
+        if entry.isdigit():
+            match = next((g for g in gpus if g.index == int(entry)), None)
+        elif entry.startswith("GPU-"):
+            match = next((g for g in gpus if g.uuid.startswith(entry)), None)
+        if match is None or match in chosen:
+            break
+        chosen.append(match)
+    return chosen

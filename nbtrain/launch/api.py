@@ -1,0 +1,59 @@
+"""The plain-Python entry point behind ``%%distributed``: check everything, then run.
+
+:func:`run_source` works without IPython (tests, scripts, other front ends)::
+
+    from nbtrain.launch.api import run_source
+    from nbtrain.launch.config import LaunchRequest
+
+    ns = {"scale": 3}
+    result = run_source("y = scale * (rank + 1)", LaunchRequest(nprocs=2, cpu=True), ns)
+    ns["y"]   # 3: rank 0's y
+
+Every user mistake raises a subclass of :class:`UserInputError` *before* any process starts: a bad
+option (:class:`~.config.ConfigError`), a syntax error in the cell (:class:`~.cell.CellSyntaxError`), a
+notebook variable that cannot be sent (:class:`~.payload.PayloadError`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .cell import CellSyntaxError, analyse_cell
+from .config import ConfigError, LaunchRequest, resolve
+from .payload import PayloadError, pack_inputs
+from .run import PoolManager, RunResult, names_to_send, run_cell
+
+UserInputError = (ConfigError, CellSyntaxError, PayloadError)
+
+
+def run_source(source: str, request: LaunchRequest, namespace: dict, *, manager: PoolManager | None = None,
+               line_offset: int = 1, write: Callable[[str, str], None] | None = None, code_name=None) -> RunResult:
+    """Run ``source`` as ``request.nprocs`` ranks; names rank 0 assigns are put into ``namespace``.
+
+    ``manager`` keeps the warm pool between calls; without one, the pool is stopped after the run.
+    """
+    config = resolve(request)
+    info = analyse_cell(source, line_offset)
+    inputs = pack_inputs(namespace, names_to_send(info, namespace))
+    if manager is None:
+        manager = PoolManager()
+        config = type(config)(**{**config.__dict__, "keep_alive_s": 0.0})
+    return run_cell(namespace, info, config, manager, inputs, write=write, code_name=code_name)
+
+
+def format_summary(result: RunResult) -> list[str]:
+    """The short lines the magic prints after a successful run."""
+    devices = sorted(set(result.devices.values()))
+    where = devices[0] if len(devices) == 1 else ", ".join(devices)
+    line = f"nbtrain: {len(result.devices)} ranks · {result.backend} · {where} · {result.seconds:.1f} s" + (" (warm)" if result.warm else "")
+    if result.returned:
+        line += " · back in the notebook: " + ", ".join(result.returned)
+    lines = [line]
+    lines += [f"nbtrain: {note}" for note in result.notes]
+    if result.moved_to_cpu:
+        lines.append(f"nbtrain: {', '.join(result.moved_to_cpu)} came back on the CPU (they were on a GPU in the ranks)")
+    lines += [f"nbtrain: skipped '{name}': {reason}" for name, reason in result.skipped.items()]
+    return lines
+
+
+__all__ = ["UserInputError", "run_source", "format_summary", "ConfigError", "CellSyntaxError", "PayloadError"]

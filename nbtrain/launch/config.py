@@ -1,0 +1,166 @@
+"""LaunchConfig: everything that decides how a cell is run, checked before any process starts.
+
+:func:`resolve` turns what the user asked for (:class:`LaunchRequest`, the magic's parsed arguments)
+into a :class:`LaunchConfig`, or raises :class:`ConfigError` with a message that says what is wrong and
+how to fix it. GPUs are counted through NVML (:mod:`nbtrain.gpu.nvml`), never through CUDA, so the kernel
+stays CUDA-clean.
+
+Devices: ranks see only the chosen GPUs (``CUDA_VISIBLE_DEVICES``) and rank ``r`` uses
+``cuda:(local_rank % len(gpus))`` — so a pasted torchrun script's ``torch.cuda.set_device(local_rank)``
+does the right thing. NCCL needs one GPU per rank; gloo may put several ranks on one GPU or run on CPU.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from ..gpu import nvml
+
+DEFAULT_TIMEOUT_S = 600.0
+DEFAULT_START_TIMEOUT_S = 180.0
+DEFAULT_KEEP_ALIVE_S = 900.0
+
+
+class ConfigError(ValueError):
+    """The user asked for something that cannot run; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    nprocs: int | None = None
+    cpu: bool = False
+    gpus: str | None = None  # "0,2"
+    backend: str | None = None
+    timeout: float | None = None
+    out: str | None = None  # "a,b" | "-" (nothing) | None (everything the cell assigns)
+    output: str = "all"  # "all" | "rank0"
+    keep_alive: float | None = None
+    fresh: bool = False
+    env: tuple[str, ...] = ()  # "NAME=value"
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """What two runs must share to reuse the same warm processes."""
+
+    nprocs: int
+    backend: str
+    device_type: str  # "cuda" | "cpu"
+    gpu_ids: tuple[int, ...]  # physical NVML indices made visible to the ranks
+    timeout_s: float
+    env: tuple[tuple[str, str], ...] = ()
+
+    def rank_devices(self) -> list[str]:
+        if self.device_type == "cpu":
+            return ["cpu"] * self.nprocs
+        return [f"cuda:{r % len(self.gpu_ids)}" for r in range(self.nprocs)]
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    pool: PoolSpec
+    out_names: tuple[str, ...] | None  # None: every name the cell assigns
+    output: str
+    keep_alive_s: float
+    fresh: bool
+    start_timeout_s: float = DEFAULT_START_TIMEOUT_S
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _torch_has_cuda() -> bool:
+    import torch  # importing torch does not initialise CUDA
+
+    return torch.version.cuda is not None or getattr(torch.version, "hip", None) is not None
+
+
+def _parse_gpu_ids(text: str) -> list[int]:
+    try:
+        ids = [int(part) for part in text.replace(" ", "").split(",") if part != ""]
+    except ValueError:
+        raise ConfigError(f"--gpus takes GPU numbers separated by commas, such as --gpus 0,2 (got {text!r}).") from None
+    if not ids:
+        raise ConfigError("--gpus names no GPU; give numbers such as --gpus 0,1.")
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"--gpus names a GPU twice ({text}); each GPU can be listed once.")
+    return ids
+
+
+def _parse_names(text: str | None) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    if text.strip() in ("-", ""):
+        return ()
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    bad = [n for n in names if not n.isidentifier()]
+    if bad:
+        raise ConfigError(f"--out takes Python names separated by commas; {', '.join(map(repr, bad))} is not one.")
+    return names
+
+
+def _parse_env(items) -> tuple[tuple[str, str], ...]:
+    pairs = []
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.isidentifier():
+            raise ConfigError(f"--env takes NAME=value (got {item!r}).")
+        pairs.append((name, value))
+    return tuple(pairs)
+
+
+def resolve(request: LaunchRequest) -> LaunchConfig:
+    """Check the request against this machine and decide devices, backend and rank count."""
+    if request.nprocs is not None and request.nprocs < 1:
+        raise ConfigError(f"The number of ranks must be at least 1 (got {request.nprocs}).")
+    if request.cpu and request.gpus:
+        raise ConfigError("--cpu and --gpus contradict each other; use one of them.")
+    backend = request.backend.lower() if request.backend else None
+    if backend not in (None, "nccl", "gloo"):
+        raise ConfigError(f"Unknown backend {request.backend!r}: use nccl (GPUs) or gloo (CPU, or GPUs).")
+    if request.timeout is not None and request.timeout <= 0:
+        raise ConfigError(f"--timeout must be a positive number of seconds (got {request.timeout}).")
+    if request.output not in ("all", "rank0"):
+        raise ConfigError(f"--output is 'all' or 'rank0' (got {request.output!r}).")
+
+    visible = [] if request.cpu else nvml.visible_gpus()
+    notes: list[str] = []
+    if visible and not _torch_has_cuda():
+        notes.append("this PyTorch build has no CUDA support, so the ranks run on CPU")
+        visible = []
+    if request.gpus:
+        wanted = _parse_gpu_ids(request.gpus)
+        known = {g.index: g for g in visible}
+        unknown = [i for i in wanted if i not in known]
+        if unknown:
+            have = ", ".join(str(g.index) for g in visible) or "none"
+            raise ConfigError(f"GPU {', '.join(map(str, unknown))} not found; the GPUs this kernel can use are: {have}.")
+        gpus = [known[i] for i in wanted]
+    else:
+        gpus = visible
+
+    if backend == "nccl" and not gpus:
+        why = "--cpu was given" if request.cpu else "no NVIDIA GPU is visible"
+        raise ConfigError(f"The nccl backend needs GPUs, but {why}. Use --backend gloo (or leave --backend out).")
+    nprocs = request.nprocs or (len(gpus) if gpus else 2)
+    backend = backend or ("nccl" if gpus else "gloo")
+    if backend == "nccl" and nprocs > len(gpus):
+        raise ConfigError(
+            f"{nprocs} ranks on nccl need {nprocs} GPUs, but only {len(gpus)} "
+            f"({', '.join(str(g.index) for g in gpus)}) can be used. Run {len(gpus)} ranks, or use --backend gloo."
+        )
+    pool = PoolSpec(
+        nprocs=nprocs,
+        backend=backend,
+        device_type="cuda" if gpus else "cpu",
+        gpu_ids=tuple(g.index for g in gpus),
+        timeout_s=float(request.timeout or DEFAULT_TIMEOUT_S),
+        env=_parse_env(request.env),
+    )
+    keep_alive = DEFAULT_KEEP_ALIVE_S if request.keep_alive is None else float(request.keep_alive)
+    if keep_alive < 0:
+        raise ConfigError(f"--keep-alive must be 0 or more seconds (got {request.keep_alive}).")
+    return LaunchConfig(pool, _parse_names(request.out), request.output, keep_alive, request.fresh, notes=tuple(notes))
+
+
+def default_start_timeout() -> float:
+    return float(os.environ.get("NBTRAIN_START_TIMEOUT", DEFAULT_START_TIMEOUT_S))

@@ -1,0 +1,133 @@
+"""What the notebook shows when a rank fails: which rank, what happened, and where in *your* code.
+
+A rank reports an exception as frames (file, line, function); the kernel formats them here, because the
+kernel knows the sources: the cell body (its lines shifted by the ``%%distributed`` line, so "line 5" is
+the fifth line of the cell as you see it) and the notebook's earlier cells (IPython keeps them in
+``linecache``; functions sent by value keep their original file names and line numbers), labelled
+``Cell In[3], line 4`` as IPython does.
+
+A rank that dies without a Python exception is described by how it died: killed by a signal (SIGKILL
+is usually the out-of-memory killer), or exited with a code — with the error torch elastic's ``@record``
+wrote for it, if any, and the last lines the rank printed.
+
+:class:`RankFailedError` is raised in the notebook. IPython shows its :meth:`_render_traceback_` instead
+of a kernel-side traceback that would only show nbtrain's own frames.
+"""
+
+from __future__ import annotations
+
+import linecache
+import signal
+from dataclasses import dataclass, field
+
+from .protocol import Frame, RemoteError
+
+_PEER_LOST = ("connection reset by peer", "connection closed by peer", "broken pipe", "gloo/transport",
+              "nccl communicator was aborted", "socket closed")
+
+SIGNAL_HINTS = {
+    signal.SIGKILL: "often the out-of-memory killer (see `dmesg`), or a `kill -9`",
+    signal.SIGSEGV: "a crash in native code (a CUDA/C++ extension, or a bad tensor access)",
+    signal.SIGBUS: "often /dev/shm too small for DataLoader workers (raise --shm-size in Docker)",
+    signal.SIGABRT: "native code aborted (see the rank's last output above)",
+    signal.SIGTERM: "something outside nbtrain asked it to stop",
+}
+
+
+@dataclass
+class RankFailure:
+    rank: int
+    error: RemoteError | None = None  # a Python exception in the rank
+    exit_code: int | None = None  # the process ended: < 0 is a signal
+    error_file_message: str | None = None
+    output_tail: list[str] = field(default_factory=list)
+    order: int = 0  # arrival order: the first failure is usually the cause
+
+    @property
+    def secondary(self) -> bool:
+        """A communication error that another rank's death causes: never shown as the cause if one is known."""
+        if self.error is None:
+            return False
+        text = f"{self.error.type_name} {self.error.message}".lower()
+        return self.error.type_name.startswith("Dist") or any(k in text for k in _PEER_LOST)
+
+    def summary(self) -> str:
+        if self.error is not None:
+            where = {"inputs": " while loading the notebook's variables", "results": " while sending results back"}
+            return f"rank {self.rank} raised {self.error.headline}{where.get(self.error.stage, '')}"
+        if self.exit_code is not None and self.exit_code < 0:
+            sig = signal.Signals(-self.exit_code)
+            hint = SIGNAL_HINTS.get(sig)
+            return f"rank {self.rank} was killed by {sig.name}" + (f" — {hint}" if hint else "")
+        return f"rank {self.rank} exited with code {self.exit_code} while running the cell"
+
+
+class RankFailedError(RuntimeError):
+    """One or more ranks failed; the others were stopped. Shows the first failure's mapped traceback."""
+
+    def __init__(self, failures: list[RankFailure], *, cell_filename: str, cell_source: str, line_offset: int,
+                 code_name=None, stopped: list[int] | None = None):
+        self.failures = sorted(failures, key=lambda f: (f.secondary, f.order, f.rank))
+        self.rank = self.failures[0].rank
+        self._cell = (cell_filename, cell_source.splitlines(), line_offset)
+        self._code_name = code_name
+        self.stopped = stopped or []
+        super().__init__(self.failures[0].summary())
+
+    @property
+    def remote_type(self) -> str | None:
+        first = self.failures[0]
+        return first.error.type_name if first.error else None
+
+    def _render_traceback_(self) -> list[str]:
+        return self.report().splitlines()
+
+    def __str__(self) -> str:
+        return self.report()
+
+    def report(self) -> str:
+        first = self.failures[0]
+        lines = [f"RankFailedError: {first.summary()}"]
+        same = [f.rank for f in self.failures[1:] if f.error and first.error and f.error.headline == first.error.headline]
+        if same:
+            lines.append(f"({_ranks(same).rsplit(' ', 1)[0]} raised the same error)")
+        others = [f for f in self.failures[1:] if f.rank not in same]
+        if first.error is not None:
+            lines.append("")
+            for text in first.error.chained:
+                lines += [text, "", "The above exception led to:", ""]
+            lines.append(f"Traceback on rank {first.rank} (most recent call last):")
+            lines += self._frames(first.error.frames)
+            lines.append(first.error.headline)
+        else:
+            if first.error_file_message:
+                lines += ["", f"Error recorded by rank {first.rank}:", first.error_file_message.rstrip()]
+            if first.output_tail:
+                lines += ["", f"Last output of rank {first.rank}:"] + [f"    {l}" for l in first.output_tail]
+        for f in others:
+            lines += ["", f"Also: {f.summary()}"]
+        if self.stopped:
+            lines += ["", f"{_ranks(self.stopped).capitalize()} stopped. The notebook's variables are unchanged."]
+        return "\n".join(lines)
+
+    def _frames(self, frames: tuple[Frame, ...]) -> list[str]:
+        filename, cell_lines, offset = self._cell
+        out = []
+        for frame in frames:
+            if frame.filename == filename:
+                label = f"  Cell line {frame.lineno + offset}"
+                source = cell_lines[frame.lineno - 1] if 0 < frame.lineno <= len(cell_lines) else frame.line
+            else:
+                label = f'  File "{frame.filename}", line {frame.lineno}'
+                named = self._code_name(frame.filename) if self._code_name else None
+                if named:
+                    label = f"  {named[0]} {named[1]}, line {frame.lineno}"
+                source = linecache.getline(frame.filename, frame.lineno) or frame.line
+            out.append(f"{label}, in {frame.name}")
+            if source and source.strip():
+                out.append(f"    {source.strip()}")
+        return out
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]} was" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))} were"

@@ -1,0 +1,111 @@
+"""Relay the ranks' stdout and stderr into the running cell, live.
+
+The kernel's main thread — the one executing the cell — writes what the ranks print, so output lands in
+the cell that ran them (not in whichever cell is active when a background thread happens to flush).
+
+* Rank 0's text is written as printed; other ranks' lines start with ``[rank k] `` (also after a ``\\r``,
+  so a tqdm bar redrawn in place keeps its prefix). With ``--output rank0`` other ranks are not shown,
+  but their last lines are still kept: a failure report quotes them.
+* A job's end mark (:data:`~nbtrain.launch.protocol.END_MARK` + job id) is taken out of the stream and
+  recorded, so the run knows when it has shown every byte a rank printed for the job.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+from typing import Callable
+
+from .protocol import END_MARK
+
+TAIL_LINES = 20
+_LINE_BREAKS = re.compile(r"([\r\n])")
+
+
+class _Stream:
+    def __init__(self) -> None:
+        self.pending = ""
+        self.at_line_start = True
+        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.partial = ""
+
+
+class OutputRelay:
+    def __init__(self, write: Callable[[str, str], None], nprocs: int, show_all: bool = True) -> None:
+        self._write = write
+        self._nprocs = nprocs
+        self._show_all = show_all
+        self._streams: dict[tuple[int, str], _Stream] = collections.defaultdict(_Stream)
+        self.marks: dict[tuple[int, str], set[int]] = collections.defaultdict(set)
+
+    def feed(self, rank: int, stream: str, text: str) -> None:
+        state = self._streams[(rank, stream)]
+        text = state.pending + text
+        state.pending = ""
+        while text:
+            cut = text.find(END_MARK[0])
+            if cut < 0:
+                self._emit(rank, stream, state, text)
+                return
+            self._emit(rank, stream, state, text[:cut])
+            text = text[cut:]
+            if len(text) < len(END_MARK) and END_MARK.startswith(text):
+                state.pending = text  # maybe the start of a mark: wait for more
+                return
+            if not text.startswith(END_MARK):
+                self._emit(rank, stream, state, text[0])
+                text = text[1:]
+                continue
+            newline = text.find("\n")
+            if newline < 0:
+                state.pending = text
+                return
+            job = text[len(END_MARK):newline]
+            if job.isdigit():
+                self.marks[(rank, stream)].add(int(job))
+            text = text[newline + 1:]
+
+    def ended(self, rank: int, job_id: int) -> bool:
+        return all(job_id in self.marks[(rank, s)] for s in ("stdout", "stderr"))
+
+    def tail(self, rank: int) -> list[str]:
+        """The last lines rank ``rank`` printed on either stream (shown or not)."""
+        lines: list[str] = []
+        for stream in ("stdout", "stderr"):
+            state = self._streams.get((rank, stream))
+            if state is not None:
+                lines.extend(state.tail)
+                if state.partial.strip():
+                    lines.append(state.partial)
+        return lines[-TAIL_LINES:]
+
+    def _emit(self, rank: int, stream: str, state: _Stream, text: str) -> None:
+        if not text:
+            return
+        self._remember(state, text)
+        if rank != 0 and not self._show_all:
+            return
+        if rank != 0 and self._nprocs > 1:
+            text = self._prefixed(rank, state, text)
+        self._write(stream, text)
+
+    @staticmethod
+    def _prefixed(rank: int, state: _Stream, text: str) -> str:
+        prefix = f"[rank {rank}] "
+        out = []
+        for part in _LINE_BREAKS.split(text):
+            if part in ("\r", "\n"):
+                state.at_line_start = True
+            elif part and state.at_line_start:
+                out.append(prefix)
+                state.at_line_start = False
+            out.append(part)
+        return "".join(out)
+
+    @staticmethod
+    def _remember(state: _Stream, text: str) -> None:
+        parts = (state.partial + text).replace("\r\n", "\n").split("\n")
+        state.partial = parts.pop()[-2000:]
+        for line in parts:
+            line = line.rsplit("\r", 1)[-1]  # a redrawn progress bar: its final state
+            state.tail.append(line)

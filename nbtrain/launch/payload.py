@@ -1,0 +1,205 @@
+"""What travels between the notebook and the ranks: the cell's inputs one way, rank 0's results back.
+
+**Inputs.** The names a cell reads (see :mod:`nbtrain.launch.cell`) are looked up in the notebook's
+namespace and sent as one pickle, so objects that share state keep sharing it on the ranks (an optimizer
+and the model whose parameters it holds). The pickler is cloudpickle's, so functions, lambdas and classes
+defined in the notebook travel by value; importable modules travel as their import name. Large CPU tensors and NumPy
+arrays — also inside modules, dicts or lists — are swapped for shared-memory handles (:mod:`.shm`). A
+CUDA tensor in the notebook is sent as a CPU copy and said so. The pickle is made once and the same bytes
+go to every rank.
+
+When the pickle fails, each name is tried alone to name the culprit: a :class:`PayloadError` says the
+variable, its type and the reason, before any process is involved.
+
+**Results.** On rank 0, each name to bring back is pickled on its own, so one value that cannot travel is
+skipped with a note instead of losing the others. DDP (and ``torch.compile``) wrappers are removed, CUDA
+tensors become CPU tensors (with one line saying so).
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import sys
+from dataclasses import dataclass, field
+
+import cloudpickle
+
+from .shm import SHARE_THRESHOLD_BYTES, SharedArena, SharedBlock, load_block
+
+
+class PayloadError(ValueError):
+    """A notebook variable the cell reads cannot be sent to the ranks."""
+
+
+@dataclass
+class Inputs:
+    data: bytes
+    names: tuple[str, ...]
+    arena: SharedArena
+    notes: list[str] = field(default_factory=list)
+
+
+def _is_plain_tensor(obj) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and type(obj) in (torch.Tensor, torch.nn.Parameter)
+
+
+def _is_array(obj) -> bool:
+    np = sys.modules.get("numpy")
+    return np is not None and type(obj) is np.ndarray and obj.dtype.hasobject is False
+
+
+class _InputPickler(cloudpickle.Pickler):
+    def __init__(self, file, arena: SharedArena, notes: list[str]):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.arena = arena
+        self.notes = notes
+
+    def reducer_override(self, obj):
+        if _is_plain_tensor(obj):
+            reduced = self._reduce_tensor(obj)
+            if reduced is not None:
+                return reduced
+        elif _is_array(obj) and obj.nbytes >= SHARE_THRESHOLD_BYTES:
+            return load_block, (self.arena.share_array(obj),)
+        return super().reducer_override(obj)
+
+    def _reduce_tensor(self, tensor):
+        if tensor.layout.__repr__() != "torch.strided" or tensor.is_quantized or tensor.device.type == "meta":
+            return None
+        if tensor.requires_grad and not tensor.is_leaf:
+            return None  # let torch's own pickling explain that non-leaf tensors cannot be sent
+        if tensor.device.type != "cpu":
+            note = f"a {tensor.device.type.upper()} tensor {tuple(tensor.shape)} was sent as a CPU copy; move it with .to(device)"
+            if note not in self.notes:
+                self.notes.append(note)
+            tensor = tensor.detach().cpu().requires_grad_(tensor.requires_grad)
+        if tensor.numel() * tensor.element_size() < SHARE_THRESHOLD_BYTES:
+            return None
+        torch = sys.modules["torch"]
+        return load_block, (self.arena.share_tensor(tensor, parameter=isinstance(tensor, torch.nn.Parameter)),)
+
+
+def pack_inputs(namespace: dict, names) -> Inputs:
+    """Pickle ``names`` from ``namespace`` once for all ranks; raise PayloadError naming any culprit."""
+    present = [n for n in names if n in namespace]
+    values = {n: namespace[n] for n in present}
+    arena = SharedArena()
+    notes: list[str] = []
+    buffer = io.BytesIO()
+    try:
+        _InputPickler(buffer, arena, notes).dump(values)
+    except Exception as exc:  # find which variable, to say so
+        arena.close()
+        raise _explain_failure(values, exc) from None
+    return Inputs(buffer.getvalue(), tuple(present), arena, notes)
+
+
+def _explain_failure(values: dict, original: Exception) -> PayloadError:
+    for name, value in values.items():
+        probe = SharedArena()
+        try:
+            _InputPickler(io.BytesIO(), probe, []).dump(value)
+        except Exception as exc:
+            return PayloadError(
+                f"Cannot send the notebook variable '{name}' ({_type_name(value)}) to the ranks: "
+                f"{_reason(exc)}.\nCreate it inside the %%distributed cell instead, or delete it from the "
+                f"notebook if the cell does not need it."
+            )
+        finally:
+            probe.close()
+    return PayloadError(f"Cannot send the notebook variables to the ranks: {_reason(original)}")
+
+
+def _type_name(value) -> str:
+    cls = type(value)
+    return cls.__qualname__ if cls.__module__ in ("builtins", "__main__") else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return f"{type(exc).__name__}: {text}" if type(exc).__name__ not in text else text
+
+
+def load_inputs(data: bytes) -> dict:
+    return pickle.loads(data)
+
+
+# ----------------------------------------------------------------------------------------------- results
+
+
+class _ResultPickler(cloudpickle.Pickler):
+    def __init__(self, file):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.moved_to_cpu = False
+
+    def reducer_override(self, obj):
+        if _is_plain_tensor(obj) and obj.device.type not in ("cpu", "meta"):
+            self.moved_to_cpu = True
+            cpu = obj.detach().cpu()
+            torch = sys.modules["torch"]
+            if isinstance(obj, torch.nn.Parameter):
+                return torch.nn.Parameter, (cpu, obj.requires_grad)
+            return _with_grad, (cpu, obj.requires_grad)
+        return super().reducer_override(obj)
+
+
+def _with_grad(tensor, requires_grad):
+    return tensor.requires_grad_(requires_grad) if requires_grad else tensor
+
+
+def unwrap(value):
+    """DDP / FSDP-less wrappers and torch.compile's module wrapper give back the user's module."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return value
+    for _ in range(4):
+        if isinstance(value, torch.nn.parallel.DistributedDataParallel):
+            value = value.module
+        elif type(value).__name__ == "OptimizedModule" and hasattr(value, "_orig_mod"):
+            value = value._orig_mod
+        else:
+            break
+    return value
+
+
+@dataclass
+class Results:
+    values: dict[str, bytes] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)  # name -> reason
+    moved_to_cpu: list[str] = field(default_factory=list)
+
+
+def pack_results(namespace: dict, names) -> Results:
+    out = Results()
+    for name in names:
+        if name not in namespace:
+            continue
+        value = unwrap(namespace[name])
+        buffer = io.BytesIO()
+        pickler = _ResultPickler(buffer)
+        try:
+            pickler.dump(value)
+        except Exception as exc:
+            out.skipped[name] = f"{_type_name(value)} cannot be pickled ({_reason(exc)})"
+            continue
+        out.values[name] = buffer.getvalue()
+        if pickler.moved_to_cpu:
+            out.moved_to_cpu.append(name)
+    return out
+
+
+def unpack_results(results: Results) -> tuple[dict, dict[str, str]]:
+    """Unpickle in the kernel; a value that fails here is reported, the others still arrive."""
+    values, failed = {}, dict(results.skipped)
+    for name, data in results.values.items():
+        try:
+            values[name] = pickle.loads(data)
+        except Exception as exc:
+            failed[name] = f"could not be rebuilt in the notebook ({_reason(exc)})"
+    return values, failed
+
+
+__all__ = ["Inputs", "PayloadError", "Results", "SharedBlock", "pack_inputs", "load_inputs", "pack_results",
+           "unpack_results", "unwrap"]

@@ -1,0 +1,98 @@
+"""Messages between the kernel and its ranks.
+
+Each rank holds one authenticated connection to the kernel (:mod:`multiprocessing.connection` over a
+UNIX socket in a private directory; the key is random per pool and reaches the rank on its stdin, never
+in its environment or command line). Nothing is unpickled before the HMAC challenge has succeeded.
+
+A conversation::
+
+    rank   -> Hello(rank, pid)                       right after connecting
+    rank   -> Ready(rank, device, backend)           process group initialised
+    kernel -> Job(...)                               one per cell; the same bytes for every rank
+    rank   -> Loaded(job_id, rank)                   inputs unpickled: shared-memory files may go
+    rank   -> Done(job_id, rank, results) | Failed(job_id, rank, error)
+    kernel -> Shutdown()                             barrier, destroy the group, exit 0
+
+Output does not travel here: each rank's stdout and stderr are pipes read by the kernel, so C-level
+output (NCCL warnings, a segfault message) is shown too. After a job a rank writes :data:`END_MARK` and
+the job id to both streams, so the kernel knows it has shown everything the job printed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+END_MARK = "\x1e\x1fnbtrain-end "
+
+
+@dataclass(frozen=True)
+class Hello:
+    rank: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class Ready:
+    rank: int
+    device: str
+    backend: str
+
+
+@dataclass(frozen=True)
+class Job:
+    job_id: int
+    source: str
+    filename: str
+    inputs: bytes
+    out_names: tuple[str, ...]
+    return_rank: int = 0
+
+
+@dataclass(frozen=True)
+class Loaded:
+    job_id: int
+    rank: int
+
+
+@dataclass(frozen=True)
+class Frame:
+    filename: str
+    lineno: int
+    name: str
+    line: str | None
+
+
+@dataclass(frozen=True)
+class RemoteError:
+    """An exception raised on a rank, reduced to what the kernel needs to show it."""
+
+    type_name: str
+    message: str
+    frames: tuple[Frame, ...]
+    stage: str = "cell"  # "cell", "inputs" or "results"
+    chained: tuple[str, ...] = field(default_factory=tuple)  # formatted causes, outermost last
+
+    @property
+    def headline(self) -> str:
+        return f"{self.type_name}: {self.message}" if self.message else self.type_name
+
+
+@dataclass(frozen=True)
+class Done:
+    job_id: int
+    rank: int
+    results: object | None  # payload.Results on the return rank
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Failed:
+    job_id: int
+    rank: int
+    error: RemoteError
+    interrupted: bool = False
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    pass

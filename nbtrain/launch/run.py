@@ -1,0 +1,274 @@
+"""One cell, run on a pool of ranks: the loop that turns the ranks' events into what the notebook sees.
+
+:func:`run_cell` is the plain function behind ``%%distributed`` (the magic only parses arguments).
+Everything that can be checked is checked before a process starts: the cell's syntax, the
+configuration, and that every notebook variable the cell reads can be pickled. Then:
+
+1. :class:`PoolManager` hands out the warm pool if one with the same spec is alive, else starts one;
+2. the job (cell source + inputs pickled once) goes to every rank;
+3. the loop relays output, notes each rank's Ready / Loaded / Done / Failed and any process exit, and
+   removes the shared-memory files once every rank has loaded its inputs;
+4. success: rank 0's results are unpickled into the notebook's namespace; the pool stays warm;
+5. a failure (exception, exit, signal): the other ranks get a moment (:data:`FAILURE_GRACE_S`) to report
+   the same error, then the pool is torn down — within 2 s, not at the collective timeout — and
+   :class:`~nbtrain.launch.errors.RankFailedError` is raised;
+6. the stop button (KeyboardInterrupt in the kernel): SIGINT to every rank's process group, then
+   SIGTERM, then SIGKILL, well within 3 s; the pool is discarded and KeyboardInterrupt re-raised.
+
+Nothing is assigned into the notebook unless the run succeeded.
+"""
+
+from __future__ import annotations
+
+import atexit
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..worker.compat import RUNTIME_NAMES
+from . import protocol as P
+from .cell import CELL_FILENAME, CellInfo
+from .config import LaunchConfig, PoolSpec
+from .errors import RankFailedError, RankFailure
+from .output import OutputRelay
+from .payload import Inputs, unpack_results
+from .pool import Exited, Message, Output, WorkerPool
+
+FAILURE_GRACE_S = 0.3  # let the other ranks report the same exception before they are stopped
+END_MARK_WAIT_S = 2.0  # after Done, wait at most this long for the last output
+IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit", "_ih", "_oh", "_dh", "_", "__", "___"})
+
+
+@dataclass
+class RunResult:
+    """What a successful run brought back, and how it went."""
+
+    returned: tuple[str, ...]
+    skipped: dict[str, str]
+    moved_to_cpu: tuple[str, ...]
+    seconds: float
+    rank_seconds: dict[int, float]
+    devices: dict[int, str]
+    warm: bool
+    backend: str
+    notes: list[str] = field(default_factory=list)
+
+
+def names_to_send(info: CellInfo, namespace: dict) -> list[str]:
+    """The cell's free names that the notebook defines, minus nbtrain's runtime and IPython's own."""
+    return [
+        n for n in info.reads
+        if n in namespace and n not in RUNTIME_NAMES and n not in IPYTHON_NAMES
+        and not (n.startswith("__") and n.endswith("__")) and not (n.startswith("_i") and n[2:].isdigit())
+    ]
+
+
+def names_to_return(info: CellInfo, config: LaunchConfig) -> tuple[str, ...]:
+    if config.out_names is not None:
+        return config.out_names
+    return tuple(n for n in info.assigns if n not in RUNTIME_NAMES and not n.startswith("_"))
+
+
+class PoolManager:
+    """At most one warm pool per kernel, reused while its spec matches; stopped when idle or at exit."""
+
+    def __init__(self) -> None:
+        self.pool: WorkerPool | None = None
+        self._lock = threading.RLock()
+        self._idle_timer: threading.Timer | None = None
+        self._atexit = False
+
+    def acquire(self, spec: PoolSpec, fresh: bool) -> tuple[WorkerPool, bool]:
+        with self._lock:
+            self._cancel_timer()
+            pool = self.pool
+            if pool is not None and not fresh and pool.spec == spec and pool.alive():
+                return pool, True
+            self.shutdown()
+            if not self._atexit:
+                atexit.register(self.shutdown)
+                self._atexit = True
+            self.pool = WorkerPool(spec)
+            return self.pool, False
+
+    def release(self, healthy: bool, keep_alive_s: float) -> None:
+        with self._lock:
+            if not healthy or keep_alive_s <= 0:
+                self.shutdown(graceful=healthy)
+                return
+            self._idle_timer = threading.Timer(keep_alive_s, self.shutdown)
+            self._idle_timer.daemon = True
+            self._idle_timer.start()
+
+    def discard(self, pool: WorkerPool) -> None:
+        """Forget ``pool`` (the caller stops it)."""
+        with self._lock:
+            if self.pool is pool:
+                self._cancel_timer()
+                self.pool = None
+
+    def shutdown(self, graceful: bool = True) -> bool:
+        with self._lock:
+            self._cancel_timer()
+            pool, self.pool = self.pool, None
+        if pool is None:
+            return False
+        pool.stop(graceful=graceful)
+        return True
+
+    def _cancel_timer(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+
+
+def _default_write(stream: str, text: str) -> None:
+    target = sys.stdout if stream == "stdout" else sys.stderr
+    target.write(text)
+    target.flush()
+
+
+class _Run:
+    """The event loop of one cell on one pool."""
+
+    def __init__(self, pool: WorkerPool, job: P.Job, inputs: Inputs, config: LaunchConfig, write) -> None:
+        self.pool, self.job, self.inputs, self.config = pool, job, inputs, config
+        self.nprocs = pool.spec.nprocs
+        self.relay = OutputRelay(write, self.nprocs, show_all=config.output == "all")
+        self.sent = False
+        self.loaded: set[int] = set()
+        self.done: dict[int, P.Done] = {}
+        self.failures: dict[int, RankFailure] = {}
+        self.first_failure_at: float | None = None
+        self.all_done_at: float | None = None
+        self.devices: dict[int, str] = {r.rank: r.device for r in pool.ranks if r.device}
+        self.start_deadline = time.monotonic() + config.start_timeout_s
+
+    def loop(self) -> None:
+        while True:
+            for event in self.pool.poll_events(0.1):
+                self._handle(event)
+            self._send_job_when_connected()
+            now = time.monotonic()
+            if self.failures:
+                if now - self.first_failure_at >= FAILURE_GRACE_S or len(self.failures) == self.nprocs:
+                    return
+            elif len(self.done) == self.nprocs:
+                self.all_done_at = self.all_done_at or now
+                if all(self.relay.ended(r, self.job.job_id) for r in range(self.nprocs)) or now - self.all_done_at > END_MARK_WAIT_S:
+                    return
+            elif not self.pool.ready and now > self.start_deadline:
+                waiting = [r.rank for r in self.pool.ranks if r.device is None]
+                self._fail(RankFailure(waiting[0], P.RemoteError(
+                    "TimeoutError", f"ranks {waiting} did not join the process group within "
+                    f"{self.config.start_timeout_s:.0f} s (set NBTRAIN_START_TIMEOUT to wait longer)", ())))
+
+    def _send_job_when_connected(self) -> None:
+        if not self.sent and all(r.conn is not None for r in self.pool.ranks):
+            self.pool.send_all(self.job)
+            self.sent = True
+
+    def _handle(self, event) -> None:
+        if isinstance(event, Output):
+            self.relay.feed(event.rank, event.stream, event.text)
+        elif isinstance(event, Exited):
+            if event.rank not in self.failures and not (self.pool.broken and self.failures):
+                failure = self.pool.describe_exit(event.rank, event.code)
+                failure.output_tail = self.relay.tail(event.rank)
+                self._fail(failure)
+        elif isinstance(event, Message):
+            self._handle_message(event.rank, event.message)
+
+    def _handle_message(self, rank: int, msg) -> None:
+        if isinstance(msg, P.Ready):
+            self.pool.ranks[rank].device = msg.device
+            self.devices[rank] = msg.device
+            self.pool.ready = all(r.device for r in self.pool.ranks)
+        elif isinstance(msg, P.Loaded) and msg.job_id == self.job.job_id:
+            self.loaded.add(rank)
+            if len(self.loaded) == self.nprocs:
+                self.inputs.arena.unlink()
+        elif isinstance(msg, P.Done) and msg.job_id == self.job.job_id:
+            self.done[rank] = msg
+        elif isinstance(msg, P.Failed) and msg.job_id == self.job.job_id:
+            self._fail(RankFailure(rank, msg.error, output_tail=self.relay.tail(rank)))
+
+    def _fail(self, failure: RankFailure) -> None:
+        failure.order = len(self.failures)
+        self.failures.setdefault(failure.rank, failure)
+        self.first_failure_at = self.first_failure_at or time.monotonic()
+        self.pool.broken = True
+
+    def drain(self, seconds: float) -> None:
+        """Show what the stopped ranks still had in their pipes."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and any(r.open_streams for r in self.pool.ranks):
+            for event in self.pool.poll_events(0.05):
+                if isinstance(event, Output):
+                    self.relay.feed(event.rank, event.stream, event.text)
+
+
+def run_cell(namespace: dict, info: CellInfo, config: LaunchConfig, manager: PoolManager, inputs: Inputs,
+             *, write: Callable[[str, str], None] | None = None, code_name=None) -> RunResult:
+    """Run a checked cell (see :func:`prepare`) on the ranks and bring rank 0's results back."""
+    started = time.monotonic()
+    pool, warm = manager.acquire(config.pool, config.fresh)
+    job = P.Job(pool.next_job_id(), info.source, f"{CELL_FILENAME[:-1]} {id(info):x}>", inputs.data,
+                names_to_return(info, config))
+    run = _Run(pool, job, inputs, config, write or _default_write)
+    try:
+        if not warm:
+            pool.spawn()
+        run.loop()
+    except KeyboardInterrupt:
+        _interrupt(run, manager)
+        raise
+    except BaseException:
+        manager.shutdown(graceful=False)
+        raise
+    finally:
+        inputs.arena.close()
+    if run.failures:
+        stopped = [r.rank for r in pool.ranks if r.rank not in run.failures]
+        manager.discard(pool)
+        pool.terminate(graceful=False, grace=0.5)
+        run.drain(0.5)
+        pool.close()
+        raise RankFailedError(list(run.failures.values()), cell_filename=job.filename, cell_source=info.source,
+                              line_offset=info.line_offset, code_name=code_name, stopped=stopped)
+    manager.release(healthy=True, keep_alive_s=config.keep_alive_s)
+    return _bring_back(namespace, run, warm, time.monotonic() - started)
+
+
+def _interrupt(run: _Run, manager: PoolManager) -> None:
+    """Stop button: SIGINT first (the cell sees KeyboardInterrupt), then escalate; at most ~3 s."""
+    pool = run.pool
+    pool.interrupt()
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline and any(r.popen.poll() is None for r in pool.ranks):
+        if all(r.rank in run.failures for r in pool.ranks):
+            break
+        for event in pool.poll_events(0.05):
+            if isinstance(event, Output):
+                run.relay.feed(event.rank, event.stream, event.text)
+            elif isinstance(event, Message) and isinstance(event.message, P.Failed):
+                run.failures[event.rank] = RankFailure(event.rank, event.message.error)
+    pool.broken = True
+    manager.discard(pool)
+    pool.terminate(graceful=False, grace=0.8)
+    run.drain(0.2)
+    pool.close()
+
+
+def _bring_back(namespace: dict, run: _Run, warm: bool, seconds: float) -> RunResult:
+    results = next((d.results for d in run.done.values() if d.results is not None), None)
+    values, skipped = unpack_results(results) if results is not None else ({}, {})
+    namespace.update(values)
+    return RunResult(
+        returned=tuple(values), skipped=skipped,
+        moved_to_cpu=tuple(results.moved_to_cpu) if results is not None else (),
+        seconds=seconds, rank_seconds={r: d.seconds for r, d in sorted(run.done.items())},
+        devices=dict(sorted(run.devices.items())), warm=warm, backend=run.pool.spec.backend, notes=list(run.inputs.notes),
+    )

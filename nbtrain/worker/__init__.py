@@ -1,0 +1,1 @@
+"""The rank side of nbtrain: see :mod:`nbtrain.worker.main`."""

@@ -1,0 +1,206 @@
+"""A rank: one spawned Python process that runs cells for the kernel until told to stop.
+
+Start-up (``python -m nbtrain.worker``, environment as torchrun sets it: RANK, LOCAL_RANK, WORLD_SIZE,
+LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE=True):
+
+1. read the pool's key from stdin, then watch stdin in a thread: end-of-file means the kernel is gone
+   (died, restarted), and the rank kills its whole process group — itself and any DataLoader workers;
+2. connect to the kernel's socket (HMAC-authenticated) and say :class:`Hello`;
+3. pick the device (``cuda:LOCAL_RANK`` of the GPUs made visible to the pool, else CPU) and initialise the
+   default process group with ``init_method="env://"`` against the store the kernel hosts — the same
+   rendezvous torchrun's agent provides — then say :class:`Ready`.
+
+Then, per :class:`Job`: a fresh ``__main__`` module (so classes defined in the cell pickle, and
+``if __name__ == "__main__":`` scripts run), the runtime names (``rank``, ``local_rank``,
+``world_size``, ``device``) and the notebook's inputs; the cell runs; rank 0 packs the results; the
+streams are flushed and marked; GPU caches are emptied. Failures are reported as :class:`Failed` with
+the traceback's frames, which the kernel maps to the cell's lines.
+
+Errors outside a job (bad environment, rendezvous failure) are written to torch elastic's error file
+(``TORCHELASTIC_ERROR_FILE``) through ``@record``, where the kernel reads them like torchrun's agent.
+"""
+
+from __future__ import annotations
+
+import builtins
+import gc
+import linecache
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+import types
+from datetime import timedelta
+from multiprocessing.connection import Client
+
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from ..launch import protocol as P
+from ..launch.payload import load_inputs, pack_results
+from . import compat
+
+
+def _watch_parent(stdin) -> None:
+    """Block on stdin; when the kernel's end closes, take this rank and its children down."""
+
+    def watch() -> None:
+        try:
+            while stdin.read(4096):
+                pass
+        except Exception:
+            pass
+        try:
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+        finally:
+            os._exit(1)
+
+    threading.Thread(target=watch, name="nbtrain-parent-watch", daemon=True).start()
+
+
+def _select_device():
+    import torch
+
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if os.environ.get("NBTRAIN_DEVICE_TYPE") == "cuda":
+        count = torch.cuda.device_count()
+        device = torch.device("cuda", local_rank % count)
+        torch.cuda.set_device(device)
+        return device
+    return torch.device("cpu")
+
+
+def _init_process_group(device) -> None:
+    import torch.distributed as dist
+
+    backend = os.environ["NBTRAIN_BACKEND"]
+    timeout = timedelta(seconds=float(os.environ.get("NBTRAIN_TIMEOUT", "600")))
+    kwargs = {"device_id": device} if backend == "nccl" else {}
+    dist.init_process_group(backend, init_method="env://", timeout=timeout, **kwargs)
+
+
+class Rank:
+    def __init__(self, conn, device) -> None:
+        import torch
+
+        self.conn = conn
+        self.device = device
+        self.torch = torch
+        self.rank = int(os.environ["RANK"])
+        self.real_main = sys.modules["__main__"]
+
+    def serve(self) -> None:
+        while True:
+            try:
+                msg = self.conn.recv()
+            except (EOFError, OSError):
+                return
+            if isinstance(msg, P.Shutdown):
+                return
+            if isinstance(msg, P.Job):
+                self.run(msg)
+
+    def _namespace(self) -> types.ModuleType:
+        main = types.ModuleType("__main__")
+        main.__dict__.update(
+            __builtins__=builtins,
+            rank=self.rank,
+            local_rank=int(os.environ["LOCAL_RANK"]),
+            world_size=int(os.environ["WORLD_SIZE"]),
+            device=self.device,
+        )
+        return main
+
+    def run(self, job: P.Job) -> None:
+        started = time.perf_counter()
+        main = self._namespace()
+        sys.modules["__main__"] = main
+        reply: object
+        try:
+            reply = self._execute(job, main.__dict__, started)
+        finally:
+            sys.modules["__main__"] = self.real_main
+            self._flush_and_mark(job.job_id)
+        self.conn.send(reply)
+        del main, reply
+        gc.collect()
+        if self.torch.cuda.is_initialized():
+            self.torch.cuda.empty_cache()
+
+    def _execute(self, job: P.Job, ns: dict, started: float):
+        with compat.torchrun_script_support():
+            return self._execute_patched(job, ns, started)
+
+    def _execute_patched(self, job: P.Job, ns: dict, started: float):
+        try:
+            inputs = load_inputs(job.inputs)
+        except BaseException as exc:
+            return P.Failed(job.job_id, self.rank, describe(exc, stage="inputs"))
+        for name, value in inputs.items():
+            if name not in compat.RUNTIME_NAMES:
+                ns[name] = value
+        del inputs
+        self.conn.send(P.Loaded(job.job_id, self.rank))
+        lines = job.source.splitlines(keepends=True)
+        linecache.cache[job.filename] = (len(job.source), None, lines, job.filename)
+        try:
+            exec(compile(job.source, job.filename, "exec"), ns)
+        except SystemExit as exc:
+            if exc.code not in (None, 0):
+                return P.Failed(job.job_id, self.rank, describe(exc))
+        except KeyboardInterrupt as exc:
+            return P.Failed(job.job_id, self.rank, describe(exc), interrupted=True)
+        except BaseException as exc:
+            return P.Failed(job.job_id, self.rank, describe(exc))
+        results = None
+        if self.rank == job.return_rank:
+            try:
+                results = pack_results(ns, job.out_names)
+            except BaseException as exc:
+                return P.Failed(job.job_id, self.rank, describe(exc, stage="results"))
+        return P.Done(job.job_id, self.rank, results, time.perf_counter() - started)
+
+    @staticmethod
+    def _flush_and_mark(job_id: int) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+                stream.write(f"{P.END_MARK}{job_id}\n")
+                stream.flush()
+            except Exception:
+                pass
+
+
+_INTERNAL = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def describe(exc: BaseException, stage: str = "cell") -> P.RemoteError:
+    """Reduce an exception to frames and text; drop nbtrain's own frames above the user's code."""
+    frames = [
+        P.Frame(f.filename, f.lineno or 0, f.name, f.line)
+        for f in traceback.extract_tb(exc.__traceback__)
+        if not os.path.abspath(f.filename).startswith(_INTERNAL + os.sep)
+    ]
+    chained = []
+    cause = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    if cause is not None:
+        chained.append("".join(traceback.format_exception(type(cause), cause, cause.__traceback__)).rstrip())
+    message = str(exc) if not isinstance(exc, SystemExit) else f"sys.exit({exc.code!r})"
+    return P.RemoteError(type(exc).__qualname__, message, tuple(frames), stage, tuple(chained))
+
+
+@record
+def main() -> None:
+    key = bytes.fromhex(sys.stdin.buffer.readline().decode().strip())
+    _watch_parent(sys.stdin.buffer)
+    sys.stdin = open(os.devnull)  # a cell calling input() must not eat the kernel's lifeline
+    conn = Client(os.environ["NBTRAIN_SOCKET"], family="AF_UNIX", authkey=key)
+    rank = int(os.environ["RANK"])
+    conn.send(P.Hello(rank, os.getpid()))
+    device = _select_device()
+    _init_process_group(device)
+    conn.send(P.Ready(rank, str(device), os.environ["NBTRAIN_BACKEND"]))
+    Rank(conn, device).serve()
+    compat.shutdown_process_group()
+    conn.close()
