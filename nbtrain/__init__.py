@@ -7,6 +7,16 @@ nbtrain does nothing else: no torch import, no NVML, no processes until a cell a
 __version__ = "0.1.0"
 
 
+def log(step=None, **values):
+    """Inside a ``%%distributed`` cell: record metrics (numbers or tensors) for the dashboard and ``history``.
+
+    ``nbtrain.log(loss=loss)`` does not wait for the GPU; values are sent in batches a few times a second.
+    """
+    from .worker.metrics import log as _log
+
+    _log(step, **values)
+
+
 def load_ipython_extension(ipython):
     from .magics import DistributedMagics
 

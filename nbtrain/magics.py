@@ -73,5 +73,7 @@ def run_in_shell(shell, cell: str, request: LaunchRequest, pools: PoolManager, q
         result = run_source(cell, request, shell.user_ns, manager=pools, code_name=code_name)
     except UserInputError as exc:
         raise UsageError(str(exc)) from None
+    if len(result.history):
+        shell.user_ns["history"] = result.history
     if not quiet:
         print("\n".join(format_summary(result)))

@@ -27,7 +27,8 @@ UserInputError = (ConfigError, CellSyntaxError, PayloadError)
 
 
 def run_source(source: str, request: LaunchRequest, namespace: dict, *, manager: PoolManager | None = None,
-               line_offset: int = 1, write: Callable[[str, str], None] | None = None, code_name=None) -> RunResult:
+               line_offset: int = 1, write: Callable[[str, str], None] | None = None, code_name=None,
+               observers=()) -> RunResult:
     """Run ``source`` as ``request.nprocs`` ranks; names rank 0 assigns are put into ``namespace``.
 
     ``manager`` keeps the warm pool between calls; without one, the pool is stopped after the run.
@@ -38,7 +39,7 @@ def run_source(source: str, request: LaunchRequest, namespace: dict, *, manager:
     if manager is None:
         manager = PoolManager()
         config = type(config)(**{**config.__dict__, "keep_alive_s": 0.0})
-    return run_cell(namespace, info, config, manager, inputs, write=write, code_name=code_name)
+    return run_cell(namespace, info, config, manager, inputs, write=write, code_name=code_name, observers=observers)
 
 
 def format_summary(result: RunResult) -> list[str]:
@@ -49,6 +50,8 @@ def format_summary(result: RunResult) -> list[str]:
     if result.returned:
         line += " · back in the notebook: " + ", ".join(result.returned)
     lines = [line]
+    if len(result.history):
+        lines.append(f"nbtrain: logged series are in `history`: {', '.join(result.history.names)}")
     lines += [f"nbtrain: {note}" for note in result.notes]
     if result.moved_to_cpu:
         lines.append(f"nbtrain: {', '.join(result.moved_to_cpu)} came back on the CPU (they were on a GPU in the ranks)")

@@ -122,6 +122,7 @@ class WorkerPool:
         self._accept_thread = threading.Thread()
         self._store = None
         self._job_ids = itertools.count(1)
+        self.run_id = f"nbtrain-{os.getpid()}-{self.pool_id}"
         self._accepted: queue.SimpleQueue = queue.SimpleQueue()
 
     # ----------------------------------------------------------------------------------- start-up
@@ -132,7 +133,7 @@ class WorkerPool:
         socket_path = os.path.join(self._dir, "kernel.sock")
         self._listener = Listener(socket_path, family="AF_UNIX", authkey=self._key, backlog=max(8, self.spec.nprocs))
         self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-        run_id = f"nbtrain-{os.getpid()}-{self.pool_id}"
+        run_id = self.run_id
         for rank in range(self.spec.nprocs):
             error_file = os.path.join(self._dir, f"error-{rank}.json")
             env = _worker_env(self.spec, rank, self._store.port, socket_path, run_id, error_file)

@@ -10,6 +10,7 @@ A conversation::
     rank   -> Ready(rank, device, backend)           process group initialised
     kernel -> Job(...)                               one per cell; the same bytes for every rank
     rank   -> Loaded(job_id, rank)                   inputs unpickled: shared-memory files may go
+    rank   -> Metrics(rank, records)                 what nbtrain.log() buffered, a few times a second
     rank   -> Done(job_id, rank, results) | Failed(job_id, rank, error)
     kernel -> Shutdown()                             barrier, destroy the group, exit 0
 
@@ -91,6 +92,14 @@ class Failed:
     rank: int
     error: RemoteError
     interrupted: bool = False
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """Values a rank logged with ``nbtrain.log``: ``(step, unix_time, {name: float})`` records."""
+
+    rank: int
+    records: list
 
 
 @dataclass(frozen=True)

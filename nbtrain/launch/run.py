@@ -32,6 +32,8 @@ from . import protocol as P
 from .cell import CELL_FILENAME, CellInfo
 from .config import LaunchConfig, PoolSpec
 from .errors import RankFailedError, RankFailure
+from .history import History
+from .observer import RankInfo, RunInfo, RunObserver
 from .output import OutputRelay
 from .payload import Inputs, unpack_results
 from .pool import Exited, Message, Output, WorkerPool
@@ -53,6 +55,7 @@ class RunResult:
     devices: dict[int, str]
     warm: bool
     backend: str
+    history: History = field(default_factory=History)
     notes: list[str] = field(default_factory=list)
 
 
@@ -133,8 +136,11 @@ def _default_write(stream: str, text: str) -> None:
 class _Run:
     """The event loop of one cell on one pool."""
 
-    def __init__(self, pool: WorkerPool, job: P.Job, inputs: Inputs, config: LaunchConfig, write) -> None:
+    def __init__(self, pool: WorkerPool, job: P.Job, inputs: Inputs, config: LaunchConfig, write,
+                 observers: list[RunObserver], warm: bool) -> None:
         self.pool, self.job, self.inputs, self.config = pool, job, inputs, config
+        self.observers, self.warm = list(observers), warm
+        self.history = History()
         self.nprocs = pool.spec.nprocs
         self.relay = OutputRelay(write, self.nprocs, show_all=config.output == "all")
         self.sent = False
@@ -169,6 +175,27 @@ class _Run:
         if not self.sent and all(r.conn is not None for r in self.pool.ranks):
             self.pool.send_all(self.job)
             self.sent = True
+            self.notify("run_started", self.info())
+            if self.pool.ready:
+                self.notify("ranks_ready", self.info())
+
+    def info(self) -> RunInfo:
+        spec = self.pool.spec
+        ranks = tuple(
+            RankInfo(r.rank, r.pid, r.device,
+                     spec.gpu_ids[int(r.device.split(":")[1])] if r.device and r.device.startswith("cuda:") else None)
+            for r in self.pool.ranks
+        )
+        return RunInfo(f"{self.pool.run_id}/{self.job.job_id}", spec.nprocs, spec.backend, spec.device_type,
+                       spec.gpu_ids, ranks, self.warm)
+
+    def notify(self, method: str, *args) -> None:
+        for observer in list(self.observers):
+            try:
+                getattr(observer, method)(*args)
+            except Exception as exc:  # a broken observer must not break the run
+                self.observers.remove(observer)
+                print(f"nbtrain: {type(observer).__name__} stopped following this run ({exc!r})", file=sys.stderr)
 
     def _handle(self, event) -> None:
         if isinstance(event, Output):
@@ -182,10 +209,15 @@ class _Run:
             self._handle_message(event.rank, event.message)
 
     def _handle_message(self, rank: int, msg) -> None:
-        if isinstance(msg, P.Ready):
+        if isinstance(msg, P.Metrics):
+            self.history.add(rank, msg.records)
+            self.notify("metrics", rank, msg.records)
+        elif isinstance(msg, P.Ready):
             self.pool.ranks[rank].device = msg.device
             self.devices[rank] = msg.device
             self.pool.ready = all(r.device for r in self.pool.ranks)
+            if self.pool.ready and self.sent:
+                self.notify("ranks_ready", self.info())
         elif isinstance(msg, P.Loaded) and msg.job_id == self.job.job_id:
             self.loaded.add(rank)
             if len(self.loaded) == self.nprocs:
@@ -211,22 +243,25 @@ class _Run:
 
 
 def run_cell(namespace: dict, info: CellInfo, config: LaunchConfig, manager: PoolManager, inputs: Inputs,
-             *, write: Callable[[str, str], None] | None = None, code_name=None) -> RunResult:
+             *, write: Callable[[str, str], None] | None = None, code_name=None,
+             observers: list[RunObserver] = ()) -> RunResult:
     """Run a checked cell (see :func:`prepare`) on the ranks and bring rank 0's results back."""
     started = time.monotonic()
     pool, warm = manager.acquire(config.pool, config.fresh)
     job = P.Job(pool.next_job_id(), info.source, f"{CELL_FILENAME[:-1]} {id(info):x}>", inputs.data,
                 names_to_return(info, config))
-    run = _Run(pool, job, inputs, config, write or _default_write)
+    run = _Run(pool, job, inputs, config, write or _default_write, observers, warm)
     try:
         if not warm:
             pool.spawn()
         run.loop()
     except KeyboardInterrupt:
         _interrupt(run, manager)
+        run.notify("run_finished", "interrupted", "interrupted: every rank was stopped")
         raise
-    except BaseException:
+    except BaseException as exc:
         manager.shutdown(graceful=False)
+        run.notify("run_finished", "failed", f"nbtrain failed: {exc!r}")
         raise
     finally:
         inputs.arena.close()
@@ -236,10 +271,15 @@ def run_cell(namespace: dict, info: CellInfo, config: LaunchConfig, manager: Poo
         pool.terminate(graceful=False, grace=0.5)
         run.drain(0.5)
         pool.close()
-        raise RankFailedError(list(run.failures.values()), cell_filename=job.filename, cell_source=info.source,
-                              line_offset=info.line_offset, code_name=code_name, stopped=stopped)
+        error = RankFailedError(list(run.failures.values()), cell_filename=job.filename, cell_source=info.source,
+                                line_offset=info.line_offset, code_name=code_name, stopped=stopped)
+        error.history = run.history
+        run.notify("run_finished", "failed", error.failures[0].summary())
+        raise error
     manager.release(healthy=True, keep_alive_s=config.keep_alive_s)
-    return _bring_back(namespace, run, warm, time.monotonic() - started)
+    result = _bring_back(namespace, run, warm, time.monotonic() - started)
+    run.notify("run_finished", "ok", f"{len(result.devices)} ranks finished in {result.seconds:.1f} s")
+    return result
 
 
 def _interrupt(run: _Run, manager: PoolManager) -> None:
@@ -270,5 +310,5 @@ def _bring_back(namespace: dict, run: _Run, warm: bool, seconds: float) -> RunRe
         returned=tuple(values), skipped=skipped,
         moved_to_cpu=tuple(results.moved_to_cpu) if results is not None else (),
         seconds=seconds, rank_seconds={r: d.seconds for r, d in sorted(run.done.items())},
-        devices=dict(sorted(run.devices.items())), warm=warm, backend=run.pool.spec.backend, notes=list(run.inputs.notes),
+        devices=dict(sorted(run.devices.items())), warm=warm, backend=run.pool.spec.backend, history=run.history, notes=list(run.inputs.notes),
     )

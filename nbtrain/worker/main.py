@@ -39,7 +39,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from ..launch import protocol as P
 from ..launch.payload import load_inputs, pack_results
-from . import compat
+from . import compat, metrics
 
 
 def _watch_parent(stdin) -> None:
@@ -85,10 +85,15 @@ class Rank:
         import torch
 
         self.conn = conn
+        self._send_lock = threading.Lock()  # the metrics thread sends too
         self.device = device
         self.torch = torch
         self.rank = int(os.environ["RANK"])
         self.real_main = sys.modules["__main__"]
+
+    def send(self, message) -> None:
+        with self._send_lock:
+            self.conn.send(message)
 
     def serve(self) -> None:
         while True:
@@ -117,12 +122,14 @@ class Rank:
         main = self._namespace()
         sys.modules["__main__"] = main
         reply: object
+        metrics.start(self.rank, self.send)
         try:
             reply = self._execute(job, main.__dict__, started)
         finally:
+            metrics.stop()
             sys.modules["__main__"] = self.real_main
             self._flush_and_mark(job.job_id)
-        self.conn.send(reply)
+        self.send(reply)
         del main, reply
         gc.collect()
         if self.torch.cuda.is_initialized():
@@ -141,7 +148,7 @@ class Rank:
             if name not in compat.RUNTIME_NAMES:
                 ns[name] = value
         del inputs
-        self.conn.send(P.Loaded(job.job_id, self.rank))
+        self.send(P.Loaded(job.job_id, self.rank))
         lines = job.source.splitlines(keepends=True)
         linecache.cache[job.filename] = (len(job.source), None, lines, job.filename)
         try:

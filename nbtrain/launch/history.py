@@ -1,0 +1,77 @@
+"""History: every series a run logged with ``nbtrain.log``, kept in the kernel and handed to the notebook.
+
+``history["loss"]`` is rank 0's series (steps and values); ``history.series("loss", rank=1)`` another
+rank's; ``history.mean("loss")`` the mean over ranks at each step. Nothing is dropped here: the
+dashboard downsamples for drawing, the history keeps every point.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Series:
+    steps: list[int] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    @property
+    def last(self) -> float | None:
+        return self.values[-1] if self.values else None
+
+
+class History:
+    def __init__(self) -> None:
+        self._data: dict[str, dict[int, Series]] = {}
+
+    def add(self, rank: int, records) -> None:
+        for step, when, values in records:
+            for name, value in values.items():
+                series = self._data.setdefault(name, {}).setdefault(rank, Series())
+                series.steps.append(step)
+                series.values.append(value)
+                series.times.append(when)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._data)
+
+    def ranks(self, name: str) -> list[int]:
+        return sorted(self._data.get(name, {}))
+
+    def series(self, name: str, rank: int | None = None) -> Series:
+        by_rank = self._data[name]
+        return by_rank[rank if rank is not None else min(by_rank)]
+
+    def __getitem__(self, name: str) -> Series:
+        return self.series(name)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._data
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def mean(self, name: str) -> Series:
+        """Mean over the ranks that logged ``name`` at each step."""
+        sums: dict[int, list[float]] = {}
+        for series in self._data[name].values():
+            for step, value in zip(series.steps, series.values):
+                sums.setdefault(step, []).append(value)
+        out = Series()
+        for step in sorted(sums):
+            out.steps.append(step)
+            out.values.append(sum(sums[step]) / len(sums[step]))
+        return out
+
+    def to_dict(self) -> dict[str, dict[int, dict[str, list]]]:
+        return {name: {rank: {"steps": s.steps, "values": s.values, "times": s.times} for rank, s in by_rank.items()}
+                for name, by_rank in self._data.items()}
+
+    def __repr__(self) -> str:
+        parts = [f"{name}: {len(self.series(name))} points, last {self.series(name).last:.4g}" for name in self._data]
+        return "History(" + "; ".join(parts) + ")" if parts else "History(empty)"

@@ -1,0 +1,43 @@
+"""RunObserver: how the dashboard (and anything else) follows a run without knowing the run loop.
+
+The run calls these methods from the kernel's main thread, between reading events, so they must return
+quickly (queue work for a thread of their own if it is slow). An observer that raises is detached with
+a one-line note; the run goes on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    pid: int
+    device: str | None  # "cuda:0" (as the rank sees it) | "cpu" | None before it is ready
+    gpu_index: int | None  # the physical (NVML) index of its GPU
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    run_id: str
+    nprocs: int
+    backend: str
+    device_type: str
+    gpu_ids: tuple[int, ...]
+    ranks: tuple[RankInfo, ...]
+    warm: bool
+
+
+class RunObserver:
+    def run_started(self, info: RunInfo) -> None:
+        """The job was sent; ``info.ranks`` may update again in :meth:`ranks_ready`."""
+
+    def ranks_ready(self, info: RunInfo) -> None:
+        """Every rank has joined the process group and chosen its device."""
+
+    def metrics(self, rank: int, records: list) -> None:
+        """``records``: ``(step, unix_time, {name: float})`` logged by ``rank``."""
+
+    def run_finished(self, status: str, summary: str) -> None:
+        """``status``: "ok", "failed" or "interrupted"; ``summary``: one line for people."""

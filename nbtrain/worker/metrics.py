@@ -1,0 +1,110 @@
+"""``nbtrain.log(**values, step=None)`` inside a rank: metrics to the kernel without a sync per call.
+
+A call only appends ``(step, time, {name: value})`` to a buffer; tensors are kept as (detached) tensors,
+so logging ``loss`` on a GPU does not wait for the GPU. A background thread sends the buffer to the
+kernel a few times a second (:data:`FLUSH_INTERVAL_S`), turning the tensors of a whole batch into numbers
+with one stacked copy. The job's end flushes whatever is left, so no metric is lost.
+
+``step`` defaults to a per-name counter (0, 1, 2, ... for each name) so ``log(loss=...)`` every
+iteration and ``log(val_loss=...)`` every epoch both make sensible series.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+FLUSH_INTERVAL_S = 0.25
+
+_sink: "MetricsBuffer | None" = None
+
+
+class MetricsBuffer:
+    def __init__(self, rank: int, send: Callable[[object], None]) -> None:
+        self.rank = rank
+        self._send = send
+        self._lock = threading.Lock()
+        self._records: list[tuple[int, float, dict]] = []
+        self._counters: dict[str, int] = {}
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="nbtrain-metrics", daemon=True)
+        self._thread.start()
+
+    def log(self, values: dict, step: int | None) -> None:
+        now = time.time()
+        with self._lock:
+            if step is None:
+                step = max((self._counters.get(name, 0) for name in values), default=0)
+            for name in values:
+                self._counters[name] = max(self._counters.get(name, 0), int(step) + 1)
+            self._records.append((int(step), now, values))
+
+    def flush(self) -> None:
+        with self._lock:
+            records, self._records = self._records, []
+        if records:
+            from ..launch.protocol import Metrics
+
+            self._send(Metrics(self.rank, _to_numbers(records)))
+
+    def close(self) -> None:
+        self._stop = True
+        self._wake.set()
+        self._thread.join(2.0)
+        self.flush()
+
+    def _run(self) -> None:
+        while not self._stop:
+            self._wake.wait(FLUSH_INTERVAL_S)
+            if not self._stop:
+                try:
+                    self.flush()
+                except Exception:
+                    return  # the kernel's connection is gone; the job's end reports why
+
+
+def _to_numbers(records: list[tuple[int, float, dict]]) -> list[tuple[int, float, dict[str, float]]]:
+    """Convert every tensor of the batch to a float with one device-to-host copy per device."""
+    tensors = [v for _, _, values in records for v in values.values() if hasattr(v, "detach")]
+    converted: dict[int, float] = {}
+    if tensors:
+        import torch
+
+        by_device: dict = {}
+        for t in tensors:
+            by_device.setdefault(t.device, []).append(t)
+        for group in by_device.values():
+            flat = torch.stack([t.detach().reshape(-1)[0].float() if t.numel() == 1 else t.detach().float().mean() for t in group])
+            for t, value in zip(group, flat.cpu().tolist()):
+                converted[id(t)] = value
+    out = []
+    for step, when, values in records:
+        out.append((step, when, {k: converted[id(v)] if id(v) in converted else float(v) for k, v in values.items()}))
+    return out
+
+
+def start(rank: int, send: Callable[[object], None]) -> MetricsBuffer:
+    global _sink
+    _sink = MetricsBuffer(rank, send)
+    return _sink
+
+
+def stop() -> None:
+    global _sink
+    sink, _sink = _sink, None
+    if sink is not None:
+        sink.close()
+
+
+def log(step: int | None = None, **values) -> None:
+    """Record metrics for the dashboard and the notebook's ``history`` (inside a ``%%distributed`` cell)."""
+    if _sink is None:
+        raise RuntimeError("nbtrain.log() records metrics of a %%distributed cell; call it inside one.")
+    if not values:
+        raise TypeError("nbtrain.log() needs at least one name=value, such as nbtrain.log(loss=loss)")
+    for name, value in values.items():
+        if not (isinstance(value, (int, float)) or hasattr(value, "detach") or hasattr(value, "__float__")):
+            raise TypeError(f"nbtrain.log({name}=...) takes a number or a tensor, not {type(value).__name__}")
+    _sink.log(values, step)
