@@ -59,14 +59,46 @@ def analyse_cell(source: str, line_offset: int = 1) -> CellInfo:
 
 
 def _ordered_reads(tree: ast.Module) -> list[str]:
-    """Names loaded by top-level code before a top-level statement bound them."""
+    """Names loaded by module-level code before a module-level statement bound them (in source order)."""
     bound: set[str] = set()
     reads: list[str] = []
-    for stmt in tree.body:
-        for name in _loads_in_scope(stmt):
+
+    def note(node: ast.AST | None) -> None:
+        for name in _loads_in_scope(node) if node is not None else ():
             if name not in bound and name not in reads:
                 reads.append(name)
-        bound.update(_bindings_of(stmt))
+
+    def bind(node: ast.AST | None) -> None:
+        if node is not None:
+            bound.update(_bindings_of(ast.Assign(targets=[node], value=ast.Constant(None))))
+
+    def block(body: list[ast.stmt]) -> None:
+        for stmt in body:
+            statement(stmt)
+
+    def statement(stmt: ast.stmt) -> None:
+        # Compound statements: header first, then their bodies in order (a `with ... as f:` binds f for its body).
+        if isinstance(stmt, (ast.For, ast.AsyncFor)):
+            note(stmt.iter), bind(stmt.target), block(stmt.body), block(stmt.orelse)
+        elif isinstance(stmt, (ast.While, ast.If)):
+            note(stmt.test), block(stmt.body), block(stmt.orelse)
+        elif isinstance(stmt, (ast.With, ast.AsyncWith)):
+            for item in stmt.items:
+                note(item.context_expr), bind(item.optional_vars)
+            block(stmt.body)
+        elif isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar":
+            block(stmt.body)
+            for handler in stmt.handlers:
+                note(handler.type)
+                if handler.name:
+                    bound.add(handler.name)
+                block(handler.body)
+            block(stmt.orelse), block(stmt.finalbody)
+        else:
+            note(stmt)
+            bound.update(_bindings_of(stmt))
+
+    block(tree.body)
     return reads
 
 

@@ -96,8 +96,9 @@ class RankFailedError(RuntimeError):
             lines.append("")
             for text in first.error.chained:
                 lines += [text, "", "The above exception led to:", ""]
-            lines.append(f"Traceback on rank {first.rank} (most recent call last):")
-            lines += self._frames(first.error.frames)
+            if first.error.frames:
+                lines.append(f"Traceback on rank {first.rank} (most recent call last):")
+                lines += self._frames(first.error.frames)
             lines.append(first.error.headline)
         else:
             if first.error_file_message:

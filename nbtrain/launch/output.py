@@ -3,6 +3,8 @@
 The kernel's main thread — the one executing the cell — writes what the ranks print, so output lands in
 the cell that ran them (not in whichever cell is active when a background thread happens to flush).
 
+* Ranks print line by line; with several ranks shown, an unfinished line is held up to :data:`HOLD_S`
+  so two ranks never interleave inside one line (a ``print(..., end="")`` still shows within 0.1 s).
 * Rank 0's text is written as printed; other ranks' lines start with ``[rank k] `` (also after a ``\\r``,
   so a tqdm bar redrawn in place keeps its prefix). With ``--output rank0`` other ranks are not shown,
   but their last lines are still kept: a failure report quotes them.
@@ -14,17 +16,21 @@ from __future__ import annotations
 
 import collections
 import re
+import time
 from typing import Callable
 
 from .protocol import END_MARK
 
 TAIL_LINES = 20
+HOLD_S = 0.1
 _LINE_BREAKS = re.compile(r"([\r\n])")
 
 
 class _Stream:
     def __init__(self) -> None:
         self.pending = ""
+        self.held = ""  # an unfinished line, kept briefly so ranks do not interleave mid-line
+        self.held_since = 0.0
         self.at_line_start = True
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.partial = ""
@@ -85,9 +91,27 @@ class OutputRelay:
         self._remember(state, text)
         if rank != 0 and not self._show_all:
             return
-        if rank != 0 and self._nprocs > 1:
-            text = self._prefixed(rank, state, text)
-        self._write(stream, text)
+        if self._nprocs > 1 and self._show_all:
+            text = state.held + text
+            end = max(text.rfind("\n"), text.rfind("\r")) + 1
+            text, state.held = text[:end], text[end:]
+            if state.held and not text:
+                state.held_since = state.held_since or time.monotonic()
+                return
+            state.held_since = time.monotonic() if state.held else 0.0
+        self._write_as(rank, stream, state, text)
+
+    def _write_as(self, rank: int, stream: str, state: _Stream, text: str) -> None:
+        if text:
+            self._write(stream, self._prefixed(rank, state, text) if rank != 0 and self._nprocs > 1 else text)
+
+    def flush(self, older_than: float = HOLD_S) -> None:
+        """Write unfinished lines held longer than ``older_than`` seconds (0: all of them)."""
+        now = time.monotonic()
+        for (rank, stream), state in self._streams.items():
+            if state.held and now - state.held_since >= older_than:
+                text, state.held, state.held_since = state.held, "", 0.0
+                self._write_as(rank, stream, state, text)
 
     @staticmethod
     def _prefixed(rank: int, state: _Stream, text: str) -> str:

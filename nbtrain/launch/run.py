@@ -156,6 +156,7 @@ class _Run:
         while True:
             for event in self.pool.poll_events(0.1):
                 self._handle(event)
+            self.relay.flush()
             self._send_job_when_connected()
             now = time.monotonic()
             if self.failures:
@@ -164,6 +165,7 @@ class _Run:
             elif len(self.done) == self.nprocs:
                 self.all_done_at = self.all_done_at or now
                 if all(self.relay.ended(r, self.job.job_id) for r in range(self.nprocs)) or now - self.all_done_at > END_MARK_WAIT_S:
+                    self.relay.flush(0)
                     return
             elif not self.pool.ready and now > self.start_deadline:
                 waiting = [r.rank for r in self.pool.ranks if r.device is None]
@@ -240,6 +242,7 @@ class _Run:
             for event in self.pool.poll_events(0.05):
                 if isinstance(event, Output):
                     self.relay.feed(event.rank, event.stream, event.text)
+        self.relay.flush(0)
 
 
 def run_cell(namespace: dict, info: CellInfo, config: LaunchConfig, manager: PoolManager, inputs: Inputs,

@@ -200,6 +200,8 @@ def describe(exc: BaseException, stage: str = "cell") -> P.RemoteError:
 @record
 def main() -> None:
     key = bytes.fromhex(sys.stdin.buffer.readline().decode().strip())
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(line_buffering=True)  # whole lines, live: ranks' lines do not interleave
     _watch_parent(sys.stdin.buffer)
     sys.stdin = open(os.devnull)  # a cell calling input() must not eat the kernel's lifeline
     conn = Client(os.environ["NBTRAIN_SOCKET"], family="AF_UNIX", authkey=key)

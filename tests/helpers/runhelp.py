@@ -1,0 +1,37 @@
+"""Helpers for tests that run cells on real ranks."""
+
+from __future__ import annotations
+
+import textwrap
+
+from nbtrain.launch.api import run_source
+from nbtrain.launch.config import LaunchRequest
+
+
+class Captured:
+    """Collects what the ranks print, as the kernel's cell would show it."""
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[str, str]] = []
+
+    def __call__(self, stream: str, text: str) -> None:
+        self.parts.append((stream, text))
+
+    def text(self, stream: str | None = None) -> str:
+        return "".join(t for s, t in self.parts if stream in (None, s))
+
+
+def run(source: str, ns: dict | None = None, manager=None, write=None, **options):
+    options.setdefault("nprocs", 2)
+    options.setdefault("cpu", True)
+    ns = {} if ns is None else ns
+    result = run_source(textwrap.dedent(source).lstrip("\n"), LaunchRequest(**options), ns, manager=manager, write=write or Captured())
+    return result, ns
+
+
+def notebook(source: str, **extra) -> dict:
+    """A namespace as a notebook kernel has it: code run with __name__ == "__main__"."""
+    ns = {"__name__": "__main__", **extra}
+    exec(textwrap.dedent(source), ns)
+    del ns["__builtins__"]
+    return ns

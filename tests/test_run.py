@@ -1,0 +1,240 @@
+"""Cells on real ranks (2 spawned processes, gloo): names in, results out, output, failures, warm re-runs."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+import torch
+
+from nbtrain.launch.errors import RankFailedError
+from nbtrain.launch.payload import PayloadError
+from nbtrain.launch.run import PoolManager
+from runhelp import Captured, notebook, run
+
+pytestmark = pytest.mark.usefixtures("no_leftover_workers")
+
+
+NOTEBOOK = """
+import torch
+
+class Scale(torch.nn.Module):
+    def __init__(self, k):
+        super().__init__()
+        self.k = torch.nn.Parameter(torch.tensor(float(k)))
+
+    def forward(self, x):
+        return self.k * x
+
+def double(v):
+    return 2 * v
+
+inc = lambda v: v + 1
+X = torch.arange(4.0)
+"""
+
+
+@pytest.fixture
+def manager():
+    m = PoolManager()
+    yield m
+    m.shutdown()
+
+
+def test_notebook_class_function_lambda_and_tensor_reach_the_ranks(manager):
+    ns = notebook(NOTEBOOK)
+    Scale = ns["Scale"]
+    out = Captured()
+    result, ns = run("""
+        import torch.distributed as dist
+        model = Scale(3)
+        total = torch.tensor([inc(double(float(rank)))])
+        dist.all_reduce(total)
+        y = model(X)
+        print("rank", rank, "of", world_size, "on", device, "total", total.item())
+    """, ns, manager, write=out)
+    assert ns["total"].item() == 1 + 3  # (0*2+1) + (1*2+1)
+    assert torch.equal(ns["y"], torch.arange(4.0) * 3)
+    assert isinstance(ns["model"], Scale) and ns["model"].k.item() == 3.0
+    assert "rank 0 of 2 on cpu total 4.0" in out.text("stdout")
+    assert "[rank 1] rank 1 of 2 on cpu total 4.0" in out.text("stdout")
+    assert set(result.returned) == {"dist", "model", "total", "y"}
+
+
+def test_ddp_model_comes_back_unwrapped_and_trained(manager):
+    ns = {"torch": torch}
+    run("""
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        torch.manual_seed(0)
+        net = DDP(torch.nn.Linear(4, 1))
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        x = torch.randn(64, 4) + rank
+        for _ in range(20):
+            loss = ((net(x) - 1) ** 2).mean()
+            opt.zero_grad(); loss.backward(); opt.step()
+        final_loss = loss.item()
+    """, ns, manager, out="net,final_loss")
+    assert type(ns["net"]) is torch.nn.Linear
+    assert set(ns) == {"torch", "net", "final_loss"}
+    assert ns["final_loss"] < 1.0
+
+
+def test_large_tensors_are_shared_not_copied_per_rank(manager):
+    big = torch.randn(4_000_000)  # 16 MB: travels through /dev/shm, mapped copy-on-write by each rank
+    ns = {"big": big, "torch": torch}
+    run("""
+        ptr = big.data_ptr()
+        mapped = [l for l in open("/proc/self/maps") if "nbtrain-" in l]
+        in_shm = any(int(l.split("-")[0], 16) <= ptr < int(l.split()[0].split("-")[1], 16) for l in mapped)
+        checksum = float(big.sum())
+        big.mul_(0)   # private pages: neither the other rank nor the notebook sees this
+        import torch.distributed as dist
+        dist.barrier()
+        other_ok = float(big.sum()) == 0.0
+    """, ns, manager, out="in_shm,checksum,other_ok")
+    assert ns["in_shm"] is True
+    assert ns["checksum"] == pytest.approx(float(big.sum()), rel=1e-4)
+    assert ns["big"] is big and float(big.abs().sum()) > 0  # the notebook's tensor is untouched
+    assert not [f for f in os.listdir("/dev/shm") if f.startswith(f"nbtrain-{os.getpid()}-")]
+
+
+def test_unsendable_variable_is_named_before_any_process_starts(manager):
+    import threading
+
+    ns = {"lock": threading.Lock(), "n": 3}
+    with pytest.raises(PayloadError, match=r"'lock' \(_thread.lock\)") as err:
+        run("with lock:\n    m = n + 1\n", ns, manager)
+    assert "Create it inside the %%distributed cell" in str(err.value)
+    assert manager.pool is None and "m" not in ns
+
+
+def test_exception_on_one_rank_stops_the_others_and_maps_the_cell_line(manager):
+    ns = {"torch": torch}
+    started = time.monotonic()
+    with pytest.raises(RankFailedError) as err:
+        run("""
+            import torch.distributed as dist
+            x = 1
+            if rank == 1:
+                raise ValueError("bad batch on rank 1")
+            dist.barrier()   # rank 0 waits here for a rank that will never come
+            never = True
+        """, ns, manager)
+    elapsed = time.monotonic() - started
+    report = str(err.value)
+    assert err.value.rank == 1 and err.value.remote_type == "ValueError"
+    assert "rank 1 raised ValueError: bad batch on rank 1" in report
+    assert "Cell line 5, in <module>" in report  # the %%distributed line is line 1
+    assert 'raise ValueError("bad batch on rank 1")' in report
+    assert "Rank 0 was stopped" in report
+    assert "never" not in ns and manager.pool is None
+    assert elapsed < 15  # not the collective timeout (600 s)
+
+
+def test_a_rank_killed_by_a_signal_is_named_with_it(manager):
+    started = time.monotonic()
+    with pytest.raises(RankFailedError) as err:
+        run("""
+            import os, signal, time
+            import torch.distributed as dist
+            print("about to go", flush=True)
+            if rank == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            dist.barrier()
+        """, {}, manager)
+    report = str(err.value)
+    assert "rank 1 was killed by SIGKILL" in report and "out-of-memory killer" in report
+    assert "about to go" in report  # its last output is quoted
+    assert time.monotonic() - started < 15
+
+
+def test_a_rank_that_exits_with_a_code(manager):
+    with pytest.raises(RankFailedError, match="rank 0 exited with code 3"):
+        run("import os\nif rank == 0:\n    os._exit(3)\nimport time; time.sleep(30)\n", {}, manager)
+
+
+def test_warm_rerun_reuses_the_ranks_and_starts_fast(manager):
+    run("a = 1", {}, manager)
+    pids = manager.pool.pids()
+    timings = []
+    for i in range(3):
+        t = time.monotonic()
+        result, ns = run(f"b = {i} + rank", {}, manager)
+        timings.append(time.monotonic() - t)
+        assert result.warm and ns["b"] == i
+    assert manager.pool.pids() == pids
+    assert min(timings) < 0.5, timings
+
+
+def test_fresh_namespace_per_cell(manager):
+    run("leftover = 42", {}, manager)
+    with pytest.raises(RankFailedError, match="NameError"):
+        run("print(leftover)", {}, manager)
+
+
+def test_pasted_torchrun_script_runs_unchanged(manager):
+    script = '''
+        import os
+        import torch
+        import torch.distributed as dist
+
+        def main():
+            dist.init_process_group(backend="gloo")
+            rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+            local_rank = int(os.environ["LOCAL_RANK"])
+            assert os.environ["MASTER_ADDR"] == "127.0.0.1" and os.environ["MASTER_PORT"] != "29500"
+            t = torch.tensor([rank + 1.0])
+            dist.all_reduce(t)
+            print(f"[{rank}/{world}] sum={t.item()}")
+            dist.destroy_process_group()
+            return t.item()
+
+        if __name__ == "__main__":
+            result = main()
+    '''
+    out = Captured()
+    _, ns = run(script, {}, manager, write=out)
+    assert ns["result"] == 3.0
+    assert "[0/2] sum=3.0" in out.text() and "[rank 1] [1/2] sum=3.0" in out.text()
+    _, ns = run("import torch.distributed as dist\nok = dist.is_initialized()", {}, manager)
+    assert ns["ok"] is True  # the script's destroy_process_group() left the warm group alive
+
+
+def test_asking_for_another_backend_is_explained(manager):
+    with pytest.raises(RankFailedError, match="--backend nccl"):
+        run("import torch.distributed as dist\ndist.init_process_group('nccl')\n", {}, manager)
+
+
+def test_tqdm_and_stderr_reach_the_cell_and_nothing_is_lost(manager):
+    out = Captured()
+    run("""
+        import sys
+        from tqdm import tqdm
+        for _ in tqdm(range(50), desc="epoch", mininterval=0):
+            pass
+        for i in range(2000):
+            print(i)
+        sys.stdout.write("no newline at the end")
+    """, {}, manager, write=out, output="rank0")
+    err, std = out.text("stderr"), out.text("stdout")
+    assert "\r" in err and "epoch: 100%" in err and "[rank 1]" not in err
+    numbers = [l for l in std.splitlines() if l.isdigit()]
+    assert numbers == [str(i) for i in range(2000)]
+    assert std.endswith("no newline at the end")
+    assert "nbtrain-end" not in std and "\x1e" not in std
+
+
+def test_kernel_never_initialises_cuda(manager):
+    run("x = 1", {}, manager)
+    assert not torch.cuda.is_initialized()
+
+
+def test_pool_shutdown_leaves_no_process(manager):
+    run("x = 1", {}, manager)
+    pids = manager.pool.pids()
+    assert manager.shutdown() is True
+    import psutil
+
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
