@@ -238,3 +238,14 @@ def test_pool_shutdown_leaves_no_process(manager):
     import psutil
 
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_results_keep_sharing_and_unsendable_values_are_skipped(manager):
+    result, ns = run("""
+        import threading
+        net = torch.nn.Linear(2, 2)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        lock = threading.Lock()
+    """, {"torch": torch}, manager)
+    assert ns["opt"].param_groups[0]["params"][0] is ns["net"].weight
+    assert "lock" not in ns and "cannot be pickled" in result.skipped["lock"]

@@ -11,14 +11,15 @@ go to every rank.
 When the pickle fails, each name is tried alone to name the culprit: a :class:`PayloadError` says the
 variable, its type and the reason, before any process is involved.
 
-**Results.** On rank 0, each name to bring back is pickled on its own, so one value that cannot travel is
-skipped with a note instead of losing the others. DDP (and ``torch.compile``) wrappers are removed, CUDA
+**Results.** On rank 0, the names to bring back are pickled together (shared objects stay shared); a
+value that cannot travel is found, skipped and named, and the others still come. DDP (and ``torch.compile``) wrappers are removed, CUDA
 tensors become CPU tensors (with one line saying so).
 """
 
 from __future__ import annotations
 
 import io
+import itertools
 import pickle
 import sys
 from dataclasses import dataclass, field
@@ -166,39 +167,56 @@ def unwrap(value):
 
 @dataclass
 class Results:
-    values: dict[str, bytes] = field(default_factory=dict)
+    bundle: bytes | None = None  # every value in one pickle, so shared objects stay shared
+    names: tuple[str, ...] = ()
     skipped: dict[str, str] = field(default_factory=dict)  # name -> reason
     moved_to_cpu: list[str] = field(default_factory=list)
 
 
+def _dump(value) -> tuple[bytes, bool]:
+    buffer = io.BytesIO()
+    pickler = _ResultPickler(buffer)
+    pickler.dump(value)
+    return buffer.getvalue(), pickler.moved_to_cpu
+
+
 def pack_results(namespace: dict, names) -> Results:
+    """Pickle rank 0's results together, so shared objects stay shared (an optimizer keeps pointing at its
+    model's parameters). Values that cannot travel are found one by one, skipped and named."""
+    present = {n: unwrap(namespace[n]) for n in names if n in namespace}
     out = Results()
-    for name in names:
-        if name not in namespace:
-            continue
-        value = unwrap(namespace[name])
-        buffer = io.BytesIO()
-        pickler = _ResultPickler(buffer)
-        try:
-            pickler.dump(value)
-        except Exception as exc:
-            out.skipped[name] = f"{_type_name(value)} cannot be pickled ({_reason(exc)})"
-            continue
-        out.values[name] = buffer.getvalue()
-        if pickler.moved_to_cpu:
-            out.moved_to_cpu.append(name)
+    try:
+        out.bundle, moved = _dump(present)
+    except Exception:
+        for name, value in list(present.items()):
+            try:
+                _dump(value)
+            except Exception as exc:
+                out.skipped[name] = f"{_type_name(value)} cannot be pickled ({_reason(exc)})"
+                del present[name]
+        out.bundle, moved = _dump(present)
+    out.names = tuple(present)
+    if moved:
+        out.moved_to_cpu = [n for n, v in present.items() if _on_gpu(v)] or ["some values"]
     return out
+
+
+def _on_gpu(value) -> bool:
+    torch = sys.modules["torch"]
+    if isinstance(value, torch.Tensor):
+        return value.device.type not in ("cpu", "meta")
+    if isinstance(value, torch.nn.Module):
+        return any(t.device.type not in ("cpu", "meta") for t in itertools.chain(value.parameters(), value.buffers()))
+    return False
 
 
 def unpack_results(results: Results) -> tuple[dict, dict[str, str]]:
     """Unpickle in the kernel; a value that fails here is reported, the others still arrive."""
-    values, failed = {}, dict(results.skipped)
-    for name, data in results.values.items():
-        try:
-            values[name] = pickle.loads(data)
-        except Exception as exc:
-            failed[name] = f"could not be rebuilt in the notebook ({_reason(exc)})"
-    return values, failed
+    failed = dict(results.skipped)
+    try:
+        return (pickle.loads(results.bundle) if results.bundle else {}), failed
+    except Exception as exc:
+        return {}, {**failed, **{n: f"could not be rebuilt in the notebook ({_reason(exc)})" for n in results.names}}
 
 
 __all__ = ["Inputs", "PayloadError", "Results", "SharedBlock", "pack_inputs", "load_inputs", "pack_results",

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Install nbtrain (cached virtualenv, see scripts/venv.sh) and execute notebooks/quickstart.ipynb headless
+# through a real Jupyter kernel; print what it computed and save the executed copy next to it.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv=$(bash "$here/scripts/venv.sh")
+cd "$here"
+exec "$venv/bin/python" scripts/run_notebook.py notebooks/quickstart.ipynb "$@"

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Install nbtrain with its test dependencies (cached virtualenv, see scripts/venv.sh) and run every test.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv=$(bash "$here/scripts/venv.sh")
+cd "$here"
+exec "$venv/bin/python" -m pytest "$@"
