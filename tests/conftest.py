@@ -5,20 +5,25 @@ from __future__ import annotations
 import os
 import sys
 import time
+import uuid
 
 import psutil
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "helpers"))
 
+# Ranks (and kernels started by tests) inherit this, so a check only sees this test run's processes.
+SESSION_MARK = os.environ.setdefault("NBTRAIN_TEST_SESSION", uuid.uuid4().hex)
+
 
 def nbtrain_workers() -> list[psutil.Process]:
-    """Every live process on this machine running ``nbtrain.worker`` (ours or orphaned)."""
+    """Every live rank process started by this test run, orphaned or not."""
     found = []
     for proc in psutil.process_iter(["cmdline", "status"]):
         try:
             cmd = proc.info["cmdline"] or []
-            if "nbtrain.worker" in cmd and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            if ("nbtrain.worker" in cmd and proc.info["status"] != psutil.STATUS_ZOMBIE
+                    and proc.environ().get("NBTRAIN_TEST_SESSION") == SESSION_MARK):
                 found.append(proc)
         except psutil.Error:
             pass

@@ -1,0 +1,85 @@
+"""%%distributed in a real Jupyter kernel: notebooks through nbclient, the stop button, a dying kernel."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import nbformat
+import psutil
+import pytest
+from nbclient import NotebookClient
+from nbformat.v4 import new_code_cell, new_notebook
+
+from conftest import assert_no_workers, nbtrain_workers
+from kernelhelp import Kernel
+
+pytestmark = pytest.mark.usefixtures("no_leftover_workers")
+
+
+def test_notebook_names_reach_the_ranks_and_results_come_back():
+    nb = new_notebook(cells=[new_code_cell(c) for c in [
+        "%load_ext nbtrain",
+        "import torch\nclass Doubler(torch.nn.Module):\n    def forward(self, x):\n        return 2 * x\n"
+        "def shift(v):\n    return v + 100\nsquare = lambda v: v * v\nT = torch.arange(6.0)",
+        "%%distributed 2 --cpu\nimport nbtrain\nm = Doubler()\nout = shift(square(m(T)))\nnbtrain.log(score=float(out.sum()))\n"
+        "print(f'rank {rank} done')",
+        "print(type(m).__name__, out.tolist(), history['score'].values)",
+        "%%distributed 2 --cpu\nif rank == 1:\n    raise RuntimeError('rank one fails')\n",
+        "%%distributed 2 --cpu --out again\nagain = world_size * 21\n",
+        "print('again', again)\n%distributed_shutdown",
+    ]])
+    NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True).execute()
+    text = ["".join(o.get("text", "") + "\n".join(o.get("traceback", [])) for o in c.outputs) for c in nb.cells]
+    assert "rank 0 done" in text[2] and "[rank 1] rank 1 done" in text[2]
+    assert "Doubler [100.0, 104.0, 116.0, 136.0, 164.0, 200.0]" in text[3] and "[820.0]" in text[3]
+    assert "rank 1 raised RuntimeError: rank one fails" in text[4] and "Cell line 3" in text[4]
+    assert "again 42" in text[6] and "stopped the warm ranks" in text[6]
+
+
+def test_stop_button_ends_every_rank_and_its_dataloader_workers_within_3_s():
+    kernel = Kernel()
+    try:
+        kernel.execute("%load_ext nbtrain")
+        msg_id = kernel.start(
+            "%%distributed 2 --cpu\n"
+            "import torch, itertools\n"
+            "from torch.utils.data import DataLoader\n"
+            "loader = DataLoader(list(range(1000)), batch_size=10, num_workers=2)\n"
+            "for step in itertools.count():\n"
+            "    for batch in loader:\n"
+            "        if step == 0:\n"
+            "            print('training', flush=True); step = 1\n")
+        kernel.collect(msg_id, 60, until=lambda out: "training" in out and "[rank 1] training" in out)
+        family = [p for w in nbtrain_workers() for p in [w, *w.children(recursive=True)]]
+        assert len(family) >= 6  # 2 ranks with 2 DataLoader workers each
+        started = time.monotonic()
+        kernel.km.interrupt_kernel()
+        reply, out = kernel.collect(msg_id, 30)
+        elapsed = time.monotonic() - started
+        assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
+        assert elapsed < 3.0, elapsed
+        gone, alive = psutil.wait_procs(family, timeout=0.5)
+        assert not alive
+        reply, out = kernel.execute("%%distributed 2 --cpu --keep-alive 0\nfine = True\nprint('next cell ok')")
+        assert reply["status"] == "ok" and "next cell ok" in out
+    finally:
+        kernel.shutdown()
+
+
+def test_ranks_exit_by_themselves_when_the_kernel_dies():
+    kernel = Kernel()
+    try:
+        kernel.execute("%load_ext nbtrain")
+        msg_id = kernel.start("%%distributed 2 --cpu\nimport time\nprint('up', flush=True)\ntime.sleep(600)\n")
+        kernel.collect(msg_id, 60, until=lambda out: "[rank 1] up" in out)
+        workers = nbtrain_workers()
+        assert len(workers) == 2
+        os.kill(kernel.pid(), signal.SIGKILL)
+        started = time.monotonic()
+        gone, alive = psutil.wait_procs(workers, timeout=5)
+        assert not alive, f"ranks still alive {time.monotonic() - started:.1f} s after the kernel died"
+    finally:
+        kernel.shutdown()
+    assert_no_workers()

@@ -1,0 +1,96 @@
+"""%%distributed through a real IPython shell: options, help, user mistakes, results in the namespace."""
+
+from __future__ import annotations
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+
+from conftest import assert_no_workers, nbtrain_workers
+
+
+@pytest.fixture(scope="module")
+def shell():
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "nbtrain")
+    yield ip
+    ip.run_line_magic("distributed_shutdown", "")
+    assert_no_workers()
+
+
+def run_cell(shell, source):
+    result = shell.run_cell(source)
+    return result
+
+
+def test_help_shows_options_and_examples(shell):
+    doc = shell.find_cell_magic("distributed").__doc__
+    for text in ("--cpu", "--gpus", "--backend", "--timeout", "--out", "--output", "--keep-alive", "Examples"):
+        assert text in doc
+
+
+@pytest.mark.parametrize("line, message", [
+    ("0 --cpu", "at least 1"),
+    ("2 --backend nccl", "nccl backend needs GPUs"),
+    ("2 --cpu --gpus 0", "contradict"),
+    ("2 --gpus 7", "GPU 7 not found"),
+    ("2 --gpus x", "GPU numbers separated by commas"),
+    ("2 --timeout -1", "positive number of seconds"),
+    ("2 --out 1bad", "is not one"),
+    ("2 --cpu --bogus", "unrecognized arguments"),
+])
+def test_bad_options_are_usage_errors_before_any_process(shell, line, message):
+    before = {p.pid for p in nbtrain_workers()}
+    with pytest.raises(UsageError, match=message):
+        shell.run_cell_magic("distributed", line, "x = 1\n")
+    assert {p.pid for p in nbtrain_workers()} == before
+
+
+def test_syntax_error_is_a_usage_error_with_the_cell_line(shell):
+    before = {p.pid for p in nbtrain_workers()}
+    with pytest.raises(UsageError, match="line 3"):
+        shell.run_cell_magic("distributed", "2 --cpu", "a = 1\nb = (\n")
+    assert {p.pid for p in nbtrain_workers()} == before
+
+
+def test_cell_results_and_history_land_in_the_notebook(shell, capsys):
+    shell.run_cell("import torch\nfrom torch import nn\nclass Tiny(nn.Module):\n"
+                   "    def __init__(self):\n        super().__init__()\n        self.l = nn.Linear(3, 1)\n"
+                   "    def forward(self, x):\n        return self.l(x)\n"
+                   "data = torch.randn(32, 3)\n")
+    result = shell.run_cell(
+        "%%distributed 2 --cpu\n"
+        "import nbtrain\n"
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "net = DDP(Tiny())\n"
+        "opt = torch.optim.SGD(net.parameters(), lr=0.05)\n"
+        "for step in range(10):\n"
+        "    loss = net(data[rank::2]).pow(2).mean()\n"
+        "    opt.zero_grad(); loss.backward(); opt.step()\n"
+        "    nbtrain.log(loss=loss)\n"
+        "final = loss.item()\n")
+    result.raise_error()
+    ns = shell.user_ns
+    assert isinstance(ns["net"], ns["Tiny"])  # the notebook's own class, unwrapped from DDP
+    assert isinstance(ns["final"], float)
+    assert len(ns["history"]["loss"]) == 10
+    printed = capsys.readouterr().out
+    assert "nbtrain: 2 ranks · gloo · cpu" in printed and "back in the notebook" in printed
+
+
+def test_failure_is_shown_and_the_next_cell_works(shell, capsys):
+    result = shell.run_cell("%%distributed 2 --cpu\nvalue = 1 / (rank - 1)\n")
+    assert result.error_in_exec is not None and type(result.error_in_exec).__name__ == "RankFailedError"
+    shown = capsys.readouterr()
+    assert "ZeroDivisionError" in shown.out + shown.err and "Cell line 2" in shown.out + shown.err
+    result = shell.run_cell("%%distributed 2 --cpu --out value\nvalue = rank + 10\n")
+    result.raise_error()
+    assert shell.user_ns["value"] == 10
+
+
+def test_shutdown_magic_stops_warm_ranks(shell, capsys):
+    shell.run_cell("%%distributed 2 --cpu\nz = 1\n").raise_error()
+    assert nbtrain_workers()
+    shell.run_line_magic("distributed_shutdown", "")
+    assert "stopped the warm ranks" in capsys.readouterr().out
+    assert not nbtrain_workers()
