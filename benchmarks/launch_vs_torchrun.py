@@ -1,0 +1,147 @@
+"""Launch latency and training throughput of ``%%distributed`` against bare torchrun, measured in one run.
+
+    python benchmarks/launch_vs_torchrun.py [--ranks 2 4] [--repeats 3] [--steps 300]
+
+For each rank count it measures, on the CPU (gloo):
+
+* **cold start to first step** — from the call to the moment rank 0 has finished its first DDP step: a new
+  nbtrain pool (``--fresh``, keep-alive 0) against ``torchrun --standalone`` starting the same code as a
+  script. The notebook side has torch imported already, as a notebook that defines a model has.
+* **warm re-run** — the same, on nbtrain's warm pool (torchrun has no such thing: it pays a cold start).
+* **throughput** — steps/s of a fixed DDP training loop measured inside the ranks (after warm-up), under
+  nbtrain and under torchrun.
+
+Prints each number and the ratio nbtrain / torchrun (goals: cold ≤ 1.1×, warm ≤ 0.5 s, throughput ≥ 0.98×).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import torch  # noqa: F401  (a notebook that trains has torch imported already)
+
+from nbtrain.launch.api import run_source
+from nbtrain.launch.config import LaunchRequest
+from nbtrain.launch.run import PoolManager
+
+TRAIN = """
+import time, torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+torch.manual_seed(0)
+model = DDP(torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
+def step():
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad(); loss.backward(); opt.step()
+step()
+if dist.get_rank() == 0:
+    print("FIRST_STEP", time.time(), flush=True)
+for _ in range(WARMUP):
+    step()
+dist.barrier()
+t0 = time.perf_counter()
+for _ in range(STEPS):
+    step()
+dist.barrier()
+rate = STEPS / (time.perf_counter() - t0)
+if dist.get_rank() == 0:
+    print("RATE", rate, flush=True)
+"""
+
+SCRIPT_WRAPPER = """
+import torch.distributed as dist
+dist.init_process_group("gloo")
+{body}
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def cell_source(steps: int) -> str:
+    return TRAIN.replace("WARMUP", "20").replace("STEPS", str(steps))
+
+
+def run_nbtrain(ranks: int, steps: int, manager: PoolManager, fresh: bool) -> tuple[float, float]:
+    seen: dict[str, float] = {}
+
+    def write(stream: str, text: str) -> None:
+        for line in text.splitlines():
+            if line.startswith("FIRST_STEP"):
+                seen["first"] = float(line.split()[1])
+            elif line.startswith("RATE"):
+                seen["rate"] = float(line.split()[1])
+
+    started = time.time()
+    run_source(cell_source(steps), LaunchRequest(nprocs=ranks, cpu=True, fresh=fresh, keep_alive=600),
+               {}, manager=manager, write=write)
+    return seen["first"] - started, seen["rate"]
+
+
+def run_torchrun(ranks: int, steps: int, workdir: str) -> tuple[float, float]:
+    path = os.path.join(workdir, "train.py")
+    with open(path, "w") as fh:
+        fh.write(SCRIPT_WRAPPER.format(body=cell_source(steps)))
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // ranks))}
+    started = time.time()
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+                          path], capture_output=True, text=True, env=env, check=True).stdout
+    first = next(float(l.split()[1]) for l in out.splitlines() if l.startswith("FIRST_STEP"))
+    rate = next(float(l.split()[1]) for l in out.splitlines() if l.startswith("RATE"))
+    return first - started, rate
+
+
+def measure(ranks: int, repeats: int, steps: int) -> dict:
+    cold_nb, cold_tr, warm_nb, rate_nb, rate_tr = [], [], [], [], []
+    with tempfile.TemporaryDirectory() as workdir:
+        for _ in range(repeats):
+            manager = PoolManager()
+            try:
+                first, rate = run_nbtrain(ranks, steps, manager, fresh=True)
+                cold_nb.append(first), rate_nb.append(rate)
+                first, rate = run_nbtrain(ranks, steps, manager, fresh=False)
+                warm_nb.append(first), rate_nb.append(rate)
+            finally:
+                manager.shutdown()
+            first, rate = run_torchrun(ranks, steps, workdir)
+            cold_tr.append(first), rate_tr.append(rate)
+    med = statistics.median
+    return {
+        "ranks": ranks,
+        "cold_nbtrain_s": med(cold_nb), "cold_torchrun_s": med(cold_tr), "cold_ratio": med(cold_nb) / med(cold_tr),
+        "warm_nbtrain_s": med(warm_nb),
+        "steps_per_s_nbtrain": med(rate_nb), "steps_per_s_torchrun": med(rate_tr),
+        "throughput_ratio": med(rate_nb) / med(rate_tr),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+    rows = [measure(r, args.repeats, args.steps) for r in args.ranks]
+    for row in rows:
+        print(textwrap.dedent(f"""\
+            {row['ranks']} ranks (median of {args.repeats}):
+              cold start to first step  nbtrain {row['cold_nbtrain_s']:.2f} s  torchrun {row['cold_torchrun_s']:.2f} s  ratio {row['cold_ratio']:.2f}x (goal <= 1.1x)
+              warm re-run to first step nbtrain {row['warm_nbtrain_s']:.3f} s (goal <= 0.5 s)
+              throughput                nbtrain {row['steps_per_s_nbtrain']:.1f}  torchrun {row['steps_per_s_torchrun']:.1f} steps/s  ratio {row['throughput_ratio']:.3f}x (goal >= 0.98x)"""))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=2)
+
+
+if __name__ == "__main__":
+    main()
