@@ -42,6 +42,7 @@ class RankFailure:
     error_file_message: str | None = None
     output_tail: list[str] = field(default_factory=list)
     order: int = 0  # arrival order: the first failure is usually the cause
+    starting: bool = False  # ended before joining the process group
 
     @property
     def secondary(self) -> bool:
@@ -59,7 +60,8 @@ class RankFailure:
             sig = signal.Signals(-self.exit_code)
             hint = SIGNAL_HINTS.get(sig)
             return f"rank {self.rank} was killed by {sig.name}" + (f" — {hint}" if hint else "")
-        return f"rank {self.rank} exited with code {self.exit_code} while running the cell"
+        when = "while starting, before the cell ran" if self.starting else "while running the cell"
+        return f"rank {self.rank} exited with code {self.exit_code} {when}"
 
 
 class RankFailedError(RuntimeError):
@@ -67,7 +69,7 @@ class RankFailedError(RuntimeError):
 
     def __init__(self, failures: list[RankFailure], *, cell_filename: str, cell_source: str, line_offset: int,
                  code_name=None, stopped: list[int] | None = None):
-        self.failures = sorted(failures, key=lambda f: (f.secondary, f.order, f.rank))
+        self.failures = sorted(failures, key=lambda f: (f.secondary, not (f.error or f.error_file_message), f.order, f.rank))
         self.rank = self.failures[0].rank
         self._cell = (cell_filename, cell_source.splitlines(), line_offset)
         self._code_name = code_name
@@ -102,8 +104,8 @@ class RankFailedError(RuntimeError):
             lines.append(first.error.headline)
         else:
             if first.error_file_message:
-                lines += ["", f"Error recorded by rank {first.rank}:", first.error_file_message.rstrip()]
-            if first.output_tail:
+                lines += ["", f"Error recorded by rank {first.rank}:", str(first.error_file_message).rstrip()]
+            elif first.output_tail:
                 lines += ["", f"Last output of rank {first.rank}:"] + [f"    {l}" for l in first.output_tail]
         for f in others:
             lines += ["", f"Also: {f.summary()}"]

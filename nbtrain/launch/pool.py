@@ -166,8 +166,11 @@ class WorkerPool:
             if rank is None:
                 conn.close()
                 continue
-            self._accepted.put(rank)
             rank.conn_pending = conn
+            self._accepted.put(rank)
+        if not pending:  # every rank is in: nothing may connect any more
+            with contextlib.suppress(OSError):
+                listener.close()
 
     def next_job_id(self) -> int:
         return next(self._job_ids)
@@ -243,6 +246,8 @@ class WorkerPool:
             from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
             message = ProcessFailure(local_rank=rank, pid=r.pid, exitcode=code, error_file=r.error_file).message
+            if isinstance(message, dict):  # torch elastic's JSON: {"message": ..., "extraInfo": {"py_callstack": ...}}
+                message = message.get("extraInfo", {}).get("py_callstack") or message.get("message")
         return RankFailure(rank, exit_code=code, error_file_message=message)
 
     # ----------------------------------------------------------------------------------- lifecycle

@@ -203,9 +203,10 @@ class _Run:
         if isinstance(event, Output):
             self.relay.feed(event.rank, event.stream, event.text)
         elif isinstance(event, Exited):
-            if event.rank not in self.failures and not (self.pool.broken and self.failures):
+            if event.rank not in self.failures:  # in the loop every exit is real: nbtrain kills only after it
                 failure = self.pool.describe_exit(event.rank, event.code)
                 failure.output_tail = self.relay.tail(event.rank)
+                failure.starting = self.pool.ranks[event.rank].device is None
                 self._fail(failure)
         elif isinstance(event, Message):
             self._handle_message(event.rank, event.message)

@@ -42,14 +42,25 @@ from ..launch.payload import load_inputs, pack_results
 from . import compat, metrics
 
 
-def _watch_parent(stdin) -> None:
+def _read_key(fd: int) -> bytes:
+    """The pool's key: one hex line on stdin, read unbuffered so the watcher owns the rest of the pipe."""
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = os.read(fd, 1)
+        if not chunk:
+            raise SystemExit("nbtrain.worker: no key on stdin (ranks are started by the notebook, not by hand)")
+        line += chunk
+    return bytes.fromhex(line.decode().strip())
+
+
+def _watch_parent(fd: int) -> None:
     """Block on stdin; when the kernel's end closes, take this rank and its children down."""
 
     def watch() -> None:
         try:
-            while stdin.read(4096):
+            while os.read(fd, 4096):  # raw reads: no buffered-reader lock to trip over at exit
                 pass
-        except Exception:
+        except OSError:
             pass
         try:
             os.killpg(os.getpgid(0), signal.SIGKILL)
@@ -199,11 +210,14 @@ def describe(exc: BaseException, stage: str = "cell") -> P.RemoteError:
 
 @record
 def main() -> None:
-    key = bytes.fromhex(sys.stdin.buffer.readline().decode().strip())
+    lifeline = os.dup(0)
+    key = _read_key(lifeline)
+    _watch_parent(lifeline)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)  # a cell calling input() must not eat the kernel's lifeline
+    sys.stdin = open(0, closefd=False)
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(line_buffering=True)  # whole lines, live: ranks' lines do not interleave
-    _watch_parent(sys.stdin.buffer)
-    sys.stdin = open(os.devnull)  # a cell calling input() must not eat the kernel's lifeline
     conn = Client(os.environ["NBTRAIN_SOCKET"], family="AF_UNIX", authkey=key)
     rank = int(os.environ["RANK"])
     conn.send(P.Hello(rank, os.getpid()))

@@ -1,0 +1,82 @@
+"""Launch configuration: devices, backend and rank count decided from NVML, and every mistake explained."""
+
+from __future__ import annotations
+
+import pytest
+
+from fake_nvml import FakeGpu, install
+from nbtrain.launch import config as config_module
+from nbtrain.launch.config import ConfigError, LaunchRequest, resolve
+
+
+def gpus(n):
+    return [FakeGpu(uuid=f"GPU-{i}aaa") for i in range(n)]
+
+
+@pytest.fixture
+def cuda_torch(monkeypatch):
+    monkeypatch.setattr(config_module, "_torch_has_cuda", lambda: True)
+
+
+def test_no_gpu_defaults_to_two_gloo_ranks_on_cpu(monkeypatch):
+    install(monkeypatch, [])
+    cfg = resolve(LaunchRequest())
+    assert (cfg.pool.nprocs, cfg.pool.backend, cfg.pool.device_type) == (2, "gloo", "cpu")
+
+
+def test_gpus_default_to_one_nccl_rank_each(monkeypatch, cuda_torch):
+    install(monkeypatch, gpus(4))
+    cfg = resolve(LaunchRequest())
+    assert (cfg.pool.nprocs, cfg.pool.backend, cfg.pool.gpu_ids) == (4, "nccl", (0, 1, 2, 3))
+    assert cfg.pool.rank_devices() == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
+
+
+def test_chosen_gpus_and_cuda_visible_devices(monkeypatch, cuda_torch):
+    install(monkeypatch, gpus(4))
+    assert resolve(LaunchRequest(gpus="0,2")).pool.gpu_ids == (0, 2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,GPU-1")
+    assert resolve(LaunchRequest()).pool.gpu_ids == (3, 1)
+    with pytest.raises(ConfigError, match=r"GPU 0 not found; the GPUs this kernel can use are: 3, 1"):
+        resolve(LaunchRequest(gpus="0"))
+
+
+def test_more_nccl_ranks_than_gpus_is_refused_but_gloo_may_share(monkeypatch, cuda_torch):
+    install(monkeypatch, gpus(2))
+    with pytest.raises(ConfigError, match="3 ranks on nccl need 3 GPUs, but only 2"):
+        resolve(LaunchRequest(nprocs=3))
+    cfg = resolve(LaunchRequest(nprocs=3, backend="gloo"))
+    assert cfg.pool.rank_devices() == ["cuda:0", "cuda:1", "cuda:0"]
+
+
+def test_cpu_build_of_torch_runs_on_cpu_with_a_note(monkeypatch):
+    install(monkeypatch, gpus(1))
+    monkeypatch.setattr(config_module, "_torch_has_cuda", lambda: False)
+    cfg = resolve(LaunchRequest())
+    assert cfg.pool.device_type == "cpu" and "no CUDA support" in cfg.notes[0]
+
+
+def test_cpu_flag_ignores_gpus(monkeypatch, cuda_torch):
+    install(monkeypatch, gpus(2))
+    cfg = resolve(LaunchRequest(cpu=True, nprocs=3))
+    assert (cfg.pool.backend, cfg.pool.device_type, cfg.pool.gpu_ids) == ("gloo", "cpu", ())
+
+
+@pytest.mark.parametrize("request_, message", [
+    (LaunchRequest(nprocs=0), "at least 1"),
+    (LaunchRequest(backend="mpi"), "Unknown backend"),
+    (LaunchRequest(gpus="0,0"), "names a GPU twice"),
+    (LaunchRequest(keep_alive=-1), "--keep-alive"),
+    (LaunchRequest(env=("1X=2",)), "NAME=value"),
+    (LaunchRequest(output="some"), "--output"),
+])
+def test_mistakes_are_explained(monkeypatch, cuda_torch, request_, message):
+    install(monkeypatch, gpus(2))
+    with pytest.raises(ConfigError, match=message):
+        resolve(request_)
+
+
+def test_out_names(monkeypatch):
+    install(monkeypatch, [])
+    assert resolve(LaunchRequest(out="a, b")).out_names == ("a", "b")
+    assert resolve(LaunchRequest(out="-")).out_names == ()
+    assert resolve(LaunchRequest()).out_names is None

@@ -1,0 +1,78 @@
+"""The pool's life: authenticated channel, torch elastic error files, idle timeout, fast teardown."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from multiprocessing.connection import AuthenticationError, Client
+
+import psutil
+import pytest
+
+from nbtrain.launch.config import LaunchRequest, resolve
+from nbtrain.launch.errors import RankFailedError
+from nbtrain.launch.pool import WorkerPool
+from nbtrain.launch.run import PoolManager
+from runhelp import run
+
+pytestmark = pytest.mark.usefixtures("no_leftover_workers")
+
+
+@pytest.fixture
+def manager():
+    m = PoolManager()
+    yield m
+    m.shutdown()
+
+
+def test_channel_is_a_private_socket_that_refuses_a_wrong_key():
+    pool = WorkerPool(resolve(LaunchRequest(nprocs=2, cpu=True)).pool)
+    try:
+        pool.spawn()
+        socket_path = os.path.join(pool._dir, "kernel.sock")
+        assert stat.S_IMODE(os.stat(pool._dir).st_mode) == 0o700
+        assert stat.S_ISSOCK(os.stat(socket_path).st_mode)
+        with pytest.raises(AuthenticationError):  # refused before anything is unpickled
+            Client(socket_path, family="AF_UNIX", authkey=b"not the key")
+        deadline = time.monotonic() + 60
+        while not all(r.conn for r in pool.ranks) and time.monotonic() < deadline:
+            pool.poll_events(0.1)
+        assert all(r.conn for r in pool.ranks)  # the real ranks still got in
+        time.sleep(0.2)
+        assert not os.path.exists(socket_path)  # and then nothing can connect at all
+    finally:
+        pool.stop(graceful=False)
+
+
+def test_rank_failing_outside_the_cell_reports_torch_elastic_error_file(manager):
+    with pytest.raises(RankFailedError) as err:
+        run("x = 1", {}, manager, env=("NBTRAIN_TIMEOUT=soon",))
+    report = str(err.value)
+    assert "exited with code 1 while starting" in report
+    assert "Error recorded by rank" in report and "could not convert string to float: 'soon'" in report
+
+
+def test_a_failure_stops_the_other_ranks_within_2_s(manager):
+    run("import torch.distributed as dist", {}, manager)  # warm: measure the failure, not the start
+    pids = manager.pool.pids()
+    started = time.monotonic()
+    with pytest.raises(RankFailedError):
+        run("import torch.distributed as dist\nif rank == 0:\n    raise KeyError('x')\ndist.barrier()\n", {}, manager)
+    assert time.monotonic() - started < 2.0
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_idle_pool_stops_by_itself(manager):
+    run("a = 1", {}, manager, keep_alive=0.5)
+    pids = manager.pool.pids()
+    gone, alive = psutil.wait_procs([psutil.Process(p) for p in pids], timeout=5)
+    assert not alive and manager.pool is None
+
+
+def test_different_options_start_a_new_pool_and_stop_the_old(manager):
+    run("a = 1", {}, manager)
+    old = manager.pool.pids()
+    run("a = 1", {}, manager, env=("FOO=1",))
+    assert manager.pool.pids() != old
+    assert not [p for p in old if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
