@@ -8,6 +8,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from .launch.api import UserInputError, format_summary, run_source
 from .launch.config import LaunchRequest
+from .launch.registry import RunRegistry
 from .launch.run import PoolManager
 
 
@@ -16,6 +17,17 @@ class DistributedMagics(Magics):
     def __init__(self, shell):
         super().__init__(shell)
         self.pools = PoolManager()
+        self._registry = None
+
+    def observers(self) -> list:
+        """Who follows each run: the run registry (read by the Jupyter server extension)."""
+        if self._registry is None:
+            try:
+                self._registry = RunRegistry()
+            except OSError as exc:  # an unwritable runtime dir must not stop training
+                print(f"nbtrain: runs will not be listed in JupyterLab ({exc})")
+                self._registry = False
+        return [self._registry] if self._registry else []
 
     @magic_arguments()
     @argument("nprocs", nargs="?", type=int, help="number of ranks (default: one per visible GPU, else 2)")
@@ -58,7 +70,7 @@ class DistributedMagics(Magics):
             nprocs=args.nprocs, cpu=args.cpu, gpus=args.gpus, backend=args.backend, timeout=args.timeout,
             out=args.out, output=args.output, keep_alive=args.keep_alive, fresh=args.fresh, env=tuple(args.env),
         )
-        return run_in_shell(self.shell, cell, request, self.pools, quiet=args.quiet)
+        return run_in_shell(self.shell, cell, request, self.pools, quiet=args.quiet, observers=self.observers())
 
     @line_magic
     def distributed_shutdown(self, line):
@@ -66,11 +78,12 @@ class DistributedMagics(Magics):
         print("nbtrain: stopped the warm ranks." if self.pools.shutdown() else "nbtrain: no warm ranks to stop.")
 
 
-def run_in_shell(shell, cell: str, request: LaunchRequest, pools: PoolManager, quiet: bool = False) -> None:
+def run_in_shell(shell, cell: str, request: LaunchRequest, pools: PoolManager, quiet: bool = False,
+                 observers=()) -> None:
     """Run a cell in ``shell``'s namespace; user mistakes become UsageError, before any process starts."""
     code_name = getattr(getattr(shell, "compile", None), "format_code_name", None)
     try:
-        result = run_source(cell, request, shell.user_ns, manager=pools, code_name=code_name)
+        result = run_source(cell, request, shell.user_ns, manager=pools, code_name=code_name, observers=observers)
     except UserInputError as exc:
         raise UsageError(str(exc)) from None
     if len(result.history):

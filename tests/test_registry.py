@@ -1,0 +1,43 @@
+"""The run registry: what a kernel's runs look like to the Jupyter server, kept current, stale records ignored."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from nbtrain.launch.registry import RunRegistry, read_runs
+from nbtrain.launch.run import PoolManager
+from runhelp import run
+
+pytestmark = pytest.mark.usefixtures("no_leftover_workers")
+
+
+def test_a_run_is_recorded_from_start_to_finish(tmp_path):
+    registry = RunRegistry(str(tmp_path))
+    manager = PoolManager()
+    try:
+        from nbtrain.launch.api import run_source
+        from nbtrain.launch.config import LaunchRequest
+
+        run_source("import nbtrain\nfor i in range(3):\n    nbtrain.log(loss=1.0 / (i + 1))\n",
+                   LaunchRequest(nprocs=2, cpu=True), {}, manager=manager, write=lambda s, t: None,
+                   observers=[registry])
+        pids = manager.pool.pids()
+    finally:
+        manager.shutdown()
+    record = json.loads((tmp_path / f"kernel-{os.getpid()}.json").read_text())
+    assert record["state"] == "finished" and record["nprocs"] == 2 and record["backend"] == "gloo"
+    assert [r["pid"] for r in record["ranks"]] == pids and record["ranks"][0]["device"] == "cpu"
+    assert record["step"] == 2 and record["metrics"]["loss"] == pytest.approx(1 / 3)
+    assert oct(os.stat(tmp_path).st_mode & 0o777) == "0o700"
+    assert read_runs(str(tmp_path))[0]["run_id"] == record["run_id"]
+    registry.remove()
+    assert read_runs(str(tmp_path)) == []
+
+
+def test_records_of_dead_kernels_and_broken_files_are_ignored(tmp_path):
+    (tmp_path / "kernel-1.json").write_text("{not json")
+    (tmp_path / "kernel-999999.json").write_text(json.dumps({"version": 1, "kernel_pid": 999999999}))
+    assert read_runs(str(tmp_path)) == []
