@@ -60,6 +60,7 @@ def test_stop_button_ends_every_rank_and_its_dataloader_workers_within_3_s():
         elapsed = time.monotonic() - started
         assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
         assert elapsed < 3.0, elapsed
+        assert "Where each rank was:" in out and "rank 0: at cell line" in out and "rank 1: at cell line" in out
         gone, alive = psutil.wait_procs(family, timeout=0.5)
         assert not alive
         reply, out = kernel.execute("%%distributed 2 --cpu --keep-alive 0\nfine = True\nprint('next cell ok')")

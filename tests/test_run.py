@@ -249,3 +249,15 @@ def test_results_keep_sharing_and_unsendable_values_are_skipped(manager):
     """, {"torch": torch}, manager)
     assert ns["opt"].param_groups[0]["params"][0] is ns["net"].weight
     assert "lock" not in ns and "cannot be pickled" in result.skipped["lock"]
+
+
+def test_a_failure_shows_where_the_other_ranks_were(manager):
+    with pytest.raises(RankFailedError) as err:
+        run("""
+            import torch.distributed as dist
+            if rank == 1:
+                raise ValueError("boom")
+            dist.barrier()
+        """, {}, manager)
+    assert err.value.whereabouts == {0: "waiting in barrier() (torch.distributed), from cell line 5: dist.barrier()"}
+    assert "Where the other ranks were:" in str(err.value)

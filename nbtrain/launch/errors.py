@@ -68,12 +68,13 @@ class RankFailedError(RuntimeError):
     """One or more ranks failed; the others were stopped. Shows the first failure's mapped traceback."""
 
     def __init__(self, failures: list[RankFailure], *, cell_filename: str, cell_source: str, line_offset: int,
-                 code_name=None, stopped: list[int] | None = None):
+                 code_name=None, stopped: list[int] | None = None, whereabouts: dict[int, str] | None = None):
         self.failures = sorted(failures, key=lambda f: (f.secondary, not (f.error or f.error_file_message), f.order, f.rank))
         self.rank = self.failures[0].rank
         self._cell = (cell_filename, cell_source.splitlines(), line_offset)
         self._code_name = code_name
         self.stopped = stopped or []
+        self.whereabouts = whereabouts or {}
         super().__init__(self.failures[0].summary())
 
     @property
@@ -109,6 +110,8 @@ class RankFailedError(RuntimeError):
                 lines += ["", f"Last output of rank {first.rank}:"] + [f"    {l}" for l in first.output_tail]
         for f in others:
             lines += ["", f"Also: {f.summary()}"]
+        if self.whereabouts:
+            lines += ["", "Where the other ranks were:"] + [f"  rank {r}: {w}" for r, w in sorted(self.whereabouts.items())]
         if self.stopped:
             lines += ["", f"{_ranks(self.stopped).capitalize()} stopped. The notebook's variables are unchanged."]
         return "\n".join(lines)

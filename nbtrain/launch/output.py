@@ -71,6 +71,10 @@ class OutputRelay:
                 self.marks[(rank, stream)].add(int(job))
             text = text[newline + 1:]
 
+    def write_direct(self, stream: str, text: str) -> None:
+        """nbtrain's own words, written between the ranks' lines."""
+        self._write(stream, text)
+
     def ended(self, rank: int, job_id: int) -> bool:
         return all(job_id in self.marks[(rank, s)] for s in ("stdout", "stderr"))
 

@@ -137,6 +137,7 @@ class WorkerPool:
         for rank in range(self.spec.nprocs):
             error_file = os.path.join(self._dir, f"error-{rank}.json")
             env = _worker_env(self.spec, rank, self._store.port, socket_path, run_id, error_file)
+            env["NBTRAIN_STACK_FILE"] = os.path.join(self._dir, f"stack-{rank}.txt")
             popen = subprocess.Popen(
                 [sys.executable, "-m", "nbtrain.worker"], env=env, stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
@@ -257,6 +258,30 @@ class WorkerPool:
     def pids(self) -> list[int]:
         return [r.pid for r in self.ranks]
 
+    def dump_stacks(self, wait: float = 0.5, ranks=None) -> dict[int, str]:
+        """Live ranks' Python stacks (faulthandler on SIGUSR1), collected within ``wait`` seconds."""
+        paths = {r.rank: os.path.join(self._dir, f"stack-{r.rank}.txt") for r in self.ranks
+                 if r.popen.poll() is None and (ranks is None or r.rank in ranks)}
+        sizes = {rank: _size(path) for rank, path in paths.items()}
+        for rank in paths:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.ranks[rank].pid, signal.SIGUSR1)
+        deadline, dumps = time.monotonic() + wait, {}
+        while time.monotonic() < deadline and len(dumps) < len(paths):
+            time.sleep(0.05)
+            for rank, path in paths.items():
+                size = _size(path)
+                if rank not in dumps and size > sizes[rank] and size == self._settled(path, size):
+                    with open(path) as fh:
+                        fh.seek(sizes[rank])
+                        dumps[rank] = fh.read()
+        return dumps
+
+    @staticmethod
+    def _settled(path: str, size: int) -> int:
+        time.sleep(0.02)  # faulthandler writes a dump in a burst; a stable size means it is complete
+        return _size(path)
+
     def interrupt(self) -> None:
         self._signal_all(signal.SIGINT)
 
@@ -350,3 +375,10 @@ def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
         except psutil.Error:
             pass
     return out
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0

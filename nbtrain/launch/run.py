@@ -36,6 +36,7 @@ from .history import History
 from .observer import RankInfo, RunInfo, RunObserver
 from .output import OutputRelay
 from .payload import Inputs, unpack_results
+from .stacks import summarise
 from .pool import Exited, Message, Output, WorkerPool
 
 FAILURE_GRACE_S = 0.3  # let the other ranks report the same exception before they are stopped
@@ -260,7 +261,7 @@ def run_cell(namespace: dict, info: CellInfo, config: LaunchConfig, manager: Poo
             pool.spawn()
         run.loop()
     except KeyboardInterrupt:
-        _interrupt(run, manager)
+        _interrupt(run, manager, info)
         run.notify("run_finished", "interrupted", "interrupted: every rank was stopped")
         raise
     except BaseException as exc:
@@ -272,11 +273,13 @@ def run_cell(namespace: dict, info: CellInfo, config: LaunchConfig, manager: Poo
     if run.failures:
         stopped = [r.rank for r in pool.ranks if r.rank not in run.failures]
         manager.discard(pool)
+        whereabouts = _whereabouts(pool, job, info, wait=0.4, ranks=stopped) if stopped else {}
         pool.terminate(graceful=False, grace=0.5)
         run.drain(0.5)
         pool.close()
         error = RankFailedError(list(run.failures.values()), cell_filename=job.filename, cell_source=info.source,
-                                line_offset=info.line_offset, code_name=code_name, stopped=stopped)
+                                line_offset=info.line_offset, code_name=code_name, stopped=stopped,
+                                whereabouts=whereabouts)
         error.history = run.history
         run.notify("run_finished", "failed", error.failures[0].summary())
         raise error
@@ -286,11 +289,25 @@ def run_cell(namespace: dict, info: CellInfo, config: LaunchConfig, manager: Poo
     return result
 
 
-def _interrupt(run: _Run, manager: PoolManager) -> None:
-    """Stop button: SIGINT first (the cell sees KeyboardInterrupt), then escalate; at most ~3 s."""
+def _whereabouts(pool: WorkerPool, job: P.Job, info: CellInfo, wait: float, ranks=None) -> dict[int, str]:
+    """One line per live rank (of ``ranks``, default all) saying where it is (see :mod:`.stacks`)."""
+    lines = info.source.splitlines()
+    return {rank: summarise(dump, job.filename, lines, info.line_offset)
+            for rank, dump in sorted(pool.dump_stacks(wait, ranks).items())}
+
+
+def _interrupt(run: _Run, manager: PoolManager, info: CellInfo) -> None:
+    """Stop button: say where each rank was, then SIGINT (the cell sees KeyboardInterrupt), then escalate;
+    all within ~3 s."""
     pool = run.pool
+    if pool.ready:
+        where = _whereabouts(pool, run.job, info, wait=0.4)
+        if where:
+            run.relay.flush(0)
+            report = "".join(f"  rank {rank}: {line}\n" for rank, line in where.items())
+            run.relay.write_direct("stderr", f"\nnbtrain: stopped by the user. Where each rank was:\n{report}")
     pool.interrupt()
-    deadline = time.monotonic() + 1.0
+    deadline = time.monotonic() + 0.7
     while time.monotonic() < deadline and any(r.popen.poll() is None for r in pool.ranks):
         if all(r.rank in run.failures for r in pool.ranks):
             break
@@ -301,7 +318,7 @@ def _interrupt(run: _Run, manager: PoolManager) -> None:
                 run.failures[event.rank] = RankFailure(event.rank, event.message.error)
     pool.broken = True
     manager.discard(pool)
-    pool.terminate(graceful=False, grace=0.8)
+    pool.terminate(graceful=False, grace=0.6)
     run.drain(0.2)
     pool.close()
 

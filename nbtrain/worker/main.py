@@ -23,6 +23,7 @@ Errors outside a job (bad environment, rendezvous failure) are written to torch 
 from __future__ import annotations
 
 import builtins
+import faulthandler
 import gc
 import linecache
 import os
@@ -210,6 +211,8 @@ def describe(exc: BaseException, stage: str = "cell") -> P.RemoteError:
 
 @record
 def main() -> None:
+    stack_file = open(os.environ["NBTRAIN_STACK_FILE"], "w")
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)  # "where are you?" from the kernel
     lifeline = os.dup(0)
     key = _read_key(lifeline)
     _watch_parent(lifeline)
