@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import stat
 import time
@@ -76,3 +77,20 @@ def test_different_options_start_a_new_pool_and_stop_the_old(manager):
     run("a = 1", {}, manager, env=("FOO=1",))
     assert manager.pool.pids() != old
     assert not [p for p in old if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_every_socket_of_a_run_is_on_loopback_or_a_private_unix_socket(manager):
+    _, ns = run("""
+        import psutil, torch.distributed as dist
+        t = torch.ones(1); dist.all_reduce(t)
+        mine = [c for c in psutil.Process().net_connections(kind="inet")]
+        addresses = sorted({c.laddr.ip for c in mine})
+    """, {"torch": __import__("torch")}, manager, out="addresses")
+    kernel = [c.laddr.ip for c in psutil.Process().net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+    assert ns["addresses"] and all(_loopback(a) for a in ns["addresses"]), ns["addresses"]
+    assert kernel and all(_loopback(a) for a in kernel), kernel
+
+
+def _loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    return ip.is_loopback or bool(getattr(ip, "ipv4_mapped", None) and ip.ipv4_mapped.is_loopback)

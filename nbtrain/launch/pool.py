@@ -5,8 +5,8 @@ Start-up, for a :class:`~nbtrain.launch.config.PoolSpec`:
 * a private directory (mode 0700) holds the kernel's UNIX socket, a
   :class:`multiprocessing.connection.Listener` with a random 32-byte key: a peer that does not know the
   key fails the HMAC challenge before anything is unpickled;
-* the kernel hosts the rendezvous store (a c10d ``TCPStore`` on 127.0.0.1, port chosen by the OS — never
-  a fixed 29500 that another notebook may hold), and the ranks join it as torchrun's ranks join the
+* the kernel hosts the rendezvous store (a c10d ``TCPStore`` listening on 127.0.0.1 only, port chosen by
+  the OS — never a fixed 29500 that another notebook may hold), and the ranks join it as torchrun's ranks join the
   agent's store (``TORCHELASTIC_USE_AGENT_STORE=True``, ``init_method="env://"``). Moving to several
   machines means hosting that store elsewhere (c10d rendezvous), not changing the ranks;
 * each rank is spawned — ``python -m nbtrain.worker`` through :mod:`subprocess`, a fresh interpreter,
@@ -99,6 +99,9 @@ def _worker_env(spec: PoolSpec, rank: int, port: int, socket_path: str, run_id: 
         CUDA_VISIBLE_DEVICES=",".join(str(i) for i in spec.gpu_ids),
     )
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // spec.nprocs)))
+    if "lo" in psutil.net_if_addrs():  # one machine: keep gloo's and NCCL's sockets off the network
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        env.setdefault("NCCL_SOCKET_IFNAME", "lo")
     # The kernel's own package path first, so ranks import the same nbtrain as the notebook.
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
@@ -132,7 +135,12 @@ class WorkerPool:
 
         socket_path = os.path.join(self._dir, "kernel.sock")
         self._listener = Listener(socket_path, family="AF_UNIX", authkey=self._key, backlog=max(8, self.spec.nprocs))
-        self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        # Bind the store's socket ourselves: given a host, TCPStore still listens on every interface.
+        # The store takes the descriptor over (and closes it when it goes).
+        listening = socket.create_server(("127.0.0.1", 0), backlog=128)
+        port = listening.getsockname()[1]
+        self._store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                                    master_listen_fd=listening.detach())
         run_id = self.run_id
         for rank in range(self.spec.nprocs):
             error_file = os.path.join(self._dir, f"error-{rank}.json")
