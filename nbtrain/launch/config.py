@@ -159,8 +159,14 @@ def resolve(request: LaunchRequest) -> LaunchConfig:
     keep_alive = DEFAULT_KEEP_ALIVE_S if request.keep_alive is None else float(request.keep_alive)
     if keep_alive < 0:
         raise ConfigError(f"--keep-alive must be 0 or more seconds (got {request.keep_alive}).")
-    return LaunchConfig(pool, _parse_names(request.out), request.output, keep_alive, request.fresh, notes=tuple(notes))
+    return LaunchConfig(pool, _parse_names(request.out), request.output, keep_alive, request.fresh,
+                        start_timeout_s=default_start_timeout(), notes=tuple(notes))
 
 
 def default_start_timeout() -> float:
-    return float(os.environ.get("NBTRAIN_START_TIMEOUT", DEFAULT_START_TIMEOUT_S))
+    """How long ranks may take to start and join the group (``NBTRAIN_START_TIMEOUT`` seconds)."""
+    text = os.environ.get("NBTRAIN_START_TIMEOUT", "")
+    try:
+        return float(text) if text else DEFAULT_START_TIMEOUT_S
+    except ValueError:
+        raise ConfigError(f"NBTRAIN_START_TIMEOUT must be a number of seconds (got {text!r}).") from None
