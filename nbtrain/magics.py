@@ -6,6 +6,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
+from . import dashboard
 from .launch.api import UserInputError, format_summary, run_source
 from .launch.config import LaunchRequest
 from .launch.run import PoolManager
@@ -32,6 +33,7 @@ class DistributedMagics(Magics):
     @argument("--fresh", action="store_true", help="start new rank processes instead of reusing warm ones")
     @argument("--env", action="append", default=[], metavar="NAME=VALUE", help="environment variable for the ranks (repeatable)")
     @argument("--quiet", action="store_true", help="do not print the one-line summary after the run")
+    @argument("--no-dashboard", action="store_true", help="do not show the live dashboard (GPU use, logged curves)")
     @cell_magic
     def distributed(self, line, cell):
         """Run this cell's code as N PyTorch DDP ranks, each its own process.
@@ -58,7 +60,12 @@ class DistributedMagics(Magics):
             nprocs=args.nprocs, cpu=args.cpu, gpus=args.gpus, backend=args.backend, timeout=args.timeout,
             out=args.out, output=args.output, keep_alive=args.keep_alive, fresh=args.fresh, env=tuple(args.env),
         )
-        return run_in_shell(self.shell, cell, request, self.pools, quiet=args.quiet)
+        try:
+            observer = dashboard.observer_for(self.shell, enabled=not args.no_dashboard)
+        except ValueError as exc:  # NBTRAIN_DASHBOARD set to something unknown
+            raise UsageError(str(exc)) from None
+        return run_in_shell(self.shell, cell, request, self.pools, quiet=args.quiet,
+                            observers=[observer] if observer is not None else [])
 
     @line_magic
     def distributed_shutdown(self, line):
@@ -66,11 +73,12 @@ class DistributedMagics(Magics):
         print("nbtrain: stopped the warm ranks." if self.pools.shutdown() else "nbtrain: no warm ranks to stop.")
 
 
-def run_in_shell(shell, cell: str, request: LaunchRequest, pools: PoolManager, quiet: bool = False) -> None:
+def run_in_shell(shell, cell: str, request: LaunchRequest, pools: PoolManager, quiet: bool = False,
+                 observers=()) -> None:
     """Run a cell in ``shell``'s namespace; user mistakes become UsageError, before any process starts."""
     code_name = getattr(getattr(shell, "compile", None), "format_code_name", None)
     try:
-        result = run_source(cell, request, shell.user_ns, manager=pools, code_name=code_name)
+        result = run_source(cell, request, shell.user_ns, manager=pools, code_name=code_name, observers=observers)
     except UserInputError as exc:
         raise UsageError(str(exc)) from None
     if len(result.history):
