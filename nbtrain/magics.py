@@ -67,6 +67,26 @@ class DistributedMagics(Magics):
         return run_in_shell(self.shell, cell, request, self.pools, quiet=args.quiet,
                             observers=[observer] if observer is not None else [])
 
+    @magic_arguments()
+    @argument("--once", action="store_true", help="print a table of the GPUs (or CPU/RAM) now instead of a live view")
+    @argument("--interval", type=float, metavar="SECONDS", help="seconds between samples, 0.25 to 5 (default 1)")
+    @argument("--for", dest="duration", type=float, metavar="SECONDS",
+              help="stop the live view after this long (default 600; 0: until stopped)")
+    @argument("--stop", action="store_true", help="stop every live view started by %%gpus")
+    @line_magic
+    def gpus(self, line):
+        """Show this machine's GPUs — utilisation, memory, temperature, power, processes — live, under the cell.
+
+        Without an NVIDIA driver it shows CPU and RAM instead. In a terminal, or with ``--once``, it prints a
+        table. Examples: ``%gpus``, ``%gpus --once``, ``%gpus --interval 0.5 --for 0``, ``%gpus --stop``.
+        """
+        args = parse_argstring(self.gpus, line)
+        try:
+            dashboard.show_gpus(self.shell, once=args.once, interval=args.interval, duration=args.duration,
+                                stop=args.stop)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+
     @line_magic
     def distributed_shutdown(self, line):
         """Stop the warm ranks kept for fast re-runs (they also stop when idle and at kernel exit)."""
