@@ -55,6 +55,8 @@ class ProcessTrees:
         with self._lock:
             try:
                 root = self._handle(root_pid)
+                if root.status() == psutil.STATUS_ZOMBIE:  # exited, not yet reaped by its parent
+                    raise psutil.ZombieProcess(root_pid)
                 members = [root] + root.children(recursive=True)
             except psutil.Error:
                 self._procs.pop(root_pid, None)
