@@ -85,7 +85,10 @@ class LiveFigure:
         for name, (ax, raw, smoothed) in self._lines.items():
             steps, means = series[name][0], series[name][1]
             curve = smooth(means, smoothing) if smoothing > 0 and len(means) > 10 else means
-            raw.set_data(steps, means if curve is not means else [])
+            if curve is means:  # not smoothed: the raw line would only duplicate it
+                raw.set_data([], [])
+            else:
+                raw.set_data(steps, means)
             smoothed.set_data(steps, curve)
             smoothed.set_marker("o" if len(steps) < 15 else "")
         for ax in {entry[0] for entry in self._lines.values()}:
