@@ -37,6 +37,9 @@ def final_png(store: MetricStore, telemetry: TelemetryHistory, title: str, smoot
         ax_busy, ax_memory = bottom.subplots(1, 2)
         colors = {label: RANK_COLORS[i % len(RANK_COLORS)] for i, label in enumerate(timelines)}
         plotting.draw_timelines(ax_busy, ax_memory, timelines, colors)
+        if not any(label.startswith("GPU") for label in timelines):
+            ax_busy.set_title("CPU % (machine: all cores; ranks: of one core)", fontsize=10)
+            ax_memory.set_title("RAM % of the machine", fontsize=10)
     return plotting.png_bytes(fig)
 
 
@@ -66,8 +69,12 @@ def summary_paragraph(store: MetricStore, telemetry: TelemetryHistory, status: s
         parts.append("Logged: " + "; ".join(sentences) + ".")
     for name, step in store.nonfinite().items():
         parts.append(f"{name} became NaN or infinite at step {step}.")
-    loads = [f"{label} {text.percent(busy)} busy on average, memory peak {text.percent(memory)}"
-             for label, (busy, memory) in telemetry.peaks().items()]
+    loads = []
+    for label, (busy, memory) in telemetry.peaks().items():
+        if label.startswith("rank"):  # CPU path: a rank's CPU is per core, its memory a share of the RAM
+            loads.append(f"{label} used {text.percent(busy)} of a core on average, at most {text.percent(memory)} of the RAM")
+        else:
+            loads.append(f"{label} {text.percent(busy)} busy on average, memory peak {text.percent(memory)}")
     if loads:
         parts.append("Devices: " + "; ".join(loads) + ".")
     snap = telemetry.latest
