@@ -43,6 +43,7 @@ class Ticker:
         self.fn, self.period, self.name = fn, period, name
         self.errors = 0
         self.last_error: BaseException | None = None
+        self.cpu_seconds = 0.0  # CPU time this thread has used so far (for the cost benchmark)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -60,6 +61,7 @@ class Ticker:
             except Exception as exc:  # keep ticking: one bad sample or frame must not end the dashboard
                 self.errors += 1
                 self.last_error = exc
+            self.cpu_seconds = time.thread_time()
             next_at += self.period
             delay = next_at - time.monotonic()
             if delay < 0:  # fell behind (a slow frame): skip, do not burst
