@@ -93,7 +93,8 @@ def test_dashboard_sees_both_ranks_metrics_and_their_processes(monkeypatch):
     assert followed, "no sample taken while the ranks ran"
     assert {u.pid for s in followed for u in s.ranks} == set(pids.pids.values())
     assert max(u.cpu_percent or 0 for s in followed for u in s.ranks) > 10
-    assert all(u.rss and u.rss > 10 * 2**20 for s in followed for u in s.ranks if u.alive)
+    for rank in (0, 1):  # a rank with torch imported holds well over 50 MiB
+        assert max(u.rss or 0 for s in followed for u in s.ranks if u.rank == rank) > 50 * 2**20
     # the widget drew, then left a picture and a paragraph; the threads are gone
     assert widget.front.plot.frames >= 1
     live, figure, summary = shown
