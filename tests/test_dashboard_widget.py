@@ -177,5 +177,8 @@ def test_configure_checks_its_input():
         assert dashboard.configure(interval=0.5)["interval"] == 0.5
         with pytest.raises(ValueError, match="between 0.25 and 5"):
             dashboard.configure(interval=10)
+        assert dashboard.configure(smoothing=0.9)["smoothing"] == 0.9
+        with pytest.raises(ValueError, match="smoothing"):
+            dashboard.configure(smoothing=1.5)
     finally:
         dashboard.configure(**before)

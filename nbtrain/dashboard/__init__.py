@@ -10,7 +10,7 @@ While a cell runs, the dashboard shows under it, updated in place (never cleared
   Without an NVIDIA driver (CI, laptops) the same panel shows the machine's CPU and RAM and each rank's
   CPU, with one line saying why there are no GPU numbers;
 * a plot of every series logged with ``nbtrain.log`` — ``loss`` and ``val_loss`` (or ``train_acc`` and
-  ``val_acc``…) share a panel — with a linear/log switch and a smoothing slider.
+  ``val_acc``…) share a panel — raw and smoothed, with a linear/log switch that works while the cell runs.
 
 When the run ends the widget is replaced by a static PNG of the curves and the devices' load over the
 run, followed by a one-paragraph summary: ordinary outputs that stay in the saved notebook.
@@ -41,14 +41,20 @@ import os
 from .threads import DEFAULT_INTERVAL_S, check_interval
 
 MODES = ("auto", "widget", "text", "off")
-_settings = {"interval": DEFAULT_INTERVAL_S, "text_every": 10.0}
+_settings = {"interval": DEFAULT_INTERVAL_S, "text_every": 10.0, "smoothing": 0.6}
 
 
-def configure(interval: float | None = None, text_every: float | None = None) -> dict:
-    """Change how the dashboard samples: ``interval`` in seconds (0.25–5, default 1), and how often the
-    terminal status line is printed (``text_every``, seconds). Returns the settings now in force."""
+def configure(interval: float | None = None, text_every: float | None = None, smoothing: float | None = None) -> dict:
+    """Change the dashboard of the next cells: ``interval`` between telemetry samples in seconds (0.25–5,
+    default 1); ``text_every``, how often the terminal status line is printed (seconds, default 10);
+    ``smoothing``, the weight of the moving average drawn over each curve (0 = none, up to 0.99;
+    default 0.6). Returns the settings now in force."""
     if interval is not None:
         _settings["interval"] = check_interval(interval)
+    if smoothing is not None:
+        if not isinstance(smoothing, (int, float)) or not 0 <= smoothing < 1:
+            raise ValueError(f"smoothing is a weight from 0 (none) to 0.99 (got {smoothing!r})")
+        _settings["smoothing"] = float(smoothing)
     if text_every is not None:
         if not text_every > 0:
             raise ValueError(f"text_every is a positive number of seconds (got {text_every!r})")
@@ -82,7 +88,8 @@ def observer_for(shell, enabled: bool = True):
     if mode == "widget":
         from .widget import RunDashboard
 
-        return DashboardObserver(RunDashboard, interval=_settings["interval"])
+        return DashboardObserver(lambda model: RunDashboard(model, _settings["smoothing"]),
+                                 interval=_settings["interval"])
     from .text_status import TextStatus
 
     return DashboardObserver(lambda model: TextStatus(model, every=_settings["text_every"]),

@@ -1,15 +1,15 @@
 """The live plot of every logged series, redrawn in place and never more than the CPU budget allows.
 
-The widget is a row of controls over the image:
+The widget is a scale switch over the image. **scale** (linear / log): both versions of the image are
+drawn and held in an ``ipywidgets.Stack``; the switch is linked to the stack *in the browser*
+(``jslink``), so it works while the cell runs — when the kernel's main thread is busy with the run and
+reads no widget events at all (which is why there is no kernel-side control here: it could only act
+after the run, when the widget has been replaced by the final picture).
 
-* **scale** (linear / log): both versions of the image are drawn and held in an ``ipywidgets.Stack``;
-  the toggle is linked to the stack *in the browser* (``jslink``), so it switches instantly even while
-  the cell runs — when the kernel's main thread is busy with the run and cannot receive widget events.
-* **smoothing** (0 – 0.99): the weight of the moving average drawn over the raw curve. It is applied by
-  the kernel, so during a run a change shows after the run's end (the kernel reads widget events only
-  between cells); after the run it applies at once.
+**Smoothing**: every series is drawn raw (light) with its exponential moving average on top; the
+weight (default 0.6) is set with ``nbtrain.dashboard.configure(smoothing=0.9)`` before the cell.
 
-Redrawing: :meth:`LossPlot.refresh` draws only when new values arrived (or a control changed), and
+Redrawing: :meth:`LossPlot.refresh` draws only when new values arrived, and
 waits between two drawings for at least :data:`MIN_PERIOD_S`, or longer when drawing is slow — the
 pause is chosen so that drawing takes at most :data:`CPU_SHARE` of one core (a big figure on a slow
 machine is refreshed less often instead of slowing the kernel).
@@ -44,22 +44,20 @@ class PlotRenderer:
 
 
 class LossPlot:
-    def __init__(self, store: MetricStore) -> None:
+    def __init__(self, store: MetricStore, smoothing: float = DEFAULT_SMOOTHING) -> None:
         import ipywidgets as W
 
         self.store = store
+        self.smoothing = smoothing
         self.renderer = PlotRenderer()
         self._lock = threading.Lock()
         self.scale = W.ToggleButtons(options=["linear", "log"], value="linear", description="scale",
                                      style={"button_width": "60px"})
-        self.smoothing = W.FloatSlider(value=DEFAULT_SMOOTHING, min=0.0, max=0.99, step=0.01, description="smoothing",
-                                       continuous_update=False, readout_format=".2f")
         self.linear = W.Image(format="png")
         self.log = W.Image(format="png")
         self.images = W.Stack([self.linear, self.log], selected_index=0)
         self.link = W.jslink((self.scale, "index"), (self.images, "selected_index"))
-        self.widget = W.VBox([W.HBox([self.scale, self.smoothing]), self.images])
-        self.smoothing.observe(lambda _: self.refresh(force=True), names="value")
+        self.widget = W.VBox([self.scale, self.images])
         self.drawn_version = -1
         self.frames = 0
         self.render_seconds = 0.0
@@ -73,7 +71,7 @@ class LossPlot:
             return False
         with self._lock:
             started = time.thread_time()  # this thread's CPU, not the run loop's
-            linear, log = self.renderer.render(self.store, self.smoothing.value)
+            linear, log = self.renderer.render(self.store, self.smoothing)
             cost = time.thread_time() - started
             self.linear.value = linear
             self.log.value = log or linear

@@ -21,7 +21,7 @@ import base64
 
 from .devices_view import DevicePanel
 from .final import final_png, summary_paragraph
-from .loss_plot import LossPlot
+from .loss_plot import DEFAULT_SMOOTHING, LossPlot
 from .model import RunModel
 from .run_view import RunPanel
 
@@ -45,13 +45,13 @@ class Summary:
 
 
 class RunDashboard:
-    def __init__(self, model: RunModel) -> None:
+    def __init__(self, model: RunModel, smoothing: float = DEFAULT_SMOOTHING) -> None:
         import ipywidgets as W
 
         self.model = model
         self.run_panel = RunPanel()
         self.devices = DevicePanel()
-        self.plot = LossPlot(model.store)
+        self.plot = LossPlot(model.store, smoothing)
         self.widget = W.VBox([self.run_panel.widget, self.devices.widget, self.plot.widget])
         self.handle = None
         self._seen = (-1, -1)
@@ -82,7 +82,7 @@ class RunDashboard:
         paragraph = summary_paragraph(model.store, model.history, model.status or "ok", model.detail,
                                       len(model.ranks), model.where, progress)
         title = f"nbtrain · {len(model.ranks)} ranks · {model.where} · {model.status_text() or ''}"
-        figure = FinalFigure(final_png(model.store, model.history, title, self.plot.smoothing.value), paragraph)
+        figure = FinalFigure(final_png(model.store, model.history, title, self.plot.smoothing), paragraph)
         from IPython.display import display
 
         if self.handle is not None:
