@@ -6,6 +6,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
+from . import dashboard
 from .launch.api import UserInputError, format_summary, run_source
 from .launch.config import LaunchRequest
 from .launch.registry import RunRegistry
@@ -44,6 +45,7 @@ class DistributedMagics(Magics):
     @argument("--fresh", action="store_true", help="start new rank processes instead of reusing warm ones")
     @argument("--env", action="append", default=[], metavar="NAME=VALUE", help="environment variable for the ranks (repeatable)")
     @argument("--quiet", action="store_true", help="do not print the one-line summary after the run")
+    @argument("--no-dashboard", action="store_true", help="do not show the live dashboard (GPU use, logged curves)")
     @cell_magic
     def distributed(self, line, cell):
         """Run this cell's code as N PyTorch DDP ranks, each its own process.
@@ -70,7 +72,32 @@ class DistributedMagics(Magics):
             nprocs=args.nprocs, cpu=args.cpu, gpus=args.gpus, backend=args.backend, timeout=args.timeout,
             out=args.out, output=args.output, keep_alive=args.keep_alive, fresh=args.fresh, env=tuple(args.env),
         )
-        return run_in_shell(self.shell, cell, request, self.pools, quiet=args.quiet, observers=self.observers())
+        try:
+            observer = dashboard.observer_for(self.shell, enabled=not args.no_dashboard)
+        except ValueError as exc:  # NBTRAIN_DASHBOARD set to something unknown
+            raise UsageError(str(exc)) from None
+        return run_in_shell(self.shell, cell, request, self.pools, quiet=args.quiet,
+                            observers=self.observers() + ([observer] if observer is not None else []))
+
+    @magic_arguments()
+    @argument("--once", action="store_true", help="print a table of the GPUs (or CPU/RAM) now instead of a live view")
+    @argument("--interval", type=float, metavar="SECONDS", help="seconds between samples, 0.25 to 5 (default 1)")
+    @argument("--for", dest="duration", type=float, metavar="SECONDS",
+              help="stop the live view after this long (default 600; 0: until stopped)")
+    @argument("--stop", action="store_true", help="stop every live view started by %%gpus")
+    @line_magic
+    def gpus(self, line):
+        """Show this machine's GPUs — utilisation, memory, temperature, power, processes — live, under the cell.
+
+        Without an NVIDIA driver it shows CPU and RAM instead. In a terminal, or with ``--once``, it prints a
+        table. Examples: ``%gpus``, ``%gpus --once``, ``%gpus --interval 0.5 --for 0``, ``%gpus --stop``.
+        """
+        args = parse_argstring(self.gpus, line)
+        try:
+            dashboard.show_gpus(self.shell, once=args.once, interval=args.interval, duration=args.duration,
+                                stop=args.stop)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
 
     @line_magic
     def distributed_shutdown(self, line):

@@ -55,15 +55,20 @@ def unavailable_reason() -> str | None:
     return _state["error"]
 
 
-def query(fn: Callable[..., Any], *args, default=None):
-    """Call an NVML function; on any NVML error return ``default`` (a missing value, not a crash)."""
+def query(fn: Callable[..., Any], *args, default=None, quiet: bool = False):
+    """Call an NVML function; on any NVML error return ``default`` (a missing value, not a crash).
+
+    ``quiet=True`` skips the one-time hint: for callers that poll every second and report what is
+    missing themselves (the dashboard's telemetry shows such fields as N/A with its own note).
+    """
     nvml = library()
     if nvml is None:
         return default
     try:
         return fn(*args)
     except Exception as exc:
-        hint(f"NVML could not read {getattr(fn, '__name__', 'a value')} ({exc}); it is shown as N/A")
+        if not quiet:
+            hint(f"NVML could not read {getattr(fn, '__name__', 'a value')} ({exc}); it is shown as N/A")
         return default
 
 

@@ -1,0 +1,83 @@
+"""What stays in the notebook after a run: one static PNG and one paragraph of text.
+
+Both are ordinary cell outputs (``image/png``, ``text/markdown`` and ``text/plain``), so they survive
+saving and reopening the notebook, ``nbconvert``, GitHub's viewer and VS Code — none of which keep a
+live widget. The figure shows every logged series (as the live plot, smoothed) above the devices'
+utilisation and memory over the run; the paragraph says how the run ended, how long it took, how fast
+it went, where each series started and ended, and how busy the devices were.
+"""
+
+from __future__ import annotations
+
+from . import plotting, text
+from .devices_view import RANK_COLORS
+from .loss_plot import DEFAULT_SMOOTHING
+from .metric_store import MetricStore
+from .run_view import Progress
+from .telemetry_history import TelemetryHistory
+
+WIDTH_IN, ROW_HEIGHT_IN, DPI = 10.0, 2.6, 90
+
+
+def final_png(store: MetricStore, telemetry: TelemetryHistory, title: str, smoothing: float = DEFAULT_SMOOTHING) -> bytes:
+    series = store.snapshot_series()
+    timelines = telemetry.timelines()
+    panels = min(len(plotting.group_names(series)), plotting.MAX_PANELS)
+    rows = plotting._layout(panels)[0] if panels else 0
+    height = ROW_HEIGHT_IN * (rows + (1 if timelines else 0)) + 0.5
+    fig = plotting.new_figure(WIDTH_IN, max(height, 2.0), DPI)
+    fig.suptitle(title, fontsize=11)
+    if panels and timelines:
+        top, bottom = fig.subfigures(2, 1, height_ratios=[rows, 1])
+    else:
+        top, bottom = (fig, None) if panels else (None, fig)
+    if top is not None:
+        plotting.draw_series(top, series, smoothing)
+    if bottom is not None and timelines:
+        ax_busy, ax_memory = bottom.subplots(1, 2)
+        colors = {label: RANK_COLORS[i % len(RANK_COLORS)] for i, label in enumerate(timelines)}
+        plotting.draw_timelines(ax_busy, ax_memory, timelines, colors)
+        if not any(label.startswith("GPU") for label in timelines):
+            ax_busy.set_title("CPU % (machine: all cores; ranks: of one core)", fontsize=10)
+            ax_memory.set_title("RAM % of the machine", fontsize=10)
+    return plotting.png_bytes(fig)
+
+
+def _series_sentence(store: MetricStore, name: str) -> str | None:
+    series = store.series(name)
+    if series is None or not series.means:
+        return None
+    first, last = series.means[0], series.last_value
+    low_at = series.steps[series.means.index(min(series.means))]
+    sentence = f"{name} {text.number(first)} → {text.number(last)}"
+    if series.count > 2 and len(series.means) > 2:
+        sentence += f" (lowest {text.number(series.finite_min)} near step {low_at:.0f})"
+    return sentence
+
+
+def summary_paragraph(store: MetricStore, telemetry: TelemetryHistory, status: str, detail: str,
+                      nprocs: int, where: str, p: Progress) -> str:
+    """The run in one paragraph of plain sentences."""
+    ended = {"ok": "finished", "failed": "failed", "interrupted": "was interrupted"}.get(status, status)
+    parts = [f"{nprocs} ranks on {where} {ended} after {text.duration(p.elapsed)}"
+             + (f" ({detail})" if status != "ok" and detail else "") + "."]
+    if p.step is not None:
+        speed = f" at {p.steps_per_second:.1f} steps/s" if p.steps_per_second else ""
+        parts.append(f"Rank 0 reached step {p.step}" + (f" of {p.total}" if p.total else "") + f"{speed}.")
+    sentences = [s for s in (_series_sentence(store, n) for n in store.names) if s]
+    if sentences:
+        parts.append("Logged: " + "; ".join(sentences) + ".")
+    for name, step in store.nonfinite().items():
+        parts.append(f"{name} became NaN or infinite at step {step}.")
+    loads = []
+    for label, (busy, memory) in telemetry.peaks().items():
+        if label.startswith("rank"):  # CPU path: a rank's CPU is per core, its memory a share of the RAM
+            loads.append(f"{label} used {text.percent(busy)} of a core on average, at most {text.percent(memory)} of the RAM")
+        else:
+            loads.append(f"{label} {text.percent(busy)} busy on average, memory peak {text.percent(memory)}")
+    if loads:
+        parts.append("Devices: " + "; ".join(loads) + ".")
+    snap = telemetry.latest
+    if snap is not None and snap.nvml_error:
+        parts.append(f"No GPU telemetry: {snap.nvml_error}.")
+    return " ".join(parts)

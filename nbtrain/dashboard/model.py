@@ -1,0 +1,66 @@
+"""RunModel: everything the dashboard knows about one run, gathered apart from any drawing.
+
+Fed from two sides — the run's observer callbacks on the kernel's main thread (ranks, logged values,
+the end) and the telemetry sampler's thread (snapshots) — and read by whichever front end draws it
+(the widget, the terminal status line, the final figure). Each part carries its own lock; the methods
+called from the run loop only append.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..gpu.telemetry import Snapshot, Telemetry
+from ..launch.observer import RankInfo, RunInfo
+from .metric_store import MetricStore
+from .run_view import Progress, progress
+from .series import DEFAULT_CAPACITY
+from .telemetry_history import TelemetryHistory
+
+
+class RunModel:
+    def __init__(self, capacity: int = DEFAULT_CAPACITY, telemetry: Telemetry | None = None) -> None:
+        self.store = MetricStore(capacity)
+        self.history = TelemetryHistory()
+        self.telemetry = telemetry or Telemetry()
+        self.info: RunInfo | None = None
+        self.ranks: tuple[RankInfo, ...] = ()
+        self.started = time.monotonic()
+        self.ended: float | None = None
+        self.status: str | None = None  # "ok" | "failed" | "interrupted" once finished
+        self.detail = ""
+
+    def set_info(self, info: RunInfo) -> None:
+        self.info = info
+        self.ranks = tuple(info.ranks)
+        self.telemetry.set_ranks(info.ranks)
+
+    def add_metrics(self, rank: int, records) -> None:
+        self.store.add(rank, records)
+
+    def add_sample(self, snap: Snapshot) -> None:
+        self.history.add(snap)
+
+    def finish(self, status: str, detail: str) -> None:
+        self.ended = time.monotonic()
+        self.status, self.detail = status, detail
+
+    def elapsed(self) -> float:
+        return (self.ended or time.monotonic()) - self.started
+
+    def progress(self) -> Progress:
+        return progress(self.store, self.elapsed())
+
+    @property
+    def where(self) -> str:
+        """``"gloo on cpu"``, ``"nccl on GPU 0,1"``: for titles and the summary."""
+        if self.info is None:
+            return "?"
+        if self.info.gpu_ids:
+            return f"{self.info.backend} on GPU {','.join(map(str, self.info.gpu_ids))}"
+        return f"{self.info.backend} on {self.info.device_type}"
+
+    def status_text(self) -> str | None:
+        if self.status is None:
+            return None
+        return {"ok": "finished", "failed": "failed", "interrupted": "interrupted"}.get(self.status, self.status)

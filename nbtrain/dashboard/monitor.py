@@ -1,0 +1,137 @@
+"""``%gpus``: the machine's GPUs (or CPU and RAM) anywhere, live or as a one-shot table.
+
+* :func:`gpus_table` — the table ``%gpus --once`` prints: per GPU utilisation, memory, temperature,
+  power and the processes holding memory on it; without an NVIDIA driver, the machine's CPU and RAM
+  and one line saying why there are no GPU numbers.
+* :class:`GpuMonitor` — the live widget ``%gpus`` shows: the device panel of the run dashboard, fed by
+  a telemetry sampler, updated in place, with a Stop button. It stops by itself after ``duration``
+  seconds (10 minutes unless told otherwise; 0 means until stopped) so a forgotten monitor does not
+  sample for the rest of the session; ``%gpus --stop`` stops every live monitor, and a new ``%gpus``
+  stops the previous one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psutil
+
+from ..gpu.telemetry import Snapshot, Telemetry
+from . import text
+from .devices_view import DevicePanel
+from .telemetry_history import TelemetryHistory
+from .threads import DEFAULT_INTERVAL_S, Sampler, Ticker, check_interval
+
+DEFAULT_DURATION_S = 600.0
+_live: list["GpuMonitor"] = []
+_live_lock = threading.Lock()
+
+
+def _process_name(pid: int) -> str:
+    try:
+        return psutil.Process(pid).name()
+    except psutil.Error:
+        return "?"  # another PID namespace (container), or already gone
+
+
+def gpus_table(snap: Snapshot) -> str:
+    """A plain-text table of one snapshot (what ``%gpus --once`` prints)."""
+    lines = []
+    if snap.gpus:
+        lines.append(f"{'GPU':<4}{'name':<28}{'util':>6}{'memory':>24}{'temp':>7}{'power':>16}")
+        for g in snap.gpus:
+            memory = f"{text.size(g.memory_used)} / {text.size(g.memory_total)}"
+            temp = text.NA if g.temperature is None else f"{g.temperature}°C"
+            power = (f"{text.NA if g.power is None else f'{g.power:.0f}'} / "
+                     f"{text.NA if g.power_limit is None else f'{g.power_limit:.0f}'} W")
+            lines.append(f"{g.index:<4}{g.name[:27]:<28}{text.percent(g.utilization):>6}{memory:>24}{temp:>7}{power:>16}")
+            if g.processes is None:
+                lines.append("      processes: N/A (not reported by the driver)")
+            for p in g.processes or ():
+                lines.append(f"      pid {p.pid:<8} {_process_name(p.pid):<20} {text.size(p.used_memory)}")
+    else:
+        host = snap.host
+        lines.append(f"machine: CPU {text.percent(host.cpu_percent)} of {host.cpu_count} cores · "
+                     f"RAM {text.size(host.memory_used)} / {text.size(host.memory_total)}")
+    if snap.nvml_error:
+        lines.append(f"No GPU telemetry: {snap.nvml_error}.")
+    lines += list(snap.notes)
+    return "\n".join(lines)
+
+
+def once(interval: float = 0.2) -> str:
+    """Sample twice ``interval`` apart (CPU % needs two readings) and return :func:`gpus_table`."""
+    telemetry = Telemetry()
+    telemetry.snapshot()
+    time.sleep(interval)
+    return gpus_table(telemetry.snapshot())
+
+
+class GpuMonitor:
+    def __init__(self, interval: float = DEFAULT_INTERVAL_S, duration: float = DEFAULT_DURATION_S) -> None:
+        import ipywidgets as W
+
+        if duration < 0:
+            raise ValueError(f"the monitor's duration is 0 (until stopped) or a number of seconds (got {duration:g})")
+        self.interval = check_interval(interval)
+        self.duration = duration
+        self.history = TelemetryHistory()
+        self.panel = DevicePanel()
+        self.status = W.HTML()
+        self.stop_button = W.Button(description="Stop", layout=W.Layout(width="70px"))
+        self.stop_button.on_click(lambda _: self.stop())
+        self.widget = W.VBox([W.HBox([self.stop_button, self.status]), self.panel.widget])
+        self.sampler = Sampler(Telemetry(), self.history.add, self.interval)
+        self.ticker = Ticker(self._tick, 0.25, "nbtrain-gpus")
+        self._seen = -1
+        self.started = time.monotonic()
+        self.stopped = False
+
+    def start(self) -> "GpuMonitor":
+        with _live_lock:
+            previous = list(_live)
+            _live.append(self)
+        for monitor in previous:
+            monitor.stop()
+        self._set_status()
+        self.sampler.start()
+        self.ticker.start()
+        return self
+
+    def _set_status(self) -> None:
+        if self.stopped:
+            self.status.value = "<span style='font:12px sans-serif;color:#777'>stopped</span>"
+            return
+        until = "until stopped" if not self.duration else f"for {text.duration(self.duration)}"
+        self.status.value = (f"<span style='font:12px sans-serif;color:#777'>live · a sample every "
+                             f"{self.interval:g} s · {until}</span>")
+
+    def _tick(self) -> None:
+        if self.duration and time.monotonic() - self.started > self.duration:
+            self.stop(join=False)
+            return
+        if self.history.version != self._seen:
+            self._seen = self.history.version
+            self.panel.update(self.history.latest, self.history.sparks())
+
+    def stop(self, join: bool = True) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        self.sampler.stop(join=join)
+        self.ticker.stop(join=join)
+        self.stop_button.disabled = True
+        self._set_status()
+        with _live_lock:
+            if self in _live:
+                _live.remove(self)
+
+
+def stop_all() -> int:
+    """Stop every live ``%gpus`` monitor; returns how many were running."""
+    with _live_lock:
+        running = list(_live)
+    for monitor in running:
+        monitor.stop()
+    return len(running)

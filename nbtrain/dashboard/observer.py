@@ -1,0 +1,65 @@
+"""DashboardObserver: follows one run (a :class:`~nbtrain.launch.observer.RunObserver`) and drives a front end.
+
+The run calls it on the kernel's main thread; every callback only records and returns:
+
+* ``run_started`` / ``ranks_ready`` — the ranks' pids and devices go to the model and the telemetry;
+  on the first one the front end is shown and the two background threads start: the telemetry
+  :class:`~nbtrain.dashboard.threads.Sampler` (every ``interval`` seconds) and the
+  :class:`~nbtrain.dashboard.threads.Ticker` that lets the front end redraw (four times a second);
+* ``metrics`` — the records are appended to the bounded store (O(1) per value);
+* ``run_finished`` — both threads are stopped and joined, and the front end
+  writes its final output (the widget: a PNG and a paragraph; the terminal: a summary line).
+
+The front end is anything with ``show()``, ``tick()`` and ``finish()`` taking a
+:class:`~nbtrain.dashboard.model.RunModel`: :class:`~nbtrain.dashboard.widget.RunDashboard` or
+:class:`~nbtrain.dashboard.text_status.TextStatus`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ..launch.observer import RunInfo, RunObserver
+from .model import RunModel
+from .threads import DEFAULT_INTERVAL_S, Sampler, Ticker, check_interval
+
+TICK_S = 0.25  # the front end may change something at most four times a second
+
+
+class DashboardObserver(RunObserver):
+    def __init__(self, make_front: Callable[[RunModel], object], interval: float = DEFAULT_INTERVAL_S,
+                 model: RunModel | None = None) -> None:
+        self.interval = check_interval(interval)
+        self.model = model or RunModel()
+        self._make_front = make_front
+        self.front = None
+        self.sampler: Sampler | None = None
+        self.ticker: Ticker | None = None
+
+    def run_started(self, info: RunInfo) -> None:
+        self.model.set_info(info)
+        if self.front is None:
+            self.front = self._make_front(self.model)
+            self.front.show()
+            self.sampler = Sampler(self.model.telemetry, self.model.add_sample, self.interval).start()
+            self.ticker = Ticker(self.front.tick, TICK_S, "nbtrain-dashboard").start()
+
+    def ranks_ready(self, info: RunInfo) -> None:
+        self.model.set_info(info)
+
+    def metrics(self, rank: int, records: list) -> None:
+        self.model.add_metrics(rank, records)
+
+    def run_finished(self, status: str, summary: str) -> None:
+        self.stop()
+        self.model.finish(status, summary)
+        if self.front is None:
+            return  # the run ended before it started (a failure while spawning): nothing was shown
+        # No last sample here: the ranks may be gone already, and the sampler's last one is at most
+        # one interval old.
+        self.front.finish()
+
+    def stop(self) -> None:
+        for thread in (self.sampler, self.ticker):
+            if thread is not None:
+                thread.stop()

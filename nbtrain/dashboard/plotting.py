@@ -1,0 +1,131 @@
+"""Drawing logged series with matplotlib, for the live plot and the final figure alike.
+
+Series are grouped so that a training value and its validation twin share one panel: ``loss`` with
+``val_loss``, ``train_acc`` with ``val_acc``, ``train/loss`` with ``eval/loss`` (prefixes and suffixes
+``train``/``training`` and ``val``/``valid``/``validation``/``eval``/``test``, joined by ``_`` or ``/``).
+Each series is drawn as its raw (downsampled) mean in a light line, the min–max band of its buckets
+when several points share one, and the smoothed curve on top (exponential moving average with the
+bias removed, see :func:`~nbtrain.dashboard.series.smooth`).
+
+Only the object-oriented API is used (``matplotlib.figure.Figure`` with the Agg canvas, never
+``pyplot``): drawing happens on the dashboard's thread, and nothing is left for the notebook's inline
+backend to show twice.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+from .series import smooth
+
+VALIDATION_WORDS = ("val", "valid", "validation", "eval", "test")
+TRAINING_WORDS = ("train", "training")
+MAX_PANELS = 6
+
+
+def _split(name: str) -> tuple[str, str]:
+    """``(key, role)``: ``val_loss`` → ("loss", "val"); ``loss`` → ("loss", "train")."""
+    lowered = name.lower()
+    for sep in ("_", "/", "."):
+        for words, role in ((VALIDATION_WORDS, "val"), (TRAINING_WORDS, "train")):
+            for word in words:
+                if lowered.startswith(word + sep) and len(name) > len(word) + 1:
+                    return name[len(word) + 1:], role
+                if lowered.endswith(sep + word) and len(name) > len(word) + 1:
+                    return name[: -len(word) - 1], role
+    return name, "train"
+
+
+def group_names(names) -> list[tuple[str, list[str]]]:
+    """Panels in order of first appearance: ``[(key, [names, training first])]``."""
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for name in names:
+        key, role = _split(name)
+        groups.setdefault(key, []).append((role, name))
+    return [(key, [n for _, n in sorted(members, key=lambda m: m[0] != "train")]) for key, members in groups.items()]
+
+
+def _layout(n: int) -> tuple[int, int]:
+    cols = 1 if n == 1 else 2 if n <= 4 else 3
+    return math.ceil(n / cols), cols
+
+
+def draw_series(fig, series: dict, smoothing: float) -> list:
+    """Draw every panel on ``fig``; ``series``: ``{name: (steps, means, mins, maxs, width)}``. Returns the axes."""
+    fig.clear()
+    groups = group_names(series)
+    if not groups:
+        ax = fig.add_subplot(1, 1, 1)
+        ax.text(0.5, 0.5, "nothing logged yet: call nbtrain.log(loss=...) in the cell",
+                ha="center", va="center", transform=ax.transAxes, color="#777")
+        ax.set_axis_off()
+        return []
+    shown = groups[:MAX_PANELS]
+    rows, cols = _layout(len(shown))
+    axes = []
+    for i, (key, names) in enumerate(shown):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        for j, name in enumerate(names):
+            steps, means, mins, maxs, width = series[name]
+            color = f"C{j}"
+            if width > 1:
+                ax.fill_between(steps, mins, maxs, color=color, alpha=0.12, linewidth=0)
+            curve = smooth(means, smoothing) if smoothing > 0 and len(means) > 10 else means
+            if curve is not means:
+                ax.plot(steps, means, color=color, alpha=0.3, linewidth=0.8)
+            ax.plot(steps, curve, color=color, linewidth=1.5, label=name,
+                    marker="o" if len(steps) < 15 else None, markersize=3)
+        ax.set_title(key, fontsize=10)
+        ax.tick_params(labelsize=8)
+        ax.grid(alpha=0.3)
+        if len(names) > 1:
+            ax.legend(fontsize=8, loc="best")
+        axes.append(ax)
+    if len(groups) > MAX_PANELS:
+        more = ", ".join(key for key, _ in groups[MAX_PANELS:])
+        fig.text(0.01, 0.005, f"not drawn (see history): {more}", fontsize=7, color="#777")
+    for ax in axes[-cols:]:
+        ax.set_xlabel("step", fontsize=8)
+    return axes
+
+
+def set_log_scale(axes, log: bool) -> None:
+    """Log y on panels whose values are all positive; symmetric log (linear near 0) on the others."""
+    for ax in axes:
+        if not log:
+            ax.set_yscale("linear")
+            continue
+        lows = [min(line.get_ydata(), default=1.0) for line in ax.get_lines()]
+        ax.set_yscale("log" if all(low > 0 for low in lows) else "symlog")
+
+
+def new_figure(width: float, height: float, dpi: int = 80):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=dpi, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def png_bytes(fig) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def draw_timelines(ax_busy, ax_memory, timelines: dict, colors: dict) -> None:
+    """Utilisation and memory of each device over the run (the final figure's bottom row)."""
+    for label, ((t_busy, busy), (t_mem, memory)) in timelines.items():
+        color = colors.get(label)
+        ax_busy.plot(t_busy, busy, label=label, linewidth=1, color=color)
+        ax_memory.plot(t_mem, memory, label=label, linewidth=1, color=color)
+    for ax, title in ((ax_busy, "utilisation %"), (ax_memory, "memory %")):
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("seconds", fontsize=8)
+        ax.tick_params(labelsize=8)
+        ax.grid(alpha=0.3)
+        ax.set_ylim(bottom=0)
+    if timelines:
+        ax_busy.legend(fontsize=7, loc="best")

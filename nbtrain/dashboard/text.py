@@ -1,0 +1,58 @@
+"""Short, human formats shared by the views: sizes, durations, percentages, sparklines. ``None`` is N/A."""
+
+from __future__ import annotations
+
+NA = "N/A"
+_BLOCKS = "▁▂▃▄▅▆▇█"
+
+
+def size(num_bytes: float | None) -> str:
+    if num_bytes is None:
+        return NA
+    value = float(num_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit in ("B", "KiB") else f"{value:.1f} {unit}"
+        value /= 1024
+    return NA
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None or seconds != seconds or seconds < 0:
+        return NA
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+def percent(value: float | None) -> str:
+    return NA if value is None else f"{value:.0f}%"
+
+
+def number(value: float | None, digits: int = 4) -> str:
+    if value is None:
+        return NA
+    return f"{value:.{digits}g}"
+
+
+def rate(value: float | None) -> str:
+    if value is None:
+        return NA
+    return f"{value:.1f}/s" if value < 100 else f"{value:.0f}/s"
+
+
+def sparkline(values, top: float = 100.0) -> str:
+    """Unicode blocks, one per value scaled to ``top``; missing values are blanks."""
+    out = []
+    for value in values:
+        if value is None:
+            out.append(" ")
+        else:
+            level = min(max(value / top, 0.0), 1.0)
+            out.append(_BLOCKS[min(int(level * len(_BLOCKS)), len(_BLOCKS) - 1)])
+    return "".join(out)

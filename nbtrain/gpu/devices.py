@@ -1,0 +1,139 @@
+"""Reading every GPU's state through NVML, with the fields that never change read once.
+
+:class:`DeviceReader` is the NVML half of :mod:`nbtrain.gpu.telemetry`. Each :meth:`DeviceReader.read`
+asks the driver for what changes (utilisation, used memory, temperature, power draw, processes); the
+name, UUID, total memory, power limit and MIG mode are read the first time and cached, because some
+of those calls take milliseconds and none of them change while a kernel lives.
+
+Everything goes through :func:`nbtrain.gpu.nvml.query` with ``quiet=True``: a field the driver cannot
+report (MIG instances have no utilisation counter; some boards have no power sensor) is ``None`` and the
+telemetry says so in its notes, rather than a warning every second.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from . import nvml
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process holding memory on a GPU, as NVML sees it (PIDs are the driver's: the host's)."""
+
+    pid: int
+    used_memory: int | None  # bytes; None when the driver does not report it (MIG, some drivers)
+
+
+@dataclass(frozen=True)
+class GpuStatus:
+    """One GPU at one moment. ``None`` means "the driver did not say", shown as N/A."""
+
+    index: int  # NVML (physical) index, as nvidia-smi numbers GPUs
+    name: str
+    uuid: str
+    utilization: int | None  # percent of time a kernel ran in the last sample period
+    memory_used: int | None  # bytes
+    memory_total: int | None  # bytes
+    temperature: int | None  # degrees Celsius
+    power: float | None  # watts drawn
+    power_limit: float | None  # watts, the enforced limit
+    processes: tuple[GpuProcess, ...] | None  # None: NVML could not list them
+    mig: bool = False  # MIG mode is on: utilisation and per-process memory are not reported
+
+    @property
+    def memory_fraction(self) -> float | None:
+        if self.memory_used is None or not self.memory_total:
+            return None
+        return self.memory_used / self.memory_total
+
+
+@dataclass
+class _Fixed:
+    handle: object
+    name: str
+    uuid: str
+    memory_total: int | None
+    power_limit: float | None
+    mig: bool
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _watts(milliwatts) -> float | None:
+    return None if milliwatts is None else milliwatts / 1000.0
+
+
+class DeviceReader:
+    """Reads all GPUs; thread-safe; NVML is initialised on the first :meth:`read`, never before."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._fixed: list[_Fixed] | None = None
+
+    def available(self) -> bool:
+        return nvml.library() is not None
+
+    def read(self) -> list[GpuStatus]:
+        lib = nvml.library()
+        if lib is None:
+            return []
+        with self._lock:
+            if self._fixed is None:
+                self._fixed = self._read_fixed(lib)
+            fixed = list(self._fixed)
+        return [self._read_one(lib, index, f) for index, f in enumerate(fixed) if f is not None]
+
+    def _read_fixed(self, lib) -> list[_Fixed]:
+        devices = []
+        for index in range(nvml.query(lib.nvmlDeviceGetCount, default=0, quiet=True)):
+            handle = nvml.query(lib.nvmlDeviceGetHandleByIndex, index, quiet=True)
+            if handle is None:
+                devices.append(None)
+                continue
+            memory = nvml.query(lib.nvmlDeviceGetMemoryInfo, handle, quiet=True)
+            mig = nvml.query(lib.nvmlDeviceGetMigMode, handle, quiet=True)  # (current, pending) or None
+            devices.append(_Fixed(
+                handle=handle,
+                name=_text(nvml.query(lib.nvmlDeviceGetName, handle, default="GPU", quiet=True)),
+                uuid=_text(nvml.query(lib.nvmlDeviceGetUUID, handle, default="", quiet=True)),
+                memory_total=getattr(memory, "total", None),
+                power_limit=_watts(nvml.query(lib.nvmlDeviceGetEnforcedPowerLimit, handle, quiet=True)),
+                mig=bool(mig and mig[0] == getattr(lib, "NVML_DEVICE_MIG_ENABLE", 1)),
+            ))
+        return devices
+
+    def _read_one(self, lib, index: int, fixed: _Fixed) -> GpuStatus:
+        handle = fixed.handle
+        rates = nvml.query(lib.nvmlDeviceGetUtilizationRates, handle, quiet=True)
+        memory = nvml.query(lib.nvmlDeviceGetMemoryInfo, handle, quiet=True)
+        sensor = getattr(lib, "NVML_TEMPERATURE_GPU", 0)
+        return GpuStatus(
+            index=index,
+            name=fixed.name,
+            uuid=fixed.uuid,
+            utilization=getattr(rates, "gpu", None),
+            memory_used=getattr(memory, "used", None),
+            memory_total=fixed.memory_total if fixed.memory_total is not None else getattr(memory, "total", None),
+            temperature=nvml.query(lib.nvmlDeviceGetTemperature, handle, sensor, quiet=True),
+            power=_watts(nvml.query(lib.nvmlDeviceGetPowerUsage, handle, quiet=True)),
+            power_limit=fixed.power_limit,
+            processes=self._processes(lib, handle),
+            mig=fixed.mig,
+        )
+
+    @staticmethod
+    def _processes(lib, handle) -> tuple[GpuProcess, ...] | None:
+        compute = nvml.query(lib.nvmlDeviceGetComputeRunningProcesses, handle, quiet=True)
+        graphics = nvml.query(lib.nvmlDeviceGetGraphicsRunningProcesses, handle, quiet=True)
+        if compute is None and graphics is None:
+            return None
+        seen: dict[int, GpuProcess] = {}
+        for proc in list(compute or []) + list(graphics or []):
+            pid = int(getattr(proc, "pid", -1))
+            if pid >= 0 and pid not in seen:  # a process using both engines is listed twice
+                seen[pid] = GpuProcess(pid, getattr(proc, "usedGpuMemory", None))
+        return tuple(seen.values())

@@ -1,0 +1,125 @@
+"""The dashboard following real runs: 2 gloo ranks through run_source, and the magic in a terminal shell."""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+
+import psutil
+import pytest
+
+from conftest import nbtrain_workers
+from nbtrain.dashboard.observer import DashboardObserver
+from nbtrain.dashboard.text_status import TextStatus
+from nbtrain.dashboard.widget import RunDashboard
+from nbtrain.launch.api import run_source
+from nbtrain.launch.config import LaunchRequest
+from nbtrain.launch.observer import RunObserver
+
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_ranks():
+    """Like conftest's no_leftover_workers, but only this test process's ranks: other test runs on the
+    same machine may have ranks alive at the same time."""
+    yield
+    deadline = time.monotonic() + 5
+    while True:
+        ours = [p for p in nbtrain_workers() if _parent(p) == os.getpid()]
+        if not ours or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert not ours, f"rank processes left behind: {[p.pid for p in ours]}"
+
+
+def _parent(proc) -> int | None:
+    try:
+        return proc.ppid()
+    except psutil.Error:
+        return None
+
+CELL = """
+import time
+import nbtrain
+nbtrain.log(total_steps=30)
+end = time.time() + 0.04
+for step in range(30):
+    while time.time() < end:  # busy, so the ranks' CPU shows
+        pass
+    end += 0.04
+    nbtrain.log(loss=1.0 / (step + 1) + rank, step=step)
+    if step % 10 == 9:
+        nbtrain.log(val_loss=2.0 / (step + 1), step=step)
+"""
+
+
+class WorkerPids(RunObserver):
+    """Records the ranks' pids as the run reports them, and checks they are real nbtrain workers."""
+
+    def __init__(self):
+        self.pids = {}
+        self.cmdlines = {}
+
+    def ranks_ready(self, info):
+        for r in info.ranks:
+            self.pids[r.rank] = r.pid
+            self.cmdlines[r.rank] = psutil.Process(r.pid).cmdline()
+
+
+def test_dashboard_sees_both_ranks_metrics_and_their_processes(monkeypatch):
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda obj, **kw: shown.append(obj))
+    widget = DashboardObserver(RunDashboard, interval=0.25)
+    stream = io.StringIO()
+    text = DashboardObserver(lambda model: TextStatus(model, every=0.5, stream=stream), interval=0.25)
+    pids = WorkerPids()
+    samples = []
+    original = widget.model.add_sample
+    widget.model.add_sample = lambda snap: (samples.append(snap), original(snap))
+
+    namespace = {}
+    result = run_source(CELL, LaunchRequest(nprocs=2, cpu=True), namespace, observers=[widget, text, pids])
+
+    assert set(pids.pids) == {0, 1} and all("nbtrain.worker" in cmd for cmd in pids.cmdlines.values())
+    model = widget.model
+    assert model.status == "ok" and model.store.total_steps == 30
+    assert model.store.series("loss", rank=0).count == 30 and model.store.series("loss", rank=1).count == 30
+    assert model.store.series("val_loss").count == 3
+    assert model.store.series("loss", rank=1).last_value == pytest.approx(1.0 / 30 + 1)
+    assert model.store.rank_step(0) == 29 and model.store.steps_per_second(0) > 5
+    # the sampler followed the real worker processes, on the CPU path
+    followed = [s for s in samples if s.ranks]
+    assert followed, "no sample taken while the ranks ran"
+    assert {u.pid for s in followed for u in s.ranks} == set(pids.pids.values())
+    assert max(u.cpu_percent or 0 for s in followed for u in s.ranks) > 10
+    for rank in (0, 1):  # a rank with torch imported holds well over 50 MiB
+        assert max(u.rss or 0 for s in followed for u in s.ranks if u.rank == rank) > 50 * 2**20
+    # the widget drew, then left a picture and a paragraph; the threads are gone
+    assert widget.front.plot.frames >= 1
+    live, figure, summary = shown
+    assert live is widget.front.widget
+    assert "image/png" in figure._repr_mimebundle_()
+    assert "2 ranks on gloo on cpu finished" in summary.text and "step 30 of 30" in summary.text
+    assert not widget.sampler.running and not widget.ticker.running and not text.ticker.running
+    assert "nbtrain ▸ 2 ranks on gloo on cpu finished" in stream.getvalue()
+    assert result.history["loss"].values[-1] == pytest.approx(1.0 / 30)
+
+
+def test_magic_in_a_terminal_prints_status_and_no_dashboard_turns_it_off(capsys):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    try:
+        shell.run_line_magic("load_ext", "nbtrain")
+        shell.run_cell_magic("distributed", "2 --cpu --keep-alive 0", "import nbtrain\nnbtrain.log(loss=0.5)\nx = 1")
+        out = capsys.readouterr().out
+        assert "nbtrain ▸ 2 ranks on gloo on cpu finished" in out and "loss 0.5" in out
+        shell.run_cell_magic("distributed", "2 --cpu --keep-alive 0 --no-dashboard", "import nbtrain\nnbtrain.log(loss=0.5)")
+        out = capsys.readouterr().out
+        assert "nbtrain ▸" not in out and "nbtrain: 2 ranks" in out
+        shell.run_line_magic("gpus", "--once")
+        assert "machine: CPU" in capsys.readouterr().out or shell.user_ns is not None
+    finally:
+        shell.run_line_magic("unload_ext", "nbtrain")
+        InteractiveShell.clear_instance()

@@ -1,0 +1,184 @@
+"""The dashboard's widgets without a kernel or a browser: their state, and the messages they would send."""
+
+from __future__ import annotations
+
+import base64
+import os
+import time
+
+import ipywidgets
+import pytest
+
+import nbtrain.dashboard as dashboard
+from nbtrain.dashboard import loss_plot
+from nbtrain.dashboard.devices_view import devices_html
+from nbtrain.dashboard.model import RunModel
+from nbtrain.dashboard.monitor import GpuMonitor, gpus_table
+from nbtrain.dashboard.widget import RunDashboard
+from nbtrain.gpu.devices import GpuProcess, GpuStatus
+from nbtrain.gpu.processes import HostStatus
+from nbtrain.gpu.telemetry import RankUsage, Snapshot
+from nbtrain.launch.observer import RankInfo, RunInfo
+
+PNG = b"\x89PNG\r\n\x1a\n"
+GiB = 2**30
+HOST = HostStatus(cpu_percent=40.0, cpu_count=8, memory_used=8 * GiB, memory_total=32 * GiB)
+
+
+def gpu_snapshot() -> Snapshot:
+    gpu = GpuStatus(0, "NVIDIA H100 80GB HBM3", "GPU-0", 87, 30 * GiB, 80 * GiB, 61, 350.0, 700.0,
+                    (GpuProcess(101, 12 * GiB), GpuProcess(102, 10 * GiB), GpuProcess(999, 8 * GiB)))
+    ranks = (RankUsage(0, 101, "cuda:0", 0, 12 * GiB, 100.0, GiB), RankUsage(1, 102, "cuda:0", 0, 10 * GiB, 98.0, GiB))
+    return Snapshot(time.time(), (gpu,), ranks, HOST, None)
+
+
+def cpu_snapshot() -> Snapshot:
+    ranks = (RankUsage(0, 101, "cpu", None, None, 180.0, GiB), RankUsage(1, 102, "cpu", None, None, 95.0, GiB))
+    return Snapshot(time.time(), (), ranks, HOST, "no NVIDIA driver was found (NVMLError_LibraryNotFound)")
+
+
+def run_model(snap: Snapshot) -> RunModel:
+    model = RunModel()
+    model.set_info(RunInfo("r/1", 2, "nccl", "cuda", (0,), (RankInfo(0, 101, "cuda:0", 0), RankInfo(1, 102, "cuda:0", 0)), False))
+    model.telemetry.set_ranks(())  # these pids are made up: keep the model's own sampler off them
+    model.add_metrics(0, [(0, 100.0, {"total_steps": 1000})])
+    for batch in range(10):  # as the ranks send them: a batch every half second, 20 steps per second
+        for r in (0, 1):
+            model.add_metrics(r, [(s, 100.0 + s / 20, {"loss": 2.0 / (s + 1)}) for s in range(batch * 10, batch * 10 + 10)])
+    model.add_metrics(0, [(50, 102.5, {"val_loss": 1.0}), (99, 105.0, {"val_loss": 0.5})])
+    model.add_sample(snap)
+    return model
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    """Every state message the widgets would send to the front end, as (widget, keys)."""
+    messages = []
+    original = ipywidgets.Widget.send_state
+
+    def send_state(self, key=None):
+        messages.append((self, key))
+        return original(self, key)
+
+    monkeypatch.setattr(ipywidgets.Widget, "send_state", send_state)
+    return messages
+
+
+def test_widget_state_shows_progress_ranks_devices_and_curves(sent):
+    board = RunDashboard(run_model(gpu_snapshot()))
+    board.tick()
+    run_text = board.run_panel.widget.value
+    assert "step 100 / 1000 (10%)" in run_text and "20.0 steps/s" in run_text and "ETA 45s" in run_text
+    assert "12.0 GiB GPU" in run_text and "cuda:0 (GPU 0)" in run_text
+    devices = board.devices.widget.value
+    assert "GPU 0" in devices and "NVIDIA H100" in devices and "87%" in devices and "61°C" in devices
+    assert "rank 0 12.0 GiB" in devices and "rank 1 10.0 GiB" in devices  # who uses how much
+    assert "350/700 W" in devices
+    state = board.plot.linear.get_state()
+    assert state["value"][:8] == PNG and board.plot.log.get_state()["value"][:8] == PNG
+    link = board.plot.link.get_state()
+    assert link["source"][1] == "index" and link["target"][1] == "selected_index"
+    assert board.plot.images.get_state()["selected_index"] == 0 and board.plot.scale.get_state()["index"] == 0
+    assert board.plot.frames == 1
+
+
+def test_no_redraw_without_news_and_plot_throttled(sent):
+    model = run_model(gpu_snapshot())
+    model.elapsed = lambda: 10.0  # the shown elapsed second would otherwise change between ticks
+    board = RunDashboard(model)
+    board.tick()
+    sent.clear()
+    board.tick()
+    board.tick()
+    assert sent == [], "nothing changed, nothing sent"
+    board.model.add_metrics(0, [(100, 110.0, {"loss": 0.01})])
+    board.tick()
+    assert board.plot.frames == 1, f"redrawn before {loss_plot.MIN_PERIOD_S} s"
+    board.plot._next_at = 0.0  # as if the pause were over
+    board.tick()
+    assert board.plot.frames == 2
+    assert {w for w, _ in sent} <= {board.plot.linear, board.plot.log, board.run_panel.widget}
+
+
+def test_cpu_only_panel_says_no_driver_and_shows_ranks():
+    html = devices_html(cpu_snapshot(), {})
+    assert "No GPU telemetry: no NVIDIA driver was found" in html
+    assert "rank 0 CPU" in html and "180% of a core" in html and "8 cores" in html and "machine" in html
+
+
+def test_finish_leaves_a_png_and_a_paragraph(monkeypatch):
+    model = run_model(cpu_snapshot())
+    board = RunDashboard(model)
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda obj, **kw: shown.append(obj))
+    model.finish("ok", "2 ranks finished")
+    board.finish()
+    figure, summary = shown
+    bundle = figure._repr_mimebundle_()
+    assert base64.b64decode(bundle["image/png"])[:8] == PNG
+    text = summary._repr_mimebundle_()["text/markdown"]
+    assert "2 ranks on nccl on GPU 0 finished" in text and "step 100 of 1000" in text and "loss 2 → 0.02" in text
+    assert board.widget.comm is None, "the live widgets are closed once the picture replaced them"
+
+
+def test_gpu_monitor_lives_and_stops():
+    monitor = GpuMonitor(interval=0.25, duration=0).start()
+    try:
+        deadline = time.monotonic() + 5
+        while "machine" not in monitor.panel.widget.value and "GPU" not in monitor.panel.widget.value:
+            assert time.monotonic() < deadline, "no sample shown"
+            time.sleep(0.05)
+        assert "live" in monitor.status.value
+    finally:
+        monitor.stop()
+    assert monitor.stop_button.disabled and "stopped" in monitor.status.value
+    assert not monitor.sampler.running and not monitor.ticker.running
+
+
+def test_a_new_monitor_stops_the_previous_one():
+    first = GpuMonitor(interval=1, duration=0).start()
+    second = GpuMonitor(interval=1, duration=0).start()
+    try:
+        assert first.stopped and not second.stopped
+    finally:
+        second.stop()
+
+
+def test_gpus_once_prints_a_table(capsys):
+    dashboard.show_gpus(None, once=True)
+    out = capsys.readouterr().out
+    assert "machine: CPU" in out or "GPU" in out
+    assert "machine: CPU" in gpus_table(cpu_snapshot()) and "no NVIDIA driver" in gpus_table(cpu_snapshot())
+    table = gpus_table(gpu_snapshot())
+    assert "NVIDIA H100" in table and "87%" in table and "pid 101" in table and "12.0 GiB" in table
+
+
+def test_mode_follows_the_front_end_and_the_environment(monkeypatch):
+    class Kernel:
+        kernel = object()
+
+    class Terminal:
+        pass
+
+    assert dashboard.dashboard_mode(Kernel(), {}) == "widget"
+    assert dashboard.dashboard_mode(Terminal(), {}) == "text"
+    assert dashboard.dashboard_mode(Kernel(), {"NBTRAIN_DASHBOARD": "text"}) == "text"
+    assert dashboard.observer_for(Kernel(), enabled=False) is None
+    monkeypatch.setenv("NBTRAIN_DASHBOARD", "off")
+    assert dashboard.observer_for(Kernel()) is None
+    monkeypatch.setenv("NBTRAIN_DASHBOARD", "fancy")
+    with pytest.raises(ValueError, match="NBTRAIN_DASHBOARD is 'fancy'"):
+        dashboard.observer_for(Kernel())
+
+
+def test_configure_checks_its_input():
+    before = dashboard.configure()
+    try:
+        assert dashboard.configure(interval=0.5)["interval"] == 0.5
+        with pytest.raises(ValueError, match="between 0.25 and 5"):
+            dashboard.configure(interval=10)
+        assert dashboard.configure(smoothing=0.9)["smoothing"] == 0.9
+        with pytest.raises(ValueError, match="smoothing"):
+            dashboard.configure(smoothing=1.5)
+    finally:
+        dashboard.configure(**before)

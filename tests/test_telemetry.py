@@ -1,0 +1,82 @@
+"""The CPU/RAM path of the telemetry, for real: psutil on real processes (what CI and laptops use)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from nbtrain.gpu import nvml
+from nbtrain.gpu.telemetry import NO_DRIVER, Telemetry, snapshot
+from nbtrain.dashboard.threads import Sampler, check_interval
+
+BUSY_PARENT = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, '-c', 'import time\\nend = time.time() + 30\\nwhile time.time() < end: pass'])
+print(child.pid, flush=True)
+time.sleep(30)
+"""
+
+
+@pytest.fixture
+def busy_tree():
+    """An idle parent whose child spins a core: the tree's CPU is the child's."""
+    parent = subprocess.Popen([sys.executable, "-c", BUSY_PARENT], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    yield parent.pid, child
+    for pid in (child, parent.pid):
+        try:
+            psutil.Process(pid).kill()
+        except psutil.Error:
+            pass
+    parent.wait(5)
+
+
+def test_process_tree_cpu_and_memory(busy_tree):
+    parent, child = busy_tree
+    tel = Telemetry([(0, parent)])
+    tel.snapshot()
+    time.sleep(1.0)
+    usage = tel.snapshot().ranks[0]
+    assert usage.alive and usage.pid == parent
+    assert usage.cpu_percent > 25, "the busy child's CPU counts for the rank"
+    parent_rss = psutil.Process(parent).memory_info().rss
+    assert usage.rss > parent_rss, "the child's memory counts too"
+
+
+def test_exited_process_is_marked_not_raised(busy_tree):
+    parent, child = busy_tree
+    tel = Telemetry([(0, parent), (1, child)])
+    psutil.Process(child).kill()
+    time.sleep(0.3)  # dead (a zombie until its parent reaps it, which this parent never does)
+    usages = {u.rank: u for u in tel.snapshot().ranks}
+    assert usages[0].alive and not usages[1].alive and usages[1].cpu_percent is None
+
+
+def test_machine_snapshot_without_gpu():
+    snap = snapshot()
+    assert snap.host.cpu_count >= 1 and 0 < snap.host.memory_used <= snap.host.memory_total
+    if nvml.library() is None:
+        assert snap.gpus == () and snap.nvml_error.startswith(NO_DRIVER)
+
+
+def test_sampler_runs_in_background_and_stops(busy_tree):
+    parent, _ = busy_tree
+    samples = []
+    sampler = Sampler(Telemetry([(0, parent)]), samples.append, interval=0.25).start()
+    time.sleep(1.3)
+    sampler.stop()
+    count = len(samples)
+    assert 3 <= count <= 7 and not sampler.running and sampler.errors == 0
+    time.sleep(0.4)
+    assert len(samples) == count, "no sample after stop()"
+    assert max(s.ranks[0].cpu_percent for s in samples) > 25
+
+
+@pytest.mark.parametrize("bad", [0.1, 6, "fast", None])
+def test_interval_out_of_range_is_a_clear_error(bad):
+    with pytest.raises(ValueError, match="interval"):
+        check_interval(bad)

@@ -1,0 +1,144 @@
+"""The NVML path of the telemetry, against a stand-in ``pynvml`` (this machine has no NVIDIA GPU).
+
+What is checked is nbtrain's handling of NVML's answers: fields, caching of the slow ones, per-rank
+memory over a process tree, MIG, PID namespaces, unsupported fields. The real driver path is verified
+separately on GPU machines (docs/gpu-verification.md).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fake_pynvml import FakeGpu, make_module
+from nbtrain.gpu import nvml, telemetry
+from nbtrain.gpu.telemetry import Telemetry
+
+
+@pytest.fixture
+def fake_nvml(monkeypatch):
+    """Install a stand-in pynvml with the given boards; NVML state starts afresh and is restored after."""
+
+    def install(gpus):
+        module = make_module(gpus)
+        monkeypatch.setitem(sys.modules, "pynvml", module)
+        monkeypatch.setattr(nvml, "_state", {"module": None, "error": None, "tried": False})
+        monkeypatch.setattr(telemetry, "_reader", None)
+        monkeypatch.setattr(telemetry, "_default", None)
+        return module
+
+    return install
+
+
+@pytest.fixture
+def process_tree():
+    """A real process with a real child (as a rank with a DataLoader worker)."""
+    code = "import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); print(c.pid, flush=True); time.sleep(60)"
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child_pid = int(parent.stdout.readline())
+    yield parent.pid, child_pid
+    import psutil
+
+    for pid in (child_pid, parent.pid):
+        try:
+            psutil.Process(pid).kill()
+        except psutil.Error:
+            pass
+    parent.wait(5)
+
+
+def test_importing_telemetry_does_not_initialise_nvml(fake_nvml):
+    module = fake_nvml([FakeGpu()])
+    code = "import nbtrain.gpu.telemetry, nbtrain.dashboard, sys; print('pynvml' in sys.modules, 'ipywidgets' in sys.modules, 'matplotlib' in sys.modules, 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(__file__))})
+    assert out.stdout.split() == ["False"] * 4
+    Telemetry()  # constructing does not touch NVML either
+    assert module.calls["nvmlInit"] == 0
+
+
+def test_gpu_fields_and_cached_slow_fields(fake_nvml):
+    module = fake_nvml([FakeGpu(used=10 * 2**30, util=87, temperature=61, power_mw=350_500),
+                        FakeGpu(name="NVIDIA A100-SXM4-40GB", total=40 * 2**30, util=3)])
+    tel = Telemetry()
+    snaps = [tel.snapshot() for _ in range(3)]
+    snap = snaps[-1]
+    assert snap.nvml_error is None and snap.has_gpus
+    first, second = snap.gpus
+    assert (first.index, first.name, first.utilization, first.temperature) == (0, "NVIDIA H100 80GB HBM3", 87, 61)
+    assert first.memory_used == 10 * 2**30 and first.memory_total == 80 * 2**30
+    assert first.power == pytest.approx(350.5) and first.power_limit == pytest.approx(700.0)
+    assert first.memory_fraction == pytest.approx(0.125)
+    assert second.name == "NVIDIA A100-SXM4-40GB" and second.memory_total == 40 * 2**30
+    # name, UUID, power limit and MIG mode are read once per GPU, however many snapshots are taken
+    for slow in ("nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetMigMode"):
+        assert module.calls[slow] == 2, slow
+    assert module.calls["nvmlDeviceGetUtilizationRates"] == 6
+    assert module.calls["nvmlInit"] == 1
+
+
+def test_rank_memory_is_its_process_tree(fake_nvml, process_tree):
+    parent, child = process_tree
+    other = 999_999  # another user's process on the same GPU
+    fake_nvml([FakeGpu(used=7 * 2**30, processes=[(parent, 2 * 2**30), (child, 2**29), (other, 3 * 2**30)])])
+    tel = Telemetry([(0, parent, "cuda:0", 0)])
+    deadline = time.monotonic() + 5
+    snap = tel.snapshot()
+    while snap.ranks[0].gpu_memory != 2 * 2**30 + 2**29 and time.monotonic() < deadline:
+        time.sleep(0.1)  # the child may not be listed as one until it has started
+        snap = tel.snapshot()
+    usage = snap.ranks[0]
+    assert usage.gpu_memory == 2 * 2**30 + 2**29
+    assert usage.rss > 0 and usage.alive
+    assert {p.pid for p in snap.gpus[0].processes} == {parent, child, other}
+    assert snap.notes == ()
+
+
+def test_pid_namespace_mismatch_is_said_not_guessed(fake_nvml, process_tree):
+    parent, _ = process_tree
+    fake_nvml([FakeGpu(processes=[(123456, 2**30)])])  # the host's PID of our rank, unknown here
+    snap = Telemetry([(0, parent, "cuda:0", 0)]).snapshot()
+    assert snap.ranks[0].gpu_memory is None
+    assert any("PID namespace" in note for note in snap.notes)
+    assert snap.gpus[0].memory_used == 2**30  # the GPU's own numbers are still there
+
+
+def test_mig_and_unsupported_fields_degrade_to_none(fake_nvml, process_tree, capsys):
+    parent, _ = process_tree
+    fake_nvml([FakeGpu(mig=True, processes=None), FakeGpu(util=None, power_mw=None)])
+    snap = Telemetry([(0, parent, "cuda:0", 0)]).snapshot()
+    mig, plain = snap.gpus
+    assert mig.mig and mig.utilization is None and mig.processes is None
+    assert plain.utilization is None and plain.power is None and plain.power_limit == 700.0
+    assert snap.ranks[0].gpu_memory is None
+    assert any("MIG mode" in n for n in snap.notes)
+    assert any("does not list its processes" in n for n in snap.notes)
+    assert any("GPU 1: utilisation not reported" in n for n in snap.notes)
+    assert "NVML could not read" not in capsys.readouterr().err  # polled fields are reported in notes, not warned
+
+
+def test_rank_that_has_not_touched_cuda_has_zero(fake_nvml, process_tree):
+    parent, _ = process_tree
+    fake_nvml([FakeGpu(processes=[])])
+    assert Telemetry([(0, parent, "cuda:0", 0)]).snapshot().ranks[0].gpu_memory == 0
+
+
+def test_broken_driver_is_a_reason_not_an_exception(monkeypatch):
+    import types
+
+    broken = types.ModuleType("pynvml")
+
+    def nvmlInit():
+        raise RuntimeError("Driver Not Loaded")
+
+    broken.nvmlInit = nvmlInit
+    monkeypatch.setitem(sys.modules, "pynvml", broken)
+    monkeypatch.setattr(nvml, "_state", {"module": None, "error": None, "tried": False})
+    monkeypatch.setattr(telemetry, "_reader", None)
+    snap = Telemetry().snapshot()
+    assert snap.gpus == () and "no NVIDIA driver was found" in snap.nvml_error and "Driver Not Loaded" in snap.nvml_error
+    assert snap.host.memory_total > 0
