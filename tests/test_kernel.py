@@ -46,7 +46,7 @@ def test_stop_button_ends_every_rank_and_its_dataloader_workers_within_3_s():
             "%%distributed 2 --cpu\n"
             "import torch, itertools\n"
             "from torch.utils.data import DataLoader\n"
-            "loader = DataLoader(list(range(1000)), batch_size=10, num_workers=2)\n"
+            "loader = DataLoader(list(range(1000)), batch_size=10, num_workers=2, persistent_workers=True)\n"
             "for step in itertools.count():\n"
             "    for batch in loader:\n"
             "        if step == 0:\n"
@@ -56,13 +56,13 @@ def test_stop_button_ends_every_rank_and_its_dataloader_workers_within_3_s():
         assert len(family) >= 6  # 2 ranks with 2 DataLoader workers each
         started = time.monotonic()
         kernel.km.interrupt_kernel()
-        reply, out = kernel.collect(msg_id, 30)
+        gone, alive = psutil.wait_procs(family, timeout=3.0)
         elapsed = time.monotonic() - started
-        assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
-        assert elapsed < 3.0, elapsed
+        assert not alive, f"{len(alive)} processes still alive {elapsed:.1f} s after the stop button"
+        reply, out = kernel.collect(msg_id, 30)
+        assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt", (reply, out[-1500:])
         assert "Where each rank was:" in out and "rank 0: at cell line" in out and "rank 1: at cell line" in out
-        gone, alive = psutil.wait_procs(family, timeout=0.5)
-        assert not alive
+        assert "every rank and its child processes were ended" in out
         reply, out = kernel.execute("%%distributed 2 --cpu --keep-alive 0\nfine = True\nprint('next cell ok')")
         assert reply["status"] == "ok" and "next cell ok" in out
     finally:

@@ -21,6 +21,8 @@ Nothing is assigned into the notebook unless the run succeeded.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import signal
 import sys
 import threading
 import time
@@ -153,8 +155,10 @@ class _Run:
         self.devices: dict[int, str] = {r.rank: r.device for r in pool.ranks if r.device}
         self.start_deadline = time.monotonic() + config.start_timeout_s
 
-    def loop(self) -> None:
+    def loop(self, stop_requested: threading.Event) -> None:
         while True:
+            if stop_requested.is_set():  # SIGINT seen, even if something swallowed its KeyboardInterrupt
+                raise KeyboardInterrupt
             for event in self.pool.poll_events(0.1):
                 self._handle(event)
             self.relay.flush()
@@ -257,13 +261,16 @@ def run_cell(namespace: dict, info: CellInfo, config: LaunchConfig, manager: Poo
                 names_to_return(info, config))
     run = _Run(pool, job, inputs, config, write or _default_write, observers, warm)
     try:
-        if not warm:
-            pool.spawn()
-        run.loop()
-    except KeyboardInterrupt:
+        with _stop_button() as stop_requested:
+            if not warm:
+                pool.spawn()
+            run.loop(stop_requested)
+    except KeyboardInterrupt as exc:
         _interrupt(run, manager, info)
         run.notify("run_finished", "interrupted", "interrupted: every rank was stopped")
-        raise
+        exc.with_traceback(None)._render_traceback_ = lambda: [
+            "KeyboardInterrupt: stopped by the user; every rank and its child processes were ended."]
+        raise exc from None
     except BaseException as exc:
         manager.shutdown(graceful=False)
         run.notify("run_finished", "failed", f"nbtrain failed: {exc!r}")
@@ -287,6 +294,25 @@ def run_cell(namespace: dict, info: CellInfo, config: LaunchConfig, manager: Poo
     result = _bring_back(namespace, run, warm, time.monotonic() - started)
     run.notify("run_finished", "ok", f"{len(result.devices)} ranks finished in {result.seconds:.1f} s")
     return result
+
+
+@contextlib.contextmanager
+def _stop_button():
+    """Notice SIGINT (the kernel's stop button) for the run's whole length, whatever code it lands in."""
+    requested = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield requested
+        return
+
+    def on_sigint(signum, frame):
+        requested.set()
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield requested
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _whereabouts(pool: WorkerPool, job: P.Job, info: CellInfo, wait: float, ranks=None) -> dict[int, str]:
