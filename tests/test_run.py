@@ -261,3 +261,18 @@ def test_a_failure_shows_where_the_other_ranks_were(manager):
         """, {}, manager)
     assert err.value.whereabouts == {0: "waiting in barrier() (torch.distributed), from cell line 5: dist.barrier()"}
     assert "Where the other ranks were:" in str(err.value)
+
+
+def test_a_hang_ends_at_the_timeout_and_names_the_stuck_rank(manager):
+    with pytest.raises(RankFailedError) as err:
+        run("""
+            import time
+            import torch.distributed as dist
+            if rank == 1:
+                while True:          # a rank that never reaches the collective
+                    time.sleep(0.1)
+            dist.barrier()
+        """, {}, manager, timeout=3)
+    report = str(err.value)
+    assert "longer than the process group's timeout" in report
+    assert err.value.whereabouts == {1: "at cell line 6: time.sleep(0.1)"}

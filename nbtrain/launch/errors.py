@@ -110,6 +110,9 @@ class RankFailedError(RuntimeError):
                 lines += ["", f"Last output of rank {first.rank}:"] + [f"    {l}" for l in first.output_tail]
         for f in others:
             lines += ["", f"Also: {f.summary()}"]
+        if first.error is not None and "timed out" in first.error.message.lower():
+            lines += ["", f"Rank {first.rank} waited in a collective longer than the process group's timeout "
+                          "(--timeout): a rank that never reaches the same collective is the usual cause."]
         if self.whereabouts:
             lines += ["", "Where the other ranks were:"] + [f"  rank {r}: {w}" for r, w in sorted(self.whereabouts.items())]
         if self.stopped:
