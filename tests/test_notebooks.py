@@ -22,7 +22,8 @@ def execute(name: str, **params) -> list[str]:
     nb.cells.append(nbformat.v4.new_code_cell("%distributed_shutdown"))
     NotebookClient(nb, timeout=300, kernel_name="python3",
                    resources={"metadata": {"path": os.path.join(ROOT, "notebooks")}}).execute()
-    return ["".join(o.get("text", "") or o.get("data", {}).get("text/plain", "") for o in c.get("outputs", []))
+    return ["".join(o.get("text", "") or o.get("data", {}).get("text/plain", "") or "\n".join(o.get("traceback", []))
+                    for o in c.get("outputs", []))
             for c in nb.cells]
 
 
@@ -33,3 +34,15 @@ def test_quickstart_trains_and_brings_the_model_back():
     first, last = (float(v) for v in line.split("loss ")[1].split(",")[0].split(" -> "))
     assert last < first
     assert float(line.rsplit("accuracy ", 1)[1].rstrip("%")) > 80
+
+
+def test_troubleshooting_shows_each_failure_and_the_kernel_survives():
+    outputs = execute("troubleshooting.ipynb", HANG_TIMEOUT=3)
+    text = "\n".join(outputs)
+    assert "total = 6" in text
+    assert "Where each rank was:" in text and "rank 0: at cell line 4: time.sleep(0.05)" in text
+
+
+def test_a_torchrun_script_runs_unchanged_and_its_results_come_back():
+    text = "\n".join(execute("from_script.ipynb", STEPS=100))
+    assert "step 0: loss" in text and "final loss 0.0" in text and "\n100.0" in text
