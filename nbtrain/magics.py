@@ -46,6 +46,14 @@ class DistributedMagics(Magics):
     @argument("--env", action="append", default=[], metavar="NAME=VALUE", help="environment variable for the ranks (repeatable)")
     @argument("--quiet", action="store_true", help="do not print the one-line summary after the run")
     @argument("--no-dashboard", action="store_true", help="do not show the live dashboard (GPU use, logged curves)")
+    @argument("--amp", metavar="MODE", help="mixed precision for nbtrain.prepare()d models: bf16, fp16 or off "
+              "(default: bf16 on GPUs that support it, fp16 on older GPUs, off on CPU)")
+    @argument("--grad-accum", type=int, metavar="K", help="micro-steps per optimizer step (gradient accumulation)")
+    @argument("--checkpoint", metavar="DIR", help="directory for nbtrain.save_checkpoint(); the cell resumes from "
+              "the checkpoint there when one exists (relative to the notebook's folder)")
+    @argument("--no-resume", action="store_true", help="with --checkpoint: start from scratch even if DIR holds a checkpoint")
+    @argument("--max-restarts", type=int, metavar="K", help="restart the ranks from the last checkpoint up to K "
+              "times when a rank dies (needs --checkpoint)")
     @cell_magic
     def distributed(self, line, cell):
         """Run this cell's code as N PyTorch DDP ranks, each its own process.
@@ -66,11 +74,14 @@ class DistributedMagics(Magics):
             %%distributed 2 --cpu --out model,history
             %%distributed --gpus 0,2 --timeout 120
             %%distributed 4 --output rank0 --keep-alive 0
+            %%distributed 4 --amp bf16 --grad-accum 4 --checkpoint runs/exp1   # see nbtrain.prepare()
         """
         args = parse_argstring(self.distributed, line)
         request = LaunchRequest(
             nprocs=args.nprocs, cpu=args.cpu, gpus=args.gpus, backend=args.backend, timeout=args.timeout,
             out=args.out, output=args.output, keep_alive=args.keep_alive, fresh=args.fresh, env=tuple(args.env),
+            amp=args.amp, grad_accum=args.grad_accum, checkpoint=args.checkpoint, resume=not args.no_resume,
+            max_restarts=args.max_restarts,
         )
         try:
             observer = dashboard.observer_for(self.shell, enabled=not args.no_dashboard)

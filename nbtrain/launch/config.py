@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass, field
 
 from ..gpu import nvml
+from ..train.settings import TrainSettings, TrainSettingsError, parse_train_settings
 
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_START_TIMEOUT_S = 180.0
@@ -38,6 +39,11 @@ class LaunchRequest:
     keep_alive: float | None = None
     fresh: bool = False
     env: tuple[str, ...] = ()  # "NAME=value"
+    amp: str | None = None  # "bf16" | "fp16" | "off" | None (by device)
+    grad_accum: int | None = None
+    checkpoint: str | None = None  # directory; relative to the kernel's working directory
+    resume: bool = True
+    max_restarts: int | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,7 @@ class LaunchConfig:
     fresh: bool
     start_timeout_s: float = DEFAULT_START_TIMEOUT_S
     notes: tuple[str, ...] = field(default_factory=tuple)
+    train: TrainSettings = field(default_factory=TrainSettings)  # sent to the ranks with each Job
 
 
 def _torch_has_cuda() -> bool:
@@ -159,8 +166,13 @@ def resolve(request: LaunchRequest) -> LaunchConfig:
     keep_alive = DEFAULT_KEEP_ALIVE_S if request.keep_alive is None else float(request.keep_alive)
     if keep_alive < 0:
         raise ConfigError(f"--keep-alive must be 0 or more seconds (got {request.keep_alive}).")
+    try:
+        train = parse_train_settings(request.amp, request.grad_accum, request.checkpoint, request.resume,
+                                     request.max_restarts)
+    except TrainSettingsError as exc:
+        raise ConfigError(str(exc)) from None
     return LaunchConfig(pool, _parse_names(request.out), request.output, keep_alive, request.fresh,
-                        start_timeout_s=default_start_timeout(), notes=tuple(notes))
+                        start_timeout_s=default_start_timeout(), notes=tuple(notes), train=train)
 
 
 def default_start_timeout() -> float:

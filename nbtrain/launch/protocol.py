@@ -47,6 +47,7 @@ class Job:
     inputs: bytes
     out_names: tuple[str, ...]
     return_rank: int = 0
+    train: object = None  # nbtrain.train.settings.TrainSettings: --amp, --grad-accum, --checkpoint
 
 
 @dataclass(frozen=True)

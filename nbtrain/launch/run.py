@@ -258,7 +258,7 @@ def run_cell(namespace: dict, info: CellInfo, config: LaunchConfig, manager: Poo
     started = time.monotonic()
     pool, warm = manager.acquire(config.pool, config.fresh)
     job = P.Job(pool.next_job_id(), info.source, f"{CELL_FILENAME[:-1]} {id(info):x}>", inputs.data,
-                names_to_return(info, config))
+                names_to_return(info, config), train=config.train)
     run = _Run(pool, job, inputs, config, write or _default_write, observers, warm)
     try:
         with _stop_button() as stop_requested:

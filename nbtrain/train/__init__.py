@@ -1,0 +1,1 @@
+"""Training inside a ``%%distributed`` cell: prepare(), AMP, gradient accumulation, checkpoints (see docs/training.md)."""

@@ -1,0 +1,82 @@
+"""TrainSettings: the per-cell training options of ``%%distributed``, checked in the kernel.
+
+``--amp``, ``--grad-accum``, ``--checkpoint``, ``--no-resume`` and ``--max-restarts`` become one frozen
+:class:`TrainSettings`. It travels to the ranks inside each :class:`~nbtrain.launch.protocol.Job` — not in
+the pool's environment, which decides whether warm processes can be reused: changing ``--amp`` between
+two cells must not cost a new pool.
+
+:func:`parse_train_settings` validates everything before any process starts and resolves a relative
+checkpoint directory against the kernel's working directory (the notebook's folder), so ranks started
+earlier from another directory write to the same place. Importing this module imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+AMP_CHOICES = ("auto", "bf16", "fp16", "off")
+CHECKPOINT_FILE = "checkpoint.pt"
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    amp: str = "auto"  # "auto": bf16 on GPUs that support it, fp16 on older GPUs, off on CPU
+    grad_accum: int = 1
+    checkpoint_dir: str | None = None  # absolute
+    resume: bool = True  # resume automatically from checkpoint_dir when a checkpoint is there
+    max_restarts: int = 0
+
+    @property
+    def checkpoint_path(self) -> str | None:
+        return os.path.join(self.checkpoint_dir, CHECKPOINT_FILE) if self.checkpoint_dir else None
+
+
+class TrainSettingsError(ValueError):
+    """A training option is malformed; the message says how to write it."""
+
+
+def parse_train_settings(amp: str | None = None, grad_accum: int | None = None, checkpoint: str | None = None,
+                         resume: bool = True, max_restarts: int | None = None, cwd: str | None = None) -> TrainSettings:
+    """Check the options and build :class:`TrainSettings`; raise :class:`TrainSettingsError` if one is wrong."""
+    amp_mode = (amp or "auto").strip().lower()
+    if amp_mode in ("bfloat16",):
+        amp_mode = "bf16"
+    if amp_mode in ("float16", "half"):
+        amp_mode = "fp16"
+    if amp_mode in ("none", "no", "fp32", "false"):
+        amp_mode = "off"
+    if amp_mode not in AMP_CHOICES:
+        raise TrainSettingsError(f"--amp is bf16, fp16 or off (got {amp!r}); leave it out to pick bf16/fp16 by GPU.")
+    if grad_accum is None:
+        grad_accum = 1
+    if isinstance(grad_accum, bool) or not isinstance(grad_accum, int) or grad_accum < 1:
+        raise TrainSettingsError(f"--grad-accum takes a whole number of micro-steps per optimizer step, 1 or more (got {grad_accum!r}).")
+    restarts = 0 if max_restarts is None else max_restarts
+    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
+        raise TrainSettingsError(f"--max-restarts takes 0 or more restarts (got {max_restarts!r}).")
+    checkpoint_dir = None
+    if checkpoint is not None:
+        text = os.path.expanduser(checkpoint.strip())
+        if not text:
+            raise TrainSettingsError("--checkpoint needs a directory, such as --checkpoint runs/exp1.")
+        checkpoint_dir = os.path.normpath(os.path.join(cwd or os.getcwd(), text))
+        if os.path.exists(checkpoint_dir) and not os.path.isdir(checkpoint_dir):
+            raise TrainSettingsError(f"--checkpoint {checkpoint} is a file; give a directory (the checkpoint goes in "
+                                     f"{CHECKPOINT_FILE} inside it).")
+        parent = _existing_parent(checkpoint_dir)
+        if not os.access(parent, os.W_OK):
+            raise TrainSettingsError(f"--checkpoint {checkpoint}: cannot write in {parent}; choose a writable directory.")
+    if restarts and checkpoint_dir is None:
+        raise TrainSettingsError("--max-restarts resumes the ranks from their last checkpoint, so it needs "
+                                 "--checkpoint DIR (and nbtrain.save_checkpoint() in the cell).")
+    return TrainSettings(amp_mode, grad_accum, checkpoint_dir, bool(resume), restarts)
+
+
+def _existing_parent(path: str) -> str:
+    while not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path
