@@ -13,7 +13,9 @@ LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE=True):
 Then, per :class:`Job`: a fresh ``__main__`` module (so classes defined in the cell pickle, and
 ``if __name__ == "__main__":`` scripts run), the runtime names (``rank``, ``local_rank``,
 ``world_size``, ``device``) and the notebook's inputs; the cell runs; rank 0 packs the results; the
-streams are flushed and marked; GPU caches are emptied. Failures are reported as :class:`Failed` with
+streams are flushed and marked; GPU caches are emptied. The cell's training settings (``--amp``,
+``--grad-accum``, ``--checkpoint``) are opened as a :mod:`nbtrain.train.runtime` context for the cell
+and closed after it. Failures are reported as :class:`Failed` with
 the traceback's frames, which the kernel maps to the cell's lines.
 
 Errors outside a job (bad environment, rendezvous failure) are written to torch elastic's error file
@@ -40,6 +42,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from ..launch import protocol as P
 from ..launch.payload import load_inputs, pack_results
+from ..train import runtime as train_runtime
 from . import compat, metrics
 
 
@@ -135,9 +138,11 @@ class Rank:
         sys.modules["__main__"] = main
         reply: object
         metrics.start(self.rank, self.send)
+        train_runtime.begin(job.train, self.device, self.rank, int(os.environ["WORLD_SIZE"]))
         try:
             reply = self._execute(job, main.__dict__, started)
         finally:
+            train_runtime.end()  # prepared models and loaders do not outlive their cell
             metrics.stop()
             sys.modules["__main__"] = self.real_main
             self._flush_and_mark(job.job_id)
