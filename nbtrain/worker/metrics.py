@@ -6,7 +6,15 @@ kernel a few times a second (:data:`FLUSH_INTERVAL_S`), turning the tensors of a
 with one stacked copy. The job's end flushes whatever is left, so no metric is lost.
 
 ``step`` defaults to a per-name counter (0, 1, 2, ... for each name) so ``log(loss=...)`` every
-iteration and ``log(val_loss=...)`` every epoch both make sensible series.
+iteration and ``log(val_loss=...)`` every epoch both make sensible series. The counters are saved in
+checkpoints (:func:`step_counters`), so a resumed run continues its curves.
+
+``log(loss=loss, reduce="mean")`` logs the mean over all ranks (also ``"sum"``, ``"max"``, ``"min"``):
+every rank must make the same call, as with any collective. The values of one call travel in one
+asynchronous all-reduce (:mod:`nbtrain.train.reduce`) that the sending thread waits for, so the training
+loop does not wait for the GPU or the network.
+
+Flushes are serialised, so records reach the kernel in the order they were logged, the last ones included.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ class MetricsBuffer:
         self.rank = rank
         self._send = send
         self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()  # one flush at a time: batches arrive in order
         self._records: list[tuple[int, float, dict]] = []
         self._counters: dict[str, int] = {}
         self._wake = threading.Event()
@@ -34,6 +43,7 @@ class MetricsBuffer:
 
     def log(self, values: dict, step: int | None) -> None:
         now = time.time()
+        values = {k: v.detach() if hasattr(v, "detach") else v for k, v in values.items()}  # do not keep graphs alive
         with self._lock:
             if step is None:
                 step = max((self._counters.get(name, 0) for name in values), default=0)
@@ -42,12 +52,21 @@ class MetricsBuffer:
             self._records.append((int(step), now, values))
 
     def flush(self) -> None:
-        with self._lock:
-            records, self._records = self._records, []
-        if records:
-            from ..launch.protocol import Metrics
+        with self._flush_lock:
+            with self._lock:
+                records, self._records = self._records, []
+            if records:
+                from ..launch.protocol import Metrics
 
-            self._send(Metrics(self.rank, _to_numbers(records)))
+                self._send(Metrics(self.rank, _to_numbers(records)))
+
+    def step_counters(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counters)
+
+    def restore_step_counters(self, counters: dict[str, int]) -> None:
+        with self._lock:
+            self._counters.update(counters)
 
     def close(self) -> None:
         self._stop = True
@@ -67,6 +86,9 @@ class MetricsBuffer:
 
 def _to_numbers(records: list[tuple[int, float, dict]]) -> list[tuple[int, float, dict[str, float]]]:
     """Convert every tensor of the batch to a float with one device-to-host copy per device."""
+    if any(hasattr(v, "wait_value") for _, _, values in records for v in values.values()):
+        records = [(step, when, {k: v.wait_value() if hasattr(v, "wait_value") else v for k, v in values.items()})
+                   for step, when, values in records]  # all-reduced values: wait for their collectives here
     tensors = [v for _, _, values in records for v in values.values() if hasattr(v, "detach")]
     converted: dict[int, float] = {}
     if tensors:
@@ -98,8 +120,21 @@ def stop() -> None:
         sink.close()
 
 
-def log(step: int | None = None, **values) -> None:
-    """Record metrics for the dashboard and the notebook's ``history`` (inside a ``%%distributed`` cell)."""
+def step_counters() -> dict[str, int]:
+    """The next default step of each metric name (saved in checkpoints)."""
+    return _sink.step_counters() if _sink is not None else {}
+
+
+def restore_step_counters(counters: dict[str, int]) -> None:
+    if _sink is not None:
+        _sink.restore_step_counters(counters)
+
+
+def log(step: int | None = None, reduce: str | None = None, **values) -> None:
+    """Record metrics for the dashboard and the notebook's ``history`` (inside a ``%%distributed`` cell).
+
+    ``reduce="mean"`` (or ``"sum"``, ``"max"``, ``"min"``) logs the value over all ranks; every rank must call it.
+    """
     if _sink is None:
         raise RuntimeError("nbtrain.log() records metrics of a %%distributed cell; call it inside one.")
     if not values:
@@ -107,4 +142,8 @@ def log(step: int | None = None, **values) -> None:
     for name, value in values.items():
         if not (isinstance(value, (int, float)) or hasattr(value, "detach") or hasattr(value, "__float__")):
             raise TypeError(f"nbtrain.log({name}=...) takes a number or a tensor, not {type(value).__name__}")
+    if reduce is not None:
+        from ..train.reduce import reduce_values
+
+        values = reduce_values(values, reduce)
     _sink.log(values, step)
