@@ -7,14 +7,81 @@ nbtrain does nothing else: no torch import, no NVML, no processes until a cell a
 __version__ = "0.1.0"
 
 
-def log(step=None, **values):
+def log(step=None, reduce=None, **values):
     """Inside a ``%%distributed`` cell: record metrics (numbers or tensors) for the dashboard and ``history``.
 
     ``nbtrain.log(loss=loss)`` does not wait for the GPU; values are sent in batches a few times a second.
+    ``reduce="mean"`` logs the mean over all ranks (every rank calls it; one asynchronous all-reduce).
     """
     from .worker.metrics import log as _log
 
-    _log(step, **values)
+    _log(step, reduce, **values)
+
+
+def prepare(*objects, **ddp_kwargs):
+    """Move models to the rank's device and wrap them in DDP (with ``--amp`` autocast), make optimizers
+    accumulation- and GradScaler-aware, shard DataLoaders with a DistributedSampler. Returns them in order.
+
+    ``model, opt, loader = nbtrain.prepare(model, opt, loader)``; keyword arguments go to DDP. See docs/training.md.
+    """
+    from .train.prepare import prepare as _prepare
+
+    return _prepare(*objects, **ddp_kwargs)
+
+
+def backward(loss, **kwargs):
+    """Backward of one micro-step: ``loss / K`` under ``--grad-accum K``, GradScaler-scaled under fp16."""
+    from .train.accumulate import backward as _backward
+
+    _backward(loss, **kwargs)
+
+
+def autocast():
+    """``with nbtrain.autocast():`` the cell's mixed precision (``--amp``) for code that does not use prepare()."""
+    from .train.amp import autocast as _autocast
+
+    return _autocast()
+
+
+def clip_grad_norm_(parameters, max_norm, norm_type=2.0):
+    """Clip gradients at the end of an accumulation window (unscaled first under fp16); None on micro-steps."""
+    from .train.accumulate import clip_grad_norm_ as _clip
+
+    return _clip(parameters, max_norm, norm_type)
+
+
+def save_checkpoint(path=None, **extra):
+    """Save the prepared models, optimizers, schedulers, GradScaler, loader positions, RNG and step counters.
+
+    Call it on every rank; rank 0 writes ``--checkpoint DIR``/checkpoint.pt atomically. ``extra`` values are saved too.
+    """
+    from .train.checkpoint import save_checkpoint as _save
+
+    return _save(path, **extra)
+
+
+def load_checkpoint(path=None):
+    """Restore a checkpoint into the prepared objects (and those prepared later); returns its epoch, step, extra.
+
+    With ``--checkpoint DIR`` this happens by itself when the cell starts and DIR holds a checkpoint.
+    """
+    from .train.checkpoint import load_checkpoint as _load
+
+    return _load(path)
+
+
+def epochs(total):
+    """``for epoch in nbtrain.epochs(10):`` — like range(10), but starts at the saved epoch when the cell resumes."""
+    from .train.checkpoint import epochs as _epochs
+
+    return _epochs(total)
+
+
+def training_state():
+    """The cell's training context: ``.step``, ``.epoch``, ``.amp_dtype``, ``.scaler``, ``.accum.k``, ``.device``."""
+    from .train.runtime import current
+
+    return current()
 
 
 def load_ipython_extension(ipython):

@@ -1,0 +1,276 @@
+"""Checkpoints: ``nbtrain.save_checkpoint()`` and resuming, by hand or when a cell starts.
+
+**Saving.** Every rank calls ``nbtrain.save_checkpoint()`` (it gathers each rank's RNG state, so it is a
+collective, like ``barrier()``); rank 0 writes one file, ``DIR/checkpoint.pt`` for ``--checkpoint DIR``
+or the ``path`` given. The file holds the prepared models (plain ``state_dict``, without DDP's
+``module.`` prefix), optimizers, LR schedulers, the GradScaler, each prepared DataLoader's position
+(epoch, batches read), the step and epoch counters, every rank's RNG states (Python, NumPy, torch CPU and
+CUDA) and metric step counters, and whatever ``**extra`` you pass (picklable values).
+
+It is written atomically: to a temporary file in the same directory, flushed and ``fsync``-ed, then
+``os.replace``-d over the old checkpoint, and the directory is ``fsync``-ed. A rank killed while saving
+leaves the previous checkpoint intact (and a temporary file, removed by the next save). If rank 0
+cannot write, every rank raises the same :class:`CheckpointError`.
+
+**Resuming.** A cell run with ``--checkpoint DIR`` whose DIR holds a checkpoint resumes automatically
+(``--no-resume`` starts over): the checkpoint is loaded at the first ``prepare()`` (or ``epochs()`` /
+``load_checkpoint()``), and each model, optimizer, scheduler and loader gets its saved state as it is
+prepared — in the order they were prepared when saved. RNG states, the step counter, the GradScaler and
+metric steps (so ``history`` continues the old curve) are restored at load. ``nbtrain.epochs(n)`` then
+starts at the saved epoch. ``nbtrain.load_checkpoint(path)`` does the same by hand and returns a
+:class:`Checkpoint` with ``epoch``, ``step`` and your ``extra`` values.
+
+Gradients accumulated inside an unfinished ``--grad-accum`` window are not saved: save between windows
+(after ``optimizer.step()``), as the usual end-of-epoch save does.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import random
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from ..worker import metrics
+from .runtime import TrainContext, current
+
+FORMAT = 1
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written, read or applied; the message says which and why."""
+
+
+@dataclass
+class Checkpoint:
+    path: str
+    epoch: int
+    step: int
+    extra: dict = field(default_factory=dict)
+
+
+def save_checkpoint(path: str | None = None, **extra) -> str:
+    """Save everything prepared in this cell (call it on every rank); returns the file's path."""
+    context = current()
+    target = _target(context, path)
+    if context.accum.backward_used and not context.accum.at_boundary():
+        warnings.warn("save_checkpoint() inside a gradient-accumulation window: the gradients accumulated so far "
+                      "are not saved. Save after optimizer.step().", stacklevel=2)
+    context.flush_scaler_update()
+    mine = {"rng": _rng_state(context.device), "metric_steps": metrics.step_counters()}
+    ranks = [mine]
+    if context.distributed and context.world_size > 1:
+        ranks = [None] * context.world_size
+        dist.all_gather_object(ranks, mine)
+    error = None
+    if context.rank == 0:
+        try:
+            write_atomic(_snapshot(context, ranks, extra), target)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+    if context.distributed and context.world_size > 1:
+        box = [error]
+        dist.broadcast_object_list(box, src=0)
+        error = box[0]
+    if error:
+        raise CheckpointError(f"rank 0 could not write the checkpoint {target}: {error}")
+    return target
+
+
+def _target(context: TrainContext, path: str | None) -> str:
+    if path is not None:
+        path = os.path.abspath(os.path.expanduser(path))
+        return os.path.join(path, "checkpoint.pt") if os.path.isdir(path) else path
+    if context.settings.checkpoint_path is None:
+        raise CheckpointError("save_checkpoint() needs a place to write: run the cell with --checkpoint DIR, "
+                              "or pass a path, such as nbtrain.save_checkpoint('runs/exp1/checkpoint.pt').")
+    return context.settings.checkpoint_path
+
+
+def _snapshot(context: TrainContext, ranks: list, extra: dict) -> dict:
+    positions = [loader.position() for loader in context.loaders]
+    if positions:
+        epoch = positions[0]["epoch"]
+    else:  # no prepared loader: assume the save ends the epoch nbtrain.epochs() is in
+        epoch = context.epoch + 1 if context.epochs_used else context.epoch
+    return {
+        "format": FORMAT,
+        "models": [getattr(m, "module", m).state_dict() for m in context.models],
+        "optimizers": [o.state_dict() for o in context.optimizers],
+        "schedulers": [s.state_dict() for s in context.schedulers],
+        "scaler": context.scaler.state_dict() if context.scaler is not None else None,
+        "loaders": positions,
+        "epoch": epoch,
+        "step": context.step,
+        "steps_skipped": context.steps_skipped,
+        "ranks": ranks,
+        "extra": dict(extra),
+        "saved_at": time.time(),
+    }
+
+
+def write_atomic(state: dict, path: str) -> None:
+    """Write ``state`` with torch.save so that ``path`` is always either the old file or the whole new one."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    _remove_stale_temporaries(path)
+    temporary = f"{os.path.join(directory, '.' + os.path.basename(path))}.tmp-{os.getpid()}"
+    try:
+        with open(temporary, "wb") as file:
+            torch.save(state, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)  # make the rename itself durable
+    finally:
+        os.close(descriptor)
+
+
+def _remove_stale_temporaries(path: str) -> None:
+    """Temporary files of saves whose process died (a killed rank) are left behind; clear them."""
+    pattern = f"{os.path.join(os.path.dirname(path) or '.', '.' + os.path.basename(path))}.tmp-*"
+    for leftover in glob.glob(pattern):
+        pid = leftover.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            try:
+                os.unlink(leftover)
+            except OSError:
+                pass
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# ------------------------------------------------------------------------------------------ loading
+def load_checkpoint(path: str | None = None) -> Checkpoint | None:
+    """Load a checkpoint into what is prepared now and what is prepared later; None if there is none yet."""
+    context = current()
+    if path is None:
+        if context.resume is not None:
+            return _info(context.resume, context.resume_path)
+        default = context.settings.checkpoint_path
+        if default is None:
+            raise CheckpointError("load_checkpoint() needs a file: run the cell with --checkpoint DIR, or pass a path.")
+        if not os.path.exists(default):
+            return None
+        context._auto_resume_checked = True
+        return load_for_resume(context, default, announce=True)
+    target = _target(context, path)
+    if not os.path.exists(target):
+        raise CheckpointError(f"no checkpoint at {target}.")
+    context._auto_resume_checked = True
+    return load_for_resume(context, target, announce=False)
+
+
+def load_for_resume(context: TrainContext, path: str, announce: bool) -> Checkpoint:
+    try:
+        state = torch.load(path, map_location=context.device, weights_only=False)
+    except Exception as exc:
+        raise CheckpointError(f"could not read the checkpoint {path} ({type(exc).__name__}: {exc}); "
+                              "delete it or run with --no-resume.") from exc
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a checkpoint written by nbtrain.save_checkpoint().")
+    context.resume, context.resume_path = state, path
+    context.step = int(state["step"])
+    context.steps_skipped = int(state.get("steps_skipped", 0))
+    context.epoch = context.resume_epoch = int(state["epoch"])
+    if context.scaler is not None and state.get("scaler"):
+        context.scaler.load_state_dict(state["scaler"])
+    ranks = state.get("ranks") or []
+    if context.rank < len(ranks):
+        _set_rng_state(ranks[context.rank]["rng"], context.device)
+        metrics.restore_step_counters(ranks[context.rank]["metric_steps"])
+    for index, model in enumerate(context.models):
+        restore_model(context, getattr(model, "module", model), index)
+    for index, optimizer in enumerate(context.optimizers):
+        restore_optimizer(context, optimizer, index)
+    for index, scheduler in enumerate(context.schedulers):
+        restore_scheduler(context, scheduler, index)
+    for index, loader in enumerate(context.loaders):
+        restore_loader(context, loader, index)
+    if announce and context.rank == 0:
+        print(f"nbtrain: resuming from {path} (epoch {context.epoch}, step {context.step})", flush=True)
+    return _info(state, path)
+
+
+def _info(state: dict, path: str) -> Checkpoint:
+    return Checkpoint(path, int(state["epoch"]), int(state["step"]), dict(state.get("extra") or {}))
+
+
+def _saved(context: TrainContext, kind: str, index: int):
+    saved = context.resume.get(kind, [])
+    if index >= len(saved):
+        raise CheckpointError(f"the checkpoint {context.resume_path} holds {len(saved)} {kind}, but this cell prepares "
+                              f"more; prepare the same objects as the run that saved it, or use --no-resume.")
+    return saved[index]
+
+
+def restore_model(context: TrainContext, module, index: int) -> None:
+    try:
+        module.load_state_dict(_saved(context, "models", index))
+    except RuntimeError as exc:
+        raise CheckpointError(f"model {index} does not match the checkpoint {context.resume_path}: {exc}\n"
+                              "Use another --checkpoint directory or --no-resume for a different model.") from None
+
+
+def restore_optimizer(context: TrainContext, optimizer, index: int) -> None:
+    optimizer.load_state_dict(_saved(context, "optimizers", index))
+
+
+def restore_scheduler(context: TrainContext, scheduler, index: int) -> None:
+    scheduler.load_state_dict(_saved(context, "schedulers", index))
+
+
+def restore_loader(context: TrainContext, loader, index: int) -> None:
+    loader.restore_position(_saved(context, "loaders", index))
+
+
+def _rng_state(device) -> dict:
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if "numpy" in sys.modules:
+        state["numpy"] = sys.modules["numpy"].random.get_state()
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _set_rng_state(state: dict, device) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"].cpu())
+    if "numpy" in state:
+        import numpy
+
+        numpy.random.set_state(state["numpy"])
+    if "cuda" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"].cpu(), device)
+
+
+def epochs(total: int):
+    """``for epoch in nbtrain.epochs(10):`` — range(10), starting at the saved epoch when the cell resumes."""
+    context = current()
+    context.check_auto_resume()
+    start, context.resume_epoch = context.resume_epoch, 0
+    for epoch in range(start, int(total)):
+        context.epoch, context.epochs_used = epoch, True
+        yield epoch

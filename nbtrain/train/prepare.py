@@ -1,0 +1,148 @@
+"""``nbtrain.prepare(model, optimizer, loader, ...)``: make ordinary PyTorch objects ready for the cell's ranks.
+
+Give it any mix of these and get the same number back, in the same order (one object in, one out)::
+
+    model, opt, loader = nbtrain.prepare(model, opt, loader)
+
+* an ``nn.Module`` is moved to the rank's device and wrapped in :class:`PreparedDDP`, a
+  ``DistributedDataParallel`` whose forward runs under the cell's autocast (``--amp``), returns fp32
+  outputs, and skips the all-reduce on accumulation micro-steps (``--grad-accum``). Keyword arguments
+  of prepare() go to DDP: ``nbtrain.prepare(model, find_unused_parameters=True)``. The plain module
+  stays at ``model.module`` (save that, or bring it back to the notebook);
+* an optimizer becomes a :class:`~nbtrain.train.optim.PreparedOptimizer` (still a
+  ``torch.optim.Optimizer``): ``step()`` and ``zero_grad()`` act once per accumulation window and use
+  the GradScaler under fp16;
+* a ``DataLoader`` is rebuilt with a ``DistributedSampler`` (see :mod:`nbtrain.train.data`);
+* an LR scheduler steps only when its optimizer did (see :class:`~nbtrain.train.optim.PreparedScheduler`).
+
+Preparing the same object twice in a cell, or a model already wrapped in DDP/FSDP, is an error that says
+what to pass instead. When the cell resumes from a checkpoint, each object gets its saved state as it is
+prepared. Without a process group (plain Python), models are only moved and autocast, not wrapped in DDP.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
+from torch.utils.data import DataLoader
+
+from .amp import outputs_to_fp32
+from .runtime import TrainContext, current
+
+
+class PreparedError(TypeError):
+    """prepare() was given something it cannot prepare, or the same thing twice."""
+
+
+def prepare(*objects, **ddp_kwargs):
+    """Prepare models, optimizers, DataLoaders and LR schedulers for this rank; returns them in order."""
+    from . import data, optim
+
+    if not objects:
+        raise PreparedError("nbtrain.prepare() needs objects to prepare, such as prepare(model, optimizer, loader).")
+    context = current()
+    context.check_auto_resume()
+    for obj in objects:
+        _check_not_prepared(context, obj)
+    kinds = {id(o): _kind(o) for o in objects}
+    if ddp_kwargs and not any(k == "model" for k in kinds.values()):
+        raise PreparedError(f"prepare() passes {', '.join(ddp_kwargs)} to DistributedDataParallel, but got no model.")
+    prepared = {}
+    for obj in objects:  # models first: optimizers hold their parameters, which move with them
+        if kinds[id(obj)] == "model":
+            prepared[id(obj)] = _prepare_model(context, obj, ddp_kwargs)
+    for obj in objects:
+        kind = kinds[id(obj)]
+        if kind == "optimizer":
+            prepared[id(obj)] = optim.prepare_optimizer(context, obj)
+        elif kind == "loader":
+            prepared[id(obj)] = data.prepare_loader(context, obj)
+    for obj in objects:
+        if kinds[id(obj)] == "scheduler":
+            prepared[id(obj)] = optim.prepare_scheduler(context, obj)
+    for obj in objects:
+        context.prepared.add(obj)
+    out = tuple(prepared[id(o)] for o in objects)
+    return out[0] if len(out) == 1 else out
+
+
+def _kind(obj) -> str:
+    if isinstance(obj, torch.nn.Module):
+        return "model"
+    if isinstance(obj, torch.optim.Optimizer):
+        return "optimizer"
+    if isinstance(obj, DataLoader):
+        return "loader"
+    if isinstance(obj, (LRScheduler, ReduceLROnPlateau)):
+        return "scheduler"
+    raise PreparedError(f"nbtrain.prepare() takes models, optimizers, DataLoaders and LR schedulers, "
+                        f"not {type(obj).__name__}.")
+
+
+def _check_not_prepared(context: TrainContext, obj) -> None:
+    from .optim import PreparedOptimizer, PreparedScheduler
+
+    if isinstance(obj, (PreparedDDP, PreparedModule, PreparedOptimizer, PreparedScheduler)) or getattr(obj, "_nbtrain_prepared", False):
+        raise PreparedError(f"this {type(obj).__name__} was already returned by nbtrain.prepare(); "
+                            "prepare each object once and keep using what prepare() returned.")
+    try:
+        seen = obj in context.prepared
+    except TypeError:  # not weak-referenceable
+        seen = False
+    if seen:
+        raise PreparedError(f"this {type(obj).__name__} was already prepared in this cell; prepare each object "
+                            "once and use what prepare() returned.")
+    wrapped = isinstance(obj, DistributedDataParallel) or type(obj).__name__ in ("FullyShardedDataParallel", "FSDPModule")
+    if wrapped:
+        raise PreparedError(f"prepare() got a model already wrapped in {type(obj).__name__}; pass the plain "
+                            "module (model.module) — prepare() moves and wraps it itself.")
+
+
+def _prepare_model(context: TrainContext, model, ddp_kwargs: dict):
+    model = model.to(context.device)
+    if context.resume is not None:
+        from .checkpoint import restore_model
+
+        restore_model(context, model, len(context.models))
+    if context.distributed:
+        device_ids = [context.device.index] if context.device.type == "cuda" else None
+        try:
+            wrapped = PreparedDDP(model, device_ids=device_ids, **ddp_kwargs)
+        except TypeError as exc:
+            raise PreparedError(f"DistributedDataParallel rejected prepare()'s keyword arguments: {exc}") from None
+    else:
+        if ddp_kwargs:
+            raise PreparedError(f"{', '.join(ddp_kwargs)} are DistributedDataParallel options, but no process group "
+                                "is initialised here, so the model is not wrapped in DDP.")
+        wrapped = PreparedModule(model)
+    wrapped._nbtrain_context = context
+    context.models.append(wrapped)
+    return wrapped
+
+
+def _forward(self, super_forward, args, kwargs):
+    context: TrainContext = self._nbtrain_context
+    if torch.is_grad_enabled() and hasattr(self, "require_backward_grad_sync"):
+        self.require_backward_grad_sync = context.accum.sync_next()  # what no_sync() does, decided per forward
+    with context.autocast():
+        out = super_forward(*args, **kwargs)
+    return outputs_to_fp32(out) if context.amp_dtype is not None else out
+
+
+class PreparedDDP(DistributedDataParallel):
+    """DistributedDataParallel with the cell's autocast and accumulation-aware gradient sync."""
+
+    def forward(self, *args, **kwargs):
+        return _forward(self, super().forward, args, kwargs)
+
+
+class PreparedModule(torch.nn.Module):
+    """Without a process group: the model under the cell's autocast; the plain module is ``.module``."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args, **kwargs):
+        return _forward(self, self.module, args, kwargs)

@@ -1,0 +1,127 @@
+"""The training context of one cell on one rank: settings, device, precision, accumulation, prepared objects.
+
+The worker opens a :class:`TrainContext` before a cell runs (:func:`begin`, with the cell's
+:class:`~nbtrain.train.settings.TrainSettings` from its Job) and closes it afterwards (:func:`end`), so
+nothing prepared in one cell leaks into the next one on a warm rank. ``nbtrain.prepare()``,
+``nbtrain.backward()``, ``nbtrain.save_checkpoint()`` and the rest find it with :func:`current`.
+
+Outside a ``%%distributed`` cell — a script started by ``torchrun`` — :func:`current` builds a context
+from the environment (``LOCAL_RANK``; ``NBTRAIN_AMP``, ``NBTRAIN_GRAD_ACCUM`` and ``NBTRAIN_CHECKPOINT``
+in place of the magic's options), so the same training code runs in both places.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+
+from .accumulate import Accumulation
+from .settings import TrainSettings, parse_train_settings
+
+_active: "TrainContext | None" = None
+
+
+class TrainContext:
+    def __init__(self, settings: TrainSettings, device, rank: int, world_size: int) -> None:
+        from . import amp
+
+        self.settings = settings
+        self.device = device
+        self.rank = rank
+        self.world_size = world_size
+        self.amp_dtype = amp.resolve_dtype(settings.amp, device)
+        self.scaler = amp.make_scaler(self.amp_dtype, device)
+        self.scaler_update_pending = False
+        self.accum = Accumulation(settings.grad_accum)
+        self.models: list = []
+        self.optimizers: list = []
+        self.loaders: list = []
+        self.schedulers: list = []
+        self.prepared = weakref.WeakSet()  # originals already prepared in this cell
+        self.step = 0  # optimizer steps taken (accumulation windows completed)
+        self.steps_skipped = 0  # fp16 steps the GradScaler skipped (inf/NaN gradients)
+        self.epoch = 0  # the epoch nbtrain.epochs() is in; where a resumed run starts
+        self.resume_epoch = 0  # where nbtrain.epochs() starts: the saved epoch when resuming
+        self.epochs_used = False  # nbtrain.epochs() drives the epoch loop
+        self.resume = None  # a loaded checkpoint, applied to each object as it is prepared
+        self.resume_path: str | None = None
+        self._auto_resume_checked = False
+
+    @property
+    def distributed(self) -> bool:
+        import torch.distributed as dist
+
+        return dist.is_available() and dist.is_initialized()
+
+    def autocast(self):
+        from . import amp
+
+        return amp.autocast_context(self.amp_dtype, self.device)
+
+    def flush_scaler_update(self) -> None:
+        """GradScaler.update() once after every optimizer of a window has stepped (as torch's recipe asks)."""
+        if self.scaler is not None and self.scaler_update_pending:
+            self.scaler.update()
+        self.scaler_update_pending = False
+
+    def check_auto_resume(self) -> None:
+        """With --checkpoint DIR holding a checkpoint, load it once (applied as objects are prepared)."""
+        if self._auto_resume_checked:
+            return
+        self._auto_resume_checked = True
+        path = self.settings.checkpoint_path
+        if self.settings.resume and path and os.path.exists(path) and self.resume is None:
+            from .checkpoint import load_for_resume
+
+            load_for_resume(self, path, announce=True)
+
+    def __reduce__(self):
+        raise TypeError("the training state belongs to its rank; bring back plain values (state.step, state.epoch)")
+
+    def close(self) -> None:
+        self.models.clear(), self.optimizers.clear(), self.loaders.clear(), self.schedulers.clear()
+        self.resume = None
+
+
+def begin(settings: TrainSettings | None, device, rank: int, world_size: int) -> TrainContext:
+    """Open the context of a cell (called by the worker before the cell runs)."""
+    global _active
+    _active = TrainContext(settings or TrainSettings(), device, rank, world_size)
+    return _active
+
+
+def end() -> None:
+    """Close the cell's context (called by the worker after the cell, whatever happened)."""
+    global _active
+    context, _active = _active, None
+    if context is not None:
+        context.close()
+
+
+def current() -> TrainContext:
+    """The context of the running cell; outside a cell, one built from the environment (torchrun)."""
+    global _active
+    if _active is None:
+        _active = _from_environment()
+    return _active
+
+
+def _from_environment() -> TrainContext:
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else int(os.environ.get("RANK", 0))
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    accum = os.environ.get("NBTRAIN_GRAD_ACCUM")
+    try:
+        grad_accum = int(accum) if accum else None
+    except ValueError:
+        raise ValueError(f"NBTRAIN_GRAD_ACCUM must be a whole number (got {accum!r}).") from None
+    settings = parse_train_settings(os.environ.get("NBTRAIN_AMP"), grad_accum, os.environ.get("NBTRAIN_CHECKPOINT"))
+    return TrainContext(settings, device, rank, world)
