@@ -1,0 +1,133 @@
+"""Checkpoints in real ranks (2 ranks, gloo, CPU): atomic writes under a kill, and resuming where a run stopped."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from nbtrain.launch.errors import RankFailedError
+from nbtrain.launch.run import PoolManager
+from training_support import assert_no_own_workers, run_cell
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def pools():
+    manager = PoolManager()
+    yield manager
+    manager.shutdown()
+    assert_no_own_workers()
+
+
+TRAIN = """
+import torch, nbtrain
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(48, 6), torch.randint(0, 3, (48,)))
+net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Dropout(0.3), torch.nn.Linear(16, 3))
+opt = torch.optim.Adam(net.parameters(), lr=0.01)
+sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+model, opt, loader, sched = nbtrain.prepare(net, opt, DataLoader(data, batch_size=4, shuffle=True), sched)
+for epoch in nbtrain.epochs(EPOCHS):
+    for x, y in loader:
+        loss = F.cross_entropy(model(x), y)
+        nbtrain.backward(loss)
+        opt.step(); opt.zero_grad(); sched.step()
+        nbtrain.log(loss=loss)
+    nbtrain.log(epoch=epoch)
+    nbtrain.save_checkpoint()
+state = nbtrain.training_state()
+final = ([p.detach().clone() for p in net.parameters()], state.step, sched.get_last_lr())
+"""
+
+
+def test_resumed_run_continues_the_uninterrupted_one(pools, tmp_path):
+    options = dict(grad_accum=2, amp="fp16", out="final")  # fp16 on CPU: the GradScaler's state is saved too
+    whole, whole_run = run_cell(pools, TRAIN.replace("EPOCHS", "4"), checkpoint=str(tmp_path / "a"), **options)
+    run_cell(pools, TRAIN.replace("EPOCHS", "2"), checkpoint=str(tmp_path / "b"), **options)
+    output: list = []
+    resumed, resumed_run = run_cell(pools, TRAIN.replace("EPOCHS", "4"), output, checkpoint=str(tmp_path / "b"), **options)
+
+    assert f"resuming from {tmp_path / 'b' / 'checkpoint.pt'} (epoch 2, step 6)" in "".join(output)
+    for rank in (0, 1):
+        reference = whole_run.history.series("loss", rank=rank)
+        continued = resumed_run.history.series("loss", rank=rank)
+        assert continued.steps == list(range(12, 24)), "metric steps must continue where the first run stopped"
+        assert continued.values == pytest.approx(reference.values[12:], rel=1e-6, abs=1e-7)
+        assert resumed_run.history.series("epoch", rank=rank).values == [2.0, 3.0]
+    (weights, steps, lr), (reference_weights, reference_steps, reference_lr) = resumed["final"], whole["final"]
+    assert steps == reference_steps == 12 and lr == reference_lr
+    for a, b in zip(weights, reference_weights):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_no_resume_starts_over(pools, tmp_path):
+    run_cell(pools, TRAIN.replace("EPOCHS", "1"), checkpoint=str(tmp_path))
+    output: list = []
+    _, result = run_cell(pools, TRAIN.replace("EPOCHS", "1"), output, checkpoint=str(tmp_path), resume=False)
+    assert "resuming" not in "".join(output)
+    assert result.history.series("loss").steps[0] == 0
+
+
+KILLED_WHILE_SAVING = """
+import os, signal, threading, time
+import torch, nbtrain
+net = torch.nn.Linear(4, 4)
+model, opt = nbtrain.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
+nbtrain.save_checkpoint(marker="old")
+if rank == 0:
+    directory = os.path.dirname(nbtrain.training_state().settings.checkpoint_path)
+    def kill_while_the_new_file_is_written():
+        while True:
+            partial = [n for n in os.listdir(directory) if ".tmp-" in n]
+            if partial and os.path.getsize(os.path.join(directory, partial[0])) > 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(0.0005)
+    threading.Thread(target=kill_while_the_new_file_is_written, daemon=True).start()
+nbtrain.save_checkpoint(marker="new", ballast=torch.ones(40_000_000))
+"""
+
+
+def test_a_rank_killed_while_saving_leaves_the_old_checkpoint(pools, tmp_path):
+    with pytest.raises(RankFailedError, match="rank 0 was killed by SIGKILL"):
+        run_cell(pools, KILLED_WHILE_SAVING, checkpoint=str(tmp_path))
+    leftovers = [n for n in os.listdir(tmp_path) if ".tmp-" in n]
+    assert leftovers, "the kill should have hit the write of the temporary file"
+    assert os.path.getsize(tmp_path / leftovers[0]) < 160_000_000
+    saved = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    assert saved["extra"] == {"marker": "old"} and saved["step"] == 0
+
+    run_cell(pools, "import nbtrain, torch\nnbtrain.prepare(torch.nn.Linear(2, 2))\nnbtrain.save_checkpoint(marker='later')\n",
+             checkpoint=str(tmp_path), resume=False)
+    assert [n for n in os.listdir(tmp_path) if ".tmp-" in n] == [], "the dead save's temporary file is cleared"
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=False)["extra"] == {"marker": "later"}
+
+
+def test_load_checkpoint_by_hand_returns_epoch_step_and_extra(pools, tmp_path):
+    path = tmp_path / "manual.pt"
+    run_cell(pools, f"""
+import torch, nbtrain
+net = torch.nn.Linear(2, 2)
+with torch.no_grad():
+    net.weight.fill_(3.0)
+nbtrain.prepare(net)
+nbtrain.save_checkpoint({str(path)!r}, note="hello")
+""")
+    ns, _ = run_cell(pools, f"""
+import torch, nbtrain
+net = torch.nn.Linear(2, 2)
+model = nbtrain.prepare(net)
+info = nbtrain.load_checkpoint({str(path)!r})
+result = (info.epoch, info.step, info.extra, float(net.weight[0, 0]))
+missing = None
+try:
+    nbtrain.save_checkpoint()
+except Exception as exc:
+    missing = str(exc)
+""", out="result,missing")
+    assert ns["result"] == (0, 0, {"note": "hello"}, 3.0)
+    assert "--checkpoint DIR" in ns["missing"]
