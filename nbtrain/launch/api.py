@@ -9,6 +9,9 @@
     result = run_source("y = scale * (rank + 1)", LaunchRequest(nprocs=2, cpu=True), ns)
     ns["y"]   # 3: rank 0's y
 
+With ``--max-restarts K`` (``LaunchRequest.max_restarts``) a run whose rank dies is started again from
+its last checkpoint, up to K times (:mod:`nbtrain.train.restarts`).
+
 Every user mistake raises a subclass of :class:`UserInputError` *before* any process starts: a bad
 option (:class:`~.config.ConfigError`), a syntax error in the cell (:class:`~.cell.CellSyntaxError`), a
 notebook variable that cannot be sent (:class:`~.payload.PayloadError`).
@@ -16,6 +19,7 @@ notebook variable that cannot be sent (:class:`~.payload.PayloadError`).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 from .cell import CellSyntaxError, analyse_cell
@@ -35,11 +39,30 @@ def run_source(source: str, request: LaunchRequest, namespace: dict, *, manager:
     """
     config = resolve(request)
     info = analyse_cell(source, line_offset)
-    inputs = pack_inputs(namespace, names_to_send(info, namespace))
+    names = names_to_send(info, namespace)
+    inputs = pack_inputs(namespace, names)
     if manager is None:
         manager = PoolManager()
         config = type(config)(**{**config.__dict__, "keep_alive_s": 0.0})
-    return run_cell(namespace, info, config, manager, inputs, write=write, code_name=code_name, observers=observers)
+    if not config.train.max_restarts:
+        return run_cell(namespace, info, config, manager, inputs, write=write, code_name=code_name, observers=observers)
+
+    def attempt(restart: int) -> RunResult:  # a restart resumes from the checkpoint, with fresh inputs
+        again = replace(config, train=replace(config.train, resume=True)) if restart else config
+        packed = inputs if restart == 0 else pack_inputs(namespace, names)
+        return run_cell(namespace, info, again, manager, packed, write=write, code_name=code_name, observers=observers)
+
+    from ..train.restarts import run_with_restarts
+
+    return run_with_restarts(attempt, config.train, write or _write_to_streams)
+
+
+def _write_to_streams(stream: str, text: str) -> None:
+    import sys
+
+    target = sys.stdout if stream == "stdout" else sys.stderr
+    target.write(text)
+    target.flush()
 
 
 def format_summary(result: RunResult) -> list[str]:
