@@ -131,3 +131,37 @@ except Exception as exc:
 """, out="result,missing")
     assert ns["result"] == (0, 0, {"note": "hello"}, 3.0)
     assert "--checkpoint DIR" in ns["missing"]
+
+
+MID_EPOCH = """
+import torch, nbtrain
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(48, 6), torch.randint(0, 3, (48,)))
+net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Dropout(0.3), torch.nn.Linear(16, 3))
+model, opt, loader = nbtrain.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1), DataLoader(data, batch_size=4, shuffle=True))
+def train(stop_at):
+    for epoch in nbtrain.epochs(2):
+        for x, y in loader:
+            loss = F.cross_entropy(model(x), y)
+            nbtrain.backward(loss)
+            opt.step(); opt.zero_grad()
+            nbtrain.log(loss=loss)
+            if nbtrain.training_state().step == stop_at:
+                nbtrain.save_checkpoint()
+                return
+train(STOP)
+"""
+
+
+def test_a_checkpoint_saved_mid_epoch_resumes_at_the_next_batch(pools, tmp_path):
+    _, whole = run_cell(pools, MID_EPOCH.replace("STOP", "-1"), checkpoint=str(tmp_path / "a"))
+    run_cell(pools, MID_EPOCH.replace("STOP", "4"), checkpoint=str(tmp_path / "b"))  # 6 batches an epoch: stop in epoch 0
+    saved = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)
+    assert (saved["epoch"], saved["loaders"], saved["step"]) == (0, [{"epoch": 0, "batches": 4}], 4)
+    _, resumed = run_cell(pools, MID_EPOCH.replace("STOP", "-1"), checkpoint=str(tmp_path / "b"))
+    for rank in (0, 1):
+        continued = resumed.history.series("loss", rank=rank)
+        assert continued.steps == list(range(4, 12))
+        assert continued.values == pytest.approx(whole.history.series("loss", rank=rank).values[4:], rel=1e-6)

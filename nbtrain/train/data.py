@@ -13,12 +13,18 @@ While it is iterated, the loader knows which batch is its last, so a gradient-ac
 spans two epochs (:mod:`nbtrain.train.accumulate`). Its position (epoch, batches read) is saved in
 checkpoints; a loader resumed mid-epoch skips the batches already seen by index, without loading them.
 
+Starting a pass draws the seed of the loader's workers. A plain DataLoader takes it from the global RNG,
+which would make the random stream of the training (dropout) depend on when loaders were iterated; a
+prepared loader (without a ``generator=`` of yours) takes it from its own generator, seeded by
+(sampler seed, epoch, rank), so a resumed run draws the same random numbers as an uninterrupted one.
+
 Loaders it cannot shard are refused with the reason: an ``IterableDataset`` (shard the stream yourself),
 a custom ``sampler`` or ``batch_sampler``, a loader that already has a ``DistributedSampler``.
 """
 
 from __future__ import annotations
 
+import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
@@ -44,11 +50,14 @@ class PreparedLoader(DataLoader):
     pass_finished = True
     at_last_batch = False
     _context: TrainContext | None = None
+    _own_generator = False
 
     def __iter__(self):
         if not self.pass_finished:  # a pass was left early (break): the next one is a new epoch
             self.epoch += 1
         self.sampler.set_epoch(self.epoch)
+        if self._own_generator:  # worker seeds from (seed, epoch, rank), not from the global RNG: see module doc
+            self.generator.manual_seed(self.sampler.seed + 1_000_003 * self.epoch + self.sampler.rank)
         skip_batches, self.batches_read = self._resume_batches, 0
         self._resume_batches = 0
         if skip_batches:
@@ -109,7 +118,7 @@ def prepare_loader(context: TrainContext, loader: DataLoader) -> PreparedLoader:
         batch_size=loader.batch_size, sampler=sampler, num_workers=loader.num_workers,
         collate_fn=loader.collate_fn, pin_memory=loader.pin_memory or context.device.type == "cuda",
         drop_last=loader.drop_last, timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
-        multiprocessing_context=loader.multiprocessing_context, generator=loader.generator,
+        multiprocessing_context=loader.multiprocessing_context, generator=loader.generator or torch.Generator(),
         persistent_workers=loader.persistent_workers,
     )
     if loader.num_workers > 0:
@@ -119,6 +128,7 @@ def prepare_loader(context: TrainContext, loader: DataLoader) -> PreparedLoader:
             options[name] = getattr(loader, name)
     prepared = PreparedLoader(loader.dataset, **options)
     prepared._context = context
+    prepared._own_generator = loader.generator is None
     prepared._original = loader
     if context.resume is not None:
         from .checkpoint import restore_loader
