@@ -1,0 +1,128 @@
+"""prepare() + nbtrain.log() in a %%distributed cell vs the same plain-torch DDP loop under bare torchrun.
+
+Both runs train the same MLP on the same data with 2 ranks on gloo/CPU (or NCCL with --gpu), the same
+DistributedSampler and batch size, OMP_NUM_THREADS=1 per rank; each times its own training loop after
+warm-up steps (process start-up is not counted) and reports steps/s of rank 0. The two are run
+alternately ROUNDS times and the medians compared. Goal: nbtrain ≥ 0.98× torchrun.
+
+    python benchmarks/training_overhead.py [--rounds 3] [--steps 300] [--gpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+MODEL = """
+import time, torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+WIDTH, BATCH, STEPS, WARMUP = 512, 64, {steps}, 20
+data = TensorDataset(torch.randn(BATCH * (STEPS + WARMUP) * 2, WIDTH), torch.randint(0, 10, (BATCH * (STEPS + WARMUP) * 2,)))
+net = torch.nn.Sequential(torch.nn.Linear(WIDTH, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+opt = torch.optim.SGD(net.parameters(), lr=0.01)
+loader = DataLoader(data, batch_size=BATCH, shuffle=True)
+"""
+
+NBTRAIN_CELL = MODEL + """
+import nbtrain
+model, opt, loader = nbtrain.prepare(net, opt, loader)
+for step, (x, y) in enumerate(loader):
+    if step == WARMUP:
+        started = time.perf_counter()
+    if step == WARMUP + STEPS:
+        break
+    x, y = x.to(device), y.to(device)
+    loss = F.cross_entropy(model(x), y)
+    nbtrain.backward(loss)
+    opt.step(); opt.zero_grad()
+    nbtrain.log(loss=loss)
+steps_per_s = STEPS / (time.perf_counter() - started)
+threads = torch.get_num_threads()
+"""
+
+TORCHRUN_SCRIPT = """
+import os, json, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data.distributed import DistributedSampler
+dist.init_process_group("{backend}")
+rank = dist.get_rank()
+device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if "{backend}" == "nccl" else torch.device("cpu")
+if device.type == "cuda":
+    torch.cuda.set_device(device)
+""" + MODEL + """
+sampler = DistributedSampler(data, shuffle=True)
+loader = DataLoader(data, batch_size=BATCH, sampler=sampler, pin_memory=device.type == "cuda")
+model = DDP(net.to(device), device_ids=[device.index] if device.type == "cuda" else None)
+sampler.set_epoch(0)
+for step, (x, y) in enumerate(loader):
+    if step == WARMUP:
+        started = time.perf_counter()
+    if step == WARMUP + STEPS:
+        break
+    x, y = x.to(device), y.to(device)
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step(); opt.zero_grad()
+if device.type == "cuda":
+    torch.cuda.synchronize()
+if rank == 0:
+    print("RESULT " + json.dumps([STEPS / (time.perf_counter() - started), torch.get_num_threads()]))
+dist.destroy_process_group()
+"""
+
+
+def run_nbtrain(steps: int, gpu: bool) -> float:
+    from nbtrain.launch.api import run_source
+    from nbtrain.launch.config import LaunchRequest
+
+    namespace: dict = {}
+    cell = NBTRAIN_CELL.format(steps=steps)
+    if gpu:
+        cell = cell.replace("steps_per_s =", "torch.cuda.synchronize()\nsteps_per_s =")
+    run_source(cell, LaunchRequest(nprocs=2, cpu=not gpu, keep_alive=0, amp="off" if not gpu else None), namespace,
+               write=lambda stream, text: None)
+    return namespace["steps_per_s"]
+
+
+def run_torchrun(steps: int, gpu: bool) -> float:
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as script:
+        script.write(TORCHRUN_SCRIPT.format(steps=steps, backend="nccl" if gpu else "gloo"))
+    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // 2)))
+    try:
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", script.name],
+                              capture_output=True, text=True, env=env, timeout=600)
+    finally:
+        os.unlink(script.name)
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])[0]
+    raise RuntimeError(f"torchrun failed:\n{done.stdout}\n{done.stderr}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--gpu", action="store_true", help="NCCL on 2 GPUs (bf16 by default) instead of gloo on CPU")
+    args = parser.parse_args()
+    nbtrain_rates, torchrun_rates = [], []
+    for round_number in range(args.rounds):
+        torchrun_rates.append(run_torchrun(args.steps, args.gpu))
+        nbtrain_rates.append(run_nbtrain(args.steps, args.gpu))
+        print(f"round {round_number + 1}: torchrun {torchrun_rates[-1]:.1f} steps/s, "
+              f"nbtrain prepare()+log() {nbtrain_rates[-1]:.1f} steps/s", flush=True)
+    a, b = statistics.median(nbtrain_rates), statistics.median(torchrun_rates)
+    print(f"median: nbtrain {a:.1f} steps/s, torchrun {b:.1f} steps/s, ratio {a / b:.3f}x "
+          f"({time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs)")
+
+
+if __name__ == "__main__":
+    main()
