@@ -81,9 +81,10 @@ def _kind(obj) -> str:
 
 
 def _check_not_prepared(context: TrainContext, obj) -> None:
+    from .data import PreparedLoader
     from .optim import PreparedOptimizer, PreparedScheduler
 
-    if isinstance(obj, (PreparedDDP, PreparedModule, PreparedOptimizer, PreparedScheduler)) or getattr(obj, "_nbtrain_prepared", False):
+    if isinstance(obj, (PreparedDDP, PreparedModule, PreparedOptimizer, PreparedScheduler, PreparedLoader)):
         raise PreparedError(f"this {type(obj).__name__} was already returned by nbtrain.prepare(); "
                             "prepare each object once and keep using what prepare() returned.")
     try:

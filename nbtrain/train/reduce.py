@@ -54,8 +54,9 @@ def reduce_values(values: dict, how: str) -> dict:
         if isinstance(value, torch.Tensor):
             value = value.detach()
             parts.append((value.float().mean() if value.numel() != 1 else value.reshape(())).float().to(device, non_blocking=True))
-        else:
-            parts.append(torch.tensor(float(value), device=device))
+        else:  # a Python number: a pinned copy goes to the GPU without waiting for it
+            number = torch.tensor(float(value))
+            parts.append(number.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else number)
     buffer = torch.stack(parts)
     op = {"mean": dist.ReduceOp.SUM, "sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[how]
     work = _SharedWork(dist.all_reduce(buffer, op=op, async_op=True))
