@@ -1,17 +1,19 @@
-"""Cost of logging the loss every step: nothing vs ``nbtrain.log(loss=loss)`` vs ``loss.item()`` vs reduced.
+"""Per-step cost of nbtrain's training helpers and of logging, measured inside one run, interleaved.
 
-One %%distributed run (2 ranks; gloo/CPU, or NCCL with --gpu) times the same DDP training loop four ways,
-interleaved in blocks so that load changes on the machine hit every variant alike:
+One %%distributed run (2 ranks; gloo/CPU, or NCCL with --gpu) times the same training step five ways,
+in blocks whose order rotates, so that load changes on the machine hit every variant alike:
 
-* ``none``: no logging;
-* ``nbtrain.log``: ``nbtrain.log(loss=loss)`` — the tensor is buffered, no host sync;
-* ``item``: ``losses.append(loss.item())`` — the naive way, a host sync per step on GPU;
-* ``log reduce``: ``nbtrain.log(loss=loss, reduce="mean")`` — one asynchronous all-reduce per call.
+* ``plain DDP``: ``DistributedDataParallel`` + ``loss.backward()`` + a plain optimizer — no nbtrain;
+* ``prepare``: the same model through ``nbtrain.prepare()`` + ``nbtrain.backward()``, no logging;
+* ``+ log``: ``prepare`` + ``nbtrain.log(loss=loss)`` — the tensor is buffered, no host sync;
+* ``+ item``: ``prepare`` + ``losses.append(loss.item())`` — the naive way, a host sync per step on GPU;
+* ``+ log reduce``: ``prepare`` + ``nbtrain.log(loss=loss, reduce="mean")`` — one async all-reduce per call.
 
-Printed: steps/s of each (median over blocks) and the ratio to ``none``. On CPU ``item()`` costs little
-(there is no device to wait for); the GPU numbers are what this is for.
+Printed: steps/s of each (median over blocks, and the range) and the ratio to ``plain DDP``. This
+isolates the per-step overhead of the helpers from process start-up (which the launcher comparison in
+``training_overhead.py`` also sees). On CPU ``item()`` costs little (there is no device to wait for).
 
-    python benchmarks/log_overhead.py [--blocks 5] [--steps 100] [--gpu]
+    python benchmarks/log_overhead.py [--blocks 15] [--steps 50] [--gpu]
 """
 
 from __future__ import annotations
@@ -21,11 +23,15 @@ import os
 import time
 
 CELL = """
-import statistics, time, torch, nbtrain
+import copy, statistics, time, torch, nbtrain
 import torch.nn.functional as F
-torch.manual_seed(rank)
+from torch.nn.parallel import DistributedDataParallel as DDP
+torch.manual_seed(0)
 WIDTH, BATCH = 512, 64
 net = torch.nn.Sequential(torch.nn.Linear(WIDTH, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+twin = copy.deepcopy(net).to(device)
+plain = DDP(twin, device_ids=[device.index] if device.type == "cuda" else None)
+plain_opt = torch.optim.SGD(twin.parameters(), lr=0.01)
 model, opt = nbtrain.prepare(net, torch.optim.SGD(net.parameters(), lr=0.01))
 x = torch.randn(BATCH, WIDTH, device=device)
 y = torch.randint(0, 10, (BATCH,), device=device)
@@ -37,45 +43,50 @@ def block(kind, steps):
     sync()
     started = time.perf_counter()
     for _ in range(steps):
+        if kind == "plain DDP":
+            loss = F.cross_entropy(plain(x), y)
+            loss.backward()
+            plain_opt.step(); plain_opt.zero_grad()
+            continue
         loss = F.cross_entropy(model(x), y)
         nbtrain.backward(loss)
         opt.step(); opt.zero_grad()
-        if kind == "nbtrain.log":
+        if kind == "+ log":
             nbtrain.log(loss=loss)
-        elif kind == "item":
+        elif kind == "+ item":
             losses.append(loss.item())
-        elif kind == "log reduce":
+        elif kind == "+ log reduce":
             nbtrain.log(loss_mean=loss, reduce="mean")
     sync()
     return steps / (time.perf_counter() - started)
-KINDS = ["none", "nbtrain.log", "item", "log reduce"]
-block("none", 20)
+KINDS = ["plain DDP", "prepare", "+ log", "+ item", "+ log reduce"]
+block("plain DDP", 10); block("prepare", 10)
 rates = {k: [] for k in KINDS}
 for b in range(BLOCKS):
-    for kind in KINDS[b % 4:] + KINDS[:b % 4]:
+    for kind in KINDS[b % len(KINDS):] + KINDS[:b % len(KINDS)]:
         rates[kind].append(block(kind, STEPS))
-medians = {k: statistics.median(v) for k, v in rates.items()}
+summary = {k: (statistics.median(v), min(v), max(v)) for k, v in rates.items()}
 """
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--blocks", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--gpu", action="store_true")
+    parser.add_argument("--blocks", type=int, default=15)
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--gpu", action="store_true", help="NCCL on 2 GPUs instead of gloo on CPU (fp32)")
     args = parser.parse_args()
     from nbtrain.launch.api import run_source
     from nbtrain.launch.config import LaunchRequest
 
     namespace: dict = {"BLOCKS": args.blocks, "STEPS": args.steps}
-    run_source(CELL, LaunchRequest(nprocs=2, cpu=not args.gpu, keep_alive=0, out="medians"), namespace,
+    run_source(CELL, LaunchRequest(nprocs=2, cpu=not args.gpu, keep_alive=0, amp="off", out="summary"), namespace,
                write=lambda stream, text: None)
-    medians = namespace["medians"]
-    base = medians["none"]
-    print(f"{'variant':<12} {'steps/s':>9} {'vs none':>8}   ({'GPU' if args.gpu else 'CPU'}, 2 ranks, "
-          f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs)")
-    for kind, rate in medians.items():
-        print(f"{kind:<12} {rate:9.1f} {rate / base:8.3f}x")
+    summary = namespace["summary"]
+    base = summary["plain DDP"][0]
+    print(f"{'variant':<13} {'steps/s':>8} {'vs plain':>9}  {'range over blocks':>17}   ({'GPU' if args.gpu else 'CPU'}, "
+          f"2 ranks, {args.blocks} blocks of {args.steps} steps, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs)")
+    for kind, (rate, low, high) in summary.items():
+        print(f"{kind:<13} {rate:8.1f} {rate / base:8.3f}x  {low:7.1f} – {high:6.1f}")
 
 
 if __name__ == "__main__":

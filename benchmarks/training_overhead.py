@@ -120,6 +120,8 @@ def main() -> None:
         print(f"round {round_number + 1}: torchrun {torchrun_rates[-1]:.1f} steps/s, "
               f"nbtrain prepare()+log() {nbtrain_rates[-1]:.1f} steps/s", flush=True)
     a, b = statistics.median(nbtrain_rates), statistics.median(torchrun_rates)
+    ratios = sorted(n / t for n, t in zip(nbtrain_rates, torchrun_rates))
+    print(f"per-round ratios: {', '.join(f'{r:.3f}' for r in ratios)}")
     print(f"median: nbtrain {a:.1f} steps/s, torchrun {b:.1f} steps/s, ratio {a / b:.3f}x "
           f"({time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs)")
 
