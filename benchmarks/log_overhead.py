@@ -9,7 +9,9 @@ in blocks whose order rotates, so that load changes on the machine hit every var
 * ``+ item``: ``prepare`` + ``losses.append(loss.item())`` — the naive way, a host sync per step on GPU;
 * ``+ log reduce``: ``prepare`` + ``nbtrain.log(loss=loss, reduce="mean")`` — one async all-reduce per call.
 
-Printed: steps/s of each (median over blocks, and the range) and the ratio to ``plain DDP``. This
+Printed: steps/s of each (median over blocks, and the range) and the ratio to ``plain DDP``; and the CPU
+time rank 0's process spends per step (all its threads: the metrics thread's work counts), which a busy
+machine disturbs much less than wall time — on a shared machine, read that column. This
 isolates the per-step overhead of the helpers from process start-up (which the launcher comparison in
 ``training_overhead.py`` also sees). On CPU ``item()`` costs little (there is no device to wait for).
 
@@ -41,7 +43,7 @@ def sync():
         torch.cuda.synchronize()
 def block(kind, steps):
     sync()
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     for _ in range(steps):
         if kind == "plain DDP":
             loss = F.cross_entropy(plain(x), y)
@@ -58,14 +60,17 @@ def block(kind, steps):
         elif kind == "+ log reduce":
             nbtrain.log(loss_mean=loss, reduce="mean")
     sync()
+    cpu_ms[kind].append(1000 * (time.process_time() - cpu_started) / steps)
     return steps / (time.perf_counter() - started)
 KINDS = ["plain DDP", "prepare", "+ log", "+ item", "+ log reduce"]
+cpu_ms = {k: [] for k in KINDS}
 block("plain DDP", 10); block("prepare", 10)
+cpu_ms = {k: [] for k in KINDS}
 rates = {k: [] for k in KINDS}
 for b in range(BLOCKS):
     for kind in KINDS[b % len(KINDS):] + KINDS[:b % len(KINDS)]:
         rates[kind].append(block(kind, STEPS))
-summary = {k: (statistics.median(v), min(v), max(v)) for k, v in rates.items()}
+summary = {k: (statistics.median(v), min(v), max(v), statistics.median(cpu_ms[k])) for k, v in rates.items()}
 """
 
 
@@ -83,10 +88,12 @@ def main() -> None:
                write=lambda stream, text: None)
     summary = namespace["summary"]
     base = summary["plain DDP"][0]
-    print(f"{'variant':<13} {'steps/s':>8} {'vs plain':>9}  {'range over blocks':>17}   ({'GPU' if args.gpu else 'CPU'}, "
-          f"2 ranks, {args.blocks} blocks of {args.steps} steps, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs)")
-    for kind, (rate, low, high) in summary.items():
-        print(f"{kind:<13} {rate:8.1f} {rate / base:8.3f}x  {low:7.1f} – {high:6.1f}")
+    base_cpu = summary["plain DDP"][3]
+    print(f"{'variant':<13} {'steps/s':>8} {'vs plain':>9}  {'range over blocks':>17}  {'CPU ms/step':>11} {'vs plain':>9}"
+          f"   ({'GPU' if args.gpu else 'CPU'}, 2 ranks, {args.blocks} blocks of {args.steps} steps, "
+          f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs)")
+    for kind, (rate, low, high, cpu) in summary.items():
+        print(f"{kind:<13} {rate:8.1f} {rate / base:8.3f}x  {low:7.1f} – {high:6.1f}  {cpu:11.2f} {cpu / base_cpu:8.3f}x")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 
 Both runs train the same MLP on the same data with 2 ranks on gloo/CPU (or NCCL with --gpu), the same
 DistributedSampler and batch size, OMP_NUM_THREADS=1 per rank; each times its own training loop after
-warm-up steps (process start-up is not counted) and reports steps/s of rank 0. The two are run
-alternately ROUNDS times and the medians compared. Goal: nbtrain ≥ 0.98× torchrun.
+warm-up steps (process start-up is not counted) and reports steps/s of rank 0, and the CPU time rank 0's
+process spends per step (all threads; much less disturbed by other load on the machine than wall time).
+The two are run alternately ROUNDS times and the medians compared. Goal: nbtrain ≥ 0.98× torchrun.
 
     python benchmarks/training_overhead.py [--rounds 3] [--steps 300] [--gpu]
 """
@@ -36,7 +37,7 @@ import nbtrain
 model, opt, loader = nbtrain.prepare(net, opt, loader)
 for step, (x, y) in enumerate(loader):
     if step == WARMUP:
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
     if step == WARMUP + STEPS:
         break
     x, y = x.to(device), y.to(device)
@@ -45,6 +46,7 @@ for step, (x, y) in enumerate(loader):
     opt.step(); opt.zero_grad()
     nbtrain.log(loss=loss)
 steps_per_s = STEPS / (time.perf_counter() - started)
+cpu_ms = 1000 * (time.process_time() - cpu_started) / STEPS
 threads = torch.get_num_threads()
 """
 
@@ -64,7 +66,7 @@ model = DDP(net.to(device), device_ids=[device.index] if device.type == "cuda" e
 sampler.set_epoch(0)
 for step, (x, y) in enumerate(loader):
     if step == WARMUP:
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
     if step == WARMUP + STEPS:
         break
     x, y = x.to(device), y.to(device)
@@ -74,12 +76,12 @@ for step, (x, y) in enumerate(loader):
 if device.type == "cuda":
     torch.cuda.synchronize()
 if rank == 0:
-    print("RESULT " + json.dumps([STEPS / (time.perf_counter() - started), torch.get_num_threads()]))
+    print("RESULT " + json.dumps([STEPS / (time.perf_counter() - started), 1000 * (time.process_time() - cpu_started) / STEPS]))
 dist.destroy_process_group()
 """
 
 
-def run_nbtrain(steps: int, gpu: bool) -> float:
+def run_nbtrain(steps: int, gpu: bool) -> tuple[float, float]:
     from nbtrain.launch.api import run_source
     from nbtrain.launch.config import LaunchRequest
 
@@ -89,10 +91,10 @@ def run_nbtrain(steps: int, gpu: bool) -> float:
         cell = cell.replace("steps_per_s =", "torch.cuda.synchronize()\nsteps_per_s =")
     run_source(cell, LaunchRequest(nprocs=2, cpu=not gpu, keep_alive=0, amp="off" if not gpu else None), namespace,
                write=lambda stream, text: None)
-    return namespace["steps_per_s"]
+    return namespace["steps_per_s"], namespace["cpu_ms"]
 
 
-def run_torchrun(steps: int, gpu: bool) -> float:
+def run_torchrun(steps: int, gpu: bool) -> tuple[float, float]:
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as script:
         script.write(TORCHRUN_SCRIPT.format(steps=steps, backend="nccl" if gpu else "gloo"))
     env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // 2)))
@@ -103,7 +105,7 @@ def run_torchrun(steps: int, gpu: bool) -> float:
         os.unlink(script.name)
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[7:])[0]
+            return tuple(json.loads(line[7:]))
     raise RuntimeError(f"torchrun failed:\n{done.stdout}\n{done.stderr}")
 
 
@@ -113,16 +115,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--gpu", action="store_true", help="NCCL on 2 GPUs (bf16 by default) instead of gloo on CPU")
     args = parser.parse_args()
-    nbtrain_rates, torchrun_rates = [], []
+    nbtrain_runs, torchrun_runs = [], []
     for round_number in range(args.rounds):
-        torchrun_rates.append(run_torchrun(args.steps, args.gpu))
-        nbtrain_rates.append(run_nbtrain(args.steps, args.gpu))
-        print(f"round {round_number + 1}: torchrun {torchrun_rates[-1]:.1f} steps/s, "
-              f"nbtrain prepare()+log() {nbtrain_rates[-1]:.1f} steps/s", flush=True)
-    a, b = statistics.median(nbtrain_rates), statistics.median(torchrun_rates)
-    ratios = sorted(n / t for n, t in zip(nbtrain_rates, torchrun_rates))
-    print(f"per-round ratios: {', '.join(f'{r:.3f}' for r in ratios)}")
-    print(f"median: nbtrain {a:.1f} steps/s, torchrun {b:.1f} steps/s, ratio {a / b:.3f}x "
+        torchrun_runs.append(run_torchrun(args.steps, args.gpu))
+        nbtrain_runs.append(run_nbtrain(args.steps, args.gpu))
+        print(f"round {round_number + 1}: torchrun {torchrun_runs[-1][0]:.1f} steps/s ({torchrun_runs[-1][1]:.2f} CPU ms/step), "
+              f"nbtrain prepare()+log() {nbtrain_runs[-1][0]:.1f} steps/s ({nbtrain_runs[-1][1]:.2f} CPU ms/step)", flush=True)
+    ratios = sorted(n[0] / t[0] for n, t in zip(nbtrain_runs, torchrun_runs))
+    print(f"per-round steps/s ratios: {', '.join(f'{r:.3f}' for r in ratios)}")
+    a, b = statistics.median(r[0] for r in nbtrain_runs), statistics.median(r[0] for r in torchrun_runs)
+    ca, cb = statistics.median(r[1] for r in nbtrain_runs), statistics.median(r[1] for r in torchrun_runs)
+    print(f"median: nbtrain {a:.1f} steps/s, torchrun {b:.1f} steps/s, ratio {a / b:.3f}x; "
+          f"CPU per step: nbtrain {ca:.2f} ms, torchrun {cb:.2f} ms, speed ratio by CPU time {cb / ca:.3f}x "
           f"({time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs)")
 
 
