@@ -126,9 +126,11 @@ def _forward(self, super_forward, args, kwargs):
     context: TrainContext = self._nbtrain_context
     if torch.is_grad_enabled() and hasattr(self, "require_backward_grad_sync"):
         self.require_backward_grad_sync = context.accum.sync_next()  # what no_sync() does, decided per forward
+    if context.amp_dtype is None:
+        return super_forward(*args, **kwargs)
     with context.autocast():
         out = super_forward(*args, **kwargs)
-    return outputs_to_fp32(out) if context.amp_dtype is not None else out
+    return outputs_to_fp32(out)
 
 
 class PreparedDDP(DistributedDataParallel):
