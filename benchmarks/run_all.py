@@ -1,0 +1,120 @@
+"""Run every benchmark and rewrite docs/benchmarks.md with what they printed, the machine and the date.
+
+    python benchmarks/run_all.py [--quick] [--only NAME ...] [--gpu]
+
+Each benchmark measures nbtrain against its reference (bare torchrun, no logging, no dashboard, ...) in
+the same run and prints ratios; this script only runs them one after the other — never in parallel, so
+they do not disturb each other — and records the output. ``--quick`` uses smaller sizes (minutes, not
+tens of minutes) for a first look; ``--gpu`` adds the GPU variants (NCCL, AMP) on a machine with GPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str
+    title: str
+    goal: str
+    args: tuple[str, ...]
+    quick_args: tuple[str, ...]
+    gpu: bool = False
+
+
+BENCHMARKS = (
+    Benchmark("launch", "Launch and throughput against torchrun (CPU, gloo)",
+              "cold start ≤ 1.1× torchrun; warm re-run ≤ 0.5 s; steps/s ≥ 0.98× torchrun",
+              ("launch_vs_torchrun.py", "--ranks", "2", "4", "--repeats", "3"),
+              ("launch_vs_torchrun.py", "--ranks", "2", "--repeats", "1", "--steps", "100")),
+    Benchmark("training", "prepare() + log() in a cell against the same loop under torchrun",
+              "≥ 0.98× torchrun steps/s",
+              ("training_overhead.py", "--rounds", "5"), ("training_overhead.py", "--rounds", "1", "--steps", "100")),
+    Benchmark("helpers", "Per-call cost of the training helpers (µs)", "tens of µs per step",
+              ("helper_overhead_us.py",), ("helper_overhead_us.py", "--repeats", "3")),
+    Benchmark("logging", "Logging every step: nothing vs nbtrain.log vs loss.item()", "nbtrain.log ≤ 1 % cost (GPU)",
+              ("log_overhead.py",), ("log_overhead.py", "--blocks", "3")),
+    Benchmark("dashboard", "Kernel cost of the live dashboard", "≤ 5 % of one core; ≤ 4 widget messages/s; flat memory",
+              ("dashboard_cost.py", "--seconds", "30"), ("dashboard_cost.py", "--seconds", "10")),
+    Benchmark("soak", "Soak: runs in one kernel (warm, cold, failing, interrupted)", "no growth beyond the stated bounds",
+              ("soak.py", "--runs", "200"), ("soak.py", "--runs", "16")),
+    Benchmark("training-gpu", "prepare() + log() on GPUs (NCCL, bf16)", "≥ 0.98× torchrun; AMP bf16 ≥ 2× fp32",
+              ("training_overhead.py", "--gpu"), ("training_overhead.py", "--gpu", "--rounds", "1"), gpu=True),
+    Benchmark("logging-gpu", "Logging every step on GPUs", "nbtrain.log ≤ 1 % cost",
+              ("log_overhead.py", "--gpu"), ("log_overhead.py", "--gpu", "--blocks", "3"), gpu=True),
+)
+
+
+def machine() -> str:
+    import psutil
+    import torch
+
+    from nbtrain.gpu import nvml
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            cpu = next((l.split(":", 1)[1].strip() for l in fh if l.startswith("model name")), cpu)
+    except OSError:
+        pass
+    gpus = ", ".join(g.name for g in nvml.all_gpus()) or "no GPU"
+    return (f"{cpu}, {psutil.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.0f} GiB RAM, {gpus}; "
+            f"Python {platform.python_version()}, torch {torch.__version__}")
+
+
+def run(bench: Benchmark, quick: bool) -> tuple[str, float, int]:
+    args = bench.quick_args if quick else bench.args
+    started = time.monotonic()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.run([sys.executable, os.path.join(HERE, args[0]), *args[1:]], capture_output=True, text=True,
+                          cwd=ROOT, env=env)
+    output = proc.stdout.strip() or proc.stderr.strip()[-3000:]
+    return output, time.monotonic() - started, proc.returncode
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--gpu", action="store_true")
+    parser.add_argument("--only", nargs="+", choices=[b.name for b in BENCHMARKS])
+    parser.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks.md"))
+    args = parser.parse_args()
+    chosen = [b for b in BENCHMARKS if (args.only is None or b.name in args.only) and (args.gpu or not b.gpu)]
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    where = machine()
+    load = os.getloadavg()[0]
+    sections = []
+    for bench in chosen:
+        print(f"running {bench.name} ...", flush=True)
+        output, seconds, code = run(bench, args.quick)
+        print(output, flush=True)
+        command = "python benchmarks/" + " ".join((bench.quick_args if args.quick else bench.args))
+        status = "" if code == 0 else f"\n\n**The benchmark exited with code {code}.**"
+        sections.append(f"## {bench.title}\n\nGoal: {bench.goal}. Command: `{command}` ({seconds:.0f} s).\n\n"
+                        f"```\n{output}\n```{status}\n")
+    with open(args.out, "w") as fh:
+        fh.write(
+            "# Benchmarks\n\n"
+            f"Refreshed by `python benchmarks/run_all.py{' --quick' if args.quick else ''}{' --gpu' if args.gpu else ''}` "
+            f"on {when}.\n\nMachine: {where}. Load average at the start: {load:.1f}.\n\n"
+            "Each benchmark measures nbtrain and its reference in the same run and prints the ratio. How each one "
+            "is measured is in its module docstring; discussions of earlier results are in "
+            "[benchmarks-training.md](benchmarks-training.md) and [benchmarks-dashboard.md](benchmarks-dashboard.md).\n\n"
+            + "\n".join(sections))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
