@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import io
-import os
-import time
 
 import psutil
 import pytest
 
-from conftest import nbtrain_workers
 from nbtrain.dashboard.observer import DashboardObserver
 from nbtrain.dashboard.text_status import TextStatus
 from nbtrain.dashboard.widget import RunDashboard
@@ -17,27 +14,8 @@ from nbtrain.launch.api import run_source
 from nbtrain.launch.config import LaunchRequest
 from nbtrain.launch.observer import RunObserver
 
+pytestmark = pytest.mark.usefixtures("no_leftover_workers")
 
-
-@pytest.fixture(autouse=True)
-def no_leftover_ranks():
-    """Like conftest's no_leftover_workers, but only this test process's ranks: other test runs on the
-    same machine may have ranks alive at the same time."""
-    yield
-    deadline = time.monotonic() + 5
-    while True:
-        ours = [p for p in nbtrain_workers() if _parent(p) == os.getpid()]
-        if not ours or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    assert not ours, f"rank processes left behind: {[p.pid for p in ours]}"
-
-
-def _parent(proc) -> int | None:
-    try:
-        return proc.ppid()
-    except psutil.Error:
-        return None
 
 CELL = """
 import time

@@ -6,7 +6,6 @@ import os
 import signal
 import time
 
-import nbformat
 import psutil
 import pytest
 from nbclient import NotebookClient

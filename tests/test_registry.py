@@ -9,7 +9,6 @@ import pytest
 
 from nbtrain.launch.registry import RunRegistry, read_runs
 from nbtrain.launch.run import PoolManager
-from runhelp import run
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
 
