@@ -9,6 +9,7 @@ Writes ``docs/jupyterlab-panel.png``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -38,7 +39,9 @@ LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking
 def lab(tmp_path):
     server = JupyterLab(tmp_path)
     write_notebook(server.notebooks / "train.ipynb", ["%load_ext nbtrain", ENDLESS_RUN])
+    server.nbtrain_settings({"refreshInterval": 1, "historyLength": 30})
     server.start()
+    server.start_session("train.ipynb")
     try:
         yield server
     finally:
@@ -46,7 +49,7 @@ def lab(tmp_path):
 
 
 @pytest.fixture
-def page(lab):
+def page(lab, tmp_path):
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS, headless=True)
         try:
@@ -55,7 +58,23 @@ def page(lab):
             browser.close()
 
 
-def test_the_panel_lists_a_run_and_stops_it(lab, page):
+@contextlib.contextmanager
+def explained_failure(page, lab, directory: Path):
+    """On failure, keep what the browser showed and what the server logged, for the report."""
+    try:
+        yield
+    except BaseException:
+        page.screenshot(path=str(directory / "failure.png"))
+        print(f"browser at failure: {directory / 'failure.png'}\njupyter lab log:\n{lab.log()}")
+        raise
+
+
+def test_the_panel_lists_a_run_and_stops_it(lab, page, tmp_path):
+    with explained_failure(page, lab, tmp_path):
+        _panel_lists_a_run_and_stops_it(lab, page)
+
+
+def _panel_lists_a_run_and_stops_it(lab, page):
     page.goto(f"{lab.url}/lab/tree/train.ipynb?reset&token={lab.token}")
     page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=90_000)
 
@@ -68,25 +87,31 @@ def test_the_panel_lists_a_run_and_stops_it(lab, page):
     sync_api.expect(panel.locator(".nbtrain-Device")).to_have_count(1 if "CPU" in status.inner_text() else
                                                                     len(lab.api("GET", "nbtrain/gpus")["gpus"]))
 
-    _run_all_cells(page)
+    _run_cells(page)
     run = panel.locator(".nbtrain-Run-running", has=page.locator(".nbtrain-Notebook", has_text="train.ipynb"))
     sync_api.expect(run).to_be_visible(timeout=90_000)
     sync_api.expect(run.locator(".nbtrain-Run-facts")).to_contain_text(re.compile(r"2 ranks on cpu · step [1-9]\d* · loss 0\."),
                                                                        timeout=30_000)
-    time.sleep(3)  # a few samples in the sparklines for the picture
+    time.sleep(6)  # a few more samples in the sparklines for the picture
     SCREENSHOT.parent.mkdir(exist_ok=True)
     page.screenshot(path=str(SCREENSHOT))
 
+    clicked = time.monotonic()
     run.locator(".nbtrain-Stop").click()
     output = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-OutputArea")
     sync_api.expect(output).to_contain_text("KeyboardInterrupt", timeout=30_000)
+    print(f"stop clicked -> KeyboardInterrupt shown in {time.monotonic() - clicked:.2f} s")
     sync_api.expect(panel.locator(".nbtrain-Run .nbtrain-State")).to_have_text("interrupted", timeout=15_000)
     sync_api.expect(page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-InputPrompt")).not_to_contain_text("*")
     assert_no_workers()
 
 
-def _run_all_cells(page) -> None:
-    """Run → Run All Cells, once the kernel is idle (the first cell loads nbtrain, the second trains)."""
+def _run_cells(page) -> None:
+    """Shift+Enter through both cells once the kernel is idle: the first loads nbtrain, the second trains."""
+    cells = page.locator(".jp-Notebook .jp-Cell")
     sync_api.expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_have_count(1, timeout=60_000)
-    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-    page.locator("li.lm-Menu-item[data-command='notebook:run-all-cells']").click()
+    cells.nth(0).locator(".jp-InputArea-editor").click()
+    page.keyboard.press("Shift+Enter")
+    sync_api.expect(cells.nth(0).locator(".jp-InputPrompt")).to_have_text("[1]:", timeout=60_000)
+    page.keyboard.press("Control+Enter")  # the last cell: run it without adding a new one below
+    sync_api.expect(cells.nth(1).locator(".jp-InputPrompt")).to_have_text("[*]:", timeout=10_000)

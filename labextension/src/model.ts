@@ -50,6 +50,11 @@ export class NbtrainModel {
     return this._error;
   }
 
+  /** How many samples a history keeps. */
+  get historyLength(): number {
+    return this._historyLength;
+  }
+
   /** Load/memory history of a GPU (key `gpu<index>`) or of the machine (key `cpu`). */
   history(key: string): ISeries {
     return this._history.get(key) ?? { load: [], memory: [] };

@@ -5,7 +5,7 @@
 import { showErrorMessage } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 
-import { gib, loss, percent } from './format';
+import { duration, gib, loss, percent } from './format';
 import { NbtrainModel } from './model';
 import { requestAPI } from './request';
 import { sparkline } from './sparkline';
@@ -74,7 +74,9 @@ export class NbtrainPanel extends Widget {
       return section;
     }
     if (machine.gpus.length === 0) {
-      section.appendChild(el('div', 'nbtrain-Note', `No GPU: ${machine.gpu_error ?? 'none found'}`));
+      const note = el('div', 'nbtrain-Note', 'No NVIDIA GPU visible: showing CPU and RAM.');
+      note.title = machine.gpu_error ?? '';
+      section.appendChild(note);
       const history = this._model.history('cpu');
       section.appendChild(
         this._device(
@@ -109,10 +111,11 @@ export class NbtrainPanel extends Widget {
     head.appendChild(el('span', 'nbtrain-Device-now', now));
     row.appendChild(head);
     const charts = el('div', 'nbtrain-Device-charts');
+    const capacity = this._model.historyLength;
     const loadBox = el('div', 'nbtrain-Chart', 'load');
-    loadBox.appendChild(sparkline(load, 'nbtrain-Sparkline-load'));
+    loadBox.appendChild(sparkline(load, capacity, 'nbtrain-Sparkline-load'));
     const memoryBox = el('div', 'nbtrain-Chart', 'memory');
-    memoryBox.appendChild(sparkline(memory, 'nbtrain-Sparkline-memory'));
+    memoryBox.appendChild(sparkline(memory, capacity, 'nbtrain-Sparkline-memory'));
     charts.append(loadBox, memoryBox);
     row.appendChild(charts);
     return row;
@@ -149,6 +152,10 @@ export class NbtrainPanel extends Widget {
       `step ${run.step ?? '–'}`,
       `loss ${loss(run.loss)}`
     ];
+    const now = this._model.machine?.time;
+    if (run.started && (run.ended || now)) {
+      facts.push(duration((run.ended ?? now ?? run.started) - run.started));
+    }
     row.appendChild(el('div', 'nbtrain-Run-facts', facts.join(' · ')));
     const pids = run.ranks.map(r => `${r.rank}:${r.pid}${r.alive ? '' : ' (gone)'}`).join('  ');
     row.appendChild(el('div', 'nbtrain-Run-pids', `kernel ${run.kernel_pid ?? '?'} · ranks ${pids || '–'}`));

@@ -1,33 +1,37 @@
 /**
- * A tiny SVG line chart of percentages (0–100), newest value on the right.
+ * A tiny SVG line chart of percentages (0–100). It fills its box's width; the newest value is on the right
+ * and a short history starts part-way, so the time scale stays the same while history fills up.
  */
 const SVG = 'http://www.w3.org/2000/svg';
+const WIDTH = 100; // viewBox units; the chart is stretched to its box
+const HEIGHT = 24;
 
-export function sparkline(values: number[], className: string, width = 120, height = 22): SVGSVGElement {
+export function sparkline(values: number[], capacity: number, className: string): SVGSVGElement {
   const svg = document.createElementNS(SVG, 'svg');
   svg.setAttribute('class', `nbtrain-Sparkline ${className}`);
-  svg.setAttribute('width', String(width));
-  svg.setAttribute('height', String(height));
-  svg.setAttribute('viewBox', `0 0 ${width} ${height}`);
+  svg.setAttribute('viewBox', `0 0 ${WIDTH} ${HEIGHT}`);
+  svg.setAttribute('preserveAspectRatio', 'none');
   const frame = document.createElementNS(SVG, 'rect');
-  frame.setAttribute('width', String(width));
-  frame.setAttribute('height', String(height));
+  frame.setAttribute('width', String(WIDTH));
+  frame.setAttribute('height', String(HEIGHT));
   frame.setAttribute('class', 'nbtrain-Sparkline-frame');
   svg.appendChild(frame);
   if (values.length > 0) {
-    // A single sample is drawn as a flat line so the value is visible at once.
+    const slots = Math.max(capacity, values.length, 2) - 1;
+    // A single sample is drawn as a short flat line so the value is visible at once.
     const points = values.length === 1 ? [values[0], values[0]] : values;
-    const step = width / (points.length - 1);
+    const first = slots - (points.length - 1);
     const line = document.createElementNS(SVG, 'polyline');
     line.setAttribute(
       'points',
       points
         .map((v, i) => {
-          const clamped = Math.min(100, Math.max(0, v));
-          return `${(i * step).toFixed(1)},${(height - 1 - (clamped / 100) * (height - 2)).toFixed(1)}`;
+          const y = HEIGHT - 1 - (Math.min(100, Math.max(0, v)) / 100) * (HEIGHT - 2);
+          return `${(((first + i) / slots) * WIDTH).toFixed(2)},${y.toFixed(2)}`;
         })
         .join(' ')
     );
+    line.setAttribute('vector-effect', 'non-scaling-stroke');
     svg.appendChild(line);
   }
   return svg;

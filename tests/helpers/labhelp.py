@@ -31,6 +31,9 @@ class JupyterLab:
                         JUPYTER_RUNTIME_DIR=str(home / "runtime"), JUPYTER_PLATFORM_DIRS="1")
         self.notebooks = root / "notebooks"
         self.notebooks.mkdir()
+        # A notebook attaches to its kernel without asking which; no news pop-up (no network, cleaner pictures).
+        self.user_setting("notebook-extension/tracker", {"autoStartDefaultKernel": True})
+        self.user_setting("apputils-extension/notification", {"fetchNews": "false"})
         self.log_path = root / "lab.log"
         self.process: subprocess.Popen | None = None
 
@@ -53,6 +56,16 @@ class JupyterLab:
                 time.sleep(0.3)
         raise TimeoutError(f"jupyter lab did not answer within {timeout} s:\n{self.log()}")
 
+    def nbtrain_settings(self, values: dict) -> None:
+        path = Path(self.env["JUPYTER_CONFIG_DIR"]) / "lab" / "user-settings" / "nbtrain" / "plugin.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values))
+
+    def user_setting(self, plugin: str, values: dict) -> None:
+        path = Path(self.env["JUPYTER_CONFIG_DIR"]) / "lab" / "user-settings" / "@jupyterlab" / f"{plugin}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values))
+
     def api(self, method: str, path: str, body: dict | None = None):
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(f"{self.url}/{path}", data=data, method=method,
@@ -60,6 +73,12 @@ class JupyterLab:
         with urllib.request.urlopen(request, timeout=10) as response:
             text = response.read()
         return json.loads(text) if text else None
+
+    def start_session(self, path: str) -> dict:
+        """Start the notebook's kernel from the server side; the page then attaches to this session (the
+        server answers a second session request for the same path with the existing one)."""
+        return self.api("POST", "api/sessions", {"path": path, "name": Path(path).name, "type": "notebook",
+                                                 "kernel": {"name": "python3"}})
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:] if self.log_path.exists() else ""
