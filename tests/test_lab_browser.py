@@ -75,23 +75,27 @@ def test_the_panel_lists_a_run_and_stops_it(lab, page, tmp_path):
 
 
 def _panel_lists_a_run_and_stops_it(lab, page):
+    # The settings schema ships with the extension; the test's refresh interval passes its validation.
+    settings = lab.api("GET", "lab/api/settings/nbtrain:plugin")
+    assert settings["settings"] == {"refreshInterval": 1, "historyLength": 30}
+    assert settings["schema"]["properties"]["refreshInterval"]["default"] == 2
     page.goto(f"{lab.url}/lab/tree/train.ipynb?reset&token={lab.token}")
     page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=90_000)
 
     status = page.locator("#nbtrain-status")
-    sync_api.expect(status).to_have_text(re.compile(r"^(GPU\d+ \d+% · [\d.]+/[\d.]+ GiB|CPU \d+% · RAM [\d.]+/[\d.]+ GiB)"),
-                                         timeout=30_000)
+    status_text = re.compile(r"^(GPU\d+ \d+% · [\d.]+/[\d.]+ GiB|CPU \d+% · RAM [\d.]+/[\d.]+ GiB)")
+    sync_api.expect(status).to_have_text(status_text, timeout=30_000)
     status.click()
     panel = page.locator("#nbtrain-panel")
     sync_api.expect(panel).to_be_visible()
-    sync_api.expect(panel.locator(".nbtrain-Device")).to_have_count(1 if "CPU" in status.inner_text() else
-                                                                    len(lab.api("GET", "nbtrain/gpus")["gpus"]))
+    devices = 1 if status.inner_text().startswith("CPU") else len(lab.api("GET", "nbtrain/gpus")["gpus"])
+    sync_api.expect(panel.locator(".nbtrain-Device")).to_have_count(devices)
 
     _run_cells(page)
     run = panel.locator(".nbtrain-Run-running", has=page.locator(".nbtrain-Notebook", has_text="train.ipynb"))
     sync_api.expect(run).to_be_visible(timeout=90_000)
-    sync_api.expect(run.locator(".nbtrain-Run-facts")).to_contain_text(re.compile(r"2 ranks on cpu · step [1-9]\d* · loss 0\."),
-                                                                       timeout=30_000)
+    progress = re.compile(r"2 ranks on cpu · step [1-9]\d* · loss 0\.")
+    sync_api.expect(run.locator(".nbtrain-Run-facts")).to_contain_text(progress, timeout=30_000)
     time.sleep(6)  # a few more samples in the sparklines for the picture
     SCREENSHOT.parent.mkdir(exist_ok=True)
     page.screenshot(path=str(SCREENSHOT))
@@ -109,7 +113,8 @@ def _panel_lists_a_run_and_stops_it(lab, page):
 def _run_cells(page) -> None:
     """Shift+Enter through both cells once the kernel is idle: the first loads nbtrain, the second trains."""
     cells = page.locator(".jp-Notebook .jp-Cell")
-    sync_api.expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_have_count(1, timeout=60_000)
+    idle = page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
+    sync_api.expect(idle).to_have_count(1, timeout=60_000)
     cells.nth(0).locator(".jp-InputArea-editor").click()
     page.keyboard.press("Shift+Enter")
     sync_api.expect(cells.nth(0).locator(".jp-InputPrompt")).to_have_text("[1]:", timeout=60_000)

@@ -8,6 +8,11 @@ process tree.
 
 from __future__ import annotations
 
+# pytest-jupyter's fixtures (jp_fetch, jp_serverapp, ... and their autouse clean-ups), imported into this
+# module rather than registered as a plugin, so they apply to these tests only. Their coroutine-test hook
+# is not active here, which is why each test drives its scenario on jp_asyncio_loop itself.
+from pytest_jupyter.jupyter_server import *  # noqa: F403
+
 import json
 import os
 import subprocess
@@ -20,7 +25,6 @@ from tornado.httpclient import HTTPClientError
 import fake_nvml
 from serverhelp import ENDLESS_RUN, ServerKernel, fetch_json, wait_for
 
-pytest_plugins = ["pytest_jupyter.jupyter_server"]
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
 
 NOTEBOOK = "work/train.ipynb"
@@ -38,7 +42,11 @@ async def _refused(jp_fetch, *parts, **kwargs) -> tuple[int, dict]:
     return caught.value.code, json.loads(body or b"{}")
 
 
-async def test_every_route_needs_authentication(jp_fetch):
+def test_every_route_needs_authentication(jp_fetch, jp_asyncio_loop):
+    jp_asyncio_loop.run_until_complete(_every_route_needs_authentication(jp_fetch))
+
+
+async def _every_route_needs_authentication(jp_fetch):
     no_token = {"Authorization": ""}
     for route in ("gpus", "runs", "processes"):
         code, _ = await _refused(jp_fetch, "nbtrain", route, headers=no_token)
@@ -49,7 +57,11 @@ async def test_every_route_needs_authentication(jp_fetch):
     assert code == 403
 
 
-async def test_machine_state_without_a_gpu_falls_back_to_cpu_and_ram(jp_fetch):
+def test_machine_state_without_a_gpu_falls_back_to_cpu_and_ram(jp_fetch, jp_asyncio_loop):
+    jp_asyncio_loop.run_until_complete(_machine_state_without_a_gpu_falls_back_to_cpu_and_ram(jp_fetch))
+
+
+async def _machine_state_without_a_gpu_falls_back_to_cpu_and_ram(jp_fetch):
     code, machine = await fetch_json(jp_fetch, "nbtrain", "gpus")
     assert code == 200
     if machine["gpus"]:
@@ -61,7 +73,11 @@ async def test_machine_state_without_a_gpu_falls_back_to_cpu_and_ram(jp_fetch):
     assert (await fetch_json(jp_fetch, "nbtrain", "processes"))[1] == {"processes": []}
 
 
-async def test_gpu_load_memory_and_processes_come_from_nvml(jp_fetch, monkeypatch):
+def test_gpu_load_memory_and_processes_come_from_nvml(jp_fetch, monkeypatch, jp_asyncio_loop):
+    jp_asyncio_loop.run_until_complete(_gpu_load_memory_and_processes_come_from_nvml(jp_fetch, monkeypatch))
+
+
+async def _gpu_load_memory_and_processes_come_from_nvml(jp_fetch, monkeypatch):
     gpus = [fake_nvml.FakeGpu(used=41 * 2**30, util=73, processes=[(4242, 3 * 2**30)]),
             fake_nvml.FakeGpu(name="NVIDIA A100", uuid="GPU-1", total=40 * 2**30, used=0, util=0)]
     module = fake_nvml.install(monkeypatch, gpus)
@@ -77,7 +93,11 @@ async def test_gpu_load_memory_and_processes_come_from_nvml(jp_fetch, monkeypatc
                                                                                               40 * 2**30, [])
 
 
-async def test_a_run_is_listed_mapped_to_its_notebook_and_stopped(jp_fetch, jp_serverapp, jp_root_dir):
+def test_a_run_is_listed_mapped_to_its_notebook_and_stopped(jp_fetch, jp_serverapp, jp_root_dir, jp_asyncio_loop):
+    jp_asyncio_loop.run_until_complete(_run_listed_mapped_and_stopped(jp_fetch, jp_serverapp, jp_root_dir))
+
+
+async def _run_listed_mapped_and_stopped(jp_fetch, jp_serverapp, jp_root_dir):
     (jp_root_dir / "work").mkdir()
     _, session = await fetch_json(jp_fetch, "api", "sessions", method="POST", body=json.dumps(
         {"path": NOTEBOOK, "name": "train.ipynb", "type": "notebook", "kernel": {"name": "python3"}}))
@@ -125,8 +145,9 @@ async def _refusals_before_any_run(jp_fetch, jp_serverapp, kernel_id):
     assert code == 404 and "has no nbtrain run" in body["message"]
     code, body = await _refused(jp_fetch, "nbtrain", "stop", method="POST", body=json.dumps({"kernel_id": "nope"}))
     assert code == 404 and "no kernel 'nope'" in body["message"]
-    code, _ = await _refused(jp_fetch, "nbtrain", "stop", method="POST", body=json.dumps({"pid": "12"}))
-    assert code == 400
+    for bad in ({"pid": "12"}, {"pid": True}, [kernel_id], {}):
+        code, body = await _refused(jp_fetch, "nbtrain", "stop", method="POST", body=json.dumps(bad))
+        assert code == 400 and "kernel_id" in body["message"], bad
     # A record that names this server's kernel but another process is not that kernel's run.
     service = jp_serverapp.web_app.settings["nbtrain"]
     os.makedirs(service.runs_directory, exist_ok=True)

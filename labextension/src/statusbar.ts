@@ -35,6 +35,12 @@ export class NbtrainStatus extends Widget {
       : [];
     const active = this._model.runs.filter(r => r.active).length;
     lines.push(`${active} nbtrain run${active === 1 ? '' : 's'} active — click for details`);
+    const error = this._model.error;
+    if (error) {
+      // Keep the last numbers visible but mark them as old, and say why.
+      lines.unshift(`Not updating: ${error}`);
+    }
+    this.node.classList.toggle('nbtrain-mod-stale', error !== null);
     this.node.title = lines.join('\n');
   }
 }

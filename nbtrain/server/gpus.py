@@ -19,6 +19,7 @@ Snapshot (JSON; bytes for memory, percent for load)::
 
 from __future__ import annotations
 
+import threading
 import time
 
 import psutil
@@ -27,21 +28,51 @@ from nbtrain.gpu import nvml
 
 
 def machine_snapshot() -> dict:
-    gpus = [_gpu_state(gpu) for gpu in nvml.all_gpus()]
+    gpus = gpu_states()
     memory = psutil.virtual_memory()
     return {
         "time": time.time(),
         "gpu_error": None if gpus else (nvml.unavailable_reason() or "no NVIDIA GPU found"),
         "gpus": gpus,
-        # Load since the previous call (the first call of a process measures since import; see prime_cpu).
-        "cpu": {"percent": psutil.cpu_percent(interval=None), "count": psutil.cpu_count()},
+        "cpu": {"percent": _cpu.percent(), "count": psutil.cpu_count()},
         "ram": {"used": memory.total - memory.available, "total": memory.total},
     }
 
 
+def gpu_states() -> list[dict]:
+    """The ``gpus`` part of the snapshot alone (what the process list needs)."""
+    return [_gpu_state(gpu) for gpu in nvml.all_gpus()]
+
+
 def prime_cpu() -> None:
-    """Start psutil's CPU clock so the first snapshot's percentage covers a real interval."""
-    psutil.cpu_percent(interval=None)
+    """Start the CPU clock so the first snapshot's percentage covers a real interval."""
+    _cpu.percent()
+
+
+class _CpuMeter:
+    """System CPU load over the time since the last sample, sampled at most every MIN_INTERVAL_S.
+
+    psutil measures from one call to the next; two browser tabs asking a millisecond apart would
+    otherwise get a load measured over a millisecond (0 % or 100 %).
+    """
+
+    MIN_INTERVAL_S = 0.5
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._value = 0.0
+        self._at = 0.0
+
+    def percent(self) -> float:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._at >= self.MIN_INTERVAL_S:
+                self._value = psutil.cpu_percent(interval=None)
+                self._at = now
+            return self._value
+
+
+_cpu = _CpuMeter()
 
 
 def _gpu_state(gpu: nvml.GpuInfo) -> dict:

@@ -55,9 +55,10 @@ class StopHandler(_NbtrainHandler):
     @tornado.web.authenticated
     @authorized
     async def post(self):
-        body = self.get_json_body() or {}
-        kernel_id, pid = body.get("kernel_id"), body.get("pid")
-        if not (isinstance(kernel_id, str) and kernel_id) and not (isinstance(pid, int) and pid > 0):
+        body = self.get_json_body()
+        kernel_id, pid = (body.get("kernel_id"), body.get("pid")) if isinstance(body, dict) else (None, None)
+        valid_pid = isinstance(pid, int) and not isinstance(pid, bool) and pid > 0
+        if not (isinstance(kernel_id, str) and kernel_id) and not valid_pid:
             raise tornado.web.HTTPError(400, 'send {"kernel_id": "<kernel id>"} or {"pid": <process id>}')
         try:
             result = await self.service.stop(kernel_id=kernel_id or None, pid=None if kernel_id else pid)

@@ -53,8 +53,10 @@ def _kernel_pid(kernel_manager, kernel_id: str) -> int | None:
     return pid if isinstance(pid, int) else None
 
 
-def owning_kernel(pid: int, kernels_by_pid: dict[int, KernelView]) -> KernelView | None:
+def owning_kernel(pid, kernels_by_pid: dict[int, KernelView]) -> KernelView | None:
     """The kernel that ``pid`` is, or descends from; None for a process outside every kernel (or gone)."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return None  # psutil.Process(None) would be this very process
     if pid in kernels_by_pid:
         return kernels_by_pid[pid]
     try:

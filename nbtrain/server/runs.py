@@ -1,11 +1,12 @@
 """nbtrain runs and GPU processes as this server presents them, and which run a stop request may touch.
 
 Inputs are the run records kernels write (:mod:`nbtrain.launch.registry`), the server's kernels
-(:mod:`nbtrain.server.kernels`) and a machine snapshot (:mod:`nbtrain.server.gpus`). Everything here reads
+(:mod:`nbtrain.server.kernels`) and the GPUs' state (:func:`nbtrain.server.gpus.gpu_states`). Everything here reads
 ``/proc`` and files, so the handlers call it in a thread pool.
 
 A record counts only when its kernel is one this server manages: its ``kernel_id`` is in the kernel
-manager and, where the server knows the kernel's pid, the record's ``kernel_pid`` is that pid. That is
+manager and, where the server knows the kernel's pid, the record's ``kernel_pid`` is that pid (or a
+descendant of it, for kernelspecs that start Python through a forking wrapper). That is
 also the rule for stopping: :func:`resolve_stop` turns a kernel id or a pid into such a kernel, or refuses
 with :class:`StopRefused`. The server then interrupts that kernel — it never signals a pid it was given.
 """
@@ -40,7 +41,11 @@ def owned_runs(kernels: dict[str, KernelView], records: list[dict]) -> list[Owne
     runs = []
     for record in records:
         kernel = kernels.get(record.get("kernel_id") or "")
-        if kernel is not None and (kernel.pid is None or kernel.pid == record.get("kernel_pid")):
+        if kernel is None:
+            continue
+        # The record's writer must be that kernel's process (or run under it, when the kernelspec starts
+        # Python through a wrapper that forks).
+        if kernel.pid is None or owning_kernel(record.get("kernel_pid"), {kernel.pid: kernel}) is kernel:
             runs.append(OwnedRun(kernel, record))
     return runs
 
@@ -65,7 +70,7 @@ def describe_runs(kernels: dict[str, KernelView], records: list[dict]) -> list[d
     return described
 
 
-def gpu_processes(kernels: dict[str, KernelView], records: list[dict], snapshot: dict) -> list[dict]:
+def gpu_processes(kernels: dict[str, KernelView], records: list[dict], gpus: list[dict]) -> list[dict]:
     """Every process NVML reports on a GPU, with the kernel and notebook it belongs to (None if none)."""
     kernels_by_pid = by_pid(kernels)
     rank_of = {}
@@ -73,7 +78,7 @@ def gpu_processes(kernels: dict[str, KernelView], records: list[dict], snapshot:
         for rank in run.record.get("ranks") or []:
             rank_of[rank.get("pid")] = rank.get("rank")
     found = []
-    for gpu in snapshot.get("gpus", []):
+    for gpu in gpus:
         for proc in gpu.get("processes", []):
             kernel = owning_kernel(proc["pid"], kernels_by_pid)
             found.append({

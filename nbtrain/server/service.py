@@ -16,7 +16,7 @@ from jupyter_core.utils import ensure_async
 
 from nbtrain.launch.registry import read_runs, runs_dir
 
-from .gpus import machine_snapshot
+from .gpus import gpu_states, machine_snapshot
 from .kernels import managed_kernels
 from .runs import describe_runs, gpu_processes, resolve_stop
 
@@ -49,7 +49,7 @@ class NbtrainService:
 
     async def processes(self) -> dict:
         kernels = await self._kernels()
-        found = await self._blocking(lambda: gpu_processes(kernels, self._records(), machine_snapshot()))
+        found = await self._blocking(lambda: gpu_processes(kernels, self._records(), gpu_states()))
         return {"processes": found}
 
     async def stop(self, kernel_id: str | None = None, pid: int | None = None) -> dict:

@@ -57,12 +57,14 @@ class JupyterLab:
         raise TimeoutError(f"jupyter lab did not answer within {timeout} s:\n{self.log()}")
 
     def nbtrain_settings(self, values: dict) -> None:
-        path = Path(self.env["JUPYTER_CONFIG_DIR"]) / "lab" / "user-settings" / "nbtrain" / "plugin.jupyterlab-settings"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(values))
+        self._write_settings("nbtrain/plugin", values)
 
     def user_setting(self, plugin: str, values: dict) -> None:
-        path = Path(self.env["JUPYTER_CONFIG_DIR"]) / "lab" / "user-settings" / "@jupyterlab" / f"{plugin}.jupyterlab-settings"
+        self._write_settings(f"@jupyterlab/{plugin}", values)
+
+    def _write_settings(self, plugin_path: str, values: dict) -> None:
+        """Lab user settings, as the Settings editor would save them (``<config>/lab/user-settings``)."""
+        path = Path(self.env["JUPYTER_CONFIG_DIR"]) / "lab" / "user-settings" / f"{plugin_path}.jupyterlab-settings"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(values))
 
