@@ -27,6 +27,7 @@ if [ ! -x "$venv/bin/python" ] || [ ! -f "$venv/.complete" ]; then
     touch "$venv/.complete"
 fi
 # Point the environment's editable install at this checkout (a cached env may come from another clone).
-"$venv/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$here" >&2 2>/dev/null \
+# The environment's bin/ goes first on PATH: the build hook runs its jlpm to build the JupyterLab extension.
+PATH="$venv/bin:$PATH" "$venv/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$here" >&2 2>/dev/null \
     || "$venv/bin/python" -m pip install -q --no-deps -e "$here" >&2
 echo "$venv"

@@ -1,0 +1,50 @@
+/**
+ * Short human forms of the numbers the panel and the status bar show.
+ */
+import { IMachine } from './types';
+
+const GiB = 2 ** 30;
+
+export function gib(bytes: number | null | undefined): string {
+  if (bytes === null || bytes === undefined) {
+    return '?';
+  }
+  const value = bytes / GiB;
+  return value >= 10 || value === 0 ? value.toFixed(0) : value.toFixed(1);
+}
+
+export function percent(value: number | null | undefined): string {
+  return value === null || value === undefined ? 'N/A' : `${Math.round(value)}%`;
+}
+
+/** "GPU0 73% · 41/80 GiB", or "CPU 12% · RAM 5/24 GiB" on a machine without a usable GPU. */
+export function statusText(machine: IMachine | null): string {
+  if (!machine) {
+    return 'nbtrain …';
+  }
+  const gpu = machine.gpus[0];
+  if (gpu) {
+    const more = machine.gpus.length > 1 ? ` (+${machine.gpus.length - 1})` : '';
+    return `GPU${gpu.index} ${percent(gpu.utilization)} · ${gib(gpu.memory_used)}/${gib(gpu.memory_total)} GiB${more}`;
+  }
+  return `CPU ${percent(machine.cpu.percent)} · RAM ${gib(machine.ram.used)}/${gib(machine.ram.total)} GiB`;
+}
+
+export function loss(value: number | null | undefined): string {
+  if (value === null || value === undefined) {
+    return '–';
+  }
+  return Math.abs(value) >= 1e-3 && Math.abs(value) < 1e4 ? value.toFixed(4) : value.toExponential(3);
+}
+
+/** "42 s", "3 min 5 s", "2 h 10 min". */
+export function duration(seconds: number): string {
+  const s = Math.max(0, Math.round(seconds));
+  if (s < 60) {
+    return `${s} s`;
+  }
+  if (s < 3600) {
+    return `${Math.floor(s / 60)} min ${s % 60} s`;
+  }
+  return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
+}

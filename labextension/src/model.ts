@@ -1,0 +1,134 @@
+/**
+ * NbtrainModel: polls the server routes and keeps the latest answers plus a short load history.
+ *
+ * One Poll (from @lumino/polling) drives the three routes together. It goes on standby while the page is
+ * hidden (`standby: 'when-hidden'`), backs off when the server stops answering, and its interval follows
+ * the `refreshInterval` setting.
+ */
+import { Poll } from '@lumino/polling';
+import { ISignal, Signal } from '@lumino/signaling';
+
+import { requestAPI } from './request';
+import { IMachine, IProcess, IRun } from './types';
+
+/** One series per device: GPU utilisation and memory use, or CPU load and RAM use (percent). */
+export interface ISeries {
+  load: number[];
+  memory: number[];
+}
+
+export class NbtrainModel {
+  constructor(options: { intervalSeconds: number; historyLength: number }) {
+    this._historyLength = options.historyLength;
+    this._poll = new Poll({
+      auto: true,
+      factory: () => this._refresh(),
+      frequency: this._frequency(options.intervalSeconds),
+      name: 'nbtrain:status',
+      standby: 'when-hidden'
+    });
+  }
+
+  get changed(): ISignal<this, void> {
+    return this._changed;
+  }
+
+  get machine(): IMachine | null {
+    return this._machine;
+  }
+
+  get runs(): IRun[] {
+    return this._runs;
+  }
+
+  get processes(): IProcess[] {
+    return this._processes;
+  }
+
+  /** Why the last refresh failed, or null. */
+  get error(): string | null {
+    return this._error;
+  }
+
+  /** How many samples a history keeps. */
+  get historyLength(): number {
+    return this._historyLength;
+  }
+
+  /** Load/memory history of a GPU (key `gpu<index>`) or of the machine (key `cpu`). */
+  history(key: string): ISeries {
+    return this._history.get(key) ?? { load: [], memory: [] };
+  }
+
+  configure(options: { intervalSeconds: number; historyLength: number }): void {
+    this._historyLength = options.historyLength;
+    this._poll.frequency = this._frequency(options.intervalSeconds);
+  }
+
+  /** Ask now instead of at the next tick (after a stop, for example). */
+  refresh(): Promise<void> {
+    return this._poll.refresh();
+  }
+
+  dispose(): void {
+    this._poll.dispose();
+    Signal.clearData(this);
+  }
+
+  private _frequency(seconds: number) {
+    const interval = Math.max(0.5, seconds) * 1000;
+    return { interval, backoff: true, max: Math.max(interval, 30 * 1000) };
+  }
+
+  private async _refresh(): Promise<void> {
+    try {
+      const [machine, runs, processes] = await Promise.all([
+        requestAPI<IMachine>('gpus'),
+        requestAPI<{ runs: IRun[] }>('runs'),
+        requestAPI<{ processes: IProcess[] }>('processes')
+      ]);
+      this._machine = machine;
+      this._runs = runs.runs;
+      this._processes = processes.processes;
+      this._error = null;
+      this._record(machine);
+    } catch (error) {
+      this._error = (error as Error).message;
+      this._changed.emit();
+      throw error; // lets the Poll back off while the server is away
+    }
+    this._changed.emit();
+  }
+
+  private _record(machine: IMachine): void {
+    if (machine.gpus.length === 0) {
+      const ram = machine.ram.total ? (100 * machine.ram.used) / machine.ram.total : 0;
+      this._push('cpu', machine.cpu.percent, ram);
+    }
+    for (const gpu of machine.gpus) {
+      const memory = gpu.memory_total ? (100 * (gpu.memory_used ?? 0)) / gpu.memory_total : 0;
+      this._push(`gpu${gpu.index}`, gpu.utilization ?? 0, memory);
+    }
+  }
+
+  private _push(key: string, load: number, memory: number): void {
+    const series = this._history.get(key) ?? { load: [], memory: [] };
+    series.load.push(load);
+    series.memory.push(memory);
+    const extra = series.load.length - this._historyLength;
+    if (extra > 0) {
+      series.load.splice(0, extra);
+      series.memory.splice(0, extra);
+    }
+    this._history.set(key, series);
+  }
+
+  private _changed = new Signal<this, void>(this);
+  private _error: string | null = null;
+  private _history = new Map<string, ISeries>();
+  private _historyLength: number;
+  private _machine: IMachine | null = null;
+  private _poll: Poll;
+  private _processes: IProcess[] = [];
+  private _runs: IRun[] = [];
+}

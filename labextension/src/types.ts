@@ -1,0 +1,68 @@
+/**
+ * The JSON the server routes return (see nbtrain/server/handlers.py and gpus.py for the contract).
+ */
+
+export interface IGpuProcess {
+  pid: number;
+  memory_used: number | null;
+}
+
+export interface IGpu {
+  index: number;
+  name: string;
+  uuid: string;
+  utilization: number | null;
+  memory_used: number | null;
+  memory_total: number | null;
+  temperature: number | null;
+  processes: IGpuProcess[];
+}
+
+export interface IMachine {
+  time: number;
+  gpu_error: string | null;
+  gpus: IGpu[];
+  cpu: { percent: number; count: number };
+  ram: { used: number; total: number };
+}
+
+export interface IRank {
+  rank: number;
+  pid: number;
+  device: string | null;
+  gpu_index: number | null;
+  alive: boolean;
+}
+
+export interface IRun {
+  kernel_id: string;
+  kernel_pid: number | null;
+  path: string | null;
+  name: string | null;
+  run_id: string | null;
+  state: string;
+  active: boolean;
+  nprocs: number | null;
+  backend: string | null;
+  device_type: string | null;
+  gpu_ids: number[];
+  ranks: IRank[];
+  step: number | null;
+  loss: number | null;
+  metrics: { [name: string]: number };
+  started: number | null;
+  updated: number | null;
+  ended: number | null;
+  summary: string | null;
+}
+
+export interface IProcess {
+  pid: number;
+  gpu_index: number;
+  memory_used: number | null;
+  process_name: string | null;
+  user: string | null;
+  kernel_id: string | null;
+  path: string | null;
+  rank: number | null;
+}

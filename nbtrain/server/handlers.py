@@ -1,0 +1,78 @@
+"""The HTTP routes of nbtrain's server extension (all JSON, all under the server's base_url).
+
+* ``GET  /nbtrain/gpus``      — each GPU's utilisation, memory and processes; CPU and RAM (see ``gpus.py``)
+* ``GET  /nbtrain/runs``      — nbtrain runs of this server's kernels, with notebook path, ranks, step, loss
+* ``GET  /nbtrain/processes`` — the GPU processes, each with the kernel and notebook it belongs to
+* ``POST /nbtrain/stop``      — body ``{"kernel_id": "…"}`` or ``{"pid": 123}``: interrupt the kernel whose
+  nbtrain run that is. 202 when sent; 404 when it names no run of this server; 409 when the run is over.
+
+Every route needs the server's authentication (token or cookie); without it the answer is 403.
+"""
+
+from __future__ import annotations
+
+import json
+
+import tornado.web
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
+
+from .runs import StopRefused
+
+
+class _NbtrainHandler(APIHandler):
+    # Reading these routes is reading kernels; stopping a run is acting on a kernel.
+    auth_resource = "kernels"
+
+    @property
+    def service(self):
+        return self.settings["nbtrain"]
+
+
+class GpusHandler(_NbtrainHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def get(self):
+        self.finish(json.dumps(await self.service.gpus()))
+
+
+class RunsHandler(_NbtrainHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def get(self):
+        self.finish(json.dumps(await self.service.runs()))
+
+
+class ProcessesHandler(_NbtrainHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def get(self):
+        self.finish(json.dumps(await self.service.processes()))
+
+
+class StopHandler(_NbtrainHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def post(self):
+        body = self.get_json_body()
+        kernel_id, pid = (body.get("kernel_id"), body.get("pid")) if isinstance(body, dict) else (None, None)
+        valid_pid = isinstance(pid, int) and not isinstance(pid, bool) and pid > 0
+        if not (isinstance(kernel_id, str) and kernel_id) and not valid_pid:
+            raise tornado.web.HTTPError(400, 'send {"kernel_id": "<kernel id>"} or {"pid": <process id>}')
+        try:
+            result = await self.service.stop(kernel_id=kernel_id or None, pid=None if kernel_id else pid)
+        except StopRefused as refused:
+            # Answered here rather than raised: the message may hold a notebook path, and tornado would
+            # read a "%" in it as a format directive when logging an HTTPError.
+            self.set_status(refused.status)
+            self.finish(json.dumps({"message": refused.message}))
+            return
+        self.set_status(202)
+        self.finish(json.dumps(result))
+
+
+def setup_handlers(web_app) -> None:
+    base_url = web_app.settings["base_url"]
+    routes = [("gpus", GpusHandler), ("runs", RunsHandler), ("processes", ProcessesHandler), ("stop", StopHandler)]
+    web_app.add_handlers(".*$", [(url_path_join(base_url, "nbtrain", name), handler) for name, handler in routes])

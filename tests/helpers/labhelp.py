@@ -1,0 +1,111 @@
+"""A real ``jupyter lab`` in a subprocess, isolated from the user's Jupyter config, with a known token."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class JupyterLab:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.token = secrets.token_hex(16)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        home = root / "jupyter-home"
+        self.env = dict(os.environ, JUPYTER_CONFIG_DIR=str(home / "config"), JUPYTER_DATA_DIR=str(home / "data"),
+                        JUPYTER_RUNTIME_DIR=str(home / "runtime"), JUPYTER_PLATFORM_DIRS="1")
+        self.notebooks = root / "notebooks"
+        self.notebooks.mkdir()
+        # A notebook attaches to its kernel without asking which; no news pop-up (no network, cleaner pictures).
+        self.user_setting("notebook-extension/tracker", {"autoStartDefaultKernel": True})
+        self.user_setting("apputils-extension/notification", {"fetchNews": "false"})
+        self.log_path = root / "lab.log"
+        self.process: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 90) -> None:
+        args = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+                f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
+                f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.notebooks}",
+                f"--LabApp.workspaces_dir={self.root / 'workspaces'}"]
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            args.append("--allow-root")
+        self.process = subprocess.Popen(args, env=self.env, stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"jupyter lab exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                self.api("GET", "api/status")
+                return
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.3)
+        raise TimeoutError(f"jupyter lab did not answer within {timeout} s:\n{self.log()}")
+
+    def nbtrain_settings(self, values: dict) -> None:
+        self._write_settings("nbtrain/plugin", values)
+
+    def user_setting(self, plugin: str, values: dict) -> None:
+        self._write_settings(f"@jupyterlab/{plugin}", values)
+
+    def _write_settings(self, plugin_path: str, values: dict) -> None:
+        """Lab user settings, as the Settings editor would save them (``<config>/lab/user-settings``)."""
+        path = Path(self.env["JUPYTER_CONFIG_DIR"]) / "lab" / "user-settings" / f"{plugin_path}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values))
+
+    def api(self, method: str, path: str, body: dict | None = None):
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(f"{self.url}/{path}", data=data, method=method,
+                                         headers={"Authorization": f"token {self.token}"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            text = response.read()
+        return json.loads(text) if text else None
+
+    def start_session(self, path: str) -> dict:
+        """Start the notebook's kernel from the server side; the page then attaches to this session (the
+        server answers a second session request for the same path with the existing one)."""
+        return self.api("POST", "api/sessions", {"path": path, "name": Path(path).name, "type": "notebook",
+                                                 "kernel": {"name": "python3"}})
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:] if self.log_path.exists() else ""
+
+    def stop(self) -> None:
+        """Shut kernels down through the server, then the server; kill it if it does not go."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        try:
+            self.api("POST", "api/shutdown")
+            self.process.wait(timeout=20)
+        except Exception:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def write_notebook(path: Path, cells: list[str]) -> None:
+    notebook = {
+        "cells": [{"cell_type": "code", "execution_count": None, "id": f"cell-{i}", "metadata": {}, "outputs": [],
+                   "source": source} for i, source in enumerate(cells)],
+        "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
+        "nbformat": 4, "nbformat_minor": 5,
+    }
+    path.write_text(json.dumps(notebook, indent=1))

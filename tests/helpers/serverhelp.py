@@ -1,0 +1,83 @@
+"""Driving a kernel that a (test) Jupyter server started, from the test's own event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from jupyter_client.asynchronous import AsyncKernelClient
+
+ENDLESS_RUN = """%%distributed 2 --cpu
+import time
+import nbtrain
+step = 0
+while True:
+    nbtrain.log(loss=1.0 / (step + 1), step=step)
+    step += 1
+    time.sleep(0.05)
+"""
+
+
+class ServerKernel:
+    """An execute/collect client for one kernel of the server's kernel manager."""
+
+    def __init__(self, kernel_manager, kernel_id: str) -> None:
+        self.kernel_id = kernel_id
+        self.client = AsyncKernelClient()
+        self.client.load_connection_info(kernel_manager.get_kernel(kernel_id).get_connection_info())
+        self.client.start_channels()
+
+    async def ready(self, timeout: float = 60) -> None:
+        await self.client.wait_for_ready(timeout=timeout)
+
+    def start(self, code: str) -> str:
+        return self.client.execute(code)
+
+    async def finish(self, msg_id: str, timeout: float = 120) -> tuple[dict, str]:
+        """Wait for the reply to ``msg_id``; return it with everything the cell printed (tracebacks too)."""
+        out: list[str] = []
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"the cell did not finish in {timeout} s; output: {''.join(out)[-2000:]}")
+            try:
+                msg = await self.client.get_iopub_msg(timeout=min(remaining, 1.0))
+            except Exception:  # queue.Empty: nothing yet
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                out.append(content["text"])
+            elif kind == "error":
+                out.append("\n".join(content["traceback"]))
+            elif kind == "status" and content["execution_state"] == "idle":
+                while True:
+                    reply = await self.client.get_shell_msg(timeout=10)
+                    if reply["parent_header"].get("msg_id") == msg_id:
+                        return reply["content"], "".join(out)
+
+    async def run(self, code: str, timeout: float = 120) -> tuple[dict, str]:
+        return await self.finish(self.start(code), timeout)
+
+    def close(self) -> None:
+        self.client.stop_channels()
+
+
+async def fetch_json(jp_fetch, *parts, **kwargs):
+    response = await jp_fetch(*parts, **kwargs)
+    return response.code, json.loads(response.body)
+
+
+async def wait_for(probe, what: str, timeout: float = 60, interval: float = 0.25):
+    """Await ``probe()`` until it returns something truthy; fail naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = await probe()
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}; last: {last!r}")

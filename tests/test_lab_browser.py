@@ -1,0 +1,122 @@
+"""The JupyterLab extension in a real browser: status bar item, panel, a run listed and stopped from the panel.
+
+Runs a real ``jupyter lab`` (nbtrain installed in this environment: the prebuilt extension and the
+server extension are picked up from the environment's share/ and etc/ folders, nothing is enabled by
+hand) and headless Chromium through Playwright. Needs the system ``chromium`` (``apt-get install -y
+chromium``); skipped, with the reason, where it or the ``playwright`` package is missing.
+Writes ``docs/jupyterlab-panel.png``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import assert_no_workers
+from labhelp import JupyterLab, write_notebook
+from serverhelp import ENDLESS_RUN
+
+CHROMIUM = os.environ.get("NBTRAIN_CHROMIUM", "/usr/bin/chromium")
+SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "jupyterlab-panel.png"
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
+    pytest.skip(f"no Chromium at {CHROMIUM} (install it: apt-get install -y chromium)", allow_module_level=True)
+
+pytestmark = [pytest.mark.usefixtures("no_leftover_workers"), pytest.mark.timeout(240)]
+
+LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+               "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
+
+
+@pytest.fixture
+def lab(tmp_path):
+    server = JupyterLab(tmp_path)
+    write_notebook(server.notebooks / "train.ipynb", ["%load_ext nbtrain", ENDLESS_RUN])
+    server.nbtrain_settings({"refreshInterval": 1, "historyLength": 30})
+    server.start()
+    server.start_session("train.ipynb")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def page(lab, tmp_path):
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS, headless=True)
+        try:
+            yield browser.new_page(viewport={"width": 1500, "height": 900})
+        finally:
+            browser.close()
+
+
+@contextlib.contextmanager
+def explained_failure(page, lab, directory: Path):
+    """On failure, keep what the browser showed and what the server logged, for the report."""
+    try:
+        yield
+    except BaseException:
+        page.screenshot(path=str(directory / "failure.png"))
+        print(f"browser at failure: {directory / 'failure.png'}\njupyter lab log:\n{lab.log()}")
+        raise
+
+
+def test_the_panel_lists_a_run_and_stops_it(lab, page, tmp_path):
+    with explained_failure(page, lab, tmp_path):
+        _panel_lists_a_run_and_stops_it(lab, page)
+
+
+def _panel_lists_a_run_and_stops_it(lab, page):
+    # The settings schema ships with the extension; the test's refresh interval passes its validation.
+    settings = lab.api("GET", "lab/api/settings/nbtrain:plugin")
+    assert settings["settings"] == {"refreshInterval": 1, "historyLength": 30}
+    assert settings["schema"]["properties"]["refreshInterval"]["default"] == 2
+    page.goto(f"{lab.url}/lab/tree/train.ipynb?reset&token={lab.token}")
+    page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=90_000)
+
+    status = page.locator("#nbtrain-status")
+    status_text = re.compile(r"^(GPU\d+ \d+% · [\d.]+/[\d.]+ GiB|CPU \d+% · RAM [\d.]+/[\d.]+ GiB)")
+    sync_api.expect(status).to_have_text(status_text, timeout=30_000)
+    status.click()
+    panel = page.locator("#nbtrain-panel")
+    sync_api.expect(panel).to_be_visible()
+    devices = 1 if status.inner_text().startswith("CPU") else len(lab.api("GET", "nbtrain/gpus")["gpus"])
+    sync_api.expect(panel.locator(".nbtrain-Device")).to_have_count(devices)
+
+    _run_cells(page)
+    run = panel.locator(".nbtrain-Run-running", has=page.locator(".nbtrain-Notebook", has_text="train.ipynb"))
+    sync_api.expect(run).to_be_visible(timeout=90_000)
+    progress = re.compile(r"2 ranks on cpu · step [1-9]\d* · loss 0\.")
+    sync_api.expect(run.locator(".nbtrain-Run-facts")).to_contain_text(progress, timeout=30_000)
+    time.sleep(6)  # a few more samples in the sparklines for the picture
+    SCREENSHOT.parent.mkdir(exist_ok=True)
+    page.screenshot(path=str(SCREENSHOT))
+
+    clicked = time.monotonic()
+    run.locator(".nbtrain-Stop").click()
+    output = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-OutputArea")
+    sync_api.expect(output).to_contain_text("KeyboardInterrupt", timeout=30_000)
+    print(f"stop clicked -> KeyboardInterrupt shown in {time.monotonic() - clicked:.2f} s")
+    sync_api.expect(panel.locator(".nbtrain-Run .nbtrain-State")).to_have_text("interrupted", timeout=15_000)
+    sync_api.expect(page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-InputPrompt")).not_to_contain_text("*")
+    assert_no_workers()
+
+
+def _run_cells(page) -> None:
+    """Shift+Enter through both cells once the kernel is idle: the first loads nbtrain, the second trains."""
+    cells = page.locator(".jp-Notebook .jp-Cell")
+    idle = page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
+    sync_api.expect(idle).to_have_count(1, timeout=60_000)
+    cells.nth(0).locator(".jp-InputArea-editor").click()
+    page.keyboard.press("Shift+Enter")
+    sync_api.expect(cells.nth(0).locator(".jp-InputPrompt")).to_have_text("[1]:", timeout=60_000)
+    page.keyboard.press("Control+Enter")  # the last cell: run it without adding a new one below
+    sync_api.expect(cells.nth(1).locator(".jp-InputPrompt")).to_have_text("[*]:", timeout=10_000)
