@@ -88,7 +88,7 @@ async def _gpu_load_memory_and_processes_come_from_nvml(jp_fetch, monkeypatch):
     first, second = machine["gpus"]
     assert first == {"index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": gpus[0].uuid, "utilization": 73,
                      "memory_used": 41 * 2**30, "memory_total": 80 * 2**30, "temperature": 50,
-                     "processes": [{"pid": 4242, "memory_used": 3 * 2**30}]}
+                     "power": 200.0, "power_limit": 700.0, "processes": [{"pid": 4242, "memory_used": 3 * 2**30}]}
     assert (second["index"], second["name"], second["memory_total"], second["processes"]) == (1, "NVIDIA A100",
                                                                                               40 * 2**30, [])
 

@@ -43,14 +43,22 @@ def make_module(gpus: list[FakeGpu]) -> types.ModuleType:
     m.nvmlDeviceGetEnforcedPowerLimit = lambda h: h.limit_mw
     m.nvmlDeviceGetComputeRunningProcesses = lambda h: [types.SimpleNamespace(pid=p, usedGpuMemory=u) for p, u in h.processes]
     m.nvmlDeviceGetGraphicsRunningProcesses = lambda h: []
+    m.nvmlDeviceGetMigMode = lambda h: (0, 0)
+    m.NVML_DEVICE_MIG_ENABLE = 1
     return m
 
 
 def install(monkeypatch, gpus: list[FakeGpu]) -> types.ModuleType:
     """Make ``import pynvml`` return the stand-in and reset nbtrain's lazily initialised NVML state."""
-    from nbtrain.gpu import nvml
+    import sys
+
+    from nbtrain.gpu import nvml, telemetry
+    from nbtrain.server import gpus as server_gpus
 
     module = make_module(gpus)
-    monkeypatch.setitem(__import__("sys").modules, "pynvml", module)
+    monkeypatch.setitem(sys.modules, "pynvml", module)
     monkeypatch.setattr(nvml, "_state", {"module": None, "error": None, "tried": False})
+    monkeypatch.setattr(telemetry, "_reader", None)  # its cached handles belong to the previous driver
+    monkeypatch.setattr(telemetry, "_default", None)
+    monkeypatch.setattr(server_gpus, "_last", None)
     return module
