@@ -78,5 +78,6 @@ class LossPlot:
             self.drawn_version = version
             self.frames += 1
             self.render_seconds += cost
-            self._next_at = now + min(max(MIN_PERIOD_S, cost / CPU_SHARE), MAX_PERIOD_S)
+            if version:  # the empty placeholder (and its one-off start-up cost) must not delay the first curves
+                self._next_at = now + min(max(MIN_PERIOD_S, cost / CPU_SHARE), MAX_PERIOD_S)
         return True
