@@ -19,6 +19,13 @@ def parameters(source):
     return new_code_cell(source, metadata={"tags": ["parameters"]})
 
 
+def write(cells, name):
+    """Write notebooks/NAME.ipynb with cell ids that stay the same from one generation to the next."""
+    for i, cell in enumerate(cells):
+        cell.id = f"{name}-{i}"
+    nbformat.write(new_notebook(cells=cells, metadata=KERNEL), f"notebooks/{name}.ipynb")
+
+
 # The training cell of the image classifier. It appears twice in the notebook: the second time shows what
 # running the same cell again does when its --checkpoint directory holds a checkpoint (it resumes).
 CLASSIFIER_TRAINING = (
@@ -185,11 +192,11 @@ classifier = [
         "print(f\"training loss, mean of the first epoch -> the last epoch: {first:.3f} -> {last:.3f}\")\n"
         "assert last < first, \"the training loss should go down\"\n\n"
         "model.eval()\n"
-        "with torch.no_grad():\n"
-        "    images, labels = next(iter(torch.utils.data.DataLoader(val_set, batch_size=len(val_set))))\n"
+        "with torch.no_grad():   # on the notebook's CPU: at most 1000 images\n"
+        "    images, labels = next(iter(torch.utils.data.DataLoader(val_set, batch_size=1000)))\n"
         "    predicted = model(images).argmax(dim=1)\n"
         "classes = getattr(all_val, \"classes\", None) or [str(c) for c in range(10)]\n"
-        "print(f\"accuracy of the returned model on {len(val_set)} validation images: \"\n"
+        "print(f\"accuracy of the returned model on {len(labels)} validation images: \"\n"
         "      f\"{(predicted == labels).float().mean().item():.1%}\")\n"
         "print(\"first predictions:\", \", \".join(classes[int(p)] for p in predicted[:8]))"),
     new_markdown_cell("Stop the warm ranks, and remove the checkpoint if it was written to a temporary directory "
@@ -199,7 +206,7 @@ classifier = [
                   "if CHECKPOINT_DIR is None:\n"
                   "    shutil.rmtree(checkpoint_dir)"),
 ]
-nbformat.write(new_notebook(cells=classifier, metadata=KERNEL), "notebooks/image_classifier.ipynb")
+write(classifier, "image_classifier")
 
 
 monitoring = [
@@ -335,4 +342,4 @@ monitoring = [
         "    print(\"no dashboard under this cell\")"),
     new_code_cell("print(history)\n%distributed_shutdown"),
 ]
-nbformat.write(new_notebook(cells=monitoring, metadata=KERNEL), "notebooks/monitoring.ipynb")
+write(monitoring, "monitoring")
