@@ -26,7 +26,8 @@ cells = [
         "A model and data defined in ordinary notebook cells are trained with PyTorch DDP by a cell that starts "
         "with `%%distributed`. Each rank is its own process; the trained model comes back into the notebook. "
         "On a laptop this runs on the CPU (gloo); on a GPU server each rank gets a GPU (NCCL)."),
-    parameters("# Sizes: small by default so it runs anywhere in seconds.\nRANKS = 2\nEPOCHS = 20\nSAMPLES = 4096"),
+    parameters("# Sizes: small by default so it runs anywhere in seconds.\n"
+               "RANKS = None   # None: one rank per GPU, or 2 on a machine without GPUs\nEPOCHS = 20\nSAMPLES = 4096"),
     new_code_cell("%load_ext nbtrain"),
     new_markdown_cell("Ordinary notebook code: a model class, a helper function and a data set."),
     new_code_cell(
@@ -48,7 +49,7 @@ cells = [
         "group ready; it reads `Net`, `X`, `Y` and `EPOCHS` from the notebook. `nbtrain.log` records the loss "
         "without slowing the loop. Names assigned on rank 0 (`model`, `final_loss`, ...) come back."),
     new_code_cell(
-        "%%distributed {RANKS}\n"
+        "%%distributed {RANKS or ''}\n"
         "import nbtrain\n"
         "from torch.nn.parallel import DistributedDataParallel as DDP\n\n"
         "torch.manual_seed(0)\n"

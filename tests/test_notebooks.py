@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import sys
 
@@ -16,15 +17,23 @@ from run_notebook import apply_parameters  # noqa: E402
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
 
 
-def execute(name: str, **params) -> list[str]:
+def run_notebook(name: str, **params):
+    """Execute notebooks/NAME through a real kernel (parameters overridden) and return the executed notebook."""
     nb = nbformat.read(os.path.join(ROOT, "notebooks", name), as_version=4)
     apply_parameters(nb, {k: str(v) for k, v in params.items()})
     nb.cells.append(nbformat.v4.new_code_cell("%distributed_shutdown"))
     NotebookClient(nb, timeout=300, kernel_name="python3",
                    resources={"metadata": {"path": os.path.join(ROOT, "notebooks")}}).execute()
-    return ["".join(o.get("text", "") or o.get("data", {}).get("text/plain", "") or "\n".join(o.get("traceback", []))
-                    for o in c.get("outputs", []))
-            for c in nb.cells]
+    return nb
+
+
+def cell_text(cell) -> str:
+    return "".join(o.get("text", "") or o.get("data", {}).get("text/plain", "") or "\n".join(o.get("traceback", []))
+                   for o in cell.get("outputs", []))
+
+
+def execute(name: str, **params) -> list[str]:
+    return [cell_text(c) for c in run_notebook(name, **params).cells]
 
 
 def test_quickstart_trains_and_brings_the_model_back():
@@ -46,3 +55,64 @@ def test_troubleshooting_shows_each_failure_and_the_kernel_survives():
 def test_a_torchrun_script_runs_unchanged_and_its_results_come_back():
     text = "\n".join(execute("from_script.ipynb", STEPS=100))
     assert "step 0: loss" in text and "final loss 0.0" in text and "\n100.0" in text
+
+
+def pngs(cell) -> list[bytes]:
+    """The PNG images a cell left in its saved outputs (the dashboard's final picture, a matplotlib figure)."""
+    images = [base64.b64decode(o["data"]["image/png"]) for o in cell.get("outputs", [])
+              if "image/png" in o.get("data", {})]
+    assert all(image[:8] == b"\x89PNG\r\n\x1a\n" for image in images)
+    return images
+
+
+def has_widget(cell) -> bool:
+    return any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in cell.get("outputs", []))
+
+
+def numbers_after(text: str, label: str) -> tuple[float, float]:
+    """``label a -> b`` in the outputs: (a, b), percentages as fractions."""
+    line = next(l for l in text.splitlines() if l.startswith(label))
+    before, after = line[len(label):].split(" -> ")
+    return tuple(float(v.strip().rstrip("%")) / (100 if v.strip().endswith("%") else 1) for v in (before, after))
+
+
+def test_image_classifier_trains_resumes_and_brings_the_model_back(tmp_path):
+    nb = run_notebook("image_classifier.ipynb", RANKS=2, CHECKPOINT_DIR=repr(str(tmp_path)))
+    text = "\n".join(cell_text(c) for c in nb.cells)
+    # No network in CI: the fallback is taken, fast, and said so; with a network CIFAR-10 is used.
+    assert "data set: FakeData" in text or "data set: CIFAR-10" in text
+    training = [c for c in nb.cells if c.cell_type == "code" and c.source.startswith("%%distributed")]
+    assert len(training) == 2
+    first, resumed = (cell_text(c) for c in training)
+    assert "2 ranks on cpu; mixed precision: off" in first and "epoch 2/2:" in first
+    assert f"nbtrain: resuming from {tmp_path}/checkpoint.pt (epoch 2," in resumed and "epoch 3/3:" in resumed
+    assert "epoch 1/" not in resumed, "the resumed run starts at the saved epoch"
+    start, end = numbers_after(text, "training loss, mean of the first epoch -> the last epoch: ")
+    assert end < start
+    assert "back in the notebook: a ResNet on cpu" in text
+    assert "accuracy of the returned model on 256 validation images" in text
+    for cell in training:  # the dashboard's final picture stays in each training cell, the live widget is gone
+        assert len(pngs(cell)) == 1 and not has_widget(cell)
+    assert (tmp_path / "checkpoint.pt").is_file(), "a CHECKPOINT_DIR of the user's is kept"
+
+
+def test_monitoring_shows_devices_curves_and_history():
+    nb = run_notebook("monitoring.ipynb", RANKS=2, STEPS=200)
+    cells = [c for c in nb.cells if c.cell_type == "code"]
+    by_source = {c.source.split("\n", 1)[0]: c for c in cells}
+    assert "machine: CPU" in cell_text(by_source["%gpus --once"]) or "GPU" in cell_text(by_source["%gpus --once"])
+    assert has_widget(next(c for c in cells if c.source.startswith("%gpus --for")))
+    training = next(c for c in cells if c.source.startswith("%%distributed") and "--no-dashboard" not in c.source)
+    assert len(pngs(training)) == 1 and not has_widget(training)
+    summary = cell_text(training)
+    assert all(name in summary for name in ("train_loss", "val_loss", "train_acc", "val_acc", "lr"))
+    text = "\n".join(cell_text(c) for c in cells)
+    loss_start, loss_end = numbers_after(text, "train_loss, mean over ranks: ")
+    acc_start, acc_end = numbers_after(text, "val_acc: ")
+    assert loss_end < loss_start and acc_end > acc_start and acc_end > 0.8
+    assert "ranks that logged train_loss: [0, 1]" in text
+    figure = next(c for c in cells if "plt.show()" in c.source)
+    assert len(pngs(figure)) == 1
+    quiet = next(c for c in cells if "--no-dashboard" in c.source)
+    assert not pngs(quiet) and not has_widget(quiet) and "no dashboard under this cell" in cell_text(quiet)
+    assert "History(countdown: 5 points" in text
