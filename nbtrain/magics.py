@@ -46,7 +46,7 @@ class DistributedMagics(Magics):
     @argument("--env", action="append", default=[], metavar="NAME=VALUE", help="environment variable for the ranks (repeatable)")
     @argument("--quiet", action="store_true", help="do not print the one-line summary after the run")
     @argument("--no-dashboard", action="store_true", help="do not show the live dashboard (GPU use, logged curves)")
-    @argument("--amp", metavar="MODE", help="mixed precision for nbtrain.prepare()d models: bf16, fp16 or off "
+    @argument("--amp", metavar="MODE", help="mixed precision for nbtrain.prepare()d models: bf16, fp16, off or auto "
               "(default: bf16 on GPUs that support it, fp16 on older GPUs, off on CPU)")
     @argument("--grad-accum", type=int, metavar="K", help="micro-steps per optimizer step (gradient accumulation)")
     @argument("--checkpoint", metavar="DIR", help="directory for nbtrain.save_checkpoint(); the cell resumes from "
@@ -71,7 +71,7 @@ class DistributedMagics(Magics):
             ...
             final_loss = loss.item()        # back in the notebook after the cell
 
-            %%distributed 2 --cpu --out model,history
+            %%distributed 2 --cpu --out model,final_loss
             %%distributed --gpus 0,2 --timeout 120
             %%distributed 4 --output rank0 --keep-alive 0
             %%distributed 4 --amp bf16 --grad-accum 4 --checkpoint runs/exp1   # see nbtrain.prepare()

@@ -275,3 +275,9 @@ def test_a_hang_ends_at_the_timeout_and_names_the_stuck_rank(manager):
     report = str(err.value)
     assert "longer than the process group's timeout" in report
     assert err.value.whereabouts == {1: "at cell line 6: time.sleep(0.1)"}
+
+
+def test_a_name_asked_for_but_never_assigned_is_reported(manager):
+    result, ns = run("model = rank", {}, manager, out="model,modle")
+    assert ns["model"] == 0 and "modle" not in ns
+    assert result.skipped == {"modle": "not defined on rank 0 when the cell ended"}

@@ -64,6 +64,7 @@ def draw_series(fig, series: dict, smoothing: float) -> list:
     shown = groups[:MAX_PANELS]
     rows, cols = _layout(len(shown))
     axes = []
+    max_points = max(len(series[name][1]) for _, names in shown for name in names)
     for i, (key, names) in enumerate(shown):
         ax = fig.add_subplot(rows, cols, i + 1)
         for j, name in enumerate(names):
@@ -71,7 +72,9 @@ def draw_series(fig, series: dict, smoothing: float) -> list:
             color = f"C{j}"
             if width > 1:
                 ax.fill_between(steps, mins, maxs, color=color, alpha=0.12, linewidth=0)
-            curve = smooth(means, smoothing) if smoothing > 0 and len(means) > 10 else means
+            # Smooth dense series only: a curve logged every epoch would lag far behind its own points.
+            dense = len(means) > 10 and len(means) >= max_points / 4
+            curve = smooth(means, smoothing) if smoothing > 0 and dense else means
             if curve is not means:
                 ax.plot(steps, means, color=color, alpha=0.3, linewidth=0.8)
             ax.plot(steps, curve, color=color, linewidth=1.5, label=name,

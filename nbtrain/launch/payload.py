@@ -170,6 +170,7 @@ class Results:
     bundle: bytes | None = None  # every value in one pickle, so shared objects stay shared
     names: tuple[str, ...] = ()
     skipped: dict[str, str] = field(default_factory=dict)  # name -> reason
+    missing: tuple[str, ...] = ()  # asked for, but not defined on rank 0 when the cell ended
     moved_to_cpu: list[str] = field(default_factory=list)
 
 
@@ -184,7 +185,7 @@ def pack_results(namespace: dict, names) -> Results:
     """Pickle rank 0's results together, so shared objects stay shared (an optimizer keeps pointing at its
     model's parameters). Values that cannot travel are found one by one, skipped and named."""
     present = {n: unwrap(namespace[n]) for n in names if n in namespace}
-    out = Results()
+    out = Results(missing=tuple(n for n in names if n not in namespace))
     try:
         out.bundle, moved = _dump(present)
     except Exception:

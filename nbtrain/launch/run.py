@@ -352,6 +352,8 @@ def _interrupt(run: _Run, manager: PoolManager, info: CellInfo) -> None:
 def _bring_back(namespace: dict, run: _Run, warm: bool, seconds: float) -> RunResult:
     results = next((d.results for d in run.done.values() if d.results is not None), None)
     values, skipped = unpack_results(results) if results is not None else ({}, {})
+    if results is not None and results.missing:
+        skipped.update({name: "not defined on rank 0 when the cell ended" for name in results.missing})
     namespace.update(values)
     return RunResult(
         returned=tuple(values), skipped=skipped,

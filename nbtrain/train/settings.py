@@ -47,7 +47,8 @@ def parse_train_settings(amp: str | None = None, grad_accum: int | None = None, 
     if amp_mode in ("none", "no", "fp32", "false"):
         amp_mode = "off"
     if amp_mode not in AMP_CHOICES:
-        raise TrainSettingsError(f"--amp is bf16, fp16 or off (got {amp!r}); leave it out to pick bf16/fp16 by GPU.")
+        raise TrainSettingsError(f"--amp is bf16, fp16, off or auto (got {amp!r}); auto (or leaving it out) picks "
+                                 "bf16 or fp16 by GPU and off on CPU.")
     if grad_accum is None:
         grad_accum = 1
     if isinstance(grad_accum, bool) or not isinstance(grad_accum, int) or grad_accum < 1:
