@@ -165,3 +165,33 @@ def test_a_checkpoint_saved_mid_epoch_resumes_at_the_next_batch(pools, tmp_path)
         continued = resumed.history.series("loss", rank=rank)
         assert continued.steps == list(range(4, 12))
         assert continued.values == pytest.approx(whole.history.series("loss", rank=rank).values[4:], rel=1e-6)
+
+
+DISK_FULL = """
+import resource, signal
+import torch, nbtrain
+from nbtrain.train.checkpoint import CheckpointError
+limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+net = torch.nn.Linear(4, 4)
+model, opt = nbtrain.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
+nbtrain.save_checkpoint(marker="old")
+if rank == 0:  # a full disk, simulated: writes past 64 KiB fail (EFBIG) instead of filling the machine
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, limit[1]))
+try:
+    nbtrain.save_checkpoint(marker="new", ballast=torch.ones(1_000_000))
+    outcome = "saved"
+except CheckpointError as exc:
+    outcome = str(exc)
+finally:
+    resource.setrlimit(resource.RLIMIT_FSIZE, limit)  # the rank stays warm for the next cell
+"""
+
+
+def test_a_full_disk_is_explained_on_every_rank_and_the_old_checkpoint_survives(pools, tmp_path):
+    ns, _ = run_cell(pools, DISK_FULL, checkpoint=str(tmp_path), resume=False, out="outcome")
+    assert "could not write the checkpoint" in ns["outcome"]
+    assert "previous checkpoint there is unchanged; free disk space" in ns["outcome"]
+    saved = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    assert saved["extra"] == {"marker": "old"}
+    assert [n for n in os.listdir(tmp_path) if ".tmp-" in n] == []

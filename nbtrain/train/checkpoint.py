@@ -79,7 +79,9 @@ def save_checkpoint(path: str | None = None, **extra) -> str:
         dist.broadcast_object_list(box, src=0)
         error = box[0]
     if error:
-        raise CheckpointError(f"rank 0 could not write the checkpoint {target}: {error}")
+        raise CheckpointError(f"rank 0 could not write the checkpoint {target}: {error}. The previous checkpoint "
+                              "there is unchanged; free disk space (or give --checkpoint another directory) and "
+                              "save again.")
     return target
 
 
