@@ -14,7 +14,7 @@ pytestmark = pytest.mark.timeout(240)
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(amp="fp8"), "--amp is bf16, fp16 or off"),
+    (dict(amp="fp8"), "--amp is bf16, fp16, off or auto"),
     (dict(grad_accum=0), "--grad-accum takes a whole number"),
     (dict(max_restarts=-1), "--max-restarts takes 0 or more"),
     (dict(max_restarts=2), "needs --checkpoint DIR"),
@@ -51,7 +51,7 @@ def test_bad_option_through_the_magic_starts_nothing(shell):
     before = {p.pid for p in own_workers()}
     with pytest.raises(UsageError, match="--grad-accum takes a whole number"):
         shell.run_cell_magic("distributed", "2 --cpu --grad-accum 0", "x = 1\n")
-    with pytest.raises(UsageError, match="--amp is bf16, fp16 or off"):
+    with pytest.raises(UsageError, match="--amp is bf16, fp16, off or auto"):
         shell.run_cell_magic("distributed", "2 --cpu --amp int8", "x = 1\n")
     assert {p.pid for p in own_workers()} == before
 
