@@ -1,32 +1,22 @@
 """The live dashboard in a real JupyterLab and headless Chromium: it appears under the running cell, updates
 while the ranks train, and leaves a picture and a summary in the cell when the run ends.
 
-With ``NBTRAIN_SCREENSHOTS=1`` it refreshes ``docs/dashboard-live.png`` (the widget mid-run). Skipped, with the reason, without Chromium or Playwright.
+With ``NBTRAIN_SCREENSHOTS=1`` it refreshes ``docs/dashboard-live.png`` (the widget mid-run). Skipped, with
+the reason, without Chromium or Playwright.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-from pathlib import Path
 
 import pytest
 
-from labhelp import JupyterLab, write_notebook
+from labhelp import CHROMIUM, LAUNCH_ARGS, JupyterLab, browser_or_skip, screenshot_path, write_notebook
 
-CHROMIUM = os.environ.get("NBTRAIN_CHROMIUM", "/usr/bin/chromium")
-# The README's picture is refreshed with NBTRAIN_SCREENSHOTS=1; otherwise the test keeps its own copy.
-DOCS_SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "dashboard-live.png"
-
-sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
-if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
-    pytest.skip(f"no Chromium at {CHROMIUM} (install it: apt-get install -y chromium)", allow_module_level=True)
+sync_api = browser_or_skip()
 
 pytestmark = [pytest.mark.usefixtures("no_leftover_workers"), pytest.mark.timeout(240)]
 
-LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-               "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
 
 TRAINING = """%%distributed 2 --cpu --keep-alive 0
 import time, torch, nbtrain
@@ -80,8 +70,7 @@ def _check(page, lab) -> None:
     sync_api.expect(output).not_to_contain_text(f"step {first} ", timeout=20_000)  # it updates in place
     sync_api.expect(output.locator(".widget-image img, img").first).to_be_visible(timeout=30_000)  # curves drawn
     page.wait_for_timeout(2000)
-    target = DOCS_SCREENSHOT if os.environ.get("NBTRAIN_SCREENSHOTS") else Path(lab.root) / "dashboard-live.png"
-    cells.nth(1).screenshot(path=str(target))
+    cells.nth(1).screenshot(path=str(screenshot_path("dashboard-live.png", lab.root)))
 
     # When the run ends: a static picture and the summary, as ordinary outputs.
     sync_api.expect(output.locator("img")).to_have_count(1, timeout=90_000)

@@ -10,30 +10,20 @@ With ``NBTRAIN_SCREENSHOTS=1`` it refreshes ``docs/jupyterlab-panel.png``.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import shutil
 import time
 from pathlib import Path
 
 import pytest
 
 from conftest import assert_no_workers
-from labhelp import JupyterLab, write_notebook
+from labhelp import CHROMIUM, LAUNCH_ARGS, JupyterLab, browser_or_skip, screenshot_path, write_notebook
 from serverhelp import ENDLESS_RUN
 
-CHROMIUM = os.environ.get("NBTRAIN_CHROMIUM", "/usr/bin/chromium")
-# The README's picture is refreshed with NBTRAIN_SCREENSHOTS=1; otherwise the test keeps its own copy.
-DOCS_SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "jupyterlab-panel.png"
-
-sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
-if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
-    pytest.skip(f"no Chromium at {CHROMIUM} (install it: apt-get install -y chromium)", allow_module_level=True)
+sync_api = browser_or_skip()
 
 pytestmark = [pytest.mark.usefixtures("no_leftover_workers"), pytest.mark.timeout(240)]
 
-LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-               "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
 
 
 @pytest.fixture
@@ -98,8 +88,7 @@ def _panel_lists_a_run_and_stops_it(lab, page):
     progress = re.compile(r"2 ranks on cpu · step [1-9]\d* · loss 0\.")
     sync_api.expect(run.locator(".nbtrain-Run-facts")).to_contain_text(progress, timeout=30_000)
     time.sleep(6)  # a few more samples in the sparklines for the picture
-    target = DOCS_SCREENSHOT if os.environ.get("NBTRAIN_SCREENSHOTS") else Path(lab.root) / "jupyterlab-panel.png"
-    page.screenshot(path=str(target))
+    page.screenshot(path=str(screenshot_path("jupyterlab-panel.png", lab.root)))
 
     clicked = time.monotonic()
     run.locator(".nbtrain-Stop").click()

@@ -57,7 +57,9 @@ class LossPlot:
         self.log = W.Image(format="png")
         self.images = W.Stack([self.linear, self.log], selected_index=0)
         self.link = W.jslink((self.scale, "index"), (self.images, "selected_index"))
-        self.widget = W.VBox([self.scale, self.images])
+        # Until something is logged: a line of text, not a drawn figure (drawing costs CPU and delays the curves).
+        self.hint = W.HTML("<span style='color:#777'>nothing logged yet: call nbtrain.log(loss=...) in the cell</span>")
+        self.widget = W.VBox([self.scale, self.hint, self.images])
         self.drawn_version = -1
         self.frames = 0
         self.render_seconds = 0.0
@@ -67,7 +69,7 @@ class LossPlot:
         """Draw if something changed and the budget allows (or ``force``); returns whether it drew."""
         now = time.monotonic()
         version = self.store.version
-        if not force and (version == self.drawn_version or now < self._next_at):
+        if not force and (version == 0 or version == self.drawn_version or now < self._next_at):
             return False
         with self._lock:
             started = time.thread_time()  # this thread's CPU, not the run loop's
@@ -78,6 +80,7 @@ class LossPlot:
             self.drawn_version = version
             self.frames += 1
             self.render_seconds += cost
-            if version:  # the empty placeholder (and its one-off start-up cost) must not delay the first curves
-                self._next_at = now + min(max(MIN_PERIOD_S, cost / CPU_SHARE), MAX_PERIOD_S)
+            self._next_at = now + min(max(MIN_PERIOD_S, cost / CPU_SHARE), MAX_PERIOD_S)
+            if version and self.hint.layout.display != "none":
+                self.hint.layout.display = "none"
         return True

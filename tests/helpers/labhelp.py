@@ -109,3 +109,27 @@ def write_notebook(path: Path, cells: list[str]) -> None:
         "nbformat": 4, "nbformat_minor": 5,
     }
     path.write_text(json.dumps(notebook, indent=1))
+
+
+CHROMIUM = os.environ.get("NBTRAIN_CHROMIUM", "/usr/bin/chromium")
+# Headless Chromium as root, on a machine whose only network is loopback.
+LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+               "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
+DOCS = Path(__file__).resolve().parent.parent.parent / "docs"
+
+
+def browser_or_skip():
+    """Playwright's sync API, or skip the calling test module with the reason (no package, no Chromium)."""
+    import shutil
+
+    import pytest
+
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
+        pytest.skip(f"no Chromium at {CHROMIUM} (install it: apt-get install -y chromium)", allow_module_level=True)
+    return sync_api
+
+
+def screenshot_path(name: str, scratch: Path) -> Path:
+    """docs/NAME when NBTRAIN_SCREENSHOTS=1 (refreshing the README's pictures), else a scratch copy."""
+    return DOCS / name if os.environ.get("NBTRAIN_SCREENSHOTS") else Path(scratch) / name
