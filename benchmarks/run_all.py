@@ -83,6 +83,21 @@ def run(bench: Benchmark, quick: bool) -> tuple[str, float, int]:
     return output, time.monotonic() - started, proc.returncode
 
 
+def _existing_sections(path: str) -> dict[str, str]:
+    """The sections of an earlier docs/benchmarks.md, so that ``--only`` refreshes some and keeps the rest.
+    Sections are found by their known titles (a benchmark's own output may hold "## " lines)."""
+    try:
+        text = open(path).read()
+    except OSError:
+        return {}
+    found = sorted((text.find(f"\n## {b.title}\n"), b.title) for b in BENCHMARKS if f"\n## {b.title}\n" in text)
+    sections = {}
+    for i, (at, title) in enumerate(found):
+        stop = found[i + 1][0] if i + 1 < len(found) else len(text)
+        sections[title] = text[at + 1:stop].rstrip() + "\n"
+    return sections
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -94,24 +109,25 @@ def main() -> int:
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     where = machine()
     load = os.getloadavg()[0]
-    sections = []
+    sections: dict[str, str] = _existing_sections(args.out) if args.only else {}
     for bench in chosen:
         print(f"running {bench.name} ...", flush=True)
         output, seconds, code = run(bench, args.quick)
         print(output, flush=True)
         command = "python benchmarks/" + " ".join((bench.quick_args if args.quick else bench.args))
         status = "" if code == 0 else f"\n\n**The benchmark exited with code {code}.**"
-        sections.append(f"## {bench.title}\n\nGoal: {bench.goal}. Command: `{command}` ({seconds:.0f} s).\n\n"
-                        f"```\n{output}\n```{status}\n")
+        sections[bench.title] = (f"## {bench.title}\n\nGoal: {bench.goal}. Command: `{command}` ({seconds:.0f} s, "
+                                 f"{when}).\n\n```\n{output}\n```{status}\n")
     with open(args.out, "w") as fh:
         fh.write(
             "# Benchmarks\n\n"
             f"Refreshed by `python benchmarks/run_all.py{' --quick' if args.quick else ''}{' --gpu' if args.gpu else ''}` "
-            f"on {when}.\n\nMachine: {where}. Load average at the start: {load:.1f}.\n\n"
+            f"(each section says when it was measured; `--only NAME` refreshes one).\n\n"
+            f"Machine: {where}. Load average at the last start: {load:.1f}.\n\n"
             "Each benchmark measures nbtrain and its reference in the same run and prints the ratio. How each one "
             "is measured is in its module docstring; discussions of earlier results are in "
             "[benchmarks-training.md](benchmarks-training.md) and [benchmarks-dashboard.md](benchmarks-dashboard.md).\n\n"
-            + "\n".join(sections))
+            + "\n".join(sections[b.title] for b in BENCHMARKS if b.title in sections))
     print(f"wrote {args.out}")
     return 0
 
