@@ -94,6 +94,7 @@ def test_no_redraw_without_news_and_plot_throttled(sent):
     board.tick()
     assert board.plot.frames == 1, f"redrawn before {loss_plot.MIN_PERIOD_S} s"
     board.plot._next_at = 0.0  # as if the pause were over
+    board.plot.first_at -= 1000.0  # and the CPU budget had refilled
     board.tick()
     assert board.plot.frames == 2
     assert {w for w, _ in sent} <= {board.plot.linear, board.plot.log, board.run_panel.widget}

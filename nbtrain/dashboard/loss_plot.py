@@ -9,10 +9,9 @@ after the run, when the widget has been replaced by the final picture).
 **Smoothing**: every series is drawn raw (light) with its exponential moving average on top; the
 weight (default 0.6) is set with ``nbtrain.dashboard.configure(smoothing=0.9)`` before the cell.
 
-Redrawing: :meth:`LossPlot.refresh` draws only when new values arrived, and
-waits between two drawings for at least :data:`MIN_PERIOD_S`, or longer when drawing is slow — the
-pause is chosen so that drawing takes at most :data:`CPU_SHARE` of one core (a big figure on a slow
-machine is refreshed less often instead of slowing the kernel).
+Redrawing: :meth:`LossPlot.refresh` draws only when new values arrived, at least :data:`MIN_PERIOD_S`
+apart, and only while the drawing's CPU time since the first frame stays within :data:`CPU_SHARE` of one
+core (a big figure on a slow machine is refreshed less often instead of slowing the kernel).
 """
 
 from __future__ import annotations
@@ -24,8 +23,7 @@ from .live_figure import LiveFigure
 from .metric_store import MetricStore
 
 MIN_PERIOD_S = 2.0
-MAX_PERIOD_S = 15.0
-CPU_SHARE = 0.04
+CPU_SHARE = 0.03  # of one core, averaged from the first frame on (the sampler and the tables need ~1 %)
 DEFAULT_SMOOTHING = 0.6
 WIDTH_IN, ROW_HEIGHT_IN, DPI = 9.0, 2.6, 80
 
@@ -63,6 +61,8 @@ class LossPlot:
         self.drawn_version = -1
         self.frames = 0
         self.render_seconds = 0.0
+        self.last_cost = 0.0
+        self.first_at = 0.0
         self._next_at = 0.0
 
     def refresh(self, force: bool = False) -> bool:
@@ -71,6 +71,8 @@ class LossPlot:
         version = self.store.version
         if not force and (version == 0 or version == self.drawn_version or now < self._next_at):
             return False
+        if not force and self.frames and self.render_seconds + self.last_cost > CPU_SHARE * (now - self.first_at):
+            return False  # the budget is an average since the first frame, so start-up frames count too
         with self._lock:
             started = time.thread_time()  # this thread's CPU, not the run loop's
             linear, log = self.renderer.render(self.store, self.smoothing)
@@ -78,9 +80,12 @@ class LossPlot:
             self.linear.value = linear
             self.log.value = log or linear
             self.drawn_version = version
+            if not self.frames:
+                self.first_at = now
             self.frames += 1
             self.render_seconds += cost
-            self._next_at = now + min(max(MIN_PERIOD_S, cost / CPU_SHARE), MAX_PERIOD_S)
+            self.last_cost = cost
+            self._next_at = now + MIN_PERIOD_S
             if version and self.hint.layout.display != "none":
                 self.hint.layout.display = "none"
         return True
