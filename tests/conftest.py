@@ -43,3 +43,14 @@ def no_leftover_workers():
     """Use in a test (or autouse in a module) to check that its ranks are all gone afterwards."""
     yield
     assert_no_workers()
+
+
+@pytest.fixture(scope="module")
+def pools():
+    """One warm pool of ranks per test module; afterwards, no rank of this test run is left."""
+    from nbtrain.launch.run import PoolManager
+
+    manager = PoolManager()
+    yield manager
+    manager.shutdown()
+    assert_no_workers()

@@ -8,18 +8,9 @@ import pytest
 import torch
 
 from nbtrain.launch.errors import RankFailedError
-from nbtrain.launch.run import PoolManager
-from training_support import assert_no_own_workers, run_cell
+from training_support import run_cell
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture(scope="module")
-def pools():
-    manager = PoolManager()
-    yield manager
-    manager.shutdown()
-    assert_no_own_workers()
 
 
 TRAIN = """

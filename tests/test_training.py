@@ -9,18 +9,9 @@ from __future__ import annotations
 import pytest
 
 from nbtrain.launch.errors import RankFailedError
-from nbtrain.launch.run import PoolManager
-from training_support import assert_no_own_workers, run_cell
+from training_support import run_cell
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture(scope="module")
-def pools():
-    manager = PoolManager()
-    yield manager
-    manager.shutdown()
-    assert_no_own_workers()
 
 
 run = run_cell
@@ -163,7 +154,8 @@ before = [p.detach().clone() for p in net.parameters()]
 nbtrain.backward(model(x).sum() * float("inf"))
 opt.step(); opt.zero_grad()
 after_inf = [p.detach().clone() for p in net.parameters()]
-nbtrain.backward(model(x).pow(2).mean())
+# Small inputs: with the scale at 2**15, larger gradients would overflow fp16 and (rightly) skip this step too.
+nbtrain.backward(model(x * 1e-3).pow(2).mean())
 opt.step(); opt.zero_grad()
 after_good = [p.detach().clone() for p in net.parameters()]
 result = (all(torch.equal(a, b) for a, b in zip(before, after_inf)),

@@ -12,21 +12,12 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from nbtrain.launch.run import PoolManager  # noqa: E402
 from nbtrain.launch.api import run_source  # noqa: E402
 from nbtrain.launch.config import LaunchRequest  # noqa: E402
-from training_support import assert_no_own_workers  # noqa: E402
+
 
 pytestmark = pytest.mark.timeout(300)
 NPROCS = min(2, torch.cuda.device_count())
-
-
-@pytest.fixture(scope="module")
-def pools():
-    manager = PoolManager()
-    yield manager
-    manager.shutdown()
-    assert_no_own_workers()
 
 
 def run(pools, cell, **options):
