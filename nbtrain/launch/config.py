@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ..gpu import nvml
 from ..train.settings import TrainSettings, TrainSettingsError, parse_train_settings
+from .modules import Workdir, WorkdirGone, notebook_workdir
 
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_START_TIMEOUT_S = 180.0
@@ -41,7 +42,7 @@ class LaunchRequest:
     env: tuple[str, ...] = ()  # "NAME=value"
     amp: str | None = None  # "bf16" | "fp16" | "off" | None (by device)
     grad_accum: int | None = None
-    checkpoint: str | None = None  # directory; relative to the kernel's working directory
+    checkpoint: str | None = None  # directory; relative to the notebook's current directory when the cell runs
     resume: bool = True
     max_restarts: int | None = None
 
@@ -73,6 +74,7 @@ class LaunchConfig:
     start_timeout_s: float = DEFAULT_START_TIMEOUT_S
     notes: tuple[str, ...] = field(default_factory=tuple)
     train: TrainSettings = field(default_factory=TrainSettings)  # sent to the ranks with each Job
+    workdir: Workdir | None = None  # the notebook's directory and sys.path when the cell runs (each Job)
 
 
 def _torch_has_cuda() -> bool:
@@ -117,6 +119,10 @@ def _parse_env(items) -> tuple[tuple[str, str], ...]:
 
 def resolve(request: LaunchRequest) -> LaunchConfig:
     """Check the request against this machine and decide devices, backend and rank count."""
+    try:
+        workdir = notebook_workdir()  # first: a deleted directory makes every relative path below meaningless
+    except WorkdirGone as exc:
+        raise ConfigError(str(exc)) from None
     if request.nprocs is not None and request.nprocs < 1:
         raise ConfigError(f"The number of ranks must be at least 1 (got {request.nprocs}).")
     if request.cpu and request.gpus:
@@ -168,11 +174,11 @@ def resolve(request: LaunchRequest) -> LaunchConfig:
         raise ConfigError(f"--keep-alive must be 0 or more seconds (got {request.keep_alive}).")
     try:
         train = parse_train_settings(request.amp, request.grad_accum, request.checkpoint, request.resume,
-                                     request.max_restarts)
+                                     request.max_restarts, cwd=workdir.cwd)
     except TrainSettingsError as exc:
         raise ConfigError(str(exc)) from None
     return LaunchConfig(pool, _parse_names(request.out), request.output, keep_alive, request.fresh,
-                        start_timeout_s=default_start_timeout(), notes=tuple(notes), train=train)
+                        start_timeout_s=default_start_timeout(), notes=tuple(notes), train=train, workdir=workdir)
 
 
 def default_start_timeout() -> float:

@@ -118,6 +118,7 @@ class WorkerPool:
         self.ready = False
         self.broken = False
         self.created = time.monotonic()
+        self.module_stamps: dict[str, tuple] = {}  # path -> stamp of the user's modules the ranks imported
         self._dir = tempfile.mkdtemp(prefix="nbtrain-")
         os.chmod(self._dir, 0o700)
         self._key = secrets.token_bytes(32)

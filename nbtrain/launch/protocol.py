@@ -11,7 +11,7 @@ A conversation::
     kernel -> Job(...)                               one per cell; the same bytes for every rank
     rank   -> Loaded(job_id, rank)                   inputs unpickled: shared-memory files may go
     rank   -> Metrics(rank, records)                 what nbtrain.log() buffered, a few times a second
-    rank   -> Done(job_id, rank, results) | Failed(job_id, rank, error)
+    rank   -> Done(job_id, rank, results, modules) | Failed(job_id, rank, error)
     kernel -> Shutdown()                             barrier, destroy the group, exit 0
 
 Output does not travel here: each rank's stdout and stderr are pipes read by the kernel, so C-level
@@ -48,6 +48,8 @@ class Job:
     out_names: tuple[str, ...]
     return_rank: int = 0
     train: object = None  # nbtrain.train.settings.TrainSettings: --amp, --grad-accum, --checkpoint
+    cwd: str = ""  # the notebook's current directory: the rank runs the cell there
+    sys_path: tuple[str, ...] = ()  # the kernel's sys.path, absolute (see nbtrain.launch.modules)
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,7 @@ class Done:
     rank: int
     results: object | None  # payload.Results on the return rank
     seconds: float
+    modules: tuple = ()  # (name, path, mtime_ns, size) of the user's own modules imported so far
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from .cell import CELL_FILENAME, CellInfo
 from .config import LaunchConfig, PoolSpec
 from .errors import RankFailedError, RankFailure
 from .history import History
+from .modules import changed_files, fresh_ranks_note, notebook_workdir
 from .observer import RankInfo, RunInfo, RunObserver
 from .output import OutputRelay
 from .payload import Inputs, unpack_results
@@ -86,18 +87,21 @@ class PoolManager:
         self._idle_timer: threading.Timer | None = None
         self._atexit = False
 
-    def acquire(self, spec: PoolSpec, fresh: bool) -> tuple[WorkerPool, bool]:
+    def acquire(self, spec: PoolSpec, fresh: bool) -> tuple[WorkerPool, bool, list[str]]:
+        """The pool to run on, whether it is warm, and the changed module files that made it not warm."""
         with self._lock:
             self._cancel_timer()
-            pool = self.pool
+            pool, changed = self.pool, []
             if pool is not None and not fresh and pool.spec == spec and pool.alive():
-                return pool, True
+                changed = changed_files(pool.module_stamps)  # warm ranks must not run an old version
+                if not changed:
+                    return pool, True, []
             self.shutdown()
             if not self._atexit:
                 atexit.register(self.shutdown)
                 self._atexit = True
             self.pool = WorkerPool(spec)
-            return self.pool, False
+            return self.pool, False, changed
 
     def release(self, healthy: bool, keep_alive_s: float) -> None:
         with self._lock:
@@ -232,6 +236,7 @@ class _Run:
                 self.inputs.arena.unlink()
         elif isinstance(msg, P.Done) and msg.job_id == self.job.job_id:
             self.done[rank] = msg
+            self.pool.module_stamps.update((stamp[1], stamp) for stamp in msg.modules)
         elif isinstance(msg, P.Failed) and msg.job_id == self.job.job_id:
             self._fail(RankFailure(rank, msg.error, output_tail=self.relay.tail(rank)))
 
@@ -256,10 +261,13 @@ def run_cell(namespace: dict, info: CellInfo, config: LaunchConfig, manager: Poo
              observers: list[RunObserver] = ()) -> RunResult:
     """Run a checked cell (see :func:`prepare`) on the ranks and bring rank 0's results back."""
     started = time.monotonic()
-    pool, warm = manager.acquire(config.pool, config.fresh)
+    workdir = config.workdir or notebook_workdir()
+    pool, warm, changed = manager.acquire(config.pool, config.fresh)
     job = P.Job(pool.next_job_id(), info.source, f"{CELL_FILENAME[:-1]} {id(info):x}>", inputs.data,
-                names_to_return(info, config), train=config.train)
+                names_to_return(info, config), train=config.train, cwd=workdir.cwd, sys_path=workdir.sys_path)
     run = _Run(pool, job, inputs, config, write or _default_write, observers, warm)
+    if changed:
+        run.relay.write_direct("stdout", fresh_ranks_note(changed, workdir.cwd))
     try:
         with _stop_button() as stop_requested:
             if not warm:

@@ -11,7 +11,8 @@ LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE=True):
    rendezvous torchrun's agent provides — then say :class:`Ready`.
 
 Then, per :class:`Job`: a fresh ``__main__`` module (so classes defined in the cell pickle, and
-``if __name__ == "__main__":`` scripts run), the runtime names (``rank``, ``local_rank``,
+``if __name__ == "__main__":`` scripts run), the notebook's current directory and ``sys.path``
+(:mod:`.modules`, which also reports the user's own modules after the job), the runtime names (``rank``, ``local_rank``,
 ``world_size``, ``device``) and the notebook's inputs; the cell runs; rank 0 packs the results; the
 streams are flushed and marked; GPU caches are emptied. The cell's training settings (``--amp``,
 ``--grad-accum``, ``--checkpoint``) are opened as a :mod:`nbtrain.train.runtime` context for the cell
@@ -44,6 +45,7 @@ from ..launch import protocol as P
 from ..launch.payload import load_inputs, pack_results
 from ..train import runtime as train_runtime
 from . import compat, metrics
+from .modules import LocalModules
 
 
 def _read_key(fd: int) -> bytes:
@@ -105,6 +107,7 @@ class Rank:
         self.torch = torch
         self.rank = int(os.environ["RANK"])
         self.real_main = sys.modules["__main__"]
+        self.local_modules = LocalModules()
 
     def send(self, message) -> None:
         with self._send_lock:
@@ -158,6 +161,7 @@ class Rank:
 
     def _execute_patched(self, job: P.Job, ns: dict, started: float):
         try:
+            self.local_modules.enter(job.cwd, job.sys_path)  # before unpickling: modules come from there
             inputs = load_inputs(job.inputs)
         except BaseException as exc:
             return P.Failed(job.job_id, self.rank, describe(exc, stage="inputs"))
@@ -183,7 +187,8 @@ class Rank:
                 results = pack_results(ns, job.out_names)
             except BaseException as exc:
                 return P.Failed(job.job_id, self.rank, describe(exc, stage="results"))
-        return P.Done(job.job_id, self.rank, results, time.perf_counter() - started)
+        return P.Done(job.job_id, self.rank, results, time.perf_counter() - started,
+                      modules=self.local_modules.stamps())
 
     @staticmethod
     def _flush_and_mark(job_id: int) -> None:

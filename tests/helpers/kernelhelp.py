@@ -9,8 +9,9 @@ from jupyter_client.manager import start_new_kernel
 
 
 class Kernel:
-    def __init__(self) -> None:
-        self.km, self.kc = start_new_kernel(kernel_name="python3")
+    def __init__(self, cwd: str | None = None) -> None:
+        """A kernel started in ``cwd`` (default: this process's directory), as Jupyter starts one in the notebook's folder."""
+        self.km, self.kc = start_new_kernel(kernel_name="python3", **({"cwd": cwd} if cwd else {}))
 
     def execute(self, code: str, timeout: float = 120.0) -> tuple[dict, str]:
         """Run ``code``; return the reply content and everything it printed."""
