@@ -50,7 +50,7 @@ class DistributedMagics(Magics):
               "(default: bf16 on GPUs that support it, fp16 on older GPUs, off on CPU)")
     @argument("--grad-accum", type=int, metavar="K", help="micro-steps per optimizer step (gradient accumulation)")
     @argument("--checkpoint", metavar="DIR", help="directory for nbtrain.save_checkpoint(); the cell resumes from "
-              "the checkpoint there when one exists (relative to the notebook's folder)")
+              "the checkpoint there when one exists (relative to the notebook's current directory)")
     @argument("--no-resume", action="store_true", help="with --checkpoint: start from scratch even if DIR holds a checkpoint")
     @argument("--max-restarts", type=int, metavar="K", help="restart the ranks from the last checkpoint up to K "
               "times when a rank dies (needs --checkpoint)")

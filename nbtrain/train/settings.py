@@ -6,8 +6,9 @@ the pool's environment, which decides whether warm processes can be reused: chan
 two cells must not cost a new pool.
 
 :func:`parse_train_settings` validates everything before any process starts and resolves a relative
-checkpoint directory against the kernel's working directory (the notebook's folder), so ranks started
-earlier from another directory write to the same place. Importing this module imports nothing heavy.
+checkpoint directory against the notebook's current directory when the cell runs (``cwd``: the one
+:func:`~nbtrain.launch.config.resolve` captured, which the job also runs in) — one rule, whatever directory
+the warm ranks were started from. Importing this module imports nothing heavy.
 """
 
 from __future__ import annotations
