@@ -11,7 +11,7 @@ import torch  # noqa: F401  an installed package: its modules must not be stampe
 
 import nbtrain
 
-from nbtrain.launch.modules import WorkdirGone, changed_files, fresh_ranks_note, notebook_workdir
+from nbtrain.launch.modules import Workdir, WorkdirGone, changed_files, fresh_ranks_note, notebook_workdir, stale_modules
 from nbtrain.worker.modules import LocalModules
 
 
@@ -55,7 +55,7 @@ def test_stamps_name_the_users_modules_only_and_follow_reloads(rank_state, tmp_p
 
     write_module(project / "lm_pkg" / "inner.py", "X = 22\n")
     assert changed_files({s[1]: s for s in rank_state.stamps()}) == [str(project / "lm_pkg" / "inner.py")]
-    note = fresh_ranks_note(changed_files(stamps), str(project))
+    note = fresh_ranks_note(changed_files(stamps), [], str(project))
     assert note == "nbtrain: lm_pkg/inner.py changed since the warm ranks imported it; started fresh ranks\n"
 
     importlib.reload(lm_pkg.inner)  # imported anew: the rank now holds what is on disk
@@ -72,7 +72,7 @@ def test_each_job_gets_the_notebooks_directory_and_path_not_the_last_ones(rank_s
     rank_state.enter(str(second), (str(second),))
     assert os.getcwd() == str(second)
     assert sys.path[0] == str(second) and str(first) not in sys.path and "/nb/lib" not in sys.path
-    assert sys.path[1:] == rank_state.baseline
+    assert tuple(sys.path[1:]) == rank_state.baseline
 
 
 def test_the_kernels_workdir_is_absolute_and_a_deleted_one_is_named(monkeypatch, tmp_path):
@@ -86,3 +86,24 @@ def test_the_kernels_workdir_is_absolute_and_a_deleted_one_is_named(monkeypatch,
     gone.rmdir()
     with pytest.raises(WorkdirGone, match=f"working directory {gone} was deleted"):
         notebook_workdir()
+
+
+def test_a_module_shadowed_in_the_new_directory_makes_the_warm_ranks_stale(rank_state, tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir(), second.mkdir()
+    write_module(first / "lm_shadowed.py", "WHERE = 'first'\n")
+    write_module(first / "lm_only_first.py", "WHERE = 'first'\n")
+    rank_state.enter(str(first), ())
+    import lm_only_first  # noqa: F401
+    import lm_shadowed  # noqa: F401
+
+    stamps = {s[1]: s for s in rank_state.stamps() if s[1].startswith(str(tmp_path))}
+    assert stale_modules(stamps, Workdir(str(first), ()), rank_state.baseline) == ([], [])
+    # in the second folder: lm_only_first is not found at all (the cell may add its folder); no reason to restart
+    assert stale_modules(stamps, Workdir(str(second), ()), rank_state.baseline) == ([], [])
+    write_module(second / "lm_shadowed.py", "WHERE = 'second'\n")
+    changed, moved = stale_modules(stamps, Workdir(str(second), ()), rank_state.baseline)
+    assert (changed, moved) == ([], [str(first / "lm_shadowed.py")])
+    assert fresh_ranks_note(changed, moved, str(second)) == (
+        f"nbtrain: the warm ranks imported {first / 'lm_shadowed.py'}, but another file now comes first on the "
+        "path; started fresh ranks\n")

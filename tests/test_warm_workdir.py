@@ -90,6 +90,14 @@ def test_every_cell_runs_in_the_notebooks_current_directory(notebook_dir):
     assert (other / "by_hand.pt").is_file()
     assert not (folder / "ckdir").exists() and not (folder / "by_hand.pt").exists()
 
+    # back in the first folder, which has its own othermod.py: the warm ranks' othermod is not the one a
+    # fresh rank would import
+    (folder / "othermod.py").write_text("WHERE = 'othermod from the first folder'\n")
+    run(kernel, f"%cd {folder}")
+    out = run(kernel, "%%distributed 2 --cpu --out w\nimport othermod\nw = othermod.WHERE\n")
+    assert "othermod.py, but another file now comes first on the path; started fresh ranks" in out
+    run(kernel, "assert w == 'othermod from the first folder', w")
+
 
 def test_a_deleted_working_directory_is_a_clear_error_before_anything_starts(notebook_dir):
     kernel, folder = notebook_dir

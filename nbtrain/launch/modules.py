@@ -15,8 +15,10 @@ user's modules as they were when it imported them (the file was edited since, an
 * **Changed modules.** After each job every rank reports a :data:`Stamp` — module name, file, mtime in
   ns, size — for each module it has imported from outside the standard library, site-packages /
   dist-packages and nbtrain itself: the notebook's folder, ``sys.path`` entries the user added, editable
-  checkouts. Before the next job goes to warm ranks, :func:`changed_files` compares those stamps with the
-  files on disk. If one changed (or is gone), a reload in the ranks cannot be trusted — objects made
+  checkouts. Before the next job goes to warm ranks, :func:`stale_modules` compares those stamps with the
+  files on disk, and looks each top-level module up along the ``sys.path`` the ranks will have
+  (:func:`rank_sys_path`): after ``%cd`` another ``mymod.py`` may come first. If a file changed (or is
+  gone, or is shadowed), a reload in the ranks cannot be trusted — objects made
   from the old module, ``from mod import f`` copies, modules that imported it — so the warm ranks are
   dropped and fresh ones started, with one line saying why (:func:`fresh_ranks_note`).
 
@@ -26,9 +28,11 @@ Not detected: a package upgraded with pip (it lives in site-packages); use ``--f
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from dataclasses import dataclass
+from importlib.machinery import PathFinder
 
 Stamp = tuple  # (module name, absolute path, st_mtime_ns, st_size), as reported by the ranks
 
@@ -73,6 +77,30 @@ def _gone_message(cwd: str | None = None) -> str:
             "Change to an existing folder (such as %cd ~) and run the cell again.")
 
 
+def rank_sys_path(cwd: str, kernel_path: tuple[str, ...], baseline: tuple[str, ...]) -> list[str]:
+    """A rank's ``sys.path`` for a job: as ``python -m`` started in ``cwd`` would have it, plus the kernel's entries."""
+    added = [p for p in kernel_path if p not in baseline and p != cwd]
+    return [cwd, *dict.fromkeys(added), *baseline]
+
+
+def moved_modules(stamps: dict[str, Stamp], path: list[str]) -> list[str]:
+    """Files of ``stamps`` that an import along ``path`` would no longer find first (``%cd`` to a folder
+    with its own ``mymod.py``). A module now not found at all is left alone: the cell may add its folder."""
+    moved = []
+    importlib.invalidate_caches()  # a directory listing cached in the same clock tick would miss a new file
+    for file, (name, _path, _mtime, _size) in sorted(stamps.items()):
+        if "." in name:  # a submodule follows its package
+            continue
+        try:
+            spec = PathFinder.find_spec(name, path)
+        except (ImportError, ValueError, OSError):
+            continue
+        origin = getattr(spec, "origin", None)
+        if isinstance(origin, str) and os.path.isfile(origin) and os.path.abspath(origin) != file:
+            moved.append(file)
+    return moved
+
+
 def changed_files(stamps: dict[str, Stamp]) -> list[str]:
     """The files of ``stamps`` (path → stamp) that are no longer what the ranks imported."""
     changed = []
@@ -87,11 +115,22 @@ def changed_files(stamps: dict[str, Stamp]) -> list[str]:
     return changed
 
 
-def fresh_ranks_note(changed: list[str], cwd: str) -> str:
-    """The one line printed when changed modules make the warm ranks unusable (paths under ``cwd`` relative)."""
-    names = [_shown(p, cwd) for p in changed[:3]] + ([f"{len(changed) - 3} more"] if len(changed) > 3 else [])
-    them = "it" if len(changed) == 1 else "them"
-    return f"nbtrain: {', '.join(names)} changed since the warm ranks imported {them}; started fresh ranks\n"
+def stale_modules(stamps: dict[str, Stamp], workdir: Workdir, baseline: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """The warm ranks' module files that changed on disk, and those another file now shadows."""
+    changed = changed_files(stamps)
+    moved = moved_modules({p: s for p, s in stamps.items() if p not in changed},
+                          rank_sys_path(workdir.cwd, workdir.sys_path, baseline))
+    return changed, moved
+
+
+def fresh_ranks_note(changed: list[str], moved: list[str], cwd: str) -> str:
+    """The one line printed when stale modules make the warm ranks unusable (paths under ``cwd`` relative)."""
+    if changed:
+        names = [_shown(p, cwd) for p in changed[:3]] + ([f"{len(changed) - 3} more"] if len(changed) > 3 else [])
+        them = "it" if len(changed) == 1 else "them"
+        return f"nbtrain: {', '.join(names)} changed since the warm ranks imported {them}; started fresh ranks\n"
+    names = ", ".join(_shown(p, cwd) for p in moved[:3]) + (f" and {len(moved) - 3} more" if len(moved) > 3 else "")
+    return f"nbtrain: the warm ranks imported {names}, but another file now comes first on the path; started fresh ranks\n"
 
 
 def _shown(path: str, cwd: str) -> str:

@@ -119,6 +119,7 @@ class WorkerPool:
         self.broken = False
         self.created = time.monotonic()
         self.module_stamps: dict[str, tuple] = {}  # path -> stamp of the user's modules the ranks imported
+        self.rank_path: tuple[str, ...] = ()  # the ranks' own sys.path (see nbtrain.launch.modules)
         self._dir = tempfile.mkdtemp(prefix="nbtrain-")
         os.chmod(self._dir, 0o700)
         self._key = secrets.token_bytes(32)

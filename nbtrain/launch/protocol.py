@@ -88,6 +88,7 @@ class Done:
     results: object | None  # payload.Results on the return rank
     seconds: float
     modules: tuple = ()  # (name, path, mtime_ns, size) of the user's own modules imported so far
+    rank_path: tuple = ()  # the rank's own sys.path entries, without its start-up directory
 
 
 @dataclass(frozen=True)

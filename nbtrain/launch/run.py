@@ -35,7 +35,7 @@ from .cell import CELL_FILENAME, CellInfo
 from .config import LaunchConfig, PoolSpec
 from .errors import RankFailedError, RankFailure
 from .history import History
-from .modules import changed_files, fresh_ranks_note, notebook_workdir
+from .modules import Workdir, fresh_ranks_note, notebook_workdir, stale_modules
 from .observer import RankInfo, RunInfo, RunObserver
 from .output import OutputRelay
 from .payload import Inputs, unpack_results
@@ -87,21 +87,22 @@ class PoolManager:
         self._idle_timer: threading.Timer | None = None
         self._atexit = False
 
-    def acquire(self, spec: PoolSpec, fresh: bool) -> tuple[WorkerPool, bool, list[str]]:
-        """The pool to run on, whether it is warm, and the changed module files that made it not warm."""
+    def acquire(self, spec: PoolSpec, fresh: bool, workdir: Workdir) -> tuple[WorkerPool, bool, str]:
+        """The pool to run on, whether it is warm, and why warm ranks were not reused if they were stale."""
         with self._lock:
             self._cancel_timer()
-            pool, changed = self.pool, []
+            pool, note = self.pool, ""
             if pool is not None and not fresh and pool.spec == spec and pool.alive():
-                changed = changed_files(pool.module_stamps)  # warm ranks must not run an old version
-                if not changed:
-                    return pool, True, []
+                changed, moved = stale_modules(pool.module_stamps, workdir, pool.rank_path)
+                if not changed and not moved:  # warm ranks must not run an old version of the user's code
+                    return pool, True, ""
+                note = fresh_ranks_note(changed, moved, workdir.cwd)
             self.shutdown()
             if not self._atexit:
                 atexit.register(self.shutdown)
                 self._atexit = True
             self.pool = WorkerPool(spec)
-            return self.pool, False, changed
+            return self.pool, False, note
 
     def release(self, healthy: bool, keep_alive_s: float) -> None:
         with self._lock:
@@ -237,6 +238,7 @@ class _Run:
         elif isinstance(msg, P.Done) and msg.job_id == self.job.job_id:
             self.done[rank] = msg
             self.pool.module_stamps.update((stamp[1], stamp) for stamp in msg.modules)
+            self.pool.rank_path = msg.rank_path
         elif isinstance(msg, P.Failed) and msg.job_id == self.job.job_id:
             self._fail(RankFailure(rank, msg.error, output_tail=self.relay.tail(rank)))
 
@@ -262,12 +264,12 @@ def run_cell(namespace: dict, info: CellInfo, config: LaunchConfig, manager: Poo
     """Run a checked cell (see :func:`prepare`) on the ranks and bring rank 0's results back."""
     started = time.monotonic()
     workdir = config.workdir or notebook_workdir()
-    pool, warm, changed = manager.acquire(config.pool, config.fresh)
+    pool, warm, stale_note = manager.acquire(config.pool, config.fresh, workdir)
     job = P.Job(pool.next_job_id(), info.source, f"{CELL_FILENAME[:-1]} {id(info):x}>", inputs.data,
                 names_to_return(info, config), train=config.train, cwd=workdir.cwd, sys_path=workdir.sys_path)
     run = _Run(pool, job, inputs, config, write or _default_write, observers, warm)
-    if changed:
-        run.relay.write_direct("stdout", fresh_ranks_note(changed, workdir.cwd))
+    if stale_note:
+        run.relay.write_direct("stdout", stale_note)
     try:
         with _stop_button() as stop_requested:
             if not warm:

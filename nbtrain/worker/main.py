@@ -188,7 +188,7 @@ class Rank:
             except BaseException as exc:
                 return P.Failed(job.job_id, self.rank, describe(exc, stage="results"))
         return P.Done(job.job_id, self.rank, results, time.perf_counter() - started,
-                      modules=self.local_modules.stamps())
+                      modules=self.local_modules.stamps(), rank_path=self.local_modules.baseline)
 
     @staticmethod
     def _flush_and_mark(job_id: int) -> None:

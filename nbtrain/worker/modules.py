@@ -22,6 +22,8 @@ import site
 import sys
 import sysconfig
 
+from ..launch.modules import rank_sys_path
+
 _NBTRAIN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _INSTALLED_DIRS = ("site-packages", "dist-packages")
 
@@ -45,7 +47,7 @@ class LocalModules:
 
     def __init__(self) -> None:
         start = os.getcwd()
-        self.baseline = [p for i, p in enumerate(sys.path) if not (i == 0 and p in (start, ""))]
+        self.baseline = tuple(p for i, p in enumerate(sys.path) if not (i == 0 and p in (start, "")))
         self._installed = _installed_roots()
         self._seen: dict[str, tuple[object, tuple | None]] = {}  # name -> (spec or module, stamp or None)
 
@@ -54,8 +56,7 @@ class LocalModules:
         if not cwd:
             return
         os.chdir(cwd)
-        added = [p for p in kernel_path if p not in self.baseline and p != cwd]
-        sys.path[:] = [cwd, *dict.fromkeys(added), *self.baseline]
+        sys.path[:] = rank_sys_path(cwd, kernel_path, self.baseline)
         importlib.invalidate_caches()
 
     def stamps(self) -> tuple[tuple, ...]:
