@@ -130,7 +130,8 @@ def fresh_ranks_note(changed: list[str], moved: list[str], cwd: str) -> str:
         them = "it" if len(changed) == 1 else "them"
         return f"nbtrain: {', '.join(names)} changed since the warm ranks imported {them}; started fresh ranks\n"
     names = ", ".join(_shown(p, cwd) for p in moved[:3]) + (f" and {len(moved) - 3} more" if len(moved) > 3 else "")
-    return f"nbtrain: the warm ranks imported {names}, but another file now comes first on the path; started fresh ranks\n"
+    return (f"nbtrain: the warm ranks imported {names}, but another file now comes first on the path; "
+            "started fresh ranks\n")
 
 
 def _shown(path: str, cwd: str) -> str:
