@@ -78,9 +78,9 @@ def _gone_message(cwd: str | None = None) -> str:
 
 
 def rank_sys_path(cwd: str, kernel_path: tuple[str, ...], baseline: tuple[str, ...]) -> list[str]:
-    """A rank's ``sys.path`` for a job: as ``python -m`` started in ``cwd`` would have it, plus the kernel's entries."""
-    added = [p for p in kernel_path if p not in baseline and p != cwd]
-    return [cwd, *dict.fromkeys(added), *baseline]
+    """A rank's ``sys.path`` for a job: ``cwd`` first (as ``python -m`` started there), then the kernel's
+    entries in the kernel's order — what the notebook imports, the ranks import — then the rank's own rest."""
+    return list(dict.fromkeys([cwd, *kernel_path, *baseline]))
 
 
 def moved_modules(stamps: dict[str, Stamp], path: list[str]) -> list[str]:

@@ -1,9 +1,9 @@
 """The notebook's working directory and modules, rank side (the kernel side is :mod:`nbtrain.launch.modules`).
 
 **Before each job** (:meth:`LocalModules.enter`): change into the notebook's current directory and make
-``sys.path`` what a rank started now would have — that directory first (``python -m`` puts the start-up
-directory there), then the kernel's ``sys.path`` entries this rank does not have, then the rank's own
-start-up entries (without its start-up directory). Import caches are invalidated, so a module file
+``sys.path`` the same for a warm rank as for one started now — that directory first (``python -m`` puts
+the start-up directory there), then the kernel's ``sys.path`` in its order, so the ranks import what the
+notebook imports, then the rank's own start-up entries the kernel lacks (never its start-up directory). Import caches are invalidated, so a module file
 created since the last cell is found. This runs before the inputs are unpickled: a module sent by name
 is imported from the notebook's directory.
 
