@@ -105,7 +105,8 @@ def test_a_deleted_working_directory_is_a_clear_error_before_anything_starts(not
     doomed.mkdir()
     run(kernel, f"%cd {doomed}")
     doomed.rmdir()
-    _, out = kernel.execute("%%distributed 2 --cpu\nx = 1\n", timeout=60)
+    reply, out = kernel.execute("%%distributed 2 --cpu\nx = 1\n", timeout=60)
+    assert reply["status"] == "error", out
     assert f"UsageError: The notebook's working directory {doomed} was deleted" in out and "%cd" in out
     assert "Traceback" not in out
     _, out = kernel.execute("%distributed_shutdown", timeout=30)

@@ -38,8 +38,14 @@ class Kernel:
             if until is not None and until("".join(out)):
                 return {}, "".join(out)
             if kind == "status" and content["execution_state"] == "idle":
-                reply = self.kc.get_shell_msg(timeout=10)
-                return reply["content"], "".join(out)
+                return self._reply(msg_id)["content"], "".join(out)
+
+    def _reply(self, msg_id: str) -> dict:
+        """The shell reply to ``msg_id``; an earlier one still queued (a kernel_info reply) is skipped."""
+        while True:
+            reply = self.kc.get_shell_msg(timeout=10)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                return reply
 
     def start(self, code: str) -> str:
         return self.kc.execute(code)
