@@ -68,3 +68,13 @@ def test_importing_nbtrain_imports_no_torch():
 
     code = "import sys, nbtrain, nbtrain.magics; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_an_optimizer_of_another_model_instance_is_refused():
+    with pytest.raises(nbtrain.train.prepare.PreparedError,
+                       match=r"holds none of the parameters of the Linear given with it.*model = Net\(\)"):
+        nbtrain.prepare(torch.nn.Linear(3, 1), torch.optim.SGD(torch.nn.Linear(3, 1).parameters(), lr=0.1))
+    net, extra = torch.nn.Linear(3, 1), torch.nn.Parameter(torch.ones(1))
+    # an optimizer of the model plus other tensors, or prepared in a call of its own, is fine
+    nbtrain.prepare(net, torch.optim.SGD([*net.parameters(), extra], lr=0.1))
+    nbtrain.prepare(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1))

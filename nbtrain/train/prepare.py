@@ -16,7 +16,9 @@ Give it any mix of these and get the same number back, in the same order (one ob
 * an LR scheduler steps only when its optimizer did (see :class:`~nbtrain.train.optim.PreparedScheduler`).
 
 Preparing the same object twice in a cell, or a model already wrapped in DDP/FSDP, is an error that says
-what to pass instead. When the cell resumes from a checkpoint, each object gets its saved state as it is
+what to pass instead; so is an optimizer given with models but holding none of their parameters
+(``prepare(Net(), SGD(Net().parameters()))`` builds the optimizer from another instance, which would
+never be updated). When the cell resumes from a checkpoint, each object gets its saved state as it is
 prepared. Without a process group (plain Python), models are only moved and autocast, not wrapped in DDP.
 """
 
@@ -48,6 +50,7 @@ def prepare(*objects, **ddp_kwargs):
     kinds = {id(o): _kind(o) for o in objects}
     if ddp_kwargs and not any(k == "model" for k in kinds.values()):
         raise PreparedError(f"prepare() passes {', '.join(ddp_kwargs)} to DistributedDataParallel, but got no model.")
+    _check_optimizers_hold_the_models(objects, kinds)
     prepared = {}
     for obj in objects:  # models first: optimizers hold their parameters, which move with them
         if kinds[id(obj)] == "model":
@@ -98,6 +101,30 @@ def _check_not_prepared(context: TrainContext, obj) -> None:
     if wrapped:
         raise PreparedError(f"prepare() got a model already wrapped in {type(obj).__name__}; pass the plain "
                             "module (model.module) — prepare() moves and wraps it itself.")
+
+
+def _check_optimizers_hold_the_models(objects, kinds: dict) -> None:
+    """An optimizer given with models must hold some of their parameters, or it never updates them.
+
+    Only objects of the same call are compared: an optimizer of tensors outside any model (a learnable
+    temperature, say) can still be prepared in a call of its own.
+    """
+    models = [o for o in objects if kinds[id(o)] == "model"]
+    if not models:
+        return
+    owned = {id(p) for m in models for p in m.parameters()}
+    for position, obj in enumerate(objects, 1):
+        if kinds[id(obj)] != "optimizer":
+            continue
+        params = [p for group in obj.param_groups for p in group["params"]]
+        if params and not any(id(p) in owned for p in params):
+            model_names = " or ".join(sorted({type(m).__name__ for m in models}))
+            raise PreparedError(
+                f"the {type(obj).__name__} given to nbtrain.prepare() (argument {position}) holds none of the "
+                f"parameters of the {model_names} given with it, so training would never update that model. "
+                f"This happens when the optimizer is built from another instance, as in "
+                f"prepare(Net(), SGD(Net().parameters())). Make the model once and build the optimizer from it: "
+                f"model = Net(); opt = SGD(model.parameters()); model, opt = nbtrain.prepare(model, opt).")
 
 
 def _prepare_model(context: TrainContext, model, ddp_kwargs: dict):
