@@ -181,3 +181,28 @@ for i in range(3):
         assert len(history.series("lr", rank=rank)) == 10_000
         assert history.series("rank_mean", rank=rank).values == [0.5, 0.5, 0.5]
         assert history.series("rank_max", rank=rank).values == [10.0, 11.0, 12.0]
+
+
+def test_a_scheduler_made_in_the_notebook_steps_without_pytorchs_order_warning(pools):
+    from nbtrain.launch.api import run_source
+    from nbtrain.launch.config import LaunchRequest
+    import torch
+
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    namespace = {"model": model, "opt": opt, "sched": torch.optim.lr_scheduler.StepLR(opt, 2, gamma=0.5)}
+    run_source(SETUP + """
+import warnings
+model, opt, sched = nbtrain.prepare(model, opt, sched)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for _ in range(4):
+        model(torch.randn(4, 3)).sum().backward()
+        opt.step(); opt.zero_grad(); sched.step()
+warned = [str(w.message) for w in caught]
+everyone = [None, None]
+dist.all_gather_object(everyone, warned)
+lr = sched.get_last_lr()
+""", LaunchRequest(nprocs=2, cpu=True, out="everyone,lr"), namespace, manager=pools, write=lambda *_: None)
+    assert namespace["everyone"] == [[], []], namespace["everyone"]
+    assert namespace["lr"] == [0.1 * 0.5 ** 2]

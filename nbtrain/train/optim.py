@@ -12,9 +12,19 @@ optimizer's, so LR schedulers, checkpoints and code that edits learning rates wo
 
 :class:`PreparedScheduler` steps its scheduler only after a real optimizer step, so warm-up and decay
 schedules count optimizer steps, not micro-steps, and do not advance over a skipped fp16 step.
+
+A scheduler made in the notebook reaches the ranks pickled together with its optimizer. PyTorch's
+``LRScheduler`` notes optimizer steps through a wrapper it puts on the optimizer *instance*
+(``optimizer.step``), and ``Optimizer.__getstate__`` does not keep it, so on the ranks the scheduler
+would warn that "``optimizer.step()`` has been overridden" at its first step. Preparing the scheduler
+puts the step-tracking wrapper back (:func:`_restore_step_tracking`), as the scheduler's own
+constructor would have.
 """
 
 from __future__ import annotations
+
+import functools
+import weakref
 
 import torch
 
@@ -151,7 +161,32 @@ def prepare_optimizer(context: TrainContext, optimizer) -> PreparedOptimizer:
     return prepared
 
 
+def _restore_step_tracking(scheduler) -> None:
+    """Wrap the scheduler's optimizer's ``step`` as ``LRScheduler.__init__`` does, if pickling lost it.
+
+    The wrapper only records that the optimizer stepped (``_opt_called``), which the scheduler checks at
+    its first step; the flag names are PyTorch's own, so its check sees a correctly ordered loop.
+    """
+    optimizer = getattr(scheduler, "optimizer", None)
+    if not isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler) or optimizer is None:
+        return  # ReduceLROnPlateau does not track optimizer steps
+    step = optimizer.step
+    if hasattr(step, "_wrapped_by_lr_sched") or not hasattr(step, "__func__"):
+        return
+    func, optimizer_ref = step.__func__, weakref.ref(optimizer)  # no reference cycle through the instance
+
+    @functools.wraps(func)
+    def step_noting_the_call(*args, **kwargs):
+        opt = optimizer_ref()
+        opt._opt_called = True
+        return func.__get__(opt, type(opt))(*args, **kwargs)
+
+    step_noting_the_call._wrapped_by_lr_sched = True
+    optimizer.step = step_noting_the_call
+
+
 def prepare_scheduler(context: TrainContext, scheduler) -> PreparedScheduler:
+    _restore_step_tracking(scheduler)
     prepared = PreparedScheduler(scheduler, context)
     if context.resume is not None:
         from .checkpoint import restore_scheduler
