@@ -281,3 +281,10 @@ def test_a_name_asked_for_but_never_assigned_is_reported(manager):
     result, ns = run("model = rank", {}, manager, out="model,modle")
     assert ns["model"] == 0 and "modle" not in ns
     assert result.skipped == {"modle": "not defined on rank 0 when the cell ended"}
+
+
+def test_a_one_rank_run_says_1_rank(manager):
+    from nbtrain.launch.api import format_summary
+
+    result, ns = run("x = world_size", {}, manager, nprocs=1)
+    assert ns["x"] == 1 and format_summary(result)[0].startswith("nbtrain: 1 rank · gloo · cpu")

@@ -5,7 +5,7 @@
 import { showErrorMessage } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 
-import { duration, gib, loss, percent } from './format';
+import { count, duration, gib, loss, percent } from './format';
 import { NbtrainModel } from './model';
 import { requestAPI } from './request';
 import { sparkline } from './sparkline';
@@ -81,7 +81,7 @@ export class NbtrainPanel extends Widget {
       section.appendChild(
         this._device(
           'nbtrain-Device-cpu',
-          `CPU (${machine.cpu.count} cores)`,
+          `CPU (${count('core', machine.cpu.count)})`,
           `${percent(machine.cpu.percent)} · RAM ${gib(machine.ram.used)}/${gib(machine.ram.total)} GiB`,
           history.load,
           history.memory
@@ -148,7 +148,7 @@ export class NbtrainPanel extends Widget {
     row.appendChild(head);
     const devices = [...new Set(run.ranks.map(r => r.device ?? '?'))].join(', ');
     const facts = [
-      `${run.nprocs ?? run.ranks.length} ranks on ${devices || run.device_type || '?'}`,
+      `${count('rank', run.nprocs ?? run.ranks.length)} on ${devices || run.device_type || '?'}`,
       `step ${run.step ?? '–'}`,
       `loss ${loss(run.loss)}`
     ];

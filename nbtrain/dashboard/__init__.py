@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 
+from .. import words
 from .threads import DEFAULT_INTERVAL_S, check_interval
 
 MODES = ("auto", "widget", "text", "off")
@@ -105,8 +106,8 @@ def show_gpus(shell=None, *, once: bool = False, interval: float | None = None, 
     from . import monitor
 
     if stop:
-        count = monitor.stop_all()
-        print(f"nbtrain: stopped {count} live GPU monitor{'s' if count != 1 else ''}.")
+        stopped = monitor.stop_all()
+        print(f"nbtrain: stopped {words.count('live GPU monitor', stopped)}.")
         return None
     interval = check_interval(interval if interval is not None else _settings["interval"])
     if once or dashboard_mode(shell) != "widget":

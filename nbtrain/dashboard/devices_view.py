@@ -14,6 +14,7 @@ import html
 
 from ..gpu.telemetry import Snapshot
 from . import text
+from ..words import count
 
 RANK_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
                "#bcbd22", "#17becf"]
@@ -72,7 +73,7 @@ def _cpu_rows(snap: Snapshot, sparks) -> list[str]:
     rows = [f'<div class="nbt-row"><b>machine</b> CPU {_bar([((host.cpu_percent or 0) / 100, _busy_color(host.cpu_percent))])}'
             f'{text.percent(host.cpu_percent):>4} {text.sparkline(sparks.get("CPU (machine)", ([], []))[0])}'
             f' · RAM {_bar([(mem_fraction, "#1f77b4")])}{text.size(host.memory_used)} / {text.size(host.memory_total)}'
-            f' · {host.cpu_count} cores</div>']
+            f' · {count("core", host.cpu_count)}</div>']
     for r in snap.ranks:
         share = (r.cpu_percent or 0) / (100 * host.cpu_count)  # the bar is the machine: every core = full
         rows.append(

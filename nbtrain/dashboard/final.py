@@ -15,6 +15,7 @@ from .loss_plot import DEFAULT_SMOOTHING
 from .metric_store import MetricStore
 from .run_view import Progress
 from .telemetry_history import TelemetryHistory
+from ..words import count
 
 WIDTH_IN, ROW_HEIGHT_IN, DPI = 10.0, 2.6, 90
 
@@ -59,7 +60,7 @@ def summary_paragraph(store: MetricStore, telemetry: TelemetryHistory, status: s
                       nprocs: int, where: str, p: Progress) -> str:
     """The run in one paragraph of plain sentences."""
     ended = {"ok": "finished", "failed": "failed", "interrupted": "was interrupted"}.get(status, status)
-    parts = [f"{nprocs} ranks on {where} {ended} after {text.duration(p.elapsed)}"
+    parts = [f"{count('rank', nprocs)} on {where} {ended} after {text.duration(p.elapsed)}"
              + (f" ({detail})" if status != "ok" and detail else "") + "."]
     if p.step is not None:
         speed = f" at {p.steps_per_second:.1f} steps/s" if p.steps_per_second else ""

@@ -22,6 +22,7 @@ from . import text
 from .devices_view import DevicePanel
 from .telemetry_history import TelemetryHistory
 from .threads import DEFAULT_INTERVAL_S, Sampler, Ticker, check_interval
+from ..words import count
 
 DEFAULT_DURATION_S = 600.0
 _live: list["GpuMonitor"] = []
@@ -52,7 +53,7 @@ def gpus_table(snap: Snapshot) -> str:
                 lines.append(f"      pid {p.pid:<8} {_process_name(p.pid):<20} {text.size(p.used_memory)}")
     else:
         host = snap.host
-        lines.append(f"machine: CPU {text.percent(host.cpu_percent)} of {host.cpu_count} cores · "
+        lines.append(f"machine: CPU {text.percent(host.cpu_percent)} of {count('core', host.cpu_count)} · "
                      f"RAM {text.size(host.memory_used)} / {text.size(host.memory_total)}")
     if snap.nvml_error:
         lines.append(f"No GPU telemetry: {snap.nvml_error}.")

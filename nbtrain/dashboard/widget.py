@@ -24,6 +24,7 @@ from .final import final_png, summary_paragraph
 from .loss_plot import DEFAULT_SMOOTHING, LossPlot
 from .model import RunModel
 from .run_view import RunPanel
+from ..words import count
 
 
 class FinalFigure:
@@ -81,7 +82,7 @@ class RunDashboard:
         progress = model.progress()
         paragraph = summary_paragraph(model.store, model.history, model.status or "ok", model.detail,
                                       len(model.ranks), model.where, progress)
-        title = f"nbtrain · {len(model.ranks)} ranks · {model.where} · {model.status_text() or ''}"
+        title = f"nbtrain · {count('rank', len(model.ranks))} · {model.where} · {model.status_text() or ''}"
         figure = FinalFigure(final_png(model.store, model.history, title, self.plot.smoothing), paragraph)
         from IPython.display import display
 

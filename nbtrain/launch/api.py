@@ -26,6 +26,7 @@ from .cell import CellSyntaxError, analyse_cell
 from .config import ConfigError, LaunchRequest, resolve
 from .payload import PayloadError, pack_inputs
 from .run import PoolManager, RunResult, names_to_send, run_cell
+from ..words import count
 
 UserInputError = (ConfigError, CellSyntaxError, PayloadError)
 
@@ -69,7 +70,7 @@ def format_summary(result: RunResult) -> list[str]:
     """The short lines the magic prints after a successful run."""
     devices = sorted(set(result.devices.values()))
     where = devices[0] if len(devices) == 1 else ", ".join(devices)
-    line = f"nbtrain: {len(result.devices)} ranks · {result.backend} · {where} · {result.seconds:.1f} s" + (" (warm)" if result.warm else "")
+    line = f"nbtrain: {count('rank', len(result.devices))} · {result.backend} · {where} · {result.seconds:.1f} s" + (" (warm)" if result.warm else "")
     if result.returned:
         line += " · back in the notebook: " + ", ".join(result.returned)
     lines = [line]

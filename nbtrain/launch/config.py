@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ..gpu import nvml
 from ..train.settings import TrainSettings, TrainSettingsError, parse_train_settings
+from ..words import count
 from .modules import Workdir, WorkdirGone, notebook_workdir
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -158,8 +159,8 @@ def resolve(request: LaunchRequest) -> LaunchConfig:
     backend = backend or ("nccl" if gpus else "gloo")
     if backend == "nccl" and nprocs > len(gpus):
         raise ConfigError(
-            f"{nprocs} ranks on nccl need {nprocs} GPUs, but only {len(gpus)} "
-            f"({', '.join(str(g.index) for g in gpus)}) can be used. Run {len(gpus)} ranks, or use --backend gloo."
+            f"{count('rank', nprocs)} on nccl need {count('GPU', nprocs)}, but only {len(gpus)} "
+            f"({', '.join(str(g.index) for g in gpus)}) can be used. Run {count('rank', len(gpus))}, or use --backend gloo."
         )
     pool = PoolSpec(
         nprocs=nprocs,

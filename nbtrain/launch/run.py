@@ -41,6 +41,7 @@ from .output import OutputRelay
 from .payload import Inputs, unpack_results
 from .stacks import summarise
 from .pool import Exited, Message, Output, WorkerPool
+from ..words import count
 
 FAILURE_GRACE_S = 0.3  # let the other ranks report the same exception before they are stopped
 END_MARK_WAIT_S = 2.0  # after Done, wait at most this long for the last output
@@ -302,7 +303,7 @@ def run_cell(namespace: dict, info: CellInfo, config: LaunchConfig, manager: Poo
         raise error
     manager.release(healthy=True, keep_alive_s=config.keep_alive_s)
     result = _bring_back(namespace, run, warm, time.monotonic() - started)
-    run.notify("run_finished", "ok", f"{len(result.devices)} ranks finished in {result.seconds:.1f} s")
+    run.notify("run_finished", "ok", f"{count('rank', len(result.devices))} finished in {result.seconds:.1f} s")
     return result
 
 

@@ -22,6 +22,7 @@ import os
 from typing import Callable
 
 from ..launch.errors import RankFailedError
+from ..words import count
 from .settings import TrainSettings
 
 
@@ -41,7 +42,7 @@ def run_with_restarts(attempt: Callable[[int], object], settings: TrainSettings,
                             f"{_describe_checkpoint(settings.checkpoint_path)} (restart {restarts} of {settings.max_restarts}).\n")
             continue
         if restarts:
-            result.notes.append(f"finished after {restarts} restart{'s' if restarts > 1 else ''} from the checkpoint")
+            result.notes.append(f"finished after {count('restart', restarts)} from the checkpoint")
         return result
 
 
