@@ -47,6 +47,17 @@ def test_process_tree_cpu_and_memory(busy_tree):
     assert usage.rss > parent_rss, "the child's memory counts too"
 
 
+def test_first_reading_is_not_measured_and_no_reading_exceeds_the_cores(busy_tree):
+    """A rank's first CPU reading has no baseline (N/A, not noise like "501%"); none exceeds cores × 100."""
+    parent, child = busy_tree
+    tel = Telemetry([(0, parent), (1, child)])  # the child is rank 0's descendant and rank 1's root
+    assert [u.cpu_percent for u in tel.snapshot().ranks] == [None, None]
+    time.sleep(0.1)
+    readings = [u.cpu_percent for _ in range(300) for u in tel.snapshot().ranks]  # back to back: tiny intervals
+    assert all(0 <= r <= 100 * psutil.cpu_count() for r in readings), max(readings)
+    assert max(readings) > 25
+
+
 def test_exited_process_is_marked_not_raised(busy_tree):
     parent, child = busy_tree
     tel = Telemetry([(0, parent), (1, child)])
@@ -73,7 +84,8 @@ def test_sampler_runs_in_background_and_stops(busy_tree):
     assert 3 <= count <= 7 and not sampler.running and sampler.errors == 0
     time.sleep(0.4)
     assert len(samples) == count, "no sample after stop()"
-    assert max(s.ranks[0].cpu_percent for s in samples) > 25
+    assert samples[0].ranks[0].cpu_percent is None, "no reading before a baseline"
+    assert max(s.ranks[0].cpu_percent or 0 for s in samples) > 25
 
 
 @pytest.mark.parametrize("bad", [0.1, 6, "fast", None])

@@ -6,15 +6,21 @@ the tree (100 = one core busy), resident memory summed likewise, and the set of 
 telemetry matches against the PIDs NVML reports.
 
 ``psutil``'s CPU percent is a difference between two calls, so the :class:`psutil.Process` objects are
-kept between samples (a new process reads 0 % on its first sample and its real value after that).
+kept between samples. A process seen for the first time has no earlier reading: its CPU is not
+measured until :data:`MIN_BASELINE_S` later (a tree whose root is new reads ``None``, shown as N/A; a new child adds 0),
+because a difference over the microseconds since its handle was made is noise that can read as
+hundreds of percent. A tree's sum is also capped at the machine's cores × 100, which is all it can use.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 
 import psutil
+
+MIN_BASELINE_S = 0.05  # a process's CPU is measured only over at least this long since its first reading
 
 
 @dataclass(frozen=True)
@@ -40,21 +46,23 @@ class ProcessTrees:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._procs: dict[int, psutil.Process] = {}
+        self._procs: dict[int, tuple[psutil.Process, float]] = {}  # pid -> (handle, time of its baseline)
         psutil.cpu_percent(interval=None)  # the first machine-wide reading starts the clock
 
-    def _handle(self, pid: int) -> psutil.Process:
-        proc = self._procs.get(pid)
-        if proc is None:
+    def _handle(self, pid: int) -> tuple[psutil.Process, bool]:
+        """The kept handle of ``pid``, and whether its CPU baseline is old enough to measure from."""
+        kept = self._procs.get(pid)
+        if kept is None:
             proc = psutil.Process(pid)
-            proc.cpu_percent(interval=None)
-            self._procs[pid] = proc
-        return proc
+            proc.cpu_percent(interval=None)  # the baseline; a later sample measures from here
+            kept = self._procs[pid] = (proc, time.monotonic())
+        proc, since = kept
+        return proc, time.monotonic() - since >= MIN_BASELINE_S
 
     def usage(self, root_pid: int) -> TreeUsage:
         with self._lock:
             try:
-                root = self._handle(root_pid)
+                root, measured = self._handle(root_pid)
                 if root.status() == psutil.STATUS_ZOMBIE:  # exited, not yet reaped by its parent
                     raise psutil.ZombieProcess(root_pid)
                 members = [root] + root.children(recursive=True)
@@ -64,13 +72,15 @@ class ProcessTrees:
             pids, cpu, rss = set(), 0.0, 0
             for proc in members:
                 try:
-                    handle = self._handle(proc.pid)
+                    handle, baseline = self._handle(proc.pid)
                     with handle.oneshot():
-                        cpu += handle.cpu_percent(interval=None)
+                        if baseline:
+                            cpu += handle.cpu_percent(interval=None)
                         rss += handle.memory_info().rss
                     pids.add(proc.pid)
                 except psutil.Error:  # exited between the listing and the reading
                     self._procs.pop(proc.pid, None)
+            cpu = min(cpu, 100.0 * (psutil.cpu_count() or 1)) if measured else None  # all cores busy at most
             return TreeUsage(frozenset(pids), cpu, rss, alive=True)
 
     def forget_except(self, live_roots: set[int], keep: set[int]) -> None:

@@ -56,7 +56,7 @@ class RankUsage:
     device: str | None  # as the rank sees it: "cuda:0", "cpu", or None before it is ready
     gpu_index: int | None  # NVML index of its GPU
     gpu_memory: int | None  # bytes over the rank's process and children; None: not known (see notes)
-    cpu_percent: float | None  # 100 = one core
+    cpu_percent: float | None  # 100 = one core, at most cores × 100; None on the first sample (no baseline)
     rss: int | None  # bytes
     alive: bool = True
 
@@ -182,7 +182,7 @@ def snapshot(ranks: Iterable | None = None) -> Snapshot:
     """The machine now, and ``ranks``' usage when given.
 
     Without ``ranks`` a shared :class:`Telemetry` is used, so CPU percentages are measured since the
-    previous call. With ``ranks``, a new one: their CPU reads 0 the first time — keep a
+    previous call. With ``ranks``, a new one: their CPU reads ``None`` the first time (no baseline yet) — keep a
     :class:`Telemetry` and call its :meth:`~Telemetry.snapshot` to follow ranks over time.
     """
     global _default
