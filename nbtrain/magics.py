@@ -30,7 +30,7 @@ class DistributedMagics(Magics):
                 self._registry = False
         return [self._registry] if self._registry else []
 
-    @magic_arguments()
+    @magic_arguments(name="%distributed")  # a cell magic: the help's usage line reads %%distributed
     @argument("nprocs", nargs="?", type=int, help="number of ranks (default: one per visible GPU, else 2)")
     @argument("--cpu", action="store_true", help="run on CPU (gloo) even when GPUs are present")
     @argument("--gpus", metavar="IDS", help="GPUs to use, such as 0,2 (NVML/nvidia-smi numbering)")

@@ -27,6 +27,9 @@ def test_help_shows_options_and_examples(shell):
     doc = shell.find_cell_magic("distributed").__doc__
     for text in ("--cpu", "--gpus", "--backend", "--timeout", "--out", "--output", "--keep-alive", "Examples"):
         assert text in doc
+    usage = doc.split("::", 1)[1].split()[0]
+    assert usage == "%%distributed", f"the usage line names the cell magic: {usage}"
+    assert shell.find_line_magic("gpus").__doc__.split("::", 1)[1].split()[0] == "%gpus"
 
 
 @pytest.mark.parametrize("line, message", [
