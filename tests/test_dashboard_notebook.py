@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import sys
+import time
 
 import pytest
 
@@ -67,3 +69,51 @@ def test_final_png_and_summary_are_saved_in_the_notebook(kernel_name, tmp_path):
     assert "nbtrain: 2 ranks" in text
     gpus = "".join(o.get("text", "") for o in saved.cells[2].outputs if o.output_type == "stream")
     assert "machine: CPU" in gpus or "GPU" in gpus
+
+
+def _saved_outputs(nb, tmp_path, cell: int) -> list[dict]:
+    path = tmp_path / "saved.ipynb"
+    nbformat.write(nb, str(path))
+    outputs = nbformat.read(str(path), as_version=4).cells[cell].outputs
+    return [o.get("data", {}) for o in outputs if o.output_type in ("display_data", "execute_result")]
+
+
+def test_gpus_stopped_by_gpus_stop_leaves_a_static_table(kernel_name, tmp_path):
+    """%gpus, then %gpus --stop in a later cell: the saved notebook holds a table, not a widget."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("%load_ext nbtrain"), nbformat.v4.new_code_cell("%gpus --interval 0.25"),
+                nbformat.v4.new_code_cell("import time\ntime.sleep(0.8)\nget_ipython().run_line_magic('gpus', '--stop')")]
+    nbclient.NotebookClient(nb, kernel_name=kernel_name, timeout=60,
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    data = _saved_outputs(nb, tmp_path, 1)
+    assert len(data) == 1 and "application/vnd.jupyter.widget-view+json" not in data[0], data
+    plain = data[0]["text/plain"]
+    assert plain.startswith("%gpus: stopped at ") and ("machine: CPU" in plain or "GPU" in plain)
+    assert "nbt-row" in data[0]["text/html"]
+
+
+def test_gpus_ending_after_its_duration_replaces_its_widget_by_a_table():
+    """--for: the monitor stops on its own thread and still replaces its display in place."""
+    from kernelhelp import Kernel
+
+    kernel = Kernel()
+    try:
+        kernel.execute("%load_ext nbtrain")
+        kernel.kc.execute("%gpus --interval 0.25 --for 0.6")
+        shown, updated, deadline = None, None, time.monotonic() + 20
+        while updated is None and time.monotonic() < deadline:
+            try:
+                msg = kernel.kc.get_iopub_msg(timeout=0.5)
+            except queue.Empty:
+                continue
+            if msg["msg_type"] == "display_data":
+                shown = msg["content"]
+            elif msg["msg_type"] == "update_display_data":
+                updated = msg["content"]
+    finally:
+        kernel.shutdown()
+    assert shown is not None and "application/vnd.jupyter.widget-view+json" in shown["data"]
+    assert updated is not None, "the widget's display was not replaced"
+    assert updated["transient"]["display_id"] == shown["transient"]["display_id"]
+    assert "application/vnd.jupyter.widget-view+json" not in updated["data"]
+    assert updated["data"]["text/plain"].startswith("%gpus: stopped at ")

@@ -113,11 +113,8 @@ def show_gpus(shell=None, *, once: bool = False, interval: float | None = None, 
     if once or dashboard_mode(shell) != "widget":
         print(monitor.once())
         return None
-    from IPython.display import display
-
     live = monitor.GpuMonitor(interval, monitor.DEFAULT_DURATION_S if duration is None else duration)
-    display(live.widget)
-    return live.start()
+    return live.show()
 
 
 __all__ = ["observer_for", "configure", "show_gpus", "dashboard_mode"]

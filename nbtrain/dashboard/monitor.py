@@ -7,7 +7,9 @@
   a telemetry sampler, updated in place, with a Stop button. It stops by itself after ``duration``
   seconds (10 minutes unless told otherwise; 0 means until stopped) so a forgotten monitor does not
   sample for the rest of the session; ``%gpus --stop`` stops every live monitor, and a new ``%gpus``
-  stops the previous one.
+  stops the previous one. When it stops, its output is replaced in place (``update_display``) by
+  :class:`StaticDevices` — the last sample as HTML, and :func:`gpus_table` as text — so a saved
+  notebook holds a table, not a widget that needs a live kernel.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import psutil
 
 from ..gpu.telemetry import Snapshot, Telemetry
 from . import text
-from .devices_view import DevicePanel
+from .devices_view import DevicePanel, devices_html
 from .telemetry_history import TelemetryHistory
 from .threads import DEFAULT_INTERVAL_S, Sampler, Ticker, check_interval
 from ..words import count
@@ -69,6 +71,20 @@ def once(interval: float = 0.2) -> str:
     return gpus_table(telemetry.snapshot())
 
 
+class StaticDevices:
+    """What a stopped monitor leaves in the notebook: its last sample, as HTML and as a text table."""
+
+    def __init__(self, snap: Snapshot | None, sparks: dict) -> None:
+        self.snap, self.sparks = snap, sparks
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        when = "" if self.snap is None else time.strftime(" at %H:%M:%S", time.localtime(self.snap.time))
+        head = f"%gpus: stopped{when}; the last sample:"
+        plain = gpus_table(self.snap) if self.snap is not None else "no sample was taken"
+        note = f"<div class='nbt-note'>{head}</div>"
+        return {"text/html": note + devices_html(self.snap, self.sparks), "text/plain": f"{head}\n{plain}"}
+
+
 class GpuMonitor:
     def __init__(self, interval: float = DEFAULT_INTERVAL_S, duration: float = DEFAULT_DURATION_S) -> None:
         import ipywidgets as W
@@ -88,6 +104,14 @@ class GpuMonitor:
         self._seen = -1
         self.started = time.monotonic()
         self.stopped = False
+        self.handle = None  # the display handle, when shown with a display_id (see show())
+
+    def show(self) -> "GpuMonitor":
+        """Display the live widget under the cell and start sampling."""
+        from IPython.display import display
+
+        self.handle = display(self.widget, display_id=True)
+        return self.start()
 
     def start(self) -> "GpuMonitor":
         with _live_lock:
@@ -127,6 +151,11 @@ class GpuMonitor:
         with _live_lock:
             if self in _live:
                 _live.remove(self)
+        if self.handle is not None:  # leave a table in the saved notebook, then free the widgets' comms
+            from .widget import close_tree
+
+            self.handle.update(StaticDevices(self.history.latest, self.history.sparks()))
+            close_tree(self.widget)
 
 
 def stop_all() -> int:
