@@ -288,3 +288,34 @@ def test_a_one_rank_run_says_1_rank(manager):
 
     result, ns = run("x = world_size", {}, manager, nprocs=1)
     assert ns["x"] == 1 and format_summary(result)[0].startswith("nbtrain: 1 rank · gloo · cpu")
+
+
+def test_every_unsendable_variable_is_named_and_a_functions_bad_global_too(manager):
+    ns = notebook("""
+        import threading
+        lock = threading.Lock()
+        rows = (i for i in range(3))
+        def train(x):
+            with lock:
+                return x
+        def make_step():
+            guard = threading.Lock()
+            def step(x):
+                with guard:
+                    return x
+            return step
+        step = make_step()
+    """)
+    with pytest.raises(PayloadError) as err:
+        run("with lock:\n    m = list(rows)\n", ns, manager)
+    message = str(err.value)
+    assert "Cannot send 2 notebook variables" in message
+    assert "'lock' (_thread.lock): TypeError: cannot pickle '_thread.lock' object" in message
+    assert "'rows' (generator): TypeError: cannot pickle 'generator' object" in message
+    with pytest.raises(PayloadError, match=r"'train' \(function\) to the ranks: it uses the global 'lock' "
+                                           r"\(_thread.lock\), which cannot be pickled"):
+        run("y = train(1)\n", ns, manager)
+    with pytest.raises(PayloadError, match=r"'step' \(function\) to the ranks: it uses the captured variable "
+                                           r"'guard' \(_thread.lock\)"):
+        run("y = step(1)\n", ns, manager)
+    assert manager.pool is None

@@ -8,8 +8,9 @@ arrays — also inside modules, dicts or lists — are swapped for shared-memory
 CUDA tensor in the notebook is sent as a CPU copy and said so. The pickle is made once and the same bytes
 go to every rank.
 
-When the pickle fails, each name is tried alone to name the culprit: a :class:`PayloadError` says the
-variable, its type and the reason, before any process is involved.
+When the pickle fails, each name is tried alone to name the culprits: a :class:`PayloadError` names
+every variable that cannot be sent, with its type and the reason — for a function, which of the globals
+(or captured variables) it uses cannot be pickled — before any process is involved.
 
 **Results.** On rank 0, the names to bring back are pickled together (shared objects stay shared); a
 value that cannot travel is found, skipped and named, and the others still come. DDP (and ``torch.compile``) wrappers are removed, CUDA
@@ -22,6 +23,7 @@ import io
 import itertools
 import pickle
 import sys
+import types
 from dataclasses import dataclass, field
 
 import cloudpickle
@@ -98,19 +100,58 @@ def pack_inputs(namespace: dict, names) -> Inputs:
 
 
 def _explain_failure(values: dict, original: Exception) -> PayloadError:
-    for name, value in values.items():
-        probe = SharedArena()
+    """Try each variable alone: name every one that cannot be sent, and why (a function: which global)."""
+    culprits = [(name, value, exc) for name, value in values.items() if (exc := _pickle_error(value)) is not None]
+    if not culprits:
+        return PayloadError(f"Cannot send the notebook variables to the ranks: {_reason(original)}")
+    if len(culprits) == 1:
+        name, value, exc = culprits[0]
+        return PayloadError(f"Cannot send the notebook variable '{name}' ({_type_name(value)}) to the ranks: "
+                            f"{_why(value, exc)}.\nCreate it inside the %%distributed cell instead, or delete it "
+                            f"from the notebook if the cell does not need it.")
+    listed = "".join(f"\n  '{name}' ({_type_name(value)}): {_why(value, exc)}" for name, value, exc in culprits)
+    return PayloadError(f"Cannot send {len(culprits)} notebook variables to the ranks:{listed}\nCreate them inside "
+                        f"the %%distributed cell instead, or delete them from the notebook if the cell does not need them.")
+
+
+def _pickle_error(value) -> Exception | None:
+    """The exception pickling ``value`` alone (as inputs are pickled) raises, or None when it travels."""
+    probe = SharedArena()
+    try:
+        _InputPickler(io.BytesIO(), probe, []).dump(value)
+        return None
+    except Exception as exc:
+        return exc
+    finally:
+        probe.close()
+
+
+def _why(value, exc: Exception, depth: int = 0) -> str:
+    """The reason; for a function sent by value, which global (or captured variable) cannot be pickled."""
+    if isinstance(value, types.FunctionType) and depth < 3:
+        for kind, name, captured in _captured(value):
+            inner = _pickle_error(captured)
+            if inner is not None:
+                return (f"it uses the {kind} '{name}' ({_type_name(captured)}), which cannot be pickled: "
+                        f"{_why(captured, inner, depth + 1)}")
+    return _reason(exc)
+
+
+def _captured(func: types.FunctionType):
+    """What cloudpickle sends with a function: the globals its code names, and its closure's cells."""
+    names: list[str] = []
+    codes = [func.__code__]
+    while codes:
+        code = codes.pop()
+        names += [n for n in code.co_names if n in func.__globals__ and n not in names]
+        codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    for name in names:
+        yield "global", name, func.__globals__[name]
+    for name, cell in zip(func.__code__.co_freevars, func.__closure__ or ()):
         try:
-            _InputPickler(io.BytesIO(), probe, []).dump(value)
-        except Exception as exc:
-            return PayloadError(
-                f"Cannot send the notebook variable '{name}' ({_type_name(value)}) to the ranks: "
-                f"{_reason(exc)}.\nCreate it inside the %%distributed cell instead, or delete it from the "
-                f"notebook if the cell does not need it."
-            )
-        finally:
-            probe.close()
-    return PayloadError(f"Cannot send the notebook variables to the ranks: {_reason(original)}")
+            yield "captured variable", name, cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
 
 
 def _type_name(value) -> str:
