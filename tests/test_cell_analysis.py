@@ -46,3 +46,8 @@ def test_syntax_error_names_the_cell_line_counting_the_magic_line():
     assert "line 3" in str(err.value) or "line 2" in str(err.value)
     with pytest.raises(CellSyntaxError, match="line 3"):
         analyse_cell("a = 1\nb = 2\nreturn 3 +\n", line_offset=0)
+
+
+def test_names_the_cell_deletes():
+    info = analyse_cell("buf = 1\nkeep = 2\ndel buf\nif keep:\n    del keep\ndef f():\n    x = 1\n    del x\n")
+    assert info.deletes == ("buf", "keep") and info.assigns == ("buf", "keep", "f")

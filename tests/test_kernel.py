@@ -83,3 +83,25 @@ def test_ranks_exit_by_themselves_when_the_kernel_dies():
     finally:
         kernel.shutdown()
     assert_no_workers()
+
+
+def test_summaries_keep_a_long_error_to_its_first_sentence_and_ignore_deleted_names():
+    advice = "XY" * 30  # made at run time, so the cell's source line shown in the traceback does not hold it
+    nb = new_notebook(cells=[new_code_cell(c) for c in [
+        "%load_ext nbtrain",
+        "%%distributed 2 --cpu\nbuf = [rank] * 3\ntotal = sum(buf)\ndel buf\n",
+        "%%distributed 2 --cpu\nraise RuntimeError('CUDA out of memory. Tried to allocate 20.00 GiB. ' + 'XY' * 30)\n",
+        "%distributed_shutdown",
+    ]])
+    NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True).execute()
+
+    def shown(cell) -> str:  # everything the cell shows, as text: streams, tracebacks, displays
+        parts = [o.get("text", "") + "\n".join(o.get("traceback", [])) for o in cell.outputs]
+        parts += [v for o in cell.outputs for k, v in o.get("data", {}).items() if k in ("text/plain", "text/markdown")]
+        return "\n".join(parts)
+
+    ran = shown(nb.cells[1])
+    assert "back in the notebook: total" in ran and "buf" not in ran, ran
+    failed = shown(nb.cells[2])
+    assert "rank 0 raised RuntimeError: CUDA out of memory. …" in failed or "rank 1 raised RuntimeError: CUDA out of memory. …" in failed
+    assert failed.count(advice) == 1, f"the full message is shown once, at the end of the traceback:\n{failed}"

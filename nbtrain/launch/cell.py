@@ -11,6 +11,9 @@ cell defines. Both come from the cell's syntax tree, without running it:
   little time, one too few breaks the run.
 * **assigns** — every name bound at the cell's top level (assignment, import, ``def``, ``class``,
   ``for``/``with`` targets, walrus), in first-bound order; the default set brought back from rank 0.
+* **deletes** — names the cell's top-level code deletes (``del buf``). They stay in the default set (a
+  name deleted and bound again comes back), but one that is gone when the cell ends is not reported as
+  missing: the cell meant it.
 
 A syntax error is reported with the line number of the cell as the user sees it (the magic's own line
 counts), so the error points at the right line before any process starts.
@@ -36,6 +39,7 @@ class CellInfo:
     reads: tuple[str, ...]
     assigns: tuple[str, ...]
     code: ast.Module
+    deletes: tuple[str, ...] = ()
 
 
 def analyse_cell(source: str, line_offset: int = 1) -> CellInfo:
@@ -55,7 +59,7 @@ def analyse_cell(source: str, line_offset: int = 1) -> CellInfo:
     for name in _nested_global_reads(table):
         if name not in bound_anywhere and name not in reads:
             reads.append(name)
-    return CellInfo(source, line_offset, tuple(reads), tuple(assigns), tree)
+    return CellInfo(source, line_offset, tuple(reads), tuple(assigns), tree, tuple(_top_level_deletions(tree)))
 
 
 def _ordered_reads(tree: ast.Module) -> list[str]:
@@ -200,4 +204,20 @@ def _top_level_bindings(tree: ast.Module) -> list[str]:
         for name in _bindings_of(stmt):
             if name not in out:
                 out.append(name)
+    return out
+
+
+def _top_level_deletions(tree: ast.Module) -> list[str]:
+    """Names ``del``-eted in the module scope (also inside top-level ``if``/``for``/``with``/``try``)."""
+    out: list[str] = []
+
+    def visit(n: ast.AST) -> None:
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            return  # their ``del`` acts on their own scope
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Del) and n.id not in out:
+            out.append(n.id)
+        for child in ast.iter_child_nodes(n):
+            visit(child)
+
+    visit(tree)
     return out

@@ -12,6 +12,11 @@ wrote for it, if any, and the last lines the rank printed.
 
 :class:`RankFailedError` is raised in the notebook. IPython shows its :meth:`_render_traceback_` instead
 of a kernel-side traceback that would only show nbtrain's own frames.
+
+A failure's one-line :meth:`RankFailure.summary` (the report's first line, the dashboard's summary, the
+JupyterLab panel) keeps only the first sentence of the exception's message (:func:`first_sentence`):
+a CUDA out-of-memory message runs to several lines of advice, and the full text is already at the end
+of the traceback, once.
 """
 
 from __future__ import annotations
@@ -55,7 +60,9 @@ class RankFailure:
     def summary(self) -> str:
         if self.error is not None:
             where = {"inputs": " while loading the notebook's variables", "results": " while sending results back"}
-            return f"rank {self.rank} raised {self.error.headline}{where.get(self.error.stage, '')}"
+            message = first_sentence(self.error.message)
+            raised = f"{self.error.type_name}: {message}" if message else self.error.type_name
+            return f"rank {self.rank} raised {raised}{where.get(self.error.stage, '')}"
         if self.exit_code is not None and self.exit_code < 0:
             sig = signal.Signals(-self.exit_code)
             hint = SIGNAL_HINTS.get(sig)
@@ -136,6 +143,17 @@ class RankFailedError(RuntimeError):
             if source and source.strip():
                 out.append(f"    {source.strip()}")
         return out
+
+
+def first_sentence(message: str, limit: int = 200) -> str:
+    """The message up to its first sentence end or line break, at most ``limit`` characters (… if cut)."""
+    text = message.strip()
+    line = text.split("\n", 1)[0].strip()
+    end = next((i + 1 for i, c in enumerate(line[:-1]) if c in ".!?" and line[i + 1] == " "), len(line))
+    short = line[:end]
+    if len(short) > limit:
+        short = short[:limit - 1].rstrip() + "…"
+    return short + (" …" if len(short) < len(text) and not short.endswith("…") else "")
 
 
 def _ranks(ranks: list[int]) -> str:

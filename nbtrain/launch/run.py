@@ -302,7 +302,8 @@ def run_cell(namespace: dict, info: CellInfo, config: LaunchConfig, manager: Poo
         run.notify("run_finished", "failed", error.failures[0].summary())
         raise error
     manager.release(healthy=True, keep_alive_s=config.keep_alive_s)
-    result = _bring_back(namespace, run, warm, time.monotonic() - started)
+    deleted = info.deletes if config.out_names is None else ()  # the cell's own `del`: not worth a line
+    result = _bring_back(namespace, run, warm, time.monotonic() - started, deleted)
     run.notify("run_finished", "ok", f"{count('rank', len(result.devices))} finished in {result.seconds:.1f} s")
     return result
 
@@ -360,11 +361,12 @@ def _interrupt(run: _Run, manager: PoolManager, info: CellInfo) -> None:
     pool.close()
 
 
-def _bring_back(namespace: dict, run: _Run, warm: bool, seconds: float) -> RunResult:
+def _bring_back(namespace: dict, run: _Run, warm: bool, seconds: float, deleted=()) -> RunResult:
     results = next((d.results for d in run.done.values() if d.results is not None), None)
     values, skipped = unpack_results(results) if results is not None else ({}, {})
     if results is not None and results.missing:
-        skipped.update({name: "not defined on rank 0 when the cell ended" for name in results.missing})
+        skipped.update({name: "not defined on rank 0 when the cell ended" for name in results.missing
+                        if name not in deleted})
     namespace.update(values)
     return RunResult(
         returned=tuple(values), skipped=skipped,
