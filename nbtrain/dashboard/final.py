@@ -73,7 +73,8 @@ def summary_paragraph(store: MetricStore, telemetry: TelemetryHistory, status: s
     loads = []
     for label, (busy, memory) in telemetry.peaks().items():
         if label.startswith("rank"):  # CPU path: a rank's CPU is per core, its memory a share of the RAM
-            loads.append(f"{label} used {text.percent(busy)} of a core on average, at most {text.percent(memory)} of the RAM")
+            cpu = "" if busy is None else f"{text.percent(busy)} of a core on average, "  # None: too short to measure
+            loads.append(f"{label} used {cpu}at most {text.percent(memory)} of the RAM")
         else:
             loads.append(f"{label} {text.percent(busy)} busy on average, memory peak {text.percent(memory)}")
     if loads:
