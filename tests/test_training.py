@@ -137,7 +137,8 @@ def test_accumulation_equals_the_large_batch_and_skips_all_reduces(pools):
 def test_accumulation_needs_nbtrain_backward(pools):
     with pytest.raises(RankFailedError, match="needs nbtrain.backward"):
         run(pools, SETUP + """
-model, opt = nbtrain.prepare(torch.nn.Linear(2, 1), torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1))
+net = torch.nn.Linear(2, 1)
+model, opt = nbtrain.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
 model(torch.ones(1, 2)).sum().backward()
 opt.step()
 """, grad_accum=2)
