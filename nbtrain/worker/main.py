@@ -44,7 +44,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from ..launch import protocol as P
 from ..launch.payload import load_inputs, pack_results
 from ..train import runtime as train_runtime
-from . import compat, metrics
+from . import compat, metrics, stop
 from .modules import LocalModules
 
 
@@ -173,7 +173,8 @@ class Rank:
         lines = job.source.splitlines(keepends=True)
         linecache.cache[job.filename] = (len(job.source), None, lines, job.filename)
         try:
-            exec(compile(job.source, job.filename, "exec"), ns)
+            with stop.interruptible():  # the only place the stop button's SIGINT raises (see .stop)
+                exec(compile(job.source, job.filename, "exec"), ns)
         except SystemExit as exc:
             if exc.code not in (None, 0):
                 return P.Failed(job.job_id, self.rank, describe(exc))
