@@ -54,5 +54,5 @@ def test_ranks_waiting_for_each_other_with_one_finished_are_reported(pools):
                 dist.barrier()
                 dist.barrier()
             print("rank", rank, "done")
-        """, {}, pools)
+        """, {}, pools, timeout=20)
     assert err.value.failures[0].summary().startswith("rank 0 finished the cell; rank 1 waits in barrier() at cell line 4")
