@@ -17,7 +17,9 @@ Then, per :class:`Job`: a fresh ``__main__`` module (so classes defined in the c
 streams are flushed and marked; GPU caches are emptied. The cell's training settings (``--amp``,
 ``--grad-accum``, ``--checkpoint``) are opened as a :mod:`nbtrain.train.runtime` context for the cell
 and closed after it. Failures are reported as :class:`Failed` with
-the traceback's frames, which the kernel maps to the cell's lines.
+the traceback's frames, which the kernel maps to the cell's lines. The stop button's SIGINT raises
+KeyboardInterrupt only while the cell's code runs (:mod:`.stop`): the reporting, flushing and cleanup
+around it always complete.
 
 Errors outside a job (bad environment, rendezvous failure) are written to torch elastic's error file
 (``TORCHELASTIC_ERROR_FILE``) through ``@record``, where the kernel reads them like torchrun's agent.
