@@ -20,7 +20,7 @@ def test_a_rank_slower_than_the_others_is_left_to_finish(pools):
                 torch.ones(64, 64) @ torch.ones(64, 64)
             time.sleep(0.5)
         finished = rank
-    """, {}, pools)
+    """, {}, pools, timeout=20)  # the options of the next test: it reuses these warm ranks
     assert ns["finished"] == 0 and set(result.rank_seconds) == {0, 1}
     assert result.rank_seconds[1] > 3
 

@@ -15,7 +15,8 @@ ranks, the collective and the cell line::
     rank 1 finished the cell; rank 0 waits in all_reduce() at cell line 3 — every rank must call the same collectives
 
 A rank that is merely slower (computing, loading data, sleeping) is never stopped; its stacks are read
-again after a growing pause, so a long tail costs a handful of dumps. Ranks that wait in a collective
+again after a growing pause (0.5 s, then 1.5 times longer each time, at most 10 s), so a long tail costs
+a dump every 10 s. A dump that arrives late or cut short counts as "cannot tell", never as stuck. Ranks that wait in a collective
 together with another unfinished rank (a subgroup) are left alone too: one of them is not in a
 collective yet, or they finish within the confirmation pause.
 
@@ -28,12 +29,12 @@ import time
 from dataclasses import dataclass
 
 from .protocol import Frame, RemoteError
-from .stacks import Position, locate
+from .stacks import Position, is_complete, locate
 
 SETTLE_S = 2.0  # every rank finishing within this of the first is normal skew, not worth a look
 CONFIRM_S = 0.5  # still in the same collective after this: stuck
-MAX_PAUSE_S = 30.0  # a long-running slower rank is looked at no more often than this
-DUMP_WAIT_S = 0.4
+FIRST_PAUSE_S, PAUSE_GROWTH, MAX_PAUSE_S = 0.5, 1.5, 10.0  # between looks at a slower rank
+DUMP_WAIT_S = 1.0  # an upper bound: a busy machine may take a moment to schedule the dumping rank
 MISMATCH_TYPE = "CollectiveMismatch"
 COLLECTIVES = frozenset({
     "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "all_gather_object",
@@ -50,6 +51,7 @@ class Mismatch:
 
     finished: tuple[int, ...]
     waiting: dict[int, Position]
+    cell: tuple[str, list[str], int]  # file name of the cell's code, its lines, the magic's line offset
 
     def message(self) -> str:
         done = f"rank {self.finished[0]}" if len(self.finished) == 1 else f"ranks {_join(self.finished)}"
@@ -58,8 +60,9 @@ class Mismatch:
                           for rank, pos in sorted(self.waiting.items()))
         return f"{done} finished the cell; {waits} — every rank must call the same collectives"
 
-    def error(self, cell_filename: str, line_offset: int, cell_lines: list[str]) -> RemoteError:
+    def error(self) -> RemoteError:
         """As a rank's error, with the waiting rank's cell line as its one frame (mapped like a traceback's)."""
+        cell_filename, cell_lines, line_offset = self.cell
         rank, pos = min(self.waiting.items())
         frames = ()
         if pos.cell_line is not None:
@@ -76,7 +79,7 @@ class MismatchWatcher:
         self.pool = pool
         self.cell = (cell_filename, cell_source.splitlines(), line_offset)
         self._next_look: float | None = None
-        self._pause = 1.0
+        self._pause = FIRST_PAUSE_S
         self._suspect: dict[int, Position] | None = None
 
     def check(self, finished: set[int], now: float) -> Mismatch | None:
@@ -87,22 +90,22 @@ class MismatchWatcher:
             self._next_look = now + SETTLE_S
         if now < self._next_look:
             return None
-        waiting = self._positions(unfinished)
-        if waiting is None:  # someone is doing something else: look again later, less often
+        dumps = self.pool.dump_stacks(DUMP_WAIT_S, unfinished)
+        waiting = self._waiting(dumps) if set(dumps) == set(unfinished) else None
+        if waiting is None:  # someone does something else (or did not answer in time): look again, less often
             self._suspect = None
             self._next_look = time.monotonic() + self._pause
-            self._pause = min(self._pause * 2, MAX_PAUSE_S)
+            self._pause = min(self._pause * PAUSE_GROWTH, MAX_PAUSE_S)
             return None
         if self._suspect != waiting:  # first sighting (or it moved on): confirm before failing the run
             self._suspect = waiting
             self._next_look = time.monotonic() + CONFIRM_S
             return None
-        return Mismatch(tuple(sorted(finished)), waiting)
+        return Mismatch(tuple(sorted(finished)), waiting, self.cell)
 
-    def _positions(self, ranks: list[int]) -> dict[int, Position] | None:
+    def _waiting(self, dumps: dict[int, str]) -> dict[int, Position] | None:
         """Each rank's position if every one of them waits in a collective, else None."""
-        dumps = self.pool.dump_stacks(DUMP_WAIT_S, ranks)
-        if set(dumps) != set(ranks):
+        if not all(is_complete(dump) for dump in dumps.values()):  # cut short: cannot tell
             return None
         positions = {rank: locate(dump, *self.cell) for rank, dump in dumps.items()}
         if all(pos.collective in COLLECTIVES for pos in positions.values()):

@@ -162,7 +162,6 @@ class _Run:
         self.all_done_at: float | None = None
         self.devices: dict[int, str] = {r.rank: r.device for r in pool.ranks if r.device}
         self.start_deadline = time.monotonic() + config.start_timeout_s
-        self.cell_lines = info.source.splitlines()
         self.mismatch = MismatchWatcher(pool, job.filename, info.source, info.line_offset)
 
     def loop(self, stop_requested: threading.Event) -> None:
@@ -184,8 +183,8 @@ class _Run:
                     return
             elif self.done and (mismatch := self.mismatch.check(set(self.done), now)) is not None:
                 rank = min(mismatch.waiting)
-                self._fail(RankFailure(rank, mismatch.error(self.job.filename, self.mismatch.cell[2], self.cell_lines),
-                                       output_tail=self.relay.tail(rank), diagnosis=mismatch.message()))
+                self._fail(RankFailure(rank, mismatch.error(), output_tail=self.relay.tail(rank),
+                                       diagnosis=mismatch.message()))
             elif not self.pool.ready and now > self.start_deadline:
                 waiting = [r.rank for r in self.pool.ranks if r.device is None]
                 self._fail(RankFailure(waiting[0], P.RemoteError(

@@ -83,6 +83,11 @@ def locate(dump: str, cell_filename_prefix: str, cell_lines: list[str], line_off
                     in_cell.lineno + line_offset if in_cell else None, where, inside)
 
 
+def is_complete(dump: str) -> bool:
+    """Whether the dump reaches the rank's outermost frame (nbtrain's worker loop): not cut short or partial."""
+    return any(_WORKER in f.filename and f.function == "main" for frames in parse_threads(dump) for f in frames)
+
+
 def summarise(dump: str, cell_filename_prefix: str, cell_lines: list[str], line_offset: int) -> str:
     """One line: which collective the rank waits in (if any) and where in the cell it is."""
     pos = locate(dump, cell_filename_prefix, cell_lines, line_offset)
