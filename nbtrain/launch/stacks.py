@@ -9,8 +9,10 @@ blocked inside a collective, a DataLoader queue or a lock, which is exactly when
     rank 1: waiting in barrier() (torch.distributed), from cell line 6: dist.barrier()
     rank 0: at cell line 4: time.sleep(600)
 
-The kernel asks for stacks when a rank fails (to show where the others were) and when the user presses
-stop (to show where every rank was) — the hang diagnosis nbtrain gives instead of silence.
+The kernel asks for stacks when a rank fails (to show where the others were), when the user presses
+stop (to show where every rank was) and when some ranks finished the cell while others did not (to see
+whether those wait in a collective that can never complete, :mod:`.mismatch`) — the hang diagnosis
+nbtrain gives instead of silence.
 """
 
 from __future__ import annotations

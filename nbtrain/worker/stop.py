@@ -8,8 +8,7 @@ DataLoader iterator's ``__del__`` as the cell's namespace is dropped) — each o
 traceback nobody asked for.
 
 :func:`install` replaces the handler, first thing in the rank process, with one that raises only inside
-:func:`interruptible` — the block that runs the cell. Anywhere else the signal is only noted
-(:func:`requested`): the rank finishes what it is doing quietly and the kernel's SIGTERM ends it. A stop
+:func:`interruptible` — the block that runs the cell. Anywhere else the signal is only noted: the rank finishes what it is doing quietly and the kernel's SIGTERM ends it. A stop
 that arrives while nbtrain prepares the cell (loading the inputs) raises as soon as the cell would
 start, so the cell never runs after the button was pressed.
 
@@ -37,11 +36,6 @@ def _on_sigint(signum, frame) -> None:
 def install() -> None:
     """Defer SIGINT outside :func:`interruptible` (call before anything slow, such as importing torch)."""
     signal.signal(signal.SIGINT, _on_sigint)
-
-
-def requested() -> bool:
-    """Whether a stop arrived (in the cell or not)."""
-    return _requested
 
 
 @contextlib.contextmanager
