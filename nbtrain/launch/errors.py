@@ -48,6 +48,7 @@ class RankFailure:
     output_tail: list[str] = field(default_factory=list)
     order: int = 0  # arrival order: the first failure is usually the cause
     starting: bool = False  # ended before joining the process group
+    diagnosis: str | None = None  # nbtrain's own account of a program error (uneven collectives)
 
     @property
     def secondary(self) -> bool:
@@ -58,6 +59,8 @@ class RankFailure:
         return self.error.type_name.startswith("Dist") or any(k in text for k in _PEER_LOST)
 
     def summary(self) -> str:
+        if self.diagnosis is not None:
+            return self.diagnosis
         if self.error is not None:
             where = {"inputs": " while loading the notebook's variables", "results": " while sending results back"}
             message = first_sentence(self.error.message)
@@ -102,7 +105,9 @@ class RankFailedError(RuntimeError):
         if same:
             lines.append(f"({_ranks(same).rsplit(' ', 1)[0]} raised the same error)")
         others = [f for f in self.failures[1:] if f.rank not in same]
-        if first.error is not None:
+        if first.diagnosis is not None:
+            lines += self._diagnosis(first)
+        elif first.error is not None:
             lines.append("")
             for text in first.error.chained:
                 lines += [text, "", "The above exception led to:", ""]
@@ -125,6 +130,13 @@ class RankFailedError(RuntimeError):
         if self.stopped:
             lines += ["", f"{_ranks(self.stopped).capitalize()} stopped. The notebook's variables are unchanged."]
         return "\n".join(lines)
+
+    def _diagnosis(self, failure: RankFailure) -> list[str]:
+        lines = []
+        if failure.error is not None and failure.error.frames:
+            lines += ["", f"Rank {failure.rank} is stuck here:"] + self._frames(failure.error.frames)
+        return lines + ["", "A collective returns only when every rank of its group calls it: call it on every rank "
+                            "(not inside `if rank == ...`), the same number of times and in the same order."]
 
     def _frames(self, frames: tuple[Frame, ...]) -> list[str]:
         filename, cell_lines, offset = self._cell

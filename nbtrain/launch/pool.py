@@ -18,8 +18,9 @@ Events: :meth:`WorkerPool.poll_events` waits on every socket and pipe at once an
 messages, output chunks and exits. The run (:mod:`nbtrain.launch.run`) decides what they mean.
 
 Teardown (:meth:`WorkerPool.stop`): a polite Shutdown (barrier, destroy the group) when the pool is
-healthy; then SIGINT → SIGTERM → SIGKILL to every rank's process group and every descendant found
-through psutil, with a short grace between steps; then the socket, the store and the directory go.
+healthy; then SIGTERM → SIGKILL to every rank's process group and every descendant found through
+psutil, with a short grace between steps; then the socket, the store and the directory go. The stop
+button (:meth:`WorkerPool.interrupt`) sends one SIGINT to each process first.
 """
 
 from __future__ import annotations
@@ -293,7 +294,17 @@ class WorkerPool:
         return _size(path)
 
     def interrupt(self) -> None:
-        self._signal_all(signal.SIGINT)
+        """The stop button: exactly one SIGINT to each process of the pool, the ranks and their descendants.
+
+        Not the process group as well: a second SIGINT a few milliseconds later would land in the cleanup
+        the first one started (a DataLoader iterator's ``__del__``, a worker's exit) and print tracebacks.
+        """
+        seen = set()
+        for p in self._family():
+            if p.pid not in seen:
+                seen.add(p.pid)
+                with contextlib.suppress(psutil.Error):
+                    p.send_signal(signal.SIGINT)
 
     def stop(self, graceful: bool = True, grace: float = 1.0) -> None:
         """End every process of this pool, politely if it is healthy, surely in any case; free it all."""

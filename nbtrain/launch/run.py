@@ -12,8 +12,11 @@ configuration, and that every notebook variable the cell reads can be pickled. T
 5. a failure (exception, exit, signal): the other ranks get a moment (:data:`FAILURE_GRACE_S`) to report
    the same error, then the pool is torn down — within 2 s, not at the collective timeout — and
    :class:`~nbtrain.launch.errors.RankFailedError` is raised;
-6. the stop button (KeyboardInterrupt in the kernel): SIGINT to every rank's process group, then
-   SIGTERM, then SIGKILL, well within 3 s; the pool is discarded and KeyboardInterrupt re-raised.
+6. uneven collectives (some ranks finished the cell, the others wait in a collective for them): found
+   within a few seconds by :mod:`.mismatch` and reported as a failure naming the collective and line;
+7. the stop button (KeyboardInterrupt in the kernel): one SIGINT to each process of the pool, then
+   SIGTERM, then SIGKILL, well within 3 s (:mod:`.stopping`); the pool is discarded and
+   KeyboardInterrupt re-raised.
 
 Nothing is assigned into the notebook unless the run succeeded.
 """
@@ -21,8 +24,6 @@ Nothing is assigned into the notebook unless the run succeeded.
 from __future__ import annotations
 
 import atexit
-import contextlib
-import signal
 import sys
 import threading
 import time
@@ -39,8 +40,10 @@ from .modules import Workdir, fresh_ranks_note, notebook_workdir, stale_modules
 from .observer import RankInfo, RunInfo, RunObserver
 from .output import OutputRelay
 from .payload import Inputs, unpack_results
-from .stacks import summarise
+from .mismatch import MismatchWatcher
 from .pool import Exited, Message, Output, WorkerPool
+from .stacks import whereabouts
+from .stopping import stop_button, stop_run
 from ..words import count
 
 FAILURE_GRACE_S = 0.3  # let the other ranks report the same exception before they are stopped
@@ -146,7 +149,7 @@ class _Run:
     """The event loop of one cell on one pool."""
 
     def __init__(self, pool: WorkerPool, job: P.Job, inputs: Inputs, config: LaunchConfig, write,
-                 observers: list[RunObserver], warm: bool) -> None:
+                 observers: list[RunObserver], warm: bool, info: CellInfo) -> None:
         self.pool, self.job, self.inputs, self.config = pool, job, inputs, config
         self.observers, self.warm = list(observers), warm
         self.history = History()
@@ -160,6 +163,7 @@ class _Run:
         self.all_done_at: float | None = None
         self.devices: dict[int, str] = {r.rank: r.device for r in pool.ranks if r.device}
         self.start_deadline = time.monotonic() + config.start_timeout_s
+        self.mismatch = MismatchWatcher(pool, job.filename, info.source, info.line_offset)
 
     def loop(self, stop_requested: threading.Event) -> None:
         while True:
@@ -178,6 +182,10 @@ class _Run:
                 if all(self.relay.ended(r, self.job.job_id) for r in range(self.nprocs)) or now - self.all_done_at > END_MARK_WAIT_S:
                     self.relay.flush(0)
                     return
+            elif self.done and (mismatch := self.mismatch.check(set(self.done), now)) is not None:
+                rank = min(mismatch.waiting)
+                self._fail(RankFailure(rank, mismatch.error(), output_tail=self.relay.tail(rank),
+                                       diagnosis=mismatch.message()))
             elif not self.pool.ready and now > self.start_deadline:
                 waiting = [r.rank for r in self.pool.ranks if r.device is None]
                 self._fail(RankFailure(waiting[0], P.RemoteError(
@@ -249,12 +257,12 @@ class _Run:
         self.first_failure_at = self.first_failure_at or time.monotonic()
         self.pool.broken = True
 
-    def drain(self, seconds: float) -> None:
-        """Show what the stopped ranks still had in their pipes."""
+    def drain(self, seconds: float, streams=("stdout", "stderr")) -> None:
+        """Show what the stopped ranks still had in their pipes (of ``streams``; the rest is read and dropped)."""
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and any(r.open_streams for r in self.pool.ranks):
             for event in self.pool.poll_events(0.05):
-                if isinstance(event, Output):
+                if isinstance(event, Output) and event.stream in streams:
                     self.relay.feed(event.rank, event.stream, event.text)
         self.relay.flush(0)
 
@@ -268,17 +276,21 @@ def run_cell(namespace: dict, info: CellInfo, config: LaunchConfig, manager: Poo
     pool, warm, stale_note = manager.acquire(config.pool, config.fresh, workdir)
     job = P.Job(pool.next_job_id(), info.source, f"{CELL_FILENAME[:-1]} {id(info):x}>", inputs.data,
                 names_to_return(info, config), train=config.train, cwd=workdir.cwd, sys_path=workdir.sys_path)
-    run = _Run(pool, job, inputs, config, write or _default_write, observers, warm)
+    run = _Run(pool, job, inputs, config, write or _default_write, observers, warm, info)
     if stale_note:
         run.relay.write_direct("stdout", stale_note)
     try:
-        with _stop_button() as stop_requested:
-            if not warm:
-                pool.spawn()
-            run.loop(stop_requested)
+        with stop_button() as button:
+            try:
+                with button.deferred():
+                    if not warm:
+                        pool.spawn()
+                run.loop(button.requested)
+            except KeyboardInterrupt:
+                stop_run(run, manager, info, button)  # still under the button: a second press escalates it
+                run.notify("run_finished", "interrupted", "interrupted: every rank was stopped")
+                raise
     except KeyboardInterrupt as exc:
-        _interrupt(run, manager, info)
-        run.notify("run_finished", "interrupted", "interrupted: every rank was stopped")
         exc.with_traceback(None)._render_traceback_ = lambda: [
             "KeyboardInterrupt: stopped by the user; every rank and its child processes were ended."]
         raise exc from None
@@ -291,13 +303,14 @@ def run_cell(namespace: dict, info: CellInfo, config: LaunchConfig, manager: Poo
     if run.failures:
         stopped = [r.rank for r in pool.ranks if r.rank not in run.failures]
         manager.discard(pool)
-        whereabouts = _whereabouts(pool, job, info, wait=0.4, ranks=stopped) if stopped else {}
+        unfinished = [r for r in stopped if r not in run.done]  # a rank that finished is in nbtrain's loop
+        where = whereabouts(pool, job.filename, info.source, info.line_offset, 0.4, unfinished) if unfinished else {}
         pool.terminate(graceful=False, grace=0.5)
         run.drain(0.5)
         pool.close()
         error = RankFailedError(list(run.failures.values()), cell_filename=job.filename, cell_source=info.source,
                                 line_offset=info.line_offset, code_name=code_name, stopped=stopped,
-                                whereabouts=whereabouts)
+                                whereabouts=where)
         error.history = run.history
         run.notify("run_finished", "failed", error.failures[0].summary())
         raise error
@@ -306,59 +319,6 @@ def run_cell(namespace: dict, info: CellInfo, config: LaunchConfig, manager: Poo
     result = _bring_back(namespace, run, warm, time.monotonic() - started, deleted)
     run.notify("run_finished", "ok", f"{count('rank', len(result.devices))} finished in {result.seconds:.1f} s")
     return result
-
-
-@contextlib.contextmanager
-def _stop_button():
-    """Notice SIGINT (the kernel's stop button) for the run's whole length, whatever code it lands in."""
-    requested = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield requested
-        return
-
-    def on_sigint(signum, frame):
-        requested.set()
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    try:
-        yield requested
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _whereabouts(pool: WorkerPool, job: P.Job, info: CellInfo, wait: float, ranks=None) -> dict[int, str]:
-    """One line per live rank (of ``ranks``, default all) saying where it is (see :mod:`.stacks`)."""
-    lines = info.source.splitlines()
-    return {rank: summarise(dump, job.filename, lines, info.line_offset)
-            for rank, dump in sorted(pool.dump_stacks(wait, ranks).items())}
-
-
-def _interrupt(run: _Run, manager: PoolManager, info: CellInfo) -> None:
-    """Stop button: say where each rank was, then SIGINT (the cell sees KeyboardInterrupt), then escalate;
-    all within ~3 s."""
-    pool = run.pool
-    if pool.ready:
-        where = _whereabouts(pool, run.job, info, wait=0.4)
-        if where:
-            run.relay.flush(0)
-            report = "".join(f"  rank {rank}: {line}\n" for rank, line in where.items())
-            run.relay.write_direct("stderr", f"\nnbtrain: stopped by the user. Where each rank was:\n{report}")
-    pool.interrupt()
-    deadline = time.monotonic() + 0.7
-    while time.monotonic() < deadline and any(r.popen.poll() is None for r in pool.ranks):
-        if all(r.rank in run.failures for r in pool.ranks):
-            break
-        for event in pool.poll_events(0.05):
-            if isinstance(event, Output):
-                run.relay.feed(event.rank, event.stream, event.text)
-            elif isinstance(event, Message) and isinstance(event.message, P.Failed):
-                run.failures[event.rank] = RankFailure(event.rank, event.message.error)
-    pool.broken = True
-    manager.discard(pool)
-    pool.terminate(graceful=False, grace=0.6)
-    run.drain(0.2)
-    pool.close()
 
 
 def _bring_back(namespace: dict, run: _Run, warm: bool, seconds: float, deleted=()) -> RunResult:

@@ -9,8 +9,10 @@ blocked inside a collective, a DataLoader queue or a lock, which is exactly when
     rank 1: waiting in barrier() (torch.distributed), from cell line 6: dist.barrier()
     rank 0: at cell line 4: time.sleep(600)
 
-The kernel asks for stacks when a rank fails (to show where the others were) and when the user presses
-stop (to show where every rank was) — the hang diagnosis nbtrain gives instead of silence.
+The kernel asks for stacks when a rank fails (to show where the others were), when the user presses
+stop (to show where every rank was) and when some ranks finished the cell while others did not (to see
+whether those wait in a collective that can never complete, :mod:`.mismatch`) — the hang diagnosis
+nbtrain gives instead of silence.
 """
 
 from __future__ import annotations
@@ -51,24 +53,56 @@ def main_thread(threads: list[list[StackFrame]]) -> list[StackFrame]:
     return threads[0] if threads else []
 
 
-def summarise(dump: str, cell_filename_prefix: str, cell_lines: list[str], line_offset: int) -> str:
-    """One line: which collective the rank waits in (if any) and where in the cell it is."""
+@dataclass(frozen=True)
+class Position:
+    """Where a rank's main thread is: the collective it waits in (if any) and its place in the cell."""
+
+    collective: str | None  # a public torch.distributed function, e.g. "all_reduce"
+    cell_line: int | None  # as the user sees it (shifted by the magic's line)
+    where: str  # "cell line 3: dist.all_reduce(x)" or "file.py:12 in f"
+    inside: str | None = None  # the innermost function when it is not the cell's own line
+    has_stack: bool = True
+
+
+def locate(dump: str, cell_filename_prefix: str, cell_lines: list[str], line_offset: int) -> Position:
+    """The rank's position, read from a faulthandler dump."""
     frames = [f for f in main_thread(parse_threads(dump)) if _WORKER not in f.filename]
     if not frames:
-        return "no Python stack (the rank may be exiting)"
+        return Position(None, None, "", has_stack=False)
     in_cell = next((f for f in frames if f.filename.startswith(cell_filename_prefix)), None)
     collective = next((f for f in reversed(frames) if _DISTRIBUTED in f.filename
                        and not f.function.startswith("_") and f.function != "wrapper"), None)
-    where = ""
     if in_cell is not None:
         source = cell_lines[in_cell.lineno - 1].strip() if 0 < in_cell.lineno <= len(cell_lines) else ""
         where = f"cell line {in_cell.lineno + line_offset}" + (f": {source}" if source else "")
     else:
         top = frames[0]
         where = f"{os.path.basename(top.filename)}:{top.lineno} in {top.function}"
-    if collective is not None:
-        return f"waiting in {collective.function}() (torch.distributed), from {where}"
     innermost = frames[0]
-    if in_cell is not None and innermost is not in_cell:
-        return f"at {where} (inside {innermost.function}, {os.path.basename(innermost.filename)}:{innermost.lineno})"
-    return f"at {where}"
+    inside = (f"{innermost.function}, {os.path.basename(innermost.filename)}:{innermost.lineno}"
+              if in_cell is not None and innermost is not in_cell else None)
+    return Position(collective.function if collective else None,
+                    in_cell.lineno + line_offset if in_cell else None, where, inside)
+
+
+def is_complete(dump: str) -> bool:
+    """Whether the dump reaches the rank's outermost frame (nbtrain's worker loop): not cut short or partial."""
+    return any(_WORKER in f.filename and f.function == "main" for frames in parse_threads(dump) for f in frames)
+
+
+def summarise(dump: str, cell_filename_prefix: str, cell_lines: list[str], line_offset: int) -> str:
+    """One line: which collective the rank waits in (if any) and where in the cell it is."""
+    pos = locate(dump, cell_filename_prefix, cell_lines, line_offset)
+    if not pos.has_stack:
+        return "no Python stack (the rank may be exiting)"
+    if pos.collective is not None:
+        return f"waiting in {pos.collective}() (torch.distributed), from {pos.where}"
+    return f"at {pos.where}" + (f" (inside {pos.inside})" if pos.inside else "")
+
+
+def whereabouts(pool, cell_filename: str, cell_source: str, line_offset: int, wait: float,
+                ranks=None) -> dict[int, str]:
+    """One line per live rank of ``pool`` (of ``ranks``, default all) saying where it is."""
+    lines = cell_source.splitlines()
+    return {rank: summarise(dump, cell_filename, lines, line_offset)
+            for rank, dump in sorted(pool.dump_stacks(wait, ranks).items())}

@@ -9,6 +9,7 @@ restart is announced in the cell's output with what happened and where the run r
 It does not restart when:
 
 * a rank raised a Python exception in the cell: the same code would raise it again (fix the cell);
+* the ranks called different collectives (:mod:`nbtrain.launch.mismatch`): a program error too;
 * DIR holds no checkpoint yet: there is nothing to resume from, and the message says so;
 * K restarts were used.
 
@@ -48,6 +49,8 @@ def run_with_restarts(attempt: Callable[[int], object], settings: TrainSettings,
 
 def _why_not_restart(error: RankFailedError, settings: TrainSettings, restarts: int) -> str | None:
     first = error.failures[0]
+    if first.diagnosis is not None:  # a program error nbtrain diagnosed (uneven collectives)
+        return "the ranks call different collectives, which a restart would repeat"
     if first.error is not None and not first.secondary:
         return (f"rank {first.rank} raised {first.error.type_name} in the cell, which a restart would raise again; "
                 "restarts are for ranks that die")

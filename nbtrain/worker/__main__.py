@@ -1,6 +1,14 @@
-"""Entry point of a rank process: ``python -m nbtrain.worker`` (started by the kernel, never by hand)."""
+"""Entry point of a rank process: ``python -m nbtrain.worker`` (started by the kernel, never by hand).
 
-from .main import main
+The stop button's SIGINT is deferred before anything else — above all before ``import torch`` — so a
+stop while the rank starts ends it quietly instead of with an import traceback (see :mod:`.stop`).
+"""
+
+from . import stop
 
 if __name__ == "__main__":
+    stop.install()
+
+    from .main import main
+
     main()

@@ -17,7 +17,9 @@ Then, per :class:`Job`: a fresh ``__main__`` module (so classes defined in the c
 streams are flushed and marked; GPU caches are emptied. The cell's training settings (``--amp``,
 ``--grad-accum``, ``--checkpoint``) are opened as a :mod:`nbtrain.train.runtime` context for the cell
 and closed after it. Failures are reported as :class:`Failed` with
-the traceback's frames, which the kernel maps to the cell's lines.
+the traceback's frames, which the kernel maps to the cell's lines. The stop button's SIGINT raises
+KeyboardInterrupt only while the cell's code runs (:mod:`.stop`): the reporting, flushing and cleanup
+around it always complete.
 
 Errors outside a job (bad environment, rendezvous failure) are written to torch elastic's error file
 (``TORCHELASTIC_ERROR_FILE``) through ``@record``, where the kernel reads them like torchrun's agent.
@@ -44,7 +46,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from ..launch import protocol as P
 from ..launch.payload import load_inputs, pack_results
 from ..train import runtime as train_runtime
-from . import compat, metrics
+from . import compat, metrics, stop
 from .modules import LocalModules
 
 
@@ -173,7 +175,8 @@ class Rank:
         lines = job.source.splitlines(keepends=True)
         linecache.cache[job.filename] = (len(job.source), None, lines, job.filename)
         try:
-            exec(compile(job.source, job.filename, "exec"), ns)
+            with stop.interruptible():  # the only place the stop button's SIGINT raises (see .stop)
+                exec(compile(job.source, job.filename, "exec"), ns)
         except SystemExit as exc:
             if exc.code not in (None, 0):
                 return P.Failed(job.job_id, self.rank, describe(exc))

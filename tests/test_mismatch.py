@@ -1,0 +1,58 @@
+"""Uneven collectives: a rank that finished the cell while another waits in a collective (2 ranks, gloo)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from nbtrain.launch.errors import RankFailedError
+from runhelp import Captured, run
+
+def test_a_rank_slower_than_the_others_is_left_to_finish(pools):
+    result, ns = run("""
+        import time
+        import torch, torch.distributed as dist
+        dist.barrier()
+        if rank == 1:
+            deadline = time.monotonic() + 3    # computing long after rank 0 finished: not a hang
+            while time.monotonic() < deadline:
+                torch.ones(64, 64) @ torch.ones(64, 64)
+            time.sleep(0.5)
+        finished = rank
+    """, {}, pools, timeout=20)  # the options of the next test: it reuses these warm ranks
+    assert ns["finished"] == 0 and set(result.rank_seconds) == {0, 1}
+    assert result.rank_seconds[1] > 3
+
+
+def test_a_collective_only_one_rank_calls_is_reported_within_seconds(pools, tmp_path):
+    # runs on the warm ranks of the test above: the clock measures the diagnosis, not a start
+    output = Captured()
+    started = time.monotonic()
+    with pytest.raises(RankFailedError) as err:
+        run("""
+            import torch, torch.distributed as dist
+            if rank == 0:
+                dist.all_reduce(torch.ones(1))
+            done = True
+        """, {}, pools, write=output, checkpoint=str(tmp_path), max_restarts=2, timeout=20)
+    elapsed = time.monotonic() - started
+    assert elapsed < 10, f"reported after {elapsed:.1f} s"
+    assert str(err.value.failures[0].summary()) == (
+        "rank 1 finished the cell; rank 0 waits in all_reduce() at cell line 4 "
+        "— every rank must call the same collectives")
+    report = str(err.value)
+    assert "Cell line 4, in <module>\n    dist.all_reduce(torch.ones(1))" in report
+    assert "not restarting: the ranks call different collectives" in output.text()
+
+
+def test_ranks_waiting_for_each_other_with_one_finished_are_reported(pools):
+    with pytest.raises(RankFailedError) as err:
+        run("""
+            import torch.distributed as dist
+            if rank == 1:
+                dist.barrier()
+                dist.barrier()
+            print("rank", rank, "done")
+        """, {}, pools, timeout=20)
+    assert err.value.failures[0].summary().startswith("rank 0 finished the cell; rank 1 waits in barrier() at cell line 4")
