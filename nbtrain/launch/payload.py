@@ -13,7 +13,9 @@ variable, its type and the reason, before any process is involved.
 
 **Results.** On rank 0, the names to bring back are pickled together (shared objects stay shared); a
 value that cannot travel is found, skipped and named, and the others still come. DDP (and ``torch.compile``) wrappers are removed, CUDA
-tensors become CPU tensors (with one line saying so).
+tensors become CPU tensors (with one line saying so). Large tensors and arrays go through ``/dev/shm``
+files under the job's prefix, as inputs do (:mod:`.shm`); a result that is an untouched view of an input
+is sent as a reference and comes back as a view of the notebook's original tensor — sharing its memory.
 """
 
 from __future__ import annotations
