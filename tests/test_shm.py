@@ -135,7 +135,7 @@ def test_packing_interrupted_removes_the_inputs_written_so_far():
         pack_inputs({"a": torch.ones(MB), "b": Stop()}, ["a", "b"])
 
 
-def test_files_of_a_dead_kernel_are_swept_and_a_live_ones_are_not(tmp_path):
+def test_files_of_a_dead_kernel_are_swept_and_a_live_ones_are_not():
     import subprocess
     import sys
 
