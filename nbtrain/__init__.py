@@ -85,7 +85,13 @@ def training_state():
 
 
 def load_ipython_extension(ipython):
+    from .launch.shm import sweep_orphans
     from .magics import DistributedMagics
+
+    try:  # shared-memory files of kernels that died before they could remove them
+        sweep_orphans()
+    except OSError:
+        pass
 
     magics = DistributedMagics(ipython)
     ipython.register_magics(magics)

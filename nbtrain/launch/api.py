@@ -41,7 +41,7 @@ def run_source(source: str, request: LaunchRequest, namespace: dict, *, manager:
     config = resolve(request)
     info = analyse_cell(source, line_offset)
     names = names_to_send(info, namespace)
-    inputs = pack_inputs(namespace, names)
+    inputs = _pack_or_explain_stop(namespace, names)
     if manager is None:
         manager = PoolManager()
         config = type(config)(**{**config.__dict__, "keep_alive_s": 0.0})
@@ -56,6 +56,16 @@ def run_source(source: str, request: LaunchRequest, namespace: dict, *, manager:
     from ..train.restarts import run_with_restarts
 
     return run_with_restarts(attempt, config.train, write or _write_to_streams)
+
+
+def _pack_or_explain_stop(namespace: dict, names):
+    try:
+        return pack_inputs(namespace, names)
+    except KeyboardInterrupt as exc:  # the stop button while big tensors were written: nothing started
+        exc.with_traceback(None)._render_traceback_ = lambda: [
+            "KeyboardInterrupt: stopped by the user while the inputs were written to shared memory; "
+            "no rank was started and no file was left."]
+        raise exc from None
 
 
 def _write_to_streams(stream: str, text: str) -> None:

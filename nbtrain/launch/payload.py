@@ -14,11 +14,14 @@ every variable that cannot be sent, with its type and the reason — for a funct
 
 **Results.** On rank 0, the names to bring back are pickled together (shared objects stay shared); a
 value that cannot travel is found, skipped and named, and the others still come. DDP (and ``torch.compile``) wrappers are removed, CUDA
-tensors become CPU tensors (with one line saying so).
+tensors become CPU tensors (with one line saying so). Large tensors and arrays go through ``/dev/shm``
+files under the job's prefix, as inputs do (:mod:`.shm`); a result that is an untouched view of an input
+is sent as a reference and comes back as a view of the notebook's original tensor — sharing its memory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import itertools
 import pickle
@@ -28,7 +31,7 @@ from dataclasses import dataclass, field
 
 import cloudpickle
 
-from .shm import SHARE_THRESHOLD_BYTES, SharedArena, SharedBlock, load_block
+from .shm import SHARE_THRESHOLD_BYTES, InputView, SharedArena, begin_inputs, input_view, rebuild_input_view
 
 
 class PayloadError(ValueError):
@@ -65,23 +68,25 @@ class _InputPickler(cloudpickle.Pickler):
             if reduced is not None:
                 return reduced
         elif _is_array(obj) and obj.nbytes >= SHARE_THRESHOLD_BYTES:
-            return load_block, (self.arena.share_array(obj),)
+            return self.arena.share_array(obj)
         return super().reducer_override(obj)
 
     def _reduce_tensor(self, tensor):
-        if tensor.layout.__repr__() != "torch.strided" or tensor.is_quantized or tensor.device.type == "meta":
-            return None
-        if tensor.requires_grad and not tensor.is_leaf:
-            return None  # let torch's own pickling explain that non-leaf tensors cannot be sent
+        if tensor.device.type == "meta" or not _shareable(tensor):
+            return None  # torch's own pickling (which explains why non-leaf tensors cannot be sent)
         if tensor.device.type != "cpu":
             note = f"a {tensor.device.type.upper()} tensor {tuple(tensor.shape)} was sent as a CPU copy; move it with .to(device)"
             if note not in self.notes:
                 self.notes.append(note)
+        torch, original = sys.modules["torch"], tensor
+        parameter = isinstance(tensor, torch.nn.Parameter)
+        if tensor.device.type != "cpu":
             tensor = tensor.detach().cpu().requires_grad_(tensor.requires_grad)
-        if tensor.numel() * tensor.element_size() < SHARE_THRESHOLD_BYTES:
+        if tensor.numel() * tensor.element_size() >= SHARE_THRESHOLD_BYTES:
+            return self.arena.share_tensor(tensor, parameter=parameter)
+        if tensor is original:
             return None
-        torch = sys.modules["torch"]
-        return load_block, (self.arena.share_tensor(tensor, parameter=isinstance(tensor, torch.nn.Parameter)),)
+        return (torch.nn.Parameter, (tensor.detach(), original.requires_grad)) if parameter else (_with_grad, (tensor.detach(), original.requires_grad))
 
 
 def pack_inputs(namespace: dict, names) -> Inputs:
@@ -93,8 +98,10 @@ def pack_inputs(namespace: dict, names) -> Inputs:
     buffer = io.BytesIO()
     try:
         _InputPickler(buffer, arena, notes).dump(values)
-    except Exception as exc:  # find which variable, to say so
+    except BaseException as exc:  # KeyboardInterrupt mid-write too: no file may outlive this
         arena.close()
+        if not isinstance(exc, Exception):
+            raise
         raise _explain_failure(values, exc) from None
     return Inputs(buffer.getvalue(), tuple(present), arena, notes)
 
@@ -116,7 +123,7 @@ def _explain_failure(values: dict, original: Exception) -> PayloadError:
 
 def _pickle_error(value) -> Exception | None:
     """The exception pickling ``value`` alone (as inputs are pickled) raises, or None when it travels."""
-    probe = SharedArena()
+    probe = SharedArena(dry=True)  # says whether it fails without writing any bytes
     try:
         _InputPickler(io.BytesIO(), probe, []).dump(value)
         return None
@@ -165,6 +172,7 @@ def _reason(exc: BaseException) -> str:
 
 
 def load_inputs(data: bytes) -> dict:
+    begin_inputs()
     return pickle.loads(data)
 
 
@@ -172,19 +180,49 @@ def load_inputs(data: bytes) -> dict:
 
 
 class _ResultPickler(cloudpickle.Pickler):
-    def __init__(self, file):
+    """Rank 0's results: large tensors and arrays through shared-memory files (when the job gave a prefix),
+    untouched views of input files as references, CUDA tensors as CPU tensors."""
+
+    def __init__(self, file, arena: SharedArena | None):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.arena = arena
         self.moved_to_cpu = False
 
+    def persistent_id(self, obj):
+        if self.arena is not None and _is_plain_tensor(obj) and obj.device.type == "cpu" and _shareable(obj) \
+                and obj.numel() * obj.element_size() >= SHARE_THRESHOLD_BYTES:
+            return input_view(obj)  # None unless it is an untouched view of an input file
+        return None
+
     def reducer_override(self, obj):
-        if _is_plain_tensor(obj) and obj.device.type not in ("cpu", "meta"):
-            self.moved_to_cpu = True
-            cpu = obj.detach().cpu()
-            torch = sys.modules["torch"]
-            if isinstance(obj, torch.nn.Parameter):
-                return torch.nn.Parameter, (cpu, obj.requires_grad)
-            return _with_grad, (cpu, obj.requires_grad)
+        if _is_plain_tensor(obj):
+            reduced = self._reduce_tensor(obj)
+            if reduced is not None:
+                return reduced
+        elif self.arena is not None and _is_array(obj) and obj.nbytes >= SHARE_THRESHOLD_BYTES:
+            with contextlib.suppress(OSError):  # /dev/shm full: the bytes go in the pickle instead
+                return self.arena.share_array(obj)
         return super().reducer_override(obj)
+
+    def _reduce_tensor(self, obj):
+        torch = sys.modules["torch"]
+        parameter = isinstance(obj, torch.nn.Parameter)
+        tensor = obj
+        if obj.device.type not in ("cpu", "meta"):
+            self.moved_to_cpu = True
+            tensor = obj.detach().cpu().requires_grad_(obj.requires_grad)
+        if self.arena is not None and _shareable(tensor) and tensor.numel() * tensor.element_size() >= SHARE_THRESHOLD_BYTES:
+            with contextlib.suppress(OSError):
+                return self.arena.share_tensor(tensor, parameter=parameter)
+        if tensor is obj:
+            return None
+        return (torch.nn.Parameter, (tensor.detach(), obj.requires_grad)) if parameter else (_with_grad, (tensor.detach(), obj.requires_grad))
+
+
+def _shareable(tensor) -> bool:
+    """Plain strided bytes that a file can hold (torch's own pickling explains non-leaf tensors)."""
+    return (tensor.layout.__repr__() == "torch.strided" and not tensor.is_quantized and tensor.device.type != "meta"
+            and not (tensor.requires_grad and not tensor.is_leaf) and not tensor.is_conj() and not tensor.is_neg())
 
 
 def _with_grad(tensor, requires_grad):
@@ -215,28 +253,45 @@ class Results:
     moved_to_cpu: list[str] = field(default_factory=list)
 
 
-def _dump(value) -> tuple[bytes, bool]:
+def _dump(value, arena: SharedArena | None) -> tuple[bytes, bool]:
     buffer = io.BytesIO()
-    pickler = _ResultPickler(buffer)
+    pickler = _ResultPickler(buffer, arena)
     pickler.dump(value)
     return buffer.getvalue(), pickler.moved_to_cpu
 
 
-def pack_results(namespace: dict, names) -> Results:
+def pack_results(namespace: dict, names, result_prefix: str = "") -> Results:
     """Pickle rank 0's results together, so shared objects stay shared (an optimizer keeps pointing at its
-    model's parameters). Values that cannot travel are found one by one, skipped and named."""
+    model's parameters). Values that cannot travel are found one by one, skipped and named.
+
+    With ``result_prefix`` large tensors and arrays are written to files starting with it (the kernel
+    removes them); if packing fails or is interrupted, the files written so far are removed here.
+    """
     present = {n: unwrap(namespace[n]) for n in names if n in namespace}
     out = Results(missing=tuple(n for n in names if n not in namespace))
+
+    def arena(dry: bool = False) -> SharedArena | None:
+        return SharedArena(result_prefix, result=True, dry=dry) if result_prefix else None
+
+    written = arena()
     try:
-        out.bundle, moved = _dump(present)
-    except Exception:
-        for name, value in list(present.items()):
-            try:
-                _dump(value)
-            except Exception as exc:
-                out.skipped[name] = f"{_type_name(value)} cannot be pickled ({_reason(exc)})"
-                del present[name]
-        out.bundle, moved = _dump(present)
+        try:
+            out.bundle, moved = _dump(present, written)
+        except Exception:
+            if written is not None:
+                written.unlink()
+            for name, value in list(present.items()):
+                try:
+                    _dump(value, arena(dry=True))
+                except Exception as exc:
+                    out.skipped[name] = f"{_type_name(value)} cannot be pickled ({_reason(exc)})"
+                    del present[name]
+            written = arena()
+            out.bundle, moved = _dump(present, written)
+    except BaseException:
+        if written is not None:
+            written.unlink()
+        raise
     out.names = tuple(present)
     if moved:
         out.moved_to_cpu = [n for n, v in present.items() if _on_gpu(v)] or ["some values"]
@@ -252,14 +307,35 @@ def _on_gpu(value) -> bool:
     return False
 
 
-def unpack_results(results: Results) -> tuple[dict, dict[str, str]]:
-    """Unpickle in the kernel; a value that fails here is reported, the others still arrive."""
+class _ResultUnpickler(pickle.Unpickler):
+    """Rebuilds :class:`InputView` references on the notebook's original tensors (one object per reference)."""
+
+    def __init__(self, file, originals: dict):
+        super().__init__(file)
+        self.originals = originals
+        self.views: dict[InputView, object] = {}
+
+    def persistent_load(self, pid):
+        if not isinstance(pid, InputView):
+            raise pickle.UnpicklingError(f"unknown reference {pid!r}")
+        if pid not in self.views:
+            self.views[pid] = rebuild_input_view(pid, self.originals)
+        return self.views[pid]
+
+
+def unpack_results(results: Results, originals: dict | None = None) -> tuple[dict, dict[str, str]]:
+    """Unpickle in the kernel; a value that fails here is reported, the others still arrive.
+
+    ``originals`` (the inputs' :attr:`SharedArena.originals`) resolves results that are views of inputs:
+    such a result shares memory with the notebook's original tensor, as a view of it would.
+    """
     failed = dict(results.skipped)
     try:
-        return (pickle.loads(results.bundle) if results.bundle else {}), failed
+        values = _ResultUnpickler(io.BytesIO(results.bundle), originals or {}).load() if results.bundle else {}
+        return values, failed
     except Exception as exc:
         return {}, {**failed, **{n: f"could not be rebuilt in the notebook ({_reason(exc)})" for n in results.names}}
 
 
-__all__ = ["Inputs", "PayloadError", "Results", "SharedBlock", "pack_inputs", "load_inputs", "pack_results",
+__all__ = ["Inputs", "PayloadError", "Results", "pack_inputs", "load_inputs", "pack_results",
            "unpack_results", "unwrap"]

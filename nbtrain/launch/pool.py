@@ -96,7 +96,7 @@ def _worker_env(spec: PoolSpec, rank: int, port: int, socket_path: str, run_id: 
         TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RUN_ID=run_id, TORCHELASTIC_RESTART_COUNT="0",
         TORCHELASTIC_MAX_RESTARTS="0", TORCHELASTIC_ERROR_FILE=error_file,
         NBTRAIN_SOCKET=socket_path, NBTRAIN_BACKEND=spec.backend, NBTRAIN_DEVICE_TYPE=spec.device_type,
-        NBTRAIN_TIMEOUT=str(spec.timeout_s), CUDA_DEVICE_ORDER="PCI_BUS_ID",
+        NBTRAIN_TIMEOUT=str(spec.timeout_s), NBTRAIN_KERNEL_PID=str(os.getpid()), CUDA_DEVICE_ORDER="PCI_BUS_ID",
         CUDA_VISIBLE_DEVICES=",".join(str(i) for i in spec.gpu_ids),
     )
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // spec.nprocs)))

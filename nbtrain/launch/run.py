@@ -41,6 +41,7 @@ from .observer import RankInfo, RunInfo, RunObserver
 from .output import OutputRelay
 from .payload import Inputs, unpack_results
 from .mismatch import MismatchWatcher
+from .shm import new_result_prefix, sweep_prefix
 from .pool import Exited, Message, Output, WorkerPool
 from .stacks import whereabouts
 from .stopping import stop_button, stop_run
@@ -272,11 +273,23 @@ def run_cell(namespace: dict, info: CellInfo, config: LaunchConfig, manager: Poo
              observers: list[RunObserver] = ()) -> RunResult:
     """Run a checked cell (see :func:`prepare`) on the ranks and bring rank 0's results back."""
     started = time.monotonic()
+    result_prefix = new_result_prefix()
+    try:
+        return _run_and_bring_back(namespace, info, config, manager, inputs, result_prefix, started,
+                                   write or _default_write, code_name, observers)
+    finally:  # whatever happened: no input file, and no result file the kernel did not take
+        inputs.arena.close()
+        sweep_prefix(result_prefix)
+
+
+def _run_and_bring_back(namespace, info, config, manager, inputs, result_prefix, started, write, code_name,
+                        observers) -> RunResult:
     workdir = config.workdir or notebook_workdir()
     pool, warm, stale_note = manager.acquire(config.pool, config.fresh, workdir)
     job = P.Job(pool.next_job_id(), info.source, f"{CELL_FILENAME[:-1]} {id(info):x}>", inputs.data,
-                names_to_return(info, config), train=config.train, cwd=workdir.cwd, sys_path=workdir.sys_path)
-    run = _Run(pool, job, inputs, config, write or _default_write, observers, warm, info)
+                names_to_return(info, config), train=config.train, cwd=workdir.cwd, sys_path=workdir.sys_path,
+                result_prefix=result_prefix)
+    run = _Run(pool, job, inputs, config, write, observers, warm, info)
     if stale_note:
         run.relay.write_direct("stdout", stale_note)
     try:
@@ -323,7 +336,7 @@ def run_cell(namespace: dict, info: CellInfo, config: LaunchConfig, manager: Poo
 
 def _bring_back(namespace: dict, run: _Run, warm: bool, seconds: float, deleted=()) -> RunResult:
     results = next((d.results for d in run.done.values() if d.results is not None), None)
-    values, skipped = unpack_results(results) if results is not None else ({}, {})
+    values, skipped = unpack_results(results, run.inputs.arena.originals) if results is not None else ({}, {})
     if results is not None and results.missing:
         skipped.update({name: "not defined on rank 0 when the cell ended" for name in results.missing
                         if name not in deleted})

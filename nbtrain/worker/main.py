@@ -4,7 +4,8 @@ Start-up (``python -m nbtrain.worker``, environment as torchrun sets it: RANK, L
 LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE=True):
 
 1. read the pool's key from stdin, then watch stdin in a thread: end-of-file means the kernel is gone
-   (died, restarted), and the rank kills its whole process group — itself and any DataLoader workers;
+   (died, restarted), and the rank removes the kernel's shared-memory files (which it can no longer
+   remove itself) and kills its whole process group — itself and any DataLoader workers;
 2. connect to the kernel's socket (HMAC-authenticated) and say :class:`Hello`;
 3. pick the device (``cuda:LOCAL_RANK`` of the GPUs made visible to the pool, else CPU) and initialise the
    default process group with ``init_method="env://"`` against the store the kernel hosts — the same
@@ -45,6 +46,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from ..launch import protocol as P
 from ..launch.payload import load_inputs, pack_results
+from ..launch.shm import abandon_and_sweep
 from ..train import runtime as train_runtime
 from . import compat, metrics, stop
 from .modules import LocalModules
@@ -69,6 +71,10 @@ def _watch_parent(fd: int) -> None:
             while os.read(fd, 4096):  # raw reads: no buffered-reader lock to trip over at exit
                 pass
         except OSError:
+            pass
+        try:  # the kernel cannot remove its shared-memory files any more: do it for it
+            abandon_and_sweep(int(os.environ.get("NBTRAIN_KERNEL_PID", os.getppid())))
+        except Exception:
             pass
         try:
             os.killpg(os.getpgid(0), signal.SIGKILL)
@@ -187,7 +193,7 @@ class Rank:
         results = None
         if self.rank == job.return_rank:
             try:
-                results = pack_results(ns, job.out_names)
+                results = pack_results(ns, job.out_names, job.result_prefix)
             except BaseException as exc:
                 return P.Failed(job.job_id, self.rank, describe(exc, stage="results"))
         return P.Done(job.job_id, self.rank, results, time.perf_counter() - started,
