@@ -91,3 +91,9 @@ export interface IStopReply {
   run_id: string | null;
   message: string;
 }
+
+/** Any refusal (4xx/5xx): the server's explanation; requestAPI throws it as the error's message. */
+export interface IErrorReply {
+  message: string;
+  reason?: string | null;
+}
