@@ -2,7 +2,7 @@
 
 The lab loads the nbtrain extension built beside the nbtrain package under test (``nbtrain/labextension``
 of the checkout on ``PYTHONPATH``), not whichever copy was last installed into the environment's share/
-folder: it is linked into the lab's own data directory, which Jupyter searches first.
+folder: it is linked into a folder on the lab's ``JUPYTER_PATH``, which Jupyter searches first.
 """
 
 from __future__ import annotations
@@ -32,11 +32,15 @@ class JupyterLab:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         home = root / "jupyter-home"
+        # JUPYTER_PATH is searched before every other data folder (in a virtualenv the environment's own
+        # share/jupyter comes before JUPYTER_DATA_DIR), so the extension linked there is the one served.
+        jupyter_path = os.pathsep.join(filter(None, [str(home / "path"), os.environ.get("JUPYTER_PATH")]))
         self.env = dict(os.environ, JUPYTER_CONFIG_DIR=str(home / "config"), JUPYTER_DATA_DIR=str(home / "data"),
-                        JUPYTER_RUNTIME_DIR=str(home / "runtime"), JUPYTER_PLATFORM_DIRS="1")
+                        JUPYTER_RUNTIME_DIR=str(home / "runtime"), JUPYTER_PLATFORM_DIRS="1",
+                        JUPYTER_PATH=jupyter_path)
         self.notebooks = root / "notebooks"
         self.notebooks.mkdir()
-        self.extension = link_built_extension(home / "data" / "labextensions")
+        self.extension = link_built_extension(home / "path" / "labextensions")
         # A notebook attaches to its kernel without asking which; no news pop-up (no network, cleaner pictures).
         self.user_setting("notebook-extension/tracker", {"autoStartDefaultKernel": True})
         self.user_setting("apputils-extension/notification", {"fetchNews": "false"})
