@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.usefixtures("no_leftover_workers"), pytest.mark.timeou
 
 @pytest.fixture
 def lab(tmp_path):
-    server = JupyterLab(tmp_path)
+    server = JupyterLab(tmp_path, extension_under_test=True)
     write_notebook(server.notebooks / "train.ipynb", ["%load_ext nbtrain", ENDLESS_RUN])
     server.nbtrain_settings({"refreshInterval": 1, "historyLength": 30})
     server.start()

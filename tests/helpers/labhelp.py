@@ -1,8 +1,9 @@
 """A real ``jupyter lab`` in a subprocess, isolated from the user's Jupyter config, with a known token.
 
-The lab loads the nbtrain extension built beside the nbtrain package under test (``nbtrain/labextension``
-of the checkout on ``PYTHONPATH``), not whichever copy was last installed into the environment's share/
-folder: it is linked into a folder on the lab's ``JUPYTER_PATH``, which Jupyter searches first.
+With ``extension_under_test=True`` the lab loads the nbtrain extension built beside the nbtrain package
+under test (``nbtrain/labextension`` of the checkout on ``PYTHONPATH``), not whichever copy was last
+installed into the environment's share/ folder: it is linked into a folder on the lab's ``JUPYTER_PATH``,
+which Jupyter searches first.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ def free_port() -> int:
 
 
 class JupyterLab:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, extension_under_test: bool = False) -> None:
+        """``extension_under_test``: serve the checkout's own build of the extension (see the module doc);
+        otherwise the lab serves whatever the environment has installed."""
         self.root = root
         self.token = secrets.token_hex(16)
         self.port = free_port()
@@ -40,7 +43,7 @@ class JupyterLab:
                         JUPYTER_PATH=jupyter_path)
         self.notebooks = root / "notebooks"
         self.notebooks.mkdir()
-        self.extension = link_built_extension(home / "path" / "labextensions")
+        self.extension = link_built_extension(home / "path" / "labextensions") if extension_under_test else None
         # A notebook attaches to its kernel without asking which; no news pop-up (no network, cleaner pictures).
         self.user_setting("notebook-extension/tracker", {"autoStartDefaultKernel": True})
         self.user_setting("apputils-extension/notification", {"fetchNews": "false"})
