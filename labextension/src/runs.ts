@@ -45,18 +45,18 @@ export class RunsView {
   }
 
   /** Ask the server to interrupt the run's kernel; the row says "Stopping…" until the run ends. */
-  async stop(run: IRun, row: RunRow): Promise<void> {
+  async stop(run: IRun): Promise<void> {
     const key = runKey(run);
     if (this._stopping.has(key)) {
       return;
     }
     this._stopping.add(key);
-    row.update(run);
+    this.update();
     try {
       await requestAPI<IStopReply>('stop', { method: 'POST', body: JSON.stringify({ kernel_id: run.kernel_id }) });
     } catch (error) {
       this._stopping.delete(key);
-      row.update(run);
+      this.update();
       await showErrorMessage('nbtrain could not stop the run', (error as Error).message);
     }
     await this._model.refresh();
@@ -78,7 +78,7 @@ class RunRow implements IRow<IRun> {
     this._stop.title = 'Interrupt this kernel: every rank stops within a few seconds';
     this._stop.onclick = () => {
       if (this._run) {
-        void this._runs.stop(this._run, this);
+        void this._runs.stop(this._run);
       }
     };
     const head = el('div', 'nbtrain-Run-head');
