@@ -43,7 +43,8 @@ export class DevicesView {
     if (machine.gpus.length === 0) {
       const { cpu, ram } = machine;
       const now = `${percent(cpu.percent)} · RAM ${gib(ram.used)}/${gib(ram.total)} GiB`;
-      return [{ key: 'cpu', className: 'nbtrain-Device-cpu', name: `CPU (${count('core', cpu.count)})`, now, historyKey: 'cpu' }];
+      const name = `CPU (${count('core', cpu.count)})`;
+      return [{ key: 'cpu', className: 'nbtrain-Device-cpu', name, now, historyKey: 'cpu' }];
     }
     return machine.gpus.map(gpu => {
       const temperature = gpu.temperature === null ? '' : ` · ${gpu.temperature} °C`;
