@@ -10,6 +10,7 @@ With ``NBTRAIN_SCREENSHOTS=1`` it refreshes ``docs/jupyterlab-panel.png``.
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import time
 from pathlib import Path
@@ -28,7 +29,7 @@ pytestmark = [pytest.mark.usefixtures("no_leftover_workers"), pytest.mark.timeou
 
 @pytest.fixture
 def lab(tmp_path):
-    server = JupyterLab(tmp_path)
+    server = JupyterLab(tmp_path, extension_under_test=True)
     write_notebook(server.notebooks / "train.ipynb", ["%load_ext nbtrain", ENDLESS_RUN])
     server.nbtrain_settings({"refreshInterval": 1, "historyLength": 30})
     server.start()
@@ -72,6 +73,7 @@ def _panel_lists_a_run_and_stops_it(lab, page):
     assert settings["schema"]["properties"]["refreshInterval"]["default"] == 2
     page.goto(f"{lab.url}/lab/tree/train.ipynb?reset&token={lab.token}")
     page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=90_000)
+    _loads_the_extension_under_test(lab, page)
 
     status = page.locator("#nbtrain-status")
     status_text = re.compile(r"^(GPU\d+ \d+% · [\d.]+/[\d.]+ GiB|CPU \d+% · RAM [\d.]+/[\d.]+ GiB)")
@@ -90,14 +92,56 @@ def _panel_lists_a_run_and_stops_it(lab, page):
     time.sleep(6)  # a few more samples in the sparklines for the picture
     page.screenshot(path=str(screenshot_path("jupyterlab-panel.png", lab.root)))
 
+    held = _stop_from_the_keyboard_and_hold_the_request(page, run)
     clicked = time.monotonic()
-    run.locator(".nbtrain-Stop").click()
+    held.continue_()
+    page.unroute(STOP_URL)
     output = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-OutputArea")
     sync_api.expect(output).to_contain_text("KeyboardInterrupt", timeout=30_000)
-    print(f"stop clicked -> KeyboardInterrupt shown in {time.monotonic() - clicked:.2f} s")
+    print(f"stop sent -> KeyboardInterrupt shown in {time.monotonic() - clicked:.2f} s")
     sync_api.expect(panel.locator(".nbtrain-Run .nbtrain-State")).to_have_text("interrupted", timeout=15_000)
+    sync_api.expect(panel.locator(".nbtrain-Run .nbtrain-Stop")).to_be_hidden()  # nothing left to stop
     sync_api.expect(page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-InputPrompt")).not_to_contain_text("*")
     assert_no_workers()
+
+
+def _loads_the_extension_under_test(lab, page) -> None:
+    """The page runs the extension built in this checkout (labhelp links it), not an installed copy."""
+    if lab.extension is None:
+        return  # nbtrain installed from a wheel: its installed extension is the one under test
+    config = page.evaluate("() => JSON.parse(document.getElementById('jupyter-config-data').textContent)")
+    (loaded,) = [e["load"] for e in config["federated_extensions"] if e["name"] == "nbtrain"]
+    built = json.loads((lab.extension / "package.json").read_text())["jupyterlab"]["_build"]["load"]
+    assert loaded == built, f"the page loads nbtrain's {loaded}, the build in {lab.extension} is {built}"
+
+
+# The stop route, with or without the query JupyterLab adds to defeat caches.
+STOP_URL = re.compile(r"/nbtrain/stop(\?|$)")
+
+
+def _stop_from_the_keyboard_and_hold_the_request(page, run):
+    """Press Stop with the keyboard; while the stop request is held back, the panel polls at least twice
+    and the button keeps saying "Stopping…" (aria-disabled) and keeps the focus. Returns the held request."""
+    held = []
+
+    def hold(route):
+        held.append(route)
+
+    page.route(STOP_URL, hold)
+    stop = run.locator(".nbtrain-Stop")
+    stop.focus()
+    page.keyboard.press("Enter")
+    facts = run.locator(".nbtrain-Run-facts")
+    for _ in range(2):
+        shown = facts.inner_text()
+        sync_api.expect(facts).not_to_have_text(shown, timeout=10_000)  # a poll came back and was drawn
+        sync_api.expect(stop).to_have_text("Stopping…", timeout=1)
+        sync_api.expect(stop).to_have_attribute("aria-disabled", "true", timeout=1)
+        assert stop.evaluate("button => button === document.activeElement"), "the Stop button lost the focus"
+    page.keyboard.press("Enter")  # a second press while stopping sends nothing more
+    sync_api.expect(facts).not_to_have_text(facts.inner_text(), timeout=10_000)
+    assert len(held) == 1, f"{len(held)} stop requests sent"
+    return held[0]
 
 
 def _run_cells(page) -> None:

@@ -23,6 +23,7 @@ import pytest
 from tornado.httpclient import HTTPClientError
 
 import fake_nvml
+from nbtrain.server.handlers import ROUTES
 from serverhelp import ENDLESS_RUN, ServerKernel, fetch_json, wait_for
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
@@ -47,14 +48,19 @@ def test_every_route_needs_authentication(jp_fetch, jp_asyncio_loop):
 
 
 async def _every_route_needs_authentication(jp_fetch):
+    # jp_fetch puts every path under pytest-jupyter's non-root base_url, so this also checks that each
+    # route is joined to it.
     no_token = {"Authorization": ""}
-    for route in ("gpus", "runs", "processes"):
+    assert set(ROUTES) == {"gpus", "runs", "processes", "stop"}
+    for route, handler in ROUTES.items():
+        if "post" in vars(handler):
+            code, _ = await _refused(jp_fetch, "nbtrain", route, method="POST", body=json.dumps({"pid": os.getpid()}),
+                                     headers=no_token)
+            assert code == 403, route
+            continue
         code, _ = await _refused(jp_fetch, "nbtrain", route, headers=no_token)
         assert code == 403, route
         assert (await jp_fetch("nbtrain", route)).code == 200
-    code, _ = await _refused(jp_fetch, "nbtrain", "stop", method="POST", body=json.dumps({"pid": os.getpid()}),
-                             headers=no_token)
-    assert code == 403
 
 
 def test_machine_state_without_a_gpu_falls_back_to_cpu_and_ram(jp_fetch, jp_asyncio_loop):

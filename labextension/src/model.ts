@@ -9,7 +9,7 @@ import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { requestAPI } from './request';
-import { IMachine, IProcess, IRun } from './types';
+import { IMachine, IProcess, IProcessesReply, IRun, IRunsReply } from './types';
 
 /** One series per device: GPU utilisation and memory use, or CPU load and RAM use (percent). */
 export interface ISeries {
@@ -84,8 +84,8 @@ export class NbtrainModel {
     try {
       const [machine, runs, processes] = await Promise.all([
         requestAPI<IMachine>('gpus'),
-        requestAPI<{ runs: IRun[] }>('runs'),
-        requestAPI<{ processes: IProcess[] }>('processes')
+        requestAPI<IRunsReply>('runs'),
+        requestAPI<IProcessesReply>('processes')
       ]);
       this._machine = machine;
       this._runs = runs.runs;

@@ -4,6 +4,8 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
+import { IErrorReply } from './types';
+
 /**
  * Call a route of nbtrain's server extension and return its JSON.
  *
@@ -29,8 +31,8 @@ export async function requestAPI<T>(endPoint: string, init: RequestInit = {}): P
     }
   }
   if (!response.ok) {
-    const message =
-      typeof data === 'object' && data?.message ? data.message : `${response.status} ${response.statusText}`;
+    const reply = typeof data === 'object' ? (data as IErrorReply | null) : null;
+    const message = reply?.message || `${response.status} ${response.statusText}`;
     throw new ServerConnection.ResponseError(response, message);
   }
   return data as T;

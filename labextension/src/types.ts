@@ -1,5 +1,9 @@
 /**
  * The JSON the server routes return (see nbtrain/server/handlers.py and gpus.py for the contract).
+ *
+ * tests/test_lab_contract.py reads these interfaces and checks every route's real answer against them
+ * (keys both ways, and the simple types), so keep to the forms it parses: `interface X { a: T; b?: U }`
+ * with unions, `T[]`, inline `{ ... }` objects and `{ [name: string]: T }` maps.
  */
 
 export interface IGpuProcess {
@@ -15,6 +19,9 @@ export interface IGpu {
   memory_used: number | null;
   memory_total: number | null;
   temperature: number | null;
+  /** Watts now and the enforced limit; null where the driver does not report them. */
+  power: number | null;
+  power_limit: number | null;
   processes: IGpuProcess[];
 }
 
@@ -65,4 +72,28 @@ export interface IProcess {
   kernel_id: string | null;
   path: string | null;
   rank: number | null;
+}
+
+/** GET /nbtrain/runs */
+export interface IRunsReply {
+  runs: IRun[];
+}
+
+/** GET /nbtrain/processes */
+export interface IProcessesReply {
+  processes: IProcess[];
+}
+
+/** POST /nbtrain/stop (202); a refusal (4xx) is `{ message }` alone. */
+export interface IStopReply {
+  kernel_id: string;
+  path: string | null;
+  run_id: string | null;
+  message: string;
+}
+
+/** Any refusal (4xx/5xx): the server's explanation; requestAPI throws it as the error's message. */
+export interface IErrorReply {
+  message: string;
+  reason?: string | null;
 }

@@ -6,7 +6,10 @@
 * ``POST /nbtrain/stop``      — body ``{"kernel_id": "…"}`` or ``{"pid": 123}``: interrupt the kernel whose
   nbtrain run that is. 202 when sent; 404 when it names no run of this server; 409 when the run is over.
 
-Every route needs the server's authentication (token or cookie); without it the answer is 403.
+Every route needs the server's authentication (token or cookie); without it the answer is 403. Each
+handler method is ``@tornado.web.authenticated`` and ``@authorized`` (resource ``kernels``), and every path in
+:data:`ROUTES` is joined to the server's base_url. The JSON shapes are written down for the browser in
+``labextension/src/types.ts``; tests/test_lab_contract.py checks the two agree.
 """
 
 from __future__ import annotations
@@ -72,7 +75,11 @@ class StopHandler(_NbtrainHandler):
         self.finish(json.dumps(result))
 
 
+# Path under <base_url>/nbtrain/ -> handler.
+ROUTES = {"gpus": GpusHandler, "runs": RunsHandler, "processes": ProcessesHandler, "stop": StopHandler}
+
+
 def setup_handlers(web_app) -> None:
     base_url = web_app.settings["base_url"]
-    routes = [("gpus", GpusHandler), ("runs", RunsHandler), ("processes", ProcessesHandler), ("stop", StopHandler)]
-    web_app.add_handlers(".*$", [(url_path_join(base_url, "nbtrain", name), handler) for name, handler in routes])
+    web_app.add_handlers(".*$", [(url_path_join(base_url, "nbtrain", path), handler)
+                                 for path, handler in ROUTES.items()])

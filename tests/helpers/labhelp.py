@@ -1,4 +1,10 @@
-"""A real ``jupyter lab`` in a subprocess, isolated from the user's Jupyter config, with a known token."""
+"""A real ``jupyter lab`` in a subprocess, isolated from the user's Jupyter config, with a known token.
+
+With ``extension_under_test=True`` the lab loads the nbtrain extension built beside the nbtrain package
+under test (``nbtrain/labextension`` of the checkout on ``PYTHONPATH``), not whichever copy was last
+installed into the environment's share/ folder: it is linked into a folder on the lab's ``JUPYTER_PATH``,
+which Jupyter searches first.
+"""
 
 from __future__ import annotations
 
@@ -21,16 +27,23 @@ def free_port() -> int:
 
 
 class JupyterLab:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, extension_under_test: bool = False) -> None:
+        """``extension_under_test``: serve the checkout's own build of the extension (see the module doc);
+        otherwise the lab serves whatever the environment has installed."""
         self.root = root
         self.token = secrets.token_hex(16)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         home = root / "jupyter-home"
+        # JUPYTER_PATH is searched before every other data folder (in a virtualenv the environment's own
+        # share/jupyter comes before JUPYTER_DATA_DIR), so the extension linked there is the one served.
+        jupyter_path = os.pathsep.join(filter(None, [str(home / "path"), os.environ.get("JUPYTER_PATH")]))
         self.env = dict(os.environ, JUPYTER_CONFIG_DIR=str(home / "config"), JUPYTER_DATA_DIR=str(home / "data"),
-                        JUPYTER_RUNTIME_DIR=str(home / "runtime"), JUPYTER_PLATFORM_DIRS="1")
+                        JUPYTER_RUNTIME_DIR=str(home / "runtime"), JUPYTER_PLATFORM_DIRS="1",
+                        JUPYTER_PATH=jupyter_path)
         self.notebooks = root / "notebooks"
         self.notebooks.mkdir()
+        self.extension = link_built_extension(home / "path" / "labextensions") if extension_under_test else None
         # A notebook attaches to its kernel without asking which; no news pop-up (no network, cleaner pictures).
         self.user_setting("notebook-extension/tracker", {"autoStartDefaultKernel": True})
         self.user_setting("apputils-extension/notification", {"fetchNews": "false"})
@@ -99,6 +112,37 @@ class JupyterLab:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+
+def built_extension() -> Path | None:
+    """The checkout's built extension (``nbtrain/labextension``), or None for an installed (wheel) nbtrain.
+
+    Refuses a build older than its TypeScript sources: the browser would test yesterday's panel.
+    """
+    import nbtrain
+
+    package = Path(nbtrain.__file__).resolve().parent
+    built, sources = package / "labextension", package.parent / "labextension"
+    if not (built / "package.json").exists():
+        if (sources / "src").is_dir():
+            raise RuntimeError(f"the extension in {sources} is not built: cd {sources} && jlpm install && "
+                               f"jlpm build:prod")
+        return None
+    if (sources / "src").is_dir():
+        newest_source = max(p.stat().st_mtime for d in ("src", "style") for p in (sources / d).iterdir())
+        built_at = (built / "package.json").stat().st_mtime
+        if newest_source > built_at:
+            raise RuntimeError(f"{built} is older than its sources in {sources}: cd {sources} && "
+                               f"jlpm build:prod")
+    return built
+
+
+def link_built_extension(labextensions: Path) -> Path | None:
+    built = built_extension()
+    if built is not None:
+        labextensions.mkdir(parents=True, exist_ok=True)
+        (labextensions / "nbtrain").symlink_to(built, target_is_directory=True)
+    return built
 
 
 def write_notebook(path: Path, cells: list[str]) -> None:

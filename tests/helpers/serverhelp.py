@@ -26,6 +26,9 @@ class ServerKernel:
         self.kernel_id = kernel_id
         self.client = AsyncKernelClient()
         self.client.load_connection_info(kernel_manager.get_kernel(kernel_id).get_connection_info())
+        # A client the kernel manager did not make judges the kernel alive by its heartbeat, by default
+        # one missed second: on a loaded machine that reads a starting kernel as dead.
+        self.client.hb_channel.time_to_dead = 10.0
         self.client.start_channels()
 
     async def ready(self, timeout: float = 60) -> None:

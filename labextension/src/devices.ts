@@ -1,0 +1,96 @@
+/**
+ * The panel's device section: each GPU's load and memory now and as a short history, or the CPU and RAM
+ * on a machine without a usable GPU. Rows are keyed by GPU uuid (index when the driver gives none).
+ */
+import { el, IRow, setAttr, setClass, setShown, setText } from './dom';
+import { count, gib, percent } from './format';
+import { NbtrainModel } from './model';
+import { createSparkline, drawSparkline } from './sparkline';
+import { Section } from './views';
+
+interface IDeviceItem {
+  key: string;
+  className: string;
+  name: string;
+  now: string;
+  historyKey: string;
+}
+
+export class DevicesView {
+  constructor(private _model: NbtrainModel) {}
+
+  get node(): HTMLElement {
+    return this._section.node;
+  }
+
+  update(): void {
+    const machine = this._model.machine;
+    const cpuOnly = machine !== null && machine.gpus.length === 0;
+    const note = this._section.note;
+    setShown(note, cpuOnly);
+    if (cpuOnly) {
+      setText(note, 'No NVIDIA GPU visible: showing CPU and RAM.');
+      setAttr(note, 'title', machine.gpu_error ?? '');
+    }
+    this._section.update(cpuOnly ? 'CPU and memory' : 'GPUs', this._items(), 'Waiting for the server…');
+  }
+
+  private _items(): IDeviceItem[] {
+    const machine = this._model.machine;
+    if (!machine) {
+      return [];
+    }
+    if (machine.gpus.length === 0) {
+      const { cpu, ram } = machine;
+      const now = `${percent(cpu.percent)} · RAM ${gib(ram.used)}/${gib(ram.total)} GiB`;
+      const name = `CPU (${count('core', cpu.count)})`;
+      return [{ key: 'cpu', className: 'nbtrain-Device-cpu', name, now, historyKey: 'cpu' }];
+    }
+    return machine.gpus.map(gpu => {
+      const temperature = gpu.temperature === null ? '' : ` · ${gpu.temperature} °C`;
+      return {
+        key: `gpu:${gpu.uuid || gpu.index}`,
+        className: `nbtrain-Device-gpu${gpu.index}`,
+        name: `GPU${gpu.index} ${gpu.name}`,
+        now: `${percent(gpu.utilization)} · ${gib(gpu.memory_used)}/${gib(gpu.memory_total)} GiB${temperature}`,
+        historyKey: `gpu${gpu.index}`
+      };
+    });
+  }
+
+  private _section = new Section<IDeviceItem>(
+    'nbtrain-Devices',
+    item => item.key,
+    () => new DeviceRow(this._model)
+  );
+}
+
+class DeviceRow implements IRow<IDeviceItem> {
+  readonly node = el('div', 'nbtrain-Device');
+
+  constructor(private _model: NbtrainModel) {
+    const head = el('div', 'nbtrain-Device-head');
+    head.append(this._name, this._now);
+    const charts = el('div', 'nbtrain-Device-charts');
+    const loadBox = el('div', 'nbtrain-Chart', 'load');
+    loadBox.appendChild(this._load);
+    const memoryBox = el('div', 'nbtrain-Chart', 'memory');
+    memoryBox.appendChild(this._memory);
+    charts.append(loadBox, memoryBox);
+    this.node.append(head, charts);
+  }
+
+  update(item: IDeviceItem): void {
+    setClass(this.node, `nbtrain-Device ${item.className}`);
+    setText(this._name, item.name);
+    setText(this._now, item.now);
+    const history = this._model.history(item.historyKey);
+    drawSparkline(this._load, history.load, this._model.historyLength);
+    drawSparkline(this._memory, history.memory, this._model.historyLength);
+  }
+
+  private _name = el('span', 'nbtrain-Device-name');
+  private _now = el('span', 'nbtrain-Device-now');
+  private _load = createSparkline('nbtrain-Sparkline-load');
+  private _memory = createSparkline('nbtrain-Sparkline-memory');
+}

@@ -1,0 +1,120 @@
+"""The JupyterLab extension and the server agree: each route's real JSON has exactly the keys (and simple
+types) that labextension/src/types.ts declares, and the extension's package.json runs only tools it has.
+
+The routes are called on a real Jupyter server (pytest-jupyter, nbtrain's server extension enabled) with a
+real kernel running a real ``%%distributed 2 --cpu`` run, so the run, rank and process entries are the
+ones a user's panel receives. Only NVML is a stand-in (no GPU here), to get the GPU forms of the answers.
+The TypeScript side is read by tests/helpers/tsinterfaces.py.
+"""
+
+from __future__ import annotations
+
+# pytest-jupyter's fixtures, for this module only (see test_server_routes.py for why they are imported).
+from pytest_jupyter.jupyter_server import *  # noqa: F403
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+from tornado.httpclient import HTTPClientError
+
+import fake_nvml
+from nbtrain.server.handlers import ROUTES
+from serverhelp import ENDLESS_RUN, ServerKernel, fetch_json, wait_for
+from tsinterfaces import mismatches, parse_interfaces
+
+pytestmark = pytest.mark.usefixtures("no_leftover_workers")
+
+LABEXTENSION = Path(__file__).resolve().parent.parent / "labextension"
+# Each route's successful answer, by the interface in types.ts that describes it.
+REPLIES = {"gpus": "IMachine", "runs": "IRunsReply", "processes": "IProcessesReply", "stop": "IStopReply"}
+
+
+@pytest.fixture
+def jp_server_config():
+    return {"ServerApp": {"jpserver_extensions": {"nbtrain.server": True}}}
+
+
+def interfaces() -> dict:
+    return parse_interfaces((LABEXTENSION / "src" / "types.ts").read_text())
+
+
+def test_every_route_has_an_interface_for_its_answer():
+    assert set(REPLIES) == set(ROUTES)
+    assert set(REPLIES.values()) | {"IErrorReply"} <= set(interfaces())
+
+
+def test_route_answers_have_the_keys_types_ts_declares(jp_fetch, jp_serverapp, jp_asyncio_loop):
+    answers = jp_asyncio_loop.run_until_complete(_answers_of_a_real_run(jp_fetch, jp_serverapp))
+    declared = interfaces()
+    problems = [p for label, interface, value in answers for p in mismatches(value, interface, declared, label)]
+    assert not problems, "the server's JSON and labextension/src/types.ts disagree:\n" + "\n".join(problems)
+    assert {label.split(" ")[0] for label, _, _ in answers} >= set(REPLIES)
+
+
+async def _answers_of_a_real_run(jp_fetch, jp_serverapp) -> list[tuple[str, str, object]]:
+    """(label, interface, JSON) for every route, in each of the forms the panel meets."""
+    answers = [("gpus (no GPU)", "IMachine", (await fetch_json(jp_fetch, "nbtrain", "gpus"))[1]),
+               ("runs (none)", "IRunsReply", (await fetch_json(jp_fetch, "nbtrain", "runs"))[1])]
+    _, session = await fetch_json(jp_fetch, "api", "sessions", method="POST", body=json.dumps(
+        {"path": "train.ipynb", "name": "train.ipynb", "type": "notebook", "kernel": {"name": "python3"}}))
+    kernel_id = session["kernel"]["id"]
+    kernel = ServerKernel(jp_serverapp.kernel_manager, kernel_id)
+    try:
+        await kernel.ready()
+        await kernel.run("%load_ext nbtrain")
+        cell = kernel.start(ENDLESS_RUN)
+        running = await _running(jp_fetch, kernel_id)
+        answers.append(("runs (running)", "IRunsReply", running))
+        rank_pids = [r["pid"] for r in running["runs"][0]["ranks"]]
+        with pytest.MonkeyPatch.context() as patch:
+            # One GPU holding a rank, one holding a process of no kernel (this test's own process).
+            fake_nvml.install(patch, [fake_nvml.FakeGpu(processes=[(rank_pids[0], 2**30)]),
+                                      fake_nvml.FakeGpu(uuid="GPU-1", processes=[(os.getpid(), 2**29)])])
+            answers.append(("gpus (GPUs)", "IMachine", (await fetch_json(jp_fetch, "nbtrain", "gpus"))[1]))
+            answers.append(("processes", "IProcessesReply", (await fetch_json(jp_fetch, "nbtrain", "processes"))[1]))
+        code, stopped = await fetch_json(jp_fetch, "nbtrain", "stop", method="POST",
+                                         body=json.dumps({"kernel_id": kernel_id}))
+        assert code == 202
+        answers.append(("stop", "IStopReply", stopped))
+        reply, output = await kernel.finish(cell, timeout=30)
+        assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt", output[-2000:]
+        answers.append(("runs (ended)", "IRunsReply", (await fetch_json(jp_fetch, "nbtrain", "runs"))[1]))
+        answers.append(("stop (refused, 409)", "IErrorReply", await _refusal(jp_fetch, {"kernel_id": kernel_id})))
+        answers.append(("stop (refused, 400)", "IErrorReply", await _refusal(jp_fetch, {})))
+    finally:
+        kernel.close()
+    return answers
+
+
+async def _running(jp_fetch, kernel_id) -> dict:
+    async def probe():
+        _, body = await fetch_json(jp_fetch, "nbtrain", "runs")
+        ours = [r for r in body["runs"] if r["kernel_id"] == kernel_id and r["state"] == "running"]
+        return body if ours and (ours[0]["step"] or 0) >= 1 and len(ours[0]["ranks"]) == 2 else None
+
+    return await wait_for(probe, "the run to be listed as running", timeout=90)
+
+
+async def _refusal(jp_fetch, body: dict) -> dict:
+    with pytest.raises(HTTPClientError) as caught:
+        await jp_fetch("nbtrain", "stop", method="POST", body=json.dumps(body))
+    return json.loads(caught.value.response.body)
+
+
+def test_package_scripts_use_only_tools_the_package_has():
+    """Every command a `jlpm <script>` runs is jlpm, jupyter, or a binary of a declared dependency."""
+    package = json.loads((LABEXTENSION / "package.json").read_text())
+    declared = {**package.get("dependencies", {}), **package.get("devDependencies", {})}
+    # Binaries and the npm package that provides each (only those a JupyterLab extension commonly uses).
+    provided_by = {"tsc": "typescript", "rimraf": "rimraf", "run-p": "npm-run-all2", "run-s": "npm-run-all2",
+                   "concurrently": "concurrently", "eslint": "eslint", "prettier": "prettier", "jest": "jest"}
+    for name, script in package["scripts"].items():
+        for command in re.split(r"&&|\|\||[;&|]", script):
+            tool = command.split()[0] if command.split() else ""
+            if tool in ("jlpm", "jupyter", ""):
+                continue
+            assert provided_by.get(tool) in declared, (
+                f"script {name!r} runs {tool!r}, which no dependency in labextension/package.json provides")
