@@ -319,3 +319,22 @@ def test_every_unsendable_variable_is_named_and_a_functions_bad_global_too(manag
                                            r"'guard' \(_thread.lock\)"):
         run("y = step(1)\n", ns, manager)
     assert manager.pool is None
+
+
+def test_memory_is_released_before_the_reply(manager):
+    """A cell's garbage (here a reference cycle) is collected before the rank replies: its finaliser's
+    output belongs to this cell, and the next cell sees nothing of it. On the CPU, CUDA stays untouched."""
+    released = Captured()
+    run("""
+        class Cycle:
+            def __del__(self):
+                print(f"released on rank {rank}")
+        a = Cycle(); a.me = a
+        del a
+        """, {}, manager, write=released)
+    assert "released on rank 0" in released.text("stdout")
+    assert "[rank 1] released on rank 1" in released.text("stdout")
+    later = Captured()
+    run("import torch; print('cuda initialised:', torch.cuda.is_initialized())", {}, manager, write=later)
+    assert "released" not in later.text()
+    assert "cuda initialised: False" in later.text()

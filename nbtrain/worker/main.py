@@ -15,7 +15,8 @@ Then, per :class:`Job`: a fresh ``__main__`` module (so classes defined in the c
 ``if __name__ == "__main__":`` scripts run), the notebook's current directory and ``sys.path``
 (:mod:`.modules`, which also reports the user's own modules after the job), the runtime names (``rank``, ``local_rank``,
 ``world_size``, ``device``) and the notebook's inputs; the cell runs; rank 0 packs the results; the
-streams are flushed and marked; GPU caches are emptied. The cell's training settings (``--amp``,
+memory is released (``gc.collect``; ``torch.cuda.empty_cache`` where CUDA was initialised) *before* the
+streams are marked and the reply is sent, so the GPU reads as free when the cell returns. The cell's training settings (``--amp``,
 ``--grad-accum``, ``--checkpoint``) are opened as a :mod:`nbtrain.train.runtime` context for the cell
 and closed after it. Failures are reported as :class:`Failed` with
 the traceback's frames, which the kernel maps to the cell's lines. The stop button's SIGINT raises
@@ -156,9 +157,17 @@ class Rank:
             train_runtime.end()  # prepared models and loaders do not outlive their cell
             metrics.stop()
             sys.modules["__main__"] = self.real_main
+            del main
+            self._release_memory()  # before the end mark: what a finaliser prints belongs to this cell
             self._flush_and_mark(job.job_id)
         self.send(reply)
-        del main, reply
+
+    def _release_memory(self) -> None:
+        """Free what the cell left behind *before* replying, so the GPU reads as free when the cell returns.
+
+        gc.collect() breaks the cycles that hold tensors; empty_cache() gives the caching allocator's
+        blocks back to the driver — only where CUDA was initialised (never starting it on a CPU rank).
+        """
         gc.collect()
         if self.torch.cuda.is_initialized():
             self.torch.cuda.empty_cache()
