@@ -8,7 +8,11 @@ Checks, through a real IPython shell with ``%load_ext nbtrain``:
 2. ``%%distributed 1`` defaults to NCCL on ``cuda:0`` and an all-reduce works;
 3. a model trained on the GPU comes back on the CPU, with the note that says so;
 4. the notebook process never initialised CUDA;
-5. after ``%distributed_shutdown`` no GPU memory is held by any rank (NVML's process list).
+5. memory a cell freed is given back to the driver before the cell returns (the GPU's memory.used right
+   after a cell that allocated and deleted 4 GiB, against the level before it);
+6. after ``%distributed_shutdown`` no GPU memory is held by any rank: NVML's process list, *and* the GPU's
+   memory.used back at the baseline read before the ranks started — in VMs and some containers the driver
+   lists no processes at all, so the list alone would pass however much was still held.
 
 Record the command and its output in docs/gpu-verification.md.
 """
@@ -27,6 +31,30 @@ def check(name: str, ok: bool, detail: str = "") -> bool:
     return ok
 
 
+MiB = 2**20
+TOLERANCE = 256 * MiB  # memory.used moves a little by itself (driver bookkeeping, other tenants)
+
+
+def memory_used() -> dict[int, int]:
+    """memory.used of every GPU, by NVML index: what is in use whether or not the driver lists processes."""
+    from nbtrain.gpu import nvml
+
+    lib = nvml.library()
+    return {g.index: lib.nvmlDeviceGetMemoryInfo(lib.nvmlDeviceGetHandleByIndex(g.index)).used for g in nvml.all_gpus()}
+
+
+def above(baseline: dict[int, int]) -> dict[int, int]:
+    """MiB above ``baseline`` per GPU, now."""
+    return {i: (used - baseline.get(i, 0)) // MiB for i, used in memory_used().items()}
+
+
+def wait_for_baseline(baseline: dict[int, int], seconds: float = 10.0) -> dict[int, int]:
+    deadline = time.monotonic() + seconds
+    while max(above(baseline).values(), default=0) * MiB > TOLERANCE and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return above(baseline)
+
+
 def main() -> int:
     from nbtrain.gpu import nvml
 
@@ -34,6 +62,7 @@ def main() -> int:
     gpus = nvml.visible_gpus()
     results.append(check("NVML lists the GPUs", bool(gpus), ", ".join(f"{g.index}: {g.name}, {g.memory_total / 2**30:.0f} GiB" for g in gpus)
                          or str(nvml.unavailable_reason())))
+    baseline = memory_used() if gpus else {}  # before any rank exists
     shell = InteractiveShell.instance()
     shell.run_line_magic("load_ext", "nbtrain")
     shell.run_cell("import torch\nfrom torch import nn\nX = torch.randn(4096, 32)\nY = X.sum(1, keepdim=True)")
@@ -58,6 +87,14 @@ def main() -> int:
         weight = ns["net"].weight
         results.append(check("model came back on the CPU", type(ns["net"]).__name__ == "Linear" and weight.device.type == "cpu",
                              f"{type(ns['net']).__name__} on {weight.device}, peak {ns['peak_mib']:.0f} MiB in the rank"))
+    if result.success:
+        warm = memory_used()
+        freed = shell.run_cell("%%distributed 1\nbig = torch.empty(4 * 2**30, dtype=torch.uint8, device=device)\n"
+                               "big.fill_(1); del big\n")
+        grown = {i: (used - warm.get(i, 0)) // MiB for i, used in memory_used().items()}
+        results.append(check("freed memory released before the cell returned",
+                             freed.success and max(grown.values(), default=0) * MiB <= TOLERANCE,
+                             f"memory.used right after the cell, MiB above the level before it: {grown}"))
     import torch
 
     results.append(check("kernel never initialised CUDA", not torch.cuda.is_initialized()))
@@ -69,7 +106,10 @@ def main() -> int:
     for g in nvml.all_gpus():
         handle = lib.nvmlDeviceGetHandleByIndex(g.index)
         held += [p.pid for p in lib.nvmlDeviceGetComputeRunningProcesses(handle) if p.pid in pids]
-    results.append(check("no GPU memory held after shutdown", not held, f"rank pids {pids}, still on a GPU: {held}"))
+    results.append(check("no rank listed on a GPU after shutdown", not held, f"rank pids {pids}, still on a GPU: {held}"))
+    left = wait_for_baseline(baseline)
+    results.append(check("memory.used back at the baseline after shutdown", max(left.values(), default=0) * MiB <= TOLERANCE,
+                         f"MiB above the baseline taken before the ranks started: {left}"))
     print(f"{sum(results)} passed, {len(results) - sum(results)} failed")
     return 0 if all(results) else 1
 

@@ -153,6 +153,21 @@ def test_gpus_once_prints_a_table(capsys):
     assert "NVIDIA H100" in table and "87%" in table and "pid 101" in table and "12.0 GiB" in table
 
 
+def test_rank_memory_the_driver_hides_is_na_with_one_note():
+    """A VM's driver lists no processes: the views show N/A for the ranks (never 0) and say why once."""
+    from nbtrain.dashboard.run_view import _memory
+    from nbtrain.gpu.telemetry import hidden_processes_note
+
+    gpu = GpuStatus(0, "NVIDIA H100 80GB HBM3", "GPU-0", 12, 9 * GiB, 80 * GiB, 40, 150.0, 700.0, ())
+    ranks = (RankUsage(0, 101, "cuda:0", 0, None, 100.0, GiB),)
+    snap = Snapshot(time.time(), (gpu,), ranks, HOST, None, (hidden_processes_note(gpu),))
+    panel = devices_html(snap, {})
+    assert "rank 0 N/A" in panel and panel.count("lists no processes") == 1 and "0 B" not in panel
+    assert _memory(ranks[0]) == "N/A GPU"
+    table = gpus_table(snap)
+    assert "processes: N/A (the driver lists none" in table and table.count("memory.used (9.0 GiB)") == 1
+
+
 def test_mode_follows_the_front_end_and_the_environment(monkeypatch):
     class Kernel:
         kernel = object()

@@ -85,18 +85,23 @@ def test_gpu_load_memory_and_processes_come_from_nvml(jp_fetch, monkeypatch, jp_
 
 async def _gpu_load_memory_and_processes_come_from_nvml(jp_fetch, monkeypatch):
     gpus = [fake_nvml.FakeGpu(used=41 * 2**30, util=73, processes=[(4242, 3 * 2**30)]),
-            fake_nvml.FakeGpu(name="NVIDIA A100", uuid="GPU-1", total=40 * 2**30, used=0, util=0)]
+            fake_nvml.FakeGpu(name="NVIDIA A100", uuid="GPU-1", total=40 * 2**30, used=0, util=0),
+            fake_nvml.FakeGpu(uuid="GPU-2", used=9 * 2**30, processes=[])]  # a VM: none listed, 9 GiB used
     module = fake_nvml.install(monkeypatch, gpus)
     # A process in both the compute and the graphics list is one process.
     module.nvmlDeviceGetGraphicsRunningProcesses = module.nvmlDeviceGetComputeRunningProcesses
     _, machine = await fetch_json(jp_fetch, "nbtrain", "gpus")
     assert machine["gpu_error"] is None
-    first, second = machine["gpus"]
+    first, second, hidden = machine["gpus"]
     assert first == {"index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": gpus[0].uuid, "utilization": 73,
                      "memory_used": 41 * 2**30, "memory_total": 80 * 2**30, "temperature": 50,
                      "power": 200.0, "power_limit": 700.0, "processes": [{"pid": 4242, "memory_used": 3 * 2**30}]}
     assert (second["index"], second["name"], second["memory_total"], second["processes"]) == (1, "NVIDIA A100",
                                                                                               40 * 2**30, [])
+    assert hidden["processes"] is None and hidden["memory_used"] == 9 * 2**30  # unknown, not "none"
+    assert [n for n in machine["notes"] if "GPU 2: the driver lists no processes" in n]
+    _, listed = await fetch_json(jp_fetch, "nbtrain", "processes")
+    assert {p["pid"] for p in listed["processes"]} == {4242}
 
 
 def test_a_run_is_listed_mapped_to_its_notebook_and_stopped(jp_fetch, jp_serverapp, jp_root_dir, jp_asyncio_loop):

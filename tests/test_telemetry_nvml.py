@@ -121,10 +121,22 @@ def test_mig_and_unsupported_fields_degrade_to_none(fake_nvml, process_tree, cap
     assert "NVML could not read" not in capsys.readouterr().err  # polled fields are reported in notes, not warned
 
 
-def test_rank_that_has_not_touched_cuda_has_zero(fake_nvml, process_tree):
-    parent, _ = process_tree
-    fake_nvml([FakeGpu(processes=[])])
-    assert Telemetry([(0, parent, "cuda:0", 0)]).snapshot().ranks[0].gpu_memory == 0
+def test_a_driver_that_lists_no_process_makes_rank_memory_unknown_not_zero(fake_nvml, process_tree):
+    """As on a VM: NVML's process list is empty while a rank holds 8 GiB. The rank's memory is unknown
+    (N/A), said once in the notes (two ranks, one note), and the GPU's memory.used is what is in use."""
+    parent, child = process_tree
+    fake_nvml([FakeGpu(used=8 * 2**30 + 480 * 2**20, processes=[])])
+    snap = Telemetry([(0, parent, "cuda:0", 0), (1, child, "cuda:0", 0)]).snapshot()
+    assert [r.gpu_memory for r in snap.ranks] == [None, None]
+    hidden = [n for n in snap.notes if "lists no processes" in n]
+    assert len(hidden) == 1 and "memory.used (8.5 GiB)" in hidden[0]
+    assert snap.gpus[0].processes_hidden and snap.gpus[0].memory_used == 8 * 2**30 + 480 * 2**20
+
+
+def test_an_idle_gpu_with_no_process_is_not_flagged(fake_nvml):
+    fake_nvml([FakeGpu(used=480 * 2**20, processes=[])])  # the driver's own reservation, nothing running
+    snap = Telemetry().snapshot()
+    assert snap.gpus[0].processes == () and not snap.gpus[0].processes_hidden and snap.notes == ()
 
 
 def test_broken_driver_is_a_reason_not_an_exception(monkeypatch):

@@ -30,7 +30,12 @@ export class ProcessesView {
       groups.set(key, [...(groups.get(key) ?? []), proc]);
     }
     const items = [...groups].map(([kernelId, members]) => ({ kernelId, members }));
-    this._section.update('GPU processes by notebook', items, 'No process is using a GPU.');
+    // processes === null: the driver does not list them (VMs, some containers) — unknown, not "none".
+    const unlisted = (this._model.machine?.gpus ?? []).filter(gpu => gpu.processes === null).map(gpu => `GPU${gpu.index}`);
+    const empty = unlisted.length
+      ? `Processes unknown on ${unlisted.join(', ')}: the driver does not list them; memory.used above is what is in use.`
+      : 'No process is using a GPU.';
+    this._section.update('GPU processes by notebook', items, empty);
   }
 
   private _section = new Section<IProcessGroup>(

@@ -22,7 +22,8 @@ export interface IGpu {
   /** Watts now and the enforced limit; null where the driver does not report them. */
   power: number | null;
   power_limit: number | null;
-  processes: IGpuProcess[];
+  /** null: unknown (the driver lists none while memory is in use, as in VMs; or cannot list them) */
+  processes: IGpuProcess[] | null;
 }
 
 export interface IMachine {
@@ -31,6 +32,7 @@ export interface IMachine {
   gpus: IGpu[];
   cpu: { percent: number; count: number };
   ram: { used: number; total: number };
+  notes?: string[];
 }
 
 export interface IRank {

@@ -54,7 +54,9 @@ def _gpu_rows(snap: Snapshot, sparks) -> list[str]:
         segments, legend, owned = [], [], 0
         total = gpu.memory_total or 0
         for r in snap.ranks:
-            if r.gpu_index == gpu.index and r.gpu_memory is not None and total:
+            if r.gpu_index == gpu.index and r.gpu_memory is None:  # unknown (see the notes): counted in the total
+                legend.append(f'<span style="color:{rank_color(r.rank)}">■</span> rank {r.rank} {text.NA}')
+            elif r.gpu_index == gpu.index and total:
                 segments.append((r.gpu_memory / total, rank_color(r.rank)))
                 legend.append(f'<span style="color:{rank_color(r.rank)}">■</span> rank {r.rank} {text.size(r.gpu_memory)}')
                 owned += r.gpu_memory

@@ -51,6 +51,8 @@ def gpus_table(snap: Snapshot) -> str:
             lines.append(f"{g.index:<4}{g.name[:27]:<28}{text.percent(g.utilization):>6}{memory:>24}{temp:>7}{power:>16}")
             if g.processes is None:
                 lines.append("      processes: N/A (not reported by the driver)")
+            elif g.processes_hidden:
+                lines.append("      processes: N/A (the driver lists none; memory above is what is in use)")
             for p in g.processes or ():
                 lines.append(f"      pid {p.pid:<8} {_process_name(p.pid):<20} {text.size(p.used_memory)}")
     else:

@@ -68,7 +68,7 @@ def _memory(usage) -> str:
         return text.NA
     if not usage.alive:
         return "exited"
-    if usage.gpu_index is not None and usage.gpu_memory is not None:
+    if usage.gpu_index is not None:  # None: the driver does not say (the devices panel's notes say why)
         return f"{text.size(usage.gpu_memory)} GPU"
     return f"{text.size(usage.rss)} RAM"
 

@@ -17,6 +17,10 @@ from dataclasses import dataclass
 
 from . import nvml
 
+# More than this in use on a GPU whose driver lists no process: the driver hides them (VMs, some containers).
+# An idle board reads a few hundred MiB (the driver's own reservation), a CUDA context alone ~0.5 GiB.
+HIDDEN_PROCESSES_FLOOR = 1 << 30
+
 
 @dataclass(frozen=True)
 class GpuProcess:
@@ -41,6 +45,15 @@ class GpuStatus:
     power_limit: float | None  # watts, the enforced limit
     processes: tuple[GpuProcess, ...] | None  # None: NVML could not list them
     mig: bool = False  # MIG mode is on: utilisation and per-process memory are not reported
+
+    @property
+    def processes_hidden(self) -> bool:
+        """The driver lists no process while memory is in use: who holds it is unknown, not "nobody".
+
+        Seen in VMs (an H100 under Firecracker listed nothing while a rank held 8 GiB) and some
+        containers; ``memory_used`` is still right, and it is what to read there.
+        """
+        return self.processes == () and (self.memory_used or 0) > HIDDEN_PROCESSES_FLOOR
 
     @property
     def memory_fraction(self) -> float | None:

@@ -24,7 +24,10 @@ What is measured, and from where:
 * **A rank's GPU memory** is the memory NVML lists for the rank's process *and its children*
   (DataLoader workers that touch CUDA). NVML reports PIDs as the host sees them; inside a container
   with its own PID namespace they do not match the ranks' PIDs. Then ``gpu_memory`` is ``None`` and
-  :attr:`Snapshot.notes` says why — the GPU's total is still right. Under MIG, utilisation and
+  :attr:`Snapshot.notes` says why — the GPU's total is still right. In VMs and some containers the
+  driver lists *no* process at all, even while a rank holds gigabytes: a rank on that GPU (which has a
+  CUDA context, so would be listed) then reads ``None`` too, never 0, and the GPU's ``memory_used`` is
+  what is in use (:func:`hidden_processes_note`). Under MIG, utilisation and
   per-process memory are not reported by the driver; the notes say that too.
 * **CPU and RAM** per rank (process tree) and for the machine come from psutil, with or without GPUs —
   this is what the dashboard shows when :attr:`Snapshot.nvml_error` is set (no NVIDIA driver).
@@ -133,21 +136,31 @@ def _tree_gpu_memory(gpu: GpuStatus, pids: frozenset[int], notes: list[str]) -> 
         notes.append(f"GPU {gpu.index}: the driver does not list its processes, so per-rank memory is unknown")
         return None
     mine = [p for p in gpu.processes if p.pid in pids]
-    if not mine:
-        if gpu.processes:  # processes run there, none of them ours by PID: another PID namespace
+    if not mine:  # a rank on a GPU has a CUDA context there, so a driver that lists processes lists it
+        if not gpu.processes:  # it lists none at all: a VM or container that hides them
+            notes.append(hidden_processes_note(gpu))
+        else:  # processes run there, none of them ours by PID: another PID namespace
             notes.append(f"GPU {gpu.index}: NVML lists processes this kernel cannot match to the ranks (a "
                          "container with its own PID namespace?); per-rank memory is unknown, the GPU total is right")
-            return None
-        return 0  # the rank has not touched CUDA yet
+        return None
     if any(p.used_memory is None for p in mine):
         notes.append(f"GPU {gpu.index}: the driver does not report per-process memory (MIG or a WDDM driver)")
         return None
     return sum(p.used_memory for p in mine)
 
 
+def hidden_processes_note(gpu: GpuStatus) -> str:
+    """The one note for a GPU whose driver lists no process (same text wherever it is found, so shown once)."""
+    used = "N/A" if gpu.memory_used is None else f"{gpu.memory_used / 2**30:.1f} GiB"
+    return (f"GPU {gpu.index}: the driver lists no processes (as in VMs and some containers), so per-process "
+            f"and per-rank memory is unknown (N/A); memory.used ({used}) shows what is in use")
+
+
 def _gpu_notes(gpus) -> list[str]:
     notes = []
     for gpu in gpus:
+        if gpu.processes_hidden:
+            notes.append(hidden_processes_note(gpu))
         if gpu.mig:
             notes.append(f"GPU {gpu.index} is in MIG mode: the driver reports no utilisation or per-process "
                          "memory for MIG instances; memory is the whole board's")
@@ -194,4 +207,5 @@ def snapshot(ranks: Iterable | None = None) -> Snapshot:
     return _default.snapshot()
 
 
-__all__ = ["Telemetry", "Snapshot", "RankUsage", "GpuStatus", "GpuProcess", "HostStatus", "snapshot", "NO_DRIVER"]
+__all__ = ["Telemetry", "Snapshot", "RankUsage", "GpuStatus", "GpuProcess", "HostStatus", "snapshot", "NO_DRIVER",
+           "hidden_processes_note"]

@@ -5,6 +5,10 @@ telemetry (:mod:`nbtrain.gpu.telemetry`: NVML through the one wrapper, never CUD
 driver, ``gpus`` is empty and ``gpu_error`` says why; CPU and RAM are always there, so the status bar can
 show "CPU 12% · RAM 5/24 GiB" instead.
 
+A GPU's ``processes`` is ``null`` when they are unknown: NVML cannot list them, or it lists none while
+memory is in use (VMs and some containers hide them; :attr:`~nbtrain.gpu.devices.GpuStatus.processes_hidden`).
+``memory_used`` is then what is in use, and ``notes`` says so once.
+
 It blocks (NVML and /proc reads take milliseconds, more on a busy machine): the server calls it in a
 thread pool, never on the event loop.
 
@@ -14,8 +18,9 @@ Snapshot (JSON; bytes for memory, percent for load)::
      "gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-…", "utilization": 73,
                "memory_used": 44023414784, "memory_total": 85899345920, "temperature": 51,
                "power": 310.5 | null, "power_limit": 700.0 | null,
-               "processes": [{"pid": 456, "memory_used": 40000000000 | null}]}],
-     "cpu": {"percent": 12.5, "count": 16}, "ram": {"used": 5368709120, "total": 25769803776}}
+               "processes": [{"pid": 456, "memory_used": 40000000000 | null}] | null}],
+     "cpu": {"percent": 12.5, "count": 16}, "ram": {"used": 5368709120, "total": 25769803776},
+     "notes": ["GPU 0: the driver lists no processes …"]}
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ def machine_snapshot() -> dict:
         "gpus": [_gpu_json(g) for g in snap.gpus],
         "cpu": {"percent": snap.host.cpu_percent, "count": snap.host.cpu_count},
         "ram": {"used": snap.host.memory_used, "total": snap.host.memory_total},
+        "notes": list(snap.notes),
     }
 
 
@@ -72,5 +78,6 @@ def _gpu_json(gpu: telemetry.GpuStatus) -> dict:
         "index": gpu.index, "name": gpu.name, "uuid": gpu.uuid, "utilization": gpu.utilization,
         "memory_used": gpu.memory_used, "memory_total": gpu.memory_total, "temperature": gpu.temperature,
         "power": gpu.power, "power_limit": gpu.power_limit,
-        "processes": [{"pid": p.pid, "memory_used": p.used_memory} for p in gpu.processes or ()],
+        "processes": None if gpu.processes is None or gpu.processes_hidden
+        else [{"pid": p.pid, "memory_used": p.used_memory} for p in gpu.processes],
     }

@@ -79,7 +79,7 @@ def gpu_processes(kernels: dict[str, KernelView], records: list[dict], gpus: lis
             rank_of[rank.get("pid")] = rank.get("rank")
     found = []
     for gpu in gpus:
-        for proc in gpu.get("processes", []):
+        for proc in gpu.get("processes") or []:  # null: the driver does not list them (VMs, MIG)
             kernel = owning_kernel(proc["pid"], kernels_by_pid)
             found.append({
                 "pid": proc["pid"], "gpu_index": gpu["index"], "memory_used": proc.get("memory_used"),
