@@ -10,6 +10,10 @@ the cell that ran them (not in whichever cell is active when a background thread
   but their last lines are still kept: a failure report quotes them.
 * A job's end mark (:data:`~nbtrain.launch.protocol.END_MARK` + job id) is taken out of the stream and
   recorded, so the run knows when it has shown every byte a rank printed for the job.
+* A display mark (:data:`~nbtrain.launch.protocol.DISPLAY_MARK` + number) is where a rank's figure or
+  ``display()`` belongs: ``show_display(rank, number)`` shows it there. Until it can (the bundle comes on
+  the socket and may be later than the mark), the stream's text from the mark on is held, and the next
+  :meth:`OutputRelay.feed` tries again. :meth:`OutputRelay.flush` with 0 (the run is over) lets it go.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import re
 import time
 from typing import Callable
 
-from .protocol import END_MARK
+from .protocol import DISPLAY_MARK, END_MARK, MARKS
 
 TAIL_LINES = 20
 HOLD_S = 0.1
@@ -37,8 +41,10 @@ class _Stream:
 
 
 class OutputRelay:
-    def __init__(self, write: Callable[[str, str], None], nprocs: int, show_all: bool = True) -> None:
+    def __init__(self, write: Callable[[str, str], None], nprocs: int, show_all: bool = True,
+                 show_display: Callable[[int, int], bool] | None = None) -> None:
         self._write = write
+        self._show_display = show_display or (lambda rank, number: True)
         self._nprocs = nprocs
         self._show_all = show_all
         self._streams: dict[tuple[int, str], _Stream] = collections.defaultdict(_Stream)
@@ -55,10 +61,11 @@ class OutputRelay:
                 return
             self._emit(rank, stream, state, text[:cut])
             text = text[cut:]
-            if len(text) < len(END_MARK) and END_MARK.startswith(text):
+            if any(len(text) < len(m) and m.startswith(text) for m in MARKS):
                 state.pending = text  # maybe the start of a mark: wait for more
                 return
-            if not text.startswith(END_MARK):
+            mark = next((m for m in MARKS if text.startswith(m)), None)
+            if mark is None:
                 self._emit(rank, stream, state, text[0])
                 text = text[1:]
                 continue
@@ -66,10 +73,19 @@ class OutputRelay:
             if newline < 0:
                 state.pending = text
                 return
-            job = text[len(END_MARK):newline]
-            if job.isdigit():
-                self.marks[(rank, stream)].add(int(job))
+            number = text[len(mark):newline]
+            if mark == END_MARK and number.isdigit():
+                self.marks[(rank, stream)].add(int(number))
+            elif mark == DISPLAY_MARK and number.isdigit() and not self._display(rank, stream, state, int(number)):
+                state.pending = text  # its bundle has not arrived: hold what follows until it has
+                return
             text = text[newline + 1:]
+
+    def _display(self, rank: int, stream: str, state: _Stream, number: int) -> bool:
+        if state.held:  # an unfinished line printed before the figure goes above it
+            text, state.held, state.held_since = state.held, "", 0.0
+            self._write_as(rank, stream, state, text)
+        return self._show_display(rank, number)
 
     def write_direct(self, stream: str, text: str) -> None:
         """nbtrain's own words, written between the ranks' lines."""
@@ -112,7 +128,11 @@ class OutputRelay:
     def flush(self, older_than: float = HOLD_S) -> None:
         """Write unfinished lines held longer than ``older_than`` seconds (0: all of them)."""
         now = time.monotonic()
-        for (rank, stream), state in self._streams.items():
+        for (rank, stream), state in list(self._streams.items()):
+            if older_than == 0 and state.pending.startswith(DISPLAY_MARK) and "\n" in state.pending:
+                rest = state.pending.split("\n", 1)[1]  # the run is over: its bundle will not come
+                state.pending = ""
+                self.feed(rank, stream, rest)
             if state.held and now - state.held_since >= older_than:
                 text, state.held, state.held_since = state.held, "", 0.0
                 self._write_as(rank, stream, state, text)

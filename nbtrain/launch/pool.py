@@ -106,7 +106,7 @@ def _worker_env(spec: PoolSpec, rank: int, port: int, socket_path: str, run_id: 
     # The kernel's own package path first, so ranks import the same nbtrain as the notebook.
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-    env.pop("MPLBACKEND", None)  # the kernel's inline backend does not exist in a rank
+    env["MPLBACKEND"] = "module://nbtrain.worker.figures"  # the kernel's inline one needs IPython; --env wins
     env.update(dict(spec.env))
     return env
 

@@ -11,12 +11,15 @@ A conversation::
     kernel -> Job(...)                               one per cell; the same bytes for every rank
     rank   -> Loaded(job_id, rank)                   inputs unpickled: shared-memory files may go
     rank   -> Metrics(rank, records)                 what nbtrain.log() buffered, a few times a second
+    rank   -> Display(job_id, rank, seq, data, ...)  rank 0: display(obj), plt.show() (a MIME bundle)
     rank   -> Done(job_id, rank, results, modules) | Failed(job_id, rank, error)
     kernel -> Shutdown()                             barrier, destroy the group, exit 0
 
 Output does not travel here: each rank's stdout and stderr are pipes read by the kernel, so C-level
 output (NCCL warnings, a segfault message) is shown too. After a job a rank writes :data:`END_MARK` and
-the job id to both streams, so the kernel knows it has shown everything the job printed.
+the job id to both streams, so the kernel knows it has shown everything the job printed. After sending a
+:class:`Display` a rank writes :data:`DISPLAY_MARK` and its ``seq`` to stdout, so the kernel shows it at
+that place among the text (see :mod:`nbtrain.launch.displays`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 END_MARK = "\x1e\x1fnbtrain-end "
+DISPLAY_MARK = "\x1e\x1fnbtrain-display "
+MARKS = (END_MARK, DISPLAY_MARK)  # both start with the same control characters
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,17 @@ class Metrics:
 
     rank: int
     records: list
+
+
+@dataclass(frozen=True)
+class Display:
+    """Rich output of a cell (rank 0): a MIME bundle as Jupyter's display_data has it (images as base64)."""
+
+    job_id: int
+    rank: int
+    seq: int  # numbers the job's displays from 1; the same number follows DISPLAY_MARK in stdout
+    data: dict
+    metadata: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from ..worker.compat import RUNTIME_NAMES
 from . import protocol as P
 from .cell import CELL_FILENAME, CellInfo
 from .config import LaunchConfig, PoolSpec
+from .displays import PendingDisplays
 from .errors import RankFailedError, RankFailure
 from .history import History
 from .modules import Workdir, fresh_ranks_note, notebook_workdir, stale_modules
@@ -49,7 +50,7 @@ from ..words import count
 
 FAILURE_GRACE_S = 0.3  # let the other ranks report the same exception before they are stopped
 END_MARK_WAIT_S = 2.0  # after Done, wait at most this long for the last output
-IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit", "_ih", "_oh", "_dh", "_", "__", "___"})
+IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "display", "exit", "quit", "_ih", "_oh", "_dh", "_", "__", "___"})
 
 
 @dataclass
@@ -155,7 +156,8 @@ class _Run:
         self.observers, self.warm = list(observers), warm
         self.history = History()
         self.nprocs = pool.spec.nprocs
-        self.relay = OutputRelay(write, self.nprocs, show_all=config.output == "all")
+        self.displays = PendingDisplays(write)  # rank 0's figures and display() (nbtrain.worker.display)
+        self.relay = OutputRelay(write, self.nprocs, show_all=config.output == "all", show_display=self.displays.show)
         self.sent = False
         self.loaded: set[int] = set()
         self.done: dict[int, P.Done] = {}
@@ -245,6 +247,8 @@ class _Run:
             self.loaded.add(rank)
             if len(self.loaded) == self.nprocs:
                 self.inputs.arena.unlink()
+        elif isinstance(msg, P.Display) and msg.job_id == self.job.job_id:
+            self.displays.add(msg, self.relay)
         elif isinstance(msg, P.Done) and msg.job_id == self.job.job_id:
             self.done[rank] = msg
             self.pool.module_stamps.update((stamp[1], stamp) for stamp in msg.modules)

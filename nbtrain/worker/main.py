@@ -13,15 +13,16 @@ LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE=True):
 
 Then, per :class:`Job`: a fresh ``__main__`` module (so classes defined in the cell pickle, and
 ``if __name__ == "__main__":`` scripts run), the notebook's current directory and ``sys.path``
-(:mod:`.modules`, which also reports the user's own modules after the job), the runtime names (``rank``, ``local_rank``,
-``world_size``, ``device``) and the notebook's inputs; the cell runs; rank 0 packs the results; the
-memory is released (``gc.collect``; ``torch.cuda.empty_cache`` where CUDA was initialised) *before* the
-streams are marked and the reply is sent, so the GPU reads as free when the cell returns. The cell's training settings (``--amp``,
-``--grad-accum``, ``--checkpoint``) are opened as a :mod:`nbtrain.train.runtime` context for the cell
-and closed after it. Failures are reported as :class:`Failed` with
-the traceback's frames, which the kernel maps to the cell's lines. The stop button's SIGINT raises
-KeyboardInterrupt only while the cell's code runs (:mod:`.stop`): the reporting, flushing and cleanup
-around it always complete.
+(:mod:`.modules`, which also reports the user's own modules after the job), the runtime names (``rank``,
+``local_rank``, ``world_size``, ``device``, and ``display``: :mod:`nbtrain.worker.display`) and the
+notebook's inputs; the cell runs; rank 0 packs the results; figures still open are shown (rank 0) or
+closed; the memory is released (``gc.collect``; ``torch.cuda.empty_cache`` where CUDA was initialised)
+*before* the streams are marked and the reply is sent, so the GPU reads as free when the cell returns.
+The cell's training settings (``--amp``, ``--grad-accum``, ``--checkpoint``) are opened as a
+:mod:`nbtrain.train.runtime` context for the cell and closed after it. Failures are reported as
+:class:`Failed` with the traceback's frames, which the kernel maps to the cell's lines. The stop
+button's SIGINT raises KeyboardInterrupt only while the cell's code runs (:mod:`.stop`): the reporting,
+flushing and cleanup around it always complete.
 
 Errors outside a job (bad environment, rendezvous failure) are written to torch elastic's error file
 (``TORCHELASTIC_ERROR_FILE``) through ``@record``, where the kernel reads them like torchrun's agent.
@@ -49,7 +50,7 @@ from ..launch import protocol as P
 from ..launch.payload import load_inputs, pack_results
 from ..launch.shm import abandon_and_sweep
 from ..train import runtime as train_runtime
-from . import compat, metrics, stop
+from . import compat, display, metrics, stop
 from .modules import LocalModules
 
 
@@ -141,6 +142,7 @@ class Rank:
             local_rank=int(os.environ["LOCAL_RANK"]),
             world_size=int(os.environ["WORLD_SIZE"]),
             device=self.device,
+            display=display.display,  # IPython's would print a repr here; this one shows it in the cell
         )
         return main
 
@@ -150,17 +152,27 @@ class Rank:
         sys.modules["__main__"] = main
         reply: object
         metrics.start(self.rank, self.send)
+        display.begin(job.job_id, self.rank, job.return_rank, self.send)
         train_runtime.begin(job.train, self.device, self.rank, int(os.environ["WORLD_SIZE"]))
         try:
             reply = self._execute(job, main.__dict__, started)
         finally:
             train_runtime.end()  # prepared models and loaders do not outlive their cell
+            self._end_display()
             metrics.stop()
             sys.modules["__main__"] = self.real_main
             del main
             self._release_memory()  # before the end mark: what a finaliser prints belongs to this cell
             self._flush_and_mark(job.job_id)
         self.send(reply)
+
+    @staticmethod
+    def _end_display() -> None:
+        """Show the figures the cell left open (as a notebook does); a broken figure must not lose the reply."""
+        try:
+            display.end()
+        except Exception as exc:
+            print(f"nbtrain: a figure left open by the cell could not be shown ({exc!r})", file=sys.stderr)
 
     def _release_memory(self) -> None:
         """Free what the cell left behind *before* replying, so the GPU reads as free when the cell returns.
