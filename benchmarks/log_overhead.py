@@ -1,6 +1,6 @@
 """Per-step cost of nbtrain's training helpers and of logging, measured inside one run, interleaved.
 
-One %%distributed run (2 ranks; gloo/CPU, or NCCL with --gpu) times the same training step five ways,
+One %%distributed run (2 ranks, or ``--ranks``; gloo/CPU, or NCCL with --gpu) times the same training step five ways,
 in blocks whose order rotates, so that load changes on the machine hit every variant alike:
 
 * ``plain DDP``: ``DistributedDataParallel`` + ``loss.backward()`` + a plain optimizer — no nbtrain;
@@ -15,7 +15,7 @@ machine disturbs much less than wall time — on a shared machine, read that col
 isolates the per-step overhead of the helpers from process start-up (which the launcher comparison in
 ``training_overhead.py`` also sees). On CPU ``item()`` costs little (there is no device to wait for).
 
-    python benchmarks/log_overhead.py [--blocks 15] [--steps 50] [--gpu]
+    python benchmarks/log_overhead.py [--blocks 15] [--steps 50] [--gpu] [--ranks 2]
 """
 
 from __future__ import annotations
@@ -78,19 +78,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=15)
     parser.add_argument("--steps", type=int, default=50)
-    parser.add_argument("--gpu", action="store_true", help="NCCL on 2 GPUs instead of gloo on CPU (fp32)")
+    parser.add_argument("--gpu", action="store_true", help="NCCL, a GPU per rank, instead of gloo on CPU (fp32)")
+    parser.add_argument("--ranks", type=int, default=2, help="ranks (with --gpu: at most the GPUs there are)")
     args = parser.parse_args()
     from nbtrain.launch.api import run_source
     from nbtrain.launch.config import LaunchRequest
 
     namespace: dict = {"BLOCKS": args.blocks, "STEPS": args.steps}
-    run_source(CELL, LaunchRequest(nprocs=2, cpu=not args.gpu, keep_alive=0, amp="off", out="summary"), namespace,
+    run_source(CELL, LaunchRequest(nprocs=args.ranks, cpu=not args.gpu, keep_alive=0, amp="off", out="summary"), namespace,
                write=lambda stream, text: None)
     summary = namespace["summary"]
     base = summary["plain DDP"][0]
     base_cpu = summary["plain DDP"][3]
     print(f"{'variant':<13} {'steps/s':>8} {'vs plain':>9}  {'range over blocks':>17}  {'CPU ms/step':>11} {'vs plain':>9}"
-          f"   ({'GPU' if args.gpu else 'CPU'}, 2 ranks, {args.blocks} blocks of {args.steps} steps, "
+          f"   ({'GPU' if args.gpu else 'CPU'}, {args.ranks} ranks, {args.blocks} blocks of {args.steps} steps, "
           f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs)")
     for kind, (rate, low, high, cpu) in summary.items():
         print(f"{kind:<13} {rate:8.1f} {rate / base:8.3f}x  {low:7.1f} – {high:6.1f}  {cpu:11.2f} {cpu / base_cpu:8.3f}x")

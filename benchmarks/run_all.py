@@ -5,7 +5,9 @@
 Each benchmark measures nbtrain against its reference (bare torchrun, no logging, no dashboard, ...) in
 the same run and prints ratios; this script only runs them one after the other — never in parallel, so
 they do not disturb each other — and records the output. ``--quick`` uses smaller sizes (minutes, not
-tens of minutes) for a first look; ``--gpu`` adds the GPU variants (NCCL, AMP) on a machine with GPUs.
+tens of minutes) for a first look; ``--gpu`` adds the GPU variants (NCCL, AMP) on a machine with GPUs,
+with one rank per GPU there is (counted through NVML, as ``%%distributed`` counts them — this process
+never initialises CUDA): 1 on a one-GPU machine, where 2 NCCL ranks cannot run.
 """
 
 from __future__ import annotations
@@ -76,8 +78,22 @@ def machine() -> str:
             f"Python {platform.python_version()}, torch {torch.__version__}")
 
 
-def run(bench: Benchmark, quick: bool) -> tuple[str, float, int]:
+def gpu_ranks() -> int:
+    """Ranks for the GPU benchmarks: one per GPU this process may use (NVML, ``CUDA_VISIBLE_DEVICES``)."""
+    from nbtrain.gpu import nvml
+
+    return len(nvml.visible_gpus())
+
+
+def command(bench: Benchmark, quick: bool, ranks: int | None = None) -> tuple[str, ...]:
+    """The benchmark's script and arguments; GPU ones get ``--ranks`` (:func:`gpu_ranks` unless given)."""
     args = bench.quick_args if quick else bench.args
+    if bench.gpu:
+        args += ("--ranks", str(gpu_ranks() if ranks is None else ranks))
+    return args
+
+
+def run(args: tuple[str, ...]) -> tuple[str, float, int]:
     started = time.monotonic()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.run([sys.executable, os.path.join(HERE, args[0]), *args[1:]], capture_output=True, text=True,
@@ -109,17 +125,24 @@ def main() -> int:
     parser.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks.md"))
     args = parser.parse_args()
     chosen = [b for b in BENCHMARKS if (args.only is None or b.name in args.only) and (args.gpu or not b.gpu)]
+    ranks = gpu_ranks() if any(b.gpu for b in chosen) else 0
+    if any(b.gpu for b in chosen) and ranks == 0:
+        from nbtrain.gpu import nvml
+
+        parser.error(f"--gpu: no usable GPU ({nvml.unavailable_reason() or 'CUDA_VISIBLE_DEVICES hides them all'}); "
+                     "run without --gpu")
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     where = machine()
     load = os.getloadavg()[0]
     sections: dict[str, str] = _existing_sections(args.out) if args.only else {}
     for bench in chosen:
         print(f"running {bench.name} ...", flush=True)
-        output, seconds, code = run(bench, args.quick)
+        bench_args = command(bench, args.quick, ranks)
+        output, seconds, code = run(bench_args)
         print(output, flush=True)
-        command = "python benchmarks/" + " ".join((bench.quick_args if args.quick else bench.args))
+        shown = "python benchmarks/" + " ".join(bench_args)
         status = "" if code == 0 else f"\n\n**The benchmark exited with code {code}.**"
-        sections[bench.title] = (f"## {bench.title}\n\nGoal: {bench.goal}. Command: `{command}` ({seconds:.0f} s, "
+        sections[bench.title] = (f"## {bench.title}\n\nGoal: {bench.goal}. Command: `{shown}` ({seconds:.0f} s, "
                                  f"{when}).\n\n```\n{output}\n```{status}\n")
     with open(args.out, "w") as fh:
         fh.write(

@@ -1,12 +1,12 @@
 """prepare() + nbtrain.log() in a %%distributed cell vs the same plain-torch DDP loop under bare torchrun.
 
-Both runs train the same MLP on the same data with 2 ranks on gloo/CPU (or NCCL with --gpu), the same
+Both runs train the same MLP on the same data with 2 ranks (``--ranks``) on gloo/CPU (or NCCL with --gpu), the same
 DistributedSampler and batch size, OMP_NUM_THREADS=1 per rank; each times its own training loop after
 warm-up steps (process start-up is not counted) and reports steps/s of rank 0, and the CPU time rank 0's
 process spends per step (all threads; much less disturbed by other load on the machine than wall time).
 The two are run alternately ROUNDS times and the medians compared. Goal: nbtrain ≥ 0.98× torchrun.
 
-    python benchmarks/training_overhead.py [--rounds 3] [--steps 300] [--gpu]
+    python benchmarks/training_overhead.py [--rounds 3] [--steps 300] [--gpu] [--ranks 2]
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ dist.destroy_process_group()
 """
 
 
-def run_nbtrain(steps: int, gpu: bool) -> tuple[float, float]:
+def run_nbtrain(steps: int, gpu: bool, ranks: int) -> tuple[float, float]:
     from nbtrain.launch.api import run_source
     from nbtrain.launch.config import LaunchRequest
 
@@ -89,17 +89,17 @@ def run_nbtrain(steps: int, gpu: bool) -> tuple[float, float]:
     cell = NBTRAIN_CELL.format(steps=steps)
     if gpu:
         cell = cell.replace("steps_per_s =", "torch.cuda.synchronize()\nsteps_per_s =")
-    run_source(cell, LaunchRequest(nprocs=2, cpu=not gpu, keep_alive=0, amp="off" if not gpu else None), namespace,
+    run_source(cell, LaunchRequest(nprocs=ranks, cpu=not gpu, keep_alive=0, amp="off" if not gpu else None), namespace,
                write=lambda stream, text: None)
     return namespace["steps_per_s"], namespace["cpu_ms"]
 
 
-def run_torchrun(steps: int, gpu: bool) -> tuple[float, float]:
+def run_torchrun(steps: int, gpu: bool, ranks: int) -> tuple[float, float]:
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as script:
         script.write(TORCHRUN_SCRIPT.format(steps=steps, backend="nccl" if gpu else "gloo"))
-    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // 2)))
+    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // ranks)))
     try:
-        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", script.name],
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), script.name],
                               capture_output=True, text=True, env=env, timeout=600)
     finally:
         os.unlink(script.name)
@@ -113,12 +113,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--gpu", action="store_true", help="NCCL on 2 GPUs (bf16 by default) instead of gloo on CPU")
+    parser.add_argument("--gpu", action="store_true", help="NCCL, a GPU per rank (bf16 by default), instead of gloo on CPU")
+    parser.add_argument("--ranks", type=int, default=2, help="ranks of both runs (with --gpu: at most the GPUs there are)")
     args = parser.parse_args()
     nbtrain_runs, torchrun_runs = [], []
     for round_number in range(args.rounds):
-        torchrun_runs.append(run_torchrun(args.steps, args.gpu))
-        nbtrain_runs.append(run_nbtrain(args.steps, args.gpu))
+        torchrun_runs.append(run_torchrun(args.steps, args.gpu, args.ranks))
+        nbtrain_runs.append(run_nbtrain(args.steps, args.gpu, args.ranks))
         print(f"round {round_number + 1}: torchrun {torchrun_runs[-1][0]:.1f} steps/s ({torchrun_runs[-1][1]:.2f} CPU ms/step), "
               f"nbtrain prepare()+log() {nbtrain_runs[-1][0]:.1f} steps/s ({nbtrain_runs[-1][1]:.2f} CPU ms/step)", flush=True)
     ratios = sorted(n[0] / t[0] for n, t in zip(nbtrain_runs, torchrun_runs))
@@ -127,7 +128,7 @@ def main() -> None:
     ca, cb = statistics.median(r[1] for r in nbtrain_runs), statistics.median(r[1] for r in torchrun_runs)
     print(f"median: nbtrain {a:.1f} steps/s, torchrun {b:.1f} steps/s, ratio {a / b:.3f}x; "
           f"CPU per step: nbtrain {ca:.2f} ms, torchrun {cb:.2f} ms, speed ratio by CPU time {cb / ca:.3f}x "
-          f"({time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs)")
+          f"({args.ranks} ranks, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs)")
 
 
 if __name__ == "__main__":
