@@ -267,6 +267,8 @@ def main() -> None:
     device = _select_device()
     _init_process_group(device)
     conn.send(P.Ready(rank, str(device), os.environ["NBTRAIN_BACKEND"]))
+    gc.collect()
+    gc.freeze()  # torch & co. live as long as the rank: the collection before each reply skips them (~50 ms → ~0)
     Rank(conn, device).serve()
     compat.shutdown_process_group()
     conn.close()
