@@ -2,8 +2,9 @@
 
 :func:`resolve` turns what the user asked for (:class:`LaunchRequest`, the magic's parsed arguments)
 into a :class:`LaunchConfig`, or raises :class:`ConfigError` with a message that says what is wrong and
-how to fix it. GPUs are counted through NVML (:mod:`nbtrain.gpu.nvml`), never through CUDA, so the kernel
-stays CUDA-clean.
+how to fix it. An option left out takes its ``NBTRAIN_*`` environment variable where it has one (declared
+with the field; applied first, by :func:`~.options.with_env_fallbacks`). GPUs are counted through NVML
+(:mod:`nbtrain.gpu.nvml`), never through CUDA, so the kernel stays CUDA-clean.
 
 Devices: ranks see only the chosen GPUs (``CUDA_VISIBLE_DEVICES``) and rank ``r`` uses
 ``cuda:(local_rank % len(gpus))`` — so a pasted torchrun script's ``torch.cuda.set_device(local_rank)``
@@ -19,6 +20,7 @@ from ..gpu import nvml
 from ..train.settings import TrainSettings, TrainSettingsError, parse_train_settings
 from ..words import count
 from .modules import Workdir, WorkdirGone, notebook_workdir
+from .options import OptionEnvError, option, with_env_fallbacks
 
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_START_TIMEOUT_S = 180.0
@@ -31,21 +33,47 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class LaunchRequest:
-    nprocs: int | None = None
-    cpu: bool = False
-    gpus: str | None = None  # "0,2"
-    backend: str | None = None
-    timeout: float | None = None
-    out: str | None = None  # "a,b" | "-" (nothing) | None (everything the cell assigns)
-    output: str = "all"  # "all" | "rank0"
-    keep_alive: float | None = None
-    fresh: bool = False
-    env: tuple[str, ...] = ()  # "NAME=value"
-    amp: str | None = None  # "bf16" | "fp16" | "off" | None (by device)
-    grad_accum: int | None = None
-    checkpoint: str | None = None  # directory; relative to the notebook's current directory when the cell runs
-    resume: bool = True
-    max_restarts: int | None = None
+    """What the user asked for: one field per ``%%distributed`` option, declared here once (:mod:`.options`).
+
+    The magic's arguments, their help and the request built from them all come from these declarations.
+    """
+
+    nprocs: int | None = option(None, None, "number of ranks (default: one per visible GPU, else 2)",
+                                group="placement", type=int)
+    cpu: bool = option(False, "--cpu", "run on CPU (gloo) even when GPUs are present", group="placement", switch=True)
+    gpus: str | None = option(None, "--gpus", "GPUs to use, such as 0,2 (NVML/nvidia-smi numbering)",
+                              group="placement", metavar="IDS")
+    backend: str | None = option(None, "--backend", "process-group backend (default: nccl on GPUs, gloo on CPU)",
+                                 group="placement", choices=("nccl", "gloo"))
+    timeout: float | None = option(None, "--timeout", "collective timeout of the process group (default 600)",
+                                   group="placement", type=float, metavar="SECONDS")
+    start_timeout: float | None = option(
+        None, "--start-timeout", "seconds the ranks may take to start and join the process group (default 180)",
+        group="placement", type=float, metavar="SECONDS", env="NBTRAIN_START_TIMEOUT")
+    out: str | None = option(None, "--out", "names to bring back from rank 0, comma-separated; '-' for none "
+                             "(default: every name the cell assigns)", group="results", metavar="NAMES")
+    output: str = option("all", "--output", "show every rank's output (others prefixed [rank k]) or rank 0's only",
+                         group="results", choices=("all", "rank0"))
+    keep_alive: float | None = option(
+        None, "--keep-alive", "keep the ranks warm this long after the cell for a fast re-run (default 900; 0 stops them)",
+        group="warm ranks", type=float, metavar="SECONDS")
+    fresh: bool = option(False, "--fresh", "start new rank processes instead of reusing warm ones",
+                         group="warm ranks", switch=True)
+    env: tuple[str, ...] = option((), "--env", "environment variable for the ranks (repeatable)",
+                                  group="warm ranks", metavar="NAME=VALUE", repeat=True)
+    amp: str | None = option(None, "--amp", "mixed precision for nbtrain.prepare()d models: bf16, fp16, off or auto "
+                             "(default: bf16 on GPUs that support it, fp16 on older GPUs, off on CPU)",
+                             group="training", metavar="MODE")
+    grad_accum: int | None = option(None, "--grad-accum", "micro-steps per optimizer step (gradient accumulation)",
+                                    group="training", type=int, metavar="K")
+    checkpoint: str | None = option(
+        None, "--checkpoint", "directory for nbtrain.save_checkpoint(); the cell resumes from the checkpoint there "
+        "when one exists (relative to the notebook's current directory)", group="training", metavar="DIR")
+    resume: bool = option(True, "--no-resume", "with --checkpoint: start from scratch even if DIR holds a checkpoint",
+                          group="training", switch=True)
+    max_restarts: int | None = option(
+        None, "--max-restarts", "restart the ranks from the last checkpoint up to K times when a rank dies "
+        "(needs --checkpoint)", group="training", type=int, metavar="K")
 
 
 @dataclass(frozen=True)
@@ -121,6 +149,10 @@ def _parse_env(items) -> tuple[tuple[str, str], ...]:
 def resolve(request: LaunchRequest) -> LaunchConfig:
     """Check the request against this machine and decide devices, backend and rank count."""
     try:
+        request = with_env_fallbacks(request)
+    except OptionEnvError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
         workdir = notebook_workdir()  # first: a deleted directory makes every relative path below meaningless
     except WorkdirGone as exc:
         raise ConfigError(str(exc)) from None
@@ -133,6 +165,8 @@ def resolve(request: LaunchRequest) -> LaunchConfig:
         raise ConfigError(f"Unknown backend {request.backend!r}: use nccl (GPUs) or gloo (CPU, or GPUs).")
     if request.timeout is not None and request.timeout <= 0:
         raise ConfigError(f"--timeout must be a positive number of seconds (got {request.timeout}).")
+    if request.start_timeout is not None and request.start_timeout <= 0:
+        raise ConfigError(f"--start-timeout must be a positive number of seconds (got {request.start_timeout}).")
     if request.output not in ("all", "rank0"):
         raise ConfigError(f"--output is 'all' or 'rank0' (got {request.output!r}).")
 
@@ -178,14 +212,6 @@ def resolve(request: LaunchRequest) -> LaunchConfig:
                                      request.max_restarts, cwd=workdir.cwd)
     except TrainSettingsError as exc:
         raise ConfigError(str(exc)) from None
+    start_timeout = DEFAULT_START_TIMEOUT_S if request.start_timeout is None else float(request.start_timeout)
     return LaunchConfig(pool, _parse_names(request.out), request.output, keep_alive, request.fresh,
-                        start_timeout_s=default_start_timeout(), notes=tuple(notes), train=train, workdir=workdir)
-
-
-def default_start_timeout() -> float:
-    """How long ranks may take to start and join the group (``NBTRAIN_START_TIMEOUT`` seconds)."""
-    text = os.environ.get("NBTRAIN_START_TIMEOUT", "")
-    try:
-        return float(text) if text else DEFAULT_START_TIMEOUT_S
-    except ValueError:
-        raise ConfigError(f"NBTRAIN_START_TIMEOUT must be a number of seconds (got {text!r}).") from None
+                        start_timeout_s=start_timeout, notes=tuple(notes), train=train, workdir=workdir)
