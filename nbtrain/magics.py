@@ -1,6 +1,15 @@
-"""IPython magics: ``%%distributed`` and ``%distributed_shutdown``. They parse, then call plain functions."""
+"""IPython magics: ``%%distributed``, ``%distributed_shutdown`` and ``%gpus``. They parse, then call plain functions.
+
+Each ``%%distributed`` option is declared once, as a field of :class:`~.launch.config.LaunchRequest` (how
+the cell runs) or of :class:`CellDisplay` (what the notebook shows), with :func:`~.launch.options.option`.
+The magic's arguments are generated from those fields, in groups added as decorators (``placement_args``,
+``training_args``, … as ipyparallel's magics share theirs), and the parsed arguments become the two
+dataclasses by field name, so adding an option means adding one field.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
@@ -9,8 +18,43 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from . import dashboard
 from .launch.api import UserInputError, format_summary, run_source
 from .launch.config import LaunchRequest
+from .launch.options import from_arguments, option, options_of
 from .launch.registry import RunRegistry
 from .launch.run import PoolManager
+
+
+@dataclass(frozen=True)
+class CellDisplay:
+    """The options of ``%%distributed`` that decide what the notebook shows, not how the cell runs."""
+
+    quiet: bool = option(False, "--quiet", "do not print the one-line summary after the run", group="display",
+                         switch=True)
+    dashboard: bool = option(True, "--no-dashboard", "do not show the live dashboard (GPU use, logged curves)",
+                             group="display", switch=True)
+
+
+def option_group(cls, group: str):
+    """A decorator adding the options of ``group`` (fields of ``cls``) to a magic, in declaration order.
+
+    The shared option groups of ipyparallel's magics, generated from :mod:`nbtrain.launch.options`.
+    """
+    specs = [spec.argparse_spec(f.name, f.default) for f, spec in options_of(cls) if spec.group == group]
+    if not specs:
+        raise ValueError(f"{cls.__name__} has no option in group {group!r}")
+
+    def add_options(func):
+        for names, kwargs in reversed(specs):  # IPython builds the parser from the last decorator applied
+            func = argument(*names, **kwargs)(func)
+        return func
+
+    return add_options
+
+
+placement_args = option_group(LaunchRequest, "placement")
+results_args = option_group(LaunchRequest, "results")
+warm_rank_args = option_group(LaunchRequest, "warm ranks")
+display_args = option_group(CellDisplay, "display")
+training_args = option_group(LaunchRequest, "training")
 
 
 @magics_class
@@ -31,29 +75,11 @@ class DistributedMagics(Magics):
         return [self._registry] if self._registry else []
 
     @magic_arguments(name="%distributed")  # a cell magic: the help's usage line reads %%distributed
-    @argument("nprocs", nargs="?", type=int, help="number of ranks (default: one per visible GPU, else 2)")
-    @argument("--cpu", action="store_true", help="run on CPU (gloo) even when GPUs are present")
-    @argument("--gpus", metavar="IDS", help="GPUs to use, such as 0,2 (NVML/nvidia-smi numbering)")
-    @argument("--backend", choices=["nccl", "gloo"], help="process-group backend (default: nccl on GPUs, gloo on CPU)")
-    @argument("--timeout", type=float, metavar="SECONDS", help="collective timeout of the process group (default 600)")
-    @argument("--out", metavar="NAMES", help="names to bring back from rank 0, comma-separated; '-' for none "
-              "(default: every name the cell assigns)")
-    @argument("--output", choices=["all", "rank0"], default="all",
-              help="show every rank's output (others prefixed [rank k]) or rank 0's only")
-    @argument("--keep-alive", type=float, metavar="SECONDS",
-              help="keep the ranks warm this long after the cell for a fast re-run (default 900; 0 stops them)")
-    @argument("--fresh", action="store_true", help="start new rank processes instead of reusing warm ones")
-    @argument("--env", action="append", default=[], metavar="NAME=VALUE", help="environment variable for the ranks (repeatable)")
-    @argument("--quiet", action="store_true", help="do not print the one-line summary after the run")
-    @argument("--no-dashboard", action="store_true", help="do not show the live dashboard (GPU use, logged curves)")
-    @argument("--amp", metavar="MODE", help="mixed precision for nbtrain.prepare()d models: bf16, fp16, off or auto "
-              "(default: bf16 on GPUs that support it, fp16 on older GPUs, off on CPU)")
-    @argument("--grad-accum", type=int, metavar="K", help="micro-steps per optimizer step (gradient accumulation)")
-    @argument("--checkpoint", metavar="DIR", help="directory for nbtrain.save_checkpoint(); the cell resumes from "
-              "the checkpoint there when one exists (relative to the notebook's current directory)")
-    @argument("--no-resume", action="store_true", help="with --checkpoint: start from scratch even if DIR holds a checkpoint")
-    @argument("--max-restarts", type=int, metavar="K", help="restart the ranks from the last checkpoint up to K "
-              "times when a rank dies (needs --checkpoint)")
+    @placement_args
+    @results_args
+    @warm_rank_args
+    @display_args
+    @training_args
     @cell_magic
     def distributed(self, line, cell):
         """Run this cell's code as N PyTorch DDP ranks, each its own process.
@@ -77,18 +103,8 @@ class DistributedMagics(Magics):
             %%distributed 4 --amp bf16 --grad-accum 4 --checkpoint runs/exp1   # see nbtrain.prepare()
         """
         args = parse_argstring(self.distributed, line)
-        request = LaunchRequest(
-            nprocs=args.nprocs, cpu=args.cpu, gpus=args.gpus, backend=args.backend, timeout=args.timeout,
-            out=args.out, output=args.output, keep_alive=args.keep_alive, fresh=args.fresh, env=tuple(args.env),
-            amp=args.amp, grad_accum=args.grad_accum, checkpoint=args.checkpoint, resume=not args.no_resume,
-            max_restarts=args.max_restarts,
-        )
-        try:
-            observer = dashboard.observer_for(self.shell, enabled=not args.no_dashboard)
-        except ValueError as exc:  # NBTRAIN_DASHBOARD set to something unknown
-            raise UsageError(str(exc)) from None
-        return run_in_shell(self.shell, cell, request, self.pools, quiet=args.quiet,
-                            observers=self.observers() + ([observer] if observer is not None else []))
+        return distributed_cell(self.shell, cell, from_arguments(LaunchRequest, args),
+                                from_arguments(CellDisplay, args), self.pools, self.observers())
 
     @magic_arguments()
     @argument("--once", action="store_true", help="print a table of the GPUs (or CPU/RAM) now instead of a live view")
@@ -114,6 +130,17 @@ class DistributedMagics(Magics):
     def distributed_shutdown(self, line):
         """Stop the warm ranks kept for fast re-runs (they also stop when idle and at kernel exit)."""
         print("nbtrain: stopped the warm ranks." if self.pools.shutdown() else "nbtrain: no warm ranks to stop.")
+
+
+def distributed_cell(shell, cell: str, request: LaunchRequest, display: CellDisplay, pools: PoolManager,
+                     observers=()) -> None:
+    """What ``%%distributed`` does once its line is parsed: add the dashboard, run, show the summary."""
+    try:
+        observer = dashboard.observer_for(shell, enabled=display.dashboard)
+    except ValueError as exc:  # NBTRAIN_DASHBOARD set to something unknown
+        raise UsageError(str(exc)) from None
+    return run_in_shell(shell, cell, request, pools, quiet=display.quiet,
+                        observers=[*observers, *([observer] if observer is not None else [])])
 
 
 def run_in_shell(shell, cell: str, request: LaunchRequest, pools: PoolManager, quiet: bool = False,

@@ -193,7 +193,8 @@ class _Run:
                 waiting = [r.rank for r in self.pool.ranks if r.device is None]
                 self._fail(RankFailure(waiting[0], P.RemoteError(
                     "TimeoutError", f"ranks {waiting} did not join the process group within "
-                    f"{self.config.start_timeout_s:.0f} s (set NBTRAIN_START_TIMEOUT to wait longer)", ())))
+                    f"{self.config.start_timeout_s:.0f} s (--start-timeout SECONDS or NBTRAIN_START_TIMEOUT waits longer)",
+                    ())))
 
     def _send_job_when_connected(self) -> None:
         if not self.sent and all(r.conn is not None for r in self.pool.ranks):
