@@ -55,8 +55,8 @@ class LaunchRequest:
     output: str = option("all", "--output", "show every rank's output (others prefixed [rank k]) or rank 0's only",
                          group="results", choices=("all", "rank0"))
     keep_alive: float | None = option(
-        None, "--keep-alive", "keep the ranks warm this long after the cell for a fast re-run (default 900; 0 stops them)",
-        group="warm ranks", type=float, metavar="SECONDS")
+        None, "--keep-alive", "keep the ranks warm this long after the cell for a fast re-run "
+        "(default 900; 0 stops them)", group="warm ranks", type=float, metavar="SECONDS")
     fresh: bool = option(False, "--fresh", "start new rank processes instead of reusing warm ones",
                          group="warm ranks", switch=True)
     env: tuple[str, ...] = option((), "--env", "environment variable for the ranks (repeatable)",
