@@ -68,6 +68,7 @@ def test_cpu_flag_ignores_gpus(monkeypatch, cuda_torch):
     (LaunchRequest(keep_alive=-1), "--keep-alive"),
     (LaunchRequest(env=("1X=2",)), "NAME=value"),
     (LaunchRequest(output="some"), "--output"),
+    (LaunchRequest(nprocs=2, cpu=True, output="rank2"), "ranks 0 to 1"),
 ])
 def test_mistakes_are_explained(monkeypatch, cuda_torch, request_, message):
     install(monkeypatch, gpus(2))
@@ -80,3 +81,10 @@ def test_out_names(monkeypatch):
     assert resolve(LaunchRequest(out="a, b")).out_names == ("a", "b")
     assert resolve(LaunchRequest(out="-")).out_names == ()
     assert resolve(LaunchRequest()).out_names is None
+
+
+def test_output_names_one_rank_or_all(monkeypatch):
+    install(monkeypatch, [])
+    assert resolve(LaunchRequest(nprocs=2)).shown_rank is None
+    assert resolve(LaunchRequest(nprocs=2, output="rank0")).shown_rank == 0
+    assert resolve(LaunchRequest(nprocs=3, output="Rank 2")).output == "rank2"

@@ -52,8 +52,9 @@ class LaunchRequest:
         group="placement", type=float, metavar="SECONDS", env="NBTRAIN_START_TIMEOUT")
     out: str | None = option(None, "--out", "names to bring back from rank 0, comma-separated; '-' for none "
                              "(default: every name the cell assigns)", group="results", metavar="NAMES")
-    output: str = option("all", "--output", "show every rank's output (others prefixed [rank k]) or rank 0's only",
-                         group="results", choices=("all", "rank0"))
+    output: str = option("all", "--output", "all: every rank's output, whole lines, others prefixed [rank k], "
+                         "rank 0's progress bars live (default); rank<k>: rank k's output only, as printed "
+                         "(rank1 shows rank 1's tqdm bar live)", group="results", metavar="all|rank<k>")
     keep_alive: float | None = option(
         None, "--keep-alive", "keep the ranks warm this long after the cell for a fast re-run "
         "(default 900; 0 stops them)", group="warm ranks", type=float, metavar="SECONDS")
@@ -105,6 +106,11 @@ class LaunchConfig:
     train: TrainSettings = field(default_factory=TrainSettings)  # sent to the ranks with each Job
     workdir: Workdir | None = None  # the notebook's directory and sys.path when the cell runs (each Job)
 
+    @property
+    def shown_rank(self) -> int | None:
+        """The one rank whose output is shown (``--output rank<k>``), or None for all of them."""
+        return None if self.output == "all" else int(self.output[len("rank"):])
+
 
 def _torch_has_cuda() -> bool:
     import torch  # importing torch does not initialise CUDA
@@ -146,6 +152,15 @@ def _parse_env(items) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
+def _parse_output(text: str) -> str:
+    """``all`` or ``rank<k>`` (also spelled ``rank <k>``)."""
+    output = (text or "all").strip().lower().replace(" ", "")
+    if output == "all" or (output.startswith("rank") and output[4:].isdigit()):
+        return "all" if output == "all" else f"rank{int(output[4:])}"
+    raise ConfigError(f"--output is 'all' (every rank) or 'rank<k>' for rank k's output only, such as "
+                      f"--output rank0 (got {text!r}).")
+
+
 def resolve(request: LaunchRequest) -> LaunchConfig:
     """Check the request against this machine and decide devices, backend and rank count."""
     try:
@@ -167,8 +182,7 @@ def resolve(request: LaunchRequest) -> LaunchConfig:
         raise ConfigError(f"--timeout must be a positive number of seconds (got {request.timeout}).")
     if request.start_timeout is not None and request.start_timeout <= 0:
         raise ConfigError(f"--start-timeout must be a positive number of seconds (got {request.start_timeout}).")
-    if request.output not in ("all", "rank0"):
-        raise ConfigError(f"--output is 'all' or 'rank0' (got {request.output!r}).")
+    output = _parse_output(request.output)
 
     visible = [] if request.cpu else nvml.visible_gpus()
     notes: list[str] = []
@@ -204,6 +218,8 @@ def resolve(request: LaunchRequest) -> LaunchConfig:
         timeout_s=float(request.timeout or DEFAULT_TIMEOUT_S),
         env=_parse_env(request.env),
     )
+    if output != "all" and int(output[len("rank"):]) >= nprocs:
+        raise ConfigError(f"--output {output} names a rank that does not exist: this run has ranks 0 to {nprocs - 1}.")
     keep_alive = DEFAULT_KEEP_ALIVE_S if request.keep_alive is None else float(request.keep_alive)
     if keep_alive < 0:
         raise ConfigError(f"--keep-alive must be 0 or more seconds (got {request.keep_alive}).")
@@ -213,5 +229,5 @@ def resolve(request: LaunchRequest) -> LaunchConfig:
     except TrainSettingsError as exc:
         raise ConfigError(str(exc)) from None
     start_timeout = DEFAULT_START_TIMEOUT_S if request.start_timeout is None else float(request.start_timeout)
-    return LaunchConfig(pool, _parse_names(request.out), request.output, keep_alive, request.fresh,
+    return LaunchConfig(pool, _parse_names(request.out), output, keep_alive, request.fresh,
                         start_timeout_s=start_timeout, notes=tuple(notes), train=train, workdir=workdir)

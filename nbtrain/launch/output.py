@@ -1,54 +1,79 @@
-"""Relay the ranks' stdout and stderr into the running cell, live.
+"""Relay the ranks' stdout and stderr into the running cell, live, without mixing ranks within a line.
 
 The kernel's main thread — the one executing the cell — writes what the ranks print, so output lands in
 the cell that ran them (not in whichever cell is active when a background thread happens to flush).
 
-* Ranks print line by line; with several ranks shown, an unfinished line is held up to :data:`HOLD_S`
-  so two ranks never interleave inside one line (a ``print(..., end="")`` still shows within 0.1 s).
-* Rank 0's text is written as printed; other ranks' lines start with ``[rank k] `` (also after a ``\\r``,
-  so a tqdm bar redrawn in place keeps its prefix). With ``--output rank0`` other ranks are not shown,
-  but their last lines are still kept: a failure report quotes them.
-* A job's end mark (:data:`~nbtrain.launch.protocol.END_MARK` + job id) is taken out of the stream and
-  recorded, so the run knows when it has shown every byte a rank printed for the job.
-* A display mark (:data:`~nbtrain.launch.protocol.DISPLAY_MARK` + number) is where a rank's figure or
-  ``display()`` belongs: ``show_display(rank, number)`` shows it there. Until it can (the bundle comes on
-  the socket and may be later than the mark), the stream's text from the mark on is held, and the next
-  :meth:`OutputRelay.feed` tries again. :meth:`OutputRelay.flush` with 0 (the run is over) lets it go.
+**Several ranks shown** (``--output all``, the default, with 2+ ranks): each rank's stream is cut into
+lines. A complete line is written at once, whole (other ranks' lines start with ``[rank k] ``). An
+unfinished line — ``print("epoch 1 ... ", end="")`` — is held until its newline, until the cell ends, or
+until it grows past :data:`HOLD_MAX` characters, and then written whole; so two ranks' text never shares
+a line and the summary never runs into a rank's last words. A held line is kept as a terminal would
+show it: ``\\r`` moves back to its start and later text overwrites (a tqdm bar held for a minute is one
+bar, not a minute of redraws).
+
+Progress bars (lines redrawn with ``\\r``) of rank 0 — the *live* rank — are drawn live: its bar is the
+open last line of its stream. When another rank writes a line on that stream the bar is blanked, the line
+written, and the bar drawn again below it. Other ranks' bars appear once finished, in their final
+state; the end of the cell says so once and names ``--output rank<k>`` to watch rank k's live.
+
+**One rank shown** (one rank, or ``--output rank<k>``): its text is written as it arrives (a partial line
+shows at once); other ranks' text is not shown but still kept — a failure report quotes a rank's last
+lines (:meth:`OutputRelay.tail`). At the end of the cell an unfinished last line gets its newline.
+
+A job's end mark (:data:`~nbtrain.launch.protocol.END_MARK` + job id) is taken out of the stream and
+recorded, so the run knows when it has shown every byte a rank printed for the job.
+
+A display mark (:data:`~nbtrain.launch.protocol.DISPLAY_MARK` + number) is where a rank's figure or
+``display()`` belongs: ``show_display(rank, number)`` shows it there (a line the rank left unfinished
+before it is ended first, so it goes above the figure). Until it can (the bundle comes on the socket and
+may be later than the mark), the stream's text from the mark on is held, and the next
+:meth:`OutputRelay.feed` tries again; :meth:`OutputRelay.flush` (the run is over) lets it go.
 """
 
 from __future__ import annotations
 
 import collections
 import re
-import time
 from typing import Callable
 
 from .protocol import DISPLAY_MARK, END_MARK, MARKS
 
 TAIL_LINES = 20
-HOLD_S = 0.1
+HOLD_MAX = 8192  # characters of an unfinished line held before it is written anyway
+LIVE_RANK = 0
 _LINE_BREAKS = re.compile(r"([\r\n])")
 
 
 class _Stream:
     def __init__(self) -> None:
-        self.pending = ""
-        self.held = ""  # an unfinished line, kept briefly so ranks do not interleave mid-line
-        self.held_since = 0.0
+        self.pending = ""  # maybe the start of an end mark
+        # line mode: the unfinished line as a terminal shows it, and where the next character lands
+        self.line = ""
+        self.cursor = 0
+        self.carriage_return = False  # a \r was seen in this line: a progress bar
+        self.redrawn = False  # ... and text was drawn over earlier text
+        self.shown = 0  # live rank: characters of `line` on screen now (0: none)
+        # pass-through mode: the next character starts a line (prefix it); the text written ends mid-line
         self.at_line_start = True
+        self.open_line = False
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.partial = ""
 
 
 class OutputRelay:
-    def __init__(self, write: Callable[[str, str], None], nprocs: int, show_all: bool = True,
+    """``shown``: the one rank whose output is shown, or None for every rank."""
+
+    def __init__(self, write: Callable[[str, str], None], nprocs: int, shown: int | None = None,
                  show_display: Callable[[int, int], bool] | None = None) -> None:
         self._write = write
         self._show_display = show_display or (lambda rank, number: True)
         self._nprocs = nprocs
-        self._show_all = show_all
+        self._shown = shown
+        self._line_mode = nprocs > 1 and shown is None
         self._streams: dict[tuple[int, str], _Stream] = collections.defaultdict(_Stream)
         self.marks: dict[tuple[int, str], set[int]] = collections.defaultdict(set)
+        self._bars_held: set[int] = set()  # ranks whose progress bars were shown only when finished
+        self._hinted = False
 
     def feed(self, rank: int, stream: str, text: str) -> None:
         state = self._streams[(rank, stream)]
@@ -82,14 +107,16 @@ class OutputRelay:
             text = text[newline + 1:]
 
     def _display(self, rank: int, stream: str, state: _Stream, number: int) -> bool:
-        if state.held:  # an unfinished line printed before the figure goes above it
-            text, state.held, state.held_since = state.held, "", 0.0
-            self._write_as(rank, stream, state, text)
+        if self._line_mode and (state.line or state.shown):  # an unfinished line printed before the figure goes above it
+            self._write_lines(rank, stream, self._end_line(rank, state))
+        elif state.open_line:
+            self._write(stream, "\n")
+            state.at_line_start, state.open_line = True, False
         return self._show_display(rank, number)
 
     def write_direct(self, stream: str, text: str) -> None:
         """nbtrain's own words, written between the ranks' lines."""
-        self._write(stream, text)
+        self._write_between(stream, text)
 
     def ended(self, rank: int, job_id: int) -> bool:
         return all(job_id in self.marks[(rank, s)] for s in ("stdout", "stderr"))
@@ -105,37 +132,73 @@ class OutputRelay:
                     lines.append(state.partial)
         return lines[-TAIL_LINES:]
 
+    def flush(self) -> None:
+        """The cell's output ends: write every held line, and end every unfinished one with a newline."""
+        for (rank, stream), state in list(self._streams.items()):
+            if state.pending.startswith(DISPLAY_MARK) and "\n" in state.pending:
+                rest = state.pending.split("\n", 1)[1]  # the run is over: its bundle will not come
+                state.pending = ""
+                self.feed(rank, stream, rest)
+            if self._line_mode:
+                if state.line or state.shown:
+                    self._end_line(rank, stream, state)
+            elif state.open_line:
+                self._write(stream, "\n")
+                state.at_line_start, state.open_line = True, False
+        if self._bars_held and not self._hinted:
+            self._hinted = True
+            ranks = sorted(self._bars_held)
+            self._write("stderr", f"nbtrain: progress bars of rank{'s' if len(ranks) > 1 else ''} "
+                        f"{', '.join(map(str, ranks))} were shown once finished (rank 0's live); "
+                        f"`--output rank{ranks[0]}` shows rank {ranks[0]}'s output live.\n")
+
+    # ---------------------------------------------------------------------------------------- writing
     def _emit(self, rank: int, stream: str, state: _Stream, text: str) -> None:
         if not text:
             return
         self._remember(state, text)
-        if rank != 0 and not self._show_all:
-            return
-        if self._nprocs > 1 and self._show_all:
-            text = state.held + text
-            end = max(text.rfind("\n"), text.rfind("\r")) + 1
-            text, state.held = text[:end], text[end:]
-            if state.held and not text:
-                state.held_since = state.held_since or time.monotonic()
-                return
-            state.held_since = time.monotonic() if state.held else 0.0
-        self._write_as(rank, stream, state, text)
-
-    def _write_as(self, rank: int, stream: str, state: _Stream, text: str) -> None:
-        if text:
+        if self._line_mode:
+            self._edit(rank, stream, state, text)
+        elif self._shown is None or rank == self._shown:
             self._write(stream, self._prefixed(rank, state, text) if rank != 0 and self._nprocs > 1 else text)
+            state.open_line = text[-1] != "\n"
 
-    def flush(self, older_than: float = HOLD_S) -> None:
-        """Write unfinished lines held longer than ``older_than`` seconds (0: all of them)."""
-        now = time.monotonic()
-        for (rank, stream), state in list(self._streams.items()):
-            if older_than == 0 and state.pending.startswith(DISPLAY_MARK) and "\n" in state.pending:
-                rest = state.pending.split("\n", 1)[1]  # the run is over: its bundle will not come
-                state.pending = ""
-                self.feed(rank, stream, rest)
-            if state.held and now - state.held_since >= older_than:
-                text, state.held, state.held_since = state.held, "", 0.0
-                self._write_as(rank, stream, state, text)
+    def _edit(self, rank: int, stream: str, state: _Stream, text: str) -> None:
+        """Apply ``text`` to the rank's unfinished line as a terminal would; write each line it completes."""
+        for part in _LINE_BREAKS.split(text):
+            if part == "\n":
+                self._end_line(rank, stream, state)
+            elif part == "\r":
+                state.cursor, state.carriage_return = 0, True
+            elif part:
+                if state.cursor < len(state.line):
+                    state.redrawn = True
+                state.line = state.line[:state.cursor] + part + state.line[state.cursor + len(part):]
+                state.cursor += len(part)
+                if len(state.line) > HOLD_MAX:
+                    self._end_line(rank, stream, state)
+        if rank == LIVE_RANK and state.carriage_return and state.line:
+            self._write(stream, "\r" + state.line)  # the live bar: redraw in place
+            state.shown = len(state.line)
+
+    def _end_line(self, rank: int, stream: str, state: _Stream) -> None:
+        line, shown = state.line, state.shown
+        if state.redrawn and rank != LIVE_RANK and line.strip():
+            self._bars_held.add(rank)
+        state.line, state.cursor, state.carriage_return, state.redrawn, state.shown = "", 0, False, False, 0
+        if shown:  # the live bar is on screen: draw its final state over it and close the line
+            self._write(stream, "\r" + line + "\n")
+            return
+        prefix = f"[rank {rank}] " if rank != 0 and line else ""
+        self._write_between(stream, prefix + line + "\n")
+
+    def _write_between(self, stream: str, text: str) -> None:
+        """Write whole lines; a live bar open on ``stream`` is blanked first and drawn again after them."""
+        live = self._streams.get((LIVE_RANK, stream)) if self._line_mode else None
+        if live is None or not live.shown:
+            self._write(stream, text)
+            return
+        self._write(stream, "\r" + " " * live.shown + "\r" + text + ("" if text.endswith("\n") else "\n") + live.line)
 
     @staticmethod
     def _prefixed(rank: int, state: _Stream, text: str) -> str:

@@ -157,7 +157,7 @@ class _Run:
         self.history = History()
         self.nprocs = pool.spec.nprocs
         self.displays = PendingDisplays(write)  # rank 0's figures and display() (nbtrain.worker.display)
-        self.relay = OutputRelay(write, self.nprocs, show_all=config.output == "all", show_display=self.displays.show)
+        self.relay = OutputRelay(write, self.nprocs, shown=config.shown_rank, show_display=self.displays.show)
         self.sent = False
         self.loaded: set[int] = set()
         self.done: dict[int, P.Done] = {}
@@ -174,7 +174,6 @@ class _Run:
                 raise KeyboardInterrupt
             for event in self.pool.poll_events(0.1):
                 self._handle(event)
-            self.relay.flush()
             self._send_job_when_connected()
             now = time.monotonic()
             if self.failures:
@@ -183,7 +182,7 @@ class _Run:
             elif len(self.done) == self.nprocs:
                 self.all_done_at = self.all_done_at or now
                 if all(self.relay.ended(r, self.job.job_id) for r in range(self.nprocs)) or now - self.all_done_at > END_MARK_WAIT_S:
-                    self.relay.flush(0)
+                    self.relay.flush()
                     return
             elif self.done and (mismatch := self.mismatch.check(set(self.done), now)) is not None:
                 rank = min(mismatch.waiting)
@@ -270,7 +269,7 @@ class _Run:
             for event in self.pool.poll_events(0.05):
                 if isinstance(event, Output) and event.stream in streams:
                     self.relay.feed(event.rank, event.stream, event.text)
-        self.relay.flush(0)
+        self.relay.flush()
 
 
 def run_cell(namespace: dict, info: CellInfo, config: LaunchConfig, manager: PoolManager, inputs: Inputs,

@@ -84,7 +84,7 @@ def stop_button():
 def stop_run(run, manager, info, button: StopButton) -> None:
     """Say where each rank was, SIGINT each process once (if the cell runs), then escalate; within ~3 s."""
     pool = run.pool
-    run.relay.flush(0)
+    run.relay.flush()
     started = pool.ready and run.sent
     if started:
         where = whereabouts(pool, run.job.filename, info.source, info.line_offset, wait=0.4)
