@@ -1,8 +1,15 @@
 """History: every series a run logged with ``nbtrain.log``, kept in the kernel and handed to the notebook.
 
-``history["loss"]`` is rank 0's series (steps and values); ``history.series("loss", rank=1)`` another
-rank's; ``history.mean("loss")`` the mean over ranks at each step. Nothing is dropped here: the
-dashboard downsamples for drawing, the history keeps every point.
+``history["loss"]`` is rank 0's series; ``history.series("loss", rank=1)`` another rank's;
+``history.mean("loss")`` the mean over ranks at each step — all three are a :class:`Series`: ``.steps``,
+``.values``, ``.times``, and itself a sequence of its values (``len``, indexing, iteration, NumPy's
+``__array__``), so ``plt.plot(history["loss"])`` and ``max(history["loss"])`` work as on a list.
+Nothing is dropped here: the dashboard downsamples for drawing, the history keeps every point.
+
+The notebook gets it on every ending: ``history`` is set after a run that finished, failed or was
+stopped (when anything was logged), and the exception of a failed or stopped run carries it as
+``.history``. A run resumed from a checkpoint starts with the series saved in it (see
+:mod:`nbtrain.train.checkpoint`), so its ``history`` holds the whole curve of every attempt.
 """
 
 from __future__ import annotations
@@ -18,6 +25,20 @@ class Series:
 
     def __len__(self) -> int:
         return len(self.steps)
+
+    def __getitem__(self, index):
+        """``series[i]``: the i-th value; ``series[a:b]``: a Series of those points."""
+        if isinstance(index, slice):
+            return Series(self.steps[index], self.values[index], self.times[index])
+        return self.values[index]
+
+    def __iter__(self):
+        return iter(self.values)
+
+    def __array__(self, dtype=None, copy=None):
+        import numpy
+
+        return numpy.asarray(self.values, dtype=dtype)
 
     @property
     def last(self) -> float | None:
@@ -57,7 +78,7 @@ class History:
         return len(self._data)
 
     def mean(self, name: str) -> Series:
-        """Mean over the ranks that logged ``name`` at each step."""
+        """Mean over the ranks that logged ``name`` at each step: a :class:`Series` (without times)."""
         sums: dict[int, list[float]] = {}
         for series in self._data[name].values():
             for step, value in zip(series.steps, series.values):
