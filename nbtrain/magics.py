@@ -151,6 +151,11 @@ def run_in_shell(shell, cell: str, request: LaunchRequest, pools: PoolManager, q
         result = run_source(cell, request, shell.user_ns, manager=pools, code_name=code_name, observers=observers)
     except UserInputError as exc:
         raise UsageError(str(exc)) from None
+    except BaseException as exc:  # failed or stopped: what was logged until then is still the notebook's
+        logged = getattr(exc, "history", None)
+        if logged is not None and len(logged):
+            shell.user_ns["history"] = logged
+        raise
     if len(result.history):
         shell.user_ns["history"] = result.history
     if not quiet:

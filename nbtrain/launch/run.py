@@ -24,6 +24,7 @@ Nothing is assigned into the notebook unless the run succeeded.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import sys
 import threading
 import time
@@ -267,9 +268,16 @@ class _Run:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and any(r.open_streams for r in self.pool.ranks):
             for event in self.pool.poll_events(0.05):
-                if isinstance(event, Output) and event.stream in streams:
-                    self.relay.feed(event.rank, event.stream, event.text)
+                self.take_late(event, streams)
         self.relay.flush()
+
+    def take_late(self, event, streams=("stdout", "stderr")) -> None:
+        """An event of ranks being stopped: keep their output (of ``streams``) and what they logged, nothing else."""
+        if isinstance(event, Output):
+            if event.stream in streams:
+                self.relay.feed(event.rank, event.stream, event.text)
+        elif isinstance(event, Message) and isinstance(event.message, P.Metrics):
+            self.history.add(event.rank, event.message.records)
 
 
 def run_cell(namespace: dict, info: CellInfo, config: LaunchConfig, manager: PoolManager, inputs: Inputs,
@@ -310,10 +318,13 @@ def _run_and_bring_back(namespace, info, config, manager, inputs, result_prefix,
     except KeyboardInterrupt as exc:
         exc.with_traceback(None)._render_traceback_ = lambda: [
             "KeyboardInterrupt: stopped by the user; every rank and its child processes were ended."]
+        exc.history = run.history  # what was logged until the stop
         raise exc from None
     except BaseException as exc:
         manager.shutdown(graceful=False)
         run.notify("run_finished", "failed", f"nbtrain failed: {exc!r}")
+        with contextlib.suppress(AttributeError, TypeError):
+            exc.history = run.history
         raise
     finally:
         inputs.arena.close()

@@ -111,5 +111,7 @@ def _await_reports(run, button: StopButton) -> None:
         for event in pool.poll_events(0.05):
             if isinstance(event, Output) and event.stream == "stdout":
                 run.relay.feed(event.rank, event.stream, event.text)
+            elif isinstance(event, Message) and isinstance(event.message, P.Metrics):
+                run.history.add(event.rank, event.message.records)  # flushed by the interrupted cell: keep them
             elif isinstance(event, Exited) or (isinstance(event, Message) and isinstance(event.message, (P.Failed, P.Done))):
                 reported.add(event.rank)
