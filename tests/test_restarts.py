@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
+from nbtrain.launch.api import run_source
+from nbtrain.launch.config import LaunchRequest
 from nbtrain.launch.errors import RankFailedError
+from nbtrain.launch.observer import RunObserver
 from nbtrain.launch.run import PoolManager
 from training_support import assert_no_own_workers, run_cell
 
@@ -22,6 +27,7 @@ def pools():
 CELL = """
 import os, signal
 import torch, nbtrain
+restart_count = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 torch.manual_seed(0)
@@ -42,17 +48,43 @@ steps = nbtrain.training_state().step
 """
 
 
+class Endings(RunObserver):
+    def __init__(self) -> None:
+        self.started, self.endings = 0, []
+
+    def run_started(self, info) -> None:
+        self.started += 1
+
+    def run_finished(self, status: str, summary: str) -> None:
+        self.endings.append(status)
+
+
 def test_a_killed_rank_is_restarted_from_the_checkpoint(pools, tmp_path):
     cell = CELL.replace("KILL_EPOCH", "1").replace("MARKER", repr(str(tmp_path / "killed-once")))
     output: list = []
-    ns, result = run_cell(pools, cell, output, checkpoint=str(tmp_path / "ckpt"), max_restarts=1, out="steps")
+    restarted_after: list = []
+    started = time.monotonic()
+
+    def write(stream: str, text: str) -> None:
+        output.append(text)
+        if "restarting the ranks" in text:
+            restarted_after.append(time.monotonic() - started)
+
+    observer, ns = Endings(), {}
+    result = run_source(cell, LaunchRequest(nprocs=2, cpu=True, checkpoint=str(tmp_path / "ckpt"), max_restarts=1,
+                                            out="steps,restart_count"), ns, manager=pools, write=write,
+                        observers=[observer])
     text = "".join(output)
     assert "rank 1 was killed by SIGKILL" in text
     assert f"restarting the ranks from {tmp_path / 'ckpt' / 'checkpoint.pt'} (epoch 1, step 4) (restart 1 of 1)" in text
     assert "resuming from" in text
     assert ns["steps"] == 12  # 3 epochs × 4 steps, as if nothing had happened
-    assert result.history.series("loss").steps == list(range(4, 12))  # the last attempt resumed at step 4
+    assert ns["restart_count"] == 1  # TORCHELASTIC_RESTART_COUNT, as torchrun's agent sets it
+    for rank in (0, 1):  # the whole curve: the first attempt's saved steps, then the restart's
+        assert result.history.series("loss", rank=rank).steps == list(range(12))
     assert any("1 restart" in note for note in result.notes)
+    assert result.seconds >= restarted_after[0]  # the summary's time covers the first attempt too
+    assert observer.started == 2 and observer.endings == ["ok"]  # no "failed" ending for the restarted attempt
 
 
 def test_without_a_checkpoint_it_says_why_it_cannot_resume(pools, tmp_path):

@@ -48,14 +48,14 @@ def run_source(source: str, request: LaunchRequest, namespace: dict, *, manager:
     if not config.train.max_restarts:
         return run_cell(namespace, info, config, manager, inputs, write=write, code_name=code_name, observers=observers)
 
-    def attempt(restart: int) -> RunResult:  # a restart resumes from the checkpoint, with fresh inputs
-        again = replace(config, train=replace(config.train, resume=True)) if restart else config
+    def attempt(restart: int, followers: list) -> RunResult:  # a restart resumes from the checkpoint, with fresh inputs
+        again = replace(config, train=replace(config.train, resume=True, restart=restart)) if restart else config
         packed = inputs if restart == 0 else pack_inputs(namespace, names)
-        return run_cell(namespace, info, again, manager, packed, write=write, code_name=code_name, observers=observers)
+        return run_cell(namespace, info, again, manager, packed, write=write, code_name=code_name, observers=followers)
 
     from ..train.restarts import run_with_restarts
 
-    return run_with_restarts(attempt, config.train, write or _write_to_streams)
+    return run_with_restarts(attempt, config.train, write or _write_to_streams, observers)
 
 
 def _pack_or_explain_stop(namespace: dict, names):

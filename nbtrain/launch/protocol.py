@@ -111,6 +111,7 @@ class Metrics:
 
     rank: int
     records: list
+    restored: bool = False  # the series saved in a checkpoint, sent again when the run resumes from it
 
 
 @dataclass(frozen=True)

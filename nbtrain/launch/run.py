@@ -237,7 +237,8 @@ class _Run:
     def _handle_message(self, rank: int, msg) -> None:
         if isinstance(msg, P.Metrics):
             self.history.add(rank, msg.records)
-            self.notify("metrics", rank, msg.records)
+            if not (msg.restored and self.config.train.restart):  # a restart's dashboard has drawn them already
+                self.notify("metrics", rank, msg.records)
         elif isinstance(msg, P.Ready):
             self.pool.ranks[rank].device = msg.device
             self.devices[rank] = msg.device

@@ -5,7 +5,7 @@ collective, like ``barrier()``); rank 0 writes one file, ``DIR/checkpoint.pt`` f
 or the ``path`` given. The file holds the prepared models (plain ``state_dict``, without DDP's
 ``module.`` prefix), optimizers, LR schedulers, the GradScaler, each prepared DataLoader's position
 (epoch, batches read), the step and epoch counters, every rank's RNG states (Python, NumPy, torch CPU and
-CUDA) and metric step counters, and whatever ``**extra`` you pass (picklable values).
+CUDA), metric step counters and logged series, and whatever ``**extra`` you pass (picklable values).
 
 It is written atomically: to a temporary file in the same directory, flushed and ``fsync``-ed, then
 ``os.replace``-d over the old checkpoint, and the directory is ``fsync``-ed. A rank killed while saving
@@ -16,8 +16,9 @@ cannot write, every rank raises the same :class:`CheckpointError`.
 (``--no-resume`` starts over): the checkpoint is loaded at the first ``prepare()`` (or ``epochs()`` /
 ``load_checkpoint()``), and each model, optimizer, scheduler and loader gets its saved state as it is
 prepared — in the order they were prepared when saved. RNG states, the step counter, the GradScaler and
-metric steps (so ``history`` continues the old curve) are restored at load. ``nbtrain.epochs(n)`` then
-starts at the saved epoch. ``nbtrain.load_checkpoint(path)`` does the same by hand and returns a
+metric steps are restored at load, and each rank sends the series saved with the checkpoint to the kernel
+before anything it logs next — so ``history`` holds the whole curve of every attempt, continued.
+``nbtrain.epochs(n)`` then starts at the saved epoch. ``nbtrain.load_checkpoint(path)`` does the same by hand and returns a
 :class:`Checkpoint` with ``epoch``, ``step`` and your ``extra`` values.
 
 Gradients accumulated inside an unfinished ``--grad-accum`` window are not saved: save between windows
@@ -63,7 +64,8 @@ def save_checkpoint(path: str | None = None, **extra) -> str:
         warnings.warn("save_checkpoint() inside a gradient-accumulation window: the gradients accumulated so far "
                       "are not saved. Save after optimizer.step().", stacklevel=2)
     context.flush_scaler_update()
-    mine = {"rng": _rng_state(context.device), "metric_steps": metrics.step_counters()}
+    mine = {"rng": _rng_state(context.device), "metric_steps": metrics.step_counters(),
+            "metric_history": metrics.logged_history()}
     ranks = [mine]
     if context.distributed and context.world_size > 1:
         ranks = [None] * context.world_size
@@ -203,6 +205,7 @@ def load_for_resume(context: TrainContext, path: str, announce: bool) -> Checkpo
     if context.rank < len(ranks):
         _set_rng_state(ranks[context.rank]["rng"], context.device)
         metrics.restore_step_counters(ranks[context.rank]["metric_steps"])
+        metrics.restore_history(ranks[context.rank].get("metric_history"))
     for index, model in enumerate(context.models):
         restore_model(context, getattr(model, "module", model), index)
     for index, optimizer in enumerate(context.optimizers):

@@ -13,38 +13,92 @@ It does not restart when:
 * DIR holds no checkpoint yet: there is nothing to resume from, and the message says so;
 * K restarts were used.
 
-Then the last failure is raised as usual. ``history`` holds the metrics of the last attempt (whose steps
-continue the checkpoint's). Restarts resume even when the cell was run with ``--no-resume``.
+Then the last failure is raised as usual. ``history`` holds the whole curve: each attempt resumes
+with the series saved in the checkpoint (:mod:`nbtrain.train.checkpoint`) and continues it. Restarts
+resume even when the cell was run with ``--no-resume``.
+
+The attempts are one run to the people watching it: the ranks see ``TORCHELASTIC_RESTART_COUNT`` (the
+attempt's number, as torchrun's agent sets it); the summary's time covers every attempt; and the
+observers (dashboard, run registry) hear of one ending only — an attempt that is restarted does not leave
+a "failed" paragraph in a cell that ends well (:class:`_OneEnding`).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from typing import Callable
 
 from ..launch.errors import RankFailedError
+from ..launch.observer import RunObserver
 from ..words import count
 from .settings import TrainSettings
 
 
-def run_with_restarts(attempt: Callable[[int], object], settings: TrainSettings, write: Callable[[str, str], None]):
-    """Call ``attempt(restart_number)`` until it succeeds or must not be repeated; re-raise the last failure."""
+def run_with_restarts(attempt: Callable[[int, list], object], settings: TrainSettings,
+                      write: Callable[[str, str], None], observers=()):
+    """Call ``attempt(restart_number, observers)`` until it succeeds or must not be repeated; re-raise the
+    last failure."""
+    started = time.monotonic()
+    ending = _OneEnding(list(observers))
     restarts = 0
-    while True:
-        try:
-            result = attempt(restarts)
-        except RankFailedError as error:
-            reason = _why_not_restart(error, settings, restarts)
-            if reason is not None:
-                write("stderr", f"nbtrain: {error.failures[0].summary()}; not restarting: {reason}.\n")
-                raise
-            restarts += 1
-            write("stderr", f"nbtrain: {error.failures[0].summary()}; restarting the ranks from "
-                            f"{_describe_checkpoint(settings.checkpoint_path)} (restart {restarts} of {settings.max_restarts}).\n")
-            continue
-        if restarts:
-            result.notes.append(f"finished after {count('restart', restarts)} from the checkpoint")
-        return result
+    try:
+        while True:
+            try:
+                result = attempt(restarts, [ending])
+            except RankFailedError as error:
+                reason = _why_not_restart(error, settings, restarts)
+                if reason is not None:
+                    write("stderr", f"nbtrain: {error.failures[0].summary()}; not restarting: {reason}.\n")
+                    raise
+                ending.forget()
+                restarts += 1
+                write("stderr", f"nbtrain: {error.failures[0].summary()}; restarting the ranks from "
+                                f"{_describe_checkpoint(settings.checkpoint_path)} (restart {restarts} of {settings.max_restarts}).\n")
+                continue
+            if restarts:
+                result.seconds = time.monotonic() - started
+                result.notes.append(f"finished after {count('restart', restarts)} from the checkpoint")
+            return result
+    finally:
+        ending.announce()
+
+
+class _OneEnding(RunObserver):
+    """Passes every event on to ``observers`` but holds an attempt's ending until it is known to be the last."""
+
+    def __init__(self, observers: list) -> None:
+        self.observers = observers
+        self._ending: tuple[str, str] | None = None
+
+    def run_started(self, info) -> None:
+        self._each("run_started", info)
+
+    def ranks_ready(self, info) -> None:
+        self._each("ranks_ready", info)
+
+    def metrics(self, rank: int, records: list) -> None:
+        self._each("metrics", rank, records)
+
+    def run_finished(self, status: str, summary: str) -> None:
+        self._ending = (status, summary)
+
+    def forget(self) -> None:
+        """The attempt is restarted: its ending was not the run's."""
+        self._ending = None
+
+    def announce(self) -> None:
+        if self._ending is not None:
+            ending, self._ending = self._ending, None
+            self._each("run_finished", *ending)
+
+    def _each(self, method: str, *args) -> None:
+        for observer in list(self.observers):
+            try:
+                getattr(observer, method)(*args)
+            except Exception as exc:  # as the run itself does: a broken observer is detached, the run goes on
+                self.observers.remove(observer)
+                print(f"nbtrain: {type(observer).__name__} stopped following this run ({exc!r})")
 
 
 def _why_not_restart(error: RankFailedError, settings: TrainSettings, restarts: int) -> str | None:

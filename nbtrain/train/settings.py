@@ -27,6 +27,7 @@ class TrainSettings:
     checkpoint_dir: str | None = None  # absolute
     resume: bool = True  # resume automatically from checkpoint_dir when a checkpoint is there
     max_restarts: int = 0
+    restart: int = 0  # which restart this attempt is (TORCHELASTIC_RESTART_COUNT in the ranks)
 
     @property
     def checkpoint_path(self) -> str | None:

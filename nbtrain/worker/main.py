@@ -151,6 +151,9 @@ class Rank:
         main = self._namespace()
         sys.modules["__main__"] = main
         reply: object
+        # As torchrun's agent sets them for each attempt (a warm pool's next cell starts again at 0).
+        os.environ["TORCHELASTIC_RESTART_COUNT"] = str(job.train.restart)
+        os.environ["TORCHELASTIC_MAX_RESTARTS"] = str(job.train.max_restarts)
         metrics.start(self.rank, self.send)
         display.begin(job.job_id, self.rank, job.return_rank, self.send)
         train_runtime.begin(job.train, self.device, self.rank, int(os.environ["WORLD_SIZE"]))

@@ -15,12 +15,18 @@ asynchronous all-reduce (:mod:`nbtrain.train.reduce`) that the sending thread wa
 loop does not wait for the GPU or the network.
 
 Flushes are serialised, so records reach the kernel in the order they were logged, the last ones included.
+
+Each rank also keeps, compactly (:class:`LoggedSeries`), every value it has sent in this cell:
+``nbtrain.save_checkpoint()`` stores it (:func:`logged_history`), and a run resumed from that checkpoint
+sends it to the kernel first (:func:`restore_history`), so the notebook's ``history`` — and the
+dashboard of a freshly started cell — holds the curves of every earlier attempt, continued.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from array import array
 from typing import Callable
 
 FLUSH_INTERVAL_S = 0.25
@@ -36,6 +42,7 @@ class MetricsBuffer:
         self._flush_lock = threading.Lock()  # one flush at a time: batches arrive in order
         self._records: list[tuple[int, float, dict]] = []
         self._counters: dict[str, int] = {}
+        self._logged = LoggedSeries()  # everything sent in this cell (with what was restored)
         self._wake = threading.Event()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="nbtrain-metrics", daemon=True)
@@ -58,7 +65,28 @@ class MetricsBuffer:
             if records:
                 from ..launch.protocol import Metrics
 
-                self._send(Metrics(self.rank, _to_numbers(records)))
+                records = _to_numbers(records)
+                self._logged.add(records)
+                self._send(Metrics(self.rank, records))
+
+    def logged_history(self) -> dict:
+        """Every value logged in this cell (restored ones first), after sending what is buffered."""
+        self.flush()
+        with self._flush_lock:
+            return self._logged.to_plain()
+
+    def restore_history(self, saved: dict) -> None:
+        """A resumed run: send the checkpoint's series to the kernel (before anything logged after it)."""
+        self.flush()
+        with self._flush_lock:
+            restored = LoggedSeries.from_plain(saved)
+            records = restored.records()
+            restored.add(self._logged.records())  # anything logged in this cell before the checkpoint was loaded
+            if records:
+                from ..launch.protocol import Metrics
+
+                self._logged = restored
+                self._send(Metrics(self.rank, records, restored=True))
 
     def step_counters(self) -> dict[str, int]:
         with self._lock:
@@ -82,6 +110,34 @@ class MetricsBuffer:
                     self.flush()
                 except Exception:
                     return  # the kernel's connection is gone; the job's end reports why
+
+
+class LoggedSeries:
+    """Per name, every (step, time, value) logged: three flat arrays, 24 bytes a point."""
+
+    def __init__(self) -> None:
+        self._data: dict[str, tuple[array, array, array]] = {}
+
+    def add(self, records) -> None:
+        for step, when, values in records:
+            for name, value in values.items():
+                steps, times, numbers = self._data.setdefault(name, (array("q"), array("d"), array("d")))
+                steps.append(step)
+                times.append(when)
+                numbers.append(value)
+
+    def records(self) -> list[tuple[int, float, dict[str, float]]]:
+        return [(step, when, {name: value}) for name, columns in self._data.items() for step, when, value in zip(*columns)]
+
+    def to_plain(self) -> dict[str, dict[str, list]]:
+        return {name: {"steps": s.tolist(), "times": t.tolist(), "values": v.tolist()} for name, (s, t, v) in self._data.items()}
+
+    @classmethod
+    def from_plain(cls, saved: dict) -> "LoggedSeries":
+        logged = cls()
+        for name, columns in (saved or {}).items():
+            logged._data[name] = (array("q", columns["steps"]), array("d", columns["times"]), array("d", columns["values"]))
+        return logged
 
 
 def _to_numbers(records: list[tuple[int, float, dict]]) -> list[tuple[int, float, dict[str, float]]]:
@@ -128,6 +184,16 @@ def step_counters() -> dict[str, int]:
 def restore_step_counters(counters: dict[str, int]) -> None:
     if _sink is not None:
         _sink.restore_step_counters(counters)
+
+
+def logged_history() -> dict:
+    """Every value this rank logged in the cell (saved in checkpoints)."""
+    return _sink.logged_history() if _sink is not None else {}
+
+
+def restore_history(saved: dict | None) -> None:
+    if _sink is not None and saved:
+        _sink.restore_history(saved)
 
 
 def log(step: int | None = None, reduce: str | None = None, **values) -> None:
