@@ -39,7 +39,7 @@ final = ([p.detach().clone() for p in net.parameters()], state.step, sched.get_l
 def test_resumed_run_continues_the_uninterrupted_one(pools, tmp_path):
     options = dict(grad_accum=2, amp="fp16", out="final")  # fp16 on CPU: the GradScaler's state is saved too
     whole, whole_run = run_cell(pools, TRAIN.replace("EPOCHS", "4"), checkpoint=str(tmp_path / "a"), **options)
-    run_cell(pools, TRAIN.replace("EPOCHS", "2"), checkpoint=str(tmp_path / "b"), **options)
+    _, first_run = run_cell(pools, TRAIN.replace("EPOCHS", "2"), checkpoint=str(tmp_path / "b"), **options)
     output: list = []
     resumed, resumed_run = run_cell(pools, TRAIN.replace("EPOCHS", "4"), output, checkpoint=str(tmp_path / "b"), **options)
 
@@ -47,9 +47,11 @@ def test_resumed_run_continues_the_uninterrupted_one(pools, tmp_path):
     for rank in (0, 1):
         reference = whole_run.history.series("loss", rank=rank)
         continued = resumed_run.history.series("loss", rank=rank)
-        assert continued.steps == list(range(12, 24)), "metric steps must continue where the first run stopped"
-        assert continued.values == pytest.approx(reference.values[12:], rel=1e-6, abs=1e-7)
-        assert resumed_run.history.series("epoch", rank=rank).values == [2.0, 3.0]
+        # the whole curve: the first run's points (from the checkpoint), then the resumed run's, which continue them
+        assert continued.steps == list(range(24)), "metric steps must continue where the first run stopped"
+        assert continued.values == pytest.approx(reference.values, rel=1e-6, abs=1e-7)
+        assert continued.times[:12] == first_run.history.series("loss", rank=rank).times
+        assert resumed_run.history.series("epoch", rank=rank).values == [0.0, 1.0, 2.0, 3.0]
     (weights, steps, lr), (reference_weights, reference_steps, reference_lr) = resumed["final"], whole["final"]
     assert steps == reference_steps == 12 and lr == reference_lr
     for a, b in zip(weights, reference_weights):
@@ -154,8 +156,8 @@ def test_a_checkpoint_saved_mid_epoch_resumes_at_the_next_batch(pools, tmp_path)
     _, resumed = run_cell(pools, MID_EPOCH.replace("STOP", "-1"), checkpoint=str(tmp_path / "b"))
     for rank in (0, 1):
         continued = resumed.history.series("loss", rank=rank)
-        assert continued.steps == list(range(4, 12))
-        assert continued.values == pytest.approx(whole.history.series("loss", rank=rank).values[4:], rel=1e-6)
+        assert continued.steps == list(range(12))  # the 4 saved points, then the resumed run's 8
+        assert continued.values == pytest.approx(whole.history.series("loss", rank=rank).values, rel=1e-6)
 
 
 DISK_FULL = """
