@@ -225,6 +225,29 @@ def test_tqdm_and_stderr_reach_the_cell_and_nothing_is_lost(manager):
     assert "nbtrain-end" not in std and "\x1e" not in std
 
 
+def test_tqdm_bars_of_two_ranks_do_not_draw_over_each_other(manager):
+    out = Captured()
+    run("""
+        import time
+        from tqdm import tqdm
+        for _ in tqdm(range(30), desc=f"bar of rank {rank}", mininterval=0, ascii=True):
+            time.sleep(0.02)  # a bar that moves while the kernel reads it
+    """, {}, manager, write=out)
+    raw, lines = out.text("stderr"), [line for line in out.lines("stderr") if line.strip()]
+    assert raw.count("\rbar of rank 0:") > 3  # rank 0's bar is drawn live
+    assert "[rank 1] bar of rank 1:" in raw and "\r[rank 1]" not in raw  # rank 1's: once, when finished
+    assert len(lines) == 3, lines
+    assert sorted(line[:30] for line in lines[:2]) == ["[rank 1] bar of rank 1: 100%|#", "bar of rank 0: 100%|##########"]
+    assert "`--output rank1` shows rank 1's output live" in lines[2]
+    out = Captured()
+    run("""
+        from tqdm import tqdm
+        for _ in tqdm(range(40), desc=f"bar of rank {rank}", mininterval=0, ascii=True):
+            pass
+    """, {}, manager, write=out, output="rank1")
+    assert out.text("stderr").count("\r[rank 1] bar of rank 1:") > 40 and "rank 0" not in out.text()
+
+
 def test_kernel_never_initialises_cuda(manager):
     run("x = 1", {}, manager)
     assert not torch.cuda.is_initialized()

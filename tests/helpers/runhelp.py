@@ -20,6 +20,16 @@ class Captured:
     def text(self, stream: str | None = None) -> str:
         return "".join(t for s, t in self.parts if stream in (None, s))
 
+    def lines(self, stream: str | None = None) -> list[str]:
+        """The lines as a notebook (or terminal) shows them: text after a \\r is drawn over the line's start."""
+        shown = []
+        for line in self.text(stream).split("\n"):
+            screen = ""
+            for part in line.split("\r"):
+                screen = part + screen[len(part):]
+            shown.append(screen)
+        return shown
+
 
 def run(source: str, ns: dict | None = None, manager=None, write=None, **options):
     options.setdefault("nprocs", 2)
