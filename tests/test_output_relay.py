@@ -124,3 +124,9 @@ def test_end_marks_are_taken_out_even_when_split():
     out.feed(1, "stderr", mark)
     out.flush()
     assert cell.raw() == "[rank 1] tail\n" and out.ended(1, 7) and not out.ended(0, 7)
+
+
+def test_the_lines_of_one_chunk_are_written_at_once():
+    out, cell = relay()
+    out.feed(1, "stdout", "".join(f"{i}\n" for i in range(1000)))
+    assert len(cell.writes) == 1 and cell.raw().count("[rank 1] ") == 1000

@@ -141,7 +141,7 @@ class OutputRelay:
                 self.feed(rank, stream, rest)
             if self._line_mode:
                 if state.line or state.shown:
-                    self._end_line(rank, stream, state)
+                    self._write_lines(rank, stream, self._end_line(rank, state))
             elif state.open_line:
                 self._write(stream, "\n")
                 state.at_line_start, state.open_line = True, False
@@ -164,10 +164,12 @@ class OutputRelay:
             state.open_line = text[-1] != "\n"
 
     def _edit(self, rank: int, stream: str, state: _Stream, text: str) -> None:
-        """Apply ``text`` to the rank's unfinished line as a terminal would; write each line it completes."""
+        """Apply ``text`` to the rank's unfinished line as a terminal would; write the lines it completes
+        (in one write: a chatty rank must not cost a message per line)."""
+        finished: list[str] = []
         for part in _LINE_BREAKS.split(text):
             if part == "\n":
-                self._end_line(rank, stream, state)
+                finished.append(self._end_line(rank, state))
             elif part == "\r":
                 state.cursor, state.carriage_return = 0, True
             elif part:
@@ -176,21 +178,28 @@ class OutputRelay:
                 state.line = state.line[:state.cursor] + part + state.line[state.cursor + len(part):]
                 state.cursor += len(part)
                 if len(state.line) > HOLD_MAX:
-                    self._end_line(rank, stream, state)
+                    finished.append(self._end_line(rank, state))
+        if finished:
+            self._write_lines(rank, stream, "".join(finished))
         if rank == LIVE_RANK and state.carriage_return and state.line:
             self._write(stream, "\r" + state.line)  # the live bar: redraw in place
             state.shown = len(state.line)
 
-    def _end_line(self, rank: int, stream: str, state: _Stream) -> None:
+    def _end_line(self, rank: int, state: _Stream) -> str:
+        """The rank's unfinished line, ended: the text to write for it."""
         line, shown = state.line, state.shown
         if state.redrawn and rank != LIVE_RANK and line.strip():
             self._bars_held.add(rank)
         state.line, state.cursor, state.carriage_return, state.redrawn, state.shown = "", 0, False, False, 0
         if shown:  # the live bar is on screen: draw its final state over it and close the line
-            self._write(stream, "\r" + line + "\n")
-            return
-        prefix = f"[rank {rank}] " if rank != 0 and line else ""
-        self._write_between(stream, prefix + line + "\n")
+            return "\r" + line + "\n"
+        return (f"[rank {rank}] " if rank != 0 and line else "") + line + "\n"
+
+    def _write_lines(self, rank: int, stream: str, text: str) -> None:
+        if rank == LIVE_RANK:
+            self._write(stream, text)  # its own bar, if shown, is closed by the text itself
+        else:
+            self._write_between(stream, text)
 
     def _write_between(self, stream: str, text: str) -> None:
         """Write whole lines; a live bar open on ``stream`` is blanked first and drawn again after them."""
