@@ -18,7 +18,9 @@ configuration, and that every notebook variable the cell reads can be pickled. T
    SIGTERM, then SIGKILL, well within 3 s (:mod:`.stopping`); the pool is discarded and
    KeyboardInterrupt re-raised.
 
-Nothing is assigned into the notebook unless the run succeeded.
+Nothing is assigned into the notebook unless the run succeeded; what the ranks logged is kept either way:
+a failure's or a stop's exception carries it as ``.history`` (the magic then sets the notebook's ``history``).
+Output goes through :class:`~nbtrain.launch.output.OutputRelay`, which writes whole lines.
 """
 
 from __future__ import annotations
