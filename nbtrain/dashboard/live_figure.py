@@ -38,7 +38,6 @@ class LiveFigure:
         self.figure = None
         self._layout_key = None
         self._lines: dict[str, tuple] = {}  # name -> (axes, raw line, smoothed line)
-        self.rebuilds = 0
         self.frames = 0
 
     def _key(self, groups, series) -> tuple:
@@ -67,7 +66,6 @@ class LiveFigure:
             if i >= len(groups) - cols:
                 ax.set_xlabel("step", fontsize=8)
         self._layout_key = key
-        self.rebuilds += 1
         self.frames = 0
 
     def render(self, series: dict, smoothing: float) -> bytes:

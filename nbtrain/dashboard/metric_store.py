@@ -47,7 +47,6 @@ class MetricStore:
         self._progress: dict[int, _RankProgress] = {}
         self.total_steps: int | None = None
         self.version = 0  # bumped on every change: the views redraw only when it moved
-        self.records_seen = 0
 
     def add(self, rank: int, records) -> None:
         with self._lock:
@@ -70,7 +69,6 @@ class MetricStore:
                 marks.append(mark)
                 while marks and mark[0] - marks[0][0] > RATE_WINDOW_S:
                     marks.popleft()
-            self.records_seen += len(records)
             self.version += 1
 
     @property

@@ -93,16 +93,6 @@ def draw_series(fig, series: dict, smoothing: float) -> list:
     return axes
 
 
-def set_log_scale(axes, log: bool) -> None:
-    """Log y on panels whose values are all positive; symmetric log (linear near 0) on the others."""
-    for ax in axes:
-        if not log:
-            ax.set_yscale("linear")
-            continue
-        lows = [min(line.get_ydata(), default=1.0) for line in ax.get_lines()]
-        ax.set_yscale("log" if all(low > 0 for low in lows) else "symlog")
-
-
 def new_figure(width: float, height: float, dpi: int = 80):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
