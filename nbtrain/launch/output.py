@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import re
+import sys
 import time
 from typing import Callable
 
@@ -28,6 +29,13 @@ from .protocol import DISPLAY_MARK, END_MARK, MARKS
 TAIL_LINES = 20
 HOLD_S = 0.1
 _LINE_BREAKS = re.compile(r"([\r\n])")
+
+
+def write_to_std_stream(stream: str, text: str) -> None:
+    """The default writer of relayed text: the kernel's own ``sys.stdout`` / ``sys.stderr``, flushed at once."""
+    target = sys.stdout if stream == "stdout" else sys.stderr
+    target.write(text)
+    target.flush()
 
 
 class _Stream:
