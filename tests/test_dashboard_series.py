@@ -9,7 +9,7 @@ import pytest
 
 from nbtrain.dashboard.metric_store import MetricStore
 from nbtrain.dashboard.plotting import group_names
-from nbtrain.dashboard.run_view import progress
+from nbtrain.dashboard.progress import progress
 from nbtrain.dashboard.series import BoundedSeries, smooth
 
 
