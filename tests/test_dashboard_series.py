@@ -9,7 +9,7 @@ import pytest
 
 from nbtrain.dashboard.metric_store import MetricStore
 from nbtrain.dashboard.plotting import group_names
-from nbtrain.dashboard.run_view import progress
+from nbtrain.dashboard.progress import progress
 from nbtrain.dashboard.series import BoundedSeries, smooth
 
 
@@ -98,3 +98,25 @@ def test_progress_without_total_has_no_eta():
 ])
 def test_training_and_validation_share_a_panel(names, panels):
     assert group_names(names) == panels
+
+
+def test_the_run_model_is_data_only_and_names_devices_by_key():
+    import subprocess
+    import sys
+
+    code = ("import sys, nbtrain.dashboard.model, nbtrain.dashboard.telemetry_series; "
+            "print(sorted(m for m in sys.modules if m.startswith('nbtrain.dashboard.')))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    for view in ("run_view", "devices_view", "widget", "loss_plot", "final", "monitor", "theme"):
+        assert f"nbtrain.dashboard.{view}'" not in loaded, f"the model imports the view {view}"
+
+    from nbtrain.dashboard.telemetry_series import MACHINE, DeviceKey, DeviceKind, TelemetrySeries
+    from nbtrain.gpu.processes import HostStatus
+    from nbtrain.gpu.telemetry import RankUsage, Snapshot
+
+    host = HostStatus(cpu_percent=50.0, cpu_count=4, memory_used=2**30, memory_total=2**32)
+    series = TelemetrySeries()
+    series.add(Snapshot(1.0, (), (RankUsage(1, 11, "cpu", None, None, 120.0, 2**28),), host, "no driver"))
+    assert list(series.sparks()) == [MACHINE, DeviceKey.rank(1)]
+    assert [key.kind for key in series.peaks()] == [DeviceKind.MACHINE, DeviceKind.RANK]
+    assert [str(key) for key in series.timelines()] == ["CPU (machine)", "rank 1"]

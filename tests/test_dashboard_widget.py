@@ -39,7 +39,7 @@ def cpu_snapshot() -> Snapshot:
 def run_model(snap: Snapshot) -> RunModel:
     model = RunModel()
     model.set_info(RunInfo("r/1", 2, "nccl", "cuda", (0,), (RankInfo(0, 101, "cuda:0", 0), RankInfo(1, 102, "cuda:0", 0)), False))
-    model.telemetry.set_ranks(())  # these pids are made up: keep the model's own sampler off them
+    model.telemetry_source.set_ranks(())  # these pids are made up: keep the model's own sampler off them
     model.add_metrics(0, [(0, 100.0, {"total_steps": 1000})])
     for batch in range(10):  # as the ranks send them: a batch every half second, 20 steps per second
         for r in (0, 1):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 
-import pytest
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook
 

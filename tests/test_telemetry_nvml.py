@@ -27,7 +27,6 @@ def fake_nvml(monkeypatch):
         module = make_module(gpus)
         monkeypatch.setitem(sys.modules, "pynvml", module)
         monkeypatch.setattr(nvml, "_state", {"module": None, "error": None, "tried": False})
-        monkeypatch.setattr(telemetry, "_reader", None)
         monkeypatch.setattr(telemetry, "_default", None)
         return module
 
@@ -79,6 +78,16 @@ def test_gpu_fields_and_cached_slow_fields(fake_nvml):
         assert module.calls[slow] == 2, slow
     assert module.calls["nvmlDeviceGetUtilizationRates"] == 6
     assert module.calls["nvmlInit"] == 1
+
+
+def test_the_launcher_and_the_telemetry_share_one_enumeration(fake_nvml):
+    module = fake_nvml([FakeGpu(), FakeGpu(name="NVIDIA A100-SXM4-40GB")])
+    assert [g.index for g in nvml.visible_gpus({"CUDA_VISIBLE_DEVICES": "1"})] == [1]  # what the launcher asks
+    snap = Telemetry().snapshot()
+    assert [g.name for g in snap.gpus] == ["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB"]
+    assert [g.name for g in nvml.all_gpus()] == [g.name for g in snap.gpus]
+    for once in ("nvmlDeviceGetCount", "nvmlDeviceGetName", "nvmlDeviceGetUUID"):
+        assert module.calls[once] == (1 if once == "nvmlDeviceGetCount" else 2), once
 
 
 def test_rank_memory_is_its_process_tree(fake_nvml, process_tree):
@@ -150,7 +159,6 @@ def test_broken_driver_is_a_reason_not_an_exception(monkeypatch):
     broken.nvmlInit = nvmlInit
     monkeypatch.setitem(sys.modules, "pynvml", broken)
     monkeypatch.setattr(nvml, "_state", {"module": None, "error": None, "tried": False})
-    monkeypatch.setattr(telemetry, "_reader", None)
     snap = Telemetry().snapshot()
     assert snap.gpus == () and "no NVIDIA driver was found" in snap.nvml_error and "Driver Not Loaded" in snap.nvml_error
     assert snap.host.memory_total > 0

@@ -9,25 +9,24 @@ it went, where each series started and ended, and how busy the devices were.
 
 from __future__ import annotations
 
-from . import plotting, text
-from .devices_view import RANK_COLORS
+from . import plotting, text, theme
 from .loss_plot import DEFAULT_SMOOTHING
 from .metric_store import MetricStore
-from .run_view import Progress
-from .telemetry_history import TelemetryHistory
+from .progress import Progress
+from .telemetry_series import DeviceKind, TelemetrySeries
 from ..words import count
 
 WIDTH_IN, ROW_HEIGHT_IN, DPI = 10.0, 2.6, 90
 
 
-def final_png(store: MetricStore, telemetry: TelemetryHistory, title: str, smoothing: float = DEFAULT_SMOOTHING) -> bytes:
+def final_png(store: MetricStore, telemetry: TelemetrySeries, title: str, smoothing: float = DEFAULT_SMOOTHING) -> bytes:
     series = store.snapshot_series()
     timelines = telemetry.timelines()
     panels = min(len(plotting.group_names(series)), plotting.MAX_PANELS)
     rows = plotting._layout(panels)[0] if panels else 0
     height = ROW_HEIGHT_IN * (rows + (1 if timelines else 0)) + 0.5
     fig = plotting.new_figure(WIDTH_IN, max(height, 2.0), DPI)
-    fig.suptitle(title, fontsize=11)
+    fig.suptitle(title, fontsize=theme.SUPTITLE_SIZE)
     if panels and timelines:
         top, bottom = fig.subfigures(2, 1, height_ratios=[rows, 1])
     else:
@@ -36,9 +35,9 @@ def final_png(store: MetricStore, telemetry: TelemetryHistory, title: str, smoot
         plotting.draw_series(top, series, smoothing)
     if bottom is not None and timelines:
         ax_busy, ax_memory = bottom.subplots(1, 2)
-        colors = {label: RANK_COLORS[i % len(RANK_COLORS)] for i, label in enumerate(timelines)}
+        colors = {key: theme.device_color(i) for i, key in enumerate(timelines)}
         plotting.draw_timelines(ax_busy, ax_memory, timelines, colors)
-        if not any(label.startswith("GPU") for label in timelines):
+        if not any(key.kind is DeviceKind.GPU for key in timelines):
             ax_busy.set_title("CPU % (machine: all cores; ranks: of one core)", fontsize=10)
             ax_memory.set_title("RAM % of the machine", fontsize=10)
     return plotting.png_bytes(fig)
@@ -56,7 +55,7 @@ def _series_sentence(store: MetricStore, name: str) -> str | None:
     return sentence
 
 
-def summary_paragraph(store: MetricStore, telemetry: TelemetryHistory, status: str, detail: str,
+def summary_paragraph(store: MetricStore, telemetry: TelemetrySeries, status: str, detail: str,
                       nprocs: int, where: str, p: Progress) -> str:
     """The run in one paragraph of plain sentences."""
     ended = {"ok": "finished", "failed": "failed", "interrupted": "was interrupted"}.get(status, status)
@@ -71,12 +70,12 @@ def summary_paragraph(store: MetricStore, telemetry: TelemetryHistory, status: s
     for name, step in store.nonfinite().items():
         parts.append(f"{name} became NaN or infinite at step {step}.")
     loads = []
-    for label, (busy, memory) in telemetry.peaks().items():
-        if label.startswith("rank"):  # CPU path: a rank's CPU is per core, its memory a share of the RAM
+    for key, (busy, memory) in telemetry.peaks().items():
+        if key.kind is DeviceKind.RANK:  # CPU path: a rank's CPU is per core, its memory a share of the RAM
             cpu = "" if busy is None else f"{text.percent(busy)} of a core on average, "  # None: too short to measure
-            loads.append(f"{label} used {cpu}at most {text.percent(memory)} of the RAM")
+            loads.append(f"{key.label} used {cpu}at most {text.percent(memory)} of the RAM")
         else:
-            loads.append(f"{label} {text.percent(busy)} busy on average, memory peak {text.percent(memory)}")
+            loads.append(f"{key.label} {text.percent(busy)} busy on average, memory peak {text.percent(memory)}")
     if loads:
         parts.append("Devices: " + "; ".join(loads) + ".")
     snap = telemetry.latest

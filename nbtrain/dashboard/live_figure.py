@@ -12,7 +12,7 @@ draws the min–max bands of downsampled buckets.
 
 from __future__ import annotations
 
-from . import plotting
+from . import plotting, theme
 from .series import smooth
 
 
@@ -38,7 +38,6 @@ class LiveFigure:
         self.figure = None
         self._layout_key = None
         self._lines: dict[str, tuple] = {}  # name -> (axes, raw line, smoothed line)
-        self.rebuilds = 0
         self.frames = 0
 
     def _key(self, groups, series) -> tuple:
@@ -56,18 +55,17 @@ class LiveFigure:
             if self.log:
                 ax.set_yscale("log" if positive else "symlog")
             for j, name in enumerate(names):
-                raw, = ax.plot([], [], color=f"C{j}", alpha=0.3, linewidth=0.8)
-                smoothed, = ax.plot([], [], color=f"C{j}", linewidth=1.5, label=name, markersize=3)
+                color = theme.series_color(j)
+                raw, = ax.plot([], [], color=color, alpha=theme.RAW_ALPHA, linewidth=theme.RAW_WIDTH)
+                smoothed, = ax.plot([], [], color=color, linewidth=theme.CURVE_WIDTH, label=name,
+                                    markersize=theme.MARKER_SIZE)
                 self._lines[name] = (ax, raw, smoothed)
-            ax.set_title(panel, fontsize=10)
-            ax.tick_params(labelsize=8)
-            ax.grid(alpha=0.3)
+            theme.style_axes(ax, panel)
             if len(names) > 1:
-                ax.legend(fontsize=8, loc="upper right")
+                ax.legend(fontsize=theme.LEGEND_SIZE, loc="upper right")
             if i >= len(groups) - cols:
-                ax.set_xlabel("step", fontsize=8)
+                ax.set_xlabel("step", fontsize=theme.LABEL_SIZE)
         self._layout_key = key
-        self.rebuilds += 1
         self.frames = 0
 
     def render(self, series: dict, smoothing: float) -> bytes:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 import time
 
+from . import theme
 from .live_figure import LiveFigure
 from .metric_store import MetricStore
 
@@ -56,7 +57,7 @@ class LossPlot:
         self.images = W.Stack([self.linear, self.log], selected_index=0)
         self.link = W.jslink((self.scale, "index"), (self.images, "selected_index"))
         # Until something is logged: a line of text, not a drawn figure (drawing costs CPU and delays the curves).
-        self.hint = W.HTML("<span style='color:#777'>nothing logged yet: call nbtrain.log(loss=...) in the cell</span>")
+        self.hint = W.HTML(f"<span style='{theme.HINT_STYLE}'>nothing logged yet: call nbtrain.log(loss=...) in the cell</span>")
         self.widget = W.VBox([self.scale, self.hint, self.images])
         self.drawn_version = -1
         self.frames = 0
@@ -64,6 +65,10 @@ class LossPlot:
         self.last_cost = 0.0
         self.first_at = 0.0
         self._next_at = 0.0
+
+    def update(self, model) -> None:
+        """The panels' common entry (the store is the one given at construction, ``model.store``)."""
+        self.refresh()
 
     def refresh(self, force: bool = False) -> bool:
         """Draw if something changed and the budget allows (or ``force``); returns whether it drew."""

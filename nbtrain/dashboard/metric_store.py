@@ -47,7 +47,6 @@ class MetricStore:
         self._progress: dict[int, _RankProgress] = {}
         self.total_steps: int | None = None
         self.version = 0  # bumped on every change: the views redraw only when it moved
-        self.records_seen = 0
 
     def add(self, rank: int, records) -> None:
         with self._lock:
@@ -70,7 +69,6 @@ class MetricStore:
                 marks.append(mark)
                 while marks and mark[0] - marks[0][0] > RATE_WINDOW_S:
                     marks.popleft()
-            self.records_seen += len(records)
             self.version += 1
 
     @property
@@ -95,18 +93,20 @@ class MetricStore:
                 out[name] = (*series.arrays(), series.width)
             return out
 
+    def _progress_marks(self, rank: int) -> deque | None:
+        """The (time, step) marks of ``rank``'s progress series; the caller holds the lock."""
+        progress = self._progress.get(rank)
+        name = progress.main_name() if progress else None
+        return progress.marks.get(name) if name else None
+
     def rank_step(self, rank: int) -> int | None:
         with self._lock:
-            progress = self._progress.get(rank)
-            name = progress.main_name() if progress else None
-            marks = progress.marks.get(name) if name else None
+            marks = self._progress_marks(rank)
             return marks[-1][1] if marks else None
 
     def steps_per_second(self, rank: int) -> float | None:
         with self._lock:
-            progress = self._progress.get(rank)
-            name = progress.main_name() if progress else None
-            marks = progress.marks.get(name) if name else None
+            marks = self._progress_marks(rank)
             if not marks or len(marks) < 2:
                 return None
             (t0, s0), (t1, s1) = marks[0], marks[-1]

@@ -2,8 +2,8 @@
 
 Fed from two sides — the run's observer callbacks on the kernel's main thread (ranks, logged values,
 the end) and the telemetry sampler's thread (snapshots) — and read by whichever front end draws it
-(the widget, the terminal status line, the final figure). Each part carries its own lock; the methods
-called from the run loop only append.
+(the widget, the terminal status line, the final figure, the ``%gpus`` monitor). Each part carries
+its own lock; the methods called from the run loop only append. Data only: nothing here imports a view.
 """
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ import time
 from ..gpu.telemetry import Snapshot, Telemetry
 from ..launch.observer import RankInfo, RunInfo
 from .metric_store import MetricStore
-from .run_view import Progress, progress
+from .progress import Progress, progress
 from .series import DEFAULT_CAPACITY
-from .telemetry_history import TelemetryHistory
+from .telemetry_series import TelemetrySeries
 
 
 class RunModel:
-    def __init__(self, capacity: int = DEFAULT_CAPACITY, telemetry: Telemetry | None = None) -> None:
-        self.store = MetricStore(capacity)
-        self.history = TelemetryHistory()
-        self.telemetry = telemetry or Telemetry()
+    def __init__(self, capacity: int = DEFAULT_CAPACITY, telemetry_source: Telemetry | None = None) -> None:
+        self.store = MetricStore(capacity)  # what the ranks logged (the notebook's ``history`` has it all)
+        self.telemetry = TelemetrySeries()  # the devices' samples over time
+        self.telemetry_source = telemetry_source or Telemetry()  # what the sampler thread reads them from
         self.info: RunInfo | None = None
         self.ranks: tuple[RankInfo, ...] = ()
         self.started = time.monotonic()
@@ -33,13 +33,13 @@ class RunModel:
     def set_info(self, info: RunInfo) -> None:
         self.info = info
         self.ranks = tuple(info.ranks)
-        self.telemetry.set_ranks(info.ranks)
+        self.telemetry_source.set_ranks(info.ranks)
 
     def add_metrics(self, rank: int, records) -> None:
         self.store.add(rank, records)
 
     def add_sample(self, snap: Snapshot) -> None:
-        self.history.add(snap)
+        self.telemetry.add(snap)
 
     def finish(self, status: str, detail: str) -> None:
         self.ended = time.monotonic()

@@ -20,9 +20,9 @@ import time
 import psutil
 
 from ..gpu.telemetry import Snapshot, Telemetry
-from . import text
+from . import text, theme
 from .devices_view import DevicePanel, devices_html
-from .telemetry_history import TelemetryHistory
+from .model import RunModel
 from .threads import DEFAULT_INTERVAL_S, Sampler, Ticker, check_interval
 from ..words import count
 
@@ -95,15 +95,14 @@ class GpuMonitor:
             raise ValueError(f"the monitor's duration is 0 (until stopped) or a number of seconds (got {duration:g})")
         self.interval = check_interval(interval)
         self.duration = duration
-        self.history = TelemetryHistory()
+        self.model = RunModel(telemetry_source=Telemetry())  # the machine's samples; no run, no ranks
         self.panel = DevicePanel()
         self.status = W.HTML()
         self.stop_button = W.Button(description="Stop", layout=W.Layout(width="70px"))
         self.stop_button.on_click(lambda _: self.stop())
         self.widget = W.VBox([W.HBox([self.stop_button, self.status]), self.panel.widget])
-        self.sampler = Sampler(Telemetry(), self.history.add, self.interval)
+        self.sampler = Sampler(self.model.telemetry_source, self.model.add_sample, self.interval)
         self.ticker = Ticker(self._tick, 0.25, "nbtrain-gpus")
-        self._seen = -1
         self.started = time.monotonic()
         self.stopped = False
         self.handle = None  # the display handle, when shown with a display_id (see show())
@@ -128,19 +127,17 @@ class GpuMonitor:
 
     def _set_status(self) -> None:
         if self.stopped:
-            self.status.value = "<span style='font:12px sans-serif;color:#777'>stopped</span>"
+            self.status.value = f"<span style='{theme.STATUS_STYLE}'>stopped</span>"
             return
         until = "until stopped" if not self.duration else f"for {text.duration(self.duration)}"
-        self.status.value = (f"<span style='font:12px sans-serif;color:#777'>live · a sample every "
+        self.status.value = (f"<span style='{theme.STATUS_STYLE}'>live · a sample every "
                              f"{self.interval:g} s · {until}</span>")
 
     def _tick(self) -> None:
         if self.duration and time.monotonic() - self.started > self.duration:
             self.stop(join=False)
             return
-        if self.history.version != self._seen:
-            self._seen = self.history.version
-            self.panel.update(self.history.latest, self.history.sparks())
+        self.panel.update(self.model)
 
     def stop(self, join: bool = True) -> None:
         if self.stopped:
@@ -156,7 +153,8 @@ class GpuMonitor:
         if self.handle is not None:  # leave a table in the saved notebook, then free the widgets' comms
             from .widget import close_tree
 
-            self.handle.update(StaticDevices(self.history.latest, self.history.sparks()))
+            telemetry = self.model.telemetry
+            self.handle.update(StaticDevices(telemetry.latest, telemetry.sparks()))
             close_tree(self.widget)
 
 

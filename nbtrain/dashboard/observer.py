@@ -41,7 +41,7 @@ class DashboardObserver(RunObserver):
         if self.front is None:
             self.front = self._make_front(self.model)
             self.front.show()
-            self.sampler = Sampler(self.model.telemetry, self.model.add_sample, self.interval).start()
+            self.sampler = Sampler(self.model.telemetry_source, self.model.add_sample, self.interval).start()
             self.ticker = Ticker(self.front.tick, TICK_S, "nbtrain-dashboard").start()
 
     def ranks_ready(self, info: RunInfo) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import math
 
+from . import theme
 from .series import smooth
 
 VALIDATION_WORDS = ("val", "valid", "validation", "eval", "test")
@@ -58,7 +59,7 @@ def draw_series(fig, series: dict, smoothing: float) -> list:
     if not groups:
         ax = fig.add_subplot(1, 1, 1)
         ax.text(0.5, 0.5, "nothing logged yet: call nbtrain.log(loss=...) in the cell",
-                ha="center", va="center", transform=ax.transAxes, color="#777")
+                ha="center", va="center", transform=ax.transAxes, color=theme.MUTED)
         ax.set_axis_off()
         return []
     shown = groups[:MAX_PANELS]
@@ -69,38 +70,26 @@ def draw_series(fig, series: dict, smoothing: float) -> list:
         ax = fig.add_subplot(rows, cols, i + 1)
         for j, name in enumerate(names):
             steps, means, mins, maxs, width = series[name]
-            color = f"C{j}"
+            color = theme.series_color(j)
             if width > 1:
-                ax.fill_between(steps, mins, maxs, color=color, alpha=0.12, linewidth=0)
+                ax.fill_between(steps, mins, maxs, color=color, alpha=theme.BAND_ALPHA, linewidth=0)
             # Smooth dense series only: a curve logged every epoch would lag far behind its own points.
             dense = len(means) > 10 and len(means) >= max_points / 4
             curve = smooth(means, smoothing) if smoothing > 0 and dense else means
             if curve is not means:
-                ax.plot(steps, means, color=color, alpha=0.3, linewidth=0.8)
-            ax.plot(steps, curve, color=color, linewidth=1.5, label=name,
-                    marker="o" if len(steps) < 15 else None, markersize=3)
-        ax.set_title(key, fontsize=10)
-        ax.tick_params(labelsize=8)
-        ax.grid(alpha=0.3)
+                ax.plot(steps, means, color=color, alpha=theme.RAW_ALPHA, linewidth=theme.RAW_WIDTH)
+            ax.plot(steps, curve, color=color, linewidth=theme.CURVE_WIDTH, label=name,
+                    marker="o" if len(steps) < 15 else None, markersize=theme.MARKER_SIZE)
+        theme.style_axes(ax, key)
         if len(names) > 1:
-            ax.legend(fontsize=8, loc="best")
+            ax.legend(fontsize=theme.LEGEND_SIZE, loc="best")
         axes.append(ax)
     if len(groups) > MAX_PANELS:
         more = ", ".join(key for key, _ in groups[MAX_PANELS:])
-        fig.text(0.01, 0.005, f"not drawn (see history): {more}", fontsize=7, color="#777")
+        fig.text(0.01, 0.005, f"not drawn (see history): {more}", fontsize=theme.FOOTNOTE_SIZE, color=theme.MUTED)
     for ax in axes[-cols:]:
-        ax.set_xlabel("step", fontsize=8)
+        ax.set_xlabel("step", fontsize=theme.LABEL_SIZE)
     return axes
-
-
-def set_log_scale(axes, log: bool) -> None:
-    """Log y on panels whose values are all positive; symmetric log (linear near 0) on the others."""
-    for ax in axes:
-        if not log:
-            ax.set_yscale("linear")
-            continue
-        lows = [min(line.get_ydata(), default=1.0) for line in ax.get_lines()]
-        ax.set_yscale("log" if all(low > 0 for low in lows) else "symlog")
 
 
 def new_figure(width: float, height: float, dpi: int = 80):
@@ -120,15 +109,15 @@ def png_bytes(fig) -> bytes:
 
 def draw_timelines(ax_busy, ax_memory, timelines: dict, colors: dict) -> None:
     """Utilisation and memory of each device over the run (the final figure's bottom row)."""
-    for label, ((t_busy, busy), (t_mem, memory)) in timelines.items():
-        color = colors.get(label)
-        ax_busy.plot(t_busy, busy, label=label, linewidth=1, color=color)
-        ax_memory.plot(t_mem, memory, label=label, linewidth=1, color=color)
+    for key, ((t_busy, busy), (t_mem, memory)) in timelines.items():
+        color = colors.get(key)
+        ax_busy.plot(t_busy, busy, label=str(key), linewidth=theme.TIMELINE_WIDTH, color=color)
+        ax_memory.plot(t_mem, memory, label=str(key), linewidth=theme.TIMELINE_WIDTH, color=color)
     for ax, title in ((ax_busy, "utilisation %"), (ax_memory, "memory %")):
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("seconds", fontsize=8)
-        ax.tick_params(labelsize=8)
-        ax.grid(alpha=0.3)
+        ax.set_title(title, fontsize=theme.TITLE_SIZE)
+        ax.set_xlabel("seconds", fontsize=theme.LABEL_SIZE)
+        ax.tick_params(labelsize=theme.TICK_SIZE)
+        ax.grid(alpha=theme.GRID_ALPHA)
         ax.set_ylim(bottom=0)
     if timelines:
-        ax_busy.legend(fontsize=7, loc="best")
+        ax_busy.legend(fontsize=theme.SMALL_LEGEND_SIZE, loc="best")

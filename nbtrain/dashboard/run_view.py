@@ -7,47 +7,19 @@ left at that speed; and the run's state once it ended.
 Rank table: per rank its pid, device, memory (GPU memory of its process tree when NVML can tell,
 otherwise resident RAM), CPU % (100 = one core), its step and steps per second.
 
-:func:`progress` computes the numbers (tested directly); :func:`run_html` draws them; :class:`RunPanel`
-is one ``ipywidgets.HTML``.
+:func:`~nbtrain.dashboard.progress.progress` computes the numbers (tested directly); :func:`run_html`
+draws them; :class:`RunPanel` is one ``ipywidgets.HTML``.
 """
 
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass
 
 from ..gpu.telemetry import Snapshot
-from . import text
-from .devices_view import STYLE, rank_color
+from . import text, theme
 from .metric_store import MetricStore
-
-
-@dataclass(frozen=True)
-class Progress:
-    elapsed: float
-    step: int | None  # steps done by the leading rank (its latest logged step + 1)
-    total: int | None
-    steps_per_second: float | None
-    eta: float | None  # seconds left at the current speed
-
-    @property
-    def fraction(self) -> float | None:
-        if self.step is None or not self.total:
-            return None
-        return min(self.step / self.total, 1.0)
-
-
-def progress(store: MetricStore, elapsed: float) -> Progress:
-    ranks = store.ranks
-    lead = 0 if 0 in ranks else (ranks[0] if ranks else None)
-    last = store.rank_step(lead) if lead is not None else None
-    step = None if last is None else last + 1
-    speed = store.steps_per_second(lead) if lead is not None else None
-    total = store.total_steps
-    eta = None
-    if total and step is not None and speed and speed > 0:
-        eta = max(total - step, 0) / speed
-    return Progress(elapsed, step, total, speed, eta)
+from .model import RunModel
+from .progress import Progress, progress
 
 
 def progress_text(p: Progress, status: str | None = None) -> str:
@@ -78,7 +50,7 @@ def run_html(store: MetricStore, snap: Snapshot | None, rank_infos, elapsed: flo
     bar = ""
     if p.fraction is not None:
         bar = (f'<span class="nbt-bar"><div class="nbt-seg" style="width:{100 * p.fraction:.1f}%;'
-               f'background:#1f77b4"></div></span>')
+               f'background:{theme.ACCENT}"></div></span>')
     usages = {u.rank: u for u in (snap.ranks if snap else ())}
     rows = []
     for info in rank_infos:
@@ -86,23 +58,30 @@ def run_html(store: MetricStore, snap: Snapshot | None, rank_infos, elapsed: flo
         device = info.device or "starting"
         if info.gpu_index is not None:
             device += f" (GPU {info.gpu_index})"
-        cells = [f'<span style="color:{rank_color(info.rank)}">■</span> {info.rank}', str(info.pid), html.escape(device),
+        cells = [f'{theme.swatch(info.rank)} {info.rank}', str(info.pid), html.escape(device),
                  _memory(u), text.percent(u.cpu_percent if u else None),
                  text.NA if store.rank_step(info.rank) is None else str(store.rank_step(info.rank) + 1),
                  text.rate(store.steps_per_second(info.rank))]
-        rows.append("<tr>" + "".join(f'<td style="padding:0 8px">{c}</td>' for c in cells) + "</tr>")
-    head = "".join(f'<th style="padding:0 8px;text-align:left">{h}</th>'
+        rows.append("<tr>" + "".join(f'<td style="{theme.CELL_STYLE}">{c}</td>' for c in cells) + "</tr>")
+    head = "".join(f'<th style="{theme.HEAD_STYLE}">{h}</th>'
                    for h in ("rank", "pid", "device", "memory", "CPU", "step", "steps/s"))
-    table = f'<table style="font:12px monospace;border-collapse:collapse"><tr>{head}</tr>{"".join(rows)}</table>'
-    return f'{STYLE}<div class="nbt-row"><b>nbtrain</b> · {html.escape(progress_text(p, status))}{bar}</div>{table}'
+    table = f'<table style="{theme.TABLE_STYLE}"><tr>{head}</tr>{"".join(rows)}</table>'
+    return f'{theme.STYLE}<div class="nbt-row"><b>nbtrain</b> · {html.escape(progress_text(p, status))}{bar}</div>{table}'
 
 
 class RunPanel:
+    """The run panel as an ``ipywidgets.HTML``; :meth:`update` redraws when a sample arrived, the shown
+    second moved or the run ended (logged values alone wait for the next second)."""
+
     def __init__(self) -> None:
         import ipywidgets as W
 
-        self.widget = W.HTML(f'{STYLE}<div class="nbt-row"><b>nbtrain</b> · starting the ranks…</div>')
+        self.widget = W.HTML(f'{theme.STYLE}<div class="nbt-row"><b>nbtrain</b> · starting the ranks…</div>')
+        self._shown: tuple | None = None
 
-    def update(self, store: MetricStore, snap: Snapshot | None, rank_infos, elapsed: float,
-               status: str | None = None) -> None:
-        self.widget.value = run_html(store, snap, rank_infos, elapsed, status)
+    def update(self, model: RunModel) -> None:
+        elapsed, status = model.elapsed(), model.status_text()
+        shown = (model.telemetry.version, int(elapsed), status)
+        if shown != self._shown:
+            self._shown = shown
+            self.widget.value = run_html(model.store, model.telemetry.latest, model.ranks, elapsed, status)

@@ -26,7 +26,7 @@ def status_line(model: RunModel) -> str:
         series = model.store.series(name)
         if series is not None and series.last_value is not None:
             parts.append(f"{name} {text.number(series.last_value)}")
-    snap = model.history.latest
+    snap = model.telemetry.latest
     if snap is not None and snap.gpus:
         parts += [f"GPU {g.index} {text.percent(g.utilization)} {text.size(g.memory_used)}/{text.size(g.memory_total)}"
                   for g in snap.gpus]
@@ -62,5 +62,5 @@ class TextStatus:
 
     def finish(self) -> None:
         model = self.model
-        self._write("nbtrain ▸ " + summary_paragraph(model.store, model.history, model.status or "ok", model.detail,
+        self._write("nbtrain ▸ " + summary_paragraph(model.store, model.telemetry, model.status or "ok", model.detail,
                                                      len(model.ranks), model.where, model.progress()))

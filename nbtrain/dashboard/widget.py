@@ -5,10 +5,11 @@ Layout, top to bottom: the run panel (progress line and rank table,
 :mod:`~nbtrain.dashboard.devices_view`) and the plot of logged series
 (:mod:`~nbtrain.dashboard.loss_plot`).
 
-Updating: :meth:`RunDashboard.tick` runs on the dashboard's ticker thread four times a second. It
-changes a widget only when its content changed — the panels when a new telemetry sample arrived (or the
-elapsed second moved), the plot when new values arrived and its CPU budget allows — and each change is
-one comm message with just the new value. Nothing is cleared and redrawn, so nothing flickers.
+Updating: :meth:`RunDashboard.tick` runs on the dashboard's ticker thread four times a second and calls
+``update(model)`` on each panel in turn. A panel changes its widget only when what it shows changed —
+the run panel when a new telemetry sample arrived (or the elapsed second moved), the device panel when a
+sample arrived, the plot when new values arrived and its CPU budget allows — and each change is one comm
+message with just the new value. Nothing is cleared and redrawn, so nothing flickers.
 
 At the end, :meth:`RunDashboard.finish` replaces the widget's output, in place (``update_display``),
 with the static figure of :mod:`~nbtrain.dashboard.final`, and adds the text summary below it: a saved
@@ -53,10 +54,9 @@ class RunDashboard:
         self.run_panel = RunPanel()
         self.devices = DevicePanel()
         self.plot = LossPlot(model.store, smoothing)
-        self.widget = W.VBox([self.run_panel.widget, self.devices.widget, self.plot.widget])
+        self.panels = (self.run_panel, self.devices, self.plot)  # each: .widget and .update(model)
+        self.widget = W.VBox([panel.widget for panel in self.panels])
         self.handle = None
-        self._seen = (-1, -1)
-        self._seen_telemetry = -1
 
     def show(self) -> None:
         from IPython.display import display
@@ -64,26 +64,18 @@ class RunDashboard:
         self.handle = display(self.widget, display_id=True)
 
     def tick(self) -> None:
-        model = self.model
-        seen = (model.history.version, int(model.elapsed()))
-        if seen != self._seen:
-            self._seen = seen
-            snap = model.history.latest
-            self.run_panel.update(model.store, snap, model.ranks, model.elapsed(), model.status_text())
-            if seen[0] != self._seen_telemetry:
-                self.devices.update(snap, model.history.sparks())
-                self._seen_telemetry = seen[0]
-        self.plot.refresh()
+        for panel in self.panels:
+            panel.update(self.model)
 
     def finish(self) -> None:
         """Draw the last state, then leave a PNG and a paragraph in the cell's output."""
         model = self.model
-        self.run_panel.update(model.store, model.history.latest, model.ranks, model.elapsed(), model.status_text())
+        self.run_panel.update(model)  # the run's end is news to it: it shows how it ended
         progress = model.progress()
-        paragraph = summary_paragraph(model.store, model.history, model.status or "ok", model.detail,
+        paragraph = summary_paragraph(model.store, model.telemetry, model.status or "ok", model.detail,
                                       len(model.ranks), model.where, progress)
         title = f"nbtrain · {count('rank', len(model.ranks))} · {model.where} · {model.status_text() or ''}"
-        figure = FinalFigure(final_png(model.store, model.history, title, self.plot.smoothing), paragraph)
+        figure = FinalFigure(final_png(model.store, model.telemetry, title, self.plot.smoothing), paragraph)
         from IPython.display import display
 
         if self.handle is not None:

@@ -2,8 +2,9 @@
 
 :class:`DeviceReader` is the NVML half of :mod:`nbtrain.gpu.telemetry`. Each :meth:`DeviceReader.read`
 asks the driver for what changes (utilisation, used memory, temperature, power draw, processes); the
-name, UUID, total memory, power limit and MIG mode are read the first time and cached, because some
-of those calls take milliseconds and none of them change while a kernel lives.
+name, UUID, total memory, power limit and MIG mode come from the one enumeration of the GPUs,
+:func:`nbtrain.gpu.nvml.all_gpus`, done once per process because some of those calls take
+milliseconds and none of them change while a kernel lives.
 
 Everything goes through :func:`nbtrain.gpu.nvml.query` with ``quiet=True``: a field the driver cannot
 report (MIG instances have no utilisation counter; some boards have no power sensor) is ``None`` and the
@@ -12,7 +13,6 @@ telemetry says so in its notes, rather than a warning every second.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 from . import nvml
@@ -62,30 +62,9 @@ class GpuStatus:
         return self.memory_used / self.memory_total
 
 
-@dataclass
-class _Fixed:
-    handle: object
-    name: str
-    uuid: str
-    memory_total: int | None
-    power_limit: float | None
-    mig: bool
-
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _watts(milliwatts) -> float | None:
-    return None if milliwatts is None else milliwatts / 1000.0
-
-
 class DeviceReader:
-    """Reads all GPUs; thread-safe; NVML is initialised on the first :meth:`read`, never before."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._fixed: list[_Fixed] | None = None
+    """Reads all GPUs' changing fields; thread-safe, holds nothing: NVML is initialised and the GPUs
+    enumerated on the first :meth:`read` (by :func:`nbtrain.gpu.nvml.all_gpus`), never before."""
 
     def available(self) -> bool:
         return nvml.library() is not None
@@ -94,48 +73,25 @@ class DeviceReader:
         lib = nvml.library()
         if lib is None:
             return []
-        with self._lock:
-            if self._fixed is None:
-                self._fixed = self._read_fixed(lib)
-            fixed = list(self._fixed)
-        return [self._read_one(lib, index, f) for index, f in enumerate(fixed) if f is not None]
+        return [self._read_one(lib, gpu) for gpu in nvml.all_gpus()]
 
-    def _read_fixed(self, lib) -> list[_Fixed]:
-        devices = []
-        for index in range(nvml.query(lib.nvmlDeviceGetCount, default=0, quiet=True)):
-            handle = nvml.query(lib.nvmlDeviceGetHandleByIndex, index, quiet=True)
-            if handle is None:
-                devices.append(None)
-                continue
-            memory = nvml.query(lib.nvmlDeviceGetMemoryInfo, handle, quiet=True)
-            mig = nvml.query(lib.nvmlDeviceGetMigMode, handle, quiet=True)  # (current, pending) or None
-            devices.append(_Fixed(
-                handle=handle,
-                name=_text(nvml.query(lib.nvmlDeviceGetName, handle, default="GPU", quiet=True)),
-                uuid=_text(nvml.query(lib.nvmlDeviceGetUUID, handle, default="", quiet=True)),
-                memory_total=getattr(memory, "total", None),
-                power_limit=_watts(nvml.query(lib.nvmlDeviceGetEnforcedPowerLimit, handle, quiet=True)),
-                mig=bool(mig and mig[0] == getattr(lib, "NVML_DEVICE_MIG_ENABLE", 1)),
-            ))
-        return devices
-
-    def _read_one(self, lib, index: int, fixed: _Fixed) -> GpuStatus:
-        handle = fixed.handle
+    def _read_one(self, lib, gpu: nvml.GpuInfo) -> GpuStatus:
+        handle = gpu.handle
         rates = nvml.query(lib.nvmlDeviceGetUtilizationRates, handle, quiet=True)
         memory = nvml.query(lib.nvmlDeviceGetMemoryInfo, handle, quiet=True)
         sensor = getattr(lib, "NVML_TEMPERATURE_GPU", 0)
         return GpuStatus(
-            index=index,
-            name=fixed.name,
-            uuid=fixed.uuid,
+            index=gpu.index,
+            name=gpu.name,
+            uuid=gpu.uuid,
             utilization=getattr(rates, "gpu", None),
             memory_used=getattr(memory, "used", None),
-            memory_total=fixed.memory_total if fixed.memory_total is not None else getattr(memory, "total", None),
+            memory_total=gpu.memory_total if gpu.memory_total is not None else getattr(memory, "total", None),
             temperature=nvml.query(lib.nvmlDeviceGetTemperature, handle, sensor, quiet=True),
-            power=_watts(nvml.query(lib.nvmlDeviceGetPowerUsage, handle, quiet=True)),
-            power_limit=fixed.power_limit,
+            power=nvml.watts(nvml.query(lib.nvmlDeviceGetPowerUsage, handle, quiet=True)),
+            power_limit=gpu.power_limit,
             processes=self._processes(lib, handle),
-            mig=fixed.mig,
+            mig=gpu.mig,
         )
 
     @staticmethod

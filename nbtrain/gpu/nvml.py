@@ -5,6 +5,9 @@ notebook kernel, which is what later breaks forked workers ("Cannot re-initializ
 subprocess") and holds memory on GPU 0. NVML reads the same facts from the driver without a CUDA context.
 
 * Initialised lazily, on the first query — never at import — and only once per process.
+* The GPUs are enumerated once per process (:func:`all_gpus`), with what never changes about them
+  (name, UUID, total memory, power limit, MIG mode) and their handles: the launcher counts GPUs with
+  it, :mod:`nbtrain.gpu.devices` reads the changing fields through the same handles.
 * Every query degrades instead of raising: no driver, no ``pynvml`` module, a field the GPU does not
   support (MIG, old boards) give ``None``, and the first failure of each kind is explained once through
   :func:`hint`.
@@ -17,10 +20,12 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 _lock = threading.Lock()
+_enumeration_lock = threading.Lock()
+# "gpus", once enumerated, is kept here too: replacing _state (as the tests do) forgets the driver and its GPUs
 _state: dict[str, Any] = {"module": None, "error": None, "tried": False}
 _hints: set[str] = set()
 _hint_sink: list[Callable[[str], None]] = []
@@ -74,29 +79,61 @@ def query(fn: Callable[..., Any], *args, default=None, quiet: bool = False):
 
 @dataclass(frozen=True)
 class GpuInfo:
+    """What never changes about a GPU while the process lives; read once (:func:`all_gpus`)."""
+
     index: int  # NVML (physical) index
     name: str
     uuid: str
     memory_total: int | None  # bytes
+    power_limit: float | None = None  # watts, the enforced limit
+    mig: bool = False  # MIG mode is on
+    handle: Any = field(default=None, compare=False, repr=False)  # NVML's, for the readings that change
 
 
-def _decode(value) -> str:
+def text(value) -> str:
+    """NVML answers strings as ``bytes`` in some versions of the bindings and ``str`` in others."""
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def watts(milliwatts) -> float | None:
+    return None if milliwatts is None else milliwatts / 1000.0
+
+
 def all_gpus() -> list[GpuInfo]:
-    nvml = library()
-    if nvml is None:
+    """Every GPU the driver lists, enumerated once per process; ``[]`` without a usable driver.
+
+    The one enumeration of nbtrain: the launcher counts GPUs with it and the telemetry reads the
+    changing fields through its handles. Names, UUIDs, totals, power limits and MIG modes do not change
+    while a kernel lives, and some of those calls take milliseconds, so they are not asked again.
+    """
+    lib = library()
+    if lib is None:
         return []
+    with _enumeration_lock:
+        gpus = _state.get("gpus")
+        if gpus is None:
+            gpus = _state["gpus"] = tuple(_enumerate(lib))
+    return list(gpus)
+
+
+def _enumerate(lib) -> list[GpuInfo]:
     gpus = []
-    for index in range(query(nvml.nvmlDeviceGetCount, default=0)):
-        handle = query(nvml.nvmlDeviceGetHandleByIndex, index)
+    for index in range(query(lib.nvmlDeviceGetCount, default=0)):
+        handle = query(lib.nvmlDeviceGetHandleByIndex, index)
         if handle is None:
             continue
-        memory = query(nvml.nvmlDeviceGetMemoryInfo, handle)
-        gpus.append(GpuInfo(index, _decode(query(nvml.nvmlDeviceGetName, handle, default="GPU")),
-                            _decode(query(nvml.nvmlDeviceGetUUID, handle, default="")),
-                            getattr(memory, "total", None)))
+        memory = query(lib.nvmlDeviceGetMemoryInfo, handle)
+        # Quiet: boards without a power sensor or MIG support answer "not supported", which is no news.
+        mig = query(lib.nvmlDeviceGetMigMode, handle, quiet=True)  # (current, pending) or None
+        gpus.append(GpuInfo(
+            index=index,
+            name=text(query(lib.nvmlDeviceGetName, handle, default="GPU")),
+            uuid=text(query(lib.nvmlDeviceGetUUID, handle, default="")),
+            memory_total=getattr(memory, "total", None),
+            power_limit=watts(query(lib.nvmlDeviceGetEnforcedPowerLimit, handle, quiet=True)),
+            mig=bool(mig and mig[0] == getattr(lib, "NVML_DEVICE_MIG_ENABLE", 1)),
+            handle=handle,
+        ))
     return gpus
 
 

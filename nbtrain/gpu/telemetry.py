@@ -98,7 +98,7 @@ class Telemetry:
     def __init__(self, ranks: Iterable = (), reader: DeviceReader | None = None) -> None:
         self._lock = threading.Lock()
         self._ranks: tuple[_Rank, ...] = ()
-        self._reader = reader or _shared_reader()
+        self._reader = reader or DeviceReader()
         self._trees = ProcessTrees()
         self.set_ranks(ranks)
 
@@ -172,19 +172,6 @@ def _gpu_notes(gpus) -> list[str]:
 def _no_driver_reason() -> str:
     detail = nvml.unavailable_reason()
     return f"{NO_DRIVER} ({detail})" if detail else NO_DRIVER
-
-
-_reader_lock = threading.Lock()
-_reader: DeviceReader | None = None
-
-
-def _shared_reader() -> DeviceReader:
-    """One reader per process, so the cached slow fields are read once whoever asks."""
-    global _reader
-    with _reader_lock:
-        if _reader is None:
-            _reader = DeviceReader()
-        return _reader
 
 
 _default_lock = threading.Lock()

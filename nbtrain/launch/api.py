@@ -24,6 +24,7 @@ from typing import Callable
 
 from .cell import CellSyntaxError, analyse_cell
 from .config import ConfigError, LaunchRequest, resolve
+from .output import write_to_std_stream
 from .payload import PayloadError, pack_inputs
 from .run import PoolManager, RunResult, names_to_send, run_cell
 from ..words import count
@@ -55,7 +56,7 @@ def run_source(source: str, request: LaunchRequest, namespace: dict, *, manager:
 
     from ..train.restarts import run_with_restarts
 
-    return run_with_restarts(attempt, config.train, write or _write_to_streams, observers)
+    return run_with_restarts(attempt, config.train, write or write_to_std_stream, observers)
 
 
 def _pack_or_explain_stop(namespace: dict, names):
@@ -66,14 +67,6 @@ def _pack_or_explain_stop(namespace: dict, names):
             "KeyboardInterrupt: stopped by the user while the inputs were written to shared memory; "
             "no rank was started and no file was left."]
         raise exc from None
-
-
-def _write_to_streams(stream: str, text: str) -> None:
-    import sys
-
-    target = sys.stdout if stream == "stdout" else sys.stderr
-    target.write(text)
-    target.flush()
 
 
 def format_summary(result: RunResult) -> list[str]:

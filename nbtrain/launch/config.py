@@ -13,7 +13,6 @@ does the right thing. NCCL needs one GPU per rank; gloo may put several ranks on
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 from ..gpu import nvml

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import re
+import sys
 from typing import Callable
 
 from .protocol import DISPLAY_MARK, END_MARK, MARKS
@@ -42,6 +43,13 @@ TAIL_LINES = 20
 HOLD_MAX = 8192  # characters of an unfinished line held before it is written anyway
 LIVE_RANK = 0
 _LINE_BREAKS = re.compile(r"([\r\n])")
+
+
+def write_to_std_stream(stream: str, text: str) -> None:
+    """The default writer of relayed text: the kernel's own ``sys.stdout`` / ``sys.stderr``, flushed at once."""
+    target = sys.stdout if stream == "stdout" else sys.stderr
+    target.write(text)
+    target.flush()
 
 
 class _Stream:

@@ -30,6 +30,7 @@ import tempfile
 import time
 from dataclasses import asdict
 
+from ..pids import pid_alive
 from .observer import RunInfo, RunObserver
 
 WRITE_INTERVAL_S = 1.0
@@ -58,19 +59,9 @@ def read_runs(directory: str | None = None) -> list[dict]:
                 record = json.load(fh)
         except (OSError, ValueError):
             continue
-        if record.get("version") == VERSION and _pid_alive(record.get("kernel_pid")):
+        if record.get("version") == VERSION and pid_alive(record.get("kernel_pid")):
             records.append(record)
     return sorted(records, key=lambda r: r.get("updated", 0), reverse=True)
-
-
-def _pid_alive(pid) -> bool:
-    try:
-        os.kill(int(pid), 0)
-        return True
-    except (ProcessLookupError, TypeError, ValueError):
-        return False
-    except PermissionError:
-        return True
 
 
 def _kernel_identity() -> tuple[str | None, str | None]:

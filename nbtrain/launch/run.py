@@ -42,7 +42,7 @@ from .errors import RankFailedError, RankFailure
 from .history import History
 from .modules import Workdir, fresh_ranks_note, notebook_workdir, stale_modules
 from .observer import RankInfo, RunInfo, RunObserver
-from .output import OutputRelay
+from .output import OutputRelay, write_to_std_stream
 from .payload import Inputs, unpack_results
 from .mismatch import MismatchWatcher
 from .shm import new_result_prefix, sweep_prefix
@@ -142,12 +142,6 @@ class PoolManager:
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
-
-
-def _default_write(stream: str, text: str) -> None:
-    target = sys.stdout if stream == "stdout" else sys.stderr
-    target.write(text)
-    target.flush()
 
 
 class _Run:
@@ -291,7 +285,7 @@ def run_cell(namespace: dict, info: CellInfo, config: LaunchConfig, manager: Poo
     result_prefix = new_result_prefix()
     try:
         return _run_and_bring_back(namespace, info, config, manager, inputs, result_prefix, started,
-                                   write or _default_write, code_name, observers)
+                                   write or write_to_std_stream, code_name, observers)
     finally:  # whatever happened: no input file, and no result file the kernel did not take
         inputs.arena.close()
         sweep_prefix(result_prefix)

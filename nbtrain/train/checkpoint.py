@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from ..pids import pid_alive
 from ..worker import metrics
 from .runtime import TrainContext, current
 
@@ -149,21 +150,11 @@ def _remove_stale_temporaries(path: str) -> None:
     pattern = f"{os.path.join(os.path.dirname(path) or '.', '.' + os.path.basename(path))}.tmp-*"
     for leftover in glob.glob(pattern):
         pid = leftover.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _pid_alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             try:
                 os.unlink(leftover)
             except OSError:
                 pass
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # ------------------------------------------------------------------------------------------ loading

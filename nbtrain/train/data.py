@@ -28,7 +28,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
-from .runtime import TrainContext
+from .runtime import TrainContext, unwrapped
 
 
 class ResumableSampler(DistributedSampler):
@@ -100,14 +100,10 @@ class PreparedLoader(DataLoader):
         self.pass_finished = True
 
     def __reduce__(self):  # brought back to the notebook: the loader prepare() was given
-        return (_unwrapped, (self._original,))
+        return (unwrapped, (self._original,))
 
 
 _END = object()
-
-
-def _unwrapped(obj):
-    return obj
 
 
 def prepare_loader(context: TrainContext, loader: DataLoader) -> PreparedLoader:

@@ -28,7 +28,7 @@ import weakref
 
 import torch
 
-from .runtime import TrainContext
+from .runtime import TrainContext, unwrapped
 
 
 class PreparedOptimizer(torch.optim.Optimizer):
@@ -99,7 +99,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
         return result
 
     def __reduce__(self):  # pickled (brought back to the notebook): the plain optimizer travels
-        return (_unwrapped, (self.optimizer,))
+        return (unwrapped, (self.optimizer,))
 
     def __repr__(self) -> str:
         return f"PreparedOptimizer({self.optimizer!r})"
@@ -141,14 +141,10 @@ class PreparedScheduler:
         return getattr(self.__dict__["scheduler"], name)
 
     def __reduce__(self):
-        return (_unwrapped, (self.scheduler,))
+        return (unwrapped, (self.scheduler,))
 
     def __repr__(self) -> str:
         return f"PreparedScheduler({self.scheduler!r})"
-
-
-def _unwrapped(obj):
-    return obj
 
 
 def prepare_optimizer(context: TrainContext, optimizer) -> PreparedOptimizer:

@@ -83,6 +83,12 @@ class TrainContext:
         self.resume = None
 
 
+def unwrapped(obj):
+    """What a prepared wrapper pickles into (``__reduce__``): the object it wraps, which is what goes back
+    to the notebook — the kernel has no training context to rebuild the wrapper in."""
+    return obj
+
+
 def begin(settings: TrainSettings | None, device, rank: int, world_size: int) -> TrainContext:
     """Open the context of a cell (called by the worker before the cell runs)."""
     global _active

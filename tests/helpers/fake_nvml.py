@@ -58,7 +58,6 @@ def install(monkeypatch, gpus: list[FakeGpu]) -> types.ModuleType:
     module = make_module(gpus)
     monkeypatch.setitem(sys.modules, "pynvml", module)
     monkeypatch.setattr(nvml, "_state", {"module": None, "error": None, "tried": False})
-    monkeypatch.setattr(telemetry, "_reader", None)  # its cached handles belong to the previous driver
     monkeypatch.setattr(telemetry, "_default", None)
     monkeypatch.setattr(server_gpus, "_last", None)
     return module

@@ -1,0 +1,122 @@
+"""The telemetry samples of a run over time, kept short for the live bars and bounded for the final figure.
+
+Each sample (:class:`~nbtrain.gpu.telemetry.Snapshot`) is reduced to a few numbers per *device*: per
+GPU its utilisation % and memory %, or — without GPUs — per rank its CPU % (100 = one core) and the
+machine's CPU % and memory %. A device is named by a :class:`DeviceKey` (GPU *i*, the machine, rank
+*r*), never by parsing its label. For every device two series are kept: the last
+:data:`SPARK_POINTS` samples (the sparkline beside each bar) and a
+:class:`~nbtrain.dashboard.series.BoundedSeries` over the whole run (the final figure's timeline).
+
+(``history`` is the logged metrics' word in nbtrain — the notebook's ``history`` — so this is not one.)
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+from ..gpu.telemetry import Snapshot
+from .series import BoundedSeries
+
+SPARK_POINTS = 60
+TIMELINE_CAPACITY = 600
+
+
+class DeviceKind(enum.Enum):
+    GPU = "gpu"
+    MACHINE = "machine"  # the whole machine's CPU and RAM (without GPUs)
+    RANK = "rank"  # one rank's process tree: CPU per core, RAM as a share of the machine's (without GPUs)
+
+
+@dataclass(frozen=True)
+class DeviceKey:
+    kind: DeviceKind
+    index: int | None = None  # the GPU's NVML index, or the rank; None for the machine
+
+    @classmethod
+    def gpu(cls, index: int) -> "DeviceKey":
+        return cls(DeviceKind.GPU, index)
+
+    @classmethod
+    def rank(cls, rank: int) -> "DeviceKey":
+        return cls(DeviceKind.RANK, rank)
+
+    @property
+    def label(self) -> str:
+        """What the views call it: ``GPU 0``, ``CPU (machine)``, ``rank 1``."""
+        if self.kind is DeviceKind.GPU:
+            return f"GPU {self.index}"
+        if self.kind is DeviceKind.RANK:
+            return f"rank {self.index}"
+        return "CPU (machine)"
+
+    def __str__(self) -> str:
+        return self.label
+
+
+MACHINE = DeviceKey(DeviceKind.MACHINE)
+Loads = dict[DeviceKey, tuple[float | None, float | None]]
+
+
+def device_loads(snap: Snapshot) -> Loads:
+    """``{device: (busy %, memory %)}`` for one snapshot."""
+    if snap.gpus:
+        return {
+            DeviceKey.gpu(g.index): (g.utilization, None if g.memory_fraction is None else 100 * g.memory_fraction)
+            for g in snap.gpus
+        }
+    loads: Loads = {}
+    host = snap.host
+    host_mem = 100 * host.memory_used / host.memory_total if host.memory_used is not None and host.memory_total else None
+    loads[MACHINE] = (host.cpu_percent, host_mem)
+    for r in snap.ranks:
+        rank_mem = 100 * r.rss / host.memory_total if r.rss is not None and host.memory_total else None
+        loads[DeviceKey.rank(r.rank)] = (r.cpu_percent, rank_mem)
+    return loads
+
+
+class TelemetrySeries:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.latest: Snapshot | None = None
+        self.started: float | None = None
+        self.version = 0
+        self._spark: dict[DeviceKey, tuple[deque, deque]] = {}
+        self._timeline: dict[DeviceKey, tuple[BoundedSeries, BoundedSeries]] = {}
+
+    def add(self, snap: Snapshot) -> None:
+        with self._lock:
+            self.latest = snap
+            self.started = self.started if self.started is not None else snap.time
+            elapsed = snap.time - self.started
+            for key, (busy, memory) in device_loads(snap).items():
+                spark = self._spark.setdefault(key, (deque(maxlen=SPARK_POINTS), deque(maxlen=SPARK_POINTS)))
+                timeline = self._timeline.setdefault(
+                    key, (BoundedSeries(TIMELINE_CAPACITY), BoundedSeries(TIMELINE_CAPACITY)))
+                for values, series, value in ((spark[0], timeline[0], busy), (spark[1], timeline[1], memory)):
+                    values.append(value)
+                    if value is not None:
+                        series.add(elapsed, value)
+            self.version += 1
+
+    def sparks(self) -> dict[DeviceKey, tuple[list, list]]:
+        """Per device: (busy %, memory %) of the last :data:`SPARK_POINTS` samples, ``None`` where not known."""
+        with self._lock:
+            return {key: (list(busy), list(memory)) for key, (busy, memory) in self._spark.items()}
+
+    def timelines(self) -> dict[DeviceKey, tuple[tuple[list, list], tuple[list, list]]]:
+        """Per device: ((seconds, busy %), (seconds, memory %)) over the whole run, downsampled."""
+        with self._lock:
+            return {key: ((list(b.steps), list(b.means)), (list(m.steps), list(m.means)))
+                    for key, (b, m) in self._timeline.items()}
+
+    def peaks(self) -> Loads:
+        """Per device: (mean busy %, peak memory %) over the run, for the summary."""
+        with self._lock:
+            out = {}
+            for key, (busy, memory) in self._timeline.items():
+                mean_busy = sum(m * c for m, c in zip(busy.means, busy.counts)) / busy.count if busy.count else None
+                out[key] = (mean_busy, memory.finite_max)
+            return out
