@@ -68,7 +68,7 @@ def test_cpu_flag_ignores_gpus(monkeypatch, cuda_torch):
     (LaunchRequest(keep_alive=-1), "--keep-alive"),
     (LaunchRequest(env=("1X=2",)), "NAME=value"),
     (LaunchRequest(output="some"), "--output"),
-    (LaunchRequest(nprocs=2, cpu=True, output="rank2"), "ranks 0 to 1"),
+    (LaunchRequest(nprocs=2, cpu=True, output="rank2"), "numbered 0 to 1"),
 ])
 def test_mistakes_are_explained(monkeypatch, cuda_torch, request_, message):
     install(monkeypatch, gpus(2))

@@ -48,9 +48,11 @@ def test_stamps_name_the_users_modules_only_and_follow_reloads(rank_state, tmp_p
     assert {p for p in stamps if p.startswith(str(tmp_path))} == {
         str(project / "lm_mod.py"), str(project / "lm_pkg" / "__init__.py"), str(project / "lm_pkg" / "inner.py")}
     nbtrain_dir = os.path.dirname(os.path.abspath(nbtrain.__file__))
-    # the rest is this test run's own files: not torch, pytest, the stdlib or nbtrain
+    # the rest is this checkout's own test files and scripts (imported by earlier tests in this process):
+    # not torch, pytest, the stdlib or nbtrain
+    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for path in set(stamps) - {p for p in stamps if p.startswith(str(tmp_path))}:
-        assert path.startswith(os.path.dirname(os.path.abspath(__file__)) + os.sep), path
+        assert path.startswith(checkout + os.sep), path
     assert "torch" in sys.modules and "nbtrain" in sys.modules and not any(p.startswith(nbtrain_dir) for p in stamps)
     assert changed_files(stamps) == []
 

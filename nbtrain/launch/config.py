@@ -218,7 +218,7 @@ def resolve(request: LaunchRequest) -> LaunchConfig:
         env=_parse_env(request.env),
     )
     if output != "all" and int(output[len("rank"):]) >= nprocs:
-        raise ConfigError(f"--output {output} names a rank that does not exist: this run has ranks 0 to {nprocs - 1}.")
+        raise ConfigError(f"--output {output}: there is no such rank; this run's ranks are numbered 0 to {nprocs - 1}.")
     keep_alive = DEFAULT_KEEP_ALIVE_S if request.keep_alive is None else float(request.keep_alive)
     if keep_alive < 0:
         raise ConfigError(f"--keep-alive must be 0 or more seconds (got {request.keep_alive}).")
