@@ -54,7 +54,6 @@ class Exited:
 class _Proc:
     rank: int
     popen: subprocess.Popen
-    error_file: str
     decoders: dict = field(default_factory=lambda: {s: codecs.getincrementaldecoder("utf-8")("replace")
                                                     for s in ("stdout", "stderr")})
     open_streams: set = field(default_factory=lambda: {"stdout", "stderr"})
@@ -113,7 +112,7 @@ class RankProcesses:
             popen.stdin.flush()
             for stream in ("stdout", "stderr"):
                 os.set_blocking(getattr(popen, stream).fileno(), False)
-            self._procs.append(_Proc(rank, popen, error_file_path(self.workdir, rank)))
+            self._procs.append(_Proc(rank, popen))
 
     # ---------------------------------------------------------------------------------- poll
     def pids(self) -> list[int]:
@@ -171,12 +170,13 @@ class RankProcesses:
 
     def error_file_message(self, rank: int, code: int) -> str | None:
         """The error the rank's ``@record`` wrote (torch elastic's error file), if it wrote one."""
-        p = self._procs[rank]
-        if not os.path.exists(p.error_file):
+        path = error_file_path(self.workdir, rank)
+        if not os.path.exists(path):
             return None
         from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-        message = ProcessFailure(local_rank=rank, pid=p.popen.pid, exitcode=code, error_file=p.error_file).message
+        pid = self._procs[rank].popen.pid if rank < len(self._procs) else 0
+        message = ProcessFailure(local_rank=rank, pid=pid, exitcode=code, error_file=path).message
         if isinstance(message, dict):  # torch elastic's JSON: {"message": ..., "extraInfo": {"py_callstack": ...}}
             message = message.get("extraInfo", {}).get("py_callstack") or message.get("message")
         return message
