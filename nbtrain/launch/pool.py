@@ -41,6 +41,7 @@ import shutil
 import socket
 import tempfile
 import time
+from multiprocessing.connection import wait
 from typing import Callable
 
 from . import protocol as P
@@ -148,8 +149,6 @@ class WorkerPool:
 
     def poll_events(self, timeout: float) -> list:
         """Wait up to ``timeout`` for anything from the ranks; return the events (exits last)."""
-        from multiprocessing.connection import wait
-
         if not self.channel.connected():
             timeout = min(timeout, 0.05)  # connections still arriving through the accept thread
         conns, pipes = self.channel.waitables(), self.procs.waitables()
