@@ -87,7 +87,7 @@ def nbtrain_round(manager: PoolManager, numel: int) -> tuple[float, float, float
     started = time.perf_counter()
     run_source(source, LaunchRequest(nprocs=2, cpu=True, out="-"), ns, manager=manager)
     without = time.perf_counter() - started
-    rank0 = manager.pool.ranks[0].pid
+    rank0 = manager.pool.pids()[0]
     with Sampler([os.getpid(), rank0]) as sampler:
         started = time.perf_counter()
         run_source(source, LaunchRequest(nprocs=2, cpu=True, out="big2"), ns, manager=manager)

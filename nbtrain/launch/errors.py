@@ -74,12 +74,27 @@ class RankFailure:
         return f"rank {self.rank} exited with code {self.exit_code} {when}"
 
 
+def rank_failure(rank: int, cause: RemoteError | int, output_tail=(), *, starting: bool = False,
+                 error_file_message: str | None = None, diagnosis: str | None = None) -> RankFailure:
+    """How ``rank`` failed, from what showed it: the exception it reported, or its process's exit code."""
+    if isinstance(cause, RemoteError):
+        return RankFailure(rank, cause, output_tail=list(output_tail), starting=starting, diagnosis=diagnosis)
+    return RankFailure(rank, exit_code=cause, error_file_message=error_file_message, output_tail=list(output_tail),
+                       starting=starting, diagnosis=diagnosis)
+
+
+def order_failures(failures: list[RankFailure]) -> list[RankFailure]:
+    """The likely cause first: a rank's own error before the communication errors it caused in the others,
+    one with a message (an exception, an error file) before a bare exit, then arrival order, then rank."""
+    return sorted(failures, key=lambda f: (f.secondary, not (f.error or f.error_file_message), f.order, f.rank))
+
+
 class RankFailedError(RuntimeError):
     """One or more ranks failed; the others were stopped. Shows the first failure's mapped traceback."""
 
     def __init__(self, failures: list[RankFailure], *, cell_filename: str, cell_source: str, line_offset: int,
                  code_name=None, stopped: list[int] | None = None, whereabouts: dict[int, str] | None = None):
-        self.failures = sorted(failures, key=lambda f: (f.secondary, not (f.error or f.error_file_message), f.order, f.rank))
+        self.failures = order_failures(failures)
         self.rank = self.failures[0].rank
         self._cell = (cell_filename, cell_source.splitlines(), line_offset)
         self._code_name = code_name

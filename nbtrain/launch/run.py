@@ -122,12 +122,13 @@ class PoolManager:
             self._idle_timer.daemon = True
             self._idle_timer.start()
 
-    def discard(self, pool: WorkerPool) -> None:
-        """Forget ``pool`` (the caller stops it)."""
+    def teardown(self, pool: WorkerPool, *, grace: float, drain=None) -> None:
+        """Forget ``pool`` and end it at once (a failure, the stop button); ``drain`` shows its last output."""
         with self._lock:
             if self.pool is pool:
                 self._cancel_timer()
                 self.pool = None
+        pool.teardown(graceful=False, grace=grace, drain=drain)
 
     def shutdown(self, graceful: bool = True) -> bool:
         with self._lock:
@@ -135,13 +136,18 @@ class PoolManager:
             pool, self.pool = self.pool, None
         if pool is None:
             return False
-        pool.stop(graceful=graceful)
+        pool.teardown(graceful=graceful)
         return True
 
     def _cancel_timer(self) -> None:
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
+
+
+def _physical_gpu(spec: PoolSpec, device: str | None) -> int | None:
+    """The NVML index of a rank's ``cuda:k`` (k counts the GPUs made visible to the ranks)."""
+    return spec.gpu_ids[int(device.split(":")[1])] if device and device.startswith("cuda:") else None
 
 
 class _Run:
@@ -161,7 +167,6 @@ class _Run:
         self.failures: dict[int, RankFailure] = {}
         self.first_failure_at: float | None = None
         self.all_done_at: float | None = None
-        self.devices: dict[int, str] = {r.rank: r.device for r in pool.ranks if r.device}
         self.start_deadline = time.monotonic() + config.start_timeout_s
         self.mismatch = MismatchWatcher(pool, job.filename, info.source, info.line_offset)
 
@@ -182,18 +187,16 @@ class _Run:
                     self.relay.flush()
                     return
             elif self.done and (mismatch := self.mismatch.check(set(self.done), now)) is not None:
-                rank = min(mismatch.waiting)
-                self._fail(RankFailure(rank, mismatch.error(), output_tail=self.relay.tail(rank),
-                                       diagnosis=mismatch.message()))
+                self._fail(min(mismatch.waiting), mismatch.error(), diagnosis=mismatch.message())
             elif not self.pool.ready and now > self.start_deadline:
-                waiting = [r.rank for r in self.pool.ranks if r.device is None]
-                self._fail(RankFailure(waiting[0], P.RemoteError(
+                waiting = self.pool.not_ready()
+                self._fail(waiting[0], P.RemoteError(
                     "TimeoutError", f"ranks {waiting} did not join the process group within "
                     f"{self.config.start_timeout_s:.0f} s (--start-timeout SECONDS or NBTRAIN_START_TIMEOUT waits longer)",
-                    ())))
+                    ()))
 
     def _send_job_when_connected(self) -> None:
-        if not self.sent and all(r.conn is not None for r in self.pool.ranks):
+        if not self.sent and self.pool.connected():
             self.pool.send_all(self.job)
             self.sent = True
             self.notify("run_started", self.info())
@@ -201,12 +204,9 @@ class _Run:
                 self.notify("ranks_ready", self.info())
 
     def info(self) -> RunInfo:
-        spec = self.pool.spec
-        ranks = tuple(
-            RankInfo(r.rank, r.pid, r.device,
-                     spec.gpu_ids[int(r.device.split(":")[1])] if r.device and r.device.startswith("cuda:") else None)
-            for r in self.pool.ranks
-        )
+        spec, devices = self.pool.spec, self.pool.devices
+        ranks = tuple(RankInfo(rank, pid, devices.get(rank), _physical_gpu(spec, devices.get(rank)))
+                      for rank, pid in enumerate(self.pool.pids()))
         return RunInfo(f"{self.pool.run_id}/{self.job.job_id}", spec.nprocs, spec.backend, spec.device_type,
                        spec.gpu_ids, ranks, self.warm)
 
@@ -223,10 +223,7 @@ class _Run:
             self.relay.feed(event.rank, event.stream, event.text)
         elif isinstance(event, Exited):
             if event.rank not in self.failures:  # in the loop every exit is real: nbtrain kills only after it
-                failure = self.pool.describe_exit(event.rank, event.code)
-                failure.output_tail = self.relay.tail(event.rank)
-                failure.starting = self.pool.ranks[event.rank].device is None
-                self._fail(failure)
+                self._fail(event.rank, event.code)
         elif isinstance(event, Message):
             self._handle_message(event.rank, event.message)
 
@@ -236,10 +233,7 @@ class _Run:
             if not (msg.restored and self.config.train.restart):  # a restart's dashboard has drawn them already
                 self.notify("metrics", rank, msg.records)
         elif isinstance(msg, P.Ready):
-            self.pool.ranks[rank].device = msg.device
-            self.devices[rank] = msg.device
-            self.pool.ready = all(r.device for r in self.pool.ranks)
-            if self.pool.ready and self.sent:
+            if self.pool.mark_ready(rank, msg.device) and self.sent:
                 self.notify("ranks_ready", self.info())
         elif isinstance(msg, P.Loaded) and msg.job_id == self.job.job_id:
             self.loaded.add(rank)
@@ -252,18 +246,20 @@ class _Run:
             self.pool.module_stamps.update((stamp[1], stamp) for stamp in msg.modules)
             self.pool.rank_path = msg.rank_path
         elif isinstance(msg, P.Failed) and msg.job_id == self.job.job_id:
-            self._fail(RankFailure(rank, msg.error, output_tail=self.relay.tail(rank)))
+            self._fail(rank, msg.error)
 
-    def _fail(self, failure: RankFailure) -> None:
+    def _fail(self, rank: int, cause: P.RemoteError | int, diagnosis: str | None = None) -> None:
+        """Rank ``rank`` failed (an exception it reported, or its exit code): the pool is done for."""
+        failure = self.pool.failure(rank, cause, self.relay.tail(rank), diagnosis)
         failure.order = len(self.failures)
-        self.failures.setdefault(failure.rank, failure)
+        self.failures.setdefault(rank, failure)
         self.first_failure_at = self.first_failure_at or time.monotonic()
-        self.pool.broken = True
+        self.pool.mark_broken()
 
     def drain(self, seconds: float, streams=("stdout", "stderr")) -> None:
         """Show what the stopped ranks still had in their pipes (of ``streams``; the rest is read and dropped)."""
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline and any(r.open_streams for r in self.pool.ranks):
+        while time.monotonic() < deadline and self.pool.output_open():
             for event in self.pool.poll_events(0.05):
                 self.take_late(event, streams)
         self.relay.flush()
@@ -326,13 +322,10 @@ def _run_and_bring_back(namespace, info, config, manager, inputs, result_prefix,
     finally:
         inputs.arena.close()
     if run.failures:
-        stopped = [r.rank for r in pool.ranks if r.rank not in run.failures]
-        manager.discard(pool)
+        stopped = [r for r in range(pool.spec.nprocs) if r not in run.failures]
         unfinished = [r for r in stopped if r not in run.done]  # a rank that finished is in nbtrain's loop
         where = whereabouts(pool, job.filename, info.source, info.line_offset, 0.4, unfinished) if unfinished else {}
-        pool.terminate(graceful=False, grace=0.5)
-        run.drain(0.5)
-        pool.close()
+        manager.teardown(pool, grace=0.5, drain=lambda: run.drain(0.5))
         error = RankFailedError(list(run.failures.values()), cell_filename=job.filename, cell_source=info.source,
                                 line_offset=info.line_offset, code_name=code_name, stopped=stopped,
                                 whereabouts=where)
@@ -357,5 +350,5 @@ def _bring_back(namespace: dict, run: _Run, warm: bool, seconds: float, deleted=
         returned=tuple(values), skipped=skipped,
         moved_to_cpu=tuple(results.moved_to_cpu) if results is not None else (),
         seconds=seconds, rank_seconds={r: d.seconds for r, d in sorted(run.done.items())},
-        devices=dict(sorted(run.devices.items())), warm=warm, backend=run.pool.spec.backend, history=run.history, notes=list(run.inputs.notes),
+        devices=run.pool.devices, warm=warm, backend=run.pool.spec.backend, history=run.history, notes=list(run.inputs.notes),
     )

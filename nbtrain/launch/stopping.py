@@ -15,8 +15,8 @@ kernel's own traceback). While the pool is being spawned a press is only noted, 
   see :mod:`nbtrain.worker.stop`) and give the ranks a moment to report;
 * while the ranks are still starting (importing torch, joining the process group): no SIGINT at all —
   there is no cell to interrupt, only imports to spoil — and the message says so;
-* then SIGTERM and SIGKILL to everything left (:meth:`WorkerPool.terminate`); the whole stop takes well
-  under 3 s, and at once after a second press.
+* then SIGTERM and SIGKILL to everything left (:meth:`PoolManager.teardown`, which forgets the pool and
+  ends it); the whole stop takes well under 3 s, and at once after a second press.
 
 From the stop on, the ranks' stderr is no longer relayed: what a process prints while it is being torn
 down (a DataLoader's ``Exception ignored in …``, a half-import's traceback) says nothing the stop message
@@ -96,18 +96,15 @@ def stop_run(run, manager, info, button: StopButton) -> None:
             _await_reports(run, button)
     else:
         run.relay.write_direct("stderr", "\nnbtrain: stopped by the user while the ranks were starting.\n")
-    pool.broken = True
-    manager.discard(pool)
-    pool.terminate(graceful=False, grace=ESCALATED_GRACE_S if button.escalated else TERM_GRACE_S)
-    run.drain(0.2, streams=("stdout",))
-    pool.close()
+    manager.teardown(pool, grace=ESCALATED_GRACE_S if button.escalated else TERM_GRACE_S,
+                     drain=lambda: run.drain(0.2, streams=("stdout",)))
 
 
 def _await_reports(run, button: StopButton) -> None:
     """Until every rank said it was interrupted (or exited), :data:`REPORT_WAIT_S` passed, or stop is pressed again."""
     pool, reported = run.pool, set(run.done) | set(run.failures)
     deadline = time.monotonic() + REPORT_WAIT_S
-    while time.monotonic() < deadline and not button.escalated and len(reported) < len(pool.ranks):
+    while time.monotonic() < deadline and not button.escalated and len(reported) < pool.spec.nprocs:
         for event in pool.poll_events(0.05):
             if isinstance(event, Output) and event.stream == "stdout":
                 run.relay.feed(event.rank, event.stream, event.text)

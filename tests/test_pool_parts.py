@@ -1,0 +1,134 @@
+"""The pool's parts without rank processes: which failure is the cause, the channel's framing and admission,
+the pool's own state. Fast; the processes themselves are exercised by test_run.py and test_lifecycle.py."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from multiprocessing.connection import AuthenticationError, Client, Connection
+
+import pytest
+
+from nbtrain.launch import protocol as P
+from nbtrain.launch.channel import Channel, Message, admit, receive, send
+from nbtrain.launch.config import LaunchRequest, resolve
+from nbtrain.launch.errors import RankFailedError, order_failures, rank_failure
+from nbtrain.launch.pool import WorkerPool
+from nbtrain.launch.procs import RankProcesses, error_file_path
+
+
+def _error(type_name: str, message: str) -> P.RemoteError:
+    return P.RemoteError(type_name, message, ())
+
+
+def _arrived(*failures):
+    for order, failure in enumerate(failures):
+        failure.order = order
+    return list(failures)
+
+
+def test_the_cause_comes_before_the_peer_errors_it_caused_even_when_it_arrives_later():
+    failures = _arrived(rank_failure(1, _error("DistBackendError", "Connection closed by peer")),
+                        rank_failure(2, _error("RuntimeError", "gloo/transport: Connection reset by peer")),
+                        rank_failure(0, _error("KeyError", "'x'")))
+    assert [f.rank for f in order_failures(failures)] == [0, 1, 2]
+
+
+def test_an_error_with_a_message_comes_before_a_bare_exit_and_otherwise_the_first_to_arrive():
+    bare = rank_failure(0, 1)
+    recorded = rank_failure(1, 1, error_file_message="ValueError: could not convert")
+    assert [f.rank for f in order_failures(_arrived(bare, recorded))] == [1, 0]
+    first, second = rank_failure(3, -9), rank_failure(1, -9)
+    assert [f.rank for f in order_failures(_arrived(first, second))] == [3, 1]
+    error = RankFailedError(_arrived(rank_failure(1, _error("DistBackendError", "broken pipe")),
+                                     rank_failure(0, _error("ValueError", "bad"))),
+                            cell_filename="<cell>", cell_source="", line_offset=0)
+    assert error.rank == 0 and str(error).startswith("RankFailedError: rank 0 raised ValueError: bad")
+
+
+def test_a_failure_is_built_from_an_exit_code_or_a_reported_exception():
+    died = rank_failure(1, 3, ["last words"], starting=True)
+    assert (died.exit_code, died.error, died.output_tail) == (3, None, ["last words"])
+    assert died.summary() == "rank 1 exited with code 3 while starting, before the cell ran"
+    assert rank_failure(0, -9).summary().startswith("rank 0 was killed by SIGKILL")
+    raised = rank_failure(0, _error("KeyError", "'x'"), ["tail"])
+    assert (raised.exit_code, raised.summary()) == (None, "rank 0 raised KeyError: 'x'")
+
+
+def test_messages_keep_their_frames_and_contents_over_a_socket():
+    a, b = socket.socketpair()
+    kernel, rank = Connection(a.detach()), Connection(b.detach())
+    job = P.Job(7, "x = 1\n", "<cell>", os.urandom(300_000), ("x",), cwd="/tmp")
+    sender = threading.Thread(target=lambda: (send(kernel, job), send(kernel, P.Shutdown())))
+    sender.start()  # a frame larger than the socket's buffer: the rank reads while the kernel writes
+    assert rank.recv() == job and rank.recv() == P.Shutdown()
+    sender.join()
+    rank.send(P.Done(7, 1, None, 0.5))
+    assert receive(kernel, 1) == Message(1, P.Done(7, 1, None, 0.5))
+    rank.close()
+    assert receive(kernel, 1) is None  # the rank hung up: no message, the connection is dropped
+    kernel.close()
+
+
+def test_only_a_hello_from_an_expected_pid_is_admitted_and_only_once():
+    pending = {4242: 0, 4343: 1}
+    assert admit(P.Ready(1, "cpu", "gloo"), pending) is None
+    assert admit(P.Hello(1, 9999), pending) is None
+    assert admit(P.Hello(1, 4343), pending) == 1 and pending == {4242: 0}
+    assert admit(P.Hello(1, 4343), pending) is None
+
+
+def test_the_channel_admits_its_ranks_refuses_a_wrong_key_and_then_stops_listening(tmp_path):
+    channel = Channel(str(tmp_path))
+    channel.listen(backlog=2)
+    channel.accept([os.getpid()])  # this process plays rank 0
+    try:
+        with pytest.raises(AuthenticationError):
+            Client(channel.address, family="AF_UNIX", authkey=b"not the key")
+        peer = Client(channel.address, family="AF_UNIX", authkey=channel.key)
+        peer.send(P.Hello(0, os.getpid()))
+        deadline = time.monotonic() + 5
+        while not channel.connected() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert channel.connected()
+        channel.send_all(P.Shutdown())
+        assert peer.recv() == P.Shutdown()
+        peer.send(P.Loaded(1, 0))
+        (conn, rank), = channel.waitables().items()
+        assert channel.receive(rank) == [Message(0, P.Loaded(1, 0))]
+        while os.path.exists(channel.address) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not os.path.exists(channel.address)  # every rank is in: nothing else can connect
+        peer.close()
+    finally:
+        channel.close()
+
+
+def test_the_pool_keeps_its_own_state_and_teardown_frees_it():
+    pool = WorkerPool(resolve(LaunchRequest(nprocs=2, cpu=True)).pool)
+    assert (pool.ready, pool.not_ready(), pool.devices) == (False, [0, 1], {})
+    assert pool.mark_ready(1, "cpu") is False and pool.not_ready() == [0]
+    assert pool.failure(0, 1).starting and not pool.failure(1, 1).starting
+    assert pool.mark_ready(0, "cpu") is True and pool.devices == {0: "cpu", 1: "cpu"}
+    assert not pool.broken
+    pool.mark_broken()
+    assert pool.broken and not pool.alive()
+    directory = pool._dir
+    pool.teardown()
+    assert not os.path.exists(directory)
+
+
+def test_the_error_file_a_rank_recorded_is_read_as_torch_elastic_wrote_it(tmp_path, monkeypatch):
+    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+    procs = RankProcesses(str(tmp_path))
+    assert procs.error_file_message(1, 1) is None  # nothing recorded: the report shows the last output instead
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", error_file_path(str(tmp_path), 1))
+    try:
+        float("soon")
+    except ValueError as exc:
+        ErrorHandler().record_exception(exc)
+    message = procs.error_file_message(1, 1)
+    assert "Traceback" in message and "could not convert string to float: 'soon'" in message
