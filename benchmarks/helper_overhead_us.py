@@ -36,9 +36,9 @@ def main() -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import nbtrain
-    from nbtrain.train import runtime
-    from nbtrain.train.settings import TrainSettings
-    from nbtrain.worker import metrics
+    from nbtrain.train import state
+    from nbtrain.wire.settings import TrainSettings
+    from nbtrain.train import metrics
 
     torch.set_num_threads(1)
     store_file = tempfile.mktemp(prefix="nbtrain-bench-")
@@ -56,7 +56,7 @@ def main() -> None:
         return time.perf_counter() - started
 
     def prepared(steps, log=False, grad_accum=1):
-        runtime.begin(TrainSettings(amp="off", grad_accum=grad_accum), torch.device("cpu"), 0, 1)
+        state.begin(TrainSettings(amp="off", grad_accum=grad_accum), torch.device("cpu"), 0, 1)
         metrics.start(0, lambda message: None)
         try:
             net = torch.nn.Linear(8, 8)
@@ -71,7 +71,7 @@ def main() -> None:
             return time.perf_counter() - started
         finally:
             metrics.stop()
-            runtime.end()
+            state.end()
 
     loops = {
         "plain DDP": plain,
@@ -103,11 +103,11 @@ def _components(repeats: int, x, y) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import nbtrain
-    from nbtrain.train import runtime
-    from nbtrain.train.settings import TrainSettings
-    from nbtrain.worker import metrics
+    from nbtrain.train import state
+    from nbtrain.wire.settings import TrainSettings
+    from nbtrain.train import metrics
 
-    runtime.begin(TrainSettings(amp="off"), torch.device("cpu"), 0, 1)
+    state.begin(TrainSettings(amp="off"), torch.device("cpu"), 0, 1)
     metrics.start(0, lambda message: None)
     try:
         plain_model = DDP(torch.nn.Linear(8, 8))
@@ -128,7 +128,7 @@ def _components(repeats: int, x, y) -> dict:
         return out
     finally:
         metrics.stop()
-        runtime.end()
+        state.end()
 
 
 def _min_us(call, repeats: int, calls: int = 5000) -> float:

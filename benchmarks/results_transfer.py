@@ -34,7 +34,7 @@ import torch
 from nbtrain.launch.api import run_source
 from nbtrain.launch.config import LaunchRequest
 from nbtrain.launch.run import PoolManager
-from nbtrain.launch.shm import owner_prefix
+from nbtrain.wire.shm import owner_prefix
 
 
 class Sampler:

@@ -13,7 +13,7 @@ def log(step=None, reduce=None, **values):
     ``nbtrain.log(loss=loss)`` does not wait for the GPU; values are sent in batches a few times a second.
     ``reduce="mean"`` logs the mean over all ranks (every rank calls it; one asynchronous all-reduce).
     """
-    from .worker.metrics import log as _log
+    from .train.metrics import log as _log
 
     _log(step, reduce, **values)
 
@@ -31,21 +31,21 @@ def prepare(*objects, **ddp_kwargs):
 
 def backward(loss, **kwargs):
     """Backward of one micro-step: ``loss / K`` under ``--grad-accum K``, GradScaler-scaled under fp16."""
-    from .train.accumulate import backward as _backward
+    from .train.steps import backward as _backward
 
     _backward(loss, **kwargs)
 
 
 def autocast():
     """``with nbtrain.autocast():`` the cell's mixed precision (``--amp``) for code that does not use prepare()."""
-    from .train.amp import autocast as _autocast
+    from .train.steps import autocast as _autocast
 
     return _autocast()
 
 
 def clip_grad_norm_(parameters, max_norm, norm_type=2.0):
     """Clip gradients at the end of an accumulation window (unscaled first under fp16); None on micro-steps."""
-    from .train.accumulate import clip_grad_norm_ as _clip
+    from .train.steps import clip_grad_norm_ as _clip
 
     return _clip(parameters, max_norm, norm_type)
 
@@ -79,13 +79,13 @@ def epochs(total):
 
 def training_state():
     """The cell's training context: ``.step``, ``.epoch``, ``.amp_dtype``, ``.scaler``, ``.accum.k``, ``.device``."""
-    from .train.runtime import current
+    from .train.state import current
 
     return current()
 
 
 def load_ipython_extension(ipython):
-    from .launch.shm import sweep_orphans
+    from .wire.shm import sweep_orphans
     from .magics import DistributedMagics
 
     try:  # shared-memory files of kernels that died before they could remove them

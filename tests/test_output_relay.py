@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nbtrain.launch.output import HOLD_MAX, OutputRelay
-from nbtrain.launch.protocol import END_MARK
+from nbtrain.wire.protocol import END_MARK
 
 
 class Cell:

@@ -11,7 +11,7 @@ from multiprocessing.connection import AuthenticationError, Client, Connection
 
 import pytest
 
-from nbtrain.launch import protocol as P
+from nbtrain.wire import protocol as P
 from nbtrain.launch.channel import Channel, Message, admit, receive, send
 from nbtrain.launch.config import LaunchRequest, resolve
 from nbtrain.launch.errors import RankFailedError, order_failures, rank_failure

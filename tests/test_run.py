@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from nbtrain.launch.errors import RankFailedError
-from nbtrain.launch.payload import PayloadError
+from nbtrain.launch.inputs import PayloadError
 from nbtrain.launch.run import PoolManager
 from runhelp import Captured, notebook, run
 

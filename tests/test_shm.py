@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from nbtrain.launch.errors import RankFailedError
-from nbtrain.launch.payload import load_inputs, pack_inputs, pack_results, unpack_results
-from nbtrain.launch.shm import SharedArena, new_result_prefix, owner_prefix, shm_dir, sweep_orphans
+from nbtrain.launch.inputs import pack_inputs
+from nbtrain.wire.payload import load_inputs, pack_results, unpack_results
+from nbtrain.wire.shm import SharedArena, new_result_prefix, owner_prefix, shm_dir, sweep_orphans
 from runhelp import run
 
 MB = 2**20

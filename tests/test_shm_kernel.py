@@ -18,7 +18,7 @@ from kernelhelp import Kernel
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
 
-HOLD_A_FILE = ("import torch\nfrom nbtrain.launch.payload import pack_inputs\n"
+HOLD_A_FILE = ("import torch\nfrom nbtrain.launch.inputs import pack_inputs\n"
                "held = pack_inputs({'t': torch.ones(8_000_000)}, ['t'])\nprint(len(held.arena.paths))")
 BIG_BOTH_WAYS = "%%distributed 2 --cpu --out big2\nbig2 = big * 2\n"
 

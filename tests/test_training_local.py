@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import nbtrain
-from nbtrain.train import runtime
+from nbtrain.train import state
 from nbtrain.train.accumulate import Accumulation
 from nbtrain.train.amp import outputs_to_fp32
 
@@ -16,9 +16,9 @@ from nbtrain.train.amp import outputs_to_fp32
 def fresh_context(monkeypatch):
     for name in ("NBTRAIN_AMP", "NBTRAIN_GRAD_ACCUM", "NBTRAIN_CHECKPOINT"):
         monkeypatch.delenv(name, raising=False)
-    runtime.end()
+    state.end()
     yield
-    runtime.end()
+    state.end()
 
 
 def test_prepare_without_a_process_group_trains_and_accumulates(monkeypatch):

@@ -10,7 +10,7 @@
     ns["y"]   # 3: rank 0's y
 
 With ``--max-restarts K`` (``LaunchRequest.max_restarts``) a run whose rank dies is started again from
-its last checkpoint, up to K times (:mod:`nbtrain.train.restarts`).
+its last checkpoint, up to K times (:mod:`nbtrain.launch.restarts`).
 
 Every user mistake raises a subclass of :class:`UserInputError` *before* any process starts: a bad
 option (:class:`~.config.ConfigError`), a syntax error in the cell (:class:`~.cell.CellSyntaxError`), a
@@ -22,11 +22,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from .cell import CellSyntaxError, analyse_cell
+from .cell import CellSyntaxError, analyse_cell, names_to_send
 from .config import ConfigError, LaunchRequest, resolve
+from .inputs import PayloadError, pack_inputs
 from .output import write_to_std_stream
-from .payload import PayloadError, pack_inputs
-from .run import PoolManager, RunResult, names_to_send, run_cell
+from .restarts import run_with_restarts
+from .run import PoolManager, RunResult, run_cell
 from ..words import count
 
 UserInputError = (ConfigError, CellSyntaxError, PayloadError)
@@ -53,8 +54,6 @@ def run_source(source: str, request: LaunchRequest, namespace: dict, *, manager:
         again = replace(config, train=replace(config.train, resume=True, restart=restart)) if restart else config
         packed = inputs if restart == 0 else pack_inputs(namespace, names)
         return run_cell(namespace, info, again, manager, packed, write=write, code_name=code_name, observers=followers)
-
-    from ..train.restarts import run_with_restarts
 
     return run_with_restarts(attempt, config.train, write or write_to_std_stream, observers)
 

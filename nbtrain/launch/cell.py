@@ -15,6 +15,10 @@ cell defines. Both come from the cell's syntax tree, without running it:
   name deleted and bound again comes back), but one that is gone when the cell ends is not reported as
   missing: the cell meant it.
 
+From these, :func:`names_to_send` keeps the reads the notebook defines, minus what a rank provides itself
+(:data:`~nbtrain.wire.names.RUNTIME_NAMES`) and IPython's own names (``In``, ``_``, ``_i3``);
+:func:`names_to_return` is ``--out`` when given, else the assigns minus those and private ``_names``.
+
 A syntax error is reported with the line number of the cell as the user sees it (the magic's own line
 counts), so the error points at the right line before any process starts.
 """
@@ -25,7 +29,10 @@ import ast
 import symtable
 from dataclasses import dataclass
 
+from ..wire.names import RUNTIME_NAMES
+
 CELL_FILENAME = "<%%distributed cell>"
+IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "display", "exit", "quit", "_ih", "_oh", "_dh", "_", "__", "___"})
 
 
 class CellSyntaxError(ValueError):
@@ -221,3 +228,19 @@ def _top_level_deletions(tree: ast.Module) -> list[str]:
 
     visit(tree)
     return out
+
+
+def names_to_send(info: CellInfo, namespace: dict) -> list[str]:
+    """The cell's free names that the notebook defines, minus nbtrain's runtime and IPython's own."""
+    return [
+        n for n in info.reads
+        if n in namespace and n not in RUNTIME_NAMES and n not in IPYTHON_NAMES
+        and not (n.startswith("__") and n.endswith("__")) and not (n.startswith("_i") and n[2:].isdigit())
+    ]
+
+
+def names_to_return(info: CellInfo, out_names: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The names to bring back from rank 0: ``--out`` if given, else what the cell assigns (minus the runtime's)."""
+    if out_names is not None:
+        return out_names
+    return tuple(n for n in info.assigns if n not in RUNTIME_NAMES and not n.startswith("_"))

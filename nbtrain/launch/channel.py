@@ -27,7 +27,7 @@ import threading
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, Listener
 
-from . import protocol as P
+from ..wire import protocol as P
 
 
 @dataclass(frozen=True)

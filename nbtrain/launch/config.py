@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..gpu import nvml
-from ..train.settings import TrainSettings, TrainSettingsError, parse_train_settings
+from ..wire.settings import TrainSettings, TrainSettingsError, parse_train_settings
 from ..words import count
 from .modules import Workdir, WorkdirGone, notebook_workdir
 from .options import OptionEnvError, option, with_env_fallbacks

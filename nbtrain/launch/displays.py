@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 from typing import Callable
 
-from . import protocol as P
+from ..wire import protocol as P
 
 
 class PendingDisplays:

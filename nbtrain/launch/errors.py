@@ -25,7 +25,7 @@ import linecache
 import signal
 from dataclasses import dataclass, field
 
-from .protocol import Frame, RemoteError
+from ..wire.protocol import Frame, RemoteError
 
 _PEER_LOST = ("connection reset by peer", "connection closed by peer", "broken pipe", "gloo/transport",
               "nccl communicator was aborted", "socket closed")

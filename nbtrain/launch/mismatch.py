@@ -28,7 +28,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from .protocol import Frame, RemoteError
+from ..wire.protocol import Frame, RemoteError
 from .stacks import Position, is_complete, locate
 
 SETTLE_S = 2.0  # every rank finishing within this of the first is normal skew, not worth a look

@@ -7,18 +7,18 @@ user's modules as they were when it imported them (the file was edited since, an
 
 * **The working directory.** :func:`notebook_workdir` captures, when the cell runs, the kernel's current
   directory and its ``sys.path`` (``''`` and relative entries made absolute). Every
-  :class:`~nbtrain.launch.protocol.Job` carries it; the rank changes into that directory and puts those
+  :class:`~nbtrain.wire.protocol.Job` carries it; the rank changes into that directory and puts those
   entries on its own ``sys.path`` before it unpickles anything (:mod:`nbtrain.worker.modules`). Relative
   ``--checkpoint`` directories are resolved against the same directory, in the kernel, at that moment.
   A working directory that was deleted is a :class:`~nbtrain.launch.config.ConfigError` before
   anything starts.
-* **Changed modules.** After each job every rank reports a :data:`Stamp` — module name, file, mtime in
+* **Changed modules.** After each job every rank reports a :data:`~nbtrain.wire.workdir.Stamp` — module name, file, mtime in
   ns, size — for each module it has imported from outside the standard library, site-packages /
   dist-packages and nbtrain itself: the notebook's folder, ``sys.path`` entries the user added, editable
   checkouts. Before the next job goes to warm ranks, :func:`stale_modules` compares those stamps with the
   files on disk, and looks each top-level module up along the ``sys.path`` the ranks will have
-  (:func:`rank_sys_path`): after ``%cd`` another ``mymod.py`` may come first. If a file changed (or is
-  gone, or is shadowed), a reload in the ranks cannot be trusted — objects made
+  (:func:`~nbtrain.wire.workdir.rank_sys_path`, the rule the ranks apply): after ``%cd`` another
+  ``mymod.py`` may come first. If a file changed (or is gone, or is shadowed), a reload in the ranks cannot be trusted — objects made
   from the old module, ``from mod import f`` copies, modules that imported it — so the warm ranks are
   dropped and fresh ones started, with one line saying why (:func:`fresh_ranks_note`).
 
@@ -34,7 +34,7 @@ import sys
 from dataclasses import dataclass
 from importlib.machinery import PathFinder
 
-Stamp = tuple  # (module name, absolute path, st_mtime_ns, st_size), as reported by the ranks
+from ..wire.workdir import Stamp, rank_sys_path
 
 
 @dataclass(frozen=True)
@@ -75,12 +75,6 @@ def _gone_message(cwd: str | None = None) -> str:
             cwd = "(unknown)"
     return (f"The notebook's working directory {cwd} was deleted, so the ranks have nowhere to run. "
             "Change to an existing folder (such as %cd ~) and run the cell again.")
-
-
-def rank_sys_path(cwd: str, kernel_path: tuple[str, ...], baseline: tuple[str, ...]) -> list[str]:
-    """A rank's ``sys.path`` for a job: ``cwd`` first (as ``python -m`` started there), then the kernel's
-    entries in the kernel's order — what the notebook imports, the ranks import — then the rank's own rest."""
-    return list(dict.fromkeys([cwd, *kernel_path, *baseline]))
 
 
 def moved_modules(stamps: dict[str, Stamp], path: list[str]) -> list[str]:

@@ -20,10 +20,10 @@ state; the end of the cell says so once and names ``--output rank<k>`` to watch 
 shows at once); other ranks' text is not shown but still kept — a failure report quotes a rank's last
 lines (:meth:`OutputRelay.tail`). At the end of the cell an unfinished last line gets its newline.
 
-A job's end mark (:data:`~nbtrain.launch.protocol.END_MARK` + job id) is taken out of the stream and
+A job's end mark (:data:`~nbtrain.wire.protocol.END_MARK` + job id) is taken out of the stream and
 recorded, so the run knows when it has shown every byte a rank printed for the job.
 
-A display mark (:data:`~nbtrain.launch.protocol.DISPLAY_MARK` + number) is where a rank's figure or
+A display mark (:data:`~nbtrain.wire.protocol.DISPLAY_MARK` + number) is where a rank's figure or
 ``display()`` belongs: ``show_display(rank, number)`` shows it there (a line the rank left unfinished
 before it is ended first, so it goes above the figure). Until it can (the bundle comes on the socket and
 may be later than the mark), the stream's text from the mark on is held, and the next
@@ -37,7 +37,7 @@ import re
 import sys
 from typing import Callable
 
-from .protocol import DISPLAY_MARK, END_MARK, MARKS
+from ..wire.protocol import DISPLAY_MARK, END_MARK, MARKS
 
 TAIL_LINES = 20
 HOLD_MAX = 8192  # characters of an unfinished line held before it is written anyway

@@ -44,7 +44,7 @@ import time
 from multiprocessing.connection import wait
 from typing import Callable
 
-from . import protocol as P
+from ..wire import protocol as P
 from .channel import Channel, Message
 from .config import PoolSpec
 from .errors import RankFailure, rank_failure

@@ -33,9 +33,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..worker.compat import RUNTIME_NAMES
-from . import protocol as P
-from .cell import CELL_FILENAME, CellInfo
+from ..wire import protocol as P
+from .cell import CELL_FILENAME, CellInfo, names_to_return
 from .config import LaunchConfig, PoolSpec
 from .displays import PendingDisplays
 from .errors import RankFailedError, RankFailure
@@ -43,9 +42,9 @@ from .history import History
 from .modules import Workdir, fresh_ranks_note, notebook_workdir, stale_modules
 from .observer import RankInfo, RunInfo, RunObserver
 from .output import OutputRelay, write_to_std_stream
-from .payload import Inputs, unpack_results
+from ..wire.payload import Inputs, unpack_results
 from .mismatch import MismatchWatcher
-from .shm import new_result_prefix, sweep_prefix
+from ..wire.shm import new_result_prefix, sweep_prefix
 from .pool import Exited, Message, Output, WorkerPool
 from .stacks import whereabouts
 from .stopping import stop_button, stop_run
@@ -53,7 +52,6 @@ from ..words import count
 
 FAILURE_GRACE_S = 0.3  # let the other ranks report the same exception before they are stopped
 END_MARK_WAIT_S = 2.0  # after Done, wait at most this long for the last output
-IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "display", "exit", "quit", "_ih", "_oh", "_dh", "_", "__", "___"})
 
 
 @dataclass
@@ -70,21 +68,6 @@ class RunResult:
     backend: str
     history: History = field(default_factory=History)
     notes: list[str] = field(default_factory=list)
-
-
-def names_to_send(info: CellInfo, namespace: dict) -> list[str]:
-    """The cell's free names that the notebook defines, minus nbtrain's runtime and IPython's own."""
-    return [
-        n for n in info.reads
-        if n in namespace and n not in RUNTIME_NAMES and n not in IPYTHON_NAMES
-        and not (n.startswith("__") and n.endswith("__")) and not (n.startswith("_i") and n[2:].isdigit())
-    ]
-
-
-def names_to_return(info: CellInfo, config: LaunchConfig) -> tuple[str, ...]:
-    if config.out_names is not None:
-        return config.out_names
-    return tuple(n for n in info.assigns if n not in RUNTIME_NAMES and not n.startswith("_"))
 
 
 class PoolManager:
@@ -292,7 +275,7 @@ def _run_and_bring_back(namespace, info, config, manager, inputs, result_prefix,
     workdir = config.workdir or notebook_workdir()
     pool, warm, stale_note = manager.acquire(config.pool, config.fresh, workdir)
     job = P.Job(pool.next_job_id(), info.source, f"{CELL_FILENAME[:-1]} {id(info):x}>", inputs.data,
-                names_to_return(info, config), train=config.train, cwd=workdir.cwd, sys_path=workdir.sys_path,
+                names_to_return(info, config.out_names), train=config.train, cwd=workdir.cwd, sys_path=workdir.sys_path,
                 result_prefix=result_prefix)
     run = _Run(pool, job, inputs, config, write, observers, warm, info)
     if stale_note:

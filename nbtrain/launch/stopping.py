@@ -30,7 +30,7 @@ import signal
 import threading
 import time
 
-from . import protocol as P
+from ..wire import protocol as P
 from .pool import Exited, Message, Output
 from .stacks import whereabouts
 

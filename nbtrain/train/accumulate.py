@@ -11,6 +11,9 @@ deciding in its forward (DDP reads the flag there) whether the coming backward c
 
 The last batch of a prepared DataLoader always completes a window, so no gradient is carried into the
 next epoch (the last window may then be shorter than K; its loss is still divided by K, as in 🤗 Accelerate).
+
+:class:`Accumulation` is the window's bookkeeping; the calls a cell makes (``nbtrain.backward``,
+``nbtrain.clip_grad_norm_``) are in :mod:`nbtrain.train.steps`.
 """
 
 from __future__ import annotations
@@ -52,35 +55,3 @@ class Accumulation:
     def on_step(self) -> None:
         self.closing = True
 
-
-def backward(loss, **kwargs) -> None:
-    """``nbtrain.backward(loss)``: backward of one micro-step — scaled by 1/K, and by the GradScaler under fp16."""
-    from .runtime import current
-
-    context = current()
-    accum = context.accum
-    if accum.closing:
-        context.flush_scaler_update()
-    accum.before_backward()
-    if accum.k > 1:
-        loss = loss / accum.k
-    if context.scaler is not None:
-        loss = context.scaler.scale(loss)
-    loss.backward(**kwargs)
-
-
-def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0):
-    """Clip gradients of a window (unscaled first under fp16); None on micro-steps that do not step."""
-    import torch
-
-    from .runtime import current
-
-    context = current()
-    if not context.accum.at_boundary():
-        return None
-    if context.scaler is not None:
-        for optimizer in context.optimizers:
-            if not optimizer.unscaled:
-                context.scaler.unscale_(optimizer.optimizer)
-                optimizer.unscaled = True
-    return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)

@@ -10,6 +10,9 @@ or NaN is skipped (the scale then shrinks). bf16 has fp32's range and needs no s
 
 Outputs of a prepared model are cast back to fp32 (as 🤗 Accelerate does), so a loss computed outside the
 model is computed in full precision.
+
+These are plain functions of a dtype and a device; ``with nbtrain.autocast():`` — the cell's own
+precision — is in :mod:`nbtrain.train.steps`.
 """
 
 from __future__ import annotations
@@ -66,9 +69,3 @@ def outputs_to_fp32(value):
             return {k: outputs_to_fp32(v) for k, v in value.items()}
     return value
 
-
-def autocast():
-    """``with nbtrain.autocast():`` — the cell's mixed precision for code that does not use prepare()."""
-    from .runtime import current
-
-    return current().autocast()

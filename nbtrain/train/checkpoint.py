@@ -39,8 +39,8 @@ import torch
 import torch.distributed as dist
 
 from ..pids import pid_alive
-from ..worker import metrics
-from .runtime import TrainContext, current
+from . import metrics
+from .state import TrainContext, current
 
 FORMAT = 1
 
@@ -169,13 +169,23 @@ def load_checkpoint(path: str | None = None) -> Checkpoint | None:
             raise CheckpointError("load_checkpoint() needs a file: run the cell with --checkpoint DIR, or pass a path.")
         if not os.path.exists(default):
             return None
-        context._auto_resume_checked = True
+        context.auto_resume_checked = True
         return load_for_resume(context, default, announce=True)
     target = _target(context, path)
     if not os.path.exists(target):
         raise CheckpointError(f"no checkpoint at {target}.")
-    context._auto_resume_checked = True
+    context.auto_resume_checked = True
     return load_for_resume(context, target, announce=False)
+
+
+def auto_resume(context: TrainContext) -> None:
+    """With --checkpoint DIR holding a checkpoint, load it once (applied as objects are prepared)."""
+    if context.auto_resume_checked:
+        return
+    context.auto_resume_checked = True
+    path = context.settings.checkpoint_path
+    if context.settings.resume and path and os.path.exists(path) and context.resume is None:
+        load_for_resume(context, path, announce=True)
 
 
 def load_for_resume(context: TrainContext, path: str, announce: bool) -> Checkpoint:
@@ -265,7 +275,7 @@ def _set_rng_state(state: dict, device) -> None:
 def epochs(total: int):
     """``for epoch in nbtrain.epochs(10):`` — range(10), starting at the saved epoch when the cell resumes."""
     context = current()
-    context.check_auto_resume()
+    auto_resume(context)
     start, context.resume_epoch = context.resume_epoch, 0
     for epoch in range(start, int(total)):
         context.epoch, context.epochs_used = epoch, True

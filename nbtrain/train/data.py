@@ -28,7 +28,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
-from .runtime import TrainContext, unwrapped
+from .checkpoint import restore_loader
+from .state import PreparedError, TrainContext, unwrapped
 
 
 class ResumableSampler(DistributedSampler):
@@ -127,8 +128,6 @@ def prepare_loader(context: TrainContext, loader: DataLoader) -> PreparedLoader:
     prepared._own_generator = loader.generator is None
     prepared._original = loader
     if context.resume is not None:
-        from .checkpoint import restore_loader
-
         restore_loader(context, prepared, len(context.loaders))
     context.loaders.append(prepared)
     return prepared
@@ -136,8 +135,6 @@ def prepare_loader(context: TrainContext, loader: DataLoader) -> PreparedLoader:
 
 def _check_shardable(loader: DataLoader) -> bool:
     """Whether the loader shuffles; raise if it cannot be rebuilt with a DistributedSampler."""
-    from .prepare import PreparedError
-
     if isinstance(loader.dataset, IterableDataset):
         raise PreparedError("prepare() cannot shard a DataLoader over an IterableDataset: give each rank its own "
                             "part of the stream (torch.distributed.get_rank()) and do not prepare that loader.")

@@ -28,7 +28,8 @@ import weakref
 
 import torch
 
-from .runtime import TrainContext, unwrapped
+from .checkpoint import restore_optimizer, restore_scheduler
+from .state import TrainContext, unwrapped
 
 
 class PreparedOptimizer(torch.optim.Optimizer):
@@ -150,8 +151,6 @@ class PreparedScheduler:
 def prepare_optimizer(context: TrainContext, optimizer) -> PreparedOptimizer:
     prepared = PreparedOptimizer(optimizer, context)
     if context.resume is not None:
-        from .checkpoint import restore_optimizer
-
         restore_optimizer(context, prepared, len(context.optimizers))
     context.optimizers.append(prepared)
     return prepared
@@ -185,8 +184,6 @@ def prepare_scheduler(context: TrainContext, scheduler) -> PreparedScheduler:
     _restore_step_tracking(scheduler)
     prepared = PreparedScheduler(scheduler, context)
     if context.resume is not None:
-        from .checkpoint import restore_scheduler
-
         restore_scheduler(context, prepared, len(context.schedulers))
     context.schedulers.append(prepared)
     return prepared

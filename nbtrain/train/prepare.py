@@ -29,22 +29,20 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from torch.utils.data import DataLoader
 
+from . import data, optim
 from .amp import outputs_to_fp32
-from .runtime import TrainContext, current
-
-
-class PreparedError(TypeError):
-    """prepare() was given something it cannot prepare, or the same thing twice."""
+from .checkpoint import auto_resume, restore_model
+from .data import PreparedLoader
+from .optim import PreparedOptimizer, PreparedScheduler
+from .state import PreparedError, TrainContext, current
 
 
 def prepare(*objects, **ddp_kwargs):
     """Prepare models, optimizers, DataLoaders and LR schedulers for this rank; returns them in order."""
-    from . import data, optim
-
     if not objects:
         raise PreparedError("nbtrain.prepare() needs objects to prepare, such as prepare(model, optimizer, loader).")
     context = current()
-    context.check_auto_resume()
+    auto_resume(context)
     for obj in objects:
         _check_not_prepared(context, obj)
     kinds = {id(o): _kind(o) for o in objects}
@@ -84,9 +82,6 @@ def _kind(obj) -> str:
 
 
 def _check_not_prepared(context: TrainContext, obj) -> None:
-    from .data import PreparedLoader
-    from .optim import PreparedOptimizer, PreparedScheduler
-
     if isinstance(obj, (PreparedDDP, PreparedModule, PreparedOptimizer, PreparedScheduler, PreparedLoader)):
         raise PreparedError(f"this {type(obj).__name__} was already returned by nbtrain.prepare(); "
                             "prepare each object once and keep using what prepare() returned.")
@@ -130,8 +125,6 @@ def _check_optimizers_hold_the_models(objects, kinds: dict) -> None:
 def _prepare_model(context: TrainContext, model, ddp_kwargs: dict):
     model = model.to(context.device)
     if context.resume is not None:
-        from .checkpoint import restore_model
-
         restore_model(context, model, len(context.models))
     if context.distributed:
         device_ids = [context.device.index] if context.device.type == "cuda" else None

@@ -16,8 +16,6 @@ from __future__ import annotations
 import contextlib
 import os
 
-RUNTIME_NAMES = frozenset({"rank", "local_rank", "world_size", "device"})
-
 
 class BackendMismatchError(RuntimeError):
     pass

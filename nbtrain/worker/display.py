@@ -5,7 +5,7 @@ inline matplotlib backend does not exist. So while a cell runs:
 
 * ``display`` in the cell's namespace is :func:`display`: it turns each object into a MIME bundle as
   IPython's formatter does (``_repr_mimebundle_``, ``_repr_png_``, ``_repr_html_``, … and matplotlib
-  figures rendered to PNG), and sends it to the kernel as :class:`~nbtrain.launch.protocol.Display`;
+  figures rendered to PNG), and sends it to the kernel as :class:`~nbtrain.wire.protocol.Display`;
 * ``MPLBACKEND=module://nbtrain.worker.figures`` (set by the pool) makes ``plt.show()`` display every
   open figure this way and close it, as the inline backend does; figures still open when the cell ends
   are shown then, as in a notebook.
@@ -14,7 +14,7 @@ Only the displaying rank — rank 0, whose names come back — sends anything; o
 does nothing and figures are closed without being rendered (N copies of one plot would only repeat).
 
 Order: the bundle travels on the rank's socket, its text on the stdout pipe — two channels. So after
-sending a bundle the rank writes :data:`~nbtrain.launch.protocol.DISPLAY_MARK` and the bundle's number
+sending a bundle the rank writes :data:`~nbtrain.wire.protocol.DISPLAY_MARK` and the bundle's number
 to stdout; the kernel shows the bundle where the mark is in the text (:mod:`nbtrain.launch.displays`).
 """
 
@@ -25,7 +25,7 @@ import io
 import sys
 from typing import Callable
 
-from ..launch import protocol as P
+from ..wire import protocol as P
 
 # IPython's formatter methods, in its order; bytes results are base64 text in the bundle, as in Jupyter.
 _REPR_METHODS = (

@@ -19,7 +19,7 @@ notebook's inputs; the cell runs; rank 0 packs the results; figures still open a
 closed; the memory is released (``gc.collect``; ``torch.cuda.empty_cache`` where CUDA was initialised)
 *before* the streams are marked and the reply is sent, so the GPU reads as free when the cell returns.
 The cell's training settings (``--amp``, ``--grad-accum``, ``--checkpoint``) are opened as a
-:mod:`nbtrain.train.runtime` context for the cell and closed after it. Failures are reported as
+:mod:`nbtrain.train.state` context for the cell and closed after it. Failures are reported as
 :class:`Failed` with the traceback's frames, which the kernel maps to the cell's lines. The stop
 button's SIGINT raises KeyboardInterrupt only while the cell's code runs (:mod:`.stop`): the reporting,
 flushing and cleanup around it always complete.
@@ -46,11 +46,13 @@ from multiprocessing.connection import Client
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ..launch import protocol as P
-from ..launch.payload import load_inputs, pack_results
-from ..launch.shm import abandon_and_sweep
-from ..train import runtime as train_runtime
-from . import compat, display, metrics, stop
+from ..wire import protocol as P
+from ..wire.names import RUNTIME_NAMES
+from ..wire.payload import load_inputs, pack_results
+from ..wire.shm import abandon_and_sweep
+from ..train import metrics
+from ..train import state as train_state
+from . import compat, display, stop
 from .modules import LocalModules
 
 
@@ -156,11 +158,11 @@ class Rank:
         os.environ["TORCHELASTIC_MAX_RESTARTS"] = str(job.train.max_restarts)
         metrics.start(self.rank, self.send)
         display.begin(job.job_id, self.rank, job.return_rank, self.send)
-        train_runtime.begin(job.train, self.device, self.rank, int(os.environ["WORLD_SIZE"]))
+        train_state.begin(job.train, self.device, self.rank, int(os.environ["WORLD_SIZE"]))
         try:
             reply = self._execute(job, main.__dict__, started)
         finally:
-            train_runtime.end()  # prepared models and loaders do not outlive their cell
+            train_state.end()  # prepared models and loaders do not outlive their cell
             self._end_display()
             metrics.stop()
             sys.modules["__main__"] = self.real_main
@@ -198,7 +200,7 @@ class Rank:
         except BaseException as exc:
             return P.Failed(job.job_id, self.rank, describe(exc, stage="inputs"))
         for name, value in inputs.items():
-            if name not in compat.RUNTIME_NAMES:
+            if name not in RUNTIME_NAMES:
                 ns[name] = value
         del inputs
         self.send(P.Loaded(job.job_id, self.rank))

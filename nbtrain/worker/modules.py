@@ -22,7 +22,7 @@ import site
 import sys
 import sysconfig
 
-from ..launch.modules import rank_sys_path
+from ..wire.workdir import rank_sys_path
 
 _NBTRAIN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _INSTALLED_DIRS = ("site-packages", "dist-packages")

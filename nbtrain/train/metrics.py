@@ -29,6 +29,9 @@ import time
 from array import array
 from typing import Callable
 
+from ..wire.protocol import Metrics
+from .reduce import reduce_values
+
 FLUSH_INTERVAL_S = 0.25
 
 _sink: "MetricsBuffer | None" = None
@@ -63,8 +66,6 @@ class MetricsBuffer:
             with self._lock:
                 records, self._records = self._records, []
             if records:
-                from ..launch.protocol import Metrics
-
                 records = _to_numbers(records)
                 self._logged.add(records)
                 self._send(Metrics(self.rank, records))
@@ -83,8 +84,6 @@ class MetricsBuffer:
             records = restored.records()
             restored.add(self._logged.records())  # anything logged in this cell before the checkpoint was loaded
             if records:
-                from ..launch.protocol import Metrics
-
                 self._logged = restored
                 self._send(Metrics(self.rank, records, restored=True))
 
@@ -211,7 +210,5 @@ def log(step: int | None = None, reduce: str | None = None, **values) -> None:
         if not (isinstance(value, (int, float)) or hasattr(value, "detach") or hasattr(value, "__float__")):
             raise TypeError(f"nbtrain.log({name}=...) takes a number or a tensor, not {type(value).__name__}")
     if reduce is not None:
-        from ..train.reduce import reduce_values
-
         values = reduce_values(values, reduce)
     _sink.log(values, step)

@@ -1,9 +1,14 @@
 """The training context of one cell on one rank: settings, device, precision, accumulation, prepared objects.
 
 The worker opens a :class:`TrainContext` before a cell runs (:func:`begin`, with the cell's
-:class:`~nbtrain.train.settings.TrainSettings` from its Job) and closes it afterwards (:func:`end`), so
+:class:`~nbtrain.wire.settings.TrainSettings` from its Job) and closes it afterwards (:func:`end`), so
 nothing prepared in one cell leaks into the next one on a warm rank. ``nbtrain.prepare()``,
 ``nbtrain.backward()``, ``nbtrain.save_checkpoint()`` and the rest find it with :func:`current`.
+
+This module is the floor of ``train/``: it imports only what builds a context (:mod:`.amp`'s dtype and
+scaler, :mod:`.accumulate`'s window, the settings) and every other module imports it — prepare, data,
+optim, checkpoint, steps — so none of them needs an import inside a function to dodge a cycle.
+What they share beyond the context lives here too (:class:`PreparedError`).
 
 Outside a ``%%distributed`` cell — a script started by ``torchrun`` — :func:`current` builds a context
 from the environment (``LOCAL_RANK``; ``NBTRAIN_AMP``, ``NBTRAIN_GRAD_ACCUM`` and ``NBTRAIN_CHECKPOINT``
@@ -15,16 +20,19 @@ from __future__ import annotations
 import os
 import weakref
 
+from ..wire.settings import TrainSettings, parse_train_settings
+from . import amp
 from .accumulate import Accumulation
-from .settings import TrainSettings, parse_train_settings
 
 _active: "TrainContext | None" = None
 
 
+class PreparedError(TypeError):
+    """prepare() was given something it cannot prepare, or the same thing twice."""
+
+
 class TrainContext:
     def __init__(self, settings: TrainSettings, device, rank: int, world_size: int) -> None:
-        from . import amp
-
         self.settings = settings
         self.device = device
         self.rank = rank
@@ -45,7 +53,7 @@ class TrainContext:
         self.epochs_used = False  # nbtrain.epochs() drives the epoch loop
         self.resume = None  # a loaded checkpoint, applied to each object as it is prepared
         self.resume_path: str | None = None
-        self._auto_resume_checked = False
+        self.auto_resume_checked = False  # see nbtrain.train.checkpoint.auto_resume
 
     @property
     def distributed(self) -> bool:
@@ -54,8 +62,6 @@ class TrainContext:
         return dist.is_available() and dist.is_initialized()
 
     def autocast(self):
-        from . import amp
-
         return amp.autocast_context(self.amp_dtype, self.device)
 
     def flush_scaler_update(self) -> None:
@@ -63,17 +69,6 @@ class TrainContext:
         if self.scaler is not None and self.scaler_update_pending:
             self.scaler.update()
         self.scaler_update_pending = False
-
-    def check_auto_resume(self) -> None:
-        """With --checkpoint DIR holding a checkpoint, load it once (applied as objects are prepared)."""
-        if self._auto_resume_checked:
-            return
-        self._auto_resume_checked = True
-        path = self.settings.checkpoint_path
-        if self.settings.resume and path and os.path.exists(path) and self.resume is None:
-            from .checkpoint import load_for_resume
-
-            load_for_resume(self, path, announce=True)
 
     def __reduce__(self):
         raise TypeError("the training state belongs to its rank; bring back plain values (state.step, state.epoch)")

@@ -52,7 +52,7 @@ class Job:
     inputs: bytes
     out_names: tuple[str, ...]
     return_rank: int = 0
-    train: object = None  # nbtrain.train.settings.TrainSettings: --amp, --grad-accum, --checkpoint
+    train: object = None  # nbtrain.wire.settings.TrainSettings: --amp, --grad-accum, --checkpoint
     cwd: str = ""  # the notebook's current directory: the rank runs the cell there
     sys_path: tuple[str, ...] = ()  # the kernel's sys.path, absolute (see nbtrain.launch.modules)
     result_prefix: str = ""  # rank 0 writes large results to /dev/shm files starting with this; "" = in the pickle

@@ -1,7 +1,7 @@
 """TrainSettings: the per-cell training options of ``%%distributed``, checked in the kernel.
 
 ``--amp``, ``--grad-accum``, ``--checkpoint``, ``--no-resume`` and ``--max-restarts`` become one frozen
-:class:`TrainSettings`. It travels to the ranks inside each :class:`~nbtrain.launch.protocol.Job` — not in
+:class:`TrainSettings`. It travels to the ranks inside each :class:`~nbtrain.wire.protocol.Job` — not in
 the pool's environment, which decides whether warm processes can be reused: changing ``--amp`` between
 two cells must not cost a new pool.
 

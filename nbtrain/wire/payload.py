@@ -1,5 +1,9 @@
 """What travels between the notebook and the ranks: the cell's inputs one way, rank 0's results back.
 
+This module is the format both sides agree on — each direction's pickler next to its unpickler — and
+imports neither side: the kernel packs inputs (through :mod:`nbtrain.launch.inputs`) and unpacks results,
+a rank loads inputs and packs results (:mod:`nbtrain.worker.main`).
+
 **Inputs.** The names a cell reads (see :mod:`nbtrain.launch.cell`) are looked up in the notebook's
 namespace and sent as one pickle, so objects that share state keep sharing it on the ranks (an optimizer
 and the model whose parameters it holds). The pickler is cloudpickle's, so functions, lambdas and classes
@@ -8,9 +12,8 @@ arrays — also inside modules, dicts or lists — are swapped for shared-memory
 CUDA tensor in the notebook is sent as a CPU copy and said so. The pickle is made once and the same bytes
 go to every rank.
 
-When the pickle fails, each name is tried alone to name the culprits: a :class:`PayloadError` names
-every variable that cannot be sent, with its type and the reason — for a function, which of the globals
-(or captured variables) it uses cannot be pickled — before any process is involved.
+When the pickle fails, the kernel tries each name alone (:func:`pickle_error`) to name the culprits
+(:mod:`nbtrain.launch.inputs`), before any process is involved.
 
 **Results.** On rank 0, the names to bring back are pickled together (shared objects stay shared); a
 value that cannot travel is found, skipped and named, and the others still come. DDP (and ``torch.compile``) wrappers are removed, CUDA
@@ -26,16 +29,11 @@ import io
 import itertools
 import pickle
 import sys
-import types
 from dataclasses import dataclass, field
 
 import cloudpickle
 
 from .shm import SHARE_THRESHOLD_BYTES, InputView, SharedArena, begin_inputs, input_view, rebuild_input_view
-
-
-class PayloadError(ValueError):
-    """A notebook variable the cell reads cannot be sent to the ranks."""
 
 
 @dataclass
@@ -89,39 +87,24 @@ class _InputPickler(cloudpickle.Pickler):
         return (torch.nn.Parameter, (tensor.detach(), original.requires_grad)) if parameter else (_with_grad, (tensor.detach(), original.requires_grad))
 
 
-def pack_inputs(namespace: dict, names) -> Inputs:
-    """Pickle ``names`` from ``namespace`` once for all ranks; raise PayloadError naming any culprit."""
-    present = [n for n in names if n in namespace]
-    values = {n: namespace[n] for n in present}
+def pickle_inputs(values: dict) -> Inputs:
+    """Pickle ``values`` (name → object) once for all ranks, large tensors and arrays to shared memory.
+
+    A failure propagates as pickling raised it, after removing any file written so far; the kernel
+    names the culprits (:func:`nbtrain.launch.inputs.pack_inputs`).
+    """
     arena = SharedArena()
     notes: list[str] = []
     buffer = io.BytesIO()
     try:
         _InputPickler(buffer, arena, notes).dump(values)
-    except BaseException as exc:  # KeyboardInterrupt mid-write too: no file may outlive this
+    except BaseException:  # KeyboardInterrupt mid-write too: no file may outlive this
         arena.close()
-        if not isinstance(exc, Exception):
-            raise
-        raise _explain_failure(values, exc) from None
-    return Inputs(buffer.getvalue(), tuple(present), arena, notes)
+        raise
+    return Inputs(buffer.getvalue(), tuple(values), arena, notes)
 
 
-def _explain_failure(values: dict, original: Exception) -> PayloadError:
-    """Try each variable alone: name every one that cannot be sent, and why (a function: which global)."""
-    culprits = [(name, value, exc) for name, value in values.items() if (exc := _pickle_error(value)) is not None]
-    if not culprits:
-        return PayloadError(f"Cannot send the notebook variables to the ranks: {_reason(original)}")
-    if len(culprits) == 1:
-        name, value, exc = culprits[0]
-        return PayloadError(f"Cannot send the notebook variable '{name}' ({_type_name(value)}) to the ranks: "
-                            f"{_why(value, exc)}.\nCreate it inside the %%distributed cell instead, or delete it "
-                            f"from the notebook if the cell does not need it.")
-    listed = "".join(f"\n  '{name}' ({_type_name(value)}): {_why(value, exc)}" for name, value, exc in culprits)
-    return PayloadError(f"Cannot send {len(culprits)} notebook variables to the ranks:{listed}\nCreate them inside "
-                        f"the %%distributed cell instead, or delete them from the notebook if the cell does not need them.")
-
-
-def _pickle_error(value) -> Exception | None:
+def pickle_error(value) -> Exception | None:
     """The exception pickling ``value`` alone (as inputs are pickled) raises, or None when it travels."""
     probe = SharedArena(dry=True)  # says whether it fails without writing any bytes
     try:
@@ -133,40 +116,14 @@ def _pickle_error(value) -> Exception | None:
         probe.close()
 
 
-def _why(value, exc: Exception, depth: int = 0) -> str:
-    """The reason; for a function sent by value, which global (or captured variable) cannot be pickled."""
-    if isinstance(value, types.FunctionType) and depth < 3:
-        for kind, name, captured in _captured(value):
-            inner = _pickle_error(captured)
-            if inner is not None:
-                return (f"it uses the {kind} '{name}' ({_type_name(captured)}), which cannot be pickled: "
-                        f"{_why(captured, inner, depth + 1)}")
-    return _reason(exc)
-
-
-def _captured(func: types.FunctionType):
-    """What cloudpickle sends with a function: the globals its code names, and its closure's cells."""
-    names: list[str] = []
-    codes = [func.__code__]
-    while codes:
-        code = codes.pop()
-        names += [n for n in code.co_names if n in func.__globals__ and n not in names]
-        codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
-    for name in names:
-        yield "global", name, func.__globals__[name]
-    for name, cell in zip(func.__code__.co_freevars, func.__closure__ or ()):
-        try:
-            yield "captured variable", name, cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
-
-
-def _type_name(value) -> str:
+def type_name(value) -> str:
+    """How a value's type is named in messages: ``Tensor``, ``mymod.Net``."""
     cls = type(value)
     return cls.__qualname__ if cls.__module__ in ("builtins", "__main__") else f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _reason(exc: BaseException) -> str:
+def reason(exc: BaseException) -> str:
+    """An exception as one line for messages, its type named once."""
     text = str(exc).strip() or type(exc).__name__
     return f"{type(exc).__name__}: {text}" if type(exc).__name__ not in text else text
 
@@ -284,7 +241,7 @@ def pack_results(namespace: dict, names, result_prefix: str = "") -> Results:
                 try:
                     _dump(value, arena(dry=True))
                 except Exception as exc:
-                    out.skipped[name] = f"{_type_name(value)} cannot be pickled ({_reason(exc)})"
+                    out.skipped[name] = f"{type_name(value)} cannot be pickled ({reason(exc)})"
                     del present[name]
             written = arena()
             out.bundle, moved = _dump(present, written)
@@ -334,8 +291,8 @@ def unpack_results(results: Results, originals: dict | None = None) -> tuple[dic
         values = _ResultUnpickler(io.BytesIO(results.bundle), originals or {}).load() if results.bundle else {}
         return values, failed
     except Exception as exc:
-        return {}, {**failed, **{n: f"could not be rebuilt in the notebook ({_reason(exc)})" for n in results.names}}
+        return {}, {**failed, **{n: f"could not be rebuilt in the notebook ({reason(exc)})" for n in results.names}}
 
 
-__all__ = ["Inputs", "PayloadError", "Results", "pack_inputs", "load_inputs", "pack_results",
-           "unpack_results", "unwrap"]
+__all__ = ["Inputs", "Results", "pickle_inputs", "pickle_error", "load_inputs", "pack_results",
+           "unpack_results", "unwrap", "type_name", "reason"]

@@ -1,4 +1,4 @@
-"""``--max-restarts K``: when a rank dies, start the ranks again from the last checkpoint, up to K times.
+"""``--max-restarts K`` (kernel side): when a rank dies, start the ranks again from the last checkpoint, up to K times.
 
 A run with ``--checkpoint DIR --max-restarts K`` whose rank dies — killed by a signal (the
 out-of-memory killer, a preempted machine), or exited without a Python exception — is started again
@@ -29,10 +29,10 @@ import os
 import time
 from typing import Callable
 
-from ..launch.errors import RankFailedError
-from ..launch.observer import RunObserver
+from ..wire.settings import TrainSettings
 from ..words import count
-from .settings import TrainSettings
+from .errors import RankFailedError
+from .observer import RunObserver
 
 
 def run_with_restarts(attempt: Callable[[int, list], object], settings: TrainSettings,
