@@ -7,16 +7,18 @@ package (``nbtrain/launch/*`` is ``launch``; a top-level module such as ``magics
 
 * no cycle between packages;
 * the rank side (``worker``, ``train``) never imports the kernel side (``launch``, ``dashboard``,
-  ``server``, ``magics``);
+  ``server``, ``magics``), nor the kernel side the rank side: what both need lives in ``wire``;
 * ``wire``, the format both sides share, imports neither side;
 * inside ``train/`` no two modules import each other, even through others.
 
-Each failure names the file, line and import that breaks the rule.
+Each failure names the file, line and import that breaks the rule. The drawing of these layers in
+docs/architecture.md is checked to name only modules that exist.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,6 +148,13 @@ def test_rank_side_never_imports_the_kernel_side():
     assert not wrong, "the rank side imports the kernel side:\n" + "\n".join(wrong)
 
 
+def test_kernel_side_never_imports_the_rank_side():
+    wrong = [f"{imp} ({package_of(imp.source)} runs in the kernel; {package_of(imp.target)} is the ranks'; "
+             "put what both need in nbtrain/wire)"
+             for (a, b), imps in package_edges().items() if a in KERNEL_SIDE and b in RANK_SIDE for imp in imps]
+    assert not wrong, "the kernel side imports the rank side:\n" + "\n".join(wrong)
+
+
 def test_wire_imports_neither_side():
     wrong = [f"{imp} (wire is shared by both sides; move what it needs into wire)"
              for (a, b), imps in package_edges().items() if a == "wire" and b in KERNEL_SIDE | RANK_SIDE for imp in imps]
@@ -159,3 +168,11 @@ def test_no_module_cycle_inside_train():
             edges.setdefault((imp.source, imp.target), []).append(imp)
     cycle = find_cycle(edges)
     assert cycle is None, f"train modules import each other: {' → '.join(cycle)}\n{explain(cycle, edges)}"
+
+
+def test_the_architecture_page_names_modules_that_exist():
+    page = (ROOT.parent / "docs" / "architecture.md").read_text()
+    named = set(re.findall(r"\b((?:launch|wire|worker|train|dashboard|server|gpu)/[a-z_]+\.py)\b", page))
+    assert {"wire/protocol.py", "launch/inputs.py", "train/state.py"} <= named
+    missing = sorted(path for path in named if not (ROOT / path).is_file())
+    assert not missing, f"docs/architecture.md names modules that do not exist: {', '.join(missing)}"

@@ -1,12 +1,18 @@
-"""The kernel side of ``%%distributed``: configuration, cell analysis, payloads, the worker pool, a run.
+"""The kernel side of ``%%distributed``: configuration, cell analysis, the worker pool, a run.
 
 Layers, each knowing only the one below it (as torchrun's CLI → LaunchConfig → agent → process
 context)::
 
     magics.py        parses the magic's arguments           -> LaunchConfig
-    launch.run       runs one cell on a pool                 -> RunResult / RankFailedError
-    launch.pool      N rank processes, their channel, store  -> events
+    launch.api       checks everything, then runs           -> RunResult / RankFailedError
+    launch.run       runs one cell on a pool                 -> events to observers
+    launch.pool      N rank processes, their channel, store  -> Hello, Ready, Done …
       launch.procs     the process group: start, poll, signal (a multi-machine launcher replaces it)
       launch.channel   the authenticated connection to each rank and its messages
-    worker.main      one rank: process group, jobs
+    ───────────────  nbtrain.wire: messages, payload, shared memory, settings  ─────────
+    worker.main      one rank: process group, jobs            (the rank side)
+
+This package talks to the ranks only through :mod:`nbtrain.wire`, and the ranks never import it: the
+kernel side → wire ← rank side. What only the kernel does with the shared format stays here — explaining
+an unsendable variable (:mod:`.inputs`), retrying after a rank died (:mod:`.restarts`).
 """
