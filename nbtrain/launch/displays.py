@@ -1,7 +1,7 @@
 """Rich output from rank 0 (``display(obj)``, ``plt.show()``), shown in the cell at its place in the text.
 
-A rank sends each bundle as :class:`~nbtrain.launch.protocol.Display` on its socket, then writes
-:data:`~nbtrain.launch.protocol.DISPLAY_MARK` and the bundle's number to its stdout (see
+A rank sends each bundle as :class:`~nbtrain.wire.protocol.Display` on its socket, then writes
+:data:`~nbtrain.wire.protocol.DISPLAY_MARK` and the bundle's number to its stdout (see
 :mod:`nbtrain.worker.display`). Socket and pipe are read separately, so either can arrive first:
 
 * :meth:`PendingDisplays.add` keeps a bundle that came before its mark;
