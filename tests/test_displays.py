@@ -7,7 +7,7 @@ import base64
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook
 
-from nbtrain.launch import protocol as P
+from nbtrain.wire import protocol as P
 from nbtrain.launch.displays import PendingDisplays
 from nbtrain.launch.output import OutputRelay
 from nbtrain.launch.run import PoolManager
