@@ -84,7 +84,7 @@ def test_gpu_load_memory_and_processes_come_from_nvml(jp_fetch, monkeypatch, jp_
 
 
 async def _gpu_load_memory_and_processes_come_from_nvml(jp_fetch, monkeypatch):
-    gpus = [fake_nvml.FakeGpu(used=41 * 2**30, util=73, processes=[(4242, 3 * 2**30)]),
+    gpus = [fake_nvml.FakeGpu(uuid="GPU-0", used=41 * 2**30, util=73, processes=[(4242, 3 * 2**30)]),
             fake_nvml.FakeGpu(name="NVIDIA A100", uuid="GPU-1", total=40 * 2**30, used=0, util=0),
             fake_nvml.FakeGpu(uuid="GPU-2", used=9 * 2**30, processes=[])]  # a VM: none listed, 9 GiB used
     module = fake_nvml.install(monkeypatch, gpus)

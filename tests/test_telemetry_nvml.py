@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from fake_pynvml import FakeGpu, make_module
+from fake_nvml import FakeGpu, install
 from nbtrain.gpu import nvml, telemetry
 from nbtrain.gpu.telemetry import Telemetry
 
@@ -22,15 +22,7 @@ from nbtrain.gpu.telemetry import Telemetry
 @pytest.fixture
 def fake_nvml(monkeypatch):
     """Install a stand-in pynvml with the given boards; NVML state starts afresh and is restored after."""
-
-    def install(gpus):
-        module = make_module(gpus)
-        monkeypatch.setitem(sys.modules, "pynvml", module)
-        monkeypatch.setattr(nvml, "_state", {"module": None, "error": None, "tried": False})
-        monkeypatch.setattr(telemetry, "_default", None)
-        return module
-
-    return install
+    return lambda gpus: install(monkeypatch, gpus)
 
 
 @pytest.fixture
@@ -109,7 +101,7 @@ def test_rank_memory_is_its_process_tree(fake_nvml, process_tree):
 
 def test_pid_namespace_mismatch_is_said_not_guessed(fake_nvml, process_tree):
     parent, _ = process_tree
-    fake_nvml([FakeGpu(processes=[(123456, 2**30)])])  # the host's PID of our rank, unknown here
+    fake_nvml([FakeGpu(used=2**30, processes=[(123456, 2**30)])])  # the host's PID of our rank, unknown here
     snap = Telemetry([(0, parent, "cuda:0", 0)]).snapshot()
     assert snap.ranks[0].gpu_memory is None
     assert any("PID namespace" in note for note in snap.notes)

@@ -1,63 +1,143 @@
-"""A stand-in for NVIDIA's ``pynvml`` module (nvidia-ml-py) with a configurable set of GPUs.
+"""A stand-in for NVIDIA's ``pynvml`` module (nvidia-ml-py), for testing the NVML path on machines without a GPU.
 
-Used only where there is no GPU: the real library is checked on a GPU machine (docs/gpu-verification.md).
+It answers the calls nbtrain makes with a small, configurable set of boards, counts the calls (to check
+what is cached) and raises NVML's "Not Supported" where a board lacks a field (MIG, some VMs). It is not
+NVML: it only lets the tests check what nbtrain does with NVML's answers and errors. The real library
+is checked on a GPU machine (docs/gpu-verification.md).
+
+``install`` is the way in: it makes ``import pynvml`` return the stand-in and resets every cache nbtrain
+keeps of the previous driver's answers.
 """
 
 from __future__ import annotations
 
+import sys
 import types
+from collections import Counter
 from dataclasses import dataclass, field
+
+NVML_TEMPERATURE_GPU = 0
+NVML_DEVICE_MIG_ENABLE = 1
 
 
 class NVMLError(Exception):
     pass
 
 
+class NVMLError_NotSupported(NVMLError):
+    def __str__(self):
+        return "Not Supported"
+
+
 @dataclass
 class FakeGpu:
     name: str = "NVIDIA H100 80GB HBM3"
-    uuid: str = "GPU-00000000-0000-0000-0000-000000000000"
+    uuid: str | None = None  # None: "GPU-<index>-fake", from the board's place in the list
     total: int = 80 * 2**30
     used: int = 2 * 2**30
-    util: int = 40
-    temp: int = 50
-    power_mw: int = 200_000
+    util: int | None = 40  # None: not supported
+    temperature: int = 50
+    power_mw: int | None = 200_000  # None: not supported
     limit_mw: int = 700_000
-    processes: list = field(default_factory=list)  # [(pid, used_bytes)]
+    processes: list | None = field(default_factory=list)  # [(pid, used bytes or None)]; None: not supported
+    mig: bool = False
 
 
 def make_module(gpus: list[FakeGpu]) -> types.ModuleType:
-    m = types.ModuleType("pynvml")
-    m.NVMLError = NVMLError
-    m.nvmlInit = lambda: None
-    m.nvmlShutdown = lambda: None
-    m.nvmlDeviceGetCount = lambda: len(gpus)
-    m.nvmlDeviceGetHandleByIndex = lambda i: gpus[i]
-    m.nvmlDeviceGetName = lambda h: h.name
-    m.nvmlDeviceGetUUID = lambda h: h.uuid
-    m.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(total=h.total, used=h.used, free=h.total - h.used)
-    m.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=h.util, memory=0)
-    m.nvmlDeviceGetTemperature = lambda h, sensor: h.temp
-    m.NVML_TEMPERATURE_GPU = 0
-    m.nvmlDeviceGetPowerUsage = lambda h: h.power_mw
-    m.nvmlDeviceGetEnforcedPowerLimit = lambda h: h.limit_mw
-    m.nvmlDeviceGetComputeRunningProcesses = lambda h: [types.SimpleNamespace(pid=p, usedGpuMemory=u) for p, u in h.processes]
-    m.nvmlDeviceGetGraphicsRunningProcesses = lambda h: []
-    m.nvmlDeviceGetMigMode = lambda h: (0, 0)
-    m.NVML_DEVICE_MIG_ENABLE = 1
-    return m
+    """A ``pynvml`` look-alike over ``gpus``; ``module.calls`` counts the calls by function name."""
+    calls: Counter = Counter()
+    mod = types.ModuleType("pynvml")
+    mod.calls = calls
+    mod.gpus = gpus
+    mod.NVMLError = NVMLError
+    mod.NVMLError_NotSupported = NVMLError_NotSupported
+    mod.NVML_TEMPERATURE_GPU = NVML_TEMPERATURE_GPU
+    mod.NVML_DEVICE_MIG_ENABLE = NVML_DEVICE_MIG_ENABLE
+
+    def counted(fn):
+        def wrapper(*args):
+            calls[fn.__name__] += 1
+            return fn(*args)
+        wrapper.__name__ = fn.__name__
+        setattr(mod, fn.__name__, wrapper)
+        return wrapper
+
+    def unsupported_unless(value):
+        if value is None:
+            raise NVMLError_NotSupported()
+        return value
+
+    @counted
+    def nvmlInit():
+        pass
+
+    @counted
+    def nvmlShutdown():
+        pass
+
+    @counted
+    def nvmlDeviceGetCount():
+        return len(gpus)
+
+    @counted
+    def nvmlDeviceGetHandleByIndex(index):
+        return gpus[index]
+
+    @counted
+    def nvmlDeviceGetName(gpu):
+        return gpu.name.encode()  # older bindings answer bytes; nbtrain decodes
+
+    @counted
+    def nvmlDeviceGetUUID(gpu):
+        return gpu.uuid or f"GPU-{gpus.index(gpu):08d}-fake"
+
+    @counted
+    def nvmlDeviceGetMemoryInfo(gpu):
+        return types.SimpleNamespace(total=gpu.total, used=gpu.used, free=gpu.total - gpu.used)
+
+    @counted
+    def nvmlDeviceGetUtilizationRates(gpu):
+        util = unsupported_unless(None if gpu.mig else gpu.util)
+        return types.SimpleNamespace(gpu=util, memory=util // 2)
+
+    @counted
+    def nvmlDeviceGetTemperature(gpu, sensor):
+        assert sensor == NVML_TEMPERATURE_GPU
+        return gpu.temperature
+
+    @counted
+    def nvmlDeviceGetPowerUsage(gpu):
+        return unsupported_unless(gpu.power_mw)
+
+    @counted
+    def nvmlDeviceGetEnforcedPowerLimit(gpu):
+        return gpu.limit_mw
+
+    @counted
+    def nvmlDeviceGetMigMode(gpu):
+        return (1, 1) if gpu.mig else (0, 0)
+
+    @counted
+    def nvmlDeviceGetComputeRunningProcesses(gpu):
+        listed = unsupported_unless(gpu.processes)
+        return [types.SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in listed]
+
+    @counted
+    def nvmlDeviceGetGraphicsRunningProcesses(gpu):
+        unsupported_unless(gpu.processes)
+        return []
+
+    return mod
 
 
 def install(monkeypatch, gpus: list[FakeGpu]) -> types.ModuleType:
-    """Make ``import pynvml`` return the stand-in and reset nbtrain's lazily initialised NVML state."""
-    import sys
-
+    """Make ``import pynvml`` return a stand-in over ``gpus``; nbtrain's NVML state starts afresh, restored after."""
     from nbtrain.gpu import nvml, telemetry
     from nbtrain.server import gpus as server_gpus
 
     module = make_module(gpus)
     monkeypatch.setitem(sys.modules, "pynvml", module)
-    monkeypatch.setattr(nvml, "_state", {"module": None, "error": None, "tried": False})
+    monkeypatch.setattr(nvml, "_state", {"module": None, "error": None, "tried": False})  # and its GPUs
     monkeypatch.setattr(telemetry, "_default", None)
-    monkeypatch.setattr(server_gpus, "_last", None)
+    monkeypatch.setattr(server_gpus, "_last", None)  # the server's last snapshot, of the previous driver
     return module
