@@ -1,41 +1,34 @@
-"""Shared fixtures: every test ends with no nbtrain process left behind."""
+"""Shared fixtures: every test ends with no nbtrain process left behind.
+
+Pools of ranks come from one place, in two lifetimes: ``pools`` is shared by a module's tests (only the
+first pays for starting the ranks), ``fresh_pools`` is a test's own (for tests that time a start, stop
+the pool, wait for its idle timeout or check that nothing is left after each test).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
-import sys
-import time
 import uuid
 
-import psutil
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "helpers"))
+from helpers.workers import SESSION_VARIABLE, assert_no_workers
 
 # Ranks (and kernels started by tests) inherit this, so a check only sees this test run's processes.
-SESSION_MARK = os.environ.setdefault("NBTRAIN_TEST_SESSION", uuid.uuid4().hex)
+os.environ.setdefault(SESSION_VARIABLE, uuid.uuid4().hex)
 
 
-def nbtrain_workers() -> list[psutil.Process]:
-    """Every live rank process started by this test run, orphaned or not."""
-    found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        try:
-            cmd = proc.info["cmdline"] or []
-            if ("nbtrain.worker" in cmd and proc.info["status"] != psutil.STATUS_ZOMBIE
-                    and proc.environ().get("NBTRAIN_TEST_SESSION") == SESSION_MARK):
-                found.append(proc)
-        except psutil.Error:
-            pass
-    return found
+@contextlib.contextmanager
+def _pool_manager():
+    from nbtrain.launch.run import PoolManager
 
-
-def assert_no_workers(timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while nbtrain_workers() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    left = nbtrain_workers()
-    assert not left, f"worker processes left behind: {[p.pid for p in left]}"
+    manager = PoolManager()
+    try:
+        yield manager
+    finally:
+        manager.shutdown()
+    assert_no_workers()
 
 
 @pytest.fixture
@@ -48,9 +41,12 @@ def no_leftover_workers():
 @pytest.fixture(scope="module")
 def pools():
     """One warm pool of ranks per test module; afterwards, no rank of this test run is left."""
-    from nbtrain.launch.run import PoolManager
+    with _pool_manager() as manager:
+        yield manager
 
-    manager = PoolManager()
-    yield manager
-    manager.shutdown()
-    assert_no_workers()
+
+@pytest.fixture
+def fresh_pools():
+    """A pool of ranks for this test only; afterwards, no rank of this test run is left."""
+    with _pool_manager() as manager:
+        yield manager

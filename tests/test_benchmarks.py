@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-import fake_nvml
+from helpers import fake_nvml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

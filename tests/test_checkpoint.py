@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from nbtrain.launch.errors import RankFailedError
-from training_support import run_cell
+from helpers.runhelp import Captured, run_cell
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -40,10 +40,10 @@ def test_resumed_run_continues_the_uninterrupted_one(pools, tmp_path):
     options = dict(grad_accum=2, amp="fp16", out="final")  # fp16 on CPU: the GradScaler's state is saved too
     whole, whole_run = run_cell(pools, TRAIN.replace("EPOCHS", "4"), checkpoint=str(tmp_path / "a"), **options)
     _, first_run = run_cell(pools, TRAIN.replace("EPOCHS", "2"), checkpoint=str(tmp_path / "b"), **options)
-    output: list = []
-    resumed, resumed_run = run_cell(pools, TRAIN.replace("EPOCHS", "4"), output, checkpoint=str(tmp_path / "b"), **options)
+    output = Captured()
+    resumed, resumed_run = run_cell(pools, TRAIN.replace("EPOCHS", "4"), write=output, checkpoint=str(tmp_path / "b"), **options)
 
-    assert f"resuming from {tmp_path / 'b' / 'checkpoint.pt'} (epoch 2, step 6)" in "".join(output)
+    assert f"resuming from {tmp_path / 'b' / 'checkpoint.pt'} (epoch 2, step 6)" in output.text()
     for rank in (0, 1):
         reference = whole_run.history.series("loss", rank=rank)
         continued = resumed_run.history.series("loss", rank=rank)
@@ -60,9 +60,9 @@ def test_resumed_run_continues_the_uninterrupted_one(pools, tmp_path):
 
 def test_no_resume_starts_over(pools, tmp_path):
     run_cell(pools, TRAIN.replace("EPOCHS", "1"), checkpoint=str(tmp_path))
-    output: list = []
-    _, result = run_cell(pools, TRAIN.replace("EPOCHS", "1"), output, checkpoint=str(tmp_path), resume=False)
-    assert "resuming" not in "".join(output)
+    output = Captured()
+    _, result = run_cell(pools, TRAIN.replace("EPOCHS", "1"), write=output, checkpoint=str(tmp_path), resume=False)
+    assert "resuming" not in output.text()
     assert result.history.series("loss").steps[0] == 0
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fake_nvml import FakeGpu, install
+from helpers.fake_nvml import FakeGpu, install
 from nbtrain.launch import config as config_module
 from nbtrain.launch.config import ConfigError, LaunchRequest, resolve
 

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from labhelp import CHROMIUM, LAUNCH_ARGS, JupyterLab, browser_or_skip, screenshot_path, write_notebook
+from helpers.labhelp import CHROMIUM, LAUNCH_ARGS, JupyterLab, browser_or_skip, screenshot_path, write_notebook
 
 sync_api = browser_or_skip()
 

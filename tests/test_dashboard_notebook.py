@@ -94,7 +94,7 @@ def test_gpus_stopped_by_gpus_stop_leaves_a_static_table(kernel_name, tmp_path):
 
 def test_gpus_ending_after_its_duration_replaces_its_widget_by_a_table():
     """--for: the monitor stops on its own thread and still replaces its display in place."""
-    from kernelhelp import Kernel
+    from helpers.kernelhelp import Kernel
 
     kernel = Kernel()
     try:

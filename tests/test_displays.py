@@ -10,8 +10,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 from nbtrain.wire import protocol as P
 from nbtrain.launch.displays import PendingDisplays
 from nbtrain.launch.output import OutputRelay
-from nbtrain.launch.run import PoolManager
-from runhelp import Captured, run
+from helpers.runhelp import Captured, run_cell
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -28,21 +27,17 @@ def test_a_mark_that_comes_before_its_bundle_holds_the_text_after_it():
     assert shown == [(len("before\n"), {"text/plain": "fig"})] and text.text() == "before\nafter\n"
 
 
-def test_plt_show_on_the_ranks_shows_rank_0s_figure_between_its_lines():
+def test_plt_show_on_the_ranks_shows_rank_0s_figure_between_its_lines(fresh_pools):
     """Through real ranks, without IPython: the figure's place is written as text; rank 1's is dropped."""
     out = Captured()
-    manager = PoolManager()
-    try:
-        run("""
+    run_cell(fresh_pools, """
         import matplotlib.pyplot as plt
         print("before")
         plt.plot([1, 2, 3])
         plt.show()
         print("after", plt.get_fignums())
         plt.figure()  # left open: shown when the cell ends, as in a notebook
-        """, {}, manager, write=out)
-    finally:
-        manager.shutdown()
+        """, write=out)
     rank0 = [line for line in out.text("stdout").splitlines() if not line.startswith("[rank ")]
     assert rank0 == ["before", "<Figure with 1 Axes> [image/png: shown in a notebook]", "after []",
                      "<Figure with 0 Axes> [image/png: shown in a notebook]"]

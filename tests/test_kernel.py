@@ -11,8 +11,8 @@ import pytest
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook
 
-from conftest import assert_no_workers, nbtrain_workers
-from kernelhelp import Kernel
+from helpers.workers import assert_no_workers, nbtrain_workers
+from helpers.kernelhelp import Kernel
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_no_workers
-from labhelp import CHROMIUM, LAUNCH_ARGS, JupyterLab, browser_or_skip, screenshot_path, write_notebook
-from serverhelp import ENDLESS_RUN
+from helpers.workers import assert_no_workers
+from helpers.labhelp import CHROMIUM, LAUNCH_ARGS, JupyterLab, browser_or_skip, screenshot_path, write_notebook
+from helpers.serverhelp import ENDLESS_RUN
 
 sync_api = browser_or_skip()
 

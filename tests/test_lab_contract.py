@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from tornado.httpclient import HTTPClientError
 
-import fake_nvml
+from helpers import fake_nvml
 from nbtrain.server.handlers import ROUTES
-from serverhelp import ENDLESS_RUN, ServerKernel, fetch_json, wait_for
-from tsinterfaces import mismatches, parse_interfaces
+from helpers.serverhelp import ENDLESS_RUN, ServerKernel, fetch_json, wait_for
+from helpers.tsinterfaces import mismatches, parse_interfaces
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
 

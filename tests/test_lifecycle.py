@@ -14,17 +14,9 @@ import pytest
 from nbtrain.launch.config import LaunchRequest, resolve
 from nbtrain.launch.errors import RankFailedError
 from nbtrain.launch.pool import WorkerPool
-from nbtrain.launch.run import PoolManager
-from runhelp import run
+from helpers.runhelp import run_cell
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
-
-
-@pytest.fixture
-def manager():
-    m = PoolManager()
-    yield m
-    m.shutdown()
 
 
 def test_channel_is_a_private_socket_that_refuses_a_wrong_key():
@@ -46,46 +38,46 @@ def test_channel_is_a_private_socket_that_refuses_a_wrong_key():
         pool.teardown(graceful=False)
 
 
-def test_rank_failing_outside_the_cell_reports_torch_elastic_error_file(manager):
+def test_rank_failing_outside_the_cell_reports_torch_elastic_error_file(fresh_pools):
     with pytest.raises(RankFailedError) as err:
-        run("x = 1", {}, manager, env=("NBTRAIN_TIMEOUT=soon",))
+        run_cell(fresh_pools, "x = 1", env=("NBTRAIN_TIMEOUT=soon",))
     report = str(err.value)
     assert "exited with code 1 while starting" in report
     assert "Error recorded by rank" in report and "could not convert string to float: 'soon'" in report
 
 
-def test_a_failure_stops_the_other_ranks_within_2_s(manager):
-    run("import torch.distributed as dist", {}, manager)  # warm: measure the failure, not the start
-    pids = manager.pool.pids()
+def test_a_failure_stops_the_other_ranks_within_2_s(fresh_pools):
+    run_cell(fresh_pools, "import torch.distributed as dist")  # warm: measure the failure, not the start
+    pids = fresh_pools.pool.pids()
     started = time.monotonic()
     with pytest.raises(RankFailedError):
-        run("import torch.distributed as dist\nif rank == 0:\n    raise KeyError('x')\ndist.barrier()\n", {}, manager)
+        run_cell(fresh_pools, "import torch.distributed as dist\nif rank == 0:\n    raise KeyError('x')\ndist.barrier()\n")
     assert time.monotonic() - started < 2.0
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 
-def test_idle_pool_stops_by_itself(manager):
-    run("a = 1", {}, manager, keep_alive=0.5)
-    pids = manager.pool.pids()
+def test_idle_pool_stops_by_itself(fresh_pools):
+    run_cell(fresh_pools, "a = 1", keep_alive=0.5)
+    pids = fresh_pools.pool.pids()
     gone, alive = psutil.wait_procs([psutil.Process(p) for p in pids], timeout=5)
-    assert not alive and manager.pool is None
+    assert not alive and fresh_pools.pool is None
 
 
-def test_different_options_start_a_new_pool_and_stop_the_old(manager):
-    run("a = 1", {}, manager)
-    old = manager.pool.pids()
-    run("a = 1", {}, manager, env=("FOO=1",))
-    assert manager.pool.pids() != old
+def test_different_options_start_a_new_pool_and_stop_the_old(fresh_pools):
+    run_cell(fresh_pools, "a = 1")
+    old = fresh_pools.pool.pids()
+    run_cell(fresh_pools, "a = 1", env=("FOO=1",))
+    assert fresh_pools.pool.pids() != old
     assert not [p for p in old if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 
-def test_every_socket_of_a_run_is_on_loopback_or_a_private_unix_socket(manager):
-    _, ns = run("""
+def test_every_socket_of_a_run_is_on_loopback_or_a_private_unix_socket(fresh_pools):
+    ns, _ = run_cell(fresh_pools, """
         import psutil, torch.distributed as dist
         t = torch.ones(1); dist.all_reduce(t)
         mine = [c for c in psutil.Process().net_connections(kind="inet")]
         addresses = sorted({c.laddr.ip for c in mine})
-    """, {"torch": __import__("torch")}, manager, out="addresses")
+    """, {"torch": __import__("torch")}, out="addresses")
     kernel = [c.laddr.ip for c in psutil.Process().net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
     assert ns["addresses"] and all(_loopback(a) for a in ns["addresses"]), ns["addresses"]
     assert kernel and all(_loopback(a) for a in kernel), kernel

@@ -6,7 +6,7 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-from conftest import assert_no_workers, nbtrain_workers
+from helpers.workers import assert_no_workers, nbtrain_workers
 
 
 @pytest.fixture(scope="module")

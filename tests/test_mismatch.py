@@ -7,10 +7,10 @@ import time
 import pytest
 
 from nbtrain.launch.errors import RankFailedError
-from runhelp import Captured, run
+from helpers.runhelp import Captured, run_cell
 
 def test_a_rank_slower_than_the_others_is_left_to_finish(pools):
-    result, ns = run("""
+    ns, result = run_cell(pools, """
         import time
         import torch, torch.distributed as dist
         dist.barrier()
@@ -20,7 +20,7 @@ def test_a_rank_slower_than_the_others_is_left_to_finish(pools):
                 torch.ones(64, 64) @ torch.ones(64, 64)
             time.sleep(0.5)
         finished = rank
-    """, {}, pools, timeout=20)  # the options of the next test: it reuses these warm ranks
+    """, timeout=20)  # the options of the next test: it reuses these warm ranks
     assert ns["finished"] == 0 and set(result.rank_seconds) == {0, 1}
     assert result.rank_seconds[1] > 3
 
@@ -30,12 +30,12 @@ def test_a_collective_only_one_rank_calls_is_reported_within_seconds(pools, tmp_
     output = Captured()
     started = time.monotonic()
     with pytest.raises(RankFailedError) as err:
-        run("""
+        run_cell(pools, """
             import torch, torch.distributed as dist
             if rank == 0:
                 dist.all_reduce(torch.ones(1))
             done = True
-        """, {}, pools, write=output, checkpoint=str(tmp_path), max_restarts=2, timeout=20)
+        """, write=output, checkpoint=str(tmp_path), max_restarts=2, timeout=20)
     elapsed = time.monotonic() - started
     assert elapsed < 10, f"reported after {elapsed:.1f} s"
     assert str(err.value.failures[0].summary()) == (
@@ -48,11 +48,11 @@ def test_a_collective_only_one_rank_calls_is_reported_within_seconds(pools, tmp_
 
 def test_ranks_waiting_for_each_other_with_one_finished_are_reported(pools):
     with pytest.raises(RankFailedError) as err:
-        run("""
+        run_cell(pools, """
             import torch.distributed as dist
             if rank == 1:
                 dist.barrier()
                 dist.barrier()
             print("rank", rank, "done")
-        """, {}, pools, timeout=20)
+        """, timeout=20)
     assert err.value.failures[0].summary().startswith("rank 0 finished the cell; rank 1 waits in barrier() at cell line 4")

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import base64
 import os
-import sys
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from scripts.run_notebook import apply_parameters
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-from run_notebook import apply_parameters  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
 

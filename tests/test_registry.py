@@ -7,25 +7,18 @@ import os
 
 import pytest
 
+from helpers.runhelp import run_cell
 from nbtrain.launch.registry import RunRegistry, read_runs
-from nbtrain.launch.run import PoolManager
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
 
 
-def test_a_run_is_recorded_from_start_to_finish(tmp_path):
+def test_a_run_is_recorded_from_start_to_finish(fresh_pools, tmp_path):
     registry = RunRegistry(str(tmp_path))
-    manager = PoolManager()
-    try:
-        from nbtrain.launch.api import run_source
-        from nbtrain.launch.config import LaunchRequest
-
-        run_source("import nbtrain\nfor i in range(3):\n    nbtrain.log(loss=1.0 / (i + 1))\n",
-                   LaunchRequest(nprocs=2, cpu=True), {}, manager=manager, write=lambda s, t: None,
-                   observers=[registry])
-        pids = manager.pool.pids()
-    finally:
-        manager.shutdown()
+    run_cell(fresh_pools, "import nbtrain\nfor i in range(3):\n    nbtrain.log(loss=1.0 / (i + 1))\n",
+             observers=[registry])
+    pids = fresh_pools.pool.pids()
+    fresh_pools.shutdown()
     record = json.loads((tmp_path / f"kernel-{os.getpid()}.json").read_text())
     assert record["state"] == "finished" and record["nprocs"] == 2 and record["backend"] == "gloo"
     assert [r["pid"] for r in record["ranks"]] == pids and record["ranks"][0]["device"] == "cpu"

@@ -1,4 +1,7 @@
-"""--max-restarts: a rank killed mid-training is restarted from the last checkpoint (2 ranks, gloo, CPU)."""
+"""--max-restarts: a rank killed mid-training is restarted from the last checkpoint (2 ranks, gloo, CPU).
+
+Each test starts from a pool of its own (``fresh_pools``), with no rank left over from the one before.
+"""
 
 from __future__ import annotations
 
@@ -6,22 +9,11 @@ import time
 
 import pytest
 
-from nbtrain.launch.api import run_source
-from nbtrain.launch.config import LaunchRequest
+from helpers.runhelp import Captured, run_cell
 from nbtrain.launch.errors import RankFailedError
 from nbtrain.launch.observer import RunObserver
-from nbtrain.launch.run import PoolManager
-from training_support import assert_no_own_workers, run_cell
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture
-def pools():
-    manager = PoolManager()
-    yield manager
-    manager.shutdown()
-    assert_no_own_workers()
 
 
 CELL = """
@@ -59,22 +51,21 @@ class Endings(RunObserver):
         self.endings.append(status)
 
 
-def test_a_killed_rank_is_restarted_from_the_checkpoint(pools, tmp_path):
+def test_a_killed_rank_is_restarted_from_the_checkpoint(fresh_pools, tmp_path):
     cell = CELL.replace("KILL_EPOCH", "1").replace("MARKER", repr(str(tmp_path / "killed-once")))
-    output: list = []
+    output = Captured()
     restarted_after: list = []
     started = time.monotonic()
 
     def write(stream: str, text: str) -> None:
-        output.append(text)
+        output(stream, text)
         if "restarting the ranks" in text:
             restarted_after.append(time.monotonic() - started)
 
-    observer, ns = Endings(), {}
-    result = run_source(cell, LaunchRequest(nprocs=2, cpu=True, checkpoint=str(tmp_path / "ckpt"), max_restarts=1,
-                                            out="steps,restart_count"), ns, manager=pools, write=write,
-                        observers=[observer])
-    text = "".join(output)
+    observer = Endings()
+    ns, result = run_cell(fresh_pools, cell, write=write, observers=[observer], checkpoint=str(tmp_path / "ckpt"),
+                          max_restarts=1, out="steps,restart_count")
+    text = output.text()
     assert "rank 1 was killed by SIGKILL" in text
     assert f"restarting the ranks from {tmp_path / 'ckpt' / 'checkpoint.pt'} (epoch 1, step 4) (restart 1 of 1)" in text
     assert "resuming from" in text
@@ -87,18 +78,18 @@ def test_a_killed_rank_is_restarted_from_the_checkpoint(pools, tmp_path):
     assert observer.started == 2 and observer.endings == ["ok"]  # no "failed" ending for the restarted attempt
 
 
-def test_without_a_checkpoint_it_says_why_it_cannot_resume(pools, tmp_path):
+def test_without_a_checkpoint_it_says_why_it_cannot_resume(fresh_pools, tmp_path):
     cell = CELL.replace("KILL_EPOCH", "0").replace("MARKER", repr(str(tmp_path / "killed-once")))
-    output: list = []
+    output = Captured()
     with pytest.raises(RankFailedError, match="rank 1 was killed by SIGKILL"):
-        run_cell(pools, cell, output, checkpoint=str(tmp_path / "ckpt"), max_restarts=2)
-    assert "not restarting: the cell cannot resume" in "".join(output)
-    assert "holds no checkpoint yet" in "".join(output)
+        run_cell(fresh_pools, cell, write=output, checkpoint=str(tmp_path / "ckpt"), max_restarts=2)
+    assert "not restarting: the cell cannot resume" in output.text()
+    assert "holds no checkpoint yet" in output.text()
 
 
-def test_a_python_error_is_not_restarted(pools, tmp_path):
-    output: list = []
+def test_a_python_error_is_not_restarted(fresh_pools, tmp_path):
+    output = Captured()
     with pytest.raises(RankFailedError, match="ZeroDivisionError"):
-        run_cell(pools, "import nbtrain\nnbtrain.save_checkpoint() if False else None\n1 / 0\n", output,
+        run_cell(fresh_pools, "import nbtrain\nnbtrain.save_checkpoint() if False else None\n1 / 0\n", write=output,
                  checkpoint=str(tmp_path), max_restarts=3)
-    assert "which a restart would raise again" in "".join(output)
+    assert "which a restart would raise again" in output.text()

@@ -10,8 +10,7 @@ import torch
 
 from nbtrain.launch.errors import RankFailedError
 from nbtrain.launch.inputs import PayloadError
-from nbtrain.launch.run import PoolManager
-from runhelp import Captured, notebook, run
+from helpers.runhelp import Captured, notebook, run_cell
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
 
@@ -35,25 +34,18 @@ X = torch.arange(4.0)
 """
 
 
-@pytest.fixture
-def manager():
-    m = PoolManager()
-    yield m
-    m.shutdown()
-
-
-def test_notebook_class_function_lambda_and_tensor_reach_the_ranks(manager):
+def test_notebook_class_function_lambda_and_tensor_reach_the_ranks(fresh_pools):
     ns = notebook(NOTEBOOK)
     Scale = ns["Scale"]
     out = Captured()
-    result, ns = run("""
+    ns, result = run_cell(fresh_pools, """
         import torch.distributed as dist
         model = Scale(3)
         total = torch.tensor([inc(double(float(rank)))])
         dist.all_reduce(total)
         y = model(X)
         print("rank", rank, "of", world_size, "on", device, "total", total.item())
-    """, ns, manager, write=out)
+    """, ns, write=out)
     assert ns["total"].item() == 1 + 3  # (0*2+1) + (1*2+1)
     assert torch.equal(ns["y"], torch.arange(4.0) * 3)
     assert isinstance(ns["model"], Scale) and ns["model"].k.item() == 3.0
@@ -62,9 +54,9 @@ def test_notebook_class_function_lambda_and_tensor_reach_the_ranks(manager):
     assert set(result.returned) == {"dist", "model", "total", "y"}
 
 
-def test_ddp_model_comes_back_unwrapped_and_trained(manager):
+def test_ddp_model_comes_back_unwrapped_and_trained(fresh_pools):
     ns = {"torch": torch}
-    run("""
+    run_cell(fresh_pools, """
         from torch.nn.parallel import DistributedDataParallel as DDP
         torch.manual_seed(0)
         net = DDP(torch.nn.Linear(4, 1))
@@ -74,16 +66,16 @@ def test_ddp_model_comes_back_unwrapped_and_trained(manager):
             loss = ((net(x) - 1) ** 2).mean()
             opt.zero_grad(); loss.backward(); opt.step()
         final_loss = loss.item()
-    """, ns, manager, out="net,final_loss")
+    """, ns, out="net,final_loss")
     assert type(ns["net"]) is torch.nn.Linear
     assert set(ns) == {"torch", "net", "final_loss"}
     assert ns["final_loss"] < 1.0
 
 
-def test_large_tensors_are_shared_not_copied_per_rank(manager):
+def test_large_tensors_are_shared_not_copied_per_rank(fresh_pools):
     big = torch.randn(4_000_000)  # 16 MB: travels through /dev/shm, mapped copy-on-write by each rank
     ns = {"big": big, "torch": torch}
-    run("""
+    run_cell(fresh_pools, """
         ptr = big.data_ptr()
         mapped = [l for l in open("/proc/self/maps") if "nbtrain-" in l]
         in_shm = any(int(l.split("-")[0], 16) <= ptr < int(l.split()[0].split("-")[1], 16) for l in mapped)
@@ -92,35 +84,35 @@ def test_large_tensors_are_shared_not_copied_per_rank(manager):
         import torch.distributed as dist
         dist.barrier()
         other_ok = float(big.sum()) == 0.0
-    """, ns, manager, out="in_shm,checksum,other_ok")
+    """, ns, out="in_shm,checksum,other_ok")
     assert ns["in_shm"] is True
     assert ns["checksum"] == pytest.approx(float(big.sum()), rel=1e-4)
     assert ns["big"] is big and float(big.abs().sum()) > 0  # the notebook's tensor is untouched
     assert not [f for f in os.listdir("/dev/shm") if f.startswith(f"nbtrain-{os.getpid()}-")]
 
 
-def test_unsendable_variable_is_named_before_any_process_starts(manager):
+def test_unsendable_variable_is_named_before_any_process_starts(fresh_pools):
     import threading
 
     ns = {"lock": threading.Lock(), "n": 3}
     with pytest.raises(PayloadError, match=r"'lock' \(_thread.lock\)") as err:
-        run("with lock:\n    m = n + 1\n", ns, manager)
+        run_cell(fresh_pools, "with lock:\n    m = n + 1\n", ns)
     assert "Create it inside the %%distributed cell" in str(err.value)
-    assert manager.pool is None and "m" not in ns
+    assert fresh_pools.pool is None and "m" not in ns
 
 
-def test_exception_on_one_rank_stops_the_others_and_maps_the_cell_line(manager):
+def test_exception_on_one_rank_stops_the_others_and_maps_the_cell_line(fresh_pools):
     ns = {"torch": torch}
     started = time.monotonic()
     with pytest.raises(RankFailedError) as err:
-        run("""
+        run_cell(fresh_pools, """
             import torch.distributed as dist
             x = 1
             if rank == 1:
                 raise ValueError("bad batch on rank 1")
             dist.barrier()   # rank 0 waits here for a rank that will never come
             never = True
-        """, ns, manager)
+        """, ns)
     elapsed = time.monotonic() - started
     report = str(err.value)
     assert err.value.rank == 1 and err.value.remote_type == "ValueError"
@@ -128,52 +120,52 @@ def test_exception_on_one_rank_stops_the_others_and_maps_the_cell_line(manager):
     assert "Cell line 5, in <module>" in report  # the %%distributed line is line 1
     assert 'raise ValueError("bad batch on rank 1")' in report
     assert "Rank 0 was stopped" in report
-    assert "never" not in ns and manager.pool is None
+    assert "never" not in ns and fresh_pools.pool is None
     assert elapsed < 15  # not the collective timeout (600 s)
 
 
-def test_a_rank_killed_by_a_signal_is_named_with_it(manager):
+def test_a_rank_killed_by_a_signal_is_named_with_it(fresh_pools):
     started = time.monotonic()
     with pytest.raises(RankFailedError) as err:
-        run("""
+        run_cell(fresh_pools, """
             import os, signal, time
             import torch.distributed as dist
             print("about to go", flush=True)
             if rank == 1:
                 os.kill(os.getpid(), signal.SIGKILL)
             dist.barrier()
-        """, {}, manager)
+        """)
     report = str(err.value)
     assert "rank 1 was killed by SIGKILL" in report and "out-of-memory killer" in report
     assert "about to go" in report  # its last output is quoted
     assert time.monotonic() - started < 15
 
 
-def test_a_rank_that_exits_with_a_code(manager):
+def test_a_rank_that_exits_with_a_code(fresh_pools):
     with pytest.raises(RankFailedError, match="rank 0 exited with code 3"):
-        run("import os\nif rank == 0:\n    os._exit(3)\nimport time; time.sleep(30)\n", {}, manager)
+        run_cell(fresh_pools, "import os\nif rank == 0:\n    os._exit(3)\nimport time; time.sleep(30)\n")
 
 
-def test_warm_rerun_reuses_the_ranks_and_starts_fast(manager):
-    run("a = 1", {}, manager)
-    pids = manager.pool.pids()
+def test_warm_rerun_reuses_the_ranks_and_starts_fast(fresh_pools):
+    run_cell(fresh_pools, "a = 1")
+    pids = fresh_pools.pool.pids()
     timings = []
     for i in range(3):
         t = time.monotonic()
-        result, ns = run(f"b = {i} + rank", {}, manager)
+        ns, result = run_cell(fresh_pools, f"b = {i} + rank")
         timings.append(time.monotonic() - t)
         assert result.warm and ns["b"] == i
-    assert manager.pool.pids() == pids
+    assert fresh_pools.pool.pids() == pids
     assert min(timings) < 0.5, timings
 
 
-def test_fresh_namespace_per_cell(manager):
-    run("leftover = 42", {}, manager)
+def test_fresh_namespace_per_cell(fresh_pools):
+    run_cell(fresh_pools, "leftover = 42")
     with pytest.raises(RankFailedError, match="NameError"):
-        run("print(leftover)", {}, manager)
+        run_cell(fresh_pools, "print(leftover)")
 
 
-def test_pasted_torchrun_script_runs_unchanged(manager):
+def test_pasted_torchrun_script_runs_unchanged(fresh_pools):
     script = '''
         import os
         import torch
@@ -194,21 +186,21 @@ def test_pasted_torchrun_script_runs_unchanged(manager):
             result = main()
     '''
     out = Captured()
-    _, ns = run(script, {}, manager, write=out)
+    ns, _ = run_cell(fresh_pools, script, write=out)
     assert ns["result"] == 3.0
     assert "[0/2] sum=3.0" in out.text() and "[rank 1] [1/2] sum=3.0" in out.text()
-    _, ns = run("import torch.distributed as dist\nok = dist.is_initialized()", {}, manager)
+    ns, _ = run_cell(fresh_pools, "import torch.distributed as dist\nok = dist.is_initialized()")
     assert ns["ok"] is True  # the script's destroy_process_group() left the warm group alive
 
 
-def test_asking_for_another_backend_is_explained(manager):
+def test_asking_for_another_backend_is_explained(fresh_pools):
     with pytest.raises(RankFailedError, match="--backend nccl"):
-        run("import torch.distributed as dist\ndist.init_process_group('nccl')\n", {}, manager)
+        run_cell(fresh_pools, "import torch.distributed as dist\ndist.init_process_group('nccl')\n")
 
 
-def test_tqdm_and_stderr_reach_the_cell_and_nothing_is_lost(manager):
+def test_tqdm_and_stderr_reach_the_cell_and_nothing_is_lost(fresh_pools):
     out = Captured()
-    run("""
+    run_cell(fresh_pools, """
         import sys
         from tqdm import tqdm
         for _ in tqdm(range(50), desc="epoch", mininterval=0):
@@ -216,7 +208,7 @@ def test_tqdm_and_stderr_reach_the_cell_and_nothing_is_lost(manager):
         for i in range(2000):
             print(i)
         sys.stdout.write("no newline at the end")
-    """, {}, manager, write=out, output="rank0")
+    """, write=out, output="rank0")
     err, std = out.text("stderr"), out.text("stdout")
     assert "\r" in err and "epoch: 100%" in err and "[rank 1]" not in err
     numbers = [l for l in std.splitlines() if l.isdigit()]
@@ -225,14 +217,14 @@ def test_tqdm_and_stderr_reach_the_cell_and_nothing_is_lost(manager):
     assert "nbtrain-end" not in std and "\x1e" not in std
 
 
-def test_tqdm_bars_of_two_ranks_do_not_draw_over_each_other(manager):
+def test_tqdm_bars_of_two_ranks_do_not_draw_over_each_other(fresh_pools):
     out = Captured()
-    run("""
+    run_cell(fresh_pools, """
         import time
         from tqdm import tqdm
         for _ in tqdm(range(30), desc=f"bar of rank {rank}", mininterval=0, ascii=True):
             time.sleep(0.02)  # a bar that moves while the kernel reads it
-    """, {}, manager, write=out)
+    """, write=out)
     raw, lines = out.text("stderr"), [line for line in out.lines("stderr") if line.strip()]
     assert raw.count("\rbar of rank 0:") > 3  # rank 0's bar is drawn live
     assert raw.count("[rank 1] bar of rank 1:") == 1  # rank 1's: once, when finished (above rank 0's, if still live)
@@ -240,80 +232,80 @@ def test_tqdm_bars_of_two_ranks_do_not_draw_over_each_other(manager):
     assert sorted(line[:30] for line in lines[:2]) == ["[rank 1] bar of rank 1: 100%|#", "bar of rank 0: 100%|##########"]
     assert "`--output rank1` shows rank 1's output live" in lines[2]
     out = Captured()
-    run("""
+    run_cell(fresh_pools, """
         from tqdm import tqdm
         for _ in tqdm(range(40), desc=f"bar of rank {rank}", mininterval=0, ascii=True):
             pass
-    """, {}, manager, write=out, output="rank1")
+    """, write=out, output="rank1")
     assert out.text("stderr").count("\r[rank 1] bar of rank 1:") > 40 and "rank 0" not in out.text()
 
 
-def test_kernel_never_initialises_cuda(manager):
-    run("x = 1", {}, manager)
+def test_kernel_never_initialises_cuda(fresh_pools):
+    run_cell(fresh_pools, "x = 1")
     assert not torch.cuda.is_initialized()
 
 
-def test_pool_shutdown_leaves_no_process(manager):
-    run("x = 1", {}, manager)
-    pids = manager.pool.pids()
-    assert manager.shutdown() is True
+def test_pool_shutdown_leaves_no_process(fresh_pools):
+    run_cell(fresh_pools, "x = 1")
+    pids = fresh_pools.pool.pids()
+    assert fresh_pools.shutdown() is True
     import psutil
 
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 
-def test_results_keep_sharing_and_unsendable_values_are_skipped(manager):
-    result, ns = run("""
+def test_results_keep_sharing_and_unsendable_values_are_skipped(fresh_pools):
+    ns, result = run_cell(fresh_pools, """
         import threading
         net = torch.nn.Linear(2, 2)
         opt = torch.optim.SGD(net.parameters(), lr=0.1)
         lock = threading.Lock()
-    """, {"torch": torch}, manager)
+    """, {"torch": torch})
     assert ns["opt"].param_groups[0]["params"][0] is ns["net"].weight
     assert "lock" not in ns and "cannot be pickled" in result.skipped["lock"]
 
 
-def test_a_failure_shows_where_the_other_ranks_were(manager):
+def test_a_failure_shows_where_the_other_ranks_were(fresh_pools):
     with pytest.raises(RankFailedError) as err:
-        run("""
+        run_cell(fresh_pools, """
             import torch.distributed as dist
             if rank == 1:
                 raise ValueError("boom")
             dist.barrier()
-        """, {}, manager)
+        """)
     assert err.value.whereabouts == {0: "waiting in barrier() (torch.distributed), from cell line 5: dist.barrier()"}
     assert "Where the other ranks were:" in str(err.value)
 
 
-def test_a_hang_ends_at_the_timeout_and_names_the_stuck_rank(manager):
+def test_a_hang_ends_at_the_timeout_and_names_the_stuck_rank(fresh_pools):
     with pytest.raises(RankFailedError) as err:
-        run("""
+        run_cell(fresh_pools, """
             import time
             import torch.distributed as dist
             if rank == 1:
                 while True:          # a rank that never reaches the collective
                     time.sleep(0.1)
             dist.barrier()
-        """, {}, manager, timeout=3)
+        """, timeout=3)
     report = str(err.value)
     assert "longer than the process group's timeout" in report
     assert err.value.whereabouts == {1: "at cell line 6: time.sleep(0.1)"}
 
 
-def test_a_name_asked_for_but_never_assigned_is_reported(manager):
-    result, ns = run("model = rank", {}, manager, out="model,modle")
+def test_a_name_asked_for_but_never_assigned_is_reported(fresh_pools):
+    ns, result = run_cell(fresh_pools, "model = rank", out="model,modle")
     assert ns["model"] == 0 and "modle" not in ns
     assert result.skipped == {"modle": "not defined on rank 0 when the cell ended"}
 
 
-def test_a_one_rank_run_says_1_rank(manager):
+def test_a_one_rank_run_says_1_rank(fresh_pools):
     from nbtrain.launch.api import format_summary
 
-    result, ns = run("x = world_size", {}, manager, nprocs=1)
+    ns, result = run_cell(fresh_pools, "x = world_size", nprocs=1)
     assert ns["x"] == 1 and format_summary(result)[0].startswith("nbtrain: 1 rank · gloo · cpu")
 
 
-def test_every_unsendable_variable_is_named_and_a_functions_bad_global_too(manager):
+def test_every_unsendable_variable_is_named_and_a_functions_bad_global_too(fresh_pools):
     ns = notebook("""
         import threading
         lock = threading.Lock()
@@ -330,34 +322,34 @@ def test_every_unsendable_variable_is_named_and_a_functions_bad_global_too(manag
         step = make_step()
     """)
     with pytest.raises(PayloadError) as err:
-        run("with lock:\n    m = list(rows)\n", ns, manager)
+        run_cell(fresh_pools, "with lock:\n    m = list(rows)\n", ns)
     message = str(err.value)
     assert "Cannot send 2 notebook variables" in message
     assert "'lock' (_thread.lock): TypeError: cannot pickle '_thread.lock' object" in message
     assert "'rows' (generator): TypeError: cannot pickle 'generator' object" in message
     with pytest.raises(PayloadError, match=r"'train' \(function\) to the ranks: it uses the global 'lock' "
                                            r"\(_thread.lock\), which cannot be pickled"):
-        run("y = train(1)\n", ns, manager)
+        run_cell(fresh_pools, "y = train(1)\n", ns)
     with pytest.raises(PayloadError, match=r"'step' \(function\) to the ranks: it uses the captured variable "
                                            r"'guard' \(_thread.lock\)"):
-        run("y = step(1)\n", ns, manager)
-    assert manager.pool is None
+        run_cell(fresh_pools, "y = step(1)\n", ns)
+    assert fresh_pools.pool is None
 
 
-def test_memory_is_released_before_the_reply(manager):
+def test_memory_is_released_before_the_reply(fresh_pools):
     """A cell's garbage (here a reference cycle) is collected before the rank replies: its finaliser's
     output belongs to this cell, and the next cell sees nothing of it. On the CPU, CUDA stays untouched."""
     released = Captured()
-    run("""
+    run_cell(fresh_pools, """
         class Cycle:
             def __del__(self):
                 print(f"released on rank {rank}")
         a = Cycle(); a.me = a
         del a
-        """, {}, manager, write=released)
+        """, write=released)
     assert "released on rank 0" in released.text("stdout")
     assert "[rank 1] released on rank 1" in released.text("stdout")
     later = Captured()
-    run("import torch; print('cuda initialised:', torch.cuda.is_initialized())", {}, manager, write=later)
+    run_cell(fresh_pools, "import torch; print('cuda initialised:', torch.cuda.is_initialized())", write=later)
     assert "released" not in later.text()
     assert "cuda initialised: False" in later.text()

@@ -22,9 +22,9 @@ import psutil
 import pytest
 from tornado.httpclient import HTTPClientError
 
-import fake_nvml
+from helpers import fake_nvml
 from nbtrain.server.handlers import ROUTES
-from serverhelp import ENDLESS_RUN, ServerKernel, fetch_json, wait_for
+from helpers.serverhelp import ENDLESS_RUN, ServerKernel, fetch_json, wait_for
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
 

@@ -14,7 +14,7 @@ from nbtrain.launch.errors import RankFailedError
 from nbtrain.launch.inputs import pack_inputs
 from nbtrain.wire.payload import load_inputs, pack_results, unpack_results
 from nbtrain.wire.shm import SharedArena, new_result_prefix, owner_prefix, shm_dir, sweep_orphans
-from runhelp import run
+from helpers.runhelp import run_cell
 
 MB = 2**20
 
@@ -162,12 +162,12 @@ def test_files_of_a_dead_kernel_are_swept_and_a_live_ones_are_not():
 def test_large_result_comes_back_and_a_view_of_an_input_shares_the_notebooks_memory(pools):
     big = torch.randn(4 * MB)  # 16 MB, in through /dev/shm
     ns = {"big": big}
-    run("""
+    run_cell(pools, """
         import torch
         v = big.view(-1, 256)
         big2 = big * 2
         halves = [big2[: big2.numel() // 2], big2[big2.numel() // 2:]]
-    """, ns, pools, out="v,big2,halves")
+    """, ns, out="v,big2,halves")
     assert ns["v"].data_ptr() == big.data_ptr()  # not written a second time: a view of the notebook's tensor
     assert torch.equal(ns["big2"], big * 2)
     assert ns["halves"][1].untyped_storage().data_ptr() == ns["big2"].untyped_storage().data_ptr()
@@ -175,19 +175,19 @@ def test_large_result_comes_back_and_a_view_of_an_input_shares_the_notebooks_mem
 
 def test_result_files_are_removed_when_another_rank_fails(pools):
     with pytest.raises(RankFailedError):
-        run("""
+        run_cell(pools, """
             import torch, torch.distributed as dist
             big2 = torch.ones(8_000_000)
             dist.barrier()
             if rank == 1:
                 raise ValueError("rank 1 fails after rank 0 packed its results")
-        """, {}, pools, out="big2")
+        """, out="big2")
 
 
 def test_a_result_that_cannot_be_pickled_is_skipped_and_the_others_files_are_removed(pools):
-    result, ns = run("""
+    ns, result = run_cell(pools, """
         import threading, torch
         big2 = torch.ones(4_000_000)
         lock = threading.Lock()
-    """, {}, pools, out="big2,lock")
+    """, out="big2,lock")
     assert "lock" in result.skipped and torch.equal(ns["big2"], torch.ones(4_000_000))

@@ -13,8 +13,8 @@ import time
 import psutil
 import pytest
 
-from conftest import nbtrain_workers
-from kernelhelp import Kernel
+from helpers.workers import nbtrain_workers
+from helpers.kernelhelp import Kernel
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
 

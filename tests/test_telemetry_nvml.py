@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from fake_nvml import FakeGpu, install
+from helpers.fake_nvml import FakeGpu, install
 from nbtrain.gpu import nvml, telemetry
 from nbtrain.gpu.telemetry import Telemetry
 

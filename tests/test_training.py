@@ -9,12 +9,9 @@ from __future__ import annotations
 import pytest
 
 from nbtrain.launch.errors import RankFailedError
-from training_support import run_cell
+from helpers.runhelp import run_cell
 
 pytestmark = pytest.mark.timeout(240)
-
-
-run = run_cell
 
 
 SETUP = """
@@ -26,7 +23,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 
 def test_prepare_shards_the_loader_and_advances_the_epoch(pools):
-    ns, _ = run(pools, SETUP + """
+    ns, _ = run_cell(pools, SETUP + """
 dataset = TensorDataset(torch.arange(20))
 model = torch.nn.Linear(2, 2)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -51,7 +48,7 @@ kinds = (isinstance(model, torch.nn.parallel.DistributedDataParallel), isinstanc
 
 
 def test_prepare_refuses_twice_and_wrapped_models(pools):
-    ns, _ = run(pools, SETUP + """
+    ns, _ = run_cell(pools, SETUP + """
 from nbtrain.train.prepare import PreparedError
 model = torch.nn.Linear(2, 2)
 prepared = nbtrain.prepare(model)
@@ -92,9 +89,9 @@ with nbtrain.autocast():
 outside = torch.nn.functional.linear(torch.randn(2, 4), torch.randn(4, 4)).dtype
 dtypes = (str(probe.seen), str(out.dtype), str(manual), str(outside))
 """
-    ns, _ = run(pools, cell, amp="bf16", out="dtypes")
+    ns, _ = run_cell(pools, cell, amp="bf16", out="dtypes")
     assert ns["dtypes"] == ("torch.bfloat16", "torch.float32", "torch.bfloat16", "torch.float32")
-    ns, _ = run(pools, cell, out="dtypes")  # the default on CPU is fp32
+    ns, _ = run_cell(pools, cell, out="dtypes")  # the default on CPU is fp32
     assert ns["dtypes"] == ("torch.float32",) * 4
 
 
@@ -121,8 +118,8 @@ result = (weights, len(syncs), nbtrain.training_state().step)
 
 
 def test_accumulation_equals_the_large_batch_and_skips_all_reduces(pools):
-    small, _ = run(pools, ACCUMULATION.replace("BATCH", "4"), grad_accum=4, out="result")
-    large, _ = run(pools, ACCUMULATION.replace("BATCH", "16"), grad_accum=1, out="result")
+    small, _ = run_cell(pools, ACCUMULATION.replace("BATCH", "4"), grad_accum=4, out="result")
+    large, _ = run_cell(pools, ACCUMULATION.replace("BATCH", "16"), grad_accum=1, out="result")
     import torch
 
     accumulated, syncs, steps = small["result"]
@@ -136,7 +133,7 @@ def test_accumulation_equals_the_large_batch_and_skips_all_reduces(pools):
 
 def test_accumulation_needs_nbtrain_backward(pools):
     with pytest.raises(RankFailedError, match="needs nbtrain.backward"):
-        run(pools, SETUP + """
+        run_cell(pools, SETUP + """
 net = torch.nn.Linear(2, 1)
 model, opt = nbtrain.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
 model(torch.ones(1, 2)).sum().backward()
@@ -146,7 +143,7 @@ opt.step()
 
 def test_fp16_scaler_on_cpu_skips_an_inf_step(pools):
     """The GradScaler path (the GPU's fp16 path) on CPU: a step with an inf gradient changes nothing."""
-    ns, _ = run(pools, SETUP + """
+    ns, _ = run_cell(pools, SETUP + """
 net = torch.nn.Linear(4, 1)
 model, opt = nbtrain.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
 state = nbtrain.training_state()
@@ -167,7 +164,7 @@ result = (all(torch.equal(a, b) for a, b in zip(before, after_inf)),
 
 
 def test_ten_thousand_metrics_arrive_complete_and_in_order(pools):
-    _, result = run(pools, SETUP + """
+    _, result = run_cell(pools, SETUP + """
 for i in range(10_000):
     nbtrain.log(loss=torch.tensor(float(i)), lr=0.5)
 for i in range(3):
@@ -185,14 +182,12 @@ for i in range(3):
 
 
 def test_a_scheduler_made_in_the_notebook_steps_without_pytorchs_order_warning(pools):
-    from nbtrain.launch.api import run_source
-    from nbtrain.launch.config import LaunchRequest
     import torch
 
     model = torch.nn.Linear(3, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     namespace = {"model": model, "opt": opt, "sched": torch.optim.lr_scheduler.StepLR(opt, 2, gamma=0.5)}
-    run_source(SETUP + """
+    run_cell(pools, SETUP + """
 import warnings
 model, opt, sched = nbtrain.prepare(model, opt, sched)
 with warnings.catch_warnings(record=True) as caught:
@@ -204,6 +199,6 @@ warned = [str(w.message) for w in caught]
 everyone = [None, None]
 dist.all_gather_object(everyone, warned)
 lr = sched.get_last_lr()
-""", LaunchRequest(nprocs=2, cpu=True, out="everyone,lr"), namespace, manager=pools, write=lambda *_: None)
+""", namespace, out="everyone,lr")
     assert namespace["everyone"] == [[], []], namespace["everyone"]
     assert namespace["lr"] == [0.1 * 0.5 ** 2]

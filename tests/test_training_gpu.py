@@ -12,23 +12,18 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from nbtrain.launch.api import run_source  # noqa: E402
-from nbtrain.launch.config import LaunchRequest  # noqa: E402
+from helpers.runhelp import run_cell  # noqa: E402
 
 
 pytestmark = pytest.mark.timeout(300)
 NPROCS = min(2, torch.cuda.device_count())
 
 
-def run(pools, cell, **options):
-    namespace = {}
-    result = run_source(cell, LaunchRequest(nprocs=NPROCS, **options), namespace, manager=pools,
-                        write=lambda stream, text: None)
-    return namespace, result
+ON_GPUS = dict(nprocs=NPROCS, cpu=False)
 
 
 def test_fp16_gradscaler_skips_an_inf_step_on_gpu(pools):
-    ns, _ = run(pools, """
+    ns, _ = run_cell(pools, """
 import torch, nbtrain
 net = torch.nn.Linear(16, 1)
 model, opt = nbtrain.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
@@ -44,14 +39,14 @@ after_good = [p.detach().clone() for p in net.parameters()]
 result = (all(torch.equal(a, b) for a, b in zip(before, after_inf)),
           any(not torch.equal(a, b) for a, b in zip(after_inf, after_good)),
           state.steps_skipped, type(state.scaler).__name__, str(state.amp_dtype), str(next(net.parameters()).device))
-""", amp="fp16", out="result")
+""", **ON_GPUS, amp="fp16", out="result")
     skipped_unchanged, good_changed, skipped, scaler, dtype, where = ns["result"]
     assert (skipped_unchanged, good_changed, skipped, scaler, dtype) == (True, True, 1, "GradScaler", "torch.float16")
     assert where.startswith("cuda")
 
 
 def test_default_amp_on_gpu_and_bf16_inside_forward(pools):
-    ns, _ = run(pools, """
+    ns, _ = run_cell(pools, """
 import torch, nbtrain
 class Probe(torch.nn.Module):
     def __init__(self):
@@ -66,12 +61,12 @@ model = nbtrain.prepare(probe)
 out = model(torch.randn(4, 8, device=device))
 expected = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
 result = (probe.seen == expected, str(out.dtype))
-""", out="result")
+""", **ON_GPUS, out="result")
     assert ns["result"] == (True, "torch.float32")
 
 
 def test_nccl_prepare_loader_and_reduced_metrics(pools):
-    _, result = run(pools, """
+    _, result = run_cell(pools, """
 import torch, nbtrain
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
@@ -86,7 +81,7 @@ for x, y in loader:
     opt.step(); opt.zero_grad()
     nbtrain.log(loss=loss, reduce="mean")
     nbtrain.log(rank_mean=torch.tensor(float(rank), device=device), reduce="mean")
-""", amp="bf16", grad_accum=2)
+""", **ON_GPUS, amp="bf16", grad_accum=2)
     assert result.backend == "nccl"
     steps = 256 // NPROCS // 16
     assert len(result.history.series("loss")) == steps

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-
 import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 from nbtrain.launch.config import ConfigError, LaunchRequest, resolve
-from training_support import assert_no_own_workers, own_workers
+from helpers.workers import assert_no_workers, nbtrain_workers
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -44,16 +43,16 @@ def shell():
     ip.run_line_magic("load_ext", "nbtrain")
     yield ip
     ip.run_line_magic("distributed_shutdown", "")
-    assert_no_own_workers()
+    assert_no_workers()
 
 
 def test_bad_option_through_the_magic_starts_nothing(shell):
-    before = {p.pid for p in own_workers()}
+    before = {p.pid for p in nbtrain_workers()}
     with pytest.raises(UsageError, match="--grad-accum takes a whole number"):
         shell.run_cell_magic("distributed", "2 --cpu --grad-accum 0", "x = 1\n")
     with pytest.raises(UsageError, match="--amp is bf16, fp16, off or auto"):
         shell.run_cell_magic("distributed", "2 --cpu --amp int8", "x = 1\n")
-    assert {p.pid for p in own_workers()} == before
+    assert {p.pid for p in nbtrain_workers()} == before
 
 
 def test_training_cell_through_the_magic(shell, tmp_path, monkeypatch, capsys):

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from kernelhelp import Kernel
+from helpers.kernelhelp import Kernel
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
 

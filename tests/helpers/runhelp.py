@@ -1,4 +1,4 @@
-"""Helpers for tests that run cells on real ranks."""
+"""``run_cell``: the one way a test runs a cell on real ranks (2 CPU ranks on gloo unless told otherwise)."""
 
 from __future__ import annotations
 
@@ -31,12 +31,18 @@ class Captured:
         return shown
 
 
-def run(source: str, ns: dict | None = None, manager=None, write=None, **options):
+def run_cell(pools, source: str, ns: dict | None = None, *, write=None, observers=(), **options):
+    """Run ``source`` (dedented) with the pool manager ``pools``; returns ``(namespace, result)``.
+
+    ``options`` are LaunchRequest's (default: 2 ranks on the CPU); the ranks' output goes to ``write``
+    (a ``Captured``, or any ``(stream, text)`` callable), and is dropped without one.
+    """
     options.setdefault("nprocs", 2)
     options.setdefault("cpu", True)
     ns = {} if ns is None else ns
-    result = run_source(textwrap.dedent(source).lstrip("\n"), LaunchRequest(**options), ns, manager=manager, write=write or Captured())
-    return result, ns
+    result = run_source(textwrap.dedent(source).lstrip("\n"), LaunchRequest(**options), ns, manager=pools,
+                        write=write or Captured(), observers=observers)
+    return ns, result
 
 
 def notebook(source: str, **extra) -> dict:
