@@ -13,6 +13,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 
 from helpers.workers import assert_no_workers, nbtrain_workers
 from helpers.kernelhelp import Kernel
+from helpers.outputs import cell_text
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
 
@@ -30,7 +31,7 @@ def test_notebook_names_reach_the_ranks_and_results_come_back():
         "print('again', again)\n%distributed_shutdown",
     ]])
     NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True).execute()
-    text = ["".join(o.get("text", "") + "\n".join(o.get("traceback", [])) for o in c.outputs) for c in nb.cells]
+    text = [cell_text(c) for c in nb.cells]
     assert "rank 0 done" in text[2] and "[rank 1] rank 1 done" in text[2]
     assert "Doubler [100.0, 104.0, 116.0, 136.0, 164.0, 200.0]" in text[3] and "[820.0]" in text[3]
     assert "rank 1 raised RuntimeError: rank one fails" in text[4] and "Cell line 3" in text[4]
@@ -129,13 +130,8 @@ def test_summaries_keep_a_long_error_to_its_first_sentence_and_ignore_deleted_na
     ]])
     NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True).execute()
 
-    def shown(cell) -> str:  # everything the cell shows, as text: streams, tracebacks, displays
-        parts = [o.get("text", "") + "\n".join(o.get("traceback", [])) for o in cell.outputs]
-        parts += [v for o in cell.outputs for k, v in o.get("data", {}).items() if k in ("text/plain", "text/markdown")]
-        return "\n".join(parts)
-
-    ran = shown(nb.cells[1])
+    ran = cell_text(nb.cells[1])
     assert "back in the notebook: total" in ran and "buf" not in ran, ran
-    failed = shown(nb.cells[2])
+    failed = cell_text(nb.cells[2])
     assert "rank 0 raised RuntimeError: CUDA out of memory. …" in failed or "rank 1 raised RuntimeError: CUDA out of memory. …" in failed
     assert failed.count(advice) == 1, f"the full message is shown once, at the end of the traceback:\n{failed}"

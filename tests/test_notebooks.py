@@ -9,6 +9,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from helpers.outputs import cell_text
 from scripts.run_notebook import apply_parameters
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,11 +25,6 @@ def run_notebook(name: str, **params):
     NotebookClient(nb, timeout=300, kernel_name="python3",
                    resources={"metadata": {"path": os.path.join(ROOT, "notebooks")}}).execute()
     return nb
-
-
-def cell_text(cell) -> str:
-    return "".join(o.get("text", "") or o.get("data", {}).get("text/plain", "") or "\n".join(o.get("traceback", []))
-                   for o in cell.get("outputs", []))
 
 
 def execute(name: str, **params) -> list[str]:

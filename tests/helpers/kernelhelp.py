@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import queue
 import time
+from collections.abc import Iterator
 
 from jupyter_client.manager import start_new_kernel
+
+from helpers.outputs import output_text
 
 
 class Kernel:
@@ -18,27 +21,30 @@ class Kernel:
         msg_id = self.kc.execute(code)
         return self.collect(msg_id, timeout)
 
-    def collect(self, msg_id: str, timeout: float, until=None) -> tuple[dict, str]:
-        out = []
+    def messages(self, timeout: float) -> Iterator[dict]:
+        """The kernel's iopub messages as they come, for ``timeout`` seconds at most; then TimeoutError."""
         deadline = time.monotonic() + timeout
         while True:
             try:
-                msg = self.kc.get_iopub_msg(timeout=max(0.05, deadline - time.monotonic()))
+                yield self.kc.get_iopub_msg(timeout=max(0.05, deadline - time.monotonic()))
             except queue.Empty:
-                raise TimeoutError(f"no reply within {timeout} s; output so far: {''.join(out)[-2000:]}") from None
-            if msg["parent_header"].get("msg_id") != msg_id:
-                continue
-            kind, content = msg["msg_type"], msg["content"]
-            if kind == "stream":
-                out.append(content["text"])
-            elif kind == "error":
-                out.append("\n".join(content["traceback"]))
-            elif kind in ("execute_result", "display_data"):
-                out.append(content["data"].get("text/plain", ""))
-            if until is not None and until("".join(out)):
-                return {}, "".join(out)
-            if kind == "status" and content["execution_state"] == "idle":
-                return self._reply(msg_id)["content"], "".join(out)
+                raise TimeoutError(f"no further message within {timeout} s") from None
+
+    def collect(self, msg_id: str, timeout: float, until=None) -> tuple[dict, str]:
+        """What the cell ``msg_id`` shows until it is idle (then its reply) or until ``until(text so far)``."""
+        out: list[str] = []
+        try:
+            for msg in self.messages(timeout):
+                if msg["parent_header"].get("msg_id") != msg_id:
+                    continue
+                kind, content = msg["msg_type"], msg["content"]
+                out.append(output_text(kind, content))
+                if until is not None and until("".join(out)):
+                    return {}, "".join(out)
+                if kind == "status" and content["execution_state"] == "idle":
+                    return self._reply(msg_id)["content"], "".join(out)
+        except TimeoutError:
+            raise TimeoutError(f"no reply within {timeout} s; output so far: {''.join(out)[-2000:]}") from None
 
     def _reply(self, msg_id: str) -> dict:
         """The shell reply to ``msg_id``; an earlier one still queued (a kernel_info reply) is skipped."""

@@ -8,6 +8,8 @@ import time
 
 from jupyter_client.asynchronous import AsyncKernelClient
 
+from helpers.outputs import output_text
+
 ENDLESS_RUN = """%%distributed 2 --cpu
 import time
 import nbtrain
@@ -38,7 +40,7 @@ class ServerKernel:
         return self.client.execute(code)
 
     async def finish(self, msg_id: str, timeout: float = 120) -> tuple[dict, str]:
-        """Wait for the reply to ``msg_id``; return it with everything the cell printed (tracebacks too)."""
+        """Wait for the reply to ``msg_id``; return it with everything the cell showed, as text (tracebacks too)."""
         out: list[str] = []
         deadline = time.monotonic() + timeout
         while True:
@@ -52,11 +54,8 @@ class ServerKernel:
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
             kind, content = msg["msg_type"], msg["content"]
-            if kind == "stream":
-                out.append(content["text"])
-            elif kind == "error":
-                out.append("\n".join(content["traceback"]))
-            elif kind == "status" and content["execution_state"] == "idle":
+            out.append(output_text(kind, content))
+            if kind == "status" and content["execution_state"] == "idle":
                 while True:
                     reply = await self.client.get_shell_msg(timeout=10)
                     if reply["parent_header"].get("msg_id") == msg_id:
