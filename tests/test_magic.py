@@ -18,11 +18,6 @@ def shell():
     assert_no_workers()
 
 
-def run_cell(shell, source):
-    result = shell.run_cell(source)
-    return result
-
-
 def test_help_shows_options_and_examples(shell):
     doc = shell.find_cell_magic("distributed").__doc__
     for text in ("--cpu", "--gpus", "--backend", "--timeout", "--out", "--output", "--keep-alive", "Examples"):

@@ -29,10 +29,8 @@ def files_of(pid: int) -> set[str]:
 
 def warm_kernel() -> Kernel:
     kernel = Kernel()
-    reply, out = kernel.execute("%load_ext nbtrain")
-    assert reply["status"] == "ok", out
-    reply, out = kernel.execute("%%distributed 2 --cpu --keep-alive 600 --quiet\nwarm = True")
-    assert reply["status"] == "ok", out
+    kernel.run("%load_ext nbtrain")
+    kernel.run("%%distributed 2 --cpu --keep-alive 600 --quiet\nwarm = True")
     return kernel
 
 
@@ -64,8 +62,7 @@ def test_load_ext_removes_the_files_of_a_kernel_that_died_without_ranks():
         assert len(files_of(pid)) == 1, out
         os.kill(pid, signal.SIGKILL)  # a zombie until its parent reaps it: dead all the same
         second = Kernel()
-        reply, out = second.execute("%load_ext nbtrain")
-        assert reply["status"] == "ok", out
+        second.run("%load_ext nbtrain")
         assert files_of(pid) == set()
     finally:
         first.shutdown()

@@ -23,19 +23,13 @@ def write_module(path, body: str) -> None:
     os.utime(path, ns=(later, later))
 
 
-def run(kernel: Kernel, code: str) -> str:
-    reply, out = kernel.execute(code, timeout=120)
-    assert reply["status"] == "ok", out
-    return out
-
-
 @pytest.fixture
 def notebook_dir(tmp_path):
     folder = tmp_path / "project" / "notebooks"
     folder.mkdir(parents=True)
     kernel = Kernel(cwd=str(folder))
     try:
-        run(kernel, "%load_ext nbtrain")
+        kernel.run("%load_ext nbtrain")
         yield kernel, folder
     finally:
         kernel.execute("%distributed_shutdown", timeout=30)
@@ -47,19 +41,19 @@ def test_edited_local_modules_run_in_their_new_version_on_the_next_cell(notebook
     mymod, helper = folder / "mymod.py", folder / "helper.py"
     write_module(mymod, "def f():\n    return 1\n")
     write_module(helper, "VALUE = 'old'\n")
-    run(kernel, "import importlib, mymod\nfrom mymod import f")
+    kernel.run("import importlib, mymod\nfrom mymod import f")
     # mymod travels from the notebook (module and function by reference); helper is imported by the cell only
     cell = "%%distributed 2 --cpu --out got\nimport helper\ngot = (mymod.f(), f(), helper.VALUE)\n"
-    run(kernel, cell)
-    out = run(kernel, cell + "assert got == (1, 1, 'old'), got\n")
+    kernel.run(cell)
+    out = kernel.run(cell + "assert got == (1, 1, 'old'), got\n")
     assert "(warm)" in out and "changed since" not in out  # nothing changed: the ranks stay warm
 
     write_module(mymod, "def f():\n    return 222\n")
-    run(kernel, "importlib.reload(mymod)\nfrom mymod import f")
-    out = run(kernel, cell)
+    kernel.run("importlib.reload(mymod)\nfrom mymod import f")
+    out = kernel.run(cell)
     assert "nbtrain: mymod.py changed since the warm ranks imported it; started fresh ranks" in out
     assert "(warm)" not in out
-    run(kernel, "assert got == (222, 222, 'old'), got")
+    kernel.run("assert got == (222, 222, 'old'), got")
 
 
 def test_every_cell_runs_in_the_notebooks_current_directory(notebook_dir):
@@ -70,40 +64,40 @@ def test_every_cell_runs_in_the_notebooks_current_directory(notebook_dir):
     (other / "data.txt").write_text("other folder")
     (other / "othermod.py").write_text("WHERE = 'othermod from other'\n")
     read = "%%distributed 2 --cpu --out text,where\nimport os\ntext = open('data.txt').read()\nwhere = os.getcwd()\n"
-    run(kernel, read)
-    run(kernel, f"assert (text, where) == ('first folder', {str(folder)!r}), (text, where)")
+    kernel.run(read)
+    kernel.run(f"assert (text, where) == ('first folder', {str(folder)!r}), (text, where)")
 
-    run(kernel, "%cd ../other")
-    out = run(kernel, read)
+    kernel.run("%cd ../other")
+    out = kernel.run(read)
     assert "(warm)" in out
-    run(kernel, f"assert (text, where) == ('other folder', {str(other)!r}), (text, where)")
+    kernel.run(f"assert (text, where) == ('other folder', {str(other)!r}), (text, where)")
     # modules are imported from the notebook's current directory, as on a fresh rank
-    run(kernel, "%%distributed 2 --cpu --out w\nimport othermod\nw = othermod.WHERE\n")
-    run(kernel, "assert w == 'othermod from other', w")
+    kernel.run("%%distributed 2 --cpu --out w\nimport othermod\nw = othermod.WHERE\n")
+    kernel.run("assert w == 'othermod from other', w")
 
     # a relative --checkpoint, and a relative path in the cell, are under the notebook's current directory
     save = "import nbtrain, torch\nnbtrain.prepare(torch.nn.Linear(2, 2))\nnbtrain.save_checkpoint({})\n"
-    out = run(kernel, "%%distributed 2 --cpu --checkpoint ckdir\n" + save.format(""))
+    out = kernel.run("%%distributed 2 --cpu --checkpoint ckdir\n" + save.format(""))
     assert "(warm)" in out
     assert (other / "ckdir" / "checkpoint.pt").is_file()
-    run(kernel, "%%distributed 2 --cpu\n" + save.format("'by_hand.pt'"))
+    kernel.run("%%distributed 2 --cpu\n" + save.format("'by_hand.pt'"))
     assert (other / "by_hand.pt").is_file()
     assert not (folder / "ckdir").exists() and not (folder / "by_hand.pt").exists()
 
     # back in the first folder, which has its own othermod.py: the warm ranks' othermod is not the one a
     # fresh rank would import
     (folder / "othermod.py").write_text("WHERE = 'othermod from the first folder'\n")
-    run(kernel, f"%cd {folder}")
-    out = run(kernel, "%%distributed 2 --cpu --out w\nimport othermod\nw = othermod.WHERE\n")
+    kernel.run(f"%cd {folder}")
+    out = kernel.run("%%distributed 2 --cpu --out w\nimport othermod\nw = othermod.WHERE\n")
     assert "othermod.py, but another file now comes first on the path; started fresh ranks" in out
-    run(kernel, "assert w == 'othermod from the first folder', w")
+    kernel.run("assert w == 'othermod from the first folder', w")
 
 
 def test_a_deleted_working_directory_is_a_clear_error_before_anything_starts(notebook_dir):
     kernel, folder = notebook_dir
     doomed = folder / "doomed"
     doomed.mkdir()
-    run(kernel, f"%cd {doomed}")
+    kernel.run(f"%cd {doomed}")
     doomed.rmdir()
     reply, out = kernel.execute("%%distributed 2 --cpu\nx = 1\n", timeout=60)
     assert reply["status"] == "error", out

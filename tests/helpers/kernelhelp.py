@@ -21,6 +21,12 @@ class Kernel:
         msg_id = self.kc.execute(code)
         return self.collect(msg_id, timeout)
 
+    def run(self, code: str, timeout: float = 120.0) -> str:
+        """Run ``code``, which must succeed; return everything it printed."""
+        reply, out = self.execute(code, timeout)
+        assert reply["status"] == "ok", out
+        return out
+
     def messages(self, timeout: float) -> Iterator[dict]:
         """The kernel's iopub messages as they come, for ``timeout`` seconds at most; then TimeoutError."""
         deadline = time.monotonic() + timeout
