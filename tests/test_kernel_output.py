@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernelhelp import Kernel
+from helpers.kernelhelp import Kernel
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
 

@@ -11,7 +11,7 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-from conftest import assert_no_workers, nbtrain_workers
+from helpers.workers import assert_no_workers, nbtrain_workers
 from nbtrain.launch.config import ConfigError, LaunchRequest, resolve
 from nbtrain.launch.options import OptionEnvError, from_arguments, option, options_of, with_env_fallbacks
 from nbtrain.magics import CellDisplay, DistributedMagics
