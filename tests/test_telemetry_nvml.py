@@ -15,7 +15,7 @@ import time
 import pytest
 
 from helpers.fake_nvml import FakeGpu, install
-from nbtrain.gpu import nvml, telemetry
+from nbtrain.gpu import nvml
 from nbtrain.gpu.telemetry import Telemetry
 
 
