@@ -15,6 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KERNEL = "nbtrain-test-python"
 
 TRAIN = """%%distributed 2 --cpu --keep-alive 0
+import time
 import nbtrain
 nbtrain.log(total_steps=20)
 for step in range(20):
