@@ -50,3 +50,15 @@ def fresh_pools():
     """A pool of ranks for this test only; afterwards, no rank of this test run is left."""
     with _pool_manager() as manager:
         yield manager
+
+
+@pytest.fixture(scope="module")
+def shell():
+    """An IPython shell with nbtrain loaded; its warm ranks are stopped after the module."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "nbtrain")
+    yield ip
+    ip.run_line_magic("distributed_shutdown", "")
+    assert_no_workers()

@@ -4,18 +4,8 @@ from __future__ import annotations
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
 
-from helpers.workers import assert_no_workers, nbtrain_workers
-
-
-@pytest.fixture(scope="module")
-def shell():
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "nbtrain")
-    yield ip
-    ip.run_line_magic("distributed_shutdown", "")
-    assert_no_workers()
+from helpers.workers import nbtrain_workers
 
 
 def test_help_shows_options_and_examples(shell):

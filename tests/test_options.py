@@ -9,7 +9,6 @@ import re
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
 
 from helpers.workers import assert_no_workers, nbtrain_workers
 from nbtrain.launch.config import ConfigError, LaunchRequest, resolve
@@ -68,15 +67,6 @@ def test_the_parsed_line_becomes_the_request_by_field_name():
     defaults = DistributedMagics.distributed.parser.parse_argstring("")
     assert from_arguments(LaunchRequest, defaults) == LaunchRequest()
     assert from_arguments(CellDisplay, defaults) == CellDisplay()
-
-
-@pytest.fixture(scope="module")
-def shell():
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "nbtrain")
-    yield ip
-    ip.run_line_magic("distributed_shutdown", "")
-    assert_no_workers()
 
 
 def test_the_help_lists_every_option_with_its_help_and_variable(shell, capsys):

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
 
 from nbtrain.launch.config import ConfigError, LaunchRequest, resolve
-from helpers.workers import assert_no_workers, nbtrain_workers
+from helpers.workers import nbtrain_workers
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -35,15 +34,6 @@ def test_relative_checkpoint_resolves_against_the_working_directory(tmp_path, mo
     train = resolve(LaunchRequest(nprocs=2, cpu=True, amp="BF16", grad_accum=4, checkpoint="runs/exp1")).train
     assert (train.amp, train.grad_accum, train.checkpoint_dir) == ("bf16", 4, str(tmp_path / "runs" / "exp1"))
     assert train.checkpoint_path == str(tmp_path / "runs" / "exp1" / "checkpoint.pt")
-
-
-@pytest.fixture(scope="module")
-def shell():
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "nbtrain")
-    yield ip
-    ip.run_line_magic("distributed_shutdown", "")
-    assert_no_workers()
 
 
 def test_bad_option_through_the_magic_starts_nothing(shell):
