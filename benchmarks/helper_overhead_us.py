@@ -52,7 +52,8 @@ def main() -> None:
         for _ in range(steps):
             loss = F.cross_entropy(model(x), y)
             loss.backward()
-            opt.step(); opt.zero_grad()
+            opt.step()
+            opt.zero_grad()
         return time.perf_counter() - started
 
     def prepared(steps, log=False, grad_accum=1):
@@ -65,7 +66,8 @@ def main() -> None:
             for _ in range(steps):
                 loss = F.cross_entropy(model(x), y)
                 nbtrain.backward(loss)
-                opt.step(); opt.zero_grad()
+                opt.step()
+                opt.zero_grad()
                 if log:
                     nbtrain.log(loss=loss)
             return time.perf_counter() - started

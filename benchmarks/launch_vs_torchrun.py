@@ -95,8 +95,8 @@ def run_torchrun(ranks: int, steps: int, workdir: str) -> tuple[float, float]:
     started = time.time()
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
                           path], capture_output=True, text=True, env=env, check=True).stdout
-    first = next(float(l.split()[1]) for l in out.splitlines() if l.startswith("FIRST_STEP"))
-    rate = next(float(l.split()[1]) for l in out.splitlines() if l.startswith("RATE"))
+    first = next(float(s.split()[1]) for s in out.splitlines() if s.startswith("FIRST_STEP"))
+    rate = next(float(s.split()[1]) for s in out.splitlines() if s.startswith("RATE"))
     return first - started, rate
 
 

@@ -19,7 +19,7 @@ import threading
 import time
 
 import psutil
-import torch  # noqa: F401  (as in a notebook that trains)
+import torch
 
 from nbtrain.launch.api import run_source
 from nbtrain.launch.config import LaunchRequest

@@ -122,7 +122,7 @@ def main() -> None:
         nbtrain_runs.append(run_nbtrain(args.steps, args.gpu, args.ranks))
         print(f"round {round_number + 1}: torchrun {torchrun_runs[-1][0]:.1f} steps/s ({torchrun_runs[-1][1]:.2f} CPU ms/step), "
               f"nbtrain prepare()+log() {nbtrain_runs[-1][0]:.1f} steps/s ({nbtrain_runs[-1][1]:.2f} CPU ms/step)", flush=True)
-    ratios = sorted(n[0] / t[0] for n, t in zip(nbtrain_runs, torchrun_runs))
+    ratios = sorted(n[0] / t[0] for n, t in zip(nbtrain_runs, torchrun_runs, strict=True))
     print(f"per-round steps/s ratios: {', '.join(f'{r:.3f}' for r in ratios)}")
     a, b = statistics.median(r[0] for r in nbtrain_runs), statistics.median(r[0] for r in torchrun_runs)
     ca, cb = statistics.median(r[1] for r in nbtrain_runs), statistics.median(r[1] for r in torchrun_runs)

@@ -54,7 +54,7 @@ def test_resumed_run_continues_the_uninterrupted_one(pools, tmp_path):
         assert resumed_run.history.series("epoch", rank=rank).values == [0.0, 1.0, 2.0, 3.0]
     (weights, steps, lr), (reference_weights, reference_steps, reference_lr) = resumed["final"], whole["final"]
     assert steps == reference_steps == 12 and lr == reference_lr
-    for a, b in zip(weights, reference_weights):
+    for a, b in zip(weights, reference_weights, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 

@@ -20,7 +20,7 @@ def test_a_million_points_stay_bounded_and_summarised_exactly():
         series.add(step, math.sin(step / 1000.0) + (5.0 if step == 123_457 else 0.0))
     assert 500 <= len(series) <= 1000
     assert sum(series.counts) == series.count == n
-    overall = sum(m * c for m, c in zip(series.means, series.counts)) / n
+    overall = sum(m * c for m, c in zip(series.means, series.counts, strict=True)) / n
     exact = sum(math.sin(s / 1000.0) for s in range(n)) / n + 5.0 / n
     assert overall == pytest.approx(exact, abs=1e-9)
     assert series.finite_max == pytest.approx(math.sin(123.457) + 5.0), "a spike survives downsampling in the max"

@@ -124,7 +124,7 @@ def find_cycle(edges) -> list[str] | None:
 
 
 def explain(cycle: list[str], edges) -> str:
-    return "\n".join(f"  {a} → {b}: {edges[(a, b)][0]}" for a, b in zip(cycle, cycle[1:]))
+    return "\n".join(f"  {a} → {b}: {edges[(a, b)][0]}" for a, b in zip(cycle, cycle[1:], strict=False))
 
 
 def test_the_scan_sees_lazy_and_relative_imports(tmp_path):

@@ -34,7 +34,7 @@ def execute(name: str, **params) -> list[str]:
 def test_quickstart_trains_and_brings_the_model_back():
     outputs = "\n".join(execute("quickstart.ipynb", RANKS=2, EPOCHS=10))
     assert "nbtrain: 2 ranks · gloo · cpu" in outputs
-    line = next(l for l in outputs.splitlines() if l.startswith("model: Net"))
+    line = next(s for s in outputs.splitlines() if s.startswith("model: Net"))
     first, last = (float(v) for v in line.split("loss ")[1].split(",")[0].split(" -> "))
     assert last < first
     assert float(line.rsplit("accuracy ", 1)[1].rstrip("%")) > 80
@@ -66,7 +66,7 @@ def has_widget(cell) -> bool:
 
 def numbers_after(text: str, label: str) -> tuple[float, float]:
     """``label a -> b`` in the outputs: (a, b), percentages as fractions."""
-    line = next(l for l in text.splitlines() if l.startswith(label))
+    line = next(s for s in text.splitlines() if s.startswith(label))
     before, after = line[len(label):].split(" -> ")
     return tuple(float(v.strip().rstrip("%")) / (100 if v.strip().endswith("%") else 1) for v in (before, after))
 

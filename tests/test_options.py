@@ -151,7 +151,7 @@ def options_table() -> dict[str, str]:
 def test_the_user_guide_table_has_one_row_per_option_with_its_default_and_variable():
     table = options_table()
     assert set(table) == {spec.flag or "N" for _, spec in declared()}
-    for f, spec in declared():
+    for _, spec in declared():
         row = table[spec.flag or "N"]
         default_column = row.split(" | ")[1]
         if spec.env:

@@ -211,7 +211,7 @@ def test_tqdm_and_stderr_reach_the_cell_and_nothing_is_lost(fresh_pools):
     """, write=out, output="rank0")
     err, std = out.text("stderr"), out.text("stdout")
     assert "\r" in err and "epoch: 100%" in err and "[rank 1]" not in err
-    numbers = [l for l in std.splitlines() if l.isdigit()]
+    numbers = [s for s in std.splitlines() if s.isdigit()]
     assert numbers == [str(i) for i in range(2000)]
     assert std.endswith("no newline at the end\n")  # ended, so the summary starts its own line
     assert "nbtrain-end" not in std and "\x1e" not in std

@@ -102,7 +102,7 @@ def test_stop_button_while_shipping_a_big_tensor_leaves_nothing():
         # while the kernel writes the input (names are hex), then while rank 0 writes the result ("r");
         # a write the poll did not see in time is tried again
         for tag, cell in (("", BIG_BOTH_WAYS), ("r", "%%distributed 2 --cpu --out big2\nbig2 = big * 3\n")):
-            for attempt in range(3):
+            for _attempt in range(3):
                 msg_id = kernel.start(cell)
                 seen = wait_for_file(pid, tag, timeout=5.0)
                 if seen:

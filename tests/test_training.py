@@ -127,7 +127,7 @@ def test_accumulation_equals_the_large_batch_and_skips_all_reduces(pools):
     # 64 samples / 2 ranks / 4 per micro-batch = 8 micro-steps an epoch → 2 optimizer steps, 2 all-reduces
     assert steps == reference_steps == 4
     assert syncs == reference_syncs == 4, "micro-steps inside a window must not all-reduce"
-    for a, b in zip(accumulated, reference):
+    for a, b in zip(accumulated, reference, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 

@@ -33,7 +33,8 @@ def test_prepare_without_a_process_group_trains_and_accumulates(monkeypatch):
         out = model(x)
         assert out.dtype == torch.float32
         nbtrain.backward(torch.nn.functional.mse_loss(out, y))
-        opt.step(); opt.zero_grad()
+        opt.step()
+        opt.zero_grad()
         steps.append(nbtrain.training_state().step)
     assert steps == [0, 1, 1, 2, 3]  # 5 batches, K=2: the last batch closes a short window
     assert loader.epoch == 1 and len(list(loader)) == 5 and loader.epoch == 2

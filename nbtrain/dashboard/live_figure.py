@@ -50,7 +50,7 @@ class LiveFigure:
         fig = self.figure
         fig.clear()
         self._lines = {}
-        for i, ((panel, names), (_, _, positive)) in enumerate(zip(groups, key)):
+        for i, ((panel, names), (_, _, positive)) in enumerate(zip(groups, key, strict=True)):
             ax = fig.add_subplot(rows, cols, i + 1)
             if self.log:
                 ax.set_yscale("log" if positive else "symlog")
@@ -80,7 +80,7 @@ class LiveFigure:
         key = self._key(groups, series)
         if key != self._layout_key:
             self._build(groups, series, key)
-        for name, (ax, raw, smoothed) in self._lines.items():
+        for name, (_, raw, smoothed) in self._lines.items():
             steps, means = series[name][0], series[name][1]
             curve = smooth(means, smoothing) if smoothing > 0 and len(means) > 10 else means
             if curve is means:  # not smoothed: the raw line would only duplicate it

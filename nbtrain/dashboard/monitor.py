@@ -27,7 +27,7 @@ from .threads import DEFAULT_INTERVAL_S, Sampler, Ticker, check_interval
 from ..words import count
 
 DEFAULT_DURATION_S = 600.0
-_live: list["GpuMonitor"] = []
+_live: list[GpuMonitor] = []
 _live_lock = threading.Lock()
 
 
@@ -107,14 +107,14 @@ class GpuMonitor:
         self.stopped = False
         self.handle = None  # the display handle, when shown with a display_id (see show())
 
-    def show(self) -> "GpuMonitor":
+    def show(self) -> GpuMonitor:
         """Display the live widget under the cell and start sampling."""
         from IPython.display import display
 
         self.handle = display(self.widget, display_id=True)
         return self.start()
 
-    def start(self) -> "GpuMonitor":
+    def start(self) -> GpuMonitor:
         with _live_lock:
             previous = list(_live)
             _live.append(self)

@@ -17,7 +17,7 @@ The front end is anything with ``show()``, ``tick()`` and ``finish()`` taking a
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from ..launch.observer import RunInfo, RunObserver
 from .model import RunModel

@@ -36,11 +36,11 @@ class DeviceKey:
     index: int | None = None  # the GPU's NVML index, or the rank; None for the machine
 
     @classmethod
-    def gpu(cls, index: int) -> "DeviceKey":
+    def gpu(cls, index: int) -> DeviceKey:
         return cls(DeviceKind.GPU, index)
 
     @classmethod
-    def rank(cls, rank: int) -> "DeviceKey":
+    def rank(cls, rank: int) -> DeviceKey:
         return cls(DeviceKind.RANK, rank)
 
     @property
@@ -117,6 +117,6 @@ class TelemetrySeries:
         with self._lock:
             out = {}
             for key, (busy, memory) in self._timeline.items():
-                mean_busy = sum(m * c for m, c in zip(busy.means, busy.counts)) / busy.count if busy.count else None
+                mean_busy = sum(m * c for m, c in zip(busy.means, busy.counts, strict=True)) / busy.count if busy.count else None
                 out[key] = (mean_busy, memory.finite_max)
             return out

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextvars
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 DEFAULT_INTERVAL_S = 1.0
 MIN_INTERVAL_S = 0.25
@@ -47,7 +47,7 @@ class Ticker:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self) -> "Ticker":
+    def start(self) -> Ticker:
         context = contextvars.copy_context()
         self._thread = threading.Thread(target=context.run, args=(self._loop,), name=self.name, daemon=True)
         self._thread.start()

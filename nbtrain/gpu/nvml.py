@@ -21,7 +21,8 @@ import os
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 _lock = threading.Lock()
 _enumeration_lock = threading.Lock()

@@ -41,7 +41,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Iterable
+from collections.abc import Iterable
 
 from . import nvml
 from .devices import DeviceReader, GpuProcess, GpuStatus

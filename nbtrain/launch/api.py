@@ -20,7 +20,7 @@ notebook variable that cannot be sent (:class:`~.payload.PayloadError`).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable
+from collections.abc import Callable
 
 from .cell import CellSyntaxError, analyse_cell, names_to_send
 from .config import ConfigError, LaunchRequest, resolve

@@ -17,7 +17,7 @@ the figure stays above it); without an IPython shell (``run_source`` from plain 
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from ..wire import protocol as P
 

@@ -134,7 +134,7 @@ class RankFailedError(RuntimeError):
             if first.error_file_message:
                 lines += ["", f"Error recorded by rank {first.rank}:", str(first.error_file_message).rstrip()]
             elif first.output_tail:
-                lines += ["", f"Last output of rank {first.rank}:"] + [f"    {l}" for l in first.output_tail]
+                lines += ["", f"Last output of rank {first.rank}:"] + [f"    {line}" for line in first.output_tail]
         for f in others:
             lines += ["", f"Also: {f.summary()}"]
         if first.error is not None and "timed out" in first.error.message.lower():

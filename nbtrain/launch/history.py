@@ -81,7 +81,7 @@ class History:
         """Mean over the ranks that logged ``name`` at each step: a :class:`Series` (without times)."""
         sums: dict[int, list[float]] = {}
         for series in self._data[name].values():
-            for step, value in zip(series.steps, series.values):
+            for step, value in zip(series.steps, series.values, strict=True):
                 sums.setdefault(step, []).append(value)
         out = Series()
         for step in sorted(sums):

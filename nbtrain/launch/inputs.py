@@ -64,7 +64,7 @@ def _captured(func: types.FunctionType):
         codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
     for name in names:
         yield "global", name, func.__globals__[name]
-    for name, cell in zip(func.__code__.co_freevars, func.__closure__ or ()):
+    for name, cell in zip(func.__code__.co_freevars, func.__closure__ or (), strict=True):
         try:
             yield "captured variable", name, cell.cell_contents
         except ValueError:  # an empty cell

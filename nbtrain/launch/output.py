@@ -35,7 +35,7 @@ from __future__ import annotations
 import collections
 import re
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from ..wire.protocol import DISPLAY_MARK, END_MARK, MARKS
 

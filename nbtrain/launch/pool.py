@@ -42,7 +42,7 @@ import socket
 import tempfile
 import time
 from multiprocessing.connection import wait
-from typing import Callable
+from collections.abc import Callable
 
 from ..wire import protocol as P
 from .channel import Channel, Message

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from ..wire.settings import TrainSettings
 from ..words import count

@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
 
 from ..wire import protocol as P
 from .cell import CELL_FILENAME, CellInfo, names_to_return

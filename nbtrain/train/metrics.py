@@ -27,14 +27,14 @@ from __future__ import annotations
 import threading
 import time
 from array import array
-from typing import Callable
+from collections.abc import Callable
 
 from ..wire.protocol import Metrics
 from .reduce import reduce_values
 
 FLUSH_INTERVAL_S = 0.25
 
-_sink: "MetricsBuffer | None" = None
+_sink: MetricsBuffer | None = None
 
 
 class MetricsBuffer:
@@ -126,7 +126,7 @@ class LoggedSeries:
                 numbers.append(value)
 
     def records(self) -> list[tuple[int, float, dict[str, float]]]:
-        return [(step, when, {name: value}) for name, columns in self._data.items() for step, when, value in zip(*columns)]
+        return [(step, when, {name: value}) for name, columns in self._data.items() for step, when, value in zip(*columns, strict=True)]
 
     def to_plain(self) -> dict[str, dict[str, array]]:
         """Copies of the columns (arrays pickle as raw bytes: a checkpoint grows by 24 bytes a point)."""
@@ -134,7 +134,7 @@ class LoggedSeries:
                 for name, (s, t, v) in self._data.items()}
 
     @classmethod
-    def from_plain(cls, saved: dict) -> "LoggedSeries":
+    def from_plain(cls, saved: dict) -> LoggedSeries:
         logged = cls()
         for name, columns in (saved or {}).items():
             logged._data[name] = (array("q", columns["steps"]), array("d", columns["times"]), array("d", columns["values"]))
@@ -156,7 +156,7 @@ def _to_numbers(records: list[tuple[int, float, dict]]) -> list[tuple[int, float
             by_device.setdefault(t.device, []).append(t)
         for group in by_device.values():
             flat = torch.stack([t.detach().reshape(-1)[0].float() if t.numel() == 1 else t.detach().float().mean() for t in group])
-            for t, value in zip(group, flat.cpu().tolist()):
+            for t, value in zip(group, flat.cpu().tolist(), strict=True):
                 converted[id(t)] = value
     out = []
     for step, when, values in records:

@@ -24,7 +24,7 @@ from ..wire.settings import TrainSettings, parse_train_settings
 from . import amp
 from .accumulate import Accumulation
 
-_active: "TrainContext | None" = None
+_active: TrainContext | None = None
 
 
 class PreparedError(TypeError):

@@ -256,7 +256,7 @@ def _untouched(tensor) -> bool:
     """No page under ``tensor`` became private (written to) — read from /proc/self/pagemap."""
     if tensor.numel() == 0:
         return True
-    extent = sum((size - 1) * step for size, step in zip(tensor.shape, tensor.stride())) + 1
+    extent = sum((size - 1) * step for size, step in zip(tensor.shape, tensor.stride(), strict=True)) + 1
     first = tensor.data_ptr() // _PAGE
     last = (tensor.data_ptr() + extent * tensor.element_size() - 1) // _PAGE
     import numpy as np

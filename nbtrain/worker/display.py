@@ -23,7 +23,7 @@ from __future__ import annotations
 import base64
 import io
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from ..wire import protocol as P
 
