@@ -74,7 +74,7 @@ def test_messages_keep_their_frames_and_contents_over_a_socket():
 
 def test_only_a_hello_from_an_expected_pid_is_admitted_and_only_once():
     pending = {4242: 0, 4343: 1}
-    assert admit(P.Ready(1, "cpu", "gloo"), pending) is None
+    assert admit(P.Ready(1, "cpu"), pending) is None
     assert admit(P.Hello(1, 9999), pending) is None
     assert admit(P.Hello(1, 4343), pending) == 1 and pending == {4242: 0}
     assert admit(P.Hello(1, 4343), pending) is None

@@ -17,7 +17,7 @@ from . import text, theme
 from .telemetry_series import MACHINE, DeviceKey
 from ..words import count
 
-_NO_SPARK = ([], [])
+_NO_SPARK: tuple[list, list] = ([], [])
 
 
 def _bar(segments: list[tuple[float, str]], title: str = "") -> str:
@@ -39,9 +39,11 @@ def _gpu_rows(snap: Snapshot, sparks) -> list[str]:
         segments, legend, owned = [], [], 0
         total = gpu.memory_total or 0
         for r in snap.ranks:
-            if r.gpu_index == gpu.index and r.gpu_memory is None:  # unknown (see the notes): counted in the total
+            if r.gpu_index != gpu.index:
+                continue
+            if r.gpu_memory is None:  # unknown (see the notes): counted in the total
                 legend.append(f'{theme.swatch(r.rank)} rank {r.rank} {text.NA}')
-            elif r.gpu_index == gpu.index and total:
+            elif total:
                 segments.append((r.gpu_memory / total, theme.rank_color(r.rank)))
                 legend.append(f'{theme.swatch(r.rank)} rank {r.rank} {text.size(r.gpu_memory)}')
                 owned += r.gpu_memory

@@ -12,6 +12,8 @@ draws the min–max bands of downsampled buckets.
 
 from __future__ import annotations
 
+from typing import Any
+
 from . import plotting, theme
 from .series import smooth
 
@@ -35,8 +37,8 @@ def _widen_flat(ax) -> None:
 class LiveFigure:
     def __init__(self, width: float, row_height: float, dpi: int, log: bool = False) -> None:
         self.width, self.row_height, self.dpi, self.log = width, row_height, dpi, log
-        self.figure = None
-        self._layout_key = None
+        self.figure: Any = None  # a matplotlib Figure once drawn
+        self._layout_key: tuple | None = None
         self._lines: dict[str, tuple] = {}  # name -> (axes, raw line, smoothed line)
         self.frames = 0
 

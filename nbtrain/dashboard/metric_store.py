@@ -36,7 +36,7 @@ class _RankProgress:
     marks: dict[str, deque] = field(default_factory=dict)
 
     def main_name(self) -> str | None:
-        return max(self.counts, key=self.counts.get) if self.counts else None
+        return max(self.counts, key=lambda name: self.counts[name]) if self.counts else None
 
 
 class MetricStore:
@@ -97,7 +97,7 @@ class MetricStore:
         """The (time, step) marks of ``rank``'s progress series; the caller holds the lock."""
         progress = self._progress.get(rank)
         name = progress.main_name() if progress else None
-        return progress.marks.get(name) if name else None
+        return progress.marks.get(name) if progress and name else None
 
     def rank_step(self, rank: int) -> int | None:
         with self._lock:

@@ -18,6 +18,7 @@ The front end is anything with ``show()``, ``tick()`` and ``finish()`` taking a
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 from ..launch.observer import RunInfo, RunObserver
 from .model import RunModel
@@ -26,13 +27,23 @@ from .threads import DEFAULT_INTERVAL_S, Sampler, Ticker, check_interval
 TICK_S = 0.25  # the front end may change something at most four times a second
 
 
+class Front(Protocol):
+    """A front end, made from the run's model (see the module docstring)."""
+
+    def show(self) -> object: ...
+
+    def tick(self) -> None: ...
+
+    def finish(self) -> None: ...
+
+
 class DashboardObserver(RunObserver):
-    def __init__(self, make_front: Callable[[RunModel], object], interval: float = DEFAULT_INTERVAL_S,
+    def __init__(self, make_front: Callable[[RunModel], Front], interval: float = DEFAULT_INTERVAL_S,
                  model: RunModel | None = None) -> None:
         self.interval = check_interval(interval)
         self.model = model or RunModel()
         self._make_front = make_front
-        self.front = None
+        self.front: Front | None = None
         self.sampler: Sampler | None = None
         self.ticker: Ticker | None = None
 

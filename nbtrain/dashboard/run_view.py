@@ -25,7 +25,7 @@ from .progress import Progress, progress
 def progress_text(p: Progress, status: str | None = None) -> str:
     parts = [f"elapsed {text.duration(p.elapsed)}"]
     if p.step is not None:
-        parts.append(f"step {p.step}" + (f" / {p.total} ({100 * p.fraction:.0f}%)" if p.total else ""))
+        parts.append(f"step {p.step}" + (f" / {p.total} ({100 * p.fraction:.0f}%)" if p.fraction is not None else ""))
     if p.steps_per_second is not None:
         parts.append(f"{text.rate(p.steps_per_second)[:-2]} steps/s")
     if p.eta is not None and status is None:
@@ -55,12 +55,13 @@ def run_html(store: MetricStore, snap: Snapshot | None, rank_infos, elapsed: flo
     rows = []
     for info in rank_infos:
         u = usages.get(info.rank)
+        step = store.rank_step(info.rank)
         device = info.device or "starting"
         if info.gpu_index is not None:
             device += f" (GPU {info.gpu_index})"
         cells = [f'{theme.swatch(info.rank)} {info.rank}', str(info.pid), html.escape(device),
                  _memory(u), text.percent(u.cpu_percent if u else None),
-                 text.NA if store.rank_step(info.rank) is None else str(store.rank_step(info.rank) + 1),
+                 text.NA if step is None else str(step + 1),
                  text.rate(store.steps_per_second(info.rank))]
         rows.append("<tr>" + "".join(f'<td style="{theme.CELL_STYLE}">{c}</td>' for c in cells) + "</tr>")
     head = "".join(f'<th style="{theme.HEAD_STYLE}">{h}</th>'

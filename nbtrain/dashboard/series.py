@@ -33,14 +33,14 @@ class BoundedSeries:
         self.maxs: list[float] = []
         self.counts: list[int] = []
         self.count = 0  # finite points seen in all
-        self.last_step: int | None = None
+        self.last_step: float | None = None
         self.last_value: float | None = None
         self.first_nonfinite_step: int | None = None
 
     def __len__(self) -> int:
         return len(self.means)
 
-    def add(self, step: int, value: float) -> None:
+    def add(self, step: float, value: float) -> None:
         value = float(value)
         self.last_step, self.last_value = step, value
         if not math.isfinite(value):

@@ -19,7 +19,9 @@ import contextvars
 import threading
 import time
 from collections.abc import Callable
+from typing import Any, TypeVar
 
+_T = TypeVar("_T", bound="Ticker")
 DEFAULT_INTERVAL_S = 1.0
 MIN_INTERVAL_S = 0.25
 MAX_INTERVAL_S = 5.0
@@ -47,7 +49,7 @@ class Ticker:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self) -> Ticker:
+    def start(self: _T) -> _T:
         context = contextvars.copy_context()
         self._thread = threading.Thread(target=context.run, args=(self._loop,), name=self.name, daemon=True)
         self._thread.start()
@@ -81,7 +83,7 @@ class Ticker:
 class Sampler(Ticker):
     """Telemetry every ``interval`` seconds, delivered to ``on_sample(snapshot)``."""
 
-    def __init__(self, telemetry, on_sample: Callable[[object], None], interval: float = DEFAULT_INTERVAL_S) -> None:
+    def __init__(self, telemetry, on_sample: Callable[[Any], None], interval: float = DEFAULT_INTERVAL_S) -> None:
         self.telemetry = telemetry
         self.on_sample = on_sample
         super().__init__(self._sample, check_interval(interval), "nbtrain-telemetry")

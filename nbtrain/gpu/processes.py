@@ -80,8 +80,8 @@ class ProcessTrees:
                     pids.add(proc.pid)
                 except psutil.Error:  # exited between the listing and the reading
                     self._procs.pop(proc.pid, None)
-            cpu = min(cpu, 100.0 * (psutil.cpu_count() or 1)) if measured else None  # all cores busy at most
-            return TreeUsage(frozenset(pids), cpu, rss, alive=True)
+            cpu_percent = min(cpu, 100.0 * (psutil.cpu_count() or 1)) if measured else None  # all cores busy at most
+            return TreeUsage(frozenset(pids), cpu_percent, rss, alive=True)
 
     def forget_except(self, live_roots: set[int], keep: set[int]) -> None:
         """Drop handles of processes no longer followed, so a long session does not accumulate them."""

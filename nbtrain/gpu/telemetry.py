@@ -146,7 +146,7 @@ def _tree_gpu_memory(gpu: GpuStatus, pids: frozenset[int], notes: list[str]) -> 
     if any(p.used_memory is None for p in mine):
         notes.append(f"GPU {gpu.index}: the driver does not report per-process memory (MIG or a WDDM driver)")
         return None
-    return sum(p.used_memory for p in mine)
+    return sum(p.used_memory or 0 for p in mine)  # each is known (above)
 
 
 def hidden_processes_note(gpu: GpuStatus) -> str:

@@ -62,7 +62,8 @@ def _pack_or_explain_stop(namespace: dict, names):
     try:
         return pack_inputs(namespace, names)
     except KeyboardInterrupt as exc:  # the stop button while big tensors were written: nothing started
-        exc.with_traceback(None)._render_traceback_ = lambda: [
+        # IPython shows the lines _render_traceback_() returns instead of a traceback (an untyped hook)
+        exc.with_traceback(None)._render_traceback_ = lambda: [  # type: ignore[attr-defined]
             "KeyboardInterrupt: stopped by the user while the inputs were written to shared memory; "
             "no rank was started and no file was left."]
         raise exc from None

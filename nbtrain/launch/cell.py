@@ -31,6 +31,9 @@ from dataclasses import dataclass
 
 from ..wire.names import RUNTIME_NAMES
 
+# `try` and, from Python 3.11, `try ... except*` (ast.TryStar, with the same fields).
+_TRY_NODES = tuple(getattr(ast, name) for name in ("Try", "TryStar") if hasattr(ast, name))
+
 CELL_FILENAME = "<%%distributed cell>"
 IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "display", "exit", "quit", "_ih", "_oh", "_dh", "_", "__", "___"})
 
@@ -79,7 +82,7 @@ def _ordered_reads(tree: ast.Module) -> list[str]:
             if name not in bound and name not in reads:
                 reads.append(name)
 
-    def bind(node: ast.AST | None) -> None:
+    def bind(node: ast.expr | None) -> None:
         if node is not None:
             bound.update(_bindings_of(ast.Assign(targets=[node], value=ast.Constant(None))))
 
@@ -90,21 +93,28 @@ def _ordered_reads(tree: ast.Module) -> list[str]:
     def statement(stmt: ast.stmt) -> None:
         # Compound statements: header first, then their bodies in order (a `with ... as f:` binds f for its body).
         if isinstance(stmt, (ast.For, ast.AsyncFor)):
-            note(stmt.iter), bind(stmt.target), block(stmt.body), block(stmt.orelse)
+            note(stmt.iter)
+            bind(stmt.target)
+            block(stmt.body)
+            block(stmt.orelse)
         elif isinstance(stmt, (ast.While, ast.If)):
-            note(stmt.test), block(stmt.body), block(stmt.orelse)
+            note(stmt.test)
+            block(stmt.body)
+            block(stmt.orelse)
         elif isinstance(stmt, (ast.With, ast.AsyncWith)):
             for item in stmt.items:
-                note(item.context_expr), bind(item.optional_vars)
+                note(item.context_expr)
+                bind(item.optional_vars)
             block(stmt.body)
-        elif isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar":
+        elif isinstance(stmt, _TRY_NODES):
             block(stmt.body)
             for handler in stmt.handlers:
                 note(handler.type)
                 if handler.name:
                     bound.add(handler.name)
                 block(handler.body)
-            block(stmt.orelse), block(stmt.finalbody)
+            block(stmt.orelse)
+            block(stmt.finalbody)
         else:
             note(stmt)
             bound.update(_bindings_of(stmt))

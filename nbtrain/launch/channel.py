@@ -84,6 +84,8 @@ class Channel:
 
     def _accept_loop(self, pending: dict[int, int]) -> None:
         listener = self._listener
+        if listener is None:
+            return
         while pending and self._listener is not None:
             try:
                 conn = listener.accept()

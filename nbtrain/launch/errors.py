@@ -26,6 +26,7 @@ import signal
 from dataclasses import dataclass, field
 
 from ..wire.protocol import Frame, RemoteError
+from .history import History
 
 _PEER_LOST = ("connection reset by peer", "connection closed by peer", "broken pipe", "gloo/transport",
               "nccl communicator was aborted", "socket closed")
@@ -100,6 +101,7 @@ class RankFailedError(RuntimeError):
         self._code_name = code_name
         self.stopped = stopped or []
         self.whereabouts = whereabouts or {}
+        self.history = History()  # what the ranks logged until the failure (set by the run)
         super().__init__(self.failures[0].summary())
 
     @property

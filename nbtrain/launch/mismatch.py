@@ -64,7 +64,7 @@ class Mismatch:
         """As a rank's error, with the waiting rank's cell line as its one frame (mapped like a traceback's)."""
         cell_filename, cell_lines, line_offset = self.cell
         rank, pos = min(self.waiting.items())
-        frames = ()
+        frames: tuple[Frame, ...] = ()
         if pos.cell_line is not None:
             lineno = pos.cell_line - line_offset
             source = cell_lines[lineno - 1] if 0 < lineno <= len(cell_lines) else None

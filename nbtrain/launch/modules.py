@@ -123,8 +123,8 @@ def fresh_ranks_note(changed: list[str], moved: list[str], cwd: str) -> str:
         names = [_shown(p, cwd) for p in changed[:3]] + ([f"{len(changed) - 3} more"] if len(changed) > 3 else [])
         them = "it" if len(changed) == 1 else "them"
         return f"nbtrain: {', '.join(names)} changed since the warm ranks imported {them}; started fresh ranks\n"
-    names = ", ".join(_shown(p, cwd) for p in moved[:3]) + (f" and {len(moved) - 3} more" if len(moved) > 3 else "")
-    return (f"nbtrain: the warm ranks imported {names}, but another file now comes first on the path; "
+    shown = ", ".join(_shown(p, cwd) for p in moved[:3]) + (f" and {len(moved) - 3} more" if len(moved) > 3 else "")
+    return (f"nbtrain: the warm ranks imported {shown}, but another file now comes first on the path; "
             "started fresh ranks\n")
 
 

@@ -73,7 +73,6 @@ class WorkerPool:
         self.spec = spec
         self.pool_id = next(_pool_ids)
         self.run_id = f"nbtrain-{os.getpid()}-{self.pool_id}"
-        self.created = time.monotonic()
         self.module_stamps: dict[str, tuple] = {}  # path -> stamp of the user's modules the ranks imported
         self.rank_path: tuple[str, ...] = ()  # the ranks' own sys.path (see nbtrain.launch.modules)
         self._dir = tempfile.mkdtemp(prefix="nbtrain-")
@@ -88,8 +87,8 @@ class WorkerPool:
     def spawn(self) -> None:
         """Start the ranks; they connect and rendezvous in the background (see :meth:`poll_events`)."""
         self.channel.listen(self.spec.nprocs)
-        self._store = _host_store()
-        self.procs.start([worker_env(self.spec, rank, self._store.port, self.channel.address, self.run_id, self._dir)
+        self._store = store = _host_store()
+        self.procs.start([worker_env(self.spec, rank, store.port, self.channel.address, self.run_id, self._dir)
                           for rank in range(self.spec.nprocs)], self.channel.key)
         self.channel.accept(self.procs.pids())
 
@@ -154,7 +153,9 @@ class WorkerPool:
         conns, pipes = self.channel.waitables(), self.procs.waitables()
         sources = list(conns) + list(pipes)
         events: list = []
-        for ready in wait(sources, timeout) if sources else time.sleep(timeout) or []:
+        if not sources:
+            time.sleep(timeout)
+        for ready in wait(sources, timeout) if sources else []:
             if ready in conns:
                 events.extend(self.channel.receive(conns[ready]))
             else:

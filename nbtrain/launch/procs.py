@@ -108,6 +108,7 @@ class RankProcesses:
                 [sys.executable, "-m", "nbtrain.worker"], env=env, stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
             )
+            assert popen.stdin is not None  # stdin=PIPE
             popen.stdin.write(key.hex().encode() + b"\n")
             popen.stdin.flush()
             for stream in ("stdout", "stderr"):
@@ -218,7 +219,8 @@ class RankProcesses:
         for p in self._procs:
             for pipe in (p.popen.stdin, p.popen.stdout, p.popen.stderr):
                 with contextlib.suppress(OSError):
-                    pipe.close()
+                    if pipe is not None:
+                        pipe.close()
             p.open_streams.clear()
 
     def _family(self) -> list[psutil.Process]:

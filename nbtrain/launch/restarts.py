@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from typing import Protocol, TypeVar
 
 from ..wire.settings import TrainSettings
 from ..words import count
@@ -35,8 +36,16 @@ from .errors import RankFailedError
 from .observer import RunObserver
 
 
-def run_with_restarts(attempt: Callable[[int, list], object], settings: TrainSettings,
-                      write: Callable[[str, str], None], observers=()):
+class _Outcome(Protocol):
+    seconds: float
+    notes: list[str]
+
+
+_R = TypeVar("_R", bound=_Outcome)
+
+
+def run_with_restarts(attempt: Callable[[int, list], _R], settings: TrainSettings,
+                      write: Callable[[str, str], None], observers=()) -> _R:
     """Call ``attempt(restart_number, observers)`` until it succeeds or must not be repeated; re-raise the
     last failure."""
     started = time.monotonic()
@@ -54,7 +63,7 @@ def run_with_restarts(attempt: Callable[[int, list], object], settings: TrainSet
                 ending.forget()
                 restarts += 1
                 write("stderr", f"nbtrain: {error.failures[0].summary()}; restarting the ranks from "
-                                f"{_describe_checkpoint(settings.checkpoint_path)} (restart {restarts} of {settings.max_restarts}).\n")
+                                f"{_describe_checkpoint(settings.checkpoint_path or '')} (restart {restarts} of {settings.max_restarts}).\n")
                 continue
             if restarts:
                 result.seconds = time.monotonic() - started
@@ -110,7 +119,7 @@ def _why_not_restart(error: RankFailedError, settings: TrainSettings, restarts: 
                 "restarts are for ranks that die")
     if restarts >= settings.max_restarts:
         return f"--max-restarts {settings.max_restarts} used up"
-    if not os.path.exists(settings.checkpoint_path):
+    if settings.checkpoint_path is None or not os.path.exists(settings.checkpoint_path):
         return (f"the cell cannot resume: {settings.checkpoint_dir} holds no checkpoint yet "
                 "(nbtrain.save_checkpoint() had not run before the failure)")
     return None

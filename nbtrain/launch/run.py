@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from ..wire import protocol as P
 from .cell import CELL_FILENAME, CellInfo, names_to_return
@@ -42,7 +42,7 @@ from .history import History
 from .modules import Workdir, fresh_ranks_note, notebook_workdir, stale_modules
 from .observer import RankInfo, RunInfo, RunObserver
 from .output import OutputRelay, write_to_std_stream
-from ..wire.payload import Inputs, unpack_results
+from ..wire.payload import Inputs, Results, unpack_results
 from .mismatch import MismatchWatcher
 from ..wire.shm import new_result_prefix, sweep_prefix
 from .pool import Exited, Message, Output, WorkerPool
@@ -137,7 +137,7 @@ class _Run:
     """The event loop of one cell on one pool."""
 
     def __init__(self, pool: WorkerPool, job: P.Job, inputs: Inputs, config: LaunchConfig, write,
-                 observers: list[RunObserver], warm: bool, info: CellInfo) -> None:
+                 observers: Iterable[RunObserver], warm: bool, info: CellInfo) -> None:
         self.pool, self.job, self.inputs, self.config = pool, job, inputs, config
         self.observers, self.warm = list(observers), warm
         self.history = History()
@@ -161,7 +161,7 @@ class _Run:
                 self._handle(event)
             self._send_job_when_connected()
             now = time.monotonic()
-            if self.failures:
+            if self.first_failure_at is not None:  # a rank failed
                 if now - self.first_failure_at >= FAILURE_GRACE_S or len(self.failures) == self.nprocs:
                     return
             elif len(self.done) == self.nprocs:
@@ -258,7 +258,7 @@ class _Run:
 
 def run_cell(namespace: dict, info: CellInfo, config: LaunchConfig, manager: PoolManager, inputs: Inputs,
              *, write: Callable[[str, str], None] | None = None, code_name=None,
-             observers: list[RunObserver] = ()) -> RunResult:
+             observers: Iterable[RunObserver] = ()) -> RunResult:
     """Run a checked cell (see :func:`prepare`) on the ranks and bring rank 0's results back."""
     started = time.monotonic()
     result_prefix = new_result_prefix()
@@ -292,15 +292,16 @@ def _run_and_bring_back(namespace, info, config, manager, inputs, result_prefix,
                 run.notify("run_finished", "interrupted", "interrupted: every rank was stopped")
                 raise
     except KeyboardInterrupt as exc:
-        exc.with_traceback(None)._render_traceback_ = lambda: [
+        # IPython shows the lines _render_traceback_() returns instead of a traceback (an untyped hook)
+        exc.with_traceback(None)._render_traceback_ = lambda: [  # type: ignore[attr-defined]
             "KeyboardInterrupt: stopped by the user; every rank and its child processes were ended."]
-        exc.history = run.history  # what was logged until the stop
+        exc.history = run.history  # type: ignore[attr-defined]  # what was logged until the stop (read by the magic)
         raise exc from None
     except BaseException as exc:
         manager.shutdown(graceful=False)
         run.notify("run_finished", "failed", f"nbtrain failed: {exc!r}")
         with contextlib.suppress(AttributeError, TypeError):
-            exc.history = run.history
+            exc.history = run.history  # type: ignore[attr-defined]  # as above, where the exception takes attributes
         raise
     finally:
         inputs.arena.close()
@@ -323,7 +324,7 @@ def _run_and_bring_back(namespace, info, config, manager, inputs, result_prefix,
 
 
 def _bring_back(namespace: dict, run: _Run, warm: bool, seconds: float, deleted=()) -> RunResult:
-    results = next((d.results for d in run.done.values() if d.results is not None), None)
+    results = next((d.results for d in run.done.values() if isinstance(d.results, Results)), None)
     values, skipped = unpack_results(results, run.inputs.arena.originals) if results is not None else ({}, {})
     if results is not None and results.missing:
         skipped.update({name: "not defined on rank 0 when the cell ended" for name in results.missing

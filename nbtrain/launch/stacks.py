@@ -113,7 +113,8 @@ def request_stacks(targets: dict[int, tuple[int, str]], wait: float) -> dict[int
     for pid, _ in targets.values():
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGUSR1)
-    deadline, dumps = time.monotonic() + wait, {}
+    deadline = time.monotonic() + wait
+    dumps: dict[int, str] = {}
     while time.monotonic() < deadline and len(dumps) < len(targets):
         time.sleep(0.05)
         for rank, (_, path) in targets.items():

@@ -67,7 +67,7 @@ def save_checkpoint(path: str | None = None, **extra) -> str:
     context.flush_scaler_update()
     mine = {"rng": _rng_state(context.device), "metric_steps": metrics.step_counters(),
             "metric_history": metrics.logged_history()}
-    ranks = [mine]
+    ranks: list = [mine]
     if context.distributed and context.world_size > 1:
         ranks = [None] * context.world_size
         dist.all_gather_object(ranks, mine)
@@ -162,7 +162,7 @@ def load_checkpoint(path: str | None = None) -> Checkpoint | None:
     """Load a checkpoint into what is prepared now and what is prepared later; None if there is none yet."""
     context = current()
     if path is None:
-        if context.resume is not None:
+        if context.resume is not None and context.resume_path is not None:  # both set together
             return _info(context.resume, context.resume_path)
         default = context.settings.checkpoint_path
         if default is None:
@@ -225,7 +225,7 @@ def _info(state: dict, path: str) -> Checkpoint:
 
 
 def _saved(context: TrainContext, kind: str, index: int):
-    saved = context.resume.get(kind, [])
+    saved = (context.resume or {}).get(kind, [])
     if index >= len(saved):
         raise CheckpointError(f"the checkpoint {context.resume_path} holds {len(saved)} {kind}, but this cell prepares "
                               f"more; prepare the same objects as the run that saved it, or use --no-resume.")

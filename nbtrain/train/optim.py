@@ -176,7 +176,8 @@ def _restore_step_tracking(scheduler) -> None:
         opt._opt_called = True
         return func.__get__(opt, type(opt))(*args, **kwargs)
 
-    step_noting_the_call._wrapped_by_lr_sched = True
+    # torch's LRScheduler checks this marker on optimizer.step (a function attribute, untyped)
+    step_noting_the_call._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
     optimizer.step = step_noting_the_call
 
 

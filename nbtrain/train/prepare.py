@@ -126,6 +126,7 @@ def _prepare_model(context: TrainContext, model, ddp_kwargs: dict):
     model = model.to(context.device)
     if context.resume is not None:
         restore_model(context, model, len(context.models))
+    wrapped: PreparedDDP | PreparedModule
     if context.distributed:
         device_ids = [context.device.index] if context.device.type == "cuda" else None
         try:
@@ -137,7 +138,8 @@ def _prepare_model(context: TrainContext, model, ddp_kwargs: dict):
             raise PreparedError(f"{', '.join(ddp_kwargs)} are DistributedDataParallel options, but no process group "
                                 "is initialised here, so the model is not wrapped in DDP.")
         wrapped = PreparedModule(model)
-    wrapped._nbtrain_context = context
+    # nn.Module's __setattr__ is typed for tensors and modules; anything else is stored as a plain attribute
+    wrapped._nbtrain_context = context  # type: ignore[assignment]
     context.models.append(wrapped)
     return wrapped
 

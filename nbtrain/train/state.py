@@ -45,13 +45,13 @@ class TrainContext:
         self.optimizers: list = []
         self.loaders: list = []
         self.schedulers: list = []
-        self.prepared = weakref.WeakSet()  # originals already prepared in this cell
+        self.prepared: weakref.WeakSet = weakref.WeakSet()  # originals already prepared in this cell
         self.step = 0  # optimizer steps taken (accumulation windows completed)
         self.steps_skipped = 0  # fp16 steps the GradScaler skipped (inf/NaN gradients)
         self.epoch = 0  # the epoch nbtrain.epochs() is in; where a resumed run starts
         self.resume_epoch = 0  # where nbtrain.epochs() starts: the saved epoch when resuming
         self.epochs_used = False  # nbtrain.epochs() drives the epoch loop
-        self.resume = None  # a loaded checkpoint, applied to each object as it is prepared
+        self.resume: dict | None = None  # a loaded checkpoint, applied to each object as it is prepared
         self.resume_path: str | None = None
         self.auto_resume_checked = False  # see nbtrain.train.checkpoint.auto_resume
 
@@ -74,7 +74,8 @@ class TrainContext:
         raise TypeError("the training state belongs to its rank; bring back plain values (state.step, state.epoch)")
 
     def close(self) -> None:
-        self.models.clear(), self.optimizers.clear(), self.loaders.clear(), self.schedulers.clear()
+        for objects in (self.models, self.optimizers, self.loaders, self.schedulers):
+            objects.clear()
         self.resume = None
 
 

@@ -7,7 +7,7 @@ in its environment or command line). Nothing is unpickled before the HMAC challe
 A conversation::
 
     rank   -> Hello(rank, pid)                       right after connecting
-    rank   -> Ready(rank, device, backend)           process group initialised
+    rank   -> Ready(rank, device)                   process group initialised
     kernel -> Job(...)                               one per cell; the same bytes for every rank
     rank   -> Loaded(job_id, rank)                   inputs unpickled: shared-memory files may go
     rank   -> Metrics(rank, records)                 what nbtrain.log() buffered, a few times a second
@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .settings import TrainSettings
+
 END_MARK = "\x1e\x1fnbtrain-end "
 DISPLAY_MARK = "\x1e\x1fnbtrain-display "
 MARKS = (END_MARK, DISPLAY_MARK)  # both start with the same control characters
@@ -41,7 +43,6 @@ class Hello:
 class Ready:
     rank: int
     device: str
-    backend: str
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,7 @@ class Job:
     filename: str
     inputs: bytes
     out_names: tuple[str, ...]
-    return_rank: int = 0
-    train: object = None  # nbtrain.wire.settings.TrainSettings: --amp, --grad-accum, --checkpoint
+    train: TrainSettings = TrainSettings()  # --amp, --grad-accum, --checkpoint
     cwd: str = ""  # the notebook's current directory: the rank runs the cell there
     sys_path: tuple[str, ...] = ()  # the kernel's sys.path, absolute (see nbtrain.launch.modules)
     result_prefix: str = ""  # rank 0 writes large results to /dev/shm files starting with this; "" = in the pickle
@@ -102,7 +102,6 @@ class Failed:
     job_id: int
     rank: int
     error: RemoteError
-    interrupted: bool = False
 
 
 @dataclass(frozen=True)

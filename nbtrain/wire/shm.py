@@ -106,13 +106,11 @@ class SharedArena:
         self.paths: list[str] = []
         self.originals: dict[str, object] = {}  # input path -> the notebook's untyped storage it holds
         self._files: dict[tuple, SharedFile] = {}
-        self.bytes_shared = 0
 
     def _write(self, raw: memoryview) -> SharedFile:
         path = f"{self.prefix}{secrets.token_hex(8)}"
         if not self.dry:
             write_file(path, raw, self.paths)
-            self.bytes_shared += raw.nbytes
         return SharedFile(path, raw.nbytes, self.result)
 
     def share_tensor(self, tensor, *, parameter: bool = False):
@@ -120,6 +118,7 @@ class SharedArena:
         torch = _torch()
         storage = tensor.untyped_storage()
         nbytes = tensor.numel() * tensor.element_size()
+        key: tuple
         if nbytes and storage.nbytes() <= 2 * nbytes:  # the whole storage: views of it stay views of one file
             key = ("storage", storage.data_ptr(), storage.nbytes())
             if key not in self._files:

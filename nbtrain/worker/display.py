@@ -61,6 +61,7 @@ def display(*objs, raw: bool = False, metadata: dict | None = None, **_ignored) 
     if not displaying():
         return
     for obj in objs:
+        meta: dict
         if raw and isinstance(obj, dict):
             data, meta = obj, {}
         else:

@@ -55,6 +55,8 @@ from ..train import state as train_state
 from . import compat, display, stop
 from .modules import LocalModules
 
+RESULT_RANK = 0  # the rank whose names come back to the notebook and whose displays show in the cell
+
 
 def _read_key(fd: int) -> bytes:
     """The pool's key: one hex line on stdin, read unbuffered so the watcher owns the rest of the pipe."""
@@ -157,7 +159,7 @@ class Rank:
         os.environ["TORCHELASTIC_RESTART_COUNT"] = str(job.train.restart)
         os.environ["TORCHELASTIC_MAX_RESTARTS"] = str(job.train.max_restarts)
         metrics.start(self.rank, self.send)
-        display.begin(job.job_id, self.rank, job.return_rank, self.send)
+        display.begin(job.job_id, self.rank, RESULT_RANK, self.send)
         train_state.begin(job.train, self.device, self.rank, int(os.environ["WORLD_SIZE"]))
         try:
             reply = self._execute(job, main.__dict__, started)
@@ -212,12 +214,10 @@ class Rank:
         except SystemExit as exc:
             if exc.code not in (None, 0):
                 return P.Failed(job.job_id, self.rank, describe(exc))
-        except KeyboardInterrupt as exc:
-            return P.Failed(job.job_id, self.rank, describe(exc), interrupted=True)
         except BaseException as exc:
             return P.Failed(job.job_id, self.rank, describe(exc))
         results = None
-        if self.rank == job.return_rank:
+        if self.rank == RESULT_RANK:
             try:
                 results = pack_results(ns, job.out_names, job.result_prefix)
             except BaseException as exc:
@@ -265,13 +265,14 @@ def main() -> None:
     os.dup2(devnull, 0)  # a cell calling input() must not eat the kernel's lifeline
     sys.stdin = open(0, closefd=False)
     for stream in (sys.stdout, sys.stderr):
-        stream.reconfigure(line_buffering=True)  # whole lines, live: ranks' lines do not interleave
+        # whole lines, live: ranks' lines do not interleave (the interpreter's streams are io.TextIOWrapper)
+        stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     conn = Client(os.environ["NBTRAIN_SOCKET"], family="AF_UNIX", authkey=key)
     rank = int(os.environ["RANK"])
     conn.send(P.Hello(rank, os.getpid()))
     device = _select_device()
     _init_process_group(device)
-    conn.send(P.Ready(rank, str(device), os.environ["NBTRAIN_BACKEND"]))
+    conn.send(P.Ready(rank, str(device)))
     gc.collect()
     gc.freeze()  # torch & co. live as long as the rank: the collection before each reply skips them (~50 ms → ~0)
     Rank(conn, device).serve()

@@ -36,7 +36,7 @@ def _installed_roots() -> tuple[str, ...]:
     roots.add(getattr(site, "getusersitepackages", lambda: None)())
     roots.add(_NBTRAIN)
     found = set()
-    for root in roots - {None, ""}:
+    for root in filter(None, roots):  # not None or ""
         found.add(os.path.abspath(root))
         found.add(os.path.realpath(root))
     return tuple(sorted(r.rstrip(os.sep) + os.sep for r in found))
