@@ -91,7 +91,12 @@ def run_with_dashboard(seconds: float, nprocs: int) -> dict:
 
     messages = []
     original = ipywidgets.Widget.send_state
-    ipywidgets.Widget.send_state = lambda self, key=None: (messages.append(time.monotonic()), original(self, key))[1]
+
+    def send_state(self, key=None):  # note the time of each message the widgets send
+        messages.append(time.monotonic())
+        return original(self, key)
+
+    ipywidgets.Widget.send_state = send_state
     IPython.display.display = lambda *a, **k: None
 
     observer = DashboardObserver(RunDashboard)
@@ -107,7 +112,7 @@ def run_with_dashboard(seconds: float, nprocs: int) -> dict:
         original_finish(status, summary)
         finish["final"] = time.thread_time() - started
 
-    observer.run_finished = run_finished
+    observer.run_finished = run_finished  # type: ignore[method-assign]  # this run's observer only
     cell = TRAIN.replace("SECONDS", str(seconds))
     started = time.monotonic()
     result = run_source(cell, LaunchRequest(nprocs=nprocs, cpu=True), {}, observers=[timed])
@@ -116,12 +121,14 @@ def run_with_dashboard(seconds: float, nprocs: int) -> dict:
     main_thread = timed.seconds - finish["final"]
     steps = len(result.history["loss"])
     in_live = [m for m in messages if live_start <= m <= finish["live_end"]]
+    assert isinstance(observer.front, RunDashboard)
+    plot = observer.front.plot
     return {
         "wall_s": time.monotonic() - started, "live_s": live_seconds, "steps": steps,
         "threads_cpu_s": finish["threads"], "main_thread_cpu_s": main_thread,
         "cpu_share": (finish["threads"] + main_thread) / live_seconds,
         "messages_per_s": len(in_live) / live_seconds, "messages": len(in_live),
-        "frames": observer.front.plot.frames, "frame_cpu_s": observer.front.plot.render_seconds / max(observer.front.plot.frames, 1),
+        "frames": plot.frames, "frame_cpu_s": plot.render_seconds / max(plot.frames, 1),
         "final_cpu_s": finish["final"],
     }
 
@@ -151,7 +158,7 @@ def million_steps(steps: int = 10**6, ranks: int = 2, batch: int = 250) -> dict:
         if start + batch in (10**4, 10**5, 10**6):
             sizes[start + batch] = deep_size(store)
     return {"sizes": sizes, "rss_growth": psutil.Process().memory_info().rss - rss_before,
-            "us_per_record": 1e6 * cpu / (steps * ranks), "points_kept": len(store.series("loss"))}
+            "us_per_record": 1e6 * cpu / (steps * ranks), "points_kept": len(store.series("loss") or ())}
 
 
 def main() -> None:

@@ -107,13 +107,16 @@ def measure(ranks: int, repeats: int, steps: int) -> dict:
             manager = PoolManager()
             try:
                 first, rate = run_nbtrain(ranks, steps, manager, fresh=True)
-                cold_nb.append(first), rate_nb.append(rate)
+                cold_nb.append(first)
+                rate_nb.append(rate)
                 first, rate = run_nbtrain(ranks, steps, manager, fresh=False)
-                warm_nb.append(first), rate_nb.append(rate)
+                warm_nb.append(first)
+                rate_nb.append(rate)
             finally:
                 manager.shutdown()
             first, rate = run_torchrun(ranks, steps, workdir)
-            cold_tr.append(first), rate_tr.append(rate)
+            cold_tr.append(first)
+            rate_tr.append(rate)
     med = statistics.median
     return {
         "ranks": ranks,

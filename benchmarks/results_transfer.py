@@ -87,6 +87,7 @@ def nbtrain_round(manager: PoolManager, numel: int) -> tuple[float, float, float
     started = time.perf_counter()
     run_source(source, LaunchRequest(nprocs=2, cpu=True, out="-"), ns, manager=manager)
     without = time.perf_counter() - started
+    assert manager.pool is not None  # kept warm by the run above
     rank0 = manager.pool.pids()[0]
     with Sampler([os.getpid(), rank0]) as sampler:
         started = time.perf_counter()
@@ -116,12 +117,14 @@ def torch_save_round(numel: int) -> tuple[float, float]:
         time.sleep(0.5)  # the saver's interpreter and torch import are not part of the transfer
         with Sampler([os.getpid(), proc.pid]) as sampler:
             started = time.perf_counter()
+            assert proc.stdout is not None and proc.stdin is not None  # both PIPE
             proc.stdout.readline()
             loaded = torch.load(path)
             float(loaded.sum())
             seconds = time.perf_counter() - started
     finally:
-        proc.stdin.close()
+        if proc.stdin is not None:
+            proc.stdin.close()
         proc.wait()
         if os.path.exists(path):
             os.unlink(path)

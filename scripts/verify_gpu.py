@@ -60,7 +60,7 @@ def main() -> int:
 
     results = []
     gpus = nvml.visible_gpus()
-    results.append(check("NVML lists the GPUs", bool(gpus), ", ".join(f"{g.index}: {g.name}, {g.memory_total / 2**30:.0f} GiB" for g in gpus)
+    results.append(check("NVML lists the GPUs", bool(gpus), ", ".join(f"{g.index}: {g.name}, {(g.memory_total or 0) / 2**30:.0f} GiB" for g in gpus)
                          or str(nvml.unavailable_reason())))
     baseline = memory_used() if gpus else {}  # before any rank exists
     shell = InteractiveShell.instance()
@@ -98,7 +98,8 @@ def main() -> int:
     import torch
 
     results.append(check("kernel never initialised CUDA", not torch.cuda.is_initialized()))
-    pids = list(shell._nbtrain_magics.pools.pool.pids()) if shell._nbtrain_magics.pools.pool else []
+    pool = shell._nbtrain_magics.pools.pool  # type: ignore[attr-defined]  # set by nbtrain.load_ipython_extension
+    pids = list(pool.pids()) if pool else []
     shell.run_line_magic("distributed_shutdown", "")
     time.sleep(1.0)
     lib = nvml.library()

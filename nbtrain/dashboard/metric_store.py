@@ -117,7 +117,7 @@ class MetricStore:
         with self._lock:
             return sorted(self._progress)
 
-    def nonfinite(self) -> dict[str, int]:
+    def nonfinite(self) -> dict[str, float]:
         """Names whose (default rank's) values became NaN or infinite, with the first such step."""
         with self._lock:
             found = {}

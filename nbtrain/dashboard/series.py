@@ -35,7 +35,7 @@ class BoundedSeries:
         self.count = 0  # finite points seen in all
         self.last_step: float | None = None
         self.last_value: float | None = None
-        self.first_nonfinite_step: int | None = None
+        self.first_nonfinite_step: float | None = None
 
     def __len__(self) -> int:
         return len(self.means)

@@ -145,7 +145,7 @@ def _prepare_model(context: TrainContext, model, ddp_kwargs: dict):
 
 
 def _forward(self, super_forward, args, kwargs):
-    context: TrainContext = self._nbtrain_context
+    context = self._nbtrain_context  # the cell's TrainContext, set by _prepare_model
     if torch.is_grad_enabled() and hasattr(self, "require_backward_grad_sync"):
         self.require_backward_grad_sync = context.accum.sync_next()  # what no_sync() does, decided per forward
     if context.amp_dtype is None:
