@@ -1,4 +1,6 @@
-"""IPython magics: ``%%distributed``, ``%distributed_shutdown`` and ``%gpus``. They parse, then call plain functions.
+"""IPython magics: ``%%distributed``, ``%distributed_shutdown`` and ``%gpus``: they parse their arguments, then call
+plain functions (:func:`distributed_cell` adds the dashboard, runs :func:`~.launch.api.run_source` and prints the
+summary; ``%gpus`` is :func:`nbtrain.dashboard.show_gpus`).
 
 Each ``%%distributed`` option is declared once, as a field of :class:`~.launch.config.LaunchRequest` (how
 the cell runs) or of :class:`CellDisplay` (what the notebook shows), with :func:`~.launch.options.option`.

@@ -3,8 +3,10 @@
 Layers, each knowing only the one below it (as torchrun's CLI → LaunchConfig → agent → process
 context)::
 
-    magics.py        parses the magic's arguments           -> LaunchConfig
-    launch.api       checks everything, then runs           -> RunResult / RankFailedError
+    magics.py        parses the magic's arguments           -> LaunchRequest
+    launch.api       checks everything (config.resolve -> LaunchConfig, cell, inputs), then runs
+                                                             -> RunResult / RankFailedError
+      launch.restarts  runs it again from the checkpoint after a rank died (--max-restarts)
     launch.run       runs one cell on a pool                 -> events to observers
     launch.pool      N rank processes, their channel, store  -> Hello, Ready, Done …
       launch.procs     the process group: start, poll, signal (a multi-machine launcher replaces it)

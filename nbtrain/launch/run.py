@@ -1,22 +1,25 @@
 """One cell, run on a pool of ranks: the loop that turns the ranks' events into what the notebook sees.
 
-:func:`run_cell` is the plain function behind ``%%distributed`` (the magic only parses arguments).
-Everything that can be checked is checked before a process starts: the cell's syntax, the
-configuration, and that every notebook variable the cell reads can be pickled. Then:
+:func:`run_cell` runs a cell that :func:`~nbtrain.launch.api.run_source` has already checked — syntax,
+configuration, and every notebook variable it reads packed into :class:`~nbtrain.wire.payload.Inputs` —
+before any process started (``run_source`` also calls it again for ``--max-restarts``). Then:
 
-1. :class:`PoolManager` hands out the warm pool if one with the same spec is alive, else starts one;
-2. the job (cell source + inputs pickled once) goes to every rank;
-3. the loop relays output, notes each rank's Ready / Loaded / Done / Failed and any process exit, and
-   removes the shared-memory files once every rank has loaded its inputs;
-4. success: rank 0's results are unpickled into the notebook's namespace; the pool stays warm;
+1. :class:`PoolManager` hands out the warm pool if one with the same spec is alive and the user's modules it
+   imported are unchanged (:mod:`.modules`), else starts a fresh one;
+2. once every rank is connected, the job (cell source + inputs pickled once) goes to each;
+3. the loop relays output, records what the ranks log (:mod:`.history`, and the observers: dashboard, run
+   registry), shows rank 0's displays, notes each rank's Ready / Loaded / Done / Failed and any process exit,
+   and removes the shared-memory input files once every rank has loaded its inputs;
+4. success: the results rank 0 sent are unpickled into the notebook's namespace; the pool stays warm for
+   ``keep_alive_s``;
 5. a failure (exception, exit, signal): the other ranks get a moment (:data:`FAILURE_GRACE_S`) to report
-   the same error, then the pool is torn down — within 2 s, not at the collective timeout — and
-   :class:`~nbtrain.launch.errors.RankFailedError` is raised;
+   the same error, the unfinished ones are asked where they are (:mod:`.stacks`), then the pool is torn
+   down — within 2 s, not at the collective timeout — and :class:`~nbtrain.launch.errors.RankFailedError` is raised;
 6. uneven collectives (some ranks finished the cell, the others wait in a collective for them): found
    within a few seconds by :mod:`.mismatch` and reported as a failure naming the collective and line;
-7. the stop button (KeyboardInterrupt in the kernel): one SIGINT to each process of the pool, then
-   SIGTERM, then SIGKILL, well within 3 s (:mod:`.stopping`); the pool is discarded and
-   KeyboardInterrupt re-raised.
+7. the stop button (KeyboardInterrupt in the kernel): :mod:`.stopping` sends one SIGINT to each process of
+   the pool, then SIGTERM, then SIGKILL, well within 3 s; the pool is discarded and KeyboardInterrupt
+   re-raised.
 
 Nothing is assigned into the notebook unless the run succeeded; what the ranks logged is kept either way:
 a failure's or a stop's exception carries it as ``.history`` (the magic then sets the notebook's ``history``).
@@ -259,7 +262,8 @@ class _Run:
 def run_cell(namespace: dict, info: CellInfo, config: LaunchConfig, manager: PoolManager, inputs: Inputs,
              *, write: Callable[[str, str], None] | None = None, code_name=None,
              observers: Iterable[RunObserver] = ()) -> RunResult:
-    """Run a checked cell (see :func:`prepare`) on the ranks and bring rank 0's results back."""
+    """Run a cell checked and packed by :func:`~nbtrain.launch.api.run_source` on the ranks; bring rank 0's
+    results into ``namespace``. Raises RankFailedError, or KeyboardInterrupt after the stop button."""
     started = time.monotonic()
     result_prefix = new_result_prefix()
     try:

@@ -187,7 +187,8 @@ def _with_grad(tensor, requires_grad):
 
 
 def unwrap(value):
-    """DDP / FSDP-less wrappers and torch.compile's module wrapper give back the user's module."""
+    """The user's module inside DistributedDataParallel and torch.compile wrappers (nested up to 4 deep), so a
+    result comes back as the module the notebook knows; any other value as it is. Never imports torch."""
     torch = sys.modules.get("torch")
     if torch is None:
         return value
