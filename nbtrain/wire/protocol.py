@@ -7,7 +7,7 @@ in its environment or command line). Nothing is unpickled before the HMAC challe
 A conversation::
 
     rank   -> Hello(rank, pid)                       right after connecting
-    rank   -> Ready(rank, device)                   process group initialised
+    rank   -> Ready(rank, device)                    process group initialised
     kernel -> Job(...)                               one per cell; the same bytes for every rank
     rank   -> Loaded(job_id, rank)                   inputs unpickled: shared-memory files may go
     rank   -> Metrics(rank, records)                 what nbtrain.log() buffered, a few times a second
