@@ -106,6 +106,7 @@ def run_with_dashboard(seconds: float, nprocs: int) -> dict:
 
     def run_finished(status, summary):  # split the end-of-run picture from the live cost
         observer.stop()
+        assert observer.sampler is not None and observer.ticker is not None  # started with the run
         finish["threads"] = observer.sampler.cpu_seconds + observer.ticker.cpu_seconds
         finish["live_end"] = time.monotonic()
         started = time.thread_time()

@@ -52,6 +52,10 @@ class PreparedLoader(DataLoader):
     at_last_batch = False
     _context: TrainContext | None = None
     _own_generator = False
+    # what prepare_loader() builds it with (DataLoader declares them wider)
+    sampler: ResumableSampler
+    batch_size: int
+    _original: DataLoader
 
     def __iter__(self):
         if not self.pass_finished:  # a pass was left early (break): the next one is a new epoch

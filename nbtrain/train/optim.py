@@ -173,6 +173,7 @@ def _restore_step_tracking(scheduler) -> None:
     @functools.wraps(func)
     def step_noting_the_call(*args, **kwargs):
         opt = optimizer_ref()
+        assert opt is not None  # called through the optimizer, so it is alive
         opt._opt_called = True
         return func.__get__(opt, type(opt))(*args, **kwargs)
 

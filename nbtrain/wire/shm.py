@@ -141,7 +141,7 @@ class SharedArena:
         import numpy as np
 
         contiguous = np.ascontiguousarray(array)
-        shared = self._write(memoryview(contiguous.reshape(-1).view(np.uint8)))
+        shared = self._write(contiguous.reshape(-1).view(np.uint8).data)
         return _array_on, (shared, contiguous.dtype.str, tuple(contiguous.shape))
 
     def unlink(self) -> None:

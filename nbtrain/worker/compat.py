@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from typing import Any
 
 
 class BackendMismatchError(RuntimeError):
@@ -45,7 +46,8 @@ def torchrun_script_support():
             return None
         return original_destroy(group)
 
-    modules = (dist, dist.distributed_c10d)  # `from torch.distributed.distributed_c10d import ...` too
+    # `from torch.distributed.distributed_c10d import ...` too; Any: mypy does not let a module's functions be replaced
+    modules: tuple[Any, ...] = (dist, dist.distributed_c10d)
     for module in modules:
         module.init_process_group, module.destroy_process_group = init_process_group, destroy_process_group
     try:
