@@ -13,10 +13,17 @@ import uuid
 
 import pytest
 
+from helpers.chartbuild import ensure_chart_bundle
 from helpers.workers import SESSION_VARIABLE, assert_no_workers
 
 # Ranks (and kernels started by tests) inherit this, so a check only sees this test run's processes.
 os.environ.setdefault(SESSION_VARIABLE, uuid.uuid4().hex)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def chart_bundle():
+    """The dashboard's chart module, rebuilt from its sources when they are newer (widgets and kernels load it)."""
+    return ensure_chart_bundle()
 
 
 @contextlib.contextmanager

@@ -107,7 +107,7 @@ def test_the_run_model_is_data_only_and_names_devices_by_key():
     code = ("import sys, nbtrain.dashboard.model, nbtrain.dashboard.telemetry_series; "
             "print(sorted(m for m in sys.modules if m.startswith('nbtrain.dashboard.')))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    for view in ("run_view", "devices_view", "widget", "loss_plot", "final", "monitor", "theme"):
+    for view in ("run_view", "devices_view", "widget", "chart", "final", "monitor", "theme"):
         assert f"nbtrain.dashboard.{view}'" not in loaded, f"the model imports the view {view}"
 
     from nbtrain.dashboard.telemetry_series import MACHINE, DeviceKey, DeviceKind, TelemetrySeries

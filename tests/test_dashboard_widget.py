@@ -9,7 +9,7 @@ import ipywidgets
 import pytest
 
 import nbtrain.dashboard as dashboard
-from nbtrain.dashboard import loss_plot
+from nbtrain.dashboard import chart
 from nbtrain.dashboard.devices_view import devices_html
 from nbtrain.dashboard.model import RunModel
 from nbtrain.dashboard.monitor import GpuMonitor, gpus_table
@@ -73,15 +73,13 @@ def test_widget_state_shows_progress_ranks_devices_and_curves(sent):
     assert "GPU 0" in devices and "NVIDIA H100" in devices and "87%" in devices and "61°C" in devices
     assert "rank 0 12.0 GiB" in devices and "rank 1 10.0 GiB" in devices  # who uses how much
     assert "350/700 W" in devices
-    state = board.plot.linear.get_state()
-    assert state["value"][:8] == PNG and board.plot.log.get_state()["value"][:8] == PNG
-    link = board.plot.link.get_state()
-    assert link["source"][1] == "index" and link["target"][1] == "selected_index"
-    assert board.plot.images.get_state()["selected_index"] == 0 and board.plot.scale.get_state()["index"] == 0
-    assert board.plot.frames == 1
+    tail = board.chart.widget.get_state()["tail"]
+    assert tail["groups"] == [("loss", ["loss", "val_loss"])] and board.chart.sent == 1
+    assert len(tail["series"]["loss"]["mean"]) == 8, "the tail: the bucket still filling, as float64"
+    assert len(board.chart.widget.get_state()["base"]["series"]["loss"]["mean"]) == 99 * 8
 
 
-def test_no_redraw_without_news_and_plot_throttled(sent):
+def test_no_redraw_without_news_and_chart_throttled(sent):
     model = run_model(gpu_snapshot())
     model.elapsed = lambda: 10.0  # the shown elapsed second would otherwise change between ticks
     board = RunDashboard(model)
@@ -92,12 +90,11 @@ def test_no_redraw_without_news_and_plot_throttled(sent):
     assert sent == [], "nothing changed, nothing sent"
     board.model.add_metrics(0, [(100, 110.0, {"loss": 0.01})])
     board.tick()
-    assert board.plot.frames == 1, f"redrawn before {loss_plot.MIN_PERIOD_S} s"
-    board.plot._next_at = 0.0  # as if the pause were over
-    board.plot.first_at -= 1000.0  # and the CPU budget had refilled
+    assert board.chart.sent == 1, f"sent again before {chart.SEND_EVERY_S} s"
+    board.chart._last_sent -= chart.SEND_EVERY_S  # as if the pause were over
     board.tick()
-    assert board.plot.frames == 2
-    assert {w for w, _ in sent} <= {board.plot.linear, board.plot.log, board.run_panel.widget}
+    assert board.chart.sent == 2
+    assert {w for w, _ in sent} <= {board.chart.widget, board.run_panel.widget}
 
 
 def test_cpu_only_panel_says_no_driver_and_shows_ranks():

@@ -9,8 +9,10 @@ While a cell runs, the dashboard shows under it, updated in place (never cleared
 * a row per GPU — utilisation with a one-minute sparkline, memory split by rank, temperature, power.
   Without an NVIDIA driver (CI, laptops) the same panel shows the machine's CPU and RAM and each rank's
   CPU, with one line saying why there are no GPU numbers;
-* a plot of every series logged with ``nbtrain.log`` — ``loss`` and ``val_loss`` (or ``train_acc`` and
-  ``val_acc``…) share a panel — raw and smoothed, with a linear/log switch that works while the cell runs.
+* a chart of every series logged with ``nbtrain.log`` — ``loss`` and ``val_loss`` (or ``train_acc`` and
+  ``val_acc``…) share a panel — drawn in the browser (uPlot, bundled into the wheel) from the new points
+  the kernel streams: raw with min–max bands and smoothed (a slider), linear or log, by step or wall
+  time, hover to read values, drag to zoom; every control works while the cell runs.
 
 When the run ends the widget is replaced by a static PNG of the curves and the devices' load over the
 run, followed by a one-paragraph summary: ordinary outputs that stay in the saved notebook.
@@ -22,10 +24,11 @@ Where it appears:
 * ``%%distributed ... --no-dashboard``: nothing. ``NBTRAIN_DASHBOARD=widget|text|off`` forces a
   choice for every cell (``text`` suits front ends without widget support).
 
-Cost: telemetry is sampled on a background thread once a second (:func:`configure`), the widget
-changes at most four times a second, the plot is redrawn at most every 2 s and only while drawing
-stays under 3 % of a core, and the series kept for drawing are bounded (about 1000 points each,
-downsampled with min/max bands), whatever the number of steps. The full-resolution values are in the
+Cost: telemetry is sampled on a background thread once a second (:func:`configure`), the tables
+change at most four times a second, the chart gets at most two messages a second with only the points
+logged since the last one (the kernel draws nothing while the run lasts; the final PNG is drawn once),
+and the series kept for drawing are bounded (at most 1000 min–max buckets each), whatever the number of
+steps. The full-resolution values are in the
 notebook's ``history``.
 
 ``%gpus`` shows the GPU (or CPU/RAM) panel for the machine, live, at any time; ``%gpus --once``
@@ -49,7 +52,7 @@ def configure(interval: float | None = None, text_every: float | None = None, sm
     """Change the dashboard of the next cells: ``interval`` between telemetry samples in seconds (0.25–5,
     default 1); ``text_every``, how often the terminal status line is printed (seconds, default 10);
     ``smoothing``, the weight of the moving average drawn over each curve (0 = none, up to 0.99;
-    default 0.6). Returns the settings now in force."""
+    default 0.6): where the live chart's slider starts, and what the final figure uses. Returns the settings now in force."""
     if interval is not None:
         _settings["interval"] = check_interval(interval)
     if smoothing is not None:

@@ -10,9 +10,9 @@ it went, where each series started and ended, and how busy the devices were.
 from __future__ import annotations
 
 from . import plotting, text, theme
-from .loss_plot import DEFAULT_SMOOTHING
 from .metric_store import MetricStore
 from .progress import Progress
+from .series import DEFAULT_SMOOTHING
 from .telemetry_series import DeviceKind, TelemetrySeries
 from ..words import count
 

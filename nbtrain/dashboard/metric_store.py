@@ -61,7 +61,7 @@ class MetricStore:
                     series = by_rank.get(rank)
                     if series is None:
                         series = by_rank[rank] = BoundedSeries(self.capacity)
-                    series.add(step, value)
+                    series.add(step, value, when)
                     progress.counts[name] = progress.counts.get(name, 0) + 1
                     latest[name] = (when, step)
             for name, mark in latest.items():
@@ -91,6 +91,22 @@ class MetricStore:
             for name, by_rank in self._series.items():
                 series = by_rank[min(by_rank)]
                 out[name] = (*series.arrays(), series.width)
+            return out
+
+    def chart_columns(self, since: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int, int, tuple]]:
+        """What a reader that holds some buckets still lacks, per name (default rank).
+
+        ``since``: name → ``(merges, start)`` as the reader last saw them. Returns name → ``(merges,
+        start, length, columns from start)``; ``start`` is 0 when the buckets were merged since (or
+        the name is new), so the reader replaces what it holds.
+        """
+        with self._lock:
+            out = {}
+            for name, by_rank in self._series.items():
+                series = by_rank[min(by_rank)]
+                merges, start = since.get(name, (-1, 0))
+                start = start if merges == series.merges else 0
+                out[name] = (series.merges, start, len(series), series.columns(start))
             return out
 
     def _progress_marks(self, rank: int) -> deque | None:

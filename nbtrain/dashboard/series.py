@@ -3,9 +3,13 @@
 :class:`BoundedSeries` keeps at most ``capacity`` buckets. While fewer points than that have arrived,
 each bucket is one point. When the buckets are full, neighbours are merged pairwise (the bucket width
 doubles), so the series always covers the whole run with between ``capacity/2`` and ``capacity``
-buckets. Each bucket keeps the mean step, the mean, the minimum and the maximum of its values, so a
-downsampled curve still shows the spread (drawn as a band) and a spike is never averaged away
-entirely. Adding a point is O(1) amortised.
+buckets. Each bucket keeps the mean step, the mean wall time, the mean, the minimum and the maximum of
+its values, so a downsampled curve still shows the spread (drawn as a band) and a spike is never
+averaged away entirely. Adding a point is O(1) amortised.
+
+Buckets before the last one never change until the next merge, which :attr:`BoundedSeries.merges`
+counts: a reader that copied them once (the browser chart, :mod:`~nbtrain.dashboard.chart_feed`) then
+needs only the buckets from the last one on, until ``merges`` moves.
 
 Values that are not finite (NaN, inf) are not put into buckets — they would poison the means — but
 the first step where one appeared is remembered (:attr:`BoundedSeries.first_nonfinite_step`); the run
@@ -19,6 +23,7 @@ from __future__ import annotations
 import math
 
 DEFAULT_CAPACITY = 1000
+DEFAULT_SMOOTHING = 0.6  # the weight of the moving average drawn over each curve, live and in the final figure
 
 
 class BoundedSeries:
@@ -27,7 +32,9 @@ class BoundedSeries:
             raise ValueError(f"a series needs a capacity of at least 4 buckets (got {capacity})")
         self.capacity = capacity - capacity % 2
         self.width = 1  # points per full bucket
+        self.merges = 0  # times the buckets were merged pairwise (every bucket changed)
         self.steps: list[float] = []  # mean step of each bucket
+        self.times: list[float] = []  # mean wall time (unix seconds) of each bucket
         self.means: list[float] = []
         self.mins: list[float] = []
         self.maxs: list[float] = []
@@ -40,7 +47,7 @@ class BoundedSeries:
     def __len__(self) -> int:
         return len(self.means)
 
-    def add(self, step: float, value: float) -> None:
+    def add(self, step: float, value: float, when: float = 0.0) -> None:
         value = float(value)
         self.last_step, self.last_value = step, value
         if not math.isfinite(value):
@@ -51,12 +58,14 @@ class BoundedSeries:
         if self.counts and self.counts[-1] < self.width:
             n = self.counts[-1]
             self.steps[-1] += (step - self.steps[-1]) / (n + 1)
+            self.times[-1] += (when - self.times[-1]) / (n + 1)
             self.means[-1] += (value - self.means[-1]) / (n + 1)
             self.mins[-1] = min(self.mins[-1], value)
             self.maxs[-1] = max(self.maxs[-1], value)
             self.counts[-1] = n + 1
             return
         self.steps.append(float(step))
+        self.times.append(float(when))
         self.means.append(value)
         self.mins.append(value)
         self.maxs.append(value)
@@ -66,17 +75,20 @@ class BoundedSeries:
 
     def _halve(self) -> None:
         """Merge neighbouring buckets pairwise; the last bucket may be partly filled and stays last."""
-        steps, means, mins, maxs, counts = [], [], [], [], []
+        steps, times, means, mins, maxs, counts = [], [], [], [], [], []
         for i in range(0, len(self.counts) - 1, 2):
             a, b = self.counts[i], self.counts[i + 1]
             total = a + b
             steps.append((self.steps[i] * a + self.steps[i + 1] * b) / total)
+            times.append((self.times[i] * a + self.times[i + 1] * b) / total)
             means.append((self.means[i] * a + self.means[i + 1] * b) / total)
             mins.append(min(self.mins[i], self.mins[i + 1]))
             maxs.append(max(self.maxs[i], self.maxs[i + 1]))
             counts.append(total)
         self.steps, self.means, self.mins, self.maxs, self.counts = steps, means, mins, maxs, counts
+        self.times = times
         self.width *= 2
+        self.merges += 1
 
     @property
     def finite_min(self) -> float | None:
@@ -89,6 +101,10 @@ class BoundedSeries:
     def arrays(self) -> tuple[list[float], list[float], list[float], list[float]]:
         """Copies of (steps, means, mins, maxs), safe to draw while points keep arriving."""
         return list(self.steps), list(self.means), list(self.mins), list(self.maxs)
+
+    def columns(self, start: int = 0) -> tuple[list[float], ...]:
+        """Copies of the buckets from ``start`` on: (steps, times, means, mins, maxs)."""
+        return (self.steps[start:], self.times[start:], self.means[start:], self.mins[start:], self.maxs[start:])
 
 
 def smooth(values: list[float], weight: float) -> list[float]:

@@ -2,14 +2,15 @@
 
 Layout, top to bottom: the run panel (progress line and rank table,
 :mod:`~nbtrain.dashboard.run_view`), the device panel (GPU or CPU/RAM bars,
-:mod:`~nbtrain.dashboard.devices_view`) and the plot of logged series
-(:mod:`~nbtrain.dashboard.loss_plot`).
+:mod:`~nbtrain.dashboard.devices_view`) and the chart of logged series, drawn in the browser
+(:mod:`~nbtrain.dashboard.chart`).
 
 Updating: :meth:`RunDashboard.tick` runs on the dashboard's ticker thread four times a second and calls
 ``update(model)`` on each panel in turn. A panel changes its widget only when what it shows changed —
 the run panel when a new telemetry sample arrived (or the elapsed second moved), the device panel when a
-sample arrived, the plot when new values arrived and its CPU budget allows — and each change is one comm
-message with just the new value. Nothing is cleared and redrawn, so nothing flickers.
+sample arrived, the chart when new values arrived (at most twice a second, only the new points) — and
+each change is one comm message with just the new value. Nothing is cleared and redrawn in the kernel,
+so nothing flickers and the kernel draws nothing while the cell runs.
 
 At the end, :meth:`RunDashboard.finish` replaces the widget's output, in place (``update_display``),
 with the static figure of :mod:`~nbtrain.dashboard.final`, and adds the text summary below it: a saved
@@ -20,11 +21,12 @@ from __future__ import annotations
 
 import base64
 
+from .chart import ChartPanel
 from .devices_view import DevicePanel
 from .final import final_png, summary_paragraph
-from .loss_plot import DEFAULT_SMOOTHING, LossPlot
 from .model import RunModel
 from .run_view import RunPanel
+from .series import DEFAULT_SMOOTHING
 from ..words import count
 
 
@@ -53,8 +55,8 @@ class RunDashboard:
         self.model = model
         self.run_panel = RunPanel()
         self.devices = DevicePanel()
-        self.plot = LossPlot(model.store, smoothing)
-        self.panels = (self.run_panel, self.devices, self.plot)  # each: .widget and .update(model)
+        self.chart = ChartPanel(model.store, smoothing)
+        self.panels = (self.run_panel, self.devices, self.chart)  # each: .widget and .update(model)
         self.widget = W.VBox([panel.widget for panel in self.panels])
         self.handle = None
 
@@ -75,7 +77,7 @@ class RunDashboard:
         paragraph = summary_paragraph(model.store, model.telemetry, model.status or "ok", model.detail,
                                       len(model.ranks), model.where, progress)
         title = f"nbtrain · {count('rank', len(model.ranks))} · {model.where} · {model.status_text() or ''}"
-        figure = FinalFigure(final_png(model.store, model.telemetry, title, self.plot.smoothing), paragraph)
+        figure = FinalFigure(final_png(model.store, model.telemetry, title, self.chart.smoothing), paragraph)
         from IPython.display import display
 
         if self.handle is not None:
@@ -83,7 +85,6 @@ class RunDashboard:
         else:
             display(figure)
         display(Summary(paragraph))
-        self.plot.link.close()
         close_tree(self.widget)  # the page shows the picture now; free the widgets' comms in the kernel too
 
 

@@ -6,4 +6,5 @@
 - ``outputs``: what an iopub message or a saved notebook output shows, as text.
 - ``fake_nvml``: the stand-in ``pynvml`` for machines without an NVIDIA GPU (the only stand-in the tests use).
 - ``labhelp`` / ``tsinterfaces``: JupyterLab in a headless browser; the TypeScript interfaces of the extension.
+- ``chartbuild``: the dashboard chart's JavaScript bundle, rebuilt when its sources are newer.
 """

@@ -1,0 +1,59 @@
+// The chart's data, apart from drawing: the base and tail the kernel sends (nbtrain/dashboard/chart_feed.py),
+// joined into one set of columns per series, and the smoothing drawn over them.
+
+export const COLUMNS = ["step", "time", "mean", "min", "max"];
+
+// A column arrives as a DataView over little-endian float64 bytes (ipywidgets' binary buffers).
+function floats(view) {
+  if (!view) return new Float64Array(0);
+  if (view instanceof Float64Array) return view;
+  const bytes = view.buffer ? new Uint8Array(view.buffer, view.byteOffset, view.byteLength) : new Uint8Array(view);
+  return new Float64Array(bytes.slice().buffer); // a copy: aligned, and ours to keep
+}
+
+function concat(a, b) {
+  if (!a.length) return b;
+  if (!b.length) return a;
+  const out = new Float64Array(a.length + b.length);
+  out.set(a, 0);
+  out.set(b, a.length);
+  return out;
+}
+
+// {name: {step, time, mean, min, max}}: the base's buckets then the tail's, when both are of one epoch.
+export function joinSeries(base, tail) {
+  const out = {};
+  if (!tail || !tail.series) return out;
+  const sameEpoch = base && base.epoch === tail.epoch;
+  for (const [name, cols] of Object.entries(tail.series)) {
+    const head = sameEpoch && base.series ? base.series[name] : undefined;
+    out[name] = {};
+    for (const key of COLUMNS) {
+      out[name][key] = concat(head ? floats(head[key]) : new Float64Array(0), floats(cols[key]));
+    }
+  }
+  return out;
+}
+
+// Exponential moving average with the start-up bias removed, as nbtrain.dashboard.series.smooth (TensorBoard).
+export function smooth(values, weight) {
+  if (!(weight > 0)) return Array.from(values);
+  const out = new Array(values.length);
+  let last = 0, debias = 1;
+  for (let i = 0; i < values.length; i++) {
+    last = last * weight + (1 - weight) * values[i];
+    debias *= weight;
+    out[i] = last / (1 - debias);
+  }
+  return out;
+}
+
+export function firstTime(series) {
+  let t0 = Infinity;
+  for (const cols of Object.values(series)) if (cols.time.length) t0 = Math.min(t0, cols.time[0]);
+  return Number.isFinite(t0) ? t0 : 0;
+}
+
+export function allPositive(series, names) {
+  return names.every((name) => !series[name] || series[name].min.every((v) => v > 0));
+}

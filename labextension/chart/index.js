@@ -1,0 +1,137 @@
+// The dashboard's live chart (an anywidget module; nbtrain/dashboard/chart.py is its kernel side).
+// The kernel only sends data (traits ``base`` and ``tail``); every control works in the browser alone, since
+// the kernel is busy running the cell. The root element carries what was drawn, for tests and curious users:
+// data-points (buckets drawn, all panels), data-draws, data-distr (1 linear, 3 log, 4 asinh), data-smoothing
+// and data-smooth-gap (how far the smoothed curves are from the raw ones, summed).
+import uplotCss from "uplot/dist/uPlot.min.css";
+import { joinSeries, firstTime } from "./data.js";
+import { Panel } from "./panel.js";
+
+const CSS = `
+.nbt-chart { font: 12px sans-serif; }
+.nbt-chart-controls { display: flex; gap: 14px; align-items: center; margin: 4px 0; flex-wrap: wrap; }
+.nbt-chart-controls label { display: inline-flex; gap: 4px; align-items: center; }
+.nbt-chart-grid { display: grid; gap: 4px 10px; }
+.nbt-chart-hint { color: #777; }
+.nbt-chart .u-title { font-size: 13px; font-weight: 600; }
+.nbt-chart .u-legend { font-size: 11px; }
+`;
+const HEIGHT = 220;
+
+function columnsFor(count) {
+  return count <= 1 ? 1 : count <= 4 ? 2 : 3;
+}
+
+function control(tag, attrs, text) {
+  const node = document.createElement(tag);
+  Object.assign(node, attrs);
+  if (text) node.textContent = text;
+  return node;
+}
+
+function toggle(labels, onPick) {
+  const wrap = control("span", { className: "nbt-chart-toggle" });
+  const buttons = labels.map((label, i) => {
+    const button = control("button", { type: "button", className: "nbt-" + label.replace(/\W/g, "") }, label);
+    button.addEventListener("click", () => {
+      buttons.forEach((b, j) => b.setAttribute("aria-pressed", String(i === j)));
+      onPick(label);
+    });
+    button.setAttribute("aria-pressed", String(i === 0));
+    wrap.appendChild(button);
+    return button;
+  });
+  return wrap;
+}
+
+function render({ model, el }) {
+  const style = control("style", {}, uplotCss + CSS);
+  const root = control("div", { className: "nbt-chart" });
+  const state = { log: false, xKey: "step", weight: model.get("smoothing") || 0, panels: new Map(), draws: 0 };
+  const slider = control("input", { type: "range", min: "0", max: "0.99", step: "0.01", value: String(state.weight),
+                                    className: "nbt-smoothing" });
+  const weightText = control("span", {}, state.weight.toFixed(2));
+  const smoothing = control("label", {}, "smoothing ");
+  smoothing.append(slider, weightText);
+  const controls = control("div", { className: "nbt-chart-controls" });
+  controls.append(toggle(["linear", "log"], (v) => { state.log = v === "log"; rebuild(); }),
+                  toggle(["step", "wall time"], (v) => { state.xKey = v === "step" ? "step" : "time"; rebuild(); }),
+                  smoothing, control("span", { className: "nbt-chart-hint" }, "drag to zoom, double-click to unzoom"));
+  const hint = control("div", { className: "nbt-chart-hint" }, "nothing logged yet: call nbtrain.log(loss=...) in the cell");
+  const grid = control("div", { className: "nbt-chart-grid" });
+  root.append(style, controls, hint, grid);
+  el.appendChild(root);
+
+  function width() {
+    const cols = columnsFor(state.panels.size || 1);
+    return Math.max(240, Math.floor(((root.clientWidth || 900) - 10 * (cols - 1)) / cols));
+  }
+
+  function onDraw(panel, u) {
+    state.draws += 1;
+    let points = 0, gap = 0;
+    for (const p of state.panels.values()) { points += p.points || 0; gap += p.smoothGap || 0; }
+    Object.assign(root.dataset, { points, draws: state.draws, distr: u.scales.y.distr, smoothing: state.weight,
+                                  smoothGap: gap.toPrecision(6) });
+  }
+
+  function draw() {
+    const tail = model.get("tail");
+    const groups = (tail && tail.groups) || [];
+    if (!groups.length) return;
+    hint.style.display = "none";
+    const series = joinSeries(model.get("base"), tail);
+    const t0 = firstTime(series);
+    const keys = new Set(groups.map(([key]) => key));
+    for (const [key, panel] of state.panels) if (!keys.has(key)) { panel.destroy(); state.panels.delete(key); }
+    for (const [key, names] of groups) {
+      let panel = state.panels.get(key);
+      if (!panel || panel.names.join() !== names.join()) {
+        if (panel) panel.destroy();
+        const cell = control("div", {});
+        grid.appendChild(cell);
+        panel = new Panel(cell, key, names, { log: state.log, xKey: state.xKey, width: 300, height: HEIGHT }, onDraw);
+        state.panels.set(key, panel);
+      }
+    }
+    grid.style.gridTemplateColumns = `repeat(${columnsFor(state.panels.size)}, max-content)`;
+    const w = width();
+    for (const panel of state.panels.values()) {
+      if (panel.options.width !== w) panel.resize(w);
+      panel.draw(series, state.weight, t0);
+    }
+  }
+
+  function rebuild() {
+    for (const panel of state.panels.values()) {
+      Object.assign(panel.options, { log: state.log, xKey: state.xKey });
+      panel.destroy();
+    }
+    draw();
+  }
+
+  slider.addEventListener("input", () => {
+    state.weight = Number(slider.value);
+    weightText.textContent = state.weight.toFixed(2);
+    draw();
+  });
+  let pending = false; // base and tail arrive together: draw once per message
+  const onChange = () => {
+    if (pending) return;
+    pending = true;
+    requestAnimationFrame(() => { pending = false; draw(); });
+  };
+  model.on("change:tail", onChange);
+  model.on("change:base", onChange);
+  const resize = new ResizeObserver(() => { for (const p of state.panels.values()) p.resize(width()); });
+  resize.observe(root);
+  draw();
+  return () => {
+    resize.disconnect();
+    model.off("change:tail", onChange);
+    model.off("change:base", onChange);
+    for (const panel of state.panels.values()) panel.destroy();
+  };
+}
+
+export default { render };

@@ -1,0 +1,99 @@
+// One uPlot chart: a panel of the dashboard, for a training value and its validation twin.
+// Per name four uPlot series: the buckets' min and max (drawn as a band, no line), the raw mean (light) and
+// the smoothed mean (bold). Series logged at different steps share the x axis through uPlot.join.
+import uPlot from "uplot";
+import { smooth, allPositive } from "./data.js";
+
+export const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"];
+const PER_NAME = 4; // min, max, raw, smoothed
+
+function alpha(color, a) {
+  const n = parseInt(color.slice(1), 16);
+  return `rgba(${n >> 16}, ${(n >> 8) & 255}, ${n & 255}, ${a})`;
+}
+
+function shortNumber(v) {
+  if (v == null || Number.isNaN(v)) return "–";
+  const a = Math.abs(v);
+  return a !== 0 && (a < 1e-3 || a >= 1e5) ? v.toExponential(3) : +v.toPrecision(5) + "";
+}
+
+export class Panel {
+  constructor(parent, title, names, options, onDraw) {
+    this.parent = parent;
+    this.title = title;
+    this.names = names;
+    this.options = options; // {log, xKey, width, height}
+    this.onDraw = onDraw;
+    this.zoomed = false;
+    this.plot = null;
+    this.distrKey = null;
+  }
+
+  build(distr) {
+    if (this.plot) this.plot.destroy();
+    const { xKey, width, height } = this.options;
+    const series = [{ label: xKey === "time" ? "seconds" : "step", value: (u, v) => shortNumber(v) }];
+    const bands = [];
+    this.names.forEach((name, i) => {
+      const color = COLORS[i % COLORS.length];
+      const at = 1 + i * PER_NAME;
+      series.push({ label: `${name} min`, stroke: "transparent", width: 0, points: { show: false }, spanGaps: true });
+      series.push({ label: `${name} max`, stroke: "transparent", width: 0, points: { show: false }, spanGaps: true });
+      series.push({ label: `${name} raw`, stroke: alpha(color, 0.35), width: 1, spanGaps: true, value: (u, v) => shortNumber(v) });
+      series.push({ label: name, stroke: color, width: 2, spanGaps: true, value: (u, v) => shortNumber(v) });
+      bands.push({ series: [at + 1, at], fill: alpha(color, 0.12) });
+    });
+    const y = distr === 1 ? { distr: 1 } : distr === 3 ? { distr: 3, log: 10 } : { distr: 4, asinh: 1e-3 };
+    const panel = this;
+    this.plot = new uPlot({
+      title: this.title, width, height, series, bands,
+      scales: { x: { time: false }, y },
+      axes: [{ label: xKey === "time" ? "seconds since the first value" : "step" }, { size: 60 }],
+      cursor: { drag: { x: true, y: false } },
+      legend: { live: true },
+      hooks: {
+        setSelect: [(u) => { if (u.select.width > 0) panel.zoomed = true; }],
+        draw: [(u) => panel.onDraw(panel, u)],
+      },
+    }, this.columns || [[]], this.parent);
+    // Only the raw and smoothed means get a legend row: the band's edges are read from the hover anyway.
+    this.plot.root.querySelectorAll(".u-legend .u-series").forEach((row, i) => {
+      if (i > 0 && (i - 1) % PER_NAME < 2) row.style.display = "none";
+    });
+    this.plot.over.addEventListener("dblclick", () => { panel.zoomed = false; });
+    this.distrKey = distr;
+  }
+
+  // Redraw from ``series`` (data.joinSeries), smoothed with ``weight``; rebuilds the chart if the scale changed.
+  draw(series, weight, t0) {
+    const { xKey, log } = this.options;
+    const tables = [];
+    this.points = 0;
+    this.smoothGap = 0;
+    for (const name of this.names) {
+      const cols = series[name];
+      if (!cols) continue;
+      const xs = xKey === "time" ? Array.from(cols.time, (t) => t - t0) : Array.from(cols.step);
+      const smoothed = smooth(cols.mean, weight);
+      for (let i = 0; i < smoothed.length; i++) this.smoothGap += Math.abs(smoothed[i] - cols.mean[i]);
+      tables.push([xs, Array.from(cols.min), Array.from(cols.max), Array.from(cols.mean), smoothed]);
+      this.points += cols.mean.length;
+    }
+    if (tables.length !== this.names.length) return; // a name of this panel not sent yet
+    this.columns = tables.length === 1 ? tables[0] : uPlot.join(tables);
+    const distr = !log ? 1 : allPositive(series, this.names) ? 3 : 4;
+    if (!this.plot || distr !== this.distrKey) this.build(distr);
+    else this.plot.setData(this.columns, !this.zoomed);
+  }
+
+  resize(width) {
+    this.options.width = width;
+    if (this.plot) this.plot.setSize({ width, height: this.options.height });
+  }
+
+  destroy() {
+    if (this.plot) this.plot.destroy();
+    this.plot = null;
+  }
+}

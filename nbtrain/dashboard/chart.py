@@ -1,0 +1,94 @@
+"""The live chart of every logged series, drawn in the browser from the points the kernel streams to it.
+
+:class:`LiveChart` is an `anywidget <https://anywidget.dev>`_ whose JavaScript — uPlot and the chart's
+own code, bundled from npm by ``labextension/``'s ``build:chart`` (esbuild) into
+``nbtrain/dashboard/static/chart.js`` — ships inside the wheel: no CDN, so it works offline, in
+JupyterLab 4, Notebook 7 and VS Code alike. The kernel sends data only; everything the user does with the
+chart happens in the browser, which matters because the kernel's main thread is busy running the cell and
+reads no widget events until the run is over:
+
+* a panel per logged name, a training value and its validation twin together (``loss`` with
+  ``val_loss``), each series drawn raw (light), with the min–max band of its buckets, and smoothed;
+* a smoothing slider, linear/log (log becomes ``asinh`` when a series has values ≤ 0), step or wall
+  time on the x axis, hover to read every series' value, drag to zoom (double-click to unzoom).
+
+:class:`ChartPanel` feeds it from a :class:`~nbtrain.dashboard.chart_feed.ChartFeed`: at most one message
+every :data:`SEND_EVERY_S` seconds, only when something new was logged, carrying the new *tail* (and now
+and then a new *base*; see that module). The data traits hold ``bytes`` columns, which ipywidgets sends
+as binary buffers.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from .chart_feed import ChartFeed
+from .metric_store import MetricStore
+
+SEND_EVERY_S = 0.45  # with the dashboard's 0.25 s ticks: every other tick, two updates a second at most
+BUNDLE = Path(__file__).with_name("static") / "chart.js"
+
+
+def bundle_source() -> str:
+    """The chart's JavaScript module; a clear error for a checkout whose bundle was never built."""
+    try:
+        return BUNDLE.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        sources = Path(__file__).resolve().parents[2] / "labextension"
+        raise RuntimeError(f"the dashboard's chart ({BUNDLE}) is not built: cd {sources} && jlpm install && "
+                           "jlpm build:chart (pip install builds it too)") from None
+
+
+_LiveChart: type | None = None
+
+
+def _chart_class() -> type:
+    """The widget class, made on first use: importing this module imports neither anywidget nor ipywidgets."""
+    global _LiveChart
+    if _LiveChart is None:
+        import anywidget
+        import traitlets
+
+        class LiveChart(anywidget.AnyWidget):
+            base = traitlets.Dict().tag(sync=True)  # see chart_feed: closed buckets, per epoch
+            tail = traitlets.Dict().tag(sync=True)  # the buckets after the base's
+            smoothing = traitlets.Float(0.6).tag(sync=True)  # the slider's start; the browser owns it then
+
+            def __init__(self, **kwargs) -> None:
+                self._esm = bundle_source()
+                super().__init__(**kwargs)
+
+        _LiveChart = LiveChart
+    return _LiveChart
+
+
+def live_chart(smoothing: float = 0.6):
+    return _chart_class()(smoothing=smoothing)
+
+
+class ChartPanel:
+    """The dashboard's chart panel: ``.widget`` and ``.update(model)``, like the other panels."""
+
+    def __init__(self, store: MetricStore, smoothing: float = 0.6) -> None:
+        self.feed = ChartFeed(store)
+        self.smoothing = smoothing
+        self.widget = live_chart(smoothing)
+        self.sent = 0  # messages sent to the browser
+        self._last_sent = float("-inf")
+
+    def update(self, model=None, force: bool = False) -> bool:
+        """Send what was logged since the last update, if anything and if due; returns whether it sent."""
+        now = time.monotonic()
+        if not force and now - self._last_sent < SEND_EVERY_S:
+            return False
+        news = self.feed.poll()
+        if news is None:
+            return False
+        with self.widget.hold_sync():  # base and tail in one message
+            if news.base is not None:
+                self.widget.base = news.base
+            self.widget.tail = news.tail
+        self.sent += 1
+        self._last_sent = now
+        return True

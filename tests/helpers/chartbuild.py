@@ -1,0 +1,46 @@
+"""The dashboard chart's JavaScript bundle, rebuilt when its sources changed, so no test runs yesterday's chart.
+
+The bundle (``nbtrain/dashboard/static/chart.js``, git-ignored) is made by ``jlpm build:chart`` in
+``labextension/`` (esbuild: ``labextension/chart/*.js`` and uPlot from npm). :func:`ensure_chart_bundle`
+compares its time with its sources' and, when it is missing or older, installs the npm packages if they
+are absent and rebuilds it (a fraction of a second). An installed nbtrain (a wheel, no ``labextension/``
+beside it) carries its bundle and is left alone.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+
+def _jlpm() -> str:
+    found = shutil.which("jlpm", path=str(Path(sys.executable).parent)) or shutil.which("jlpm")
+    if found is None:
+        raise RuntimeError("jlpm (JupyterLab's yarn) is needed to build the dashboard's chart: pip install jupyterlab")
+    return found
+
+
+def chart_sources(checkout: Path) -> list[Path]:
+    sources = checkout / "labextension"
+    return sorted((sources / "chart").glob("*.js")) + [sources / "package.json"]
+
+
+def ensure_chart_bundle() -> Path:
+    """The bundle the imported nbtrain serves, rebuilt first if older than its sources."""
+    from nbtrain.dashboard.chart import BUNDLE
+
+    checkout = BUNDLE.resolve().parents[3]
+    labextension = checkout / "labextension"
+    if not (labextension / "chart").is_dir():
+        return BUNDLE  # an installed nbtrain: its bundle came with the wheel
+    newest = max(p.stat().st_mtime for p in chart_sources(checkout))
+    if BUNDLE.exists() and BUNDLE.stat().st_mtime >= newest:
+        return BUNDLE
+    if not (labextension / "node_modules" / "esbuild").is_dir():
+        subprocess.run([_jlpm(), "install"], cwd=labextension, check=True, capture_output=True)
+    done = subprocess.run([_jlpm(), "build:chart"], cwd=labextension, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"jlpm build:chart failed in {labextension}:\n{done.stdout}\n{done.stderr}")
+    return BUNDLE

@@ -1,0 +1,143 @@
+"""The browser chart's data without a kernel or a browser: what the kernel sends (base and tail), that the
+browser's join of the two is always the store's series, that updates carry only news, and the bounds of
+downsampling over long runs."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+
+import ipywidgets
+import pytest
+
+from nbtrain.dashboard import chart
+from nbtrain.dashboard.chart_feed import COLUMNS, ChartFeed, unpack
+from nbtrain.dashboard.metric_store import MetricStore
+from nbtrain.dashboard.series import BoundedSeries
+
+
+def joined(base: dict | None, tail: dict) -> dict:
+    """What the browser draws (labextension/chart/data.js joinSeries): the base's buckets, then the tail's."""
+    out = {}
+    for name, cols in tail["series"].items():
+        head = base["series"].get(name) if base and base["epoch"] == tail["epoch"] else None
+        out[name] = {key: (unpack(head[key]) if head else []) + unpack(cols[key]) for key in COLUMNS}
+    return out
+
+
+def stored(store: MetricStore) -> dict:
+    return {name: dict(zip(COLUMNS, cols, strict=True)) for name, (_, _, _, cols) in store.chart_columns({}).items()}
+
+
+def log(store: MetricStore, first: int, count: int, rank: int = 0, every: int = 1, name: str = "loss") -> None:
+    store.add(rank, [(s, 1000.0 + s / 10, {name: 1.0 / (s + 1)}) for s in range(first, first + count, every)])
+
+
+def test_the_first_update_is_a_base_and_a_tail_then_only_news():
+    store = MetricStore()
+    feed = ChartFeed(store)
+    assert feed.poll() is None, "nothing logged, nothing sent"
+    log(store, 0, 40)
+    first = feed.poll()
+    assert first is not None and first.base is not None
+    assert [len(unpack(first.base["series"]["loss"]["step"])), len(unpack(first.tail["series"]["loss"]["step"]))] == [39, 1]
+    assert first.tail["groups"] == [("loss", ["loss"])]
+    assert feed.poll() is None, "no news since"
+    log(store, 40, 10)
+    log(store, 0, 40, every=20, name="val_loss")
+    second = feed.poll()
+    assert second is not None and second.base is not None, "a new name is sent with a new base"
+    log(store, 50, 5)
+    news = feed.poll()
+    assert news is not None and news.base is None, "a few more points: a tail only"
+    assert len(unpack(news.tail["series"]["loss"]["step"])) == 6, "the tail holds the points after the base"
+    assert len(unpack(news.tail["series"]["val_loss"]["mean"])) == 1
+    assert news.tail["groups"] == [("loss", ["loss", "val_loss"])], "training and validation share a panel"
+    view = joined(last_base(first, second, news), news.tail)
+    assert view == stored(store)
+    assert view["loss"]["time"][-1] == pytest.approx(1000.0 + 54 / 10), "the wall time of each point travels too"
+
+
+def last_base(*updates) -> dict | None:
+    """The last base among ``updates`` (what the browser holds)."""
+    bases = [u.base for u in updates if u is not None and u.base is not None]
+    return bases[-1] if bases else None
+
+
+def test_the_browsers_join_is_always_the_stores_series_through_merges_and_rebases():
+    random.seed(7)
+    store = MetricStore(capacity=64)
+    feed = ChartFeed(store, rebase_after=16)
+    base = None
+    step = 0
+    sizes = []
+    for _ in range(300):
+        count = random.randint(1, 30)
+        store.add(random.choice([0, 1]), [(s, 1000.0 + s, {"loss": random.random()}) for s in range(step, step + count)])
+        step += count
+        update = feed.poll()
+        assert update is not None
+        base = update.base or base
+        assert joined(base, update.tail) == stored(store)
+        sizes.append(len(unpack(update.tail["series"]["loss"]["step"])))
+    series = store.series("loss")
+    assert series is not None and series.merges >= 5, "the run was long enough to merge buckets several times"
+    assert max(sizes) <= 16 + 30, "a tail never grows much past the rebase bound"
+    assert feed.bases < feed.tails / 3, "most updates carry a tail only"
+
+
+def test_downsampling_keeps_spikes_and_memory_flat_over_a_long_run():
+    """2·10^5 points (benchmarks/dashboard_cost.py feeds 10^6 into the store and reports its size)."""
+    series = BoundedSeries(1000)
+    most = 0
+    for start in range(0, 2 * 10**5, 10**4):
+        for step in range(start, start + 10**4):
+            series.add(step, 5.0 if step == 177_777 else 1.0 + (step % 7) / 100, 1e9 + step / 100)
+        most = max(most, len(series))
+    assert most < 1000 and 500 <= len(series) and series.width == 2**8, "bounded at every point of the run"
+    assert max(series.maxs) == 5.0, "a one-step spike stays visible in its bucket's max"
+    assert min(series.mins) == 1.0 and series.count == 2 * 10**5
+    assert all(len(column) == len(series) for column in series.columns()), "five columns of one float per bucket"
+    times = series.times
+    assert times == sorted(times) and math.isclose(times[-1], 1e9 + series.steps[-1] / 100)
+
+
+@pytest.fixture
+def messages(monkeypatch):
+    """Every comm message the widgets would send, as (widget, data, buffers)."""
+    sent = []
+    original = ipywidgets.Widget._send
+
+    def _send(self, msg, buffers=None):
+        sent.append((self, msg, buffers or []))
+        return original(self, msg, buffers)
+
+    monkeypatch.setattr(ipywidgets.Widget, "_send", _send)
+    return sent
+
+
+def test_the_widget_sends_binary_deltas_at_most_every_half_second(messages):
+    store = MetricStore()
+    panel = chart.ChartPanel(store, smoothing=0.8)
+    assert panel.widget.get_state()["smoothing"] == 0.8
+    assert ".uplot" in panel.widget.get_state()["_esm"], "the module is the bundle, uPlot (and its CSS) included"
+    messages.clear()
+    assert not panel.update(), "nothing to send"
+    log(store, 0, 100)
+    assert panel.update()
+    (widget, msg, buffers), = messages
+    assert widget is panel.widget and set(msg["state"]) == {"base", "tail"}, "base and tail in one message"
+    assert len(buffers) == 10 and sum(len(b) for b in buffers) == 100 * 5 * 8, "columns travel as float64 buffers"
+    log(store, 100, 10)
+    assert not panel.update(), f"a second message within {chart.SEND_EVERY_S} s"
+    panel._last_sent = time.monotonic() - chart.SEND_EVERY_S
+    assert panel.update()
+    _, msg, buffers = messages[-1]
+    assert set(msg["state"]) == {"tail"} and sum(len(b) for b in buffers) == 11 * 5 * 8, "only the news"
+
+
+def test_a_checkout_without_the_bundle_says_how_to_build_it(monkeypatch, tmp_path):
+    monkeypatch.setattr(chart, "BUNDLE", tmp_path / "chart.js")
+    with pytest.raises(RuntimeError, match="jlpm build:chart"):
+        chart.bundle_source()
