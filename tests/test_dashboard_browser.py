@@ -1,5 +1,7 @@
 """The live dashboard in a real JupyterLab and headless Chromium: it appears under the running cell, updates
-while the ranks train, and leaves a picture and a summary in the cell when the run ends.
+while the ranks train — the chart, drawn in the browser, grows several times a second and its linear/log
+and smoothing controls redraw it while the cell runs — and leaves a picture and a summary in the cell when
+the run ends.
 
 With ``NBTRAIN_SCREENSHOTS=1`` it refreshes ``docs/dashboard-live.png`` (the widget mid-run). Skipped, with
 the reason, without Chromium or Playwright.
@@ -19,14 +21,14 @@ pytestmark = [pytest.mark.usefixtures("no_leftover_workers"), pytest.mark.timeou
 
 
 TRAINING = """%%distributed 2 --cpu --keep-alive 0
-import time, torch, nbtrain
-nbtrain.log(total_steps=120)
-for step in range(120):
-    loss = torch.tensor(2.0 / (step + 1) + 0.05 * rank)
+import math, time, torch, nbtrain
+nbtrain.log(total_steps=300)
+for step in range(300):
+    loss = torch.tensor(2.0 / (step + 1) * (1 + 0.3 * math.sin(step)) + 0.05 * (rank + 1))
     nbtrain.log(loss=loss, step=step)
     if step % 20 == 19:
         nbtrain.log(val_loss=2.5 / (step + 1), step=step)
-    time.sleep(0.1)
+    time.sleep(0.05)
 """
 
 
@@ -68,11 +70,41 @@ def _check(page, lab) -> None:
     sync_api.expect(output).to_contain_text(steps, timeout=60_000)
     first = int(steps.search(output.inner_text()).group(1))
     sync_api.expect(output).not_to_contain_text(f"step {first} ", timeout=20_000)  # it updates in place
-    sync_api.expect(output.locator(".widget-image img, img").first).to_be_visible(timeout=30_000)  # curves drawn
-    page.wait_for_timeout(2000)
+    chart = output.locator(".nbt-chart[data-points]")
+    sync_api.expect(chart).to_have_count(1, timeout=30_000)  # drawn once points arrived
+    _check_growth(page, chart)
+    _check_controls(chart)
+    page.wait_for_timeout(1000)
     cells.nth(1).screenshot(path=str(screenshot_path("dashboard-live.png", lab.root)))
 
     # When the run ends: a static picture and the summary, as ordinary outputs.
     sync_api.expect(output.locator("img")).to_have_count(1, timeout=90_000)
     sync_api.expect(output).to_contain_text("2 ranks on gloo on cpu finished", timeout=30_000)
     sync_api.expect(cells.nth(1).locator(".jp-InputPrompt")).to_have_text("[2]:", timeout=30_000)
+
+
+def _check_growth(page, chart) -> None:
+    """Over 3 s the drawn point count grows at least four times: the curve moves as the loss does."""
+    counts = []
+    for _ in range(30):
+        counts.append(int(chart.get_attribute("data-points")))
+        page.wait_for_timeout(100)
+    increases = sum(1 for a, b in zip(counts, counts[1:]) if b > a)
+    assert increases >= 4, f"the chart's points grew {increases} times in 3 s: {counts}"
+
+
+def _check_controls(chart) -> None:
+    """linear/log and the smoothing slider redraw the chart, in the browser, while the cell runs."""
+    sync_api.expect(chart).to_have_attribute("data-distr", "1")  # linear
+    chart.locator("button.nbt-log").click()
+    sync_api.expect(chart).to_have_attribute("data-distr", "3", timeout=5000)  # drawn on a log scale
+    chart.locator("button.nbt-linear").click()
+    sync_api.expect(chart).to_have_attribute("data-distr", "1", timeout=5000)
+    slider = chart.locator("input.nbt-smoothing")
+    slider.fill("0")
+    sync_api.expect(chart).to_have_attribute("data-smoothing", "0", timeout=5000)
+    assert float(chart.get_attribute("data-smooth-gap")) == 0, "no smoothing: the bold curve is the raw one"
+    slider.fill("0.95")
+    sync_api.expect(chart).to_have_attribute("data-smoothing", "0.95", timeout=5000)
+    assert float(chart.get_attribute("data-smooth-gap")) > 0, "smoothed: the bold curve leaves the raw one"
+    slider.fill("0.6")

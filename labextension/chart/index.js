@@ -11,6 +11,8 @@ const CSS = `
 .nbt-chart { font: 12px sans-serif; }
 .nbt-chart-controls { display: flex; gap: 14px; align-items: center; margin: 4px 0; flex-wrap: wrap; }
 .nbt-chart-controls label { display: inline-flex; gap: 4px; align-items: center; }
+.nbt-chart-toggle button { border: 1px solid #999; background: #fff; padding: 1px 8px; margin: 0; cursor: pointer; }
+.nbt-chart-toggle button[aria-pressed="true"] { background: #1f77b4; border-color: #1f77b4; color: #fff; }
 .nbt-chart-grid { display: grid; gap: 4px 10px; }
 .nbt-chart-hint { color: #777; }
 .nbt-chart .u-title { font-size: 13px; font-weight: 600; }
