@@ -2,29 +2,41 @@
 
 Run it with the project's environment::
 
-    PYTHONPATH=. python benchmarks/dashboard_cost.py [--seconds 30] [--nprocs 2]
+    PYTHONPATH=. python benchmarks/dashboard_cost.py [--seconds 30] [--nprocs 2] [--baseline REF --rounds 2]
+
+``--baseline REF`` (a git commit, e.g. the one before a dashboard change) measures that version's dashboard
+too, in the same run, interleaved with this checkout's (baseline, current, baseline, current, … for
+``--rounds``): each measurement runs in its own process with ``PYTHONPATH`` on a ``git archive`` of the
+commit or on this checkout, so the machine's load is shared alike.
 
 1. **A training run with the dashboard.** A small MLP is trained by ``--nprocs`` gloo ranks for about
    ``--seconds``, logging ``loss`` every step and ``val_loss`` every 50 steps (and ``total_steps``),
    through :func:`nbtrain.launch.api.run_source` with the widget dashboard attached (no front end:
    ``display`` does nothing, the widgets' comm messages are counted instead of sent). Measured:
 
-   * the CPU time of the dashboard's two threads (sampler, drawing; each thread's own CPU clock) plus the time its callbacks took on the main thread, divided by the run's wall time:
-     the share of one core the dashboard used (goal: at most 5 %);
-   * widget state messages per second (goal: at most 4);
+   * the CPU time of the dashboard's two threads (sampler, ticker; each thread's own CPU clock) plus the
+     time its callbacks took on the main thread, divided by the run's wall time: the share of one core the
+     dashboard used (goal: at most 2 %);
+   * widget messages per second, all of them (state and custom; goal: at most 4), and those of the curves
+     alone (the chart's data, or the old plot's images), with their binary payload in KiB/s;
    * the final picture's CPU time (once, at the end).
 
 2. **10^6 logged steps.** The kernel side of a million steps (2 ranks, ``loss`` every step) is fed
-   into the dashboard's store in batches as the ranks send them; reported: the retained size of the
-   store's series (deep size), the process's RSS growth, and the cost per record on the main thread.
+   into the dashboard's store in batches as the ranks send them, the chart's feed polled after every batch
+   as the widget would; reported: the retained size of the store's series (deep size), the process's RSS
+   growth, the cost per record on the main thread and that of the chart's deltas.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 
@@ -80,7 +92,15 @@ class Timed:
         return timed
 
 
+def _widget_tree(widget) -> set:
+    found = {widget}
+    for child in getattr(widget, "children", ()):
+        found |= _widget_tree(child)
+    return found
+
+
 def run_with_dashboard(seconds: float, nprocs: int) -> dict:
+    """One run with the widget dashboard of whichever nbtrain is first on the path; returns its costs."""
     import IPython.display
     import ipywidgets
 
@@ -89,14 +109,14 @@ def run_with_dashboard(seconds: float, nprocs: int) -> dict:
     from nbtrain.launch.api import run_source
     from nbtrain.launch.config import LaunchRequest
 
-    messages = []
-    original = ipywidgets.Widget.send_state
+    messages = []  # (time, widget, binary payload bytes): every comm message, state or custom
+    original = ipywidgets.Widget._send
 
-    def send_state(self, key=None):  # note the time of each message the widgets send
-        messages.append(time.monotonic())
-        return original(self, key)
+    def _send(self, msg, buffers=None):
+        messages.append((time.monotonic(), self, sum(len(b) for b in buffers or ())))
+        return original(self, msg, buffers)
 
-    ipywidgets.Widget.send_state = send_state
+    ipywidgets.Widget._send = _send  # this process only measures
     IPython.display.display = lambda *a, **k: None
 
     observer = DashboardObserver(RunDashboard)
@@ -120,16 +140,18 @@ def run_with_dashboard(seconds: float, nprocs: int) -> dict:
     live_start = observer.model.started
     live_seconds = finish["live_end"] - live_start
     main_thread = timed.seconds - finish["final"]
-    steps = len(result.history["loss"])
-    in_live = [m for m in messages if live_start <= m <= finish["live_end"]]
-    assert isinstance(observer.front, RunDashboard)
-    plot = observer.front.plot
+    front = observer.front
+    assert isinstance(front, RunDashboard)
+    tables = _widget_tree(front.run_panel.widget) | _widget_tree(front.devices.widget)
+    in_live = [m for m in messages if live_start <= m[0] <= finish["live_end"]]
+    curves = [m for m in in_live if m[1] not in tables]
     return {
-        "wall_s": time.monotonic() - started, "live_s": live_seconds, "steps": steps,
+        "wall_s": time.monotonic() - started, "live_s": live_seconds, "steps": len(result.history["loss"]),
         "threads_cpu_s": finish["threads"], "main_thread_cpu_s": main_thread,
         "cpu_share": (finish["threads"] + main_thread) / live_seconds,
-        "messages_per_s": len(in_live) / live_seconds, "messages": len(in_live),
-        "frames": plot.frames, "frame_cpu_s": plot.render_seconds / max(plot.frames, 1),
+        "messages": len(in_live), "messages_per_s": len(in_live) / live_seconds,
+        "curve_messages_per_s": len(curves) / live_seconds,
+        "curve_kib_per_s": sum(m[2] for m in curves) / 1024 / live_seconds,
         "final_cpu_s": finish["final"],
     }
 
@@ -138,17 +160,19 @@ def deep_size(store) -> int:
     total = 0
     for by_rank in store._series.values():
         for series in by_rank.values():
-            for values in (series.steps, series.means, series.mins, series.maxs, series.counts):
+            for values in (series.steps, series.times, series.means, series.mins, series.maxs, series.counts):
                 total += sys.getsizeof(values) + sum(sys.getsizeof(v) for v in values)
     return total
 
 
 def million_steps(steps: int = 10**6, ranks: int = 2, batch: int = 250) -> dict:
+    from nbtrain.dashboard.chart_feed import ChartFeed
     from nbtrain.dashboard.metric_store import MetricStore
 
     store = MetricStore()
+    feed = ChartFeed(store)
     rss_before = psutil.Process().memory_info().rss
-    cpu = 0.0
+    cpu = feed_cpu = 0.0
     sizes = {}
     for start in range(0, steps, batch):
         for rank in range(ranks):
@@ -156,35 +180,74 @@ def million_steps(steps: int = 10**6, ranks: int = 2, batch: int = 250) -> dict:
             began = time.thread_time()
             store.add(rank, records)
             cpu += time.thread_time() - began
+        began = time.thread_time()
+        feed.poll()
+        feed_cpu += time.thread_time() - began
         if start + batch in (10**4, 10**5, 10**6):
             sizes[start + batch] = deep_size(store)
     return {"sizes": sizes, "rss_growth": psutil.Process().memory_info().rss - rss_before,
-            "us_per_record": 1e6 * cpu / (steps * ranks), "points_kept": len(store.series("loss") or ())}
+            "us_per_record": 1e6 * cpu / (steps * ranks), "points_kept": len(store.series("loss") or ()),
+            "feed_us_per_record": 1e6 * feed_cpu / (steps * ranks), "bases": feed.bases, "tails": feed.tails}
+
+
+def measure_in_process(root: str, seconds: float, nprocs: int) -> dict:
+    """:func:`run_with_dashboard` in a fresh interpreter whose ``nbtrain`` (and its ranks') comes from ``root``."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--seconds", str(seconds),
+                           "--nprocs", str(nprocs)], env=env, cwd=root, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"the measurement with nbtrain from {root} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def describe(label: str, run: dict) -> str:
+    return (f"{label:<9} CPU {run['threads_cpu_s']:.2f} s threads + {run['main_thread_cpu_s']:.3f} s main thread over "
+            f"{run['live_s']:.1f} s = {100 * run['cpu_share']:.2f} % of one core; messages {run['messages_per_s']:.2f}/s "
+            f"(curves {run['curve_messages_per_s']:.2f}/s, {run['curve_kib_per_s']:.1f} KiB/s); "
+            f"final picture {run['final_cpu_s']:.2f} s; {run['steps']} steps")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--nprocs", type=int, default=2)
+    parser.add_argument("--baseline", metavar="REF", help="also measure this git commit's dashboard, interleaved")
+    parser.add_argument("--rounds", type=int, default=1, help="measurements of each version")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:  # one measurement, for measure_in_process
+        print(json.dumps(run_with_dashboard(args.seconds, args.nprocs)))
+        return
     print(f"# nbtrain dashboard cost — {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
     print(f"machine: {platform.processor() or platform.machine()}, {psutil.cpu_count()} cores, "
           f"{psutil.virtual_memory().total / 2**30:.1f} GiB RAM, Python {platform.python_version()}, "
           f"load average {os.getloadavg()[0]:.2f}")
-    run = run_with_dashboard(args.seconds, args.nprocs)
-    print(f"\n## training run: {args.nprocs} gloo ranks, {run['steps']} steps logged per rank, "
-          f"dashboard live {run['live_s']:.1f} s")
-    print(f"dashboard CPU: threads {run['threads_cpu_s']:.2f} s + main-thread callbacks {run['main_thread_cpu_s']:.3f} s "
-          f"= {100 * run['cpu_share']:.1f} % of one core (goal <= 5 %)")
-    print(f"widget messages: {run['messages']} in {run['live_s']:.1f} s = {run['messages_per_s']:.2f}/s (goal <= 4)")
-    print(f"plot frames: {run['frames']}, {run['frame_cpu_s'] * 1000:.0f} ms CPU each (linear + log image)")
-    print(f"final picture and summary: {run['final_cpu_s']:.2f} s CPU, once at the end")
+    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with tempfile.TemporaryDirectory(prefix="nbtrain-baseline-") as baseline_root:
+        versions = [("current", checkout)]
+        if args.baseline:
+            archive = subprocess.run(["git", "-C", checkout, "archive", args.baseline], capture_output=True, check=True)
+            subprocess.run(["tar", "-x", "-C", baseline_root], input=archive.stdout, check=True)
+            versions.insert(0, (f"baseline {args.baseline[:10]}", baseline_root))
+        print(f"\n## training run: {args.nprocs} gloo ranks, about {args.seconds:g} s of steps; goal <= 2 % of one "
+              f"core, <= 4 messages/s")
+        results: dict[str, list[dict]] = {}
+        for round_ in range(args.rounds):
+            for label, root in versions:
+                run = measure_in_process(root, args.seconds, args.nprocs)
+                results.setdefault(label, []).append(run)
+                print(describe(f"{label.split()[0]} {round_ + 1}", run), flush=True)
+        for label, runs in results.items():
+            share = statistics.median(r["cpu_share"] for r in runs)
+            rate = statistics.median(r["messages_per_s"] for r in runs)
+            print(f"median {label}: {100 * share:.2f} % of one core, {rate:.2f} messages/s")
     big = million_steps()
-    print("\n## 10^6 logged steps x 2 ranks into the dashboard's store")
+    print("\n## 10^6 logged steps x 2 ranks into the dashboard's store (current)")
     for steps, size in big["sizes"].items():
         print(f"retained series after {steps:>9,} steps: {size / 1024:.0f} KiB")
     print(f"points kept per series: {big['points_kept']}; RSS growth over the whole feed: "
-          f"{big['rss_growth'] / 2**20:.1f} MiB; {big['us_per_record']:.2f} us per record on the main thread")
+          f"{big['rss_growth'] / 2**20:.1f} MiB; {big['us_per_record']:.2f} us per record on the main thread; "
+          f"chart deltas {big['feed_us_per_record']:.3f} us per record ({big['tails']} updates, {big['bases']} bases)")
 
 
 if __name__ == "__main__":
