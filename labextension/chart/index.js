@@ -1,8 +1,9 @@
 // The dashboard's live chart (an anywidget module; nbtrain/dashboard/chart.py is its kernel side).
 // The kernel only sends data (traits ``base`` and ``tail``); every control works in the browser alone, since
 // the kernel is busy running the cell. The root element carries what was drawn, for tests and curious users:
-// data-points (buckets drawn, all panels), data-draws, data-distr (1 linear, 3 log, 4 asinh), data-smoothing
-// and data-smooth-gap (how far the smoothed curves are from the raw ones, summed).
+// data-points (buckets drawn, all panels), data-draws, data-distr (1 linear, 3 log, 4 asinh), data-smoothing,
+// data-smooth-gap (how far the smoothed curves are from the raw ones, summed), data-prepare-ms and data-draw-ms
+// (the browser's time for the last update: preparing the columns, then uPlot's drawing).
 import uplotCss from "uplot/dist/uPlot.min.css";
 import { joinSeries, firstTime } from "./data.js";
 import { Panel } from "./panel.js";
@@ -71,6 +72,7 @@ function render({ model, el }) {
 
   function onDraw(panel, u) {
     state.draws += 1;
+    root.dataset.drawMs = (performance.now() - panel.drawStarted).toFixed(2);
     let points = 0, gap = 0;
     for (const p of state.panels.values()) { points += p.points || 0; gap += p.smoothGap || 0; }
     Object.assign(root.dataset, { points, draws: state.draws, distr: u.scales.y.distr, smoothing: state.weight,
@@ -98,10 +100,12 @@ function render({ model, el }) {
     }
     grid.style.gridTemplateColumns = `repeat(${columnsFor(state.panels.size)}, max-content)`;
     const w = width();
+    const began = performance.now();
     for (const panel of state.panels.values()) {
       if (panel.options.width !== w) panel.resize(w);
       panel.draw(series, state.weight, t0);
     }
+    root.dataset.prepareMs = (performance.now() - began).toFixed(2); // join, smooth, setData (drawing follows)
   }
 
   function rebuild() {

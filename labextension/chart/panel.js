@@ -83,6 +83,7 @@ export class Panel {
     if (tables.length !== this.names.length) return; // a name of this panel not sent yet
     this.columns = tables.length === 1 ? tables[0] : uPlot.join(tables);
     const distr = !log ? 1 : allPositive(series, this.names) ? 3 : 4;
+    this.drawStarted = performance.now();
     if (!this.plot || distr !== this.distrKey) this.build(distr);
     else this.plot.setData(this.columns, !this.zoomed);
   }
