@@ -128,6 +128,7 @@ def run_with_dashboard(seconds: float, nprocs: int) -> dict:
         observer.stop()
         assert observer.sampler is not None and observer.ticker is not None  # started with the run
         finish["threads"] = observer.sampler.cpu_seconds + observer.ticker.cpu_seconds
+        finish["ticker"] = observer.ticker.cpu_seconds
         finish["live_end"] = time.monotonic()
         started = time.thread_time()
         original_finish(status, summary)
@@ -145,13 +146,16 @@ def run_with_dashboard(seconds: float, nprocs: int) -> dict:
     tables = _widget_tree(front.run_panel.widget) | _widget_tree(front.devices.widget)
     in_live = [m for m in messages if live_start <= m[0] <= finish["live_end"]]
     curves = [m for m in in_live if m[1] not in tables]
+    # while values arrive: from the curves' first message to their last (rank start-up left out)
+    arriving = curves[-1][0] - curves[0][0] if len(curves) > 1 else 0.0
     return {
         "wall_s": time.monotonic() - started, "live_s": live_seconds, "steps": len(result.history["loss"]),
-        "threads_cpu_s": finish["threads"], "main_thread_cpu_s": main_thread,
+        "threads_cpu_s": finish["threads"], "main_thread_cpu_s": main_thread, "ticker_cpu_s": finish["ticker"],
         "cpu_share": (finish["threads"] + main_thread) / live_seconds,
         "messages": len(in_live), "messages_per_s": len(in_live) / live_seconds,
         "curve_messages_per_s": len(curves) / live_seconds,
         "curve_kib_per_s": sum(m[2] for m in curves) / 1024 / live_seconds,
+        "curve_updates_per_s_arriving": (len(curves) - 1) / arriving if arriving else 0.0,
         "final_cpu_s": finish["final"],
     }
 
@@ -201,9 +205,10 @@ def measure_in_process(root: str, seconds: float, nprocs: int) -> dict:
 
 
 def describe(label: str, run: dict) -> str:
-    return (f"{label:<9} CPU {run['threads_cpu_s']:.2f} s threads + {run['main_thread_cpu_s']:.3f} s main thread over "
-            f"{run['live_s']:.1f} s = {100 * run['cpu_share']:.2f} % of one core; messages {run['messages_per_s']:.2f}/s "
-            f"(curves {run['curve_messages_per_s']:.2f}/s, {run['curve_kib_per_s']:.1f} KiB/s); "
+    return (f"{label:<9} CPU {run['threads_cpu_s']:.2f} s threads (of which drawing/sending {run['ticker_cpu_s']:.2f} s) "
+            f"+ {run['main_thread_cpu_s']:.3f} s main thread over {run['live_s']:.1f} s = {100 * run['cpu_share']:.2f} % "
+            f"of one core; messages {run['messages_per_s']:.2f}/s (curves {run['curve_messages_per_s']:.2f}/s, "
+            f"{run['curve_kib_per_s']:.1f} KiB/s; {run['curve_updates_per_s_arriving']:.2f}/s while values arrive); "
             f"final picture {run['final_cpu_s']:.2f} s; {run['steps']} steps")
 
 
@@ -240,7 +245,10 @@ def main() -> None:
         for label, runs in results.items():
             share = statistics.median(r["cpu_share"] for r in runs)
             rate = statistics.median(r["messages_per_s"] for r in runs)
-            print(f"median {label}: {100 * share:.2f} % of one core, {rate:.2f} messages/s")
+            ticker = statistics.median(r["ticker_cpu_s"] / r["live_s"] for r in runs)
+            updates = statistics.median(r["curve_updates_per_s_arriving"] for r in runs)
+            print(f"median {label}: {100 * share:.2f} % of one core (drawing/sending {100 * ticker:.2f} %), "
+                  f"{rate:.2f} messages/s, curve updates {updates:.2f}/s while values arrive")
     big = million_steps()
     print("\n## 10^6 logged steps x 2 ranks into the dashboard's store (current)")
     for steps, size in big["sizes"].items():

@@ -47,7 +47,7 @@ BENCHMARKS = (
               ("helper_overhead_us.py",), ("helper_overhead_us.py", "--repeats", "3")),
     Benchmark("logging", "Logging every step: nothing vs nbtrain.log vs loss.item()", "nbtrain.log ≤ 1 % cost (GPU)",
               ("log_overhead.py",), ("log_overhead.py", "--blocks", "3")),
-    Benchmark("dashboard", "Kernel cost of the live dashboard", "≤ 5 % of one core; ≤ 4 widget messages/s; flat memory",
+    Benchmark("dashboard", "Kernel cost of the live dashboard", "≤ 2 % of one core; ≤ 4 widget messages/s; flat memory",
               ("dashboard_cost.py", "--seconds", "30"), ("dashboard_cost.py", "--seconds", "10")),
     Benchmark("results", "Large results back into the notebook (shared memory)",
               "1 GiB back in ≤ 1.5 s; peak extra memory ≤ 1.3× the tensor",

@@ -108,3 +108,8 @@ def _check_controls(chart) -> None:
     sync_api.expect(chart).to_have_attribute("data-smoothing", "0.95", timeout=5000)
     assert float(chart.get_attribute("data-smooth-gap")) > 0, "smoothed: the bold curve leaves the raw one"
     slider.fill("0.6")
+    chart.locator(".u-over").first.hover()  # the legend reads the values under the cursor
+    sync_api.expect(chart.locator(".u-legend .u-series").nth(4).locator(".u-value")).to_have_text(
+        re.compile(r"^\d"), timeout=5000)
+    print(f"chart: {chart.get_attribute('data-points')} points; last update {chart.get_attribute('data-prepare-ms')} ms "
+          f"to prepare, {chart.get_attribute('data-draw-ms')} ms to draw")
