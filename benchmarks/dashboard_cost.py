@@ -42,7 +42,7 @@ from datetime import datetime, timezone
 
 import psutil
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 TRAIN = """
 import time, torch, torch.distributed as dist, nbtrain
@@ -201,7 +201,10 @@ def measure_in_process(root: str, seconds: float, nprocs: int) -> dict:
                            "--nprocs", str(nprocs)], env=env, cwd=root, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"the measurement with nbtrain from {root} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    run = json.loads(done.stdout.strip().splitlines()[-1])
+    if not os.path.realpath(run["nbtrain"]).startswith(os.path.realpath(root) + os.sep):
+        raise RuntimeError(f"the measurement meant for {root} imported nbtrain from {run['nbtrain']}")
+    return run
 
 
 def describe(label: str, run: dict) -> str:
@@ -220,14 +223,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="measurements of each version")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child:  # one measurement, for measure_in_process
-        print(json.dumps(run_with_dashboard(args.seconds, args.nprocs)))
+    if args.child:  # one measurement, for measure_in_process: nbtrain from PYTHONPATH, not from this checkout
+        import nbtrain
+
+        print(json.dumps(dict(run_with_dashboard(args.seconds, args.nprocs), nbtrain=nbtrain.__file__)))
         return
+    sys.path.insert(0, CHECKOUT)
     print(f"# nbtrain dashboard cost — {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
     print(f"machine: {platform.processor() or platform.machine()}, {psutil.cpu_count()} cores, "
           f"{psutil.virtual_memory().total / 2**30:.1f} GiB RAM, Python {platform.python_version()}, "
           f"load average {os.getloadavg()[0]:.2f}")
-    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    checkout = CHECKOUT
     with tempfile.TemporaryDirectory(prefix="nbtrain-baseline-") as baseline_root:
         versions = [("current", checkout)]
         if args.baseline:
