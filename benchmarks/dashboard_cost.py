@@ -146,8 +146,10 @@ def run_with_dashboard(seconds: float, nprocs: int) -> dict:
     tables = _widget_tree(front.run_panel.widget) | _widget_tree(front.devices.widget)
     in_live = [m for m in messages if live_start <= m[0] <= finish["live_end"]]
     curves = [m for m in in_live if m[1] not in tables]
-    # while values arrive: from the curves' first message to their last (rank start-up left out)
-    arriving = curves[-1][0] - curves[0][0] if len(curves) > 1 else 0.0
+    # Updates of the curves (messages less than 0.1 s apart are one update: the old plot sent two images),
+    # per second while values arrive: from the first update to the last (rank start-up left out).
+    updates = [m[0] for i, m in enumerate(curves) if i == 0 or m[0] - curves[i - 1][0] > 0.1]
+    arriving = updates[-1] - updates[0] if len(updates) > 1 else 0.0
     return {
         "wall_s": time.monotonic() - started, "live_s": live_seconds, "steps": len(result.history["loss"]),
         "threads_cpu_s": finish["threads"], "main_thread_cpu_s": main_thread, "ticker_cpu_s": finish["ticker"],
@@ -155,7 +157,8 @@ def run_with_dashboard(seconds: float, nprocs: int) -> dict:
         "messages": len(in_live), "messages_per_s": len(in_live) / live_seconds,
         "curve_messages_per_s": len(curves) / live_seconds,
         "curve_kib_per_s": sum(m[2] for m in curves) / 1024 / live_seconds,
-        "curve_updates_per_s_arriving": (len(curves) - 1) / arriving if arriving else 0.0,
+        "curve_updates": len(updates),
+        "curve_updates_per_s_arriving": (len(updates) - 1) / arriving if arriving else 0.0,
         "final_cpu_s": finish["final"],
     }
 
@@ -211,7 +214,7 @@ def describe(label: str, run: dict) -> str:
     return (f"{label:<9} CPU {run['threads_cpu_s']:.2f} s threads (of which drawing/sending {run['ticker_cpu_s']:.2f} s) "
             f"+ {run['main_thread_cpu_s']:.3f} s main thread over {run['live_s']:.1f} s = {100 * run['cpu_share']:.2f} % "
             f"of one core; messages {run['messages_per_s']:.2f}/s (curves {run['curve_messages_per_s']:.2f}/s, "
-            f"{run['curve_kib_per_s']:.1f} KiB/s; {run['curve_updates_per_s_arriving']:.2f}/s while values arrive); "
+            f"{run['curve_kib_per_s']:.1f} KiB/s; {run['curve_updates']} updates, {run['curve_updates_per_s_arriving']:.2f}/s while values arrive); "
             f"final picture {run['final_cpu_s']:.2f} s; {run['steps']} steps")
 
 

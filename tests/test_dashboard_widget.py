@@ -91,7 +91,7 @@ def test_no_redraw_without_news_and_chart_throttled(sent):
     board.model.add_metrics(0, [(100, 110.0, {"loss": 0.01})])
     board.tick()
     assert board.chart.sent == 1, f"sent again before {chart.SEND_EVERY_S} s"
-    board.chart._last_sent -= chart.SEND_EVERY_S  # as if the pause were over
+    board.chart._due = 0.0  # as if the half second were over
     board.tick()
     assert board.chart.sent == 2
     assert {w for w, _ in sent} <= {board.chart.widget, board.run_panel.widget}

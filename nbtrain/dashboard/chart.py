@@ -12,9 +12,9 @@ reads no widget events until the run is over:
 * a smoothing slider, linear/log (log becomes ``asinh`` when a series has values ≤ 0), step or wall
   time on the x axis, hover to read every series' value, drag to zoom (double-click to unzoom).
 
-:class:`ChartPanel` feeds it from a :class:`~nbtrain.dashboard.chart_feed.ChartFeed`: at most one message
-every :data:`SEND_EVERY_S` seconds, only when something new was logged, carrying the new *tail* (and now
-and then a new *base*; see that module). The data traits hold ``bytes`` columns, which ipywidgets sends
+:class:`ChartPanel` feeds it from a :class:`~nbtrain.dashboard.chart_feed.ChartFeed`: one message every
+:data:`SEND_EVERY_S` seconds on average, only when something new was logged, carrying the new *tail* (now
+and then a new *base* too; see that module). The data traits hold ``bytes`` columns, which ipywidgets sends
 as binary buffers.
 """
 
@@ -26,7 +26,7 @@ from pathlib import Path
 from .chart_feed import ChartFeed
 from .metric_store import MetricStore
 
-SEND_EVERY_S = 0.45  # with the dashboard's 0.25 s ticks: every other tick, two updates a second at most
+SEND_EVERY_S = 0.5  # two updates a second while values arrive, on the dashboard's 0.25 s ticks
 BUNDLE = Path(__file__).with_name("static") / "chart.js"
 
 
@@ -75,12 +75,12 @@ class ChartPanel:
         self.smoothing = smoothing
         self.widget = live_chart(smoothing)
         self.sent = 0  # messages sent to the browser
-        self._last_sent = float("-inf")
+        self._due = float("-inf")  # when the next update may go
 
     def update(self, model=None, force: bool = False) -> bool:
         """Send what was logged since the last update, if anything and if due; returns whether it sent."""
         now = time.monotonic()
-        if not force and now - self._last_sent < SEND_EVERY_S:
+        if not force and now < self._due:
             return False
         news = self.feed.poll()
         if news is None:
@@ -90,5 +90,7 @@ class ChartPanel:
                 self.widget.base = news.base
             self.widget.tail = news.tail
         self.sent += 1
-        self._last_sent = now
+        # On a fixed half-second grid, so a late tick does not stretch the period: two updates a second on
+        # 0.25 s ticks; after a pause in the news (or a stall) the grid restarts, one tick later at the earliest.
+        self._due = max(self._due + SEND_EVERY_S, now + SEND_EVERY_S / 2)
         return True
