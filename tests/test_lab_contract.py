@@ -110,7 +110,8 @@ def test_package_scripts_use_only_tools_the_package_has():
     declared = {**package.get("dependencies", {}), **package.get("devDependencies", {})}
     # Binaries and the npm package that provides each (only those a JupyterLab extension commonly uses).
     provided_by = {"tsc": "typescript", "rimraf": "rimraf", "run-p": "npm-run-all2", "run-s": "npm-run-all2",
-                   "concurrently": "concurrently", "eslint": "eslint", "prettier": "prettier", "jest": "jest"}
+                   "concurrently": "concurrently", "eslint": "eslint", "prettier": "prettier", "jest": "jest",
+                   "esbuild": "esbuild"}
     for name, script in package["scripts"].items():
         for command in re.split(r"&&|\|\||[;&|]", script):
             tool = command.split()[0] if command.split() else ""
