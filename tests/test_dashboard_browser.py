@@ -94,7 +94,7 @@ def _check_growth(page, chart) -> None:
 
 
 def _check_controls(chart) -> None:
-    """linear/log and the smoothing slider redraw the chart, in the browser, while the cell runs."""
+    """linear/log, the smoothing slider, step/wall time, zoom and hover act in the browser while the cell runs."""
     sync_api.expect(chart).to_have_attribute("data-distr", "1")  # linear
     chart.locator("button.nbt-log").click()
     sync_api.expect(chart).to_have_attribute("data-distr", "3", timeout=5000)  # drawn on a log scale
@@ -108,7 +108,20 @@ def _check_controls(chart) -> None:
     sync_api.expect(chart).to_have_attribute("data-smoothing", "0.95", timeout=5000)
     assert float(chart.get_attribute("data-smooth-gap")) > 0, "smoothed: the bold curve leaves the raw one"
     slider.fill("0.6")
-    chart.locator(".u-over").first.hover()  # the legend reads the values under the cursor
+    chart.locator("button.nbt-walltime").click()
+    sync_api.expect(chart).to_have_attribute("data-x", "time", timeout=5000)  # x: seconds since the first value
+    chart.locator("button.nbt-step").click()
+    sync_api.expect(chart).to_have_attribute("data-x", "step", timeout=5000)
+    over = chart.locator(".u-over").first
+    box = over.bounding_box()
+    over.page.mouse.move(box["x"] + box["width"] * 0.2, box["y"] + box["height"] / 2)
+    over.page.mouse.down()
+    over.page.mouse.move(box["x"] + box["width"] * 0.6, box["y"] + box["height"] / 2, steps=5)
+    over.page.mouse.up()
+    sync_api.expect(chart).to_have_attribute("data-zoomed", "true", timeout=5000)  # and stays zoomed as points arrive
+    over.dblclick()
+    sync_api.expect(chart).to_have_attribute("data-zoomed", "false", timeout=5000)
+    over.hover()  # the legend reads the values under the cursor
     sync_api.expect(chart.locator(".u-legend .u-series").nth(4).locator(".u-value")).to_have_text(
         re.compile(r"^\d"), timeout=5000)
     print(f"chart: {chart.get_attribute('data-points')} points; last update {chart.get_attribute('data-prepare-ms')} ms "

@@ -2,7 +2,8 @@
 // The kernel only sends data (traits ``base`` and ``tail``); every control works in the browser alone, since
 // the kernel is busy running the cell. The root element carries what was drawn, for tests and curious users:
 // data-points (buckets drawn, all panels), data-draws, data-distr (1 linear, 3 log, 4 asinh), data-smoothing,
-// data-smooth-gap (how far the smoothed curves are from the raw ones, summed), data-prepare-ms and data-draw-ms
+// data-smooth-gap (how far the smoothed curves are from the raw ones, summed), data-x (step or time),
+// data-zoomed (a panel keeps a zoomed x range while new points arrive), data-prepare-ms and data-draw-ms
 // (the browser's time for the last update: preparing the columns, then uPlot's drawing).
 import uplotCss from "uplot/dist/uPlot.min.css";
 import { joinSeries, firstTime } from "./data.js";
@@ -75,8 +76,9 @@ function render({ model, el }) {
     root.dataset.drawMs = (performance.now() - panel.drawStarted).toFixed(2);
     let points = 0, gap = 0;
     for (const p of state.panels.values()) { points += p.points || 0; gap += p.smoothGap || 0; }
+    const zoomed = [...state.panels.values()].some((p) => p.zoomed);
     Object.assign(root.dataset, { points, draws: state.draws, distr: u.scales.y.distr, smoothing: state.weight,
-                                  smoothGap: gap.toPrecision(6) });
+                                  smoothGap: gap.toPrecision(6), x: state.xKey, zoomed });
   }
 
   function draw() {
