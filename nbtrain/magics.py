@@ -1,4 +1,4 @@
-"""IPython magics: ``%%distributed``, ``%distributed_shutdown`` and ``%gpus``: they parse their arguments, then call
+"""IPython magics: ``%%distributed``, ``%distributed_shutdown``, ``%distributed_nodes`` and ``%gpus``: they parse their arguments, then call
 plain functions (:func:`distributed_cell` adds the dashboard, runs :func:`~.launch.api.run_source` and prints the
 summary; ``%gpus`` is :func:`nbtrain.dashboard.show_gpus`).
 
@@ -18,6 +18,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from . import dashboard
+from .cluster import Cluster
 from .launch.api import UserInputError, format_summary, run_source
 from .launch.config import LaunchRequest
 from .launch.options import from_arguments, option, options_of
@@ -63,7 +64,8 @@ training_args = option_group(LaunchRequest, "training")
 class DistributedMagics(Magics):
     def __init__(self, shell):
         super().__init__(shell)
-        self.pools = PoolManager()
+        self.cluster = Cluster()  # joined nodes (--nodes), kept between cells
+        self.pools = PoolManager(self.cluster.make_pool)
         self._registry = None
 
     def observers(self) -> list:
@@ -130,8 +132,16 @@ class DistributedMagics(Magics):
 
     @line_magic
     def distributed_shutdown(self, line):
-        """Stop the warm ranks kept for fast re-runs (they also stop when idle and at kernel exit)."""
+        """Stop the warm ranks kept for fast re-runs (they also stop when idle and at kernel exit), and let joined
+        nodes go (their agents exit)."""
         print("nbtrain: stopped the warm ranks." if self.pools.shutdown() else "nbtrain: no warm ranks to stop.")
+        if self.cluster.close():
+            print("nbtrain: the joined nodes were released; their agents exit.")
+
+    @line_magic
+    def distributed_nodes(self, line):
+        """List the nodes joined for ``%%distributed --nodes N``: address, GPUs, state; and the command to join more."""
+        print("\n".join(self.cluster.describe()))
 
 
 def distributed_cell(shell, cell: str, request: LaunchRequest, display: CellDisplay, pools: PoolManager,

@@ -49,6 +49,14 @@ class LaunchRequest:
     start_timeout: float | None = option(
         None, "--start-timeout", "seconds the ranks may take to start and join the process group (default 180)",
         group="placement", type=float, metavar="SECONDS", env="NBTRAIN_START_TIMEOUT")
+    nodes: str | None = option(None, "--nodes", "run on N machines: nodes join with the command the cell prints "
+                               "(python -m nbtrain.node); the number of ranks is N × --nproc-per-node",
+                               group="placement", metavar="N")
+    nproc_per_node: int | None = option(None, "--nproc-per-node", "ranks on each node with --nodes (default 1)",
+                                        group="placement", type=int, metavar="M")
+    rdzv_host: str | None = option(None, "--rdzv-host", "with --nodes: the kernel's address the nodes can reach; the "
+                                   "kernel listens there (join link and c10d store)", group="placement",
+                                   metavar="ADDRESS", env="NBTRAIN_RDZV_HOST")
     out: str | None = option(None, "--out", "names to bring back from rank 0, comma-separated; '-' for none "
                              "(default: every name the cell assigns)", group="results", metavar="NAMES")
     output: str = option("all", "--output", "all: every rank's output, whole lines, others prefixed [rank k], "
@@ -86,6 +94,9 @@ class PoolSpec:
     gpu_ids: tuple[int, ...]  # physical NVML indices made visible to the ranks
     timeout_s: float
     env: tuple[tuple[str, str], ...] = ()
+    nodes: int = 1  # > 1, or rdzv_host set: the ranks run on joined nodes (nbtrain.cluster)
+    nproc_per_node: int = 0  # with nodes: ranks on each node (nprocs = nodes × nproc_per_node)
+    rdzv_host: str = ""  # with nodes: where the kernel listens for them and hosts the c10d store
 
     def rank_devices(self) -> list[str]:
         if self.device_type == "cpu":
@@ -160,6 +171,44 @@ def _parse_output(text: str) -> str:
                       f"--output rank0 (got {text!r}).")
 
 
+def _node_placement(request: LaunchRequest) -> tuple[int, int, str]:
+    """(nodes, ranks per node, rdzv host) of a ``--nodes`` request, checked; (1, 0, "") without one."""
+    if request.nodes is None:
+        if request.nproc_per_node is not None or request.rdzv_host:
+            raise ConfigError("--nproc-per-node and --rdzv-host go with --nodes N (several machines); on one "
+                              "machine give the number of ranks: %%distributed 4.")
+        return 1, 0, ""
+    text = str(request.nodes).strip()
+    if ":" in text:
+        raise ConfigError(f"--nodes {text}: elastic MIN:MAX node counts are not supported yet; give one number.")
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"--nodes takes a number of machines, at least 1 (got {text!r}).")
+    per_node = request.nproc_per_node if request.nproc_per_node is not None else 1
+    if per_node < 1:
+        raise ConfigError(f"--nproc-per-node must be at least 1 (got {per_node}).")
+    if request.nprocs is not None and request.nprocs != int(text) * per_node:
+        raise ConfigError(f"{count('rank', request.nprocs)} asked for, but --nodes {text} × --nproc-per-node "
+                          f"{per_node} makes {int(text) * per_node}; leave the number of ranks out with --nodes.")
+    if not request.rdzv_host:
+        raise ConfigError("--nodes needs --rdzv-host ADDRESS: the kernel's address that the nodes can reach (it "
+                          "listens there for them), such as --rdzv-host 10.0.0.5.")
+    return int(text), per_node, request.rdzv_host.strip()
+
+
+def _node_pool(request: LaunchRequest, placement: tuple[int, int, str], backend: str | None) -> PoolSpec:
+    """Several machines: devices are the nodes' (--cpu: gloo on CPU; else one GPU per rank, nccl)."""
+    nodes, per_node, host = placement
+    if request.gpus:
+        raise ConfigError("--gpus picks GPUs of this machine; with --nodes each node uses its first "
+                          "--nproc-per-node GPUs (set CUDA_VISIBLE_DEVICES on the node to choose).")
+    device_type = "cpu" if request.cpu else "cuda"
+    if device_type == "cpu" and backend == "nccl":
+        raise ConfigError("The nccl backend needs GPUs, but --cpu was given. Use --backend gloo (or leave --backend out).")
+    return PoolSpec(nprocs=nodes * per_node, backend=backend or ("gloo" if device_type == "cpu" else "nccl"),
+                    device_type=device_type, gpu_ids=(), timeout_s=float(request.timeout or DEFAULT_TIMEOUT_S),
+                    env=_parse_env(request.env), nodes=nodes, nproc_per_node=per_node, rdzv_host=host)
+
+
 def resolve(request: LaunchRequest) -> LaunchConfig:
     """Check the request against this machine and decide devices, backend and rank count."""
     try:
@@ -182,6 +231,9 @@ def resolve(request: LaunchRequest) -> LaunchConfig:
     if request.start_timeout is not None and request.start_timeout <= 0:
         raise ConfigError(f"--start-timeout must be a positive number of seconds (got {request.start_timeout}).")
     output = _parse_output(request.output)
+    placement = _node_placement(request)
+    if placement[0] > 1 or placement[2]:
+        return _finish(request, _node_pool(request, placement, backend), output, workdir, [])
 
     visible = [] if request.cpu else nvml.visible_gpus()
     notes: list[str] = []
@@ -217,6 +269,12 @@ def resolve(request: LaunchRequest) -> LaunchConfig:
         timeout_s=float(request.timeout or DEFAULT_TIMEOUT_S),
         env=_parse_env(request.env),
     )
+    return _finish(request, pool, output, workdir, notes)
+
+
+def _finish(request: LaunchRequest, pool: PoolSpec, output: str, workdir: Workdir, notes: list[str]) -> LaunchConfig:
+    """The per-cell settings around a checked pool spec."""
+    nprocs = pool.nprocs
     if output != "all" and int(output[len("rank"):]) >= nprocs:
         raise ConfigError(f"--output {output}: there is no such rank; this run's ranks are numbered 0 to {nprocs - 1}.")
     keep_alive = DEFAULT_KEEP_ALIVE_S if request.keep_alive is None else float(request.keep_alive)

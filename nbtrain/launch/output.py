@@ -72,8 +72,10 @@ class OutputRelay:
     """``shown``: the one rank whose output is shown, or None for every rank."""
 
     def __init__(self, write: Callable[[str, str], None], nprocs: int, shown: int | None = None,
-                 show_display: Callable[[int, int], bool] | None = None) -> None:
+                 show_display: Callable[[int, int], bool] | None = None,
+                 label: Callable[[int], str] | None = None) -> None:
         self._write = write
+        self._label = label or (lambda rank: f"rank {rank}")  # several machines: "node b rank 3"
         self._show_display = show_display or (lambda rank, number: True)
         self._nprocs = nprocs
         self._shown = shown
@@ -201,7 +203,7 @@ class OutputRelay:
         state.line, state.cursor, state.carriage_return, state.redrawn, state.shown = "", 0, False, False, 0
         if shown:  # the live bar is on screen: draw its final state over it and close the line
             return "\r" + line + "\n"
-        return (f"[rank {rank}] " if rank != 0 and line else "") + line + "\n"
+        return (f"[{self._label(rank)}] " if rank != 0 and line else "") + line + "\n"
 
     def _write_lines(self, rank: int, stream: str, text: str) -> None:
         if rank == LIVE_RANK:
@@ -217,9 +219,8 @@ class OutputRelay:
             return
         self._write(stream, "\r" + " " * live.shown + "\r" + text + ("" if text.endswith("\n") else "\n") + live.line)
 
-    @staticmethod
-    def _prefixed(rank: int, state: _Stream, text: str) -> str:
-        prefix = f"[rank {rank}] "
+    def _prefixed(self, rank: int, state: _Stream, text: str) -> str:
+        prefix = f"[{self._label(rank)}] "
         out = []
         for part in _LINE_BREAKS.split(text):
             if part in ("\r", "\n"):

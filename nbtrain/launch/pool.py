@@ -56,15 +56,15 @@ __all__ = ["WorkerPool", "Message", "Output", "Exited"]
 _pool_ids = itertools.count(1)
 
 
-def _host_store():
-    """The rendezvous store, on loopback only, on a port the OS picks."""
+def host_store(host: str = "127.0.0.1"):
+    """The rendezvous store, on ``host`` only (loopback for one machine), on a port the OS picks."""
     import torch.distributed as dist  # the kernel imports torch, never initialises CUDA
 
     # Bind the store's socket ourselves: given a host, TCPStore still listens on every interface.
     # The store takes the descriptor over (and closes it when it goes).
-    listening = socket.create_server(("127.0.0.1", 0), backlog=128)
+    listening = socket.create_server((host, 0), backlog=128)
     port = listening.getsockname()[1]
-    return dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+    return dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
                          master_listen_fd=listening.detach())
 
 
@@ -87,7 +87,7 @@ class WorkerPool:
     def spawn(self) -> None:
         """Start the ranks; they connect and rendezvous in the background (see :meth:`poll_events`)."""
         self.channel.listen(self.spec.nprocs)
-        self._store = store = _host_store()
+        self._store = store = host_store()
         self.procs.start([worker_env(self.spec, rank, store.port, self.channel.address, self.run_id, self._dir)
                           for rank in range(self.spec.nprocs)], self.channel.key)
         self.channel.accept(self.procs.pids())
@@ -127,6 +127,14 @@ class WorkerPool:
 
     def pids(self) -> list[int]:
         return self.procs.pids()
+
+    def rank_label(self, rank: int) -> str:
+        """How output and reports name ``rank`` (``rank 3``; on several machines ``node b rank 3``)."""
+        return f"rank {rank}"
+
+    def start_hint(self) -> str:
+        """What the ranks are still waiting for, when they are slow to start (several machines: nodes)."""
+        return ""
 
     def failure(self, rank: int, cause: P.RemoteError | int, output_tail=(), diagnosis: str | None = None) -> RankFailure:
         """How ``rank`` failed: an exception it reported, or its exit code (with its ``@record`` error file)."""

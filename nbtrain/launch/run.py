@@ -76,8 +76,9 @@ class RunResult:
 class PoolManager:
     """At most one warm pool per kernel, reused while its spec matches; stopped when idle or at exit."""
 
-    def __init__(self) -> None:
+    def __init__(self, pool_factory: Callable[[PoolSpec], WorkerPool] = WorkerPool) -> None:
         self.pool: WorkerPool | None = None
+        self.pool_factory = pool_factory  # a spec -> a pool (several machines: nbtrain.cluster.Cluster.make_pool)
         self._lock = threading.RLock()
         self._idle_timer: threading.Timer | None = None
         self._atexit = False
@@ -96,7 +97,7 @@ class PoolManager:
             if not self._atexit:
                 atexit.register(self.shutdown)
                 self._atexit = True
-            self.pool = WorkerPool(spec)
+            self.pool = self.pool_factory(spec)
             return self.pool, False, note
 
     def release(self, healthy: bool, keep_alive_s: float) -> None:
@@ -146,7 +147,8 @@ class _Run:
         self.history = History()
         self.nprocs = pool.spec.nprocs
         self.displays = PendingDisplays(write)  # rank 0's figures and display() (nbtrain.worker.display)
-        self.relay = OutputRelay(write, self.nprocs, shown=config.shown_rank, show_display=self.displays.show)
+        self.relay = OutputRelay(write, self.nprocs, shown=config.shown_rank, show_display=self.displays.show,
+                                 label=pool.rank_label)
         self.sent = False
         self.loaded: set[int] = set()
         self.done: dict[int, P.Done] = {}
@@ -178,7 +180,8 @@ class _Run:
                 waiting = self.pool.not_ready()
                 self._fail(waiting[0], P.RemoteError(
                     "TimeoutError", f"ranks {waiting} did not join the process group within "
-                    f"{self.config.start_timeout_s:.0f} s (--start-timeout SECONDS or NBTRAIN_START_TIMEOUT waits longer)",
+                    f"{self.config.start_timeout_s:.0f} s (--start-timeout SECONDS or NBTRAIN_START_TIMEOUT waits longer)"
+                    f"{self.pool.start_hint()}",
                     ()))
 
     def _send_job_when_connected(self) -> None:
@@ -280,7 +283,7 @@ def _run_and_bring_back(namespace, info, config, manager, inputs, result_prefix,
     pool, warm, stale_note = manager.acquire(config.pool, config.fresh, workdir)
     job = P.Job(pool.next_job_id(), info.source, f"{CELL_FILENAME[:-1]} {id(info):x}>", inputs.data,
                 names_to_return(info, config.out_names), train=config.train, cwd=workdir.cwd, sys_path=workdir.sys_path,
-                result_prefix=result_prefix)
+                result_prefix=result_prefix, shared_files=tuple(inputs.arena.paths))
     run = _Run(pool, job, inputs, config, write, observers, warm, info)
     if stale_note:
         run.relay.write_direct("stdout", stale_note)

@@ -56,6 +56,7 @@ class Job:
     cwd: str = ""  # the notebook's current directory: the rank runs the cell there
     sys_path: tuple[str, ...] = ()  # the kernel's sys.path, absolute (see nbtrain.launch.modules)
     result_prefix: str = ""  # rank 0 writes large results to /dev/shm files starting with this; "" = in the pickle
+    shared_files: tuple[str, ...] = ()  # the /dev/shm files the inputs map: another machine gets their bytes
 
 
 @dataclass(frozen=True)

@@ -196,6 +196,13 @@ def begin_inputs() -> None:
     _mapped_inputs.clear()
 
 
+def node_path(path: str) -> str:
+    """Where an input file is on this machine: on a node, its agent wrote the kernel's files under its own prefix
+    (``NBTRAIN_SHM_REMAP=<kernel prefix>=<node prefix>``); elsewhere the path itself."""
+    old, _, new = os.environ.get("NBTRAIN_SHM_REMAP", "").partition("=")
+    return new + path[len(old):] if old and new and path.startswith(old) else path
+
+
 def _map_file(path: str, nbytes: int, result: bool):
     """An untyped storage over the file's bytes: copy-on-write for inputs; shared and unlinked for results."""
     torch = _torch()
@@ -203,7 +210,7 @@ def _map_file(path: str, nbytes: int, result: bool):
         if result:
             _remove(path)
         return torch.UntypedStorage(0)
-    fd = os.open(path, os.O_RDWR if result else os.O_RDONLY)
+    fd = os.open(path if result else node_path(path), os.O_RDWR if result else os.O_RDONLY)
     try:
         flags = mmap.MAP_SHARED if result else mmap.MAP_PRIVATE
         buffer = mmap.mmap(fd, nbytes, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)

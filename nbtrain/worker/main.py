@@ -5,7 +5,9 @@ LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE=True):
 
 1. read the pool's key from stdin, then watch stdin in a thread: end-of-file means the kernel is gone
    (died, restarted), and the rank removes the kernel's shared-memory files (which it can no longer
-   remove itself) and kills its whole process group — itself and any DataLoader workers;
+   remove itself) and kills its whole process group — itself and any DataLoader workers. On a node
+   (``python -m nbtrain.node``, whose torch elastic agent starts the ranks) the key is in a private file
+   (``NBTRAIN_KEY_FILE``) and the watch is on the agent: a rank whose parent changed kills its group;
 2. connect to the kernel's socket (HMAC-authenticated) and say :class:`Hello`;
 3. pick the device (``cuda:LOCAL_RANK`` of the GPUs made visible to the pool, else CPU) and initialise the
    default process group with ``init_method="env://"`` against the store the kernel hosts — the same
@@ -88,6 +90,41 @@ def _watch_parent(fd: int) -> None:
             os._exit(1)
 
     threading.Thread(target=watch, name="nbtrain-parent-watch", daemon=True).start()
+
+
+def _watch_agent(parent: int) -> None:
+    """On a node (started by torch elastic's agent, stdin not ours): when the agent is gone, so is this rank."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        try:
+            abandon_and_sweep(int(os.environ.get("NBTRAIN_KERNEL_PID", parent)))
+        except Exception:
+            pass
+        try:
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+        finally:
+            os._exit(1)
+
+    threading.Thread(target=watch, name="nbtrain-agent-watch", daemon=True).start()
+
+
+def _lifeline() -> bytes:
+    """The channel's key, and a watch that ends this rank with whoever started it (the kernel, or a node agent)."""
+    key_file = os.environ.get("NBTRAIN_KEY_FILE")
+    if key_file:  # a node's rank: the key is in a 0600 file of the agent's private directory
+        with open(key_file) as f:
+            key = bytes.fromhex(f.read().strip())
+        _watch_agent(os.getppid())
+        return key
+    lifeline = os.dup(0)
+    key = _read_key(lifeline)
+    _watch_parent(lifeline)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)  # a cell calling input() must not eat the kernel's lifeline
+    sys.stdin = open(0, closefd=False)
+    return key
 
 
 def _select_device():
@@ -256,14 +293,10 @@ def describe(exc: BaseException, stage: str = "cell") -> P.RemoteError:
 
 @record
 def main() -> None:
-    stack_file = open(os.environ["NBTRAIN_STACK_FILE"], "w")
+    # several ranks of a node share one environment: the file is named by the local rank there
+    stack_file = open(os.environ["NBTRAIN_STACK_FILE"].replace("{local_rank}", os.environ["LOCAL_RANK"]), "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)  # "where are you?" from the kernel
-    lifeline = os.dup(0)
-    key = _read_key(lifeline)
-    _watch_parent(lifeline)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)  # a cell calling input() must not eat the kernel's lifeline
-    sys.stdin = open(0, closefd=False)
+    key = _lifeline()
     for stream in (sys.stdout, sys.stderr):
         # whole lines, live: ranks' lines do not interleave (the interpreter's streams are io.TextIOWrapper)
         stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]

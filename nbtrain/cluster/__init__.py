@@ -1,0 +1,60 @@
+"""Several machines: the kernel's side of ``%%distributed --nodes N`` (node agents: :mod:`nbtrain.node`).
+
+* :mod:`.tls` — the pool's self-signed certificate, pinned through the join token;
+* :mod:`.hub` — the TLS listener on ``--rdzv-host``, the join token, the registry of joined nodes, heartbeats;
+* :mod:`.group` — :class:`~.group.NodePool`, the pool implementation whose ranks run on the nodes under
+  torch elastic's agent; :mod:`nbtrain.launch.run` drives it like the local one.
+
+:class:`Cluster` is what the magics hold: it makes the hub on first use and hands :class:`~nbtrain.launch.run.PoolManager`
+a pool factory (:meth:`Cluster.make_pool`) that returns a local :class:`~nbtrain.launch.pool.WorkerPool` for a
+one-machine spec and a :class:`~.group.NodePool` for a multi-node one. Nodes stay joined between cells, while
+the hub lives: until ``%distributed_shutdown``, the extension's unloading or the kernel's exit.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from ..launch.config import PoolSpec
+from ..launch.pool import WorkerPool
+from .group import NodePool
+from .hub import Hub
+
+__all__ = ["Cluster", "Hub", "NodePool"]
+
+
+class Cluster:
+    """The kernel's hub (one per ``--rdzv-host``) and the pool factory that uses it."""
+
+    def __init__(self) -> None:
+        self._hub: Hub | None = None
+        self._lock = threading.Lock()
+
+    def hub(self, host: str) -> Hub:
+        with self._lock:
+            if self._hub is not None and self._hub.host != host:
+                self._hub.close("the notebook now listens on another --rdzv-host")
+                self._hub = None
+            if self._hub is None:
+                self._hub = Hub(host)
+            return self._hub
+
+    def make_pool(self, spec: PoolSpec) -> WorkerPool:
+        if spec.nodes <= 1 and not spec.rdzv_host:
+            return WorkerPool(spec)
+        return NodePool(spec, self.hub(spec.rdzv_host))
+
+    def describe(self) -> list[str]:
+        hub = self._hub
+        if hub is None:
+            return ["nbtrain: no node has joined (a %%distributed --nodes N cell prints the command that joins one)."]
+        lines = hub.describe() or ["nbtrain: no node is joined now."]
+        return lines + [f"join more with: {hub.join_command()}"]
+
+    def close(self) -> bool:
+        with self._lock:
+            hub, self._hub = self._hub, None
+        if hub is None:
+            return False
+        hub.close()
+        return True

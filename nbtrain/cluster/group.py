@@ -1,0 +1,257 @@
+"""NodePool: the pool's second implementation — its ranks run on joined nodes, each under torch elastic's agent.
+
+:class:`NodePool` is a :class:`~nbtrain.launch.pool.WorkerPool` whose process group and channel are replaced,
+as the pool's docstring foresees; :mod:`nbtrain.launch.run` drives it exactly as it drives local ranks and
+sees the same events (:class:`Message`, :class:`Output`, :class:`Exited`):
+
+* **start** (:meth:`NodePool.spawn`): the kernel hosts the c10d store on ``--rdzv-host``; once ``--nodes``
+  nodes have joined the hub (:mod:`.hub`; the join command is printed once), each gets
+  :class:`~nbtrain.wire.nodes.StartRanks` and runs torch elastic's ``LocalElasticAgent`` with the c10d
+  rendezvous backend against that store, as ``torchrun --rdzv-backend c10d`` does. Global ranks are
+  elastic's (group rank × nproc-per-node + local rank); each node reports its own
+  (:class:`~nbtrain.wire.nodes.RanksStarted`), which names output ``[node b rank 3]``;
+* **the job** goes once per node (:meth:`send_all`), with the bytes of its shared-memory input files; the
+  node writes them to its own ``/dev/shm`` and its local ranks map them as on one machine. Results come
+  back in the pickle (no kernel file can be written from another machine);
+* **events**: each node's link queues what its ranks said, printed and how they ended; a node silent for
+  :data:`~.hub.LOST_AFTER_S` (or whose link broke) is *lost*: each of its ranks becomes an exit whose
+  failure reads "node b (ranks 2–3) lost: no heartbeat for 5 s", and the run stops the others as for any
+  failed rank;
+* **stop** (:meth:`interrupt`, :meth:`teardown`): one SIGINT through each node to its ranks, then
+  :class:`~nbtrain.wire.nodes.StopRanks` (SIGTERM → SIGKILL on the node); the nodes stay joined, warm for the
+  next pool.
+
+Not carried over from one machine: stack dumps of ranks on other nodes (:meth:`dump_stacks` returns none,
+so uneven-collective diagnosis and "where was each rank" are local-only).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import shutil
+import sys
+import time
+from dataclasses import replace
+from collections.abc import Callable
+
+from ..launch.config import PoolSpec
+from ..launch.errors import RankFailure
+from ..launch.pool import Exited, Message, Output, WorkerPool, host_store
+from ..wire import nodes as N
+from ..wire import protocol as P
+from .hub import LOST_AFTER_S, Hub, NodeConn
+
+STOP_WAIT_S = 2.5  # a node answers StopRanks within this (its own SIGTERM → SIGKILL takes about 1.5 s)
+
+
+def rank_span(ranks) -> str:
+    ranks = sorted(ranks)
+    if not ranks:
+        return "no ranks"
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    contiguous = ranks == list(range(ranks[0], ranks[-1] + 1))
+    return f"ranks {ranks[0]}–{ranks[-1]}" if contiguous else "ranks " + ", ".join(map(str, ranks))
+
+
+class NodePool(WorkerPool):
+    """Ranks on ``spec.nodes`` joined nodes (see the module docstring)."""
+
+    def __init__(self, spec: PoolSpec, hub: Hub, say: Callable[[str], None] | None = None) -> None:
+        super().__init__(spec)
+        self.hub = hub
+        self._say = say or (lambda text: print(text, flush=True))
+        self.nodes: list[NodeConn] = []
+        self._rank_node: dict[int, NodeConn] = {}
+        self._pids: dict[int, int] = {}
+        self._exited: dict[int, int] = {}
+        self._errors: dict[int, str] = {}  # rank -> its node's account (error file, lost node)
+        self._diagnosis: dict[int, str] = {}
+        self._pending: list[N.Deliver] = []  # to the ranks, once the nodes run them
+        self._stopped: set[str] = set()  # nodes whose ranks have all ended
+        self._lost: set[str] = set()
+        self._started = False
+        self._waiting_since = time.monotonic()
+
+    # ------------------------------------------------------------------------------- start
+    def spawn(self) -> None:
+        self._store = host_store(self.spec.rdzv_host)
+        if len(self.hub.idle_nodes()) < self.spec.nodes and not self.hub.announced:
+            self.hub.announced = True
+            self._say(f"nbtrain: waiting for {self.spec.nodes} nodes; on each node run:\n  {self.hub.join_command()}")
+        self._start_if_joined()
+
+    def _start_if_joined(self) -> None:
+        if self._started:
+            return
+        idle = self.hub.idle_nodes()
+        if len(idle) < self.spec.nodes:
+            return
+        self.nodes = idle[:self.spec.nodes]
+        assert self._store is not None
+        start = N.StartRanks(self.run_id, f"{self.spec.rdzv_host}:{self._store.port}", self.spec.nodes,
+                             self.spec.nproc_per_node, self.spec.backend, self.spec.device_type, self.spec.timeout_s,
+                             self.spec.env, os.getpid())
+        for node in self.nodes:
+            while not node.link.incoming.empty():  # what an earlier pool's ranks said last
+                node.link.incoming.get_nowait()
+            node.state = "running"
+            node.link.send(start)
+            for deliver in self._pending:
+                node.link.send(deliver)
+        self._started = True
+
+    def start_hint(self) -> str:
+        joined = self.hub.idle_nodes() if not self._started else self.nodes
+        if self._started:
+            return ""
+        have = ", ".join(f"{n.name} from {n.address}" for n in joined) or "none"
+        return (f"; {len(joined)} of {self.spec.nodes} nodes joined ({have}). Start the missing nodes with:\n  "
+                f"{self.hub.join_command()}")
+
+    # --------------------------------------------------------------------------------- state
+    def alive(self) -> bool:
+        return (self.ready and not self.broken and not self._exited and not self._lost
+                and all(not n.lost() for n in self.nodes))
+
+    def pids(self) -> list[int]:
+        return [self._pids.get(rank, 0) for rank in range(self.spec.nprocs)]
+
+    def rank_label(self, rank: int) -> str:
+        node = self._rank_node.get(rank)
+        return f"node {node.name} rank {rank}" if node is not None else f"rank {rank}"
+
+    def failure(self, rank: int, cause: P.RemoteError | int, output_tail=(), diagnosis: str | None = None) -> RankFailure:
+        failure = super().failure(rank, cause, output_tail, diagnosis or self._diagnosis.get(rank))
+        if not isinstance(cause, P.RemoteError):
+            failure.error_file_message = self._errors.get(rank)
+        return failure
+
+    def dump_stacks(self, wait: float = 0.5, ranks=None) -> dict[int, str]:
+        return {}  # stacks of ranks on other machines are not collected (see the module docstring)
+
+    # -------------------------------------------------------------------------------- events
+    def connected(self) -> bool:
+        return True  # the job waits here until the nodes run their ranks (see send_all)
+
+    def send_all(self, message) -> None:
+        files: tuple = ()
+        if isinstance(message, P.Job):
+            files = tuple((path, _read(path)) for path in message.shared_files)
+            message = replace(message, result_prefix="", shared_files=())  # results come back in the pickle
+        deliver = N.Deliver(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL), files)
+        if not self._started:
+            self._pending.append(deliver)
+            return
+        for node in self.nodes:
+            node.link.send(deliver)
+
+    def output_open(self) -> bool:
+        return any(n.name not in self._stopped and n.name not in self._lost for n in self.nodes)
+
+    def poll_events(self, timeout: float) -> list:
+        self._start_if_joined()
+        events = self._collect()
+        if not events:
+            select.select([self.hub.wake_r], [], [], timeout)
+            self.hub.drain_wake()
+            self._start_if_joined()
+            events = self._collect()
+        return events + self._check_lost()
+
+    def _collect(self) -> list:
+        events: list = []
+        for node in self.nodes:
+            while not node.link.incoming.empty():
+                message = node.link.incoming.get_nowait()
+                if message is not None:
+                    events.extend(self._translate(node, message))
+        return events
+
+    def _translate(self, node: NodeConn, message) -> list:
+        if isinstance(message, N.RankOutput):
+            return [Output(message.rank, message.stream, message.text)]
+        if isinstance(message, N.RankMessage):
+            return [Message(message.rank, pickle.loads(message.data))]  # from an authenticated node
+        if isinstance(message, N.RankExited):
+            self._exited[message.rank] = message.code
+            if message.error:
+                self._errors[message.rank] = message.error
+            return [Exited(message.rank, message.code)]
+        if isinstance(message, N.RanksStarted):
+            for rank, (_local, pid) in message.ranks.items():
+                self._rank_node[rank], self._pids[rank] = node, pid
+        elif isinstance(message, N.RanksStopped):
+            self._stopped.add(node.name)
+            node.state = "idle"
+        elif isinstance(message, N.NodeError):
+            return self._node_failed(node, f"node {node.name} could not start its ranks: {message.text}", 1)
+        return []
+
+    def _node_ranks(self, node: NodeConn) -> list[int]:
+        ranks = [rank for rank, n in self._rank_node.items() if n is node]
+        if not ranks:  # before the rendezvous told us: the ranks it would have had, in join order
+            first = self.nodes.index(node) * self.spec.nproc_per_node
+            ranks = list(range(first, first + self.spec.nproc_per_node))
+        return ranks
+
+    def _node_failed(self, node: NodeConn, text: str, code: int) -> list:
+        events = []
+        for rank in self._node_ranks(node):
+            if rank not in self._exited:
+                self._exited[rank] = code
+                self._diagnosis[rank] = text
+                events.append(Exited(rank, code))
+        return events
+
+    def _check_lost(self) -> list:
+        events: list = []
+        for node in self.nodes:
+            if node.name in self._lost or node.name in self._stopped or not node.lost():
+                continue
+            self._lost.add(node.name)
+            why = "its connection broke" if node.link.closed.is_set() else f"no heartbeat for {LOST_AFTER_S:.0f} s"
+            events.extend(self._node_failed(node, f"node {node.name} ({rank_span(self._node_ranks(node))}) lost: {why}",
+                                            -9))
+        return events
+
+    # ------------------------------------------------------------------------------ stopping
+    def interrupt(self) -> None:
+        for node in self.nodes:
+            node.link.send(N.Interrupt())
+
+    def teardown(self, graceful: bool = True, grace: float = 1.0, drain: Callable[[], None] | None = None) -> None:
+        polite = graceful and self.alive()
+        self.mark_broken()
+        try:
+            if polite:
+                self.send_all(P.Shutdown())
+                self._wait_stopped(grace * 2)
+            for node in self.nodes:
+                if node.name not in self._stopped and node.name not in self._lost:
+                    node.link.send(N.StopRanks())
+            if drain is not None:
+                drain()
+            self._wait_stopped(STOP_WAIT_S)
+        finally:
+            for node in self.nodes:
+                if node.state == "running" and node.name in self._lost:
+                    node.link.close()
+            self._store = None
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+    def _wait_stopped(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while self.output_open() and time.monotonic() < deadline:
+            self.poll_events(0.05)
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:  # removed already: the ranks will say which input failed to load
+        print(f"nbtrain: could not read the shared input file {path} ({exc})", file=sys.stderr)
+        return b""

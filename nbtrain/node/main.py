@@ -1,0 +1,124 @@
+"""A node agent's life: join, serve the kernel's pools, leave with the pool.
+
+1. **join** — parse ``--join HOST:PORT --token T`` (the token carries the address too; ``--join`` must agree),
+   connect from ``--address`` if given (emulated nodes on 127.0.0.2, 127.0.0.3, …), TLS with the pinned
+   certificate, the mutual handshake, then :class:`~nbtrain.wire.nodes.NodeHello`; the kernel answers with
+   the node's name;
+2. **serve** — heartbeats every second both ways; :class:`~nbtrain.wire.nodes.StartRanks` runs torch
+   elastic's agent for this node's ranks (:mod:`.agent`), ``Deliver``, ``Interrupt`` and ``StopRanks`` go to
+   the local ranks (:mod:`.ranks`);
+3. **leave** — on :class:`~nbtrain.wire.nodes.Bye` (the pool ended), when the link breaks, or when the kernel
+   has been silent for :data:`KERNEL_SILENT_S`: the ranks are stopped (SIGTERM → SIGKILL), the node's
+   shared-memory files and private directory removed, and the agent exits. It never outlives its pool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+import time
+
+from ..wire import nodes as N
+from ..wire.link import JoinToken, Link, LinkError, connect
+from .agent import run_ranks
+from .ranks import LocalRanks
+
+HEARTBEAT_S = 1.0
+KERNEL_SILENT_S = 5.0
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m nbtrain.node",
+                                     description="Join a notebook's %%distributed pool as a node.")
+    parser.add_argument("--join", required=True, metavar="HOST:PORT", help="the kernel's address, as the cell printed it")
+    parser.add_argument("--token", required=True, help="the join token the cell printed")
+    parser.add_argument("--address", default=None, help="this node's address to connect from (default: the OS picks)")
+    return parser.parse_args(argv)
+
+
+def _gpu_count() -> int:
+    try:
+        from ..gpu import nvml
+
+        return len(nvml.visible_gpus())
+    except Exception:
+        return 0
+
+
+def join(args: argparse.Namespace) -> tuple[Link, str]:
+    token = JoinToken.decode(args.token)
+    host, _, port = args.join.rpartition(":")
+    if (host.strip("[]"), port) != (token.host, str(token.port)):
+        raise LinkError(f"--join {args.join} is not the address in the token ({token.host}:{token.port})")
+    link = connect(token, args.address)
+    link.send(N.NodeHello(socket.gethostname(), os.getpid(), _gpu_count(), os.cpu_count() or 1, args.address or ""))
+    welcome = link.incoming.get(timeout=10)
+    if not isinstance(welcome, N.Welcome):
+        raise LinkError("the kernel did not accept this node")
+    return link, welcome.name
+
+
+def serve(link: Link, name: str, address: str | None) -> str:
+    """Until the pool ends; returns why it ended."""
+    directory = tempfile.mkdtemp(prefix="nbtrain-node-")
+    os.chmod(directory, 0o700)
+    ranks = LocalRanks(directory, link.send)
+    beat = threading.Event()
+    threading.Thread(target=_heartbeats, args=(link, beat), name="nbtrain-node-heartbeat", daemon=True).start()
+    try:
+        while True:
+            try:
+                message = link.incoming.get(timeout=0.5)
+            except queue.Empty:
+                message = ...
+            if message is None:
+                return "the connection to the kernel broke"
+            if time.monotonic() - link.last_heard > KERNEL_SILENT_S:
+                return f"the kernel was silent for {KERNEL_SILENT_S:.0f} s"
+            if isinstance(message, N.Bye):
+                return message.reason
+            _handle(message, ranks, link, address)
+    finally:
+        beat.set()
+        if ranks.pids():
+            ranks.stop(0.5)
+        ranks.close()
+        link.close()
+        link.join(2.0)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _handle(message, ranks: LocalRanks, link: Link, address: str | None) -> None:
+    if isinstance(message, N.StartRanks):
+        run_ranks(message, ranks, address, link.send)
+    elif isinstance(message, N.Deliver):
+        ranks.deliver(message)
+    elif isinstance(message, N.Interrupt):
+        ranks.interrupt()
+    elif isinstance(message, N.StopRanks):
+        if ranks.running():
+            threading.Thread(target=ranks.stop, name="nbtrain-node-stop", daemon=True).start()
+        else:
+            link.send(N.RanksStopped())
+
+
+def _heartbeats(link: Link, stop: threading.Event) -> None:
+    while not stop.wait(HEARTBEAT_S):
+        link.send(N.Heartbeat(time.time()))
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    try:
+        link, name = join(args)
+    except (LinkError, OSError) as exc:
+        sys.exit(f"nbtrain.node: cannot join: {exc}")
+    print(f"nbtrain.node: joined as node {name}", flush=True)
+    why = serve(link, name, args.address)
+    print(f"nbtrain.node: leaving: {why}", flush=True)

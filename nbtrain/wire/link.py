@@ -1,0 +1,259 @@
+"""The kernel ↔ node link: a join token, a mutual HMAC handshake over TLS, then framed messages.
+
+This is the channel that leaves loopback, so it is built for a network:
+
+* **Join token** (:class:`JoinToken`): the kernel's address, the pool's id, a random 32-byte secret, the
+  SHA-256 fingerprint of the pool's self-signed certificate and an expiry time, as one printable string
+  (``nbt1.<base64url JSON>``). Whoever holds it can join that pool until it expires; it names no other pool.
+* **TLS**: the node does not trust any CA; it accepts exactly the certificate whose fingerprint the token
+  pins (:func:`check_fingerprint`), so a man in the middle cannot read or alter the traffic.
+* **Mutual authentication before any unpickling** (:func:`handshake_server` / :func:`handshake_client`):
+  raw bytes only — the node sends the pool id and a nonce, the kernel a nonce, each side proves it holds
+  the secret with an HMAC over both nonces and its role; a wrong secret or pool ends the connection
+  before a single pickle is read. Only then does :class:`Link` exchange pickled messages
+  (:mod:`nbtrain.wire.nodes`).
+* **Framing** (:class:`Link`): a 4-byte length, then one pickle. All TLS reads and writes of a
+  connection happen on its own pump thread (an ``SSLSocket`` must not be used from two threads at
+  once); other threads queue what they send and read what arrived from a queue. Every frame received
+  refreshes :attr:`Link.last_heard`, which the heartbeat checks read.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import pickle
+import queue
+import secrets
+import select
+import socket
+import ssl
+import struct
+import threading
+import time
+from dataclasses import asdict, dataclass
+
+from .nodes import Heartbeat
+
+TOKEN_PREFIX = "nbt1."
+_NONCE = 32
+_MAX_FRAME = 1 << 34  # 16 GiB: a notebook's inputs, never a length an attacker chose (we are past the HMAC)
+
+
+class LinkError(ConnectionError):
+    """The link could not be established or authenticated; the message says why."""
+
+
+@dataclass(frozen=True)
+class JoinToken:
+    host: str
+    port: int
+    pool: str  # the pool this token belongs to
+    secret: str  # hex
+    fingerprint: str  # SHA-256 of the pool's certificate (DER), hex
+    expires: float  # unix time
+
+    def encode(self) -> str:
+        raw = json.dumps(asdict(self), separators=(",", ":")).encode()
+        return TOKEN_PREFIX + base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+    @classmethod
+    def decode(cls, text: str) -> JoinToken:
+        text = text.strip()
+        if not text.startswith(TOKEN_PREFIX):
+            raise LinkError("not an nbtrain join token (it starts with 'nbt1.'; copy it from the notebook's cell)")
+        body = text[len(TOKEN_PREFIX):]
+        try:
+            fields = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+            return cls(str(fields["host"]), int(fields["port"]), str(fields["pool"]), str(fields["secret"]),
+                       str(fields["fingerprint"]), float(fields["expires"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise LinkError(f"the join token is damaged ({exc}); copy it again from the notebook") from None
+
+    @property
+    def key(self) -> bytes:
+        return bytes.fromhex(self.secret)
+
+    def expired(self, now: float | None = None) -> bool:
+        return (time.time() if now is None else now) >= self.expires
+
+
+def fingerprint(der: bytes) -> str:
+    return hashlib.sha256(der).hexdigest()
+
+
+def check_fingerprint(sock: ssl.SSLSocket, expected: str) -> None:
+    """The peer's certificate must be exactly the one the token pins."""
+    der = sock.getpeercert(binary_form=True) or b""
+    if not hmac.compare_digest(fingerprint(der), expected):
+        raise LinkError("the kernel's TLS certificate is not the one the token names (wrong address, or someone "
+                        "in between); nothing was sent")
+
+
+def client_context() -> ssl.SSLContext:
+    """TLS without CA checks: the certificate is checked against the token's fingerprint instead."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    return context
+
+
+def _proof(key: bytes, role: bytes, pool: str, first: bytes, second: bytes) -> bytes:
+    return hmac.new(key, role + pool.encode() + first + second, hashlib.sha256).digest()
+
+
+def _recv_exact(sock, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise LinkError("the peer closed the connection during the handshake")
+        data += chunk
+    return data
+
+
+def handshake_client(sock, token: JoinToken) -> None:
+    """Node side: prove the secret, then check the kernel proves it too. Raw bytes only."""
+    pool = token.pool.encode()
+    mine = secrets.token_bytes(_NONCE)
+    sock.sendall(struct.pack("!H", len(pool)) + pool + mine)
+    theirs = _recv_exact(sock, _NONCE)
+    sock.sendall(_proof(token.key, b"node", token.pool, theirs, mine))
+    answer = _recv_exact(sock, 32)
+    if not hmac.compare_digest(answer, _proof(token.key, b"kernel", token.pool, mine, theirs)):
+        raise LinkError("the kernel did not prove it holds the token's secret")
+
+
+def handshake_server(sock, pool: str, key: bytes) -> None:
+    """Kernel side: the node must name this pool and prove the secret before anything else is read."""
+    (length,) = struct.unpack("!H", _recv_exact(sock, 2))
+    named = _recv_exact(sock, length) if length <= 256 else b""
+    theirs = _recv_exact(sock, _NONCE)
+    mine = secrets.token_bytes(_NONCE)
+    sock.sendall(mine)
+    proof = _recv_exact(sock, 32)
+    if not hmac.compare_digest(named, pool.encode()):
+        raise LinkError("the token belongs to another pool")
+    if not hmac.compare_digest(proof, _proof(key, b"node", pool, mine, theirs)):
+        raise LinkError("the node does not hold this pool's secret")
+    sock.sendall(_proof(key, b"kernel", pool, theirs, mine))
+
+
+class Link:
+    """One authenticated connection: a pump thread does all socket I/O; ``send`` queues, ``incoming`` receives."""
+
+    def __init__(self, sock: ssl.SSLSocket, name: str = "link") -> None:
+        self.sock = sock
+        self.incoming: queue.SimpleQueue = queue.SimpleQueue()  # messages, then None when the link ends
+        self.last_heard = time.monotonic()
+        self.last_heartbeat: Heartbeat | None = None
+        self.closed = threading.Event()
+        self._outgoing: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake_r, self._wake_w = os.pipe()
+        self._waiters: list[int] = []  # pipes written to when a message arrives (the kernel's event loop)
+        self._thread = threading.Thread(target=self._pump, name=f"nbtrain-{name}", daemon=True)
+        sock.settimeout(10.0)
+
+    def start(self) -> Link:
+        self._thread.start()
+        return self
+
+    def notify(self, fd: int) -> None:
+        self._waiters.append(fd)
+
+    def send(self, message) -> None:
+        if self.closed.is_set():
+            return
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        self._outgoing.put(struct.pack("!Q", len(data)) + data)
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
+
+    def close(self) -> None:
+        self.closed.set()
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+    def _pump(self) -> None:
+        buffer = bytearray()
+        try:
+            while not self.closed.is_set():
+                self._flush_outgoing()
+                if not self.sock.pending():
+                    ready, _, _ = select.select([self.sock, self._wake_r], [], [], 1.0)
+                    if self._wake_r in ready:
+                        os.read(self._wake_r, 4096)
+                    if self.sock not in ready:
+                        continue
+                chunk = self.sock.recv(1 << 20)
+                if not chunk:
+                    break
+                buffer += chunk
+                self._deliver(buffer)
+            self._flush_outgoing()
+        except (OSError, ValueError, pickle.UnpicklingError, EOFError):
+            pass
+        finally:
+            self.closed.set()
+            self.incoming.put(None)
+            self._wake_waiters()
+            with contextlib.suppress(OSError):
+                self.sock.close()
+            for fd in (self._wake_r, self._wake_w):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def _flush_outgoing(self) -> None:
+        while not self._outgoing.empty():
+            self.sock.sendall(self._outgoing.get())
+
+    def _deliver(self, buffer: bytearray) -> None:
+        got = False
+        while len(buffer) >= 8:
+            (length,) = struct.unpack("!Q", buffer[:8])
+            if length > _MAX_FRAME:
+                raise ValueError("frame too large")
+            if len(buffer) < 8 + length:
+                break
+            message = pickle.loads(bytes(buffer[8:8 + length]))  # authenticated peer (see the handshake)
+            del buffer[:8 + length]
+            self.last_heard = time.monotonic()
+            if isinstance(message, Heartbeat):  # liveness only: not queued, or an idle link would pile them up
+                self.last_heartbeat = message
+                continue
+            self.incoming.put(message)
+            got = True
+        if got:
+            self._wake_waiters()
+
+    def _wake_waiters(self) -> None:
+        for fd in self._waiters:
+            with contextlib.suppress(OSError):
+                os.write(fd, b"x")
+
+
+def connect(token: JoinToken, source_address: str | None = None, timeout: float = 10.0) -> Link:
+    """Node side: TCP, TLS with the pinned certificate, the handshake; a started :class:`Link`."""
+    if token.expired():
+        raise LinkError("the join token has expired; run the cell again for a fresh one")
+    try:
+        raw = socket.create_connection((token.host, token.port), timeout=timeout,
+                                       source_address=(source_address, 0) if source_address else None)
+    except OSError as exc:
+        raise LinkError(f"cannot reach the kernel at {token.host}:{token.port} ({exc})") from None
+    sock = client_context().wrap_socket(raw)
+    try:
+        check_fingerprint(sock, token.fingerprint)
+        handshake_client(sock, token)
+    except (OSError, LinkError):
+        sock.close()
+        raise
+    return Link(sock, "node-link").start()

@@ -1,0 +1,117 @@
+"""Messages between the kernel and a node agent (``python -m nbtrain.node``), after the handshake.
+
+A node's conversation (:mod:`nbtrain.wire.link` frames, authenticated both ways first)::
+
+    node   -> NodeHello(host, pid, gpus, cpus)      once, right after the handshake
+    kernel -> Welcome(name)                         the node's name in this pool: a, b, c, …
+    either -> Heartbeat(time)                       about every second; 5 s of silence = lost
+    kernel -> StartRanks(...)                       run torch elastic's agent for this node's ranks
+    node   -> RanksStarted(ranks)                   after the c10d rendezvous: global rank -> (local rank, pid)
+    kernel -> Deliver(job, files)                   a cell's Job, once per node, with its shared-memory files
+    node   -> RankOutput(rank, stream, text)        a rank's stdout/stderr, as it comes
+    node   -> RankMessage(rank, data)               a rank's message to the kernel (wire.protocol), as pickled
+    node   -> RankExited(rank, code, error)         a rank's process ended (error: its @record error file)
+    kernel -> Interrupt()                           the stop button: one SIGINT to each rank and its children
+    kernel -> StopRanks()                           SIGTERM → SIGKILL the ranks; the node stays joined
+    node   -> RanksStopped()                        every rank of the node has ended
+    node   -> NodeError(text)                       the agent could not start the ranks (rendezvous failed, …)
+    kernel -> Bye(reason)                           the pool ends: the agent exits
+
+Rank messages travel as the bytes the rank pickled: the node relays them without looking inside (it reads only
+the few it acts on itself), and the kernel unpickles them as if they came from a local rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class NodeHello:
+    host: str
+    pid: int
+    gpus: int
+    cpus: int
+    address: str = ""  # the address the node reached the kernel from
+
+
+@dataclass(frozen=True)
+class Welcome:
+    name: str
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    time: float
+    telemetry: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StartRanks:
+    run_id: str
+    rdzv_endpoint: str  # host:port of the c10d store the kernel hosts
+    nnodes: int
+    nproc_per_node: int
+    backend: str
+    device_type: str
+    timeout_s: float
+    env: tuple[tuple[str, str], ...]
+    kernel_pid: int  # names the kernel's shared-memory files, which the node recreates under its own names
+    join_timeout_s: float = 180.0
+
+
+@dataclass(frozen=True)
+class RanksStarted:
+    run_id: str
+    ranks: dict  # global rank -> (local rank, pid)
+
+
+@dataclass(frozen=True)
+class Deliver:
+    job: bytes  # the pickled wire.protocol.Job, the same bytes for every rank of the node
+    files: tuple[tuple[str, bytes], ...] = ()  # the kernel's shared-memory input files: path, contents
+
+
+@dataclass(frozen=True)
+class RankOutput:
+    rank: int
+    stream: str
+    text: str
+
+
+@dataclass(frozen=True)
+class RankMessage:
+    rank: int
+    data: bytes
+
+
+@dataclass(frozen=True)
+class RankExited:
+    rank: int
+    code: int
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Interrupt:
+    pass
+
+
+@dataclass(frozen=True)
+class StopRanks:
+    pass
+
+
+@dataclass(frozen=True)
+class RanksStopped:
+    pass
+
+
+@dataclass(frozen=True)
+class NodeError:
+    text: str
+
+
+@dataclass(frozen=True)
+class Bye:
+    reason: str
