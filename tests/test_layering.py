@@ -8,6 +8,8 @@ package (``nbtrain/launch/*`` is ``launch``; a top-level module such as ``magics
 * no cycle between packages;
 * the rank side (``worker``, ``train``) never imports the kernel side (``launch``, ``dashboard``,
   ``server``, ``magics``), nor the kernel side the rank side: what both need lives in ``wire``;
+* the node side (``node``: the agent that runs a machine's ranks for a kernel elsewhere) imports neither the
+  kernel side nor the rank side, and neither imports it — they meet only in ``wire``;
 * ``wire``, the format both sides share, imports neither side;
 * inside ``train/`` no two modules import each other, even through others.
 
@@ -23,8 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "nbtrain"
-KERNEL_SIDE = {"launch", "dashboard", "server", "magics"}
+KERNEL_SIDE = {"launch", "cluster", "dashboard", "server", "magics"}
 RANK_SIDE = {"worker", "train"}
+NODE_SIDE = {"node"}  # python -m nbtrain.node: the agent on another machine, between the kernel and its ranks
 
 
 @dataclass(frozen=True)
@@ -155,9 +158,18 @@ def test_kernel_side_never_imports_the_rank_side():
     assert not wrong, "the kernel side imports the rank side:\n" + "\n".join(wrong)
 
 
+def test_node_side_is_apart_from_kernel_and_ranks():
+    wrong = [f"{imp} ({package_of(imp.source)} and {package_of(imp.target)} run in different processes, on "
+             "different machines; they share only nbtrain/wire)"
+             for (a, b), imps in package_edges().items()
+             if (a in NODE_SIDE and b in KERNEL_SIDE | RANK_SIDE) or (b in NODE_SIDE and a != b) for imp in imps]
+    assert not wrong, "the node side is tangled with another side:\n" + "\n".join(wrong)
+
+
 def test_wire_imports_neither_side():
     wrong = [f"{imp} (wire is shared by both sides; move what it needs into wire)"
-             for (a, b), imps in package_edges().items() if a == "wire" and b in KERNEL_SIDE | RANK_SIDE for imp in imps]
+             for (a, b), imps in package_edges().items() if a == "wire" and b in KERNEL_SIDE | RANK_SIDE | NODE_SIDE
+             for imp in imps]
     assert not wrong, "the wire format depends on one side:\n" + "\n".join(wrong)
 
 
@@ -172,7 +184,7 @@ def test_no_module_cycle_inside_train():
 
 def test_the_architecture_page_names_modules_that_exist():
     page = (ROOT.parent / "docs" / "architecture.md").read_text()
-    named = set(re.findall(r"\b((?:launch|wire|worker|train|dashboard|server|gpu)/[a-z_]+\.py)\b", page))
+    named = set(re.findall(r"\b((?:launch|cluster|node|wire|worker|train|dashboard|server|gpu)/[a-z_]+\.py)\b", page))
     assert {"wire/protocol.py", "launch/inputs.py", "train/state.py"} <= named
     missing = sorted(path for path in named if not (ROOT / path).is_file())
     assert not missing, f"docs/architecture.md names modules that do not exist: {', '.join(missing)}"

@@ -73,7 +73,7 @@ class NodePool(WorkerPool):
         self._stopped: set[str] = set()  # nodes whose ranks have all ended
         self._lost: set[str] = set()
         self._started = False
-        self._waiting_since = time.monotonic()
+        self._last_poll = time.monotonic()
 
     # ------------------------------------------------------------------------------- start
     def spawn(self) -> None:
@@ -207,6 +207,10 @@ class NodePool(WorkerPool):
         return events
 
     def _check_lost(self) -> list:
+        now = time.monotonic()
+        stalled, self._last_poll = now - self._last_poll > 1.0, now
+        if stalled:
+            return []  # this kernel itself was busy (an import holding the GIL): its links had no chance to read
         events: list = []
         for node in self.nodes:
             if node.name in self._lost or node.name in self._stopped or not node.lost():

@@ -121,7 +121,11 @@ class RankFailedError(RuntimeError):
         same = [f.rank for f in self.failures[1:] if f.error and first.error and f.error.headline == first.error.headline]
         if same:
             lines.append(f"({_ranks(same).rsplit(' ', 1)[0]} raised the same error)")
-        others = [f for f in self.failures[1:] if f.rank not in same]
+        others, told = [], {first.summary()}
+        for f in self.failures[1:]:  # a lost machine's ranks share one account: say it once
+            if f.rank not in same and f.summary() not in told:
+                others.append(f)
+                told.add(f.summary())
         if first.diagnosis is not None:
             lines += self._diagnosis(first)
         elif first.error is not None:
@@ -149,8 +153,10 @@ class RankFailedError(RuntimeError):
         return "\n".join(lines)
 
     def _diagnosis(self, failure: RankFailure) -> list[str]:
-        lines = []
-        if failure.error is not None and failure.error.frames:
+        lines: list[str] = []
+        if failure.error is None:  # nbtrain's account of an exit (a machine lost): the summary says it all
+            return lines
+        if failure.error.frames:
             lines += ["", f"Rank {failure.rank} is stuck here:"] + self._frames(failure.error.frames)
         return lines + ["", "A collective returns only when every rank of its group calls it: call it on every rank "
                             "(not inside `if rank == ...`), the same number of times and in the same order."]

@@ -76,9 +76,10 @@ def _make_agent(start: N.StartRanks, ranks: LocalRanks, local_addr: str | None):
     from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
     class Agent(LocalElasticAgent):
-        def _start_workers(self, worker_group):  # noqa: ANN001 - torch elastic's signature
+        def _start_workers(self, worker_group):  # torch elastic's own, then tell the relay which ranks run here
             pids = super()._start_workers(worker_group)
             context = self._pcontext
+            assert context is not None  # set by the call above
             handlers = getattr(context, "subprocess_handlers", {})
             ranks.started([_Rank(w.global_rank, w.local_rank, pids[w.local_rank], handlers[w.local_rank].proc,
                                  {"stdout": context.stdouts[w.local_rank], "stderr": context.stderrs[w.local_rank]},

@@ -113,8 +113,16 @@ def _heartbeats(link: Link, stop: threading.Event) -> None:
         link.send(N.Heartbeat(time.time()))
 
 
+def _preload() -> None:
+    """Import torch elastic before joining: loading libtorch holds the GIL for seconds, which would silence the
+    heartbeats of a node already joined (and it makes the first pool start sooner)."""
+    import torch.distributed.elastic.agent.server.local_elastic_agent  # noqa: F401
+    import torch.distributed.elastic.rendezvous.c10d_rendezvous_backend  # noqa: F401
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
+    _preload()
     try:
         link, name = join(args)
     except (LinkError, OSError) as exc:
@@ -122,3 +130,4 @@ def main(argv=None) -> None:
     print(f"nbtrain.node: joined as node {name}", flush=True)
     why = serve(link, name, args.address)
     print(f"nbtrain.node: leaving: {why}", flush=True)
+    os._exit(0)  # torch elastic's threads (rendezvous keep-alive, log tails) must not keep a finished node alive

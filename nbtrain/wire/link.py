@@ -188,10 +188,10 @@ class Link:
             while not self.closed.is_set():
                 self._flush_outgoing()
                 if not self.sock.pending():
-                    ready, _, _ = select.select([self.sock, self._wake_r], [], [], 1.0)
+                    ready, _, _ = select.select([self.sock.fileno(), self._wake_r], [], [], 1.0)
                     if self._wake_r in ready:
                         os.read(self._wake_r, 4096)
-                    if self.sock not in ready:
+                    if self.sock.fileno() not in ready:
                         continue
                 chunk = self.sock.recv(1 << 20)
                 if not chunk:

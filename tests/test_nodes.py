@@ -1,0 +1,204 @@
+"""Several machines, emulated on loopback: node agents on 127.0.0.2 and 127.0.0.3 join a real kernel.
+
+The link is checked at the socket level first (no kernel): a peer without the token's secret, or with another
+pool's token, is refused before anything it sent is unpickled; a node refuses a kernel whose certificate is not
+the one the token pins, and an expired token. Then one kernel and two real node agents (``python -m
+nbtrain.node``, torch elastic's agent, ranks on gloo) go through a notebook's life: the join command printed
+once, names in (a large tensor through each node's /dev/shm), results back from global rank 0, output labelled
+``[node b rank 3]``, a warm re-run, ``%distributed_nodes``, a rank failing on the second node with its
+traceback mapped to the cell, the stop button, and last a node agent SIGKILLed mid-run.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from helpers.kernelhelp import Kernel
+from helpers.workers import assert_no_workers, nbtrain_workers
+from nbtrain.cluster.hub import Hub
+from nbtrain.wire.link import JoinToken, LinkError, client_context, connect
+
+NODE_ADDRESSES = ("127.0.0.2", "127.0.0.3")
+CELL = "%%distributed --nodes 2 --nproc-per-node 2 --rdzv-host 127.0.0.1 --cpu --start-timeout 120\n"
+
+
+class _Boom:
+    """Unpickling this creates a file: proof that something was unpickled."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (os.mkdir, (self.path,))
+
+
+def _until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+# --------------------------------------------------------------------------------- the link itself
+@pytest.fixture
+def hub():
+    hub = Hub("127.0.0.1")
+    yield hub
+    hub.close()
+
+
+def _raw_tls(hub: Hub):
+    return client_context().wrap_socket(socket.create_connection(("127.0.0.1", hub.port), timeout=5))
+
+
+def test_a_peer_without_the_secret_is_refused_before_anything_is_unpickled(hub, tmp_path):
+    marker = str(tmp_path / "unpickled")
+    sock = _raw_tls(hub)
+    pool = hub.pool_id.encode()
+    sock.sendall(struct.pack("!H", len(pool)) + pool + os.urandom(32))
+    sock.recv(32)  # the kernel's nonce
+    sock.sendall(b"\0" * 32)  # a proof made without the secret
+    payload = pickle.dumps(_Boom(marker))
+    with pytest.raises(OSError):  # the kernel hangs up; whatever was sent after is never read
+        sock.sendall(struct.pack("!Q", len(payload)) + payload)
+        assert sock.recv(1) == b""
+        raise ConnectionResetError
+    _until(lambda: hub.refused == 1, 5, "the refusal")
+    assert not os.path.exists(marker) and hub.nodes == []
+
+
+def test_another_pools_token_and_an_expired_token_are_refused(hub):
+    other = Hub("127.0.0.1")
+    try:  # the right address and certificate, but the other pool's id and secret
+        forged = JoinToken(hub.host, hub.port, other.pool_id, other.token.secret, hub.token.fingerprint,
+                           hub.token.expires)
+        with pytest.raises((LinkError, OSError)):
+            connect(forged)
+    finally:
+        other.close()
+    _until(lambda: hub.refused == 1, 5, "the refusal")
+    expired = JoinToken(hub.host, hub.port, hub.pool_id, hub.token.secret, hub.token.fingerprint, time.time() - 1)
+    with pytest.raises(LinkError, match="expired"):
+        connect(expired)
+    assert hub.nodes == []
+
+
+def test_a_node_refuses_a_kernel_whose_certificate_is_not_pinned(hub):
+    wrong = JoinToken(hub.host, hub.port, hub.pool_id, hub.token.secret, "00" * 32, hub.token.expires)
+    with pytest.raises(LinkError, match="certificate"):
+        connect(wrong)
+    assert hub.nodes == []
+
+
+# ---------------------------------------------------------------------------- a kernel and two nodes
+class Cluster:
+    """A kernel, and node agents started from the join command its first --nodes cell prints."""
+
+    def __init__(self) -> None:
+        self.kernel = Kernel()
+        self.nodes: list[subprocess.Popen] = []
+
+    def start_nodes(self, command: str) -> None:
+        args = command.split()[1:]  # python -m nbtrain.node --join … --token …
+        for address in NODE_ADDRESSES:
+            self.nodes.append(subprocess.Popen([sys.executable, *args, "--address", address],
+                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+    def close(self) -> None:
+        self.kernel.shutdown()
+        for node in self.nodes:  # the kernel's death ends them (their link breaks); SIGKILL is only a fallback
+            try:
+                node.wait(15)
+            except subprocess.TimeoutExpired:
+                node.kill()
+                raise
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = Cluster()
+    c.kernel.run("%load_ext nbtrain\nimport torch\nscale = 3\nT = torch.arange(200_000.0)")
+    yield c
+    c.close()
+    assert_no_workers(10)
+
+
+def _first_run(c: Cluster) -> str:
+    msg_id = c.kernel.start(CELL + "print(f'hello from {rank} of {world_size}')\n"
+                                   "total = scale * float(T.sum()) + rank\n")
+    _, seen = c.kernel.collect(msg_id, 60, until=lambda text: "--token" in text)
+    command = re.search(r"python -m nbtrain\.node --join \S+ --token \S+", seen)
+    assert command, seen
+    c.start_nodes(command.group(0))
+    reply, out = c.kernel.collect(msg_id, 240)
+    assert reply["status"] == "ok", seen + out
+    return seen + out
+
+
+def test_names_in_results_back_output_labelled_by_node(cluster):
+    text = _first_run(cluster)
+    assert text.count("python -m nbtrain.node --join") == 1
+    assert "hello from 0 of 4" in text
+    labels = set(re.findall(r"\[node ([ab]) rank (\d)\] hello from (\d) of 4", text))
+    assert {(rank, same) for _, rank, same in labels} == {("1", "1"), ("2", "2"), ("3", "3")}, text
+    assert {node for node, _, _ in labels} == {"a", "b"}  # ranks on both nodes
+    assert "4 ranks · gloo" in text
+    out = cluster.kernel.run("print('total', total == 3 * float(T.sum()))")
+    assert "total True" in out
+
+
+def test_warm_rerun_and_node_list(cluster):
+    out = cluster.kernel.run(CELL + "again = world_size * 10\n", timeout=60)
+    assert "(warm)" in out and "python -m nbtrain.node" not in out
+    listing = cluster.kernel.run("%distributed_nodes\nprint(again)")
+    assert "node a: " in listing and "node b: " in listing and "40" in listing
+    assert "127.0.0.2" in listing and "127.0.0.3" in listing
+
+
+def test_a_rank_failing_on_the_second_node(cluster):
+    reply, out = cluster.kernel.execute(CELL + "x = 1\nif rank == 3:\n    raise ValueError('boom on the second node')\n",
+                                        timeout=120)
+    assert reply["status"] == "error"
+    assert "rank 3 raised ValueError: boom on the second node" in out and "Cell line 3" in out, out
+
+
+def test_stop_button_ends_every_rank_on_every_node(cluster):
+    msg_id = cluster.kernel.start(CELL + "import time\nprint('spinning', flush=True)\nwhile True:\n    time.sleep(0.05)\n")
+    cluster.kernel.collect(msg_id, 180, until=lambda text: text.count("spinning") >= 4)
+    assert len(nbtrain_workers()) == 4
+    pressed = time.monotonic()
+    cluster.kernel.km.interrupt_kernel()
+    reply, out = cluster.kernel.collect(msg_id, 30)
+    assert reply["status"] == "error" and "KeyboardInterrupt" in out
+    _until(lambda: not nbtrain_workers(), 10, "the ranks to end")
+    assert time.monotonic() - pressed < 6  # the kernel's 3 s, plus this loaded machine's slack
+
+
+def test_a_node_agent_killed_mid_run_is_reported(cluster):
+    msg_id = cluster.kernel.start(CELL + "import time\nprint('spinning', flush=True)\nwhile True:\n    time.sleep(0.05)\n")
+    cluster.kernel.collect(msg_id, 180, until=lambda text: text.count("spinning") >= 4)
+    victim = cluster.nodes[1]
+    victim_ranks = [p for p in psutil.Process(victim.pid).children(recursive=True) if "nbtrain.worker" in p.cmdline()]
+    killed = time.monotonic()
+    victim.send_signal(signal.SIGKILL)
+    reply, out = cluster.kernel.collect(msg_id, 30)
+    reported = time.monotonic() - killed
+    assert reply["status"] == "error"
+    assert re.search(r"node [ab] \(ranks \d–\d\) lost: (no heartbeat for 5 s|its connection broke)", out), out
+    assert reported < 10
+    psutil.wait_procs(victim_ranks, timeout=5)  # its orphaned ranks follow their agent
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in victim_ranks)
