@@ -125,6 +125,7 @@ class NodePool(WorkerPool):
 
     def failure(self, rank: int, cause: P.RemoteError | int, output_tail=(), diagnosis: str | None = None) -> RankFailure:
         failure = super().failure(rank, cause, output_tail, diagnosis or self._diagnosis.get(rank))
+        failure.label = self.rank_label(rank)
         if not isinstance(cause, P.RemoteError):
             failure.error_file_message = self._errors.get(rank)
         return failure

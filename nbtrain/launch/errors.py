@@ -50,6 +50,11 @@ class RankFailure:
     order: int = 0  # arrival order: the first failure is usually the cause
     starting: bool = False  # ended before joining the process group
     diagnosis: str | None = None  # nbtrain's own account of a program error (uneven collectives)
+    label: str | None = None  # how the rank is named where that says more: "node b rank 3" on several machines
+
+    @property
+    def who(self) -> str:
+        return self.label or f"rank {self.rank}"
 
     @property
     def secondary(self) -> bool:
@@ -66,13 +71,13 @@ class RankFailure:
             where = {"inputs": " while loading the notebook's variables", "results": " while sending results back"}
             message = first_sentence(self.error.message)
             raised = f"{self.error.type_name}: {message}" if message else self.error.type_name
-            return f"rank {self.rank} raised {raised}{where.get(self.error.stage, '')}"
+            return f"{self.who} raised {raised}{where.get(self.error.stage, '')}"
         if self.exit_code is not None and self.exit_code < 0:
             sig = signal.Signals(-self.exit_code)
             hint = SIGNAL_HINTS.get(sig)
-            return f"rank {self.rank} was killed by {sig.name}" + (f" — {hint}" if hint else "")
+            return f"{self.who} was killed by {sig.name}" + (f" — {hint}" if hint else "")
         when = "while starting, before the cell ran" if self.starting else "while running the cell"
-        return f"rank {self.rank} exited with code {self.exit_code} {when}"
+        return f"{self.who} exited with code {self.exit_code} {when}"
 
 
 def rank_failure(rank: int, cause: RemoteError | int, output_tail=(), *, starting: bool = False,
@@ -133,7 +138,7 @@ class RankFailedError(RuntimeError):
             for text in first.error.chained:
                 lines += [text, "", "The above exception led to:", ""]
             if first.error.frames:
-                lines.append(f"Traceback on rank {first.rank} (most recent call last):")
+                lines.append(f"Traceback on {first.who} (most recent call last):")
                 lines += self._frames(first.error.frames)
             lines.append(first.error.headline)
         else:
