@@ -111,10 +111,12 @@ class Cluster:
     def __init__(self) -> None:
         self.kernel = Kernel()
         self.nodes: list[subprocess.Popen] = []
+        self.command = ""
 
-    def start_nodes(self, command: str) -> None:
+    def start_nodes(self, command: str, addresses=NODE_ADDRESSES) -> None:
+        self.command = command
         args = command.split()[1:]  # python -m nbtrain.node --join … --token …
-        for address in NODE_ADDRESSES:
+        for address in addresses:
             self.nodes.append(subprocess.Popen([sys.executable, *args, "--address", address],
                                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
@@ -203,3 +205,17 @@ def test_a_node_agent_killed_mid_run_is_reported(cluster):
     assert reported < 10
     psutil.wait_procs(victim_ranks, timeout=5)  # its orphaned ranks follow their agent
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in victim_ranks)
+
+
+def test_kernel_death_ends_every_node_and_its_ranks(cluster):
+    cluster.start_nodes(cluster.command, addresses=NODE_ADDRESSES[1:])  # a node in place of the one killed above
+    msg_id = cluster.kernel.start(CELL + "import time\nprint('spinning', flush=True)\nwhile True:\n    time.sleep(0.05)\n")
+    cluster.kernel.collect(msg_id, 180, until=lambda text: text.count("spinning") >= 4)
+    ranks = nbtrain_workers()
+    assert len(ranks) == 4
+    agents = [psutil.Process(n.pid) for n in cluster.nodes if n.poll() is None]
+    died = time.monotonic()
+    os.kill(cluster.kernel.pid(), signal.SIGKILL)
+    psutil.wait_procs(ranks + agents, timeout=15)
+    assert not [p for p in ranks + agents if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert time.monotonic() - died < 12  # 10 s promised; the ranks follow their agent within a second
