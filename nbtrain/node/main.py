@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import queue
 import shutil
@@ -116,8 +117,9 @@ def _heartbeats(link: Link, stop: threading.Event) -> None:
 def _preload() -> None:
     """Import torch elastic before joining: loading libtorch holds the GIL for seconds, which would silence the
     heartbeats of a node already joined (and it makes the first pool start sooner)."""
-    import torch.distributed.elastic.agent.server.local_elastic_agent  # noqa: F401
-    import torch.distributed.elastic.rendezvous.c10d_rendezvous_backend  # noqa: F401
+    for module in ("torch.distributed.elastic.agent.server.local_elastic_agent",
+                   "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend"):
+        importlib.import_module(module)
 
 
 def main(argv=None) -> None:
