@@ -31,6 +31,7 @@ import os
 import pickle
 import select
 import shutil
+import socket
 import sys
 import time
 from dataclasses import replace
@@ -117,7 +118,11 @@ class NodePool(WorkerPool):
                 and all(not n.lost() for n in self.nodes))
 
     def pids(self) -> list[int]:
-        return [self._pids.get(rank, 0) for rank in range(self.spec.nprocs)]
+        """Each rank's pid where it means something here: ranks on another machine are 0 (the dashboard's
+        per-process telemetry must not read an unrelated local process)."""
+        here = socket.gethostname()
+        return [self._pids.get(rank, 0) if (node := self._rank_node.get(rank)) is not None and node.hello.host == here
+                else 0 for rank in range(self.spec.nprocs)]
 
     def rank_label(self, rank: int) -> str:
         node = self._rank_node.get(rank)
