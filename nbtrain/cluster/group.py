@@ -69,7 +69,7 @@ class NodePool(WorkerPool):
         self._pids: dict[int, int] = {}
         self._exited: dict[int, int] = {}
         self._errors: dict[int, str] = {}  # rank -> its node's account (error file, lost node)
-        self._diagnosis: dict[int, str] = {}
+        self._lost_account: dict[int, str] = {}  # rank -> why its node is gone
         self._pending: list[N.Deliver] = []  # to the ranks, once the nodes run them
         self._stopped: set[str] = set()  # nodes whose ranks have all ended
         self._lost: set[str] = set()
@@ -129,8 +129,8 @@ class NodePool(WorkerPool):
         return f"node {node.name} rank {rank}" if node is not None else f"rank {rank}"
 
     def failure(self, rank: int, cause: P.RemoteError | int, output_tail=(), diagnosis: str | None = None) -> RankFailure:
-        failure = super().failure(rank, cause, output_tail, diagnosis or self._diagnosis.get(rank))
-        failure.label = self.rank_label(rank)
+        failure = super().failure(rank, cause, output_tail, diagnosis)
+        failure.label, failure.account = self.rank_label(rank), self._lost_account.get(rank)
         if not isinstance(cause, P.RemoteError):
             failure.error_file_message = self._errors.get(rank)
         return failure
@@ -208,7 +208,7 @@ class NodePool(WorkerPool):
         for rank in self._node_ranks(node):
             if rank not in self._exited:
                 self._exited[rank] = code
-                self._diagnosis[rank] = text
+                self._lost_account[rank] = text
                 events.append(Exited(rank, code))
         return events
 

@@ -51,6 +51,7 @@ class RankFailure:
     starting: bool = False  # ended before joining the process group
     diagnosis: str | None = None  # nbtrain's own account of a program error (uneven collectives)
     label: str | None = None  # how the rank is named where that says more: "node b rank 3" on several machines
+    account: str | None = None  # how an exit came about, where nbtrain knows better than the code: a machine lost
 
     @property
     def who(self) -> str:
@@ -67,6 +68,8 @@ class RankFailure:
     def summary(self) -> str:
         if self.diagnosis is not None:
             return self.diagnosis
+        if self.account is not None and self.error is None:
+            return self.account
         if self.error is not None:
             where = {"inputs": " while loading the notebook's variables", "results": " while sending results back"}
             message = first_sentence(self.error.message)
@@ -158,10 +161,8 @@ class RankFailedError(RuntimeError):
         return "\n".join(lines)
 
     def _diagnosis(self, failure: RankFailure) -> list[str]:
-        lines: list[str] = []
-        if failure.error is None:  # nbtrain's account of an exit (a machine lost): the summary says it all
-            return lines
-        if failure.error.frames:
+        lines = []
+        if failure.error is not None and failure.error.frames:
             lines += ["", f"Rank {failure.rank} is stuck here:"] + self._frames(failure.error.frames)
         return lines + ["", "A collective returns only when every rank of its group calls it: call it on every rank "
                             "(not inside `if rank == ...`), the same number of times and in the same order."]
