@@ -102,4 +102,5 @@ def unload_ipython_extension(ipython):
     magics = getattr(ipython, "_nbtrain_magics", None)
     if magics is not None:
         magics.pools.shutdown()
+        magics.cluster.close()  # joined nodes: their agents exit
         del ipython._nbtrain_magics

@@ -247,8 +247,9 @@ class NodePool(WorkerPool):
             self._wait_stopped(STOP_WAIT_S)
         finally:
             for node in self.nodes:
-                if node.state == "running" and node.name in self._lost:
+                if node.name in self._lost:
                     node.link.close()
+                node.state = "idle"  # a node slow to confirm still ends its ranks; the next pool may use it
             self._store = None
             shutil.rmtree(self._dir, ignore_errors=True)
 
