@@ -18,6 +18,7 @@ group), so the agent's own ``max_restarts`` is 0.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
@@ -49,8 +50,19 @@ def rank_env(start: N.StartRanks, ranks: LocalRanks, loopback: bool) -> dict[str
     return env
 
 
+class _ChildThreadNotice(logging.Filter):
+    """Torch elastic warns, on every start, that it cannot install signal handlers from a thread: here that is by
+    design (the node's own lifeline ends the ranks), so the node's console is spared the line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "running on a child thread" not in record.getMessage()
+
+
+_NOTICE = _ChildThreadNotice()  # one instance: addFilter() adds it once however many pools start
+
 def run_ranks(start: N.StartRanks, ranks: LocalRanks, local_addr: str | None, send) -> threading.Thread:
     """Start torch elastic's agent for ``start`` in a thread; it reports through ``ranks`` and ``send``."""
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_NOTICE)
     loopback = start.rdzv_endpoint.startswith(("127.", "localhost", "[::1]"))
     os.environ.update(rank_env(start, ranks, loopback))  # torch elastic gives each worker os.environ + its own
     thread = threading.Thread(target=_run, args=(start, ranks, local_addr, send), name="nbtrain-elastic-agent",
