@@ -6,7 +6,8 @@ the one the token pins, and an expired token. Then one kernel and two real node 
 nbtrain.node``, torch elastic's agent, ranks on gloo) go through a notebook's life: the join command printed
 once, names in (a large tensor through each node's /dev/shm), results back from global rank 0, output labelled
 ``[node b rank 3]``, a warm re-run, ``%distributed_nodes``, a rank failing on the second node with its
-traceback mapped to the cell, the stop button, and last a node agent SIGKILLed mid-run.
+traceback mapped to the cell, the stop button, a node that goes silent (a frozen agent: no heartbeat for 5 s), a node agent SIGKILLed mid-run, and the
+kernel's death, which ends every node and its ranks.
 """
 
 from __future__ import annotations
@@ -191,10 +192,32 @@ def test_stop_button_ends_every_rank_on_every_node(cluster):
     assert time.monotonic() - pressed < 6  # the kernel's 3 s, plus this loaded machine's slack
 
 
+def test_a_silent_node_is_reported_after_5_s_without_heartbeats(cluster):
+    """A frozen agent keeps its connection open (no FIN, as when a link goes down): only the heartbeats tell."""
+    msg_id = cluster.kernel.start(CELL + "import time\nprint('spinning', flush=True)\nwhile True:\n    time.sleep(0.05)\n")
+    cluster.kernel.collect(msg_id, 180, until=lambda text: text.count("spinning") >= 4)
+    frozen = cluster.nodes[1]
+    frozen_ranks = [p for p in psutil.Process(frozen.pid).children(recursive=True) if "nbtrain.worker" in p.cmdline()]
+    stopped = time.monotonic()
+    frozen.send_signal(signal.SIGSTOP)
+    try:
+        reply, out = cluster.kernel.collect(msg_id, 30)
+        silent = time.monotonic() - stopped
+    finally:
+        frozen.kill()  # a stopped process still takes SIGKILL; its ranks follow their agent
+        frozen.wait(5)
+    assert reply["status"] == "error"
+    assert re.search(r"node [ab] \(ranks \d–\d\) lost: no heartbeat for 5 s", out), out
+    assert 5 <= silent < 12
+    psutil.wait_procs(frozen_ranks, timeout=5)
+    cluster.nodes.remove(frozen)
+    cluster.start_nodes(cluster.command, addresses=NODE_ADDRESSES[1:])  # a replacement for the next tests
+
+
 def test_a_node_agent_killed_mid_run_is_reported(cluster):
     msg_id = cluster.kernel.start(CELL + "import time\nprint('spinning', flush=True)\nwhile True:\n    time.sleep(0.05)\n")
     cluster.kernel.collect(msg_id, 180, until=lambda text: text.count("spinning") >= 4)
-    victim = cluster.nodes[1]
+    victim = cluster.nodes[-1]
     victim_ranks = [p for p in psutil.Process(victim.pid).children(recursive=True) if "nbtrain.worker" in p.cmdline()]
     killed = time.monotonic()
     victim.send_signal(signal.SIGKILL)

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import glob
 import importlib
 import os
 import queue
@@ -25,8 +26,11 @@ import tempfile
 import threading
 import time
 
+import psutil
+
 from ..wire import nodes as N
 from ..wire.link import JoinToken, Link, LinkError, connect
+from ..wire.shm import sweep_orphans
 from .agent import run_ranks
 from .ranks import LocalRanks
 
@@ -67,7 +71,8 @@ def join(args: argparse.Namespace) -> tuple[Link, str]:
 
 def serve(link: Link, name: str, address: str | None) -> str:
     """Until the pool ends; returns why it ended."""
-    directory = tempfile.mkdtemp(prefix="nbtrain-node-")
+    sweep_dead_agents()
+    directory = tempfile.mkdtemp(prefix=f"nbtrain-node-{os.getpid()}-")
     os.chmod(directory, 0o700)
     ranks = LocalRanks(directory, link.send)
     beat = threading.Event()
@@ -93,6 +98,15 @@ def serve(link: Link, name: str, address: str | None) -> str:
         link.close()
         link.join(2.0)
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def sweep_dead_agents() -> None:
+    """What agents killed on this machine left (SIGKILL runs no cleanup): their directories and /dev/shm files."""
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), "nbtrain-node-*-*")):
+        pid = os.path.basename(path).split("-")[2]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+    sweep_orphans()
 
 
 def _handle(message, ranks: LocalRanks, link: Link, address: str | None) -> None:
