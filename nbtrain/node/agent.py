@@ -74,10 +74,13 @@ def run_ranks(start: N.StartRanks, ranks: LocalRanks, local_addr: str | None, se
 def _run(start: N.StartRanks, ranks: LocalRanks, local_addr: str | None, send) -> None:
     try:
         agent = _make_agent(start, ranks, local_addr)
-        agent.run()
+        agent.run()  # returns after its exit barrier and rendezvous shutdown, which use the kernel's store
     except BaseException as exc:  # rendezvous failed or timed out, a bad endpoint: the kernel reports it
         if not ranks.running():
             send(N.NodeError(f"{type(exc).__name__}: {exc}"))
+    finally:
+        ranks.idle.wait(10)
+        send(N.RanksStopped())  # only now may the kernel drop the store
 
 
 def _make_agent(start: N.StartRanks, ranks: LocalRanks, local_addr: str | None):

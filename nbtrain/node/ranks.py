@@ -13,8 +13,8 @@
 * **output** — torch elastic's agent redirects each rank's stdout and stderr to files (as ``torchrun
   --redirects``); a thread tails them every :data:`TAIL_S` and sends what is new as
   :class:`~nbtrain.wire.nodes.RankOutput`; an exit (:class:`~nbtrain.wire.nodes.RankExited`, with torch
-  elastic's error file) is sent after the rank's last output, and :class:`~nbtrain.wire.nodes.RanksStopped`
-  when every local rank has ended;
+  elastic's error file) is sent after the rank's last output; :attr:`LocalRanks.idle` is set when every local
+  rank has ended (the agent's thread then says :class:`~nbtrain.wire.nodes.RanksStopped`);
 * **signals** — the stop button is one SIGINT to each rank and its descendants; stopping is SIGTERM, then
   SIGKILL, to each rank's session and descendants.
 """
@@ -77,6 +77,8 @@ class LocalRanks:
         self._files: list[str] = []
         self._loaded: set[int] = set()
         self._running = False
+        self.idle = threading.Event()  # no rank of ours is alive
+        self.idle.set()
         threading.Thread(target=self._accept_loop, name="nbtrain-node-accept", daemon=True).start()
         threading.Thread(target=self._tail_loop, name="nbtrain-node-tail", daemon=True).start()
 
@@ -85,6 +87,7 @@ class LocalRanks:
         with self._lock:
             self._ranks = {r.rank: r for r in ranks}
             self._running = True
+            self.idle.clear()
         self.send(N.RanksStarted("", {r.rank: (r.local_rank, r.pid) for r in ranks}))
 
     def _accept_loop(self) -> None:
@@ -181,7 +184,7 @@ class LocalRanks:
         for conn in conns.values():
             conn.close()
         self.remove_files()
-        self.send(N.RanksStopped())
+        self.idle.set()  # the agent's thread says RanksStopped once torch elastic is done with the store too
 
     # ------------------------------------------------------------------------------- signals
     def pids(self) -> list[int]:
