@@ -11,7 +11,8 @@ started once (torch already imported by them). Each round, interleaved:
 * **warm re-run** — the same cell again on the warm ranks;
 * **throughput** — steps/s of the same DDP loop measured inside the ranks, under both.
 
-The training code is :mod:`launch_vs_torchrun`'s. Prints the medians and the ratios nbtrain / torchrun (goals:
+The training code is :mod:`launch_vs_torchrun`'s; both sides run one intra-op thread per rank (the emulated
+nodes share this machine's cores). Prints the medians and the ratios nbtrain / torchrun (goals:
 cold ≤ 1.1×, warm ≤ 0.5 s, throughput ≥ 0.98×).
 """
 
@@ -48,7 +49,9 @@ def run_nbtrain(steps: int, manager: PoolManager, fresh: bool) -> tuple[float, f
                 seen["rate"] = float(line.split()[1])
 
     started = time.time()
-    request = LaunchRequest(nodes="2", nproc_per_node=1, rdzv_host="127.0.0.1", cpu=True, fresh=fresh, keep_alive=600)
+    # One intra-op thread per rank under both: the two emulated nodes share this machine's cores.
+    request = LaunchRequest(nodes="2", nproc_per_node=1, rdzv_host="127.0.0.1", cpu=True, fresh=fresh, keep_alive=600,
+                            env=("OMP_NUM_THREADS=1",))
     run_source(cell_source(steps), request, {}, manager=manager, write=write)
     return seen["first"] - started, seen["rate"]
 
