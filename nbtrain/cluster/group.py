@@ -189,7 +189,7 @@ class NodePool(WorkerPool):
         if isinstance(message, N.RanksStarted):
             for rank, (_local, pid) in message.ranks.items():
                 self._rank_node[rank], self._pids[rank] = node, pid
-        elif isinstance(message, N.RanksStopped):
+        elif isinstance(message, N.RanksStopped) and message.run_id in ("", self.run_id):  # not a late one of an earlier pool
             self._stopped.add(node.name)
             node.state = "idle"
         elif isinstance(message, N.NodeError):

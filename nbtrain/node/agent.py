@@ -80,7 +80,7 @@ def _run(start: N.StartRanks, ranks: LocalRanks, local_addr: str | None, send) -
             send(N.NodeError(f"{type(exc).__name__}: {exc}"))
     finally:
         ranks.idle.wait(10)
-        send(N.RanksStopped())  # only now may the kernel drop the store
+        send(N.RanksStopped(start.run_id))  # only now may the kernel drop the store
 
 
 def _make_agent(start: N.StartRanks, ranks: LocalRanks, local_addr: str | None):

@@ -104,7 +104,7 @@ class StopRanks:
 
 @dataclass(frozen=True)
 class RanksStopped:
-    pass
+    run_id: str = ""  # the pool whose ranks ended ("": whichever the node was asked to stop)
 
 
 @dataclass(frozen=True)
