@@ -173,9 +173,11 @@ def test_warm_rerun_and_node_list(cluster):
 
 
 def test_a_rank_failing_on_the_second_node(cluster):
-    reply, out = cluster.kernel.execute(CELL + "x = 1\nif rank == 3:\n    raise ValueError('boom on the second node')\n",
-                                        timeout=120)
+    reply, out = cluster.kernel.execute(CELL + "x = 1\nif rank == 3:\n    raise ValueError('boom on the second node')\n"
+                                               "import time\ntime.sleep(60)\n", timeout=120)
     assert reply["status"] == "error"
+    # where the others were: their stacks, dumped on their nodes (rank 2 shares the failing rank's node)
+    assert "Where the other ranks were:" in out and all(f"rank {r}: at cell line 6" in out for r in (0, 1, 2)), out
     assert re.search(r"node [ab] rank 3 raised ValueError: boom on the second node", out), out
     assert "Traceback on node" in out and "Cell line 4, in <module>" in out, out
 
@@ -188,6 +190,7 @@ def test_stop_button_ends_every_rank_on_every_node(cluster):
     cluster.kernel.km.interrupt_kernel()
     reply, out = cluster.kernel.collect(msg_id, 30)
     assert reply["status"] == "error" and "KeyboardInterrupt" in out
+    assert "Where each rank was" in out and "rank 3: at cell line 5" in out, out
     _until(lambda: not nbtrain_workers(), 10, "the ranks to end")
     assert time.monotonic() - pressed < 6  # the kernel's 3 s, plus this loaded machine's slack
 

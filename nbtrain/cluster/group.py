@@ -21,8 +21,8 @@ sees the same events (:class:`Message`, :class:`Output`, :class:`Exited`):
   :class:`~nbtrain.wire.nodes.StopRanks` (SIGTERM → SIGKILL on the node); the nodes stay joined, warm for the
   next pool.
 
-Not carried over from one machine: stack dumps of ranks on other nodes (:meth:`dump_stacks` returns none,
-so uneven-collective diagnosis and "where was each rank" are local-only).
+Stacks (:meth:`dump_stacks`: where each rank is, for failures, the stop button and uneven collectives) are
+dumped on each node and sent back, so those reports work across machines too.
 """
 
 from __future__ import annotations
@@ -75,6 +75,9 @@ class NodePool(WorkerPool):
         self._lost: set[str] = set()
         self._started = False
         self._last_poll = time.monotonic()
+        self._backlog: list = []  # events that arrived while stacks were awaited
+        self._awaiting_stacks: set[str] = set()
+        self._stacks: dict[int, str] = {}
 
     # ------------------------------------------------------------------------------- start
     def spawn(self) -> None:
@@ -136,7 +139,20 @@ class NodePool(WorkerPool):
         return failure
 
     def dump_stacks(self, wait: float = 0.5, ranks=None) -> dict[int, str]:
-        return {}  # stacks of ranks on other machines are not collected (see the module docstring)
+        """Live ranks' Python stacks, dumped on their nodes (SIGUSR1, faulthandler) and sent back within ``wait``
+        (plus the network's time); what else arrives meanwhile is kept for the next :meth:`poll_events`."""
+        asked: dict[str, tuple[NodeConn, list[int]]] = {}
+        for rank, node in self._rank_node.items():
+            if (ranks is None or rank in ranks) and rank not in self._exited and node.name not in self._lost:
+                asked.setdefault(node.name, (node, []))[1].append(rank)
+        for node, wanted in asked.values():
+            node.link.send(N.DumpStacks(tuple(wanted), wait))
+        self._awaiting_stacks, self._stacks = set(asked), {}
+        deadline = time.monotonic() + wait + 1.0
+        while self._awaiting_stacks and time.monotonic() < deadline:
+            self._backlog.extend(self.poll_events(0.05))
+        self._awaiting_stacks = set()
+        return dict(sorted(self._stacks.items()))
 
     # -------------------------------------------------------------------------------- events
     def connected(self) -> bool:
@@ -159,7 +175,8 @@ class NodePool(WorkerPool):
 
     def poll_events(self, timeout: float) -> list:
         self._start_if_joined()
-        events = self._collect()
+        events, self._backlog = self._backlog, []
+        events += self._collect()
         if not events:
             select.select([self.hub.wake_r], [], [], timeout)
             self.hub.drain_wake()
@@ -192,6 +209,9 @@ class NodePool(WorkerPool):
         elif isinstance(message, N.RanksStopped) and message.run_id in ("", self.run_id):  # not a late one of an earlier pool
             self._stopped.add(node.name)
             node.state = "idle"
+        elif isinstance(message, N.Stacks):
+            self._stacks.update(message.stacks)
+            self._awaiting_stacks.discard(node.name)
         elif isinstance(message, N.NodeError):
             return self._node_failed(node, f"node {node.name} could not start its ranks: {message.text}", 1)
         return []

@@ -18,12 +18,13 @@ only pids and file names, so it works for whatever started the ranks on this mac
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import signal
-import time
 from dataclasses import dataclass
+
+from ..wire.stackfiles import request_stacks
+
+__all__ = ["request_stacks", "summarise", "whereabouts"]
 
 _FRAME = re.compile(r'^\s+File "(?P<file>.+)", line (?P<line>\d+) in (?P<func>.+)$')
 _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+")
@@ -102,40 +103,6 @@ def summarise(dump: str, cell_filename_prefix: str, cell_lines: list[str], line_
     if pos.collective is not None:
         return f"waiting in {pos.collective}() (torch.distributed), from {pos.where}"
     return f"at {pos.where}" + (f" (inside {pos.inside})" if pos.inside else "")
-
-
-def request_stacks(targets: dict[int, tuple[int, str]], wait: float) -> dict[int, str]:
-    """Stacks of ranks given as rank -> (pid, stack file), collected within ``wait`` seconds.
-
-    Each file is appended to by every dump, so only what grew after the signal is this dump.
-    """
-    sizes = {rank: _size(path) for rank, (_, path) in targets.items()}
-    for pid, _ in targets.values():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGUSR1)
-    deadline = time.monotonic() + wait
-    dumps: dict[int, str] = {}
-    while time.monotonic() < deadline and len(dumps) < len(targets):
-        time.sleep(0.05)
-        for rank, (_, path) in targets.items():
-            size = _size(path)
-            if rank not in dumps and size > sizes[rank] and size == _settled(path, size):
-                with open(path) as fh:
-                    fh.seek(sizes[rank])
-                    dumps[rank] = fh.read()
-    return dumps
-
-
-def _settled(path: str, size: int) -> int:
-    time.sleep(0.02)  # faulthandler writes a dump in a burst; a stable size means it is complete
-    return _size(path)
-
-
-def _size(path: str) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
 
 
 def whereabouts(pool, cell_filename: str, cell_source: str, line_offset: int, wait: float,

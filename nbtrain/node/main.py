@@ -116,6 +116,8 @@ def _handle(message, ranks: LocalRanks, link: Link, address: str | None) -> None
         ranks.deliver(message)
     elif isinstance(message, N.Interrupt):
         ranks.interrupt()
+    elif isinstance(message, N.DumpStacks):
+        threading.Thread(target=ranks.dump_stacks, args=(message,), name="nbtrain-node-stacks", daemon=True).start()
     elif isinstance(message, N.StopRanks):
         if ranks.running():
             threading.Thread(target=ranks.stop, name="nbtrain-node-stop", daemon=True).start()

@@ -37,6 +37,7 @@ import psutil
 from ..wire import nodes as N
 from ..wire import protocol as P
 from ..wire.shm import owner_prefix, write_file
+from ..wire.stackfiles import request_stacks
 
 TAIL_S = 0.05
 STOP_GRACE_S = 1.0
@@ -190,6 +191,13 @@ class LocalRanks:
     def pids(self) -> list[int]:
         with self._lock:
             return [r.pid for r in self._ranks.values() if r.exit_code is None]
+
+    def dump_stacks(self, message: N.DumpStacks) -> None:
+        """The Python stacks of the asked ranks of this node (faulthandler's files), sent to the kernel."""
+        with self._lock:
+            targets = {r.rank: (r.pid, os.path.join(self.dir, f"stack-{r.local_rank}.txt"))
+                       for r in self._ranks.values() if r.rank in message.ranks and r.exit_code is None}
+        self.send(N.Stacks(request_stacks(targets, message.wait) if targets else {}))
 
     def interrupt(self) -> None:
         for proc in _family(self.pids()):

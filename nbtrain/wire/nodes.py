@@ -11,6 +11,8 @@ A node's conversation (:mod:`nbtrain.wire.link` frames, authenticated both ways 
     node   -> RankOutput(rank, stream, text)        a rank's stdout/stderr, as it comes
     node   -> RankMessage(rank, data)               a rank's message to the kernel (wire.protocol), as pickled
     node   -> RankExited(rank, code, error)         a rank's process ended (error: its @record error file)
+    kernel -> DumpStacks(ranks, wait)               "where are you?": SIGUSR1 to these ranks (faulthandler)
+    node   -> Stacks(stacks)                        what their stack files grew by: rank -> text
     kernel -> Interrupt()                           the stop button: one SIGINT to each rank and its children
     kernel -> StopRanks()                           SIGTERM → SIGKILL the ranks; the node stays joined
     node   -> RanksStopped()                        every rank of the node has ended
@@ -90,6 +92,17 @@ class RankExited:
     rank: int
     code: int
     error: str | None = None
+
+
+@dataclass(frozen=True)
+class DumpStacks:
+    ranks: tuple[int, ...]
+    wait: float
+
+
+@dataclass(frozen=True)
+class Stacks:
+    stacks: dict  # rank -> the Python stacks it dumped
 
 
 @dataclass(frozen=True)
