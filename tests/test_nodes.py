@@ -170,6 +170,7 @@ def test_warm_rerun_and_node_list(cluster):
     listing = cluster.kernel.run("%distributed_nodes\nprint(again)")
     assert "node a: " in listing and "node b: " in listing and "40" in listing
     assert "127.0.0.2" in listing and "127.0.0.3" in listing
+    assert re.search(r"CPU \d+%, RAM \d+%", listing), listing  # each node's heartbeats carry its machine's load
 
 
 def test_a_rank_failing_on_the_second_node(cluster):

@@ -165,5 +165,17 @@ class Hub:
             h = node.hello
             gpus = f"{h.gpus} GPU{'s' if h.gpus != 1 else ''}" if h.gpus else "no GPU"
             lines.append(f"node {node.name}: {h.host} ({node.address}), pid {h.pid}, {gpus}, {h.cpus} CPUs, {node.state}, "
-                         f"heard {node.silent_for():.1f} s ago")
+                         f"heard {node.silent_for():.1f} s ago{_load(node.link.last_heartbeat)}")
         return lines
+
+
+def _load(beat: N.Heartbeat | None) -> str:
+    """What the node's last heartbeat said about its machine: CPU, RAM, each GPU's load and memory."""
+    sample = beat.telemetry if beat is not None else {}
+    if not sample:
+        return ""
+    text = f"; CPU {sample.get('cpu_percent', 0):.0f}%, RAM {sample.get('ram_percent', 0):.0f}%"
+    for index, load, used, total in sample.get("gpus", []):
+        memory = f"{used / 2**30:.1f}/{total / 2**30:.0f} GiB" if used is not None and total else "memory N/A"
+        text += f", GPU {index} {load if load is not None else 'N/A'}% {memory}"
+    return text

@@ -4,7 +4,7 @@
    connect from ``--address`` if given (emulated nodes on 127.0.0.2, 127.0.0.3, …), TLS with the pinned
    certificate, the mutual handshake, then :class:`~nbtrain.wire.nodes.NodeHello`; the kernel answers with
    the node's name;
-2. **serve** — heartbeats every second both ways; :class:`~nbtrain.wire.nodes.StartRanks` runs torch
+2. **serve** — heartbeats every second both ways (the node's carry its CPU, RAM and GPU use: :func:`telemetry`); :class:`~nbtrain.wire.nodes.StartRanks` runs torch
    elastic's agent for this node's ranks (:mod:`.agent`), ``Deliver``, ``Interrupt`` and ``StopRanks`` go to
    the local ranks (:mod:`.ranks`);
 3. **leave** — on :class:`~nbtrain.wire.nodes.Bye` (the pool ended), when the link breaks, or when the kernel
@@ -125,9 +125,23 @@ def _handle(message, ranks: LocalRanks, link: Link, address: str | None) -> None
             link.send(N.RanksStopped())
 
 
+def telemetry(reader) -> dict:
+    """This machine now, sent with each heartbeat: CPU and RAM use, and each GPU's load and memory (NVML)."""
+    sample: dict = {"cpu_percent": psutil.cpu_percent(None), "ram_percent": psutil.virtual_memory().percent}
+    try:
+        sample["gpus"] = [(g.index, g.utilization, g.memory_used, g.memory_total) for g in reader.read()]
+    except Exception:  # a driver hiccup must not stop the heartbeats
+        sample["gpus"] = []
+    return sample
+
+
 def _heartbeats(link: Link, stop: threading.Event) -> None:
+    from ..gpu.devices import DeviceReader
+
+    reader = DeviceReader()
+    psutil.cpu_percent(None)  # the first call only starts the measurement
     while not stop.wait(HEARTBEAT_S):
-        link.send(N.Heartbeat(time.time()))
+        link.send(N.Heartbeat(time.time(), telemetry(reader)))
 
 
 def _preload() -> None:
