@@ -84,6 +84,14 @@ def training_state():
     return current()
 
 
+def breakpoint(rank=0):
+    """Inside a ``%%distributed`` cell, on every rank: stop rank ``rank`` in pdb (its prompt under the cell);
+    the other ranks wait for it outside any collective, so no collective timeout fires while you debug."""
+    from .train.debug import breakpoint as _breakpoint
+
+    _breakpoint(rank)
+
+
 def load_ipython_extension(ipython):
     from .wire.shm import sweep_orphans
     from .magics import DistributedMagics

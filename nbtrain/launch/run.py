@@ -45,6 +45,7 @@ from .history import History
 from .modules import Workdir, fresh_ranks_note, notebook_workdir, stale_modules
 from .observer import RankInfo, RunInfo, RunObserver
 from .output import OutputRelay, write_to_std_stream
+from .prompts import PendingPrompts
 from ..wire.payload import Inputs, Results, unpack_results
 from .mismatch import MismatchWatcher
 from ..wire.shm import new_result_prefix, sweep_prefix
@@ -146,7 +147,9 @@ class _Run:
         self.history = History()
         self.nprocs = pool.spec.nprocs
         self.displays = PendingDisplays(write)  # rank 0's figures and display() (nbtrain.worker.display)
-        self.relay = OutputRelay(write, self.nprocs, shown=config.shown_rank, show_display=self.displays.show)
+        self.prompts = PendingPrompts(pool.send_to, write, self.nprocs)  # input() and pdb in a rank
+        self.relay = OutputRelay(write, self.nprocs, shown=config.shown_rank, show_display=self.displays.show,
+                                 answer_prompt=self.prompts.answer)
         self.sent = False
         self.loaded: set[int] = set()
         self.done: dict[int, P.Done] = {}
@@ -227,6 +230,8 @@ class _Run:
                 self.inputs.arena.unlink()
         elif isinstance(msg, P.Display) and msg.job_id == self.job.job_id:
             self.displays.add(msg, self.relay)
+        elif isinstance(msg, P.InputRequest) and msg.job_id == self.job.job_id:
+            self.prompts.add(msg, self.relay)
         elif isinstance(msg, P.Done) and msg.job_id == self.job.job_id:
             self.done[rank] = msg
             self.pool.module_stamps.update((stamp[1], stamp) for stamp in msg.modules)

@@ -52,7 +52,7 @@ from ..wire.payload import load_inputs, pack_results
 from ..wire.shm import abandon_and_sweep
 from ..train import metrics
 from ..train import state as train_state
-from . import compat, display, stop
+from . import compat, display, prompts, stop
 from .modules import LocalModules
 
 RESULT_RANK = 0  # the rank whose names come back to the notebook and whose displays show in the cell
@@ -160,11 +160,13 @@ class Rank:
         os.environ["TORCHELASTIC_MAX_RESTARTS"] = str(job.train.max_restarts)
         metrics.start(self.rank, self.send)
         display.begin(job.job_id, self.rank, RESULT_RANK, self.send)
+        prompts.begin(job.job_id, self.rank, self.send, self.conn.recv)  # input(), stdin, pdb: asked in the notebook
         train_state.begin(job.train, self.device, self.rank, int(os.environ["WORLD_SIZE"]))
         try:
             reply = self._execute(job, main.__dict__, started)
         finally:
             train_state.end()  # prepared models and loaders do not outlive their cell
+            prompts.end()
             self._end_display()
             metrics.stop()
             sys.modules["__main__"] = self.real_main
