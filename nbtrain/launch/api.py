@@ -28,6 +28,7 @@ from .inputs import PayloadError, pack_inputs
 from .output import write_to_std_stream
 from .restarts import run_with_restarts
 from .run import PoolManager, RunResult, run_cell
+from .trackers import trackers_for
 from ..words import count
 
 UserInputError = (ConfigError, CellSyntaxError, PayloadError)
@@ -43,6 +44,7 @@ def run_source(source: str, request: LaunchRequest, namespace: dict, *, manager:
     config = resolve(request)
     info = analyse_cell(source, line_offset)
     names = names_to_send(info, namespace)
+    observers = [*observers, *trackers_for(config.tensorboard)]  # --tensorboard, nbtrain.track()
     inputs = _pack_or_explain_stop(namespace, names)
     if manager is None:
         manager = PoolManager()

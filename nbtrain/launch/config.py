@@ -20,6 +20,7 @@ from ..wire.settings import TrainSettings, TrainSettingsError, parse_train_setti
 from ..words import count
 from .modules import Workdir, WorkdirGone, notebook_workdir
 from .options import OptionEnvError, option, with_env_fallbacks
+from .trackers import TrackerSetupError, tensorboard_dir
 
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_START_TIMEOUT_S = 180.0
@@ -74,6 +75,10 @@ class LaunchRequest:
     max_restarts: int | None = option(
         None, "--max-restarts", "restart the ranks from the last checkpoint up to K times when a rank dies "
         "(needs --checkpoint)", group="training", type=int, metavar="K")
+    tensorboard: str | None = option(
+        None, "--tensorboard", "write every nbtrain.log() series as TensorBoard events, each rank's in DIR/rank<k> "
+        "(relative to the notebook's current directory; needs the tensorboard package)", group="tracking",
+        metavar="DIR", env="NBTRAIN_TENSORBOARD")
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,7 @@ class LaunchConfig:
     notes: tuple[str, ...] = field(default_factory=tuple)
     train: TrainSettings = field(default_factory=TrainSettings)  # sent to the ranks with each Job
     workdir: Workdir | None = None  # the notebook's directory and sys.path when the cell runs (each Job)
+    tensorboard: str | None = None  # absolute --tensorboard DIR (see nbtrain.launch.trackers)
 
     @property
     def shown_rank(self) -> int | None:
@@ -228,5 +234,10 @@ def resolve(request: LaunchRequest) -> LaunchConfig:
     except TrainSettingsError as exc:
         raise ConfigError(str(exc)) from None
     start_timeout = DEFAULT_START_TIMEOUT_S if request.start_timeout is None else float(request.start_timeout)
+    try:
+        tensorboard = tensorboard_dir(request.tensorboard, workdir.cwd) if request.tensorboard is not None else None
+    except TrackerSetupError as exc:
+        raise ConfigError(str(exc)) from None
     return LaunchConfig(pool, _parse_names(request.out), output, keep_alive, request.fresh,
-                        start_timeout_s=start_timeout, notes=tuple(notes), train=train, workdir=workdir)
+                        start_timeout_s=start_timeout, notes=tuple(notes), train=train, workdir=workdir,
+                        tensorboard=tensorboard)

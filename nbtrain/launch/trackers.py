@@ -1,0 +1,114 @@
+"""Experiment trackers: every ``nbtrain.log`` series to TensorBoard (``--tensorboard DIR``), MLflow, W&B, ….
+
+A tracker is a :class:`~nbtrain.launch.observer.RunObserver` — the seam the dashboard and the run registry
+already use: ``run_started(info)``, ``metrics(rank, records)`` with ``(step, unix_time, {name: float})``
+records, ``run_finished(status, summary)``. :class:`Tracker` names that seam for users;
+:func:`track` registers one for every following cell of this kernel (``nbtrain.track(MyTracker())``),
+:func:`untrack` removes it, and :func:`trackers_for` gives a run its trackers: the registered ones and,
+with ``--tensorboard DIR``, a new :class:`TensorBoardTracker`.
+
+**Why in the kernel, not on the ranks.** The kernel already receives every rank's series, batched, with
+the steps and times the ranks logged, and turned into numbers (:mod:`nbtrain.train.metrics`). Writing
+there costs the ranks nothing — no TensorBoard import at start-up, no writer thread beside the training
+loop — the files land next to the notebook even when ranks run elsewhere, and the same records reach every
+tracker, so an MLflow or W&B adapter is a dozen lines with nothing to install on the ranks. A run restarted
+by ``--max-restarts`` is one run to its trackers, as to the dashboard: the series a restart resends from its
+checkpoint are not written twice, and ``run_finished`` comes once.
+
+:class:`TensorBoardTracker` writes each rank's series with ``torch.utils.tensorboard.SummaryWriter`` under
+``DIR/rank<k>`` (one TensorBoard run per rank), as scalars named as logged, at the step and wall time the
+rank logged them, so ``tensorboard --logdir DIR`` shows the run. The writers flush when the run ends.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .observer import RunInfo, RunObserver
+
+
+class Tracker(RunObserver):
+    """Follows every run of this kernel once registered with :func:`track`; override what you need.
+
+    Called on the kernel's main thread between the run's events: return quickly. A tracker that raises is
+    detached from that run with a one-line note; the run goes on.
+    """
+
+
+_registered: list[RunObserver] = []
+
+
+def track(tracker: RunObserver) -> RunObserver:
+    """Follow every later ``%%distributed`` cell of this kernel with ``tracker``; returns it."""
+    if tracker not in _registered:
+        _registered.append(tracker)
+    return tracker
+
+
+def untrack(tracker: RunObserver) -> None:
+    """Stop following cells with ``tracker`` (registered with :func:`track`)."""
+    if tracker in _registered:
+        _registered.remove(tracker)
+
+
+def trackers_for(tensorboard_dir: str | None) -> list[RunObserver]:
+    """The trackers of one run: those registered, and TensorBoard's if ``--tensorboard`` was given."""
+    return [*_registered, *([TensorBoardTracker(tensorboard_dir)] if tensorboard_dir else [])]
+
+
+class TrackerSetupError(ValueError):
+    """``--tensorboard`` cannot work: the package is missing or the directory cannot be written."""
+
+
+def tensorboard_dir(text: str, cwd: str) -> str:
+    """The absolute directory ``--tensorboard`` names (relative to the notebook's ``cwd``), once it is known
+    that TensorBoard's writer can be imported and the directory written; else :class:`TrackerSetupError`."""
+    try:
+        import tensorboard  # noqa: F401  # what torch.utils.tensorboard writes with
+    except ImportError:
+        raise TrackerSetupError("--tensorboard needs the tensorboard package, which is not installed in this "
+                                "kernel's environment: pip install 'nbtrain[tensorboard]' (or pip install "
+                                "tensorboard), then restart the kernel.") from None
+    path = os.path.expanduser(text.strip())
+    if not path:
+        raise TrackerSetupError("--tensorboard needs a directory, such as --tensorboard runs/tb.")
+    path = os.path.normpath(os.path.join(cwd, path))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise TrackerSetupError(f"--tensorboard {text} is a file; give a directory (each rank writes in DIR/rank<k>).")
+    parent = path
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.access(parent, os.W_OK):
+        raise TrackerSetupError(f"--tensorboard {text}: cannot write in {parent}; choose a writable directory.")
+    return path
+
+
+class TensorBoardTracker(Tracker):
+    """Each rank's logged series as TensorBoard scalars under ``logdir/rank<k>``."""
+
+    def __init__(self, logdir: str) -> None:
+        self.logdir = logdir
+        self._writers: dict[int, Any] = {}  # rank -> SummaryWriter
+
+    def run_started(self, info: RunInfo) -> None:
+        os.makedirs(self.logdir, exist_ok=True)
+
+    def metrics(self, rank: int, records: list) -> None:
+        writer = self._writer(rank)
+        for step, walltime, values in records:
+            for name, value in values.items():
+                writer.add_scalar(name, value, global_step=step, walltime=walltime)
+
+    def run_finished(self, status: str, summary: str) -> None:
+        writers, self._writers = self._writers, {}
+        for writer in writers.values():
+            writer.close()
+
+    def _writer(self, rank: int):
+        writer = self._writers.get(rank)
+        if writer is None:
+            from torch.utils.tensorboard import SummaryWriter  # importing torch here does not initialise CUDA
+
+            writer = self._writers[rank] = SummaryWriter(log_dir=os.path.join(self.logdir, f"rank{rank}"))
+        return writer
