@@ -113,3 +113,15 @@ def test_the_prompt_waits_for_the_text_printed_before_it():
     prompts.add(P.InputRequest(5, 1, 1, "(Pdb) "), relay)
     assert asked == [(len("[rank 1] listing\n"), "[rank 1] (Pdb) ")]
     assert replies == [(1, P.InputReply(1, "yes", ""))] and text.text().endswith("[rank 1] after\n")
+
+
+def test_the_stop_button_at_a_prompt_stops_the_run(kernel):
+    msg_id = kernel.kc.execute("%%distributed 2 --cpu --no-dashboard\nanswer = input('waiting for you: ')",
+                               allow_stdin=True)
+    request = kernel.kc.get_stdin_msg(timeout=120)
+    assert request["content"]["prompt"] == "[rank 0] waiting for you: "
+    kernel.km.interrupt_kernel()
+    reply, out = kernel.collect(msg_id, 30)
+    assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt", out
+    assert "every rank and its child processes were ended" in out
+    assert_no_workers()
