@@ -28,6 +28,7 @@ from .inputs import PayloadError, pack_inputs
 from .output import write_to_std_stream
 from .restarts import run_with_restarts
 from .run import PoolManager, RunResult, run_cell
+from .profiling import format_profile
 from .trackers import trackers_for
 from ..words import count
 
@@ -85,7 +86,7 @@ def format_summary(result: RunResult) -> list[str]:
     if result.moved_to_cpu:
         lines.append(f"nbtrain: {', '.join(result.moved_to_cpu)} came back on the CPU (they were on a GPU in the ranks)")
     lines += [f"nbtrain: skipped '{name}': {reason}" for name, reason in result.skipped.items()]
-    return lines
+    return lines + format_profile(result.profiles)
 
 
 __all__ = ["UserInputError", "run_source", "format_summary", "ConfigError", "CellSyntaxError", "PayloadError"]

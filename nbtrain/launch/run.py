@@ -72,6 +72,7 @@ class RunResult:
     backend: str
     history: History = field(default_factory=History)
     notes: list[str] = field(default_factory=list)
+    profiles: dict[int, P.ProfileSummary] = field(default_factory=dict)  # --profile, by rank
 
 
 class PoolManager:
@@ -153,6 +154,7 @@ class _Run:
         self.sent = False
         self.loaded: set[int] = set()
         self.done: dict[int, P.Done] = {}
+        self.profiles: dict[int, P.ProfileSummary] = {}
         self.failures: dict[int, RankFailure] = {}
         self.first_failure_at: float | None = None
         self.all_done_at: float | None = None
@@ -232,6 +234,8 @@ class _Run:
             self.displays.add(msg, self.relay)
         elif isinstance(msg, P.InputRequest) and msg.job_id == self.job.job_id:
             self.prompts.add(msg, self.relay)
+        elif isinstance(msg, P.ProfileSummary) and msg.job_id == self.job.job_id:
+            self.profiles[rank] = msg
         elif isinstance(msg, P.Done) and msg.job_id == self.job.job_id:
             self.done[rank] = msg
             self.pool.module_stamps.update((stamp[1], stamp) for stamp in msg.modules)
@@ -344,4 +348,5 @@ def _bring_back(namespace: dict, run: _Run, warm: bool, seconds: float, deleted=
         moved_to_cpu=tuple(results.moved_to_cpu) if results is not None else (),
         seconds=seconds, rank_seconds={r: d.seconds for r, d in sorted(run.done.items())},
         devices=run.pool.devices, warm=warm, backend=run.pool.spec.backend, history=run.history, notes=list(run.inputs.notes),
+        profiles=run.profiles,
     )

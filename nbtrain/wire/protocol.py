@@ -14,6 +14,7 @@ A conversation::
     rank   -> Display(job_id, rank, seq, data, ...)  rank 0: display(obj), plt.show() (a MIME bundle)
     rank   -> InputRequest(job_id, rank, seq, prompt) input(), sys.stdin, pdb: a line from the notebook
     kernel -> InputReply(seq, text)                  the notebook's answer (None: no input can be given)
+    rank   -> ProfileSummary(job_id, rank, ...)      --profile: top operators, communication time
     rank   -> Done(job_id, rank, results, modules) | Failed(job_id, rank, error)
     kernel -> Shutdown()                             barrier, destroy the group, exit 0
 
@@ -146,6 +147,19 @@ class InputReply:
     seq: int
     text: str | None
     reason: str = ""  # why there is no input, for the rank's EOFError
+
+
+@dataclass(frozen=True)
+class ProfileSummary:
+    """``--profile``: one rank's top operators ``(name, calls, self_us)`` and its time in communication."""
+
+    job_id: int
+    rank: int
+    operators: tuple[tuple[str, int, float], ...]
+    communication_us: float
+    total_us: float
+    steps: int  # optimizer steps seen while profiling
+    trace_file: str | None  # the Chrome / TensorBoard trace written, if the recording began
 
 
 @dataclass(frozen=True)

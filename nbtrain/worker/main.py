@@ -51,6 +51,7 @@ from ..wire.names import RUNTIME_NAMES
 from ..wire.payload import load_inputs, pack_results
 from ..wire.shm import abandon_and_sweep
 from ..train import metrics
+from ..train import profile
 from ..train import state as train_state
 from . import compat, display, prompts, stop
 from .modules import LocalModules
@@ -162,9 +163,11 @@ class Rank:
         display.begin(job.job_id, self.rank, RESULT_RANK, self.send)
         prompts.begin(job.job_id, self.rank, self.send, self.conn.recv)  # input(), stdin, pdb: asked in the notebook
         train_state.begin(job.train, self.device, self.rank, int(os.environ["WORLD_SIZE"]))
+        profile.begin(job.train.profile, job.train.profile_dir, self.rank, self.device)
         try:
             reply = self._execute(job, main.__dict__, started)
         finally:
+            self._send_profile(job.job_id)
             train_state.end()  # prepared models and loaders do not outlive their cell
             prompts.end()
             self._end_display()
@@ -174,6 +177,16 @@ class Rank:
             self._release_memory()  # before the end mark: what a finaliser prints belongs to this cell
             self._flush_and_mark(job.job_id)
         self.send(reply)
+
+    def _send_profile(self, job_id: int) -> None:
+        """--profile: stop the profiler, send its summary (a broken profiler must not lose the reply)."""
+        try:
+            summary = profile.end(job_id)
+        except Exception as exc:
+            print(f"nbtrain: the profiler failed ({exc!r})", file=sys.stderr)
+            return
+        if summary is not None:
+            self.send(summary)
 
     @staticmethod
     def _end_display() -> None:
