@@ -13,7 +13,8 @@ streams, sends :class:`~nbtrain.wire.protocol.InputRequest`, writes
 :class:`~nbtrain.wire.protocol.InputReply`. The kernel asks the notebook (its own input request) when the
 relay reaches the mark, so what the rank printed before the prompt — pdb's listing — is shown above it.
 The cell's own thread reads the reply from the connection: during a job the kernel sends a rank nothing
-else. A reply without text (the front end takes no input, the user pressed stop) raises EOFError with
+else; a forked child (a DataLoader worker) inherits the replacements but gets EOFError instead of
+writing on its parent's socket. A reply without text (the front end takes no input, the user pressed stop) raises EOFError with
 the reason, as ``input()`` does at the end of a file.
 """
 
@@ -21,18 +22,19 @@ from __future__ import annotations
 
 import builtins
 import io
+import os
 import sys
 from collections.abc import Callable
 
 from ..train import debug
 from ..wire import protocol as P
 
-_state: dict = {"job": None, "rank": None, "send": None, "receive": None, "seq": 0, "saved": None}
+_state: dict = {"job": None, "rank": None, "send": None, "receive": None, "seq": 0, "saved": None, "pid": None}
 
 
 def begin(job_id: int, rank: int, send: Callable[[object], None], receive: Callable[[], object]) -> None:
     """A cell starts: its prompts go to the kernel through ``send`` and are answered through ``receive``."""
-    _state.update(job=job_id, rank=rank, send=send, receive=receive, seq=0,
+    _state.update(job=job_id, rank=rank, send=send, receive=receive, seq=0, pid=os.getpid(),
                   saved=(builtins.input, sys.stdin, sys.breakpointhook))
     builtins.input = rank_input
     sys.stdin = RankStdin()
@@ -55,6 +57,8 @@ def ask(prompt: str) -> P.InputReply:
     """Ask the notebook for one line, showing ``prompt``; blocks until the user answers."""
     if _state["send"] is None:
         return P.InputReply(0, None, "no cell is running")
+    if os.getpid() != _state["pid"]:  # a forked child (a DataLoader worker) must not talk on the rank's socket
+        return P.InputReply(0, None, "only the rank's own process can ask the notebook, not a child process")
     _state["seq"] += 1
     seq = _state["seq"]
     for stream in (sys.stdout, sys.stderr):
