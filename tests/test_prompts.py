@@ -67,6 +67,14 @@ def test_a_breakpoint_on_rank_0_is_stepped_with_n_and_continued_with_c(kernel):
     assert "rank 0 x=3" in out and "[rank 1] rank 1 x=1" in out
 
 
+def test_stepping_off_the_end_of_the_cell_ends_the_debugger(kernel):
+    reply, out, prompts = kernel.execute_answering(
+        "%%distributed 2 --cpu --no-dashboard --out y\nif rank == 0:\n    breakpoint()\ny = 5\n", ["n", "n"])
+    assert reply["status"] == "ok", out
+    assert prompts == ["[rank 0] (Pdb) "] * 2, out  # at `y = 5`, then at the cell's return: no stop after the cell
+    assert "--Return--" in out and kernel.run("print(y)").strip() == "5"
+
+
 def test_nbtrain_breakpoint_holds_the_other_ranks_past_the_collective_timeout(kernel):
     """Rank 1 is hidden (--output rank0), its prompt still comes; rank 0 waits longer than --timeout (a slow
     human), outside any collective, and the broadcast after the breakpoint carries what was typed in pdb."""

@@ -5,8 +5,9 @@ kernel's own input request), so pdb works in a rank as in a notebook cell: its l
 output, its ``(Pdb)`` prompt is an input box under the cell. This module adds the debugger itself:
 
 * :class:`RankPdb` — pdb that leaves SIGINT to nbtrain (the stop button still stops the run, it does not
-  break into the debugger) and skips nbtrain's own frames (``n`` at the cell's last line does not step
-  into the worker's loop). The builtin ``breakpoint()`` in a rank opens one (:func:`breakpointhook`);
+  break into the debugger), skips nbtrain's own frames, and stops tracing when the cell's own frame
+  returns (``n`` at the cell's last line ends the session instead of stepping into what the rank runs
+  after the cell: packing the results). The builtin ``breakpoint()`` in a rank opens one (:func:`breakpointhook`);
 * :func:`breakpoint` — ``nbtrain.breakpoint(rank=1)``, called by *every* rank like a collective: rank 1
   stops in pdb at the caller's next line, the others wait until it leaves the debugger (``c``, ``q``, or
   the cell's end).
@@ -48,6 +49,13 @@ class RankPdb(pdb.Pdb):
         super().__init__(nosigint=True, skip=SKIP)
         self._on_leave = on_leave
 
+    def dispatch_return(self, frame, arg):
+        result = super().dispatch_return(frame, arg)
+        if _is_nbtrain(frame.f_back):  # the cell's own frame returns into nbtrain: debugging ends with the cell
+            self.set_continue()  # (stepping on would stop in whatever the rank runs after the cell)
+            return None
+        return result
+
     def set_continue(self) -> None:
         self._leave()
         super().set_continue()
@@ -62,10 +70,14 @@ class RankPdb(pdb.Pdb):
             on_leave()
 
 
+def _is_nbtrain(frame) -> bool:
+    return frame is not None and str(frame.f_globals.get("__name__", "")).split(".")[0] == "nbtrain"
+
+
 def _caller():
     """The innermost frame outside nbtrain: where the user called breakpoint() (past nbtrain's facade)."""
     frame = sys._getframe(1)
-    while frame.f_back is not None and frame.f_globals.get("__name__", "").split(".")[0] == "nbtrain":
+    while frame.f_back is not None and _is_nbtrain(frame):
         frame = frame.f_back
     return frame
 
