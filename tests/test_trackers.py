@@ -87,3 +87,16 @@ def test_tensorboard_dir_that_is_a_file_is_a_usage_error(tmp_path):
     (tmp_path / "tb").write_text("")
     with pytest.raises(ConfigError, match="is a file; give a directory"):
         resolve(LaunchRequest(nprocs=2, cpu=True, tensorboard=str(tmp_path / "tb")))
+
+
+def test_a_run_restarted_from_its_checkpoint_is_one_tensorboard_run(fresh_pools, tmp_path):
+    """--max-restarts: the series the restart resends from the checkpoint are not written again, so
+    TensorBoard reads each rank's curve once, steps 0 to 11 (events of the first attempt past the checkpoint
+    are replaced by the restart's, as TensorBoard does for a run that goes back in steps)."""
+    from test_restarts import CELL
+
+    cell = CELL.replace("KILL_EPOCH", "1").replace("MARKER", repr(str(tmp_path / "killed-once")))
+    run_cell(fresh_pools, cell, checkpoint=str(tmp_path / "ckpt"), max_restarts=1, out="steps",
+             tensorboard=str(tmp_path / "tb"))
+    for rank in (0, 1):
+        assert [step for step, _ in scalars(str(tmp_path / "tb" / f"rank{rank}"))["loss"]] == list(range(12))

@@ -12,13 +12,15 @@ the steps and times the ranks logged, and turned into numbers (:mod:`nbtrain.tra
 there costs the ranks nothing — no TensorBoard import at start-up, no writer thread beside the training
 loop — the files land next to the notebook even when ranks run elsewhere, and the same records reach every
 tracker, so an MLflow or W&B adapter is a dozen lines with nothing to install on the ranks. A run restarted
-by ``--max-restarts`` is one run to its trackers, as to the dashboard: the series a restart resends from its
-checkpoint are not written twice, and ``run_finished`` comes once.
+by ``--max-restarts`` is one run to its trackers, as to the dashboard: ``run_started`` comes for each attempt,
+the series a restart resends from its checkpoint are not passed again, and ``run_finished`` comes once.
 
 :class:`TensorBoardTracker` writes each rank's series with ``torch.utils.tensorboard.SummaryWriter`` under
 ``DIR/rank<k>`` (one TensorBoard run per rank), as scalars named as logged, at the step and wall time the
 rank logged them, so ``tensorboard --logdir DIR`` shows the run: written by a thread of its own (the run's
-loop only queues the batches), flushed when the run ends.
+loop only queues the batches), flushed when the run ends. When ``--max-restarts`` starts the ranks again, each
+rank's first event after the restart is preceded by TensorBoard's "session start" mark, so TensorBoard drops
+what the failed attempt logged past the checkpoint and shows one curve.
 """
 
 from __future__ import annotations
@@ -87,6 +89,20 @@ def tensorboard_dir(text: str, cwd: str) -> str:
     return path
 
 
+_RESTART = ("restart",)
+
+
+def _mark_resumed(writer, step: int, walltime: float) -> None:
+    """TensorBoard's sign of a run restarted from a checkpoint: events at ``step`` and later are orphans.
+
+    A SessionLog START makes TensorBoard drop what the failed attempt logged past the checkpoint, so the
+    curve continues once instead of twice.
+    """
+    from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+
+    writer.file_writer.add_event(Event(step=step, wall_time=walltime, session_log=SessionLog(status=SessionLog.START)))
+
+
 class TensorBoardTracker(Tracker):
     """Each rank's logged series as TensorBoard scalars under ``logdir/rank<k>``.
 
@@ -97,11 +113,15 @@ class TensorBoardTracker(Tracker):
 
     def __init__(self, logdir: str) -> None:
         self.logdir = logdir
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()  # (rank, records), then None at the end
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()  # (rank, records) | RESTART, then None at the end
         self._thread: threading.Thread | None = None
+        self._attempts = 0
 
     def run_started(self, info: RunInfo) -> None:
         os.makedirs(self.logdir, exist_ok=True)
+        self._attempts += 1
+        if self._attempts > 1:  # --max-restarts started the ranks again, from the checkpoint
+            self._queue.put(_RESTART)
 
     def metrics(self, rank: int, records: list) -> None:
         if self._thread is None:
@@ -119,11 +139,18 @@ class TensorBoardTracker(Tracker):
         from torch.utils.tensorboard import SummaryWriter  # importing torch here does not initialise CUDA
 
         writers: dict[int, Any] = {}  # rank -> SummaryWriter
+        resumed: set[int] = set()  # ranks that logged since the last restart
         try:
             while (item := self._queue.get()) is not None:
+                if item is _RESTART:
+                    resumed = set(writers)
+                    continue
                 rank, records = item
                 if rank not in writers:
                     writers[rank] = SummaryWriter(log_dir=os.path.join(self.logdir, f"rank{rank}"))
+                if rank in resumed and records:
+                    resumed.discard(rank)
+                    _mark_resumed(writers[rank], records[0][0], records[0][1])
                 for step, walltime, values in records:
                     for name, value in values.items():
                         writers[rank].add_scalar(name, value, global_step=step, walltime=walltime)
