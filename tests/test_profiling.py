@@ -51,3 +51,8 @@ def test_profile_option_is_checked_before_any_process():
     for bad in ("0", "x", "1,2", "1,1,0", "-1,1,2"):
         with pytest.raises(ConfigError, match="--profile takes the number of steps to record"):
             resolve(LaunchRequest(nprocs=2, cpu=True, profile=bad))
+
+
+def test_with_tensorboard_the_traces_go_where_tensorboards_profiler_plugin_looks(tmp_path):
+    config = resolve(LaunchRequest(nprocs=2, cpu=True, profile="1,0,2", tensorboard=str(tmp_path / "tb")))
+    assert config.train.profile == (1, 0, 2) and config.train.profile_dir == str(tmp_path / "tb" / "profile")
