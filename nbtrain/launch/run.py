@@ -8,8 +8,9 @@ before any process started (``run_source`` also calls it again for ``--max-resta
    imported are unchanged (:mod:`.modules`), else starts a fresh one;
 2. once every rank is connected, the job (cell source + inputs pickled once) goes to each;
 3. the loop relays output, records what the ranks log (:mod:`.history`, and the observers: dashboard, run
-   registry), shows rank 0's displays, notes each rank's Ready / Loaded / Done / Failed and any process exit,
-   and removes the shared-memory input files once every rank has loaded its inputs;
+   registry, trackers), shows rank 0's displays, asks the notebook for a rank's ``input()`` / pdb line
+   (:mod:`.prompts`), keeps each rank's ``--profile`` summary, notes each rank's Ready / Loaded / Done /
+   Failed and any process exit, and removes the shared-memory input files once every rank has loaded its inputs;
 4. success: the results rank 0 sent are unpickled into the notebook's namespace; the pool stays warm for
    ``keep_alive_s``;
 5. a failure (exception, exit, signal): the other ranks get a moment (:data:`FAILURE_GRACE_S`) to report

@@ -15,7 +15,8 @@ Then, per :class:`Job`: a fresh ``__main__`` module (so classes defined in the c
 ``if __name__ == "__main__":`` scripts run), the notebook's current directory and ``sys.path``
 (:mod:`.modules`, which also reports the user's own modules after the job), the runtime names (``rank``,
 ``local_rank``, ``world_size``, ``device``, and ``display``: :mod:`nbtrain.worker.display`) and the
-notebook's inputs; the cell runs; rank 0 packs the results; figures still open are shown (rank 0) or
+notebook's inputs; ``input()``, ``sys.stdin`` and ``breakpoint()`` ask the notebook (:mod:`.prompts`) and
+``--profile`` profiles the cell (:mod:`nbtrain.train.profile`); the cell runs; rank 0 packs the results; figures still open are shown (rank 0) or
 closed; the memory is released (``gc.collect``; ``torch.cuda.empty_cache`` where CUDA was initialised)
 *before* the streams are marked and the reply is sent, so the GPU reads as free when the cell returns.
 The cell's training settings (``--amp``, ``--grad-accum``, ``--checkpoint``) are opened as a
