@@ -62,13 +62,13 @@ class Recorder(nbtrain.Tracker):
         self.calls.append(("finished", status))
 
 
-def test_a_registered_tracker_follows_every_cell_until_untracked(pools):
+def test_a_registered_tracker_follows_every_cell_until_untracked(fresh_pools):
     tracker = nbtrain.track(Recorder())
     try:
-        run_cell(pools, "import nbtrain\nnbtrain.log(step=3, loss=1.5 * rank)")
+        run_cell(fresh_pools, "import nbtrain\nnbtrain.log(step=3, loss=1.5 * rank)")
     finally:
         nbtrain.untrack(tracker)
-    run_cell(pools, "import nbtrain\nnbtrain.log(loss=1.0)")
+    run_cell(fresh_pools, "import nbtrain\nnbtrain.log(loss=1.0)")
     calls = tracker.calls
     assert calls[0] == ("started", 2) and calls[-1] == ("finished", "ok") and len(calls) == 4
     assert sorted(calls[1:3]) == [("metrics", 0, 3, {"loss": 0.0}), ("metrics", 1, 3, {"loss": 1.5})]
