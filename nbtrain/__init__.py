@@ -84,6 +84,37 @@ def training_state():
     return current()
 
 
+def breakpoint(rank=0):
+    """Inside a ``%%distributed`` cell, on every rank: stop rank ``rank`` in pdb (its prompt under the cell);
+    the other ranks wait for it outside any collective, so no collective timeout fires while you debug."""
+    from .train.debug import breakpoint as _breakpoint
+
+    _breakpoint(rank)
+
+
+def track(tracker):
+    """Follow every later ``%%distributed`` cell of this kernel with ``tracker`` (an ``nbtrain.Tracker``: MLflow,
+    W&B, …): it gets each run's start, every rank's logged series and the end. Returns it; see ``untrack``."""
+    from .launch.trackers import track as _track
+
+    return _track(tracker)
+
+
+def untrack(tracker):
+    """Stop following cells with a tracker given to ``nbtrain.track``."""
+    from .launch.trackers import untrack as _untrack
+
+    _untrack(tracker)
+
+
+def __getattr__(name):
+    if name == "Tracker":  # the base class of experiment trackers, imported only when asked for
+        from .launch.trackers import Tracker
+
+        return Tracker
+    raise AttributeError(f"module 'nbtrain' has no attribute {name!r}")
+
+
 def load_ipython_extension(ipython):
     from .wire.shm import sweep_orphans
     from .magics import DistributedMagics

@@ -58,6 +58,7 @@ results_args = option_group(LaunchRequest, "results")
 warm_rank_args = option_group(LaunchRequest, "warm ranks")
 display_args = option_group(CellDisplay, "display")
 training_args = option_group(LaunchRequest, "training")
+tracking_args = option_group(LaunchRequest, "tracking")
 
 
 @magics_class
@@ -84,6 +85,7 @@ class DistributedMagics(Magics):
     @warm_rank_args
     @display_args
     @training_args
+    @tracking_args
     @cell_magic
     def distributed(self, line, cell):
         """Run this cell's code as N PyTorch DDP ranks, each its own process.

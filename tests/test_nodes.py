@@ -173,6 +173,15 @@ def test_warm_rerun_and_node_list(cluster):
     assert re.search(r"CPU \d+%, RAM \d+%", listing), listing  # each node's heartbeats carry its machine's load
 
 
+def test_input_on_a_rank_of_the_second_node_is_answered_in_the_notebook(cluster):
+    reply, out, prompts = cluster.kernel.execute_answering(
+        CELL + "answer = input('your name? ') if rank == 3 else None\nif rank == 3:\n    print('got', answer)\n",
+        ["Ada"], timeout=90)
+    assert reply["status"] == "ok", out
+    assert prompts == ["[rank 3] your name? "], prompts
+    assert re.search(r"\[node [ab] rank 3\] got Ada", out), out
+
+
 def test_a_rank_failing_on_the_second_node(cluster):
     reply, out = cluster.kernel.execute(CELL + "x = 1\nif rank == 3:\n    raise ValueError('boom on the second node')\n"
                                                "import time\ntime.sleep(60)\n", timeout=120)

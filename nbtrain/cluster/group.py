@@ -170,6 +170,11 @@ class NodePool(WorkerPool):
         for node in self.nodes:
             node.link.send(deliver)
 
+    def send_to(self, rank: int, message) -> None:
+        node = self._rank_node.get(rank)
+        if node is not None:
+            node.link.send(N.ToRank(rank, pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)))
+
     def output_open(self) -> bool:
         return any(n.name not in self._stopped and n.name not in self._lost for n in self.nodes)
 

@@ -28,6 +28,8 @@ from .inputs import PayloadError, pack_inputs
 from .output import write_to_std_stream
 from .restarts import run_with_restarts
 from .run import PoolManager, RunResult, run_cell
+from .profiling import format_profile
+from .trackers import trackers_for
 from ..words import count
 
 UserInputError = (ConfigError, CellSyntaxError, PayloadError)
@@ -43,6 +45,7 @@ def run_source(source: str, request: LaunchRequest, namespace: dict, *, manager:
     config = resolve(request)
     info = analyse_cell(source, line_offset)
     names = names_to_send(info, namespace)
+    observers = [*observers, *trackers_for(config.tensorboard)]  # --tensorboard, nbtrain.track()
     inputs = _pack_or_explain_stop(namespace, names)
     if manager is None:
         manager = PoolManager()
@@ -83,7 +86,7 @@ def format_summary(result: RunResult) -> list[str]:
     if result.moved_to_cpu:
         lines.append(f"nbtrain: {', '.join(result.moved_to_cpu)} came back on the CPU (they were on a GPU in the ranks)")
     lines += [f"nbtrain: skipped '{name}': {reason}" for name, reason in result.skipped.items()]
-    return lines
+    return lines + format_profile(result.profiles)
 
 
 __all__ = ["UserInputError", "run_source", "format_summary", "ConfigError", "CellSyntaxError", "PayloadError"]

@@ -131,6 +131,14 @@ class Channel:
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 send(conn, message)
 
+    def send_to(self, rank: int, message) -> None:
+        """One rank's message (an answer to its prompt); a rank gone since is the process group's to report."""
+        self._collect()
+        conn = self._conns.get(rank)
+        if conn is not None:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                send(conn, message)
+
     def close(self) -> None:
         """Close the connections and the listener (waking the accept thread)."""
         for conn in self._conns.values():

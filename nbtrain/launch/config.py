@@ -13,13 +13,15 @@ does the right thing. NCCL needs one GPU per rank; gloo may put several ranks on
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..gpu import nvml
 from ..wire.settings import TrainSettings, TrainSettingsError, parse_train_settings
 from ..words import count
 from .modules import Workdir, WorkdirGone, notebook_workdir
 from .options import OptionEnvError, option, with_env_fallbacks
+from .profiling import ProfileOptionError, parse_profile, profile_dir
+from .trackers import TrackerSetupError, tensorboard_dir
 
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_START_TIMEOUT_S = 180.0
@@ -82,6 +84,14 @@ class LaunchRequest:
     max_restarts: int | None = option(
         None, "--max-restarts", "restart the ranks from the last checkpoint up to K times when a rank dies "
         "(needs --checkpoint)", group="training", type=int, metavar="K")
+    tensorboard: str | None = option(
+        None, "--tensorboard", "write every nbtrain.log() series as TensorBoard events, each rank's in DIR/rank<k> "
+        "(relative to the notebook's current directory; needs the tensorboard package)", group="tracking",
+        metavar="DIR", env="NBTRAIN_TENSORBOARD")
+    profile: str | None = option(
+        None, "--profile", "record a torch.profiler trace of STEPS optimizer steps on every rank (after 1 skipped "
+        "and 1 warm-up step; or WAIT,WARMUP,ACTIVE) and show the top operators and the communication time",
+        group="tracking", metavar="STEPS")
 
 
 @dataclass(frozen=True)
@@ -115,6 +125,7 @@ class LaunchConfig:
     notes: tuple[str, ...] = field(default_factory=tuple)
     train: TrainSettings = field(default_factory=TrainSettings)  # sent to the ranks with each Job
     workdir: Workdir | None = None  # the notebook's directory and sys.path when the cell runs (each Job)
+    tensorboard: str | None = None  # absolute --tensorboard DIR (see nbtrain.launch.trackers)
 
     @property
     def shown_rank(self) -> int | None:
@@ -286,5 +297,16 @@ def _finish(request: LaunchRequest, pool: PoolSpec, output: str, workdir: Workdi
     except TrainSettingsError as exc:
         raise ConfigError(str(exc)) from None
     start_timeout = DEFAULT_START_TIMEOUT_S if request.start_timeout is None else float(request.start_timeout)
+    try:
+        tensorboard = tensorboard_dir(request.tensorboard, workdir.cwd) if request.tensorboard is not None else None
+    except TrackerSetupError as exc:
+        raise ConfigError(str(exc)) from None
+    if request.profile is not None:
+        try:
+            train = replace(train, profile=parse_profile(request.profile),
+                            profile_dir=profile_dir(workdir.cwd, tensorboard))
+        except ProfileOptionError as exc:
+            raise ConfigError(str(exc)) from None
     return LaunchConfig(pool, _parse_names(request.out), output, keep_alive, request.fresh,
-                        start_timeout_s=start_timeout, notes=tuple(notes), train=train, workdir=workdir)
+                        start_timeout_s=start_timeout, notes=tuple(notes), train=train, workdir=workdir,
+                        tensorboard=tensorboard)

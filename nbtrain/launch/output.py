@@ -27,7 +27,9 @@ A display mark (:data:`~nbtrain.wire.protocol.DISPLAY_MARK` + number) is where a
 ``display()`` belongs: ``show_display(rank, number)`` shows it there (a line the rank left unfinished
 before it is ended first, so it goes above the figure). Until it can (the bundle comes on the socket and
 may be later than the mark), the stream's text from the mark on is held, and the next
-:meth:`OutputRelay.feed` tries again; :meth:`OutputRelay.flush` (the run is over) lets it go.
+:meth:`OutputRelay.feed` tries again; :meth:`OutputRelay.flush` (the run is over) lets it go. An input mark
+(:data:`~nbtrain.wire.protocol.INPUT_MARK`, a rank's prompt) is handled the same way with
+``answer_prompt(rank, number)`` (:mod:`nbtrain.launch.prompts`) — for shown and hidden ranks alike.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import re
 import sys
 from collections.abc import Callable
 
-from ..wire.protocol import DISPLAY_MARK, END_MARK, MARKS
+from ..wire.protocol import DISPLAY_MARK, END_MARK, INPUT_MARK, MARKS
 
 TAIL_LINES = 20
 HOLD_MAX = 8192  # characters of an unfinished line held before it is written anyway
@@ -73,10 +75,12 @@ class OutputRelay:
 
     def __init__(self, write: Callable[[str, str], None], nprocs: int, shown: int | None = None,
                  show_display: Callable[[int, int], bool] | None = None,
+                 answer_prompt: Callable[[int, int], bool] | None = None,
                  label: Callable[[int], str] | None = None) -> None:
         self._write = write
         self._label = label or (lambda rank: f"rank {rank}")  # several machines: "node b rank 3"
-        self._show_display = show_display or (lambda rank, number: True)
+        self._at_mark = {DISPLAY_MARK: show_display or (lambda rank, number: True),
+                         INPUT_MARK: answer_prompt or (lambda rank, number: True)}
         self._nprocs = nprocs
         self._shown = shown
         self._line_mode = nprocs > 1 and shown is None
@@ -111,18 +115,18 @@ class OutputRelay:
             number = text[len(mark):newline]
             if mark == END_MARK and number.isdigit():
                 self.marks[(rank, stream)].add(int(number))
-            elif mark == DISPLAY_MARK and number.isdigit() and not self._display(rank, stream, state, int(number)):
-                state.pending = text  # its bundle has not arrived: hold what follows until it has
+            elif mark != END_MARK and number.isdigit() and not self._reach_mark(mark, rank, stream, state, int(number)):
+                state.pending = text  # its bundle (or request) has not arrived: hold what follows until it has
                 return
             text = text[newline + 1:]
 
-    def _display(self, rank: int, stream: str, state: _Stream, number: int) -> bool:
+    def _reach_mark(self, mark: str, rank: int, stream: str, state: _Stream, number: int) -> bool:
         if self._line_mode and (state.line or state.shown):  # an unfinished line printed before the figure goes above it
             self._write_lines(rank, stream, self._end_line(rank, state))
         elif state.open_line:
             self._write(stream, "\n")
             state.at_line_start, state.open_line = True, False
-        return self._show_display(rank, number)
+        return self._at_mark[mark](rank, number)
 
     def write_direct(self, stream: str, text: str) -> None:
         """nbtrain's own words, written between the ranks' lines."""
@@ -145,8 +149,8 @@ class OutputRelay:
     def flush(self) -> None:
         """The cell's output ends: write every held line, and end every unfinished one with a newline."""
         for (rank, stream), state in list(self._streams.items()):
-            if state.pending.startswith(DISPLAY_MARK) and "\n" in state.pending:
-                rest = state.pending.split("\n", 1)[1]  # the run is over: its bundle will not come
+            if state.pending.startswith((DISPLAY_MARK, INPUT_MARK)) and "\n" in state.pending:
+                rest = state.pending.split("\n", 1)[1]  # the run is over: its bundle (or request) will not come
                 state.pending = ""
                 self.feed(rank, stream, rest)
             if self._line_mode:

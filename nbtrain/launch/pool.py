@@ -150,6 +150,9 @@ class WorkerPool:
     def send_all(self, message) -> None:
         self.channel.send_all(message)
 
+    def send_to(self, rank: int, message) -> None:
+        self.channel.send_to(rank, message)
+
     def output_open(self) -> bool:
         """Whether some rank's stdout or stderr may still have something."""
         return self.procs.output_open()

@@ -8,8 +8,9 @@ before any process started (``run_source`` also calls it again for ``--max-resta
    imported are unchanged (:mod:`.modules`), else starts a fresh one;
 2. once every rank is connected, the job (cell source + inputs pickled once) goes to each;
 3. the loop relays output, records what the ranks log (:mod:`.history`, and the observers: dashboard, run
-   registry), shows rank 0's displays, notes each rank's Ready / Loaded / Done / Failed and any process exit,
-   and removes the shared-memory input files once every rank has loaded its inputs;
+   registry, trackers), shows rank 0's displays, asks the notebook for a rank's ``input()`` / pdb line
+   (:mod:`.prompts`), keeps each rank's ``--profile`` summary, notes each rank's Ready / Loaded / Done /
+   Failed and any process exit, and removes the shared-memory input files once every rank has loaded its inputs;
 4. success: the results rank 0 sent are unpickled into the notebook's namespace; the pool stays warm for
    ``keep_alive_s``;
 5. a failure (exception, exit, signal): the other ranks get a moment (:data:`FAILURE_GRACE_S`) to report
@@ -45,6 +46,7 @@ from .history import History
 from .modules import Workdir, fresh_ranks_note, notebook_workdir, stale_modules
 from .observer import RankInfo, RunInfo, RunObserver
 from .output import OutputRelay, write_to_std_stream
+from .prompts import PendingPrompts
 from ..wire.payload import Inputs, Results, unpack_results
 from .mismatch import MismatchWatcher
 from ..wire.shm import new_result_prefix, sweep_prefix
@@ -71,6 +73,7 @@ class RunResult:
     backend: str
     history: History = field(default_factory=History)
     notes: list[str] = field(default_factory=list)
+    profiles: dict[int, P.ProfileSummary] = field(default_factory=dict)  # --profile, by rank
 
 
 class PoolManager:
@@ -147,11 +150,13 @@ class _Run:
         self.history = History()
         self.nprocs = pool.spec.nprocs
         self.displays = PendingDisplays(write)  # rank 0's figures and display() (nbtrain.worker.display)
+        self.prompts = PendingPrompts(pool.send_to, write, self.nprocs)  # input() and pdb in a rank
         self.relay = OutputRelay(write, self.nprocs, shown=config.shown_rank, show_display=self.displays.show,
-                                 label=pool.rank_label)
+                                 answer_prompt=self.prompts.answer, label=pool.rank_label)
         self.sent = False
         self.loaded: set[int] = set()
         self.done: dict[int, P.Done] = {}
+        self.profiles: dict[int, P.ProfileSummary] = {}
         self.failures: dict[int, RankFailure] = {}
         self.first_failure_at: float | None = None
         self.all_done_at: float | None = None
@@ -230,6 +235,10 @@ class _Run:
                 self.inputs.arena.unlink()
         elif isinstance(msg, P.Display) and msg.job_id == self.job.job_id:
             self.displays.add(msg, self.relay)
+        elif isinstance(msg, P.InputRequest) and msg.job_id == self.job.job_id:
+            self.prompts.add(msg, self.relay)
+        elif isinstance(msg, P.ProfileSummary) and msg.job_id == self.job.job_id:
+            self.profiles[rank] = msg
         elif isinstance(msg, P.Done) and msg.job_id == self.job.job_id:
             self.done[rank] = msg
             self.pool.module_stamps.update((stamp[1], stamp) for stamp in msg.modules)
@@ -342,4 +351,5 @@ def _bring_back(namespace: dict, run: _Run, warm: bool, seconds: float, deleted=
         moved_to_cpu=tuple(results.moved_to_cpu) if results is not None else (),
         seconds=seconds, rank_seconds={r: d.seconds for r, d in sorted(run.done.items())},
         devices=run.pool.devices, warm=warm, backend=run.pool.spec.backend, history=run.history, notes=list(run.inputs.notes),
+        profiles=run.profiles,
     )

@@ -114,6 +114,8 @@ def _handle(message, ranks: LocalRanks, link: Link, address: str | None) -> None
         run_ranks(message, ranks, address, link.send)
     elif isinstance(message, N.Deliver):
         ranks.deliver(message)
+    elif isinstance(message, N.ToRank):
+        ranks.send_one(message)
     elif isinstance(message, N.Interrupt):
         ranks.interrupt()
     elif isinstance(message, N.DumpStacks):

@@ -138,6 +138,14 @@ class LocalRanks:
             for conn in self._conns.values():
                 _send_bytes(conn, message.job)
 
+    def send_one(self, message: N.ToRank) -> None:
+        """One rank's message; a rank gone since is reported by its exit, not here."""
+        with self._lock:
+            conn = self._conns.get(message.rank)
+        if conn is not None:
+            with contextlib.suppress(OSError):
+                _send_bytes(conn, message.data)
+
     def remove_files(self) -> None:
         with self._lock:
             files, self._files = self._files, []

@@ -75,6 +75,12 @@ class Deliver:
 
 
 @dataclass(frozen=True)
+class ToRank:
+    rank: int
+    data: bytes  # one pickled wire.protocol message for this rank alone (the answer to its prompt)
+
+
+@dataclass(frozen=True)
 class RankOutput:
     rank: int
     stream: str

@@ -12,6 +12,9 @@ A conversation::
     rank   -> Loaded(job_id, rank)                   inputs unpickled: shared-memory files may go
     rank   -> Metrics(rank, records)                 what nbtrain.log() buffered, a few times a second
     rank   -> Display(job_id, rank, seq, data, ...)  rank 0: display(obj), plt.show() (a MIME bundle)
+    rank   -> InputRequest(job_id, rank, seq, prompt) input(), sys.stdin, pdb: a line from the notebook
+    kernel -> InputReply(seq, text)                  the notebook's answer (None: no input can be given)
+    rank   -> ProfileSummary(job_id, rank, ...)      --profile: top operators, communication time
     rank   -> Done(job_id, rank, results, modules) | Failed(job_id, rank, error)
     kernel -> Shutdown()                             barrier, destroy the group, exit 0
 
@@ -19,7 +22,9 @@ Output does not travel here: each rank's stdout and stderr are pipes read by the
 output (NCCL warnings, a segfault message) is shown too. After a job a rank writes :data:`END_MARK` and
 the job id to both streams, so the kernel knows it has shown everything the job printed. After sending a
 :class:`Display` a rank writes :data:`DISPLAY_MARK` and its ``seq`` to stdout, so the kernel shows it at
-that place among the text (see :mod:`nbtrain.launch.displays`).
+that place among the text (see :mod:`nbtrain.launch.displays`). After sending an :class:`InputRequest` a
+rank writes :data:`INPUT_MARK` and its ``seq`` to stdout, so the kernel asks only once it has shown what
+the rank printed before the prompt (see :mod:`nbtrain.launch.prompts`).
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from .settings import TrainSettings
 
 END_MARK = "\x1e\x1fnbtrain-end "
 DISPLAY_MARK = "\x1e\x1fnbtrain-display "
-MARKS = (END_MARK, DISPLAY_MARK)  # both start with the same control characters
+INPUT_MARK = "\x1e\x1fnbtrain-input "
+MARKS = (END_MARK, DISPLAY_MARK, INPUT_MARK)  # all start with the same control characters
 
 
 @dataclass(frozen=True)
@@ -123,6 +129,38 @@ class Display:
     seq: int  # numbers the job's displays from 1; the same number follows DISPLAY_MARK in stdout
     data: dict
     metadata: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class InputRequest:
+    """A rank waits for a line of input (``input()``, ``sys.stdin.readline()``, pdb's prompt)."""
+
+    job_id: int
+    rank: int
+    seq: int  # numbers the job's prompts from 1; the same number follows INPUT_MARK in stdout
+    prompt: str
+
+
+@dataclass(frozen=True)
+class InputReply:
+    """The line the user typed, without its newline; None: no input can be given (the rank gets EOFError)."""
+
+    seq: int
+    text: str | None
+    reason: str = ""  # why there is no input, for the rank's EOFError
+
+
+@dataclass(frozen=True)
+class ProfileSummary:
+    """``--profile``: one rank's top operators ``(name, calls, self_us)`` and its time in communication."""
+
+    job_id: int
+    rank: int
+    operators: tuple[tuple[str, int, float], ...]
+    communication_us: float
+    total_us: float
+    steps: int  # optimizer steps seen while profiling
+    trace_file: str | None  # the Chrome / TensorBoard trace written, if the recording began
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,8 @@ class TrainSettings:
     resume: bool = True  # resume automatically from checkpoint_dir when a checkpoint is there
     max_restarts: int = 0
     restart: int = 0  # which restart this attempt is (TORCHELASTIC_RESTART_COUNT in the ranks)
+    profile: tuple[int, int, int] | None = None  # --profile: wait, warmup, active optimizer steps
+    profile_dir: str | None = None  # absolute; where each rank writes its trace
 
     @property
     def checkpoint_path(self) -> str | None:

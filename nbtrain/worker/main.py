@@ -17,7 +17,8 @@ Then, per :class:`Job`: a fresh ``__main__`` module (so classes defined in the c
 ``if __name__ == "__main__":`` scripts run), the notebook's current directory and ``sys.path``
 (:mod:`.modules`, which also reports the user's own modules after the job), the runtime names (``rank``,
 ``local_rank``, ``world_size``, ``device``, and ``display``: :mod:`nbtrain.worker.display`) and the
-notebook's inputs; the cell runs; rank 0 packs the results; figures still open are shown (rank 0) or
+notebook's inputs; ``input()``, ``sys.stdin`` and ``breakpoint()`` ask the notebook (:mod:`.prompts`) and
+``--profile`` profiles the cell (:mod:`nbtrain.train.profile`); the cell runs; rank 0 packs the results; figures still open are shown (rank 0) or
 closed; the memory is released (``gc.collect``; ``torch.cuda.empty_cache`` where CUDA was initialised)
 *before* the streams are marked and the reply is sent, so the GPU reads as free when the cell returns.
 The cell's training settings (``--amp``, ``--grad-accum``, ``--checkpoint``) are opened as a
@@ -53,8 +54,9 @@ from ..wire.names import RUNTIME_NAMES
 from ..wire.payload import load_inputs, pack_results
 from ..wire.shm import abandon_and_sweep
 from ..train import metrics
+from ..train import profile
 from ..train import state as train_state
-from . import compat, display, stop
+from . import compat, display, prompts, stop
 from .modules import LocalModules
 
 RESULT_RANK = 0  # the rank whose names come back to the notebook and whose displays show in the cell
@@ -197,11 +199,15 @@ class Rank:
         os.environ["TORCHELASTIC_MAX_RESTARTS"] = str(job.train.max_restarts)
         metrics.start(self.rank, self.send)
         display.begin(job.job_id, self.rank, RESULT_RANK, self.send)
+        prompts.begin(job.job_id, self.rank, self.send, self.conn.recv)  # input(), stdin, pdb: asked in the notebook
         train_state.begin(job.train, self.device, self.rank, int(os.environ["WORLD_SIZE"]))
+        profile.begin(job.train.profile, job.train.profile_dir, self.rank, self.device)
         try:
             reply = self._execute(job, main.__dict__, started)
         finally:
+            self._send_profile(job.job_id)
             train_state.end()  # prepared models and loaders do not outlive their cell
+            prompts.end()
             self._end_display()
             metrics.stop()
             sys.modules["__main__"] = self.real_main
@@ -209,6 +215,16 @@ class Rank:
             self._release_memory()  # before the end mark: what a finaliser prints belongs to this cell
             self._flush_and_mark(job.job_id)
         self.send(reply)
+
+    def _send_profile(self, job_id: int) -> None:
+        """--profile: stop the profiler, send its summary (a broken profiler must not lose the reply)."""
+        try:
+            summary = profile.end(job_id)
+        except Exception as exc:
+            print(f"nbtrain: the profiler failed ({exc!r})", file=sys.stderr)
+            return
+        if summary is not None:
+            self.send(summary)
 
     @staticmethod
     def _end_display() -> None:

@@ -27,20 +27,29 @@ class Kernel:
         assert reply["status"] == "ok", out
         return out
 
-    def messages(self, timeout: float) -> Iterator[dict]:
-        """The kernel's iopub messages as they come, for ``timeout`` seconds at most; then TimeoutError."""
+    def messages(self, timeout: float, poll: float | None = None) -> Iterator[dict | None]:
+        """The kernel's iopub messages as they come, for ``timeout`` seconds at most; then TimeoutError.
+        With ``poll``, None is yielded after each ``poll`` seconds without a message."""
         deadline = time.monotonic() + timeout
         while True:
+            left = deadline - time.monotonic()
             try:
-                yield self.kc.get_iopub_msg(timeout=max(0.05, deadline - time.monotonic()))
+                yield self.kc.get_iopub_msg(timeout=max(0.05, min(left, poll) if poll else left))
             except queue.Empty:
-                raise TimeoutError(f"no further message within {timeout} s") from None
+                if poll is None or left <= 0:
+                    raise TimeoutError(f"no further message within {timeout} s") from None
+                yield None
 
-    def collect(self, msg_id: str, timeout: float, until=None) -> tuple[dict, str]:
-        """What the cell ``msg_id`` shows until it is idle (then its reply) or until ``until(text so far)``."""
+    def collect(self, msg_id: str, timeout: float, until=None, poll: float | None = None) -> tuple[dict, str]:
+        """What the cell ``msg_id`` shows until it is idle (then its reply) or until ``until(text so far)``
+        (with ``poll``, ``until`` is also asked every ``poll`` seconds without a message)."""
         out: list[str] = []
         try:
-            for msg in self.messages(timeout):
+            for msg in self.messages(timeout, poll):
+                if msg is None:
+                    if until is not None and until("".join(out)):
+                        return {}, "".join(out)
+                    continue
                 if msg["parent_header"].get("msg_id") != msg_id:
                     continue
                 kind, content = msg["msg_type"], msg["content"]
@@ -51,6 +60,25 @@ class Kernel:
                     return self._reply(msg_id)["content"], "".join(out)
         except TimeoutError:
             raise TimeoutError(f"no reply within {timeout} s; output so far: {''.join(out)[-2000:]}") from None
+
+    def execute_answering(self, code: str, answers, timeout: float = 120.0) -> tuple[dict, str, list[str]]:
+        """Run ``code`` with ``allow_stdin``, as a notebook does, typing ``answers`` (in order) into its input
+        requests; an answer may be a callable of the prompt. Returns the reply, what it printed, the prompts."""
+        msg_id = self.kc.execute(code, allow_stdin=True)
+        answers, prompts = list(answers), []
+
+        def answer_prompts(_printed: str) -> bool:  # called between iopub messages and while none comes
+            while self.kc.stdin_channel.msg_ready():
+                request = self.kc.get_stdin_msg(timeout=1)
+                prompts.append(request["content"]["prompt"])
+                if not answers:
+                    raise AssertionError(f"unexpected prompt {prompts[-1]!r}; prompts so far: {prompts}")
+                answer = answers.pop(0)
+                self.kc.input(answer(prompts[-1]) if callable(answer) else answer)
+            return False
+
+        reply, out = self.collect(msg_id, timeout, until=answer_prompts, poll=0.05)
+        return reply, out, prompts
 
     def _reply(self, msg_id: str) -> dict:
         """The shell reply to ``msg_id``; an earlier one still queued (a kernel_info reply) is skipped."""
