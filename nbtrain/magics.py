@@ -57,6 +57,7 @@ results_args = option_group(LaunchRequest, "results")
 warm_rank_args = option_group(LaunchRequest, "warm ranks")
 display_args = option_group(CellDisplay, "display")
 training_args = option_group(LaunchRequest, "training")
+speed_args = option_group(LaunchRequest, "speed")
 
 
 @magics_class
@@ -82,6 +83,7 @@ class DistributedMagics(Magics):
     @warm_rank_args
     @display_args
     @training_args
+    @speed_args
     @cell_magic
     def distributed(self, line, cell):
         """Run this cell's code as N PyTorch DDP ranks, each its own process.
@@ -103,6 +105,7 @@ class DistributedMagics(Magics):
             %%distributed --gpus 0,2 --timeout 120
             %%distributed 4 --output rank0 --keep-alive 0
             %%distributed 4 --amp bf16 --grad-accum 4 --checkpoint runs/exp1   # see nbtrain.prepare()
+            %%distributed 4 --compile --no-channels-last
         """
         args = parse_argstring(self.distributed, line)
         return distributed_cell(self.shell, cell, from_arguments(LaunchRequest, args),

@@ -71,6 +71,7 @@ class RunResult:
     backend: str
     history: History = field(default_factory=History)
     notes: list[str] = field(default_factory=list)
+    setup: dict[int, list[dict]] = field(default_factory=dict)  # per rank: what prepare() set up, model by model
 
 
 class PoolManager:
@@ -150,6 +151,7 @@ class _Run:
         self.sent = False
         self.loaded: set[int] = set()
         self.done: dict[int, P.Done] = {}
+        self.setup: dict[int, list[dict]] = {}  # P.Setup facts per rank (nbtrain.train.speed)
         self.failures: dict[int, RankFailure] = {}
         self.first_failure_at: float | None = None
         self.all_done_at: float | None = None
@@ -218,6 +220,9 @@ class _Run:
             self.history.add(rank, msg.records)
             if not (msg.restored and self.config.train.restart):  # a restart's dashboard has drawn them already
                 self.notify("metrics", rank, msg.records)
+        elif isinstance(msg, P.Setup):
+            self.setup.setdefault(rank, []).append(msg.facts)
+            self.notify("setup", rank, msg.facts)
         elif isinstance(msg, P.Ready):
             if self.pool.mark_ready(rank, msg.device) and self.sent:
                 self.notify("ranks_ready", self.info())
@@ -339,4 +344,5 @@ def _bring_back(namespace: dict, run: _Run, warm: bool, seconds: float, deleted=
         moved_to_cpu=tuple(results.moved_to_cpu) if results is not None else (),
         seconds=seconds, rank_seconds={r: d.seconds for r, d in sorted(run.done.items())},
         devices=run.pool.devices, warm=warm, backend=run.pool.spec.backend, history=run.history, notes=list(run.inputs.notes),
+        setup=run.setup,
     )
