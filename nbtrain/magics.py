@@ -164,4 +164,5 @@ def run_in_shell(shell, cell: str, request: LaunchRequest, pools: PoolManager, q
     if len(result.history):
         shell.user_ns["history"] = result.history
     if not quiet:
-        print("\n".join(format_summary(result)))
+        measured = [o for o in observers if callable(getattr(o, "hints", None))]  # the dashboard sampled telemetry
+        print("\n".join(format_summary(result, measured[0].hints() if measured else None)))
