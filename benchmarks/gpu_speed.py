@@ -196,7 +196,10 @@ def run_torchrun(script: str, ranks: int, cpu: bool) -> float:
 
 def measure(workload: str, setting: str, sizes: Sizes, ranks: int, rounds: int, cpu: bool) -> dict:
     cell, script, options = sources(workload, setting, sizes, cpu)
-    ours, theirs, unlogged, setup = [], [], [], []
+    ours: list[float] = []
+    theirs: list[float] = []
+    unlogged: list[float] = []
+    setup: list = []
     for _ in range(rounds):  # alternate, so load changes hit both alike
         theirs.append(run_torchrun(script, ranks, cpu))
         logged, plain, setup = run_nbtrain(cell, options, ranks)

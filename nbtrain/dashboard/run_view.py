@@ -17,6 +17,7 @@ draws them; :class:`RunPanel` is one ``ipywidgets.HTML``.
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 
 from ..gpu.telemetry import Snapshot
 from . import text, theme
@@ -49,7 +50,7 @@ def _memory(usage) -> str:
 
 
 def run_html(store: MetricStore, snap: Snapshot | None, rank_infos, elapsed: float, status: str | None = None,
-             setup: list[str] = (), hints=()) -> str:
+             setup: Sequence[str] = (), hints: Sequence = ()) -> str:
     p = progress(store, elapsed)
     bar = ""
     if p.fraction is not None:
