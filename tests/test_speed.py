@@ -177,8 +177,8 @@ registry._COMPILER_FNS["aot_eager"] = no_compiler  # a backend that fails as ind
 """
 
 
-def test_a_compile_error_names_its_cause_and_falls_back_only_when_asked(fresh_pools):
-    pools = fresh_pools  # its ranks' aot_eager is broken on purpose: not for the other tests
+def test_a_compile_error_names_its_cause_and_falls_back_only_when_asked(pools):
+    # The cell breaks its ranks' aot_eager on purpose: the failed run ends its pool, the second keeps none warm.
     with pytest.raises(RankFailedError) as failed:
         run_cell(pools, FAILING_BACKEND + CELL, compile="aot_eager", out="compiled")
     message = str(failed.value)
@@ -186,7 +186,7 @@ def test_a_compile_error_names_its_cause_and_falls_back_only_when_asked(fresh_po
     assert "the C++ compiler was not found" in message and "--compile-fallback" in message
     out = Captured()
     ns, result = run_cell(pools, FAILING_BACKEND + CELL, compile="aot_eager", compile_fallback=True, write=out,
-                          out="compiled")
+                          out="compiled", keep_alive=0)
     assert ns["compiled"] is False
     assert "torch.compile failed (RuntimeError: the C++ compiler was not found); the model runs uncompiled" in out.text()
     assert "not compiled: torch.compile failed" in format_summary(result)[0]
