@@ -73,12 +73,28 @@ def test_the_dashboard_shows_the_hints_live_and_the_summary_after_the_run():
     assert "prepared: fp32" in shown and "trained in fp32 on cuda:0, which computes bf16" in shown
 
 
-def test_the_summary_names_a_straggler_from_what_real_ranks_logged(pools):
-    _, result = run_cell(pools, """
+def test_the_summary_names_a_straggler_from_what_real_ranks_logged(fresh_pools):
+    _, result = run_cell(fresh_pools, """
         import time, nbtrain
         for step in range(12):
             time.sleep(0.05 if rank == 1 else 0.005)
             nbtrain.log(loss=1.0)
         """)
     lines = format_summary(result)
+    assert any(line.startswith("nbtrain: hint: rank 1 is a straggler: ") for line in lines), lines
+
+
+def test_the_magic_prints_what_prepare_set_up_and_the_dashboards_hints(shell, capsys, monkeypatch):
+    monkeypatch.setenv("NBTRAIN_DASHBOARD", "text")  # the dashboard's observer samples telemetry and gives the hints
+    shell.run_cell("""%%distributed 2 --cpu --channels-last --out -
+import time, torch, nbtrain
+model = nbtrain.prepare(torch.nn.Conv2d(3, 4, 1))
+model(torch.randn(2, 3, 4, 4))
+for step in range(12):
+    time.sleep(0.05 if rank == 1 else 0.005)
+    nbtrain.log(loss=1.0)
+""").raise_error()
+    lines = capsys.readouterr().out.splitlines()
+    first = next(line for line in lines if line.startswith("nbtrain: 2 ranks · gloo · cpu · "))
+    assert first.endswith(" · fp32 · channels_last"), first
     assert any(line.startswith("nbtrain: hint: rank 1 is a straggler: ") for line in lines), lines
