@@ -10,7 +10,8 @@ steps each rank logged with ``nbtrain.log`` and their times, and what ``prepare(
 Each rule fires only on its own measurement, and its hint quotes it:
 
 * **input pipeline** — a GPU busy less than :data:`IDLE_GPU_PCT` % on average while its rank's process tree
-  (DataLoader workers included) keeps :data:`BUSY_CPU_PCT` % of a core: the GPU waits for batches;
+  (DataLoader workers included) keeps :data:`BUSY_CPU_PCT` % of a core: the GPU waits for the CPU — for
+  batches, mostly, or for kernel launches when the data is already on the GPU (the hint names both);
 * **batch size headroom** — a GPU's memory never above :data:`MEMORY_HEADROOM_FRACTION` of its total;
 * **precision** — a rank trained in fp32 on a GPU that computes bf16 (``--amp off`` there);
 * **straggler** — a rank whose logged steps per second are under :data:`STRAGGLER_RATIO` of the others'
@@ -136,9 +137,10 @@ def _input_pipeline(evidence: Evidence) -> list[Hint]:
     alike = f" (and {len(starved) - 1} other ranks alike)" if len(starved) > 1 else ""
     return [Hint("input-pipeline", (
         f"GPU {gpu} was busy {busy:.0f} % of the time on average while rank {rank}'s processes used {cpu:.0f} % "
-        f"of a CPU core{alike}: the input pipeline is the likely limit. Load batches in parallel "
-        "(DataLoader num_workers=4 or more, pin_memory=True, persistent_workers=True), keep the dataset on the "
-        "GPU if it fits, or take bigger batches."))]
+        f"of a CPU core{alike}: the CPU side feeds the GPU too slowly. Most often that is the input pipeline: "
+        "load batches in parallel (DataLoader num_workers=4 or more, pin_memory=True, persistent_workers=True) or "
+        "keep the dataset on the GPU if it fits. With data already on the GPU, it is launching many small "
+        "kernels: take bigger batches, or --compile (reduce-overhead uses CUDA graphs)."))]
 
 
 def _batch_headroom(evidence: Evidence) -> list[Hint]:
