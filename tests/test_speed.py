@@ -166,6 +166,20 @@ def test_without_the_options_a_cpu_model_stays_as_it_was(pools):
     assert " s (warm) · fp32 · back in the notebook" in format_summary(result)[0]
 
 
+def test_warm_ranks_keep_the_compiled_code_for_the_next_cell(pools):
+    cell = """
+    import torch, nbtrain
+    model = nbtrain.prepare(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.ReLU(), torch.nn.Flatten()))
+    model(torch.randn(2, 3, 4, 4)).sum().backward()
+    """
+    _, cold = run_cell(pools, cell, compile="aot_eager", fresh=True, out="-")
+    _, warm = run_cell(pools, cell, compile="aot_eager", out="-")
+    assert not cold.warm and warm.warm
+    cold_s, warm_s = compile_seconds(cold.setup), compile_seconds(warm.setup)
+    assert cold_s is not None and warm_s is not None
+    assert warm_s < cold_s / 5, (cold_s, warm_s)  # a cache hit takes milliseconds, a compile seconds
+
+
 FAILING_BACKEND = """
 from torch._dynamo.backends import registry
 
