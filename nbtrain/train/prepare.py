@@ -180,11 +180,14 @@ def _forward(self, super_forward, args, kwargs):
     model_speed = self._nbtrain_speed
     if torch.is_grad_enabled() and hasattr(self, "require_backward_grad_sync"):
         self.require_backward_grad_sync = context.accum.sync_next()  # what no_sync() does, decided per forward
-    with context.autocast():
-        if model_speed.first_call:
+    if model_speed.first_call:
+        with context.autocast():
             out = model_speed.first_forward(self.module, super_forward, args, kwargs)
-        else:
-            args, kwargs = model_speed.prepare_args(args, kwargs)
+    elif context.amp_dtype is None and not model_speed.channels_last:
+        return super_forward(*args, **kwargs)  # fp32, default layout: nothing to add, every step
+    else:
+        args, kwargs = model_speed.prepare_args(args, kwargs)
+        with context.autocast():
             out = super_forward(*args, **kwargs)
     out = model_speed.finish_outputs(out)
     return out if context.amp_dtype is None else outputs_to_fp32(out)
