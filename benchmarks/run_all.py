@@ -59,6 +59,10 @@ BENCHMARKS = (
               ("soak.py", "--runs", "200"), ("soak.py", "--runs", "16")),
     Benchmark("training-gpu", "prepare() + log() on GPUs (NCCL, bf16)", "≥ 0.98× torchrun; AMP bf16 ≥ 2× fp32",
               ("training_overhead.py", "--gpu"), ("training_overhead.py", "--gpu", "--rounds", "1"), gpu=True),
+    Benchmark("speed-gpu", "Speed settings on GPUs: fp32 / bf16 / bf16+channels_last / +compile, ResNet-50 and a "
+              "transformer, against torchrun", "bf16 with nbtrain's defaults ≥ 2× fp32 (ResNet-50); every figure ≥ 0.98× "
+              "torchrun with the same settings; logging every step ≤ 1 %",
+              ("gpu_speed.py", "--rounds", "3"), ("gpu_speed.py", "--rounds", "1", "--steps", "10"), gpu=True),
     Benchmark("logging-gpu", "Logging every step on GPUs", "nbtrain.log ≤ 1 % cost",
               ("log_overhead.py", "--gpu"), ("log_overhead.py", "--gpu", "--blocks", "3"), gpu=True),
 )

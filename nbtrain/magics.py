@@ -59,6 +59,7 @@ warm_rank_args = option_group(LaunchRequest, "warm ranks")
 display_args = option_group(CellDisplay, "display")
 training_args = option_group(LaunchRequest, "training")
 tracking_args = option_group(LaunchRequest, "tracking")
+speed_args = option_group(LaunchRequest, "speed")
 
 
 @magics_class
@@ -86,6 +87,7 @@ class DistributedMagics(Magics):
     @display_args
     @training_args
     @tracking_args
+    @speed_args
     @cell_magic
     def distributed(self, line, cell):
         """Run this cell's code as N PyTorch DDP ranks, each its own process.
@@ -107,6 +109,7 @@ class DistributedMagics(Magics):
             %%distributed --gpus 0,2 --timeout 120
             %%distributed 4 --output rank0 --keep-alive 0
             %%distributed 4 --amp bf16 --grad-accum 4 --checkpoint runs/exp1   # see nbtrain.prepare()
+            %%distributed 4 --compile --no-channels-last
         """
         args = parse_argstring(self.distributed, line)
         return distributed_cell(self.shell, cell, from_arguments(LaunchRequest, args),
@@ -173,4 +176,5 @@ def run_in_shell(shell, cell: str, request: LaunchRequest, pools: PoolManager, q
     if len(result.history):
         shell.user_ns["history"] = result.history
     if not quiet:
-        print("\n".join(format_summary(result)))
+        measured = [o for o in observers if callable(getattr(o, "hints", None))]  # the dashboard sampled telemetry
+        print("\n".join(format_summary(result, measured[0].hints() if measured else None)))

@@ -55,3 +55,37 @@ def test_gpu_benchmarks_without_a_gpu_stop_before_running(run_all, monkeypatch, 
     with pytest.raises(SystemExit):
         run_all.main()
     assert "--gpu: no usable GPU" in capsys.readouterr().err
+
+
+def gpu_speed(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
+    return subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_speed.py"), *args],
+                          capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def test_the_gpu_speed_table_is_registered_with_one_rank_per_gpu(run_all, monkeypatch):
+    fake_nvml.install(monkeypatch, [fake_nvml.FakeGpu(uuid=f"GPU-{i}") for i in range(8)])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    speed = next(b for b in run_all.BENCHMARKS if b.name == "speed-gpu")
+    assert speed.gpu and run_all.command(speed, False) == ("gpu_speed.py", "--rounds", "3", "--ranks", "8")
+
+
+def test_gpu_speed_builds_every_cell_and_script_and_refuses_without_a_gpu():
+    dry = gpu_speed("--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    for workload in ("resnet50", "transformer"):
+        for setting in ("fp32", "bf16", "bf16+channels_last", "bf16+channels_last+compile"):
+            assert f"{workload:<12}{setting:<28}%%distributed" in dry.stdout
+    refused = gpu_speed()  # no NVIDIA driver on the test machines
+    assert refused.returncode == 2 and "gpu_speed.py: error: no usable GPU" in refused.stderr
+    assert "--cpu runs a smoke test on CPU ranks" in refused.stderr
+
+
+@pytest.mark.timeout(300)
+def test_gpu_speed_runs_its_whole_path_on_cpu_ranks():
+    done = gpu_speed("--cpu", "--rounds", "1", "--only", "transformer", "--settings", "bf16", timeout=280)
+    assert done.returncode == 0, done.stderr[-3000:]
+    row = next(line for line in done.stdout.splitlines() if line.startswith("transformer bf16 "))
+    nbtrain, torchrun = (float(v) for v in row.split()[2:4])
+    assert nbtrain > 0 and torchrun > 0
+    assert "CPU smoke run, not a measurement" in done.stdout

@@ -42,7 +42,10 @@ steps = nbtrain.training_state().step
 
 class Endings(RunObserver):
     def __init__(self) -> None:
-        self.started, self.endings = 0, []
+        self.started, self.endings, self.setups = 0, [], []
+
+    def setup(self, rank: int, facts: dict) -> None:
+        self.setups.append(rank)
 
     def run_started(self, info) -> None:
         self.started += 1
@@ -76,6 +79,7 @@ def test_a_killed_rank_is_restarted_from_the_checkpoint(fresh_pools, tmp_path):
     assert any("1 restart" in note for note in result.notes)
     assert result.seconds >= restarted_after[0]  # the summary's time covers the first attempt too
     assert observer.started == 2 and observer.endings == ["ok"]  # no "failed" ending for the restarted attempt
+    assert sorted(set(observer.setups)) == [0, 1]  # what prepare() set up reaches the observers through restarts
 
 
 def test_without_a_checkpoint_it_says_why_it_cannot_resume(fresh_pools, tmp_path):

@@ -4,13 +4,18 @@ Fed from two sides — the run's observer callbacks on the kernel's main thread 
 the end) and the telemetry sampler's thread (snapshots) — and read by whichever front end draws it
 (the widget, the terminal status line, the final figure, the ``%gpus`` monitor). Each part carries
 its own lock; the methods called from the run loop only append. Data only: nothing here imports a view.
+The same measurements feed the run's bottleneck :class:`~nbtrain.launch.advisor.Evidence`, so the views
+can show the advisor's hints live (:meth:`RunModel.hints`) and the summary can say them at the end.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 
 from ..gpu.telemetry import Snapshot, Telemetry
+from ..launch.advisor import Evidence, Hint, advise
+from ..launch.setup_facts import setup_words
 from ..launch.observer import RankInfo, RunInfo
 from .metric_store import MetricStore
 from .progress import Progress, progress
@@ -29,6 +34,8 @@ class RunModel:
         self.ended: float | None = None
         self.status: str | None = None  # "ok" | "failed" | "interrupted" once finished
         self.detail = ""
+        self.evidence = Evidence()  # what the advisor reads; fed from both threads, so under a lock
+        self._evidence_lock = threading.Lock()
 
     def set_info(self, info: RunInfo) -> None:
         self.info = info
@@ -37,9 +44,27 @@ class RunModel:
 
     def add_metrics(self, rank: int, records) -> None:
         self.store.add(rank, records)
+        with self._evidence_lock:
+            self.evidence.add_metrics(rank, records)
 
     def add_sample(self, snap: Snapshot) -> None:
         self.telemetry.add(snap)
+        with self._evidence_lock:
+            self.evidence.add_snapshot(snap)
+
+    def add_setup(self, rank: int, facts: dict) -> None:
+        with self._evidence_lock:
+            self.evidence.add_setup(rank, facts)
+
+    def hints(self) -> list[Hint]:
+        """What limited the run so far, from what was measured so far (:func:`~nbtrain.launch.advisor.advise`)."""
+        with self._evidence_lock:
+            return advise(self.evidence)
+
+    def setup_words(self) -> list[str]:
+        """Precision, memory format and compile time, as the ranks reported them."""
+        with self._evidence_lock:
+            return setup_words(self.evidence.setup)
 
     def finish(self, status: str, detail: str) -> None:
         self.ended = time.monotonic()

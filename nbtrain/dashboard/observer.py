@@ -7,6 +7,7 @@ The run calls it on the kernel's main thread; every callback only records and re
   :class:`~nbtrain.dashboard.threads.Sampler` (every ``interval`` seconds) and the
   :class:`~nbtrain.dashboard.threads.Ticker` that lets the front end redraw (four times a second);
 * ``metrics`` — the records are appended to the bounded store (O(1) per value);
+* ``setup`` — what ``prepare()`` set up (precision, memory format, compile time) goes to the model;
 * ``run_finished`` — both threads are stopped and joined, and the front end
   writes its final output (the widget: a PNG and a paragraph; the terminal: a summary line).
 
@@ -60,6 +61,13 @@ class DashboardObserver(RunObserver):
 
     def metrics(self, rank: int, records: list) -> None:
         self.model.add_metrics(rank, records)
+
+    def setup(self, rank: int, facts: dict) -> None:
+        self.model.add_setup(rank, facts)
+
+    def hints(self) -> list:
+        """The bottleneck advisor's hints from everything this dashboard measured (the summary shows them)."""
+        return self.model.hints()
 
     def run_finished(self, status: str, summary: str) -> None:
         self.stop()

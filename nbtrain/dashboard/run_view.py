@@ -7,6 +7,9 @@ left at that speed; and the run's state once it ended.
 Rank table: per rank its pid, device, memory (GPU memory of its process tree when NVML can tell,
 otherwise resident RAM), CPU % (100 = one core), its step and steps per second.
 
+Under the table: what ``prepare()`` set up (precision, channels_last, the compile time) and the bottleneck
+advisor's hints so far (:mod:`nbtrain.launch.advisor`; computed there, only shown here).
+
 :func:`~nbtrain.dashboard.progress.progress` computes the numbers (tested directly); :func:`run_html`
 draws them; :class:`RunPanel` is one ``ipywidgets.HTML``.
 """
@@ -14,6 +17,7 @@ draws them; :class:`RunPanel` is one ``ipywidgets.HTML``.
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 
 from ..gpu.telemetry import Snapshot
 from . import text, theme
@@ -45,7 +49,8 @@ def _memory(usage) -> str:
     return f"{text.size(usage.rss)} RAM"
 
 
-def run_html(store: MetricStore, snap: Snapshot | None, rank_infos, elapsed: float, status: str | None = None) -> str:
+def run_html(store: MetricStore, snap: Snapshot | None, rank_infos, elapsed: float, status: str | None = None,
+             setup: Sequence[str] = (), hints: Sequence = ()) -> str:
     p = progress(store, elapsed)
     bar = ""
     if p.fraction is not None:
@@ -67,7 +72,12 @@ def run_html(store: MetricStore, snap: Snapshot | None, rank_infos, elapsed: flo
     head = "".join(f'<th style="{theme.HEAD_STYLE}">{h}</th>'
                    for h in ("rank", "pid", "device", "memory", "CPU", "step", "steps/s"))
     table = f'<table style="{theme.TABLE_STYLE}"><tr>{head}</tr>{"".join(rows)}</table>'
-    return f'{theme.STYLE}<div class="nbt-row"><b>nbtrain</b> · {html.escape(progress_text(p, status))}{bar}</div>{table}'
+    extra = ""
+    if setup:
+        extra += f'<div class="nbt-row">prepared: {html.escape(" · ".join(setup))}</div>'
+    extra += "".join(f'<div class="nbt-row">💡 {html.escape(h.text)}</div>' for h in hints)
+    return (f'{theme.STYLE}<div class="nbt-row"><b>nbtrain</b> · {html.escape(progress_text(p, status))}{bar}</div>'
+            f'{table}{extra}')
 
 
 class RunPanel:
@@ -85,4 +95,5 @@ class RunPanel:
         shown = (model.telemetry.version, int(elapsed), status)
         if shown != self._shown:
             self._shown = shown
-            self.widget.value = run_html(model.store, model.telemetry.latest, model.ranks, elapsed, status)
+            self.widget.value = run_html(model.store, model.telemetry.latest, model.ranks, elapsed, status,
+                                         model.setup_words(), model.hints())

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import replace
 from collections.abc import Callable
 
+from .advisor import Hint, advise, evidence_from_history
 from .cell import CellSyntaxError, analyse_cell, names_to_send
 from .config import ConfigError, LaunchRequest, resolve
 from .inputs import PayloadError, pack_inputs
@@ -30,6 +31,7 @@ from .restarts import run_with_restarts
 from .run import PoolManager, RunResult, run_cell
 from .profiling import format_profile
 from .trackers import trackers_for
+from .setup_facts import setup_words
 from ..words import count
 
 UserInputError = (ConfigError, CellSyntaxError, PayloadError)
@@ -72,11 +74,14 @@ def _pack_or_explain_stop(namespace: dict, names):
         raise exc from None
 
 
-def format_summary(result: RunResult) -> list[str]:
-    """The short lines the magic prints after a successful run."""
+def format_summary(result: RunResult, hints: list[Hint] | None = None) -> list[str]:
+    """The short lines the magic prints after a successful run, ending with the bottleneck advisor's hints
+    (``hints``: those of an observer that measured more, such as the dashboard's telemetry; left out:
+    what the run's own records support — its logged steps and what prepare() set up)."""
     devices = sorted(set(result.devices.values()))
     where = devices[0] if len(devices) == 1 else ", ".join(devices)
     line = f"nbtrain: {count('rank', len(result.devices))} · {result.backend} · {where} · {result.seconds:.1f} s" + (" (warm)" if result.warm else "")
+    line += "".join(f" · {word}" for word in setup_words(result.setup))  # precision, memory format, compile time
     if result.returned:
         line += " · back in the notebook: " + ", ".join(result.returned)
     lines = [line]
@@ -86,6 +91,9 @@ def format_summary(result: RunResult) -> list[str]:
     if result.moved_to_cpu:
         lines.append(f"nbtrain: {', '.join(result.moved_to_cpu)} came back on the CPU (they were on a GPU in the ranks)")
     lines += [f"nbtrain: skipped '{name}': {reason}" for name, reason in result.skipped.items()]
+    if hints is None:
+        hints = advise(evidence_from_history(result.history, result.setup))
+    lines += [f"nbtrain: hint: {hint.text}" for hint in hints]
     return lines + format_profile(result.profiles)
 
 

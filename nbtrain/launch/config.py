@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ..gpu import nvml
-from ..wire.settings import TrainSettings, TrainSettingsError, parse_train_settings
+from ..wire.settings import COMPILE_CHOICES, TrainSettings, TrainSettingsError, parse_train_settings
 from ..words import count
 from .modules import Workdir, WorkdirGone, notebook_workdir
 from .options import OptionEnvError, option, with_env_fallbacks
@@ -92,6 +92,17 @@ class LaunchRequest:
         None, "--profile", "record a torch.profiler trace of STEPS optimizer steps on every rank (after 1 skipped "
         "and 1 warm-up step; or WAIT,WARMUP,ACTIVE) and show the top operators and the communication time",
         group="tracking", metavar="STEPS")
+    channels_last: bool | None = option(
+        None, "--channels-last", "channels_last memory format for nbtrain.prepare()d models with convolutions, and "
+        "their 4-D inputs (default: on under AMP on GPUs; --no-channels-last turns it off)", group="speed",
+        switch=True, either_way=True, env="NBTRAIN_CHANNELS_LAST")
+    compile: str | None = option(
+        None, "--compile", "torch.compile nbtrain.prepare()d models; MODE is default (when left out), reduce-overhead, "
+        "max-autotune or max-autotune-no-cudagraphs (aot_eager or eager: trace only, to find what breaks)",
+        group="speed", metavar="MODE", choices=COMPILE_CHOICES, bare="default", env="NBTRAIN_COMPILE")
+    compile_fallback: bool = option(
+        False, "--compile-fallback", "with --compile: when compiling fails, say why and run the model uncompiled "
+        "instead of failing the cell", group="speed", switch=True)
 
 
 @dataclass(frozen=True)
@@ -293,7 +304,8 @@ def _finish(request: LaunchRequest, pool: PoolSpec, output: str, workdir: Workdi
         raise ConfigError(f"--keep-alive must be 0 or more seconds (got {request.keep_alive}).")
     try:
         train = parse_train_settings(request.amp, request.grad_accum, request.checkpoint, request.resume,
-                                     request.max_restarts, cwd=workdir.cwd)
+                                     request.max_restarts, cwd=workdir.cwd, channels_last=request.channels_last,
+                                     compile=request.compile, compile_fallback=request.compile_fallback)
     except TrainSettingsError as exc:
         raise ConfigError(str(exc)) from None
     start_timeout = DEFAULT_START_TIMEOUT_S if request.start_timeout is None else float(request.start_timeout)

@@ -39,5 +39,9 @@ class RunObserver:
     def metrics(self, rank: int, records: list) -> None:
         """``records``: ``(step, unix_time, {name: float})`` logged by ``rank``."""
 
+    def setup(self, rank: int, facts: dict) -> None:
+        """What ``nbtrain.prepare()`` set up for one model on ``rank``: AMP, channels_last, compile time
+        (a :class:`~nbtrain.wire.protocol.Setup`'s facts)."""
+
     def run_finished(self, status: str, summary: str) -> None:
         """``status``: "ok", "failed" or "interrupted"; ``summary``: one line for people."""

@@ -13,11 +13,15 @@ group of options it belongs to. Everything else is derived from that one declara
 * the options table of docs/user-guide.md, checked against the fields by tests/test_options.py.
 
 The argparse destination is always the field name, so ``--no-resume`` sets ``resume=False`` and the
-request needs no hand-written copy of the parsed arguments. No IPython here: plain data and functions.
+request needs no hand-written copy of the parsed arguments. A switch declared ``either_way`` is one field
+with two flags (``--channels-last`` / ``--no-channels-last``; left out: ``None``, the automatic choice), and an
+option with a ``bare`` value may be given without one (``--compile`` alone means ``--compile default``).
+No IPython here: plain data and functions.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 from dataclasses import dataclass
@@ -43,6 +47,8 @@ class Option:
     switch: bool = False  # takes no value: giving it sets the field to the opposite of its default
     repeat: bool = False  # may be given several times; the field holds a tuple of the values
     env: str | None = None  # the environment variable used when the option is left out
+    either_way: bool = False  # with switch: --X sets True, --no-X sets False, left out keeps the default (None: auto)
+    bare: str | None = None  # the value of the flag given without one (``--compile`` alone: "default")
 
     def help_text(self) -> str:
         return f"{self.help} [env: {self.env}]" if self.env else self.help
@@ -53,8 +59,12 @@ class Option:
         if self.flag is None:
             return (name,), {**kwargs, "nargs": "?", "type": self.type, "metavar": self.metavar or name}
         kwargs["dest"] = name
+        if self.switch and self.either_way:
+            return (self.flag,), {**kwargs, "action": argparse.BooleanOptionalAction, "default": default}
         if self.switch:
             return (self.flag,), {**kwargs, "action": "store_false" if default else "store_true"}
+        if self.bare is not None:
+            kwargs.update(nargs="?", const=self.bare)
         if self.repeat:
             kwargs.update(action="append", default=list(default))
         else:
@@ -83,6 +93,8 @@ class Option:
                 word = text.strip().lower()
                 if word not in _TRUE_WORDS + _FALSE_WORDS:
                     raise ValueError(word)
+                if self.either_way:
+                    return word in _TRUE_WORDS
                 return (not default) if word in _TRUE_WORDS else default
             value = self.type(text) if self.type else text
         except ValueError:

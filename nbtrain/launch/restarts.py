@@ -89,6 +89,9 @@ class _OneEnding(RunObserver):
     def metrics(self, rank: int, records: list) -> None:
         self._each("metrics", rank, records)
 
+    def setup(self, rank: int, facts: dict) -> None:
+        self._each("setup", rank, facts)
+
     def run_finished(self, status: str, summary: str) -> None:
         self._ending = (status, summary)
 

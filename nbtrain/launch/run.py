@@ -74,6 +74,7 @@ class RunResult:
     history: History = field(default_factory=History)
     notes: list[str] = field(default_factory=list)
     profiles: dict[int, P.ProfileSummary] = field(default_factory=dict)  # --profile, by rank
+    setup: dict[int, list[dict]] = field(default_factory=dict)  # per rank: what prepare() set up, model by model
 
 
 class PoolManager:
@@ -157,6 +158,7 @@ class _Run:
         self.loaded: set[int] = set()
         self.done: dict[int, P.Done] = {}
         self.profiles: dict[int, P.ProfileSummary] = {}
+        self.setup: dict[int, list[dict]] = {}  # P.Setup facts per rank (nbtrain.train.speed)
         self.failures: dict[int, RankFailure] = {}
         self.first_failure_at: float | None = None
         self.all_done_at: float | None = None
@@ -226,6 +228,9 @@ class _Run:
             self.history.add(rank, msg.records)
             if not (msg.restored and self.config.train.restart):  # a restart's dashboard has drawn them already
                 self.notify("metrics", rank, msg.records)
+        elif isinstance(msg, P.Setup):
+            self.setup.setdefault(rank, []).append(msg.facts)
+            self.notify("setup", rank, msg.facts)
         elif isinstance(msg, P.Ready):
             if self.pool.mark_ready(rank, msg.device) and self.sent:
                 self.notify("ranks_ready", self.info())
@@ -352,4 +357,5 @@ def _bring_back(namespace: dict, run: _Run, warm: bool, seconds: float, deleted=
         seconds=seconds, rank_seconds={r: d.seconds for r, d in sorted(run.done.items())},
         devices=run.pool.devices, warm=warm, backend=run.pool.spec.backend, history=run.history, notes=list(run.inputs.notes),
         profiles=run.profiles,
+        setup=run.setup,
     )

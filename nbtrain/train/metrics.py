@@ -29,7 +29,7 @@ import time
 from array import array
 from collections.abc import Callable
 
-from ..wire.protocol import Metrics
+from ..wire.protocol import Metrics, Setup
 from .reduce import reduce_values
 
 FLUSH_INTERVAL_S = 0.25
@@ -175,6 +175,12 @@ def stop() -> None:
     sink, _sink = _sink, None
     if sink is not None:
         sink.close()
+
+
+def send_setup(facts: dict) -> None:
+    """Tell the kernel what prepare() set up (a :class:`~nbtrain.wire.protocol.Setup`); nothing outside a cell."""
+    if _sink is not None:
+        _sink._send(Setup(_sink.rank, dict(facts)))
 
 
 def step_counters() -> dict[str, int]:

@@ -20,6 +20,10 @@ what to pass instead; so is an optimizer given with models but holding none of t
 (``prepare(Net(), SGD(Net().parameters()))`` builds the optimizer from another instance, which would
 never be updated). When the cell resumes from a checkpoint, each object gets its saved state as it is
 prepared. Without a process group (plain Python), models are only moved and autocast, not wrapped in DDP.
+
+Models with convolutions go to channels_last under AMP on GPUs, and ``--compile`` compiles them; both are
+:mod:`nbtrain.train.speed`'s, which this module only calls: once when the model is prepared, and around
+its first forward.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from torch.utils.data import DataLoader
 
-from . import data, optim
+from . import data, optim, speed
 from .amp import outputs_to_fp32
 from .checkpoint import auto_resume, restore_model
 from .data import PreparedLoader
@@ -126,9 +130,12 @@ def _prepare_model(context: TrainContext, model, ddp_kwargs: dict):
     model = model.to(context.device)
     if context.resume is not None:
         restore_model(context, model, len(context.models))
+    model_speed = _speed_up(context, model)
     wrapped: PreparedDDP | PreparedModule
     if context.distributed:
         device_ids = [context.device.index] if context.device.type == "cuda" else None
+        if model_speed.channels_last or model_speed.compile:  # gradients as bucket views: no stride warning, no copy
+            ddp_kwargs = {"gradient_as_bucket_view": True, **ddp_kwargs}
         try:
             wrapped = PreparedDDP(model, device_ids=device_ids, **ddp_kwargs)
         except TypeError as exc:
@@ -140,19 +147,50 @@ def _prepare_model(context: TrainContext, model, ddp_kwargs: dict):
         wrapped = PreparedModule(model)
     # nn.Module's __setattr__ is typed for tensors and modules; anything else is stored as a plain attribute
     wrapped._nbtrain_context = context  # type: ignore[assignment]
+    wrapped._nbtrain_speed = model_speed  # type: ignore[assignment]
     context.models.append(wrapped)
     return wrapped
 
 
+def _speed_up(context: TrainContext, model) -> speed.ModelSpeed:
+    """channels_last and torch.compile for this model, as the cell's settings ask (see nbtrain.train.speed)."""
+    settings = context.settings
+    channels_last = speed.channels_last_wanted(settings.channels_last, context.device, context.amp_dtype, model)
+    if channels_last:
+        speed.to_memory_format(model, channels_last=True)
+    if settings.compile is not None:
+        speed.compile_in_place(model, settings.compile)
+    facts = {"device": str(context.device), "amp": _amp_name(context.amp_dtype),
+             "bf16_supported": _bf16_supported(context.device)}
+    return speed.ModelSpeed(len(context.models), channels_last, settings.channels_last is None, settings.compile,
+                            settings.compile_fallback, facts, loud=context.rank == 0)
+
+
+def _amp_name(dtype) -> str:
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "off")
+
+
+def _bf16_supported(device) -> bool | None:
+    """Whether the rank's GPU computes bf16 natively (None on the CPU: not a question there)."""
+    return bool(torch.cuda.is_bf16_supported()) if device.type == "cuda" else None
+
+
 def _forward(self, super_forward, args, kwargs):
     context = self._nbtrain_context  # the cell's TrainContext, set by _prepare_model
+    model_speed = self._nbtrain_speed
     if torch.is_grad_enabled() and hasattr(self, "require_backward_grad_sync"):
         self.require_backward_grad_sync = context.accum.sync_next()  # what no_sync() does, decided per forward
-    if context.amp_dtype is None:
-        return super_forward(*args, **kwargs)
-    with context.autocast():
-        out = super_forward(*args, **kwargs)
-    return outputs_to_fp32(out)
+    if model_speed.first_call:
+        with context.autocast():
+            out = model_speed.first_forward(self.module, super_forward, args, kwargs)
+    elif context.amp_dtype is None and not model_speed.channels_last:
+        return super_forward(*args, **kwargs)  # fp32, default layout: nothing to add, every step
+    else:
+        args, kwargs = model_speed.prepare_args(args, kwargs)
+        with context.autocast():
+            out = super_forward(*args, **kwargs)
+    out = model_speed.finish_outputs(out)
+    return out if context.amp_dtype is None else outputs_to_fp32(out)
 
 
 class PreparedDDP(DistributedDataParallel):

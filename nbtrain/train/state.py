@@ -11,8 +11,8 @@ optim, checkpoint, steps — so none of them needs an import inside a function t
 What they share beyond the context lives here too (:class:`PreparedError`).
 
 Outside a ``%%distributed`` cell — a script started by ``torchrun`` — :func:`current` builds a context
-from the environment (``LOCAL_RANK``; ``NBTRAIN_AMP``, ``NBTRAIN_GRAD_ACCUM`` and ``NBTRAIN_CHECKPOINT``
-in place of the magic's options), so the same training code runs in both places.
+from the environment (``LOCAL_RANK``; ``NBTRAIN_AMP``, ``NBTRAIN_GRAD_ACCUM``, ``NBTRAIN_CHECKPOINT``,
+``NBTRAIN_CHANNELS_LAST`` and ``NBTRAIN_COMPILE`` in place of the magic's options), so the same training code runs in both places.
 """
 
 from __future__ import annotations
@@ -125,5 +125,8 @@ def _from_environment() -> TrainContext:
         grad_accum = int(accum) if accum else None
     except ValueError:
         raise ValueError(f"NBTRAIN_GRAD_ACCUM must be a whole number (got {accum!r}).") from None
-    settings = parse_train_settings(os.environ.get("NBTRAIN_AMP"), grad_accum, os.environ.get("NBTRAIN_CHECKPOINT"))
+    layout = os.environ.get("NBTRAIN_CHANNELS_LAST", "").strip().lower()
+    channels_last = None if layout in ("", "auto") else layout in ("1", "true", "yes", "on")
+    settings = parse_train_settings(os.environ.get("NBTRAIN_AMP"), grad_accum, os.environ.get("NBTRAIN_CHECKPOINT"),
+                                    channels_last=channels_last, compile=os.environ.get("NBTRAIN_COMPILE") or None)
     return TrainContext(settings, device, rank, world)

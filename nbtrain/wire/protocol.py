@@ -11,6 +11,7 @@ A conversation::
     kernel -> Job(...)                               one per cell; the same bytes for every rank
     rank   -> Loaded(job_id, rank)                   inputs unpickled: shared-memory files may go
     rank   -> Metrics(rank, records)                 what nbtrain.log() buffered, a few times a second
+    rank   -> Setup(rank, facts)                     what prepare() set up for a model (AMP, layout, compile time)
     rank   -> Display(job_id, rank, seq, data, ...)  rank 0: display(obj), plt.show() (a MIME bundle)
     rank   -> InputRequest(job_id, rank, seq, prompt) input(), sys.stdin, pdb: a line from the notebook
     kernel -> InputReply(seq, text)                  the notebook's answer (None: no input can be given)
@@ -118,6 +119,16 @@ class Metrics:
     rank: int
     records: list
     restored: bool = False  # the series saved in a checkpoint, sent again when the run resumes from it
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What ``nbtrain.prepare()`` decided for one model, sent after its first forward (``train/speed.py``):
+    ``{"model": 0, "amp": "bf16", "device": "cuda:0", "bf16_supported": True, "channels_last": True,
+    "compile": "default", "compile_s": 41.2}`` (``compile_error`` when it fell back)."""
+
+    rank: int
+    facts: dict
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """TrainSettings: the per-cell training options of ``%%distributed``, checked in the kernel.
 
-``--amp``, ``--grad-accum``, ``--checkpoint``, ``--no-resume`` and ``--max-restarts`` become one frozen
-:class:`TrainSettings`. It travels to the ranks inside each :class:`~nbtrain.wire.protocol.Job` — not in
+``--amp``, ``--grad-accum``, ``--checkpoint``, ``--no-resume``, ``--max-restarts``, ``--channels-last`` /
+``--no-channels-last``, ``--compile [MODE]`` and ``--compile-fallback`` become one frozen :class:`TrainSettings`. It travels to the ranks inside each :class:`~nbtrain.wire.protocol.Job` — not in
 the pool's environment, which decides whether warm processes can be reused: changing ``--amp`` between
 two cells must not cost a new pool.
 
@@ -17,6 +17,10 @@ import os
 from dataclasses import dataclass
 
 AMP_CHOICES = ("auto", "bf16", "fp16", "off")
+# torch.compile's modes, then two backends that trace without generating code (for finding what breaks a compile)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+COMPILE_DEBUG_BACKENDS = ("aot_eager", "eager")
+COMPILE_CHOICES = COMPILE_MODES + COMPILE_DEBUG_BACKENDS
 CHECKPOINT_FILE = "checkpoint.pt"
 
 
@@ -30,6 +34,9 @@ class TrainSettings:
     restart: int = 0  # which restart this attempt is (TORCHELASTIC_RESTART_COUNT in the ranks)
     profile: tuple[int, int, int] | None = None  # --profile: wait, warmup, active optimizer steps
     profile_dir: str | None = None  # absolute; where each rank writes its trace
+    channels_last: bool | None = None  # None: channels_last for conv models under AMP on GPUs (train/speed.py)
+    compile: str | None = None  # a COMPILE_CHOICES entry: torch.compile prepared models; None: do not
+    compile_fallback: bool = False  # a failed compile runs the model uncompiled instead of failing the cell
 
     @property
     def checkpoint_path(self) -> str | None:
@@ -41,7 +48,9 @@ class TrainSettingsError(ValueError):
 
 
 def parse_train_settings(amp: str | None = None, grad_accum: int | None = None, checkpoint: str | None = None,
-                         resume: bool = True, max_restarts: int | None = None, cwd: str | None = None) -> TrainSettings:
+                         resume: bool = True, max_restarts: int | None = None, cwd: str | None = None, *,
+                         channels_last: bool | None = None, compile: str | None = None,
+                         compile_fallback: bool = False) -> TrainSettings:
     """Check the options and build :class:`TrainSettings`; raise :class:`TrainSettingsError` if one is wrong."""
     amp_mode = (amp or "auto").strip().lower()
     if amp_mode in ("bfloat16",):
@@ -75,7 +84,23 @@ def parse_train_settings(amp: str | None = None, grad_accum: int | None = None, 
     if restarts and checkpoint_dir is None:
         raise TrainSettingsError("--max-restarts resumes the ranks from their last checkpoint, so it needs "
                                  "--checkpoint DIR (and nbtrain.save_checkpoint() in the cell).")
-    return TrainSettings(amp_mode, grad_accum, checkpoint_dir, bool(resume), restarts)
+    compile_mode = _compile_mode(compile)
+    if compile_fallback and compile_mode is None:
+        raise TrainSettingsError("--compile-fallback says what to do when torch.compile fails, so it needs --compile "
+                                 "(such as --compile --compile-fallback).")
+    return TrainSettings(amp_mode, grad_accum, checkpoint_dir, bool(resume), restarts,
+                         channels_last=channels_last, compile=compile_mode, compile_fallback=bool(compile_fallback))
+
+
+def _compile_mode(text: str | None) -> str | None:
+    if text is None:
+        return None
+    mode = text.strip().lower()
+    if mode not in COMPILE_CHOICES:
+        raise TrainSettingsError(f"--compile takes a torch.compile mode ({', '.join(COMPILE_MODES)}) or, to find what "
+                                 f"breaks a compile, the backend aot_eager or eager (got {text!r}); "
+                                 "--compile alone means default.")
+    return mode
 
 
 def _existing_parent(path: str) -> str:

@@ -1,0 +1,100 @@
+"""The bottleneck advisor, rule by rule, on recorded telemetry (tests/data/telemetry/: the cpu-* files were
+recorded from real ranks here; the gpu-* files are built in the same format, see make_gpu_fixtures.py), and
+its hints where users see them: the summary after a run, the dashboard while it runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers.runhelp import run_cell
+from helpers.telemetry_record import load, replay
+from nbtrain.dashboard.model import RunModel
+from nbtrain.dashboard.run_view import run_html
+from nbtrain.launch.advisor import advise
+from nbtrain.launch.api import format_summary
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def rules(name: str) -> list[str]:
+    return [hint.rule for hint in advise(replay(load(name)))]
+
+
+def texts(name: str) -> str:
+    return "\n".join(hint.text for hint in advise(replay(load(name))))
+
+
+def test_an_idle_gpu_beside_a_busy_cpu_points_at_the_input_pipeline_and_spare_memory_at_the_batch():
+    assert rules("gpu-input-bound") == ["input-pipeline", "batch-headroom"]
+    said = texts("gpu-input-bound")
+    assert "GPU 0 was busy 9 % of the time on average while rank 0's processes used 120 % of a CPU core" in said
+    assert "num_workers" in said and "pin_memory=True" in said
+    assert "GPU memory peaked at 6.0 GiB of 80 GiB (8 %, GPU 0)" in said
+
+
+def test_fp32_on_a_gpu_that_computes_bf16_suggests_amp_bf16():
+    assert rules("gpu-fp32") == ["precision"]
+    assert "rank 0 trained in fp32 on cuda:0, which computes bf16: --amp bf16" in texts("gpu-fp32")
+
+
+def test_a_rank_whose_gpu_the_others_wait_for_is_named_as_the_straggler():
+    assert rules("gpu-straggler") == ["straggler"]
+    assert "rank 0 is a straggler: its GPU 0 was busy 97 % against 55 %" in texts("gpu-straggler")
+
+
+def test_a_slower_rank_on_real_cpu_ranks_is_named_by_its_steps_per_second():
+    assert rules("cpu-straggler") == ["straggler"]
+    assert texts("cpu-straggler").startswith("rank 1 is a straggler: ")
+    assert rules("cpu-even") == []
+
+
+def test_a_healthy_run_gets_no_hint_and_start_up_is_not_counted_as_idle():
+    assert rules("gpu-healthy") == []
+    untimed = load("gpu-healthy")
+    untimed["metrics"] = {}  # without logged steps the idle start-up counts, and looks like a starved GPU
+    assert [h.rule for h in advise(replay(untimed))] == ["input-pipeline"]
+
+
+def test_too_little_evidence_says_nothing():
+    short = load("gpu-input-bound")
+    short["samples"] = short["samples"][-2:]
+    short["metrics"] = {"0": short["metrics"]["0"][:3]}
+    assert [h.rule for h in advise(replay(short))] == ["batch-headroom"]  # memory needs one sample; busy % needs 3
+
+
+def test_the_dashboard_shows_the_hints_live_and_the_summary_after_the_run():
+    model = RunModel()
+    record = load("gpu-fp32")
+    for rank, facts in record["setup"].items():
+        for f in facts:
+            model.add_setup(int(rank), f)
+    assert [h.rule for h in model.hints()] == ["precision"]
+    shown = run_html(model.store, None, (), 1.0, None, model.setup_words(), model.hints())
+    assert "prepared: fp32" in shown and "trained in fp32 on cuda:0, which computes bf16" in shown
+
+
+def test_the_summary_names_a_straggler_from_what_real_ranks_logged(fresh_pools):
+    _, result = run_cell(fresh_pools, """
+        import time, nbtrain
+        for step in range(12):
+            time.sleep(0.05 if rank == 1 else 0.005)
+            nbtrain.log(loss=1.0)
+        """)
+    lines = format_summary(result)
+    assert any(line.startswith("nbtrain: hint: rank 1 is a straggler: ") for line in lines), lines
+
+
+def test_the_magic_prints_what_prepare_set_up_and_the_dashboards_hints(shell, capsys, monkeypatch):
+    monkeypatch.setenv("NBTRAIN_DASHBOARD", "text")  # the dashboard's observer samples telemetry and gives the hints
+    shell.run_cell("""%%distributed 2 --cpu --channels-last --out -
+import time, torch, nbtrain
+model = nbtrain.prepare(torch.nn.Conv2d(3, 4, 1))
+model(torch.randn(2, 3, 4, 4))
+for step in range(12):
+    time.sleep(0.05 if rank == 1 else 0.005)
+    nbtrain.log(loss=1.0)
+""").raise_error()
+    lines = capsys.readouterr().out.splitlines()
+    first = next(line for line in lines if line.startswith("nbtrain: 2 ranks · gloo · cpu · "))
+    assert first.endswith(" · fp32 · channels_last"), first
+    assert any(line.startswith("nbtrain: hint: rank 1 is a straggler: ") for line in lines), lines
