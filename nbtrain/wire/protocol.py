@@ -13,7 +13,11 @@ A conversation::
     rank   -> Metrics(rank, records)                 what nbtrain.log() buffered, a few times a second
     rank   -> Display(job_id, rank, seq, data, ...)  rank 0: display(obj), plt.show() (a MIME bundle)
     rank   -> Done(job_id, rank, results, modules) | Failed(job_id, rank, error)
+    kernel -> CloseSession(name)                     drop a session's namespace (no reply)
     kernel -> Shutdown()                             barrier, destroy the group, exit 0
+
+A ``Job`` with a ``session`` name runs in the namespace that session keeps on each rank instead of a fresh
+one (:mod:`nbtrain.worker.session`); its ``Done`` then says which names the session holds.
 
 Output does not travel here: each rank's stdout and stderr are pipes read by the kernel, so C-level
 output (NCCL warnings, a segfault message) is shown too. After a job a rank writes :data:`END_MARK` and
@@ -56,6 +60,7 @@ class Job:
     cwd: str = ""  # the notebook's current directory: the rank runs the cell there
     sys_path: tuple[str, ...] = ()  # the kernel's sys.path, absolute (see nbtrain.launch.modules)
     result_prefix: str = ""  # rank 0 writes large results to /dev/shm files starting with this; "" = in the pickle
+    session: str = ""  # run in this session's namespace, kept between jobs; "" = a fresh namespace
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,8 @@ class Done:
     seconds: float
     modules: tuple = ()  # (name, path, mtime_ns, size) of the user's own modules imported so far
     rank_path: tuple = ()  # the rank's own sys.path entries, without its start-up directory
+    held: tuple = ()  # a session's job: (name, type name) of every name the session now holds
+    gpu_bytes: int | None = None  # a session's job: memory the rank's tensors hold on its GPU (None: no CUDA)
 
 
 @dataclass(frozen=True)
@@ -122,6 +129,13 @@ class Display:
     seq: int  # numbers the job's displays from 1; the same number follows DISPLAY_MARK in stdout
     data: dict
     metadata: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CloseSession:
+    """Forget a session's namespace (``%distributed_close``); the rank frees what it held."""
+
+    name: str
 
 
 @dataclass(frozen=True)
