@@ -13,6 +13,7 @@ does the right thing. NCCL needs one GPU per rank; gloo may put several ranks on
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from ..gpu import nvml
@@ -24,6 +25,7 @@ from .options import OptionEnvError, option, with_env_fallbacks
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_START_TIMEOUT_S = 180.0
 DEFAULT_KEEP_ALIVE_S = 900.0
+SESSION_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 
 
 class ConfigError(ValueError):
@@ -61,6 +63,10 @@ class LaunchRequest:
                          group="warm ranks", switch=True)
     env: tuple[str, ...] = option((), "--env", "environment variable for the ranks (repeatable)",
                                   group="warm ranks", metavar="NAME=VALUE", repeat=True)
+    session: str | None = option(
+        None, "--session", "run in the namespace this session keeps on the ranks: variables stay there between "
+        "cells (see %distributed_sessions, %distributed_pull, %distributed_close)", group="warm ranks",
+        metavar="NAME")
     amp: str | None = option(None, "--amp", "mixed precision for nbtrain.prepare()d models: bf16, fp16, off or auto "
                              "(default: bf16 on GPUs that support it, fp16 on older GPUs, off on CPU)",
                              group="training", metavar="MODE")
@@ -104,6 +110,7 @@ class LaunchConfig:
     notes: tuple[str, ...] = field(default_factory=tuple)
     train: TrainSettings = field(default_factory=TrainSettings)  # sent to the ranks with each Job
     workdir: Workdir | None = None  # the notebook's directory and sys.path when the cell runs (each Job)
+    session: str = ""  # --session: the namespace kept on the ranks that the cell runs in; "" = a fresh one
 
     @property
     def shown_rank(self) -> int | None:
@@ -158,6 +165,18 @@ def _parse_output(text: str) -> str:
         return "all" if output == "all" else f"rank{int(output[4:])}"
     raise ConfigError(f"--output is 'all' (every rank) or 'rank<k>' for rank k's output only, such as "
                       f"--output rank0 (got {text!r}).")
+
+
+def _parse_session(name: str | None, max_restarts: int | None) -> str:
+    if name is None:
+        return ""
+    if not SESSION_NAME.fullmatch(name):
+        raise ConfigError(f"--session takes a short name of letters, digits, '_', '.' or '-', such as --session s1 "
+                          f"(got {name!r}).")
+    if max_restarts:
+        raise ConfigError("--max-restarts starts fresh ranks, which would lose the session's variables; "
+                          "use one of --session and --max-restarts.")
+    return name
 
 
 def resolve(request: LaunchRequest) -> LaunchConfig:
@@ -228,5 +247,7 @@ def resolve(request: LaunchRequest) -> LaunchConfig:
     except TrainSettingsError as exc:
         raise ConfigError(str(exc)) from None
     start_timeout = DEFAULT_START_TIMEOUT_S if request.start_timeout is None else float(request.start_timeout)
+    session = _parse_session(request.session, request.max_restarts)
     return LaunchConfig(pool, _parse_names(request.out), output, keep_alive, request.fresh,
-                        start_timeout_s=start_timeout, notes=tuple(notes), train=train, workdir=workdir)
+                        start_timeout_s=start_timeout, notes=tuple(notes), train=train, workdir=workdir,
+                        session=session)
