@@ -65,7 +65,7 @@ class LaunchRequest:
                                   group="warm ranks", metavar="NAME=VALUE", repeat=True)
     session: str | None = option(
         None, "--session", "run in the namespace this session keeps on the ranks: variables stay there between "
-        "cells (see %distributed_sessions, %distributed_pull, %distributed_close)", group="warm ranks",
+        "cells (see %%distributed_sessions, %%distributed_pull, %%distributed_close)", group="warm ranks",
         metavar="NAME")
     amp: str | None = option(None, "--amp", "mixed precision for nbtrain.prepare()d models: bf16, fp16, off or auto "
                              "(default: bf16 on GPUs that support it, fp16 on older GPUs, off on CPU)",
