@@ -61,11 +61,15 @@ def test_a_session_keeps_a_model_on_the_ranks_across_cells():
         # plain cells share the warm ranks and see nothing of the session
         "%%distributed 2 --cpu --no-dashboard\nprint('plain sees model:', 'model' in globals())",
         "%%distributed 3 --cpu --session s1\npass",
+        # a plain cell with other options gets ranks of its own; the session's stay, and serve plain cells again
+        "%%distributed 1 --cpu --no-dashboard\none = world_size",
+        f"{S1} --out -\nprint('still there:', id(model) == built)",
+        "%%distributed 2 --cpu --no-dashboard\ntwo = world_size",
         "%distributed_close s1",
         f"{S1}\nprint('after close:', 'model' in globals())",
     ])
     (_, build, in_notebook, train, trained, evaluate, evaluated, _, rebound, seen, failed, after_failure, after,
-     listing, _, pulled, not_held, plain, other_ranks, closed, reopened, _) = text
+     listing, _, pulled, not_held, plain, other_ranks, one_rank, still, plain_again, closed, reopened, _) = text
     assert "model in notebook: False" in in_notebook
     assert "trained True" in trained, train
     assert "same True err True Linear" in evaluated, evaluate
@@ -77,6 +81,9 @@ def test_a_session_keeps_a_model_on_the_ranks_across_cells():
     assert "Session 's1' holds no 'nothing_here'" in not_held and "model" in not_held
     assert "plain sees model: False" in plain and "(warm)" in plain
     assert "Session 's1' runs on 2 ranks (gloo, cpu); this cell asks for 3 ranks (gloo, cpu)" in other_ranks
+    assert "1 rank · gloo" in one_rank and "(warm)" not in one_rank
+    assert "still there: True" in still and "(warm)" in still
+    assert "(warm)" in plain_again, plain_again
     assert "session 's1' ended" in closed
     assert "after close: False" in reopened and "(warm)" in reopened
 
