@@ -64,8 +64,8 @@ class LaunchRequest:
     env: tuple[str, ...] = option((), "--env", "environment variable for the ranks (repeatable)",
                                   group="warm ranks", metavar="NAME=VALUE", repeat=True)
     session: str | None = option(
-        None, "--session", "run in the namespace this session keeps on the ranks: variables stay there between "
-        "cells (see %%distributed_sessions, %%distributed_pull, %%distributed_close)", group="warm ranks",
+        None, "--session", "run in the namespace session NAME keeps on the ranks: its variables stay there "
+        "between cells (the distributed_sessions, distributed_pull and distributed_close magics list, fetch, end)", group="warm ranks",
         metavar="NAME")
     amp: str | None = option(None, "--amp", "mixed precision for nbtrain.prepare()d models: bf16, fp16, off or auto "
                              "(default: bf16 on GPUs that support it, fp16 on older GPUs, off on CPU)",
