@@ -49,7 +49,7 @@ from ..wire.payload import Inputs, Results, unpack_results
 from .mismatch import MismatchWatcher
 from ..wire.shm import new_result_prefix, sweep_prefix
 from .pool import Exited, Message, Output, WorkerPool
-from .sessions import SESSION_FAILURE_GRACE_S, SessionTable, ended_sentence, kept_sentence
+from .sessions import SESSION_FAILURE_GRACE_S, SessionTable, ended_sentence, kept_sentence, stale_note
 from .stacks import whereabouts
 from .stopping import stop_button, stop_run
 from ..words import count
@@ -94,8 +94,9 @@ class PoolManager:
         with self._lock:
             self._cancel_timer()
             held, note = self.sessions.pool_for(session) if session else (None, "")
-            if held is not None:
-                return held, True, ""  # a session keeps its ranks, even if a module changed since
+            if held is not None:  # a session keeps its ranks, even if a module changed since
+                changed, moved = stale_modules(held.module_stamps, workdir, held.rank_path)
+                return held, True, stale_note(session, changed + moved)
             for pool in [self.pool, *self.sessions.pools()]:  # the plain pool first, then those sessions hold
                 if pool is not None and not fresh and pool.spec == spec and pool.alive():
                     changed, moved = stale_modules(pool.module_stamps, workdir, pool.rank_path)

@@ -91,7 +91,7 @@ class SessionTable:
         if session is not None:
             self.end_pool(session.pool, "its ranks are no longer running")
         why = self.ended.pop(name, None)
-        return None, (f"session {name!r} ended earlier ({why}); it starts again, empty" if why else "")
+        return None, (f"nbtrain: session {name!r} ended earlier ({why}); it starts again, empty\n" if why else "")
 
     def open(self, name: str, pool: WorkerPool) -> Session:
         session = self.live.get(name)
@@ -146,6 +146,15 @@ class SessionTable:
 
 
 _UNSEEN = object()
+
+
+def stale_note(name: str, paths: list[str]) -> str:
+    """A session's ranks imported a module that changed since: the session keeps the old one, and says so."""
+    if not paths:
+        return ""
+    shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+    return (f"nbtrain: {shown} changed since session {name!r} imported it; the session keeps the version it "
+            f"imported (reload it in a cell, or %distributed_close {name} and start again)\n")
 
 
 def kept_sentence(name: str) -> str:
