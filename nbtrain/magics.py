@@ -1,6 +1,8 @@
-"""IPython magics: ``%%distributed``, ``%distributed_shutdown``, ``%distributed_nodes`` and ``%gpus``: they parse their arguments, then call
-plain functions (:func:`distributed_cell` adds the dashboard, runs :func:`~.launch.api.run_source` and prints the
-summary; ``%gpus`` is :func:`nbtrain.dashboard.show_gpus`).
+"""IPython magics: ``%%distributed``, ``%distributed_shutdown``, ``%distributed_nodes``, the session magics
+(``%distributed_sessions``, ``%distributed_pull``, ``%distributed_close``) and ``%gpus``: they parse their
+arguments, then call plain functions (:func:`distributed_cell` adds the dashboard, runs
+:func:`~.launch.api.run_source` and prints the summary; the session magics call :mod:`nbtrain.launch.api`'s
+``list_sessions``, ``pull`` and ``close``; ``%gpus`` is :func:`nbtrain.dashboard.show_gpus`).
 
 Each ``%%distributed`` option is declared once, as a field of :class:`~.launch.config.LaunchRequest` (how
 the cell runs) or of :class:`CellDisplay` (what the notebook shows), with :func:`~.launch.options.option`.
@@ -19,6 +21,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from . import dashboard
 from .cluster import Cluster
+from .launch import api
 from .launch.api import UserInputError, format_summary, run_source
 from .launch.config import LaunchRequest
 from .launch.options import from_arguments, option, options_of
@@ -110,6 +113,7 @@ class DistributedMagics(Magics):
             %%distributed 4 --output rank0 --keep-alive 0
             %%distributed 4 --amp bf16 --grad-accum 4 --checkpoint runs/exp1   # see nbtrain.prepare()
             %%distributed 4 --compile --no-channels-last
+            %%distributed 2 --session s1 --out -   # variables stay on the ranks for the next s1 cell
         """
         args = parse_argstring(self.distributed, line)
         return distributed_cell(self.shell, cell, from_arguments(LaunchRequest, args),
@@ -137,9 +141,14 @@ class DistributedMagics(Magics):
 
     @line_magic
     def distributed_shutdown(self, line):
-        """Stop the warm ranks kept for fast re-runs (they also stop when idle and at kernel exit), and let joined
-        nodes go (their agents exit)."""
-        print("nbtrain: stopped the warm ranks." if self.pools.shutdown() else "nbtrain: no warm ranks to stop.")
+        """Stop the warm ranks kept for fast re-runs, end every session (they also stop at kernel exit), and let
+        joined nodes go (their agents exit)."""
+        sessions = list(self.pools.sessions.live)
+        if self.pools.shutdown():
+            ended = f" (sessions ended: {', '.join(sessions)})" if sessions else ""
+            print(f"nbtrain: stopped the warm ranks{ended}.")
+        else:
+            print("nbtrain: no warm ranks to stop.")
         if self.cluster.close():
             print("nbtrain: the joined nodes were released; their agents exit.")
 
@@ -147,6 +156,37 @@ class DistributedMagics(Magics):
     def distributed_nodes(self, line):
         """List the nodes joined for ``%%distributed --nodes N``: address, GPUs, state; and the command to join more."""
         print("\n".join(self.cluster.describe()))
+
+    @line_magic
+    def distributed_sessions(self, line):
+        """List the sessions (``%%distributed N --session NAME``): ranks, devices, memory, the names each holds."""
+        print("\n".join(api.list_sessions(self.pools)))
+
+    @magic_arguments()
+    @argument("session", help="the session's name")
+    @argument("names", nargs="+", help="names the session holds on rank 0")
+    @line_magic
+    def distributed_pull(self, line):
+        """Bring names a session holds on rank 0 into the notebook: ``%distributed_pull s1 model opt``."""
+        args = parse_argstring(self.distributed_pull, line)
+        names = [n for part in args.names for n in part.split(",") if n]
+        try:
+            result = api.pull(self.pools, args.session, names, self.shell.user_ns if self.shell else {})
+        except UserInputError as exc:
+            raise UsageError(str(exc)) from None
+        print("\n".join(format_summary(result)))
+
+    @magic_arguments()
+    @argument("session", help="the session's name")
+    @line_magic
+    def distributed_close(self, line):
+        """End a session: its ranks drop what it held (the ranks stay warm if other cells use them)."""
+        args = parse_argstring(self.distributed_close, line)
+        try:
+            api.close(self.pools, args.session)
+        except UserInputError as exc:
+            raise UsageError(str(exc)) from None
+        print(f"nbtrain: session {args.session!r} ended.")
 
 
 def distributed_cell(shell, cell: str, request: LaunchRequest, display: CellDisplay, pools: PoolManager,

@@ -32,6 +32,7 @@ from .run import PoolManager, RunResult, run_cell
 from .profiling import format_profile
 from .trackers import trackers_for
 from .setup_facts import setup_words
+from .sessions import SessionError, session_lines
 from ..words import count
 
 UserInputError = (ConfigError, CellSyntaxError, PayloadError)
@@ -46,12 +47,18 @@ def run_source(source: str, request: LaunchRequest, namespace: dict, *, manager:
     """
     config = resolve(request)
     info = analyse_cell(source, line_offset)
-    names = names_to_send(info, namespace)
     observers = [*observers, *trackers_for(config.tensorboard)]  # --tensorboard, nbtrain.track()
-    inputs = _pack_or_explain_stop(namespace, names)
     if manager is None:
+        if config.session:
+            raise ConfigError("--session keeps variables on warm ranks between cells: pass the same manager= "
+                              "(a PoolManager) to every run_source call of the session.")
         manager = PoolManager()
         config = type(config)(**{**config.__dict__, "keep_alive_s": 0.0})
+    names = names_to_send(info, namespace)
+    if config.session:  # before anything is packed: the session's ranks must fit the cell
+        manager.sessions.check(config.session, config.pool, config.fresh)
+        names = manager.sessions.names_to_send(config.session, names, namespace)
+    inputs = _pack_or_explain_stop(namespace, names)
     if not config.train.max_restarts:
         return run_cell(namespace, info, config, manager, inputs, write=write, code_name=code_name, observers=observers)
 
@@ -61,6 +68,32 @@ def run_source(source: str, request: LaunchRequest, namespace: dict, *, manager:
         return run_cell(namespace, info, again, manager, packed, write=write, code_name=code_name, observers=followers)
 
     return run_with_restarts(attempt, config.train, write or write_to_std_stream, observers)
+
+
+def list_sessions(manager: PoolManager) -> list[str]:
+    """What ``%distributed_sessions`` prints: each session's ranks, devices, memory and the names it holds."""
+    return session_lines(manager.sessions)
+
+
+def pull(manager: PoolManager, session: str, names: list[str], namespace: dict, *, write=None) -> RunResult:
+    """Bring ``names`` that ``session`` holds on rank 0 into ``namespace`` (``%distributed_pull``)."""
+    live = manager.sessions.live.get(session)
+    if live is None:
+        raise SessionError(manager.sessions.unknown(session))
+    missing = [n for n in names if n not in live.names]
+    if not names or missing:
+        have = ", ".join(live.names) or "no names yet"
+        raise SessionError(f"Session {session!r} holds no {', '.join(map(repr, missing)) or 'name given'}; it holds: {have}.")
+    spec = live.pool.spec
+    request = LaunchRequest(nprocs=spec.nprocs, cpu=spec.device_type == "cpu", backend=spec.backend,
+                            gpus=",".join(map(str, spec.gpu_ids)) or None, timeout=spec.timeout_s,
+                            env=tuple(f"{k}={v}" for k, v in spec.env), out=",".join(names), session=session)
+    return run_source("", request, namespace, manager=manager, write=write)
+
+
+def close(manager: PoolManager, session: str) -> None:
+    """End ``session``: the ranks drop its namespace (``%distributed_close``)."""
+    manager.close_session(session)
 
 
 def _pack_or_explain_stop(namespace: dict, names):
@@ -97,4 +130,4 @@ def format_summary(result: RunResult, hints: list[Hint] | None = None) -> list[s
     return lines + format_profile(result.profiles)
 
 
-__all__ = ["UserInputError", "run_source", "format_summary", "ConfigError", "CellSyntaxError", "PayloadError"]
+__all__ = ["UserInputError", "run_source", "format_summary", "list_sessions", "pull", "close", "SessionError", "ConfigError", "CellSyntaxError", "PayloadError"]

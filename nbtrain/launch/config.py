@@ -13,6 +13,7 @@ does the right thing. NCCL needs one GPU per rank; gloo may put several ranks on
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 
 from ..gpu import nvml
@@ -26,6 +27,7 @@ from .trackers import TrackerSetupError, tensorboard_dir
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_START_TIMEOUT_S = 180.0
 DEFAULT_KEEP_ALIVE_S = 900.0
+SESSION_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 
 
 class ConfigError(ValueError):
@@ -71,6 +73,10 @@ class LaunchRequest:
                          group="warm ranks", switch=True)
     env: tuple[str, ...] = option((), "--env", "environment variable for the ranks (repeatable)",
                                   group="warm ranks", metavar="NAME=VALUE", repeat=True)
+    session: str | None = option(
+        None, "--session", "run in the namespace session NAME keeps on the ranks: its variables stay there "
+        "between cells (the distributed_sessions, distributed_pull and distributed_close magics list, fetch, end)", group="warm ranks",
+        metavar="NAME")
     amp: str | None = option(None, "--amp", "mixed precision for nbtrain.prepare()d models: bf16, fp16, off or auto "
                              "(default: bf16 on GPUs that support it, fp16 on older GPUs, off on CPU)",
                              group="training", metavar="MODE")
@@ -137,6 +143,7 @@ class LaunchConfig:
     train: TrainSettings = field(default_factory=TrainSettings)  # sent to the ranks with each Job
     workdir: Workdir | None = None  # the notebook's directory and sys.path when the cell runs (each Job)
     tensorboard: str | None = None  # absolute --tensorboard DIR (see nbtrain.launch.trackers)
+    session: str = ""  # --session: the namespace kept on the ranks that the cell runs in; "" = a fresh one
 
     @property
     def shown_rank(self) -> int | None:
@@ -231,6 +238,18 @@ def _node_pool(request: LaunchRequest, placement: tuple[int, int, str], backend:
                     env=_parse_env(request.env), nodes=nodes, nproc_per_node=per_node, rdzv_host=host)
 
 
+def _parse_session(name: str | None, max_restarts: int | None) -> str:
+    if name is None:
+        return ""
+    if not SESSION_NAME.fullmatch(name):
+        raise ConfigError(f"--session takes a short name of letters, digits, '_', '.' or '-', such as --session s1 "
+                          f"(got {name!r}).")
+    if max_restarts:
+        raise ConfigError("--max-restarts starts fresh ranks, which would lose the session's variables; "
+                          "use one of --session and --max-restarts.")
+    return name
+
+
 def resolve(request: LaunchRequest) -> LaunchConfig:
     """Check the request against this machine and decide devices, backend and rank count."""
     try:
@@ -319,6 +338,10 @@ def _finish(request: LaunchRequest, pool: PoolSpec, output: str, workdir: Workdi
                             profile_dir=profile_dir(workdir.cwd, tensorboard))
         except ProfileOptionError as exc:
             raise ConfigError(str(exc)) from None
+    session = _parse_session(request.session, request.max_restarts)
+    if session and request.nodes is not None:
+        raise ConfigError("--session keeps variables on this machine's warm ranks; it does not go with --nodes yet. "
+                          "Leave out one of them.")
     return LaunchConfig(pool, _parse_names(request.out), output, keep_alive, request.fresh,
                         start_timeout_s=start_timeout, notes=tuple(notes), train=train, workdir=workdir,
-                        tensorboard=tensorboard)
+                        tensorboard=tensorboard, session=session)

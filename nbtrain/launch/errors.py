@@ -102,13 +102,15 @@ class RankFailedError(RuntimeError):
     """One or more ranks failed; the others were stopped. Shows the first failure's mapped traceback."""
 
     def __init__(self, failures: list[RankFailure], *, cell_filename: str, cell_source: str, line_offset: int,
-                 code_name=None, stopped: list[int] | None = None, whereabouts: dict[int, str] | None = None):
+                 code_name=None, stopped: list[int] | None = None, whereabouts: dict[int, str] | None = None,
+                 notes: list[str] | None = None):
         self.failures = order_failures(failures)
         self.rank = self.failures[0].rank
         self._cell = (cell_filename, cell_source.splitlines(), line_offset)
         self._code_name = code_name
         self.stopped = stopped or []
         self.whereabouts = whereabouts or {}
+        self.notes = notes or []  # what became of the run's session
         self.history = History()  # what the ranks logged until the failure (set by the run)
         super().__init__(self.failures[0].summary())
 
@@ -158,6 +160,8 @@ class RankFailedError(RuntimeError):
             lines += ["", "Where the other ranks were:"] + [f"  rank {r}: {w}" for r, w in sorted(self.whereabouts.items())]
         if self.stopped:
             lines += ["", f"{_ranks(self.stopped).capitalize()} stopped. The notebook's variables are unchanged."]
+        if self.notes:
+            lines += ["", *self.notes]
         return "\n".join(lines)
 
     def _diagnosis(self, failure: RankFailure) -> list[str]:

@@ -39,9 +39,9 @@ from collections.abc import Callable, Iterable
 
 from ..wire import protocol as P
 from .cell import CELL_FILENAME, CellInfo, names_to_return
-from .config import LaunchConfig, PoolSpec
+from .config import DEFAULT_KEEP_ALIVE_S, LaunchConfig, PoolSpec
 from .displays import PendingDisplays
-from .errors import RankFailedError, RankFailure
+from .errors import RankFailedError, RankFailure, order_failures
 from .history import History
 from .modules import Workdir, fresh_ranks_note, notebook_workdir, stale_modules
 from .observer import RankInfo, RunInfo, RunObserver
@@ -51,6 +51,7 @@ from ..wire.payload import Inputs, Results, unpack_results
 from .mismatch import MismatchWatcher
 from ..wire.shm import new_result_prefix, sweep_prefix
 from .pool import Exited, Message, Output, WorkerPool
+from .sessions import SESSION_FAILURE_GRACE_S, SessionTable, ended_sentence, kept_sentence, stale_note
 from .stacks import whereabouts
 from .stopping import stop_button, stop_run
 from ..words import count
@@ -78,57 +79,101 @@ class RunResult:
 
 
 class PoolManager:
-    """At most one warm pool per kernel, reused while its spec matches; stopped when idle or at exit."""
+    """One warm pool per kernel for plain cells, reused while its spec matches; stopped when idle or at exit.
+
+    Sessions (:mod:`.sessions`) pin the pool they live on: it is not stopped when idle or replaced, only
+    set aside (a plain cell with other options gets a pool of its own), until its last session ends.
+    """
 
     def __init__(self, pool_factory: Callable[[PoolSpec], WorkerPool] = WorkerPool) -> None:
         self.pool: WorkerPool | None = None
         self.pool_factory = pool_factory  # a spec -> a pool (several machines: nbtrain.cluster.Cluster.make_pool)
+        self.sessions = SessionTable()
         self._lock = threading.RLock()
         self._idle_timer: threading.Timer | None = None
         self._atexit = False
+        self._keep_alive_s = DEFAULT_KEEP_ALIVE_S
 
-    def acquire(self, spec: PoolSpec, fresh: bool, workdir: Workdir) -> tuple[WorkerPool, bool, str]:
-        """The pool to run on, whether it is warm, and why warm ranks were not reused if they were stale."""
+    def acquire(self, spec: PoolSpec, fresh: bool, workdir: Workdir, session: str = "") -> tuple[WorkerPool, bool, str]:
+        """The pool to run on, whether it is warm, and a note: why warm ranks were not reused, or a session ended."""
         with self._lock:
             self._cancel_timer()
-            pool, note = self.pool, ""
-            if pool is not None and not fresh and pool.spec == spec and pool.alive():
-                changed, moved = stale_modules(pool.module_stamps, workdir, pool.rank_path)
-                if not changed and not moved:  # warm ranks must not run an old version of the user's code
-                    return pool, True, ""
-                note = fresh_ranks_note(changed, moved, workdir.cwd)
-            self.shutdown()
+            held, note = self.sessions.pool_for(session) if session else (None, "")
+            if held is not None:  # a session keeps its ranks, even if a module changed since
+                changed, moved = stale_modules(held.module_stamps, workdir, held.rank_path)
+                return held, True, stale_note(session, changed + moved)
+            for pool in [self.pool, *self.sessions.pools()]:  # the plain pool first, then those sessions hold
+                if pool is not None and not fresh and pool.spec == spec and pool.alive():
+                    changed, moved = stale_modules(pool.module_stamps, workdir, pool.rank_path)
+                    if not changed and not moved:  # warm ranks must not run an old version of the user's code
+                        if pool is not self.pool:
+                            self._set_aside()
+                            self.pool = pool
+                        return pool, True, note
+                    note = note or fresh_ranks_note(changed, moved, workdir.cwd)
+            self._set_aside()
             if not self._atexit:
                 atexit.register(self.shutdown)
                 self._atexit = True
             self.pool = self.pool_factory(spec)
             return self.pool, False, note
 
+    def _set_aside(self) -> None:
+        """The plain pool is being replaced: stop it, unless sessions live on it."""
+        pool, self.pool = self.pool, None
+        if pool is not None and not self.sessions.on(pool):
+            pool.teardown(graceful=True)
+
     def release(self, healthy: bool, keep_alive_s: float) -> None:
         with self._lock:
+            self._keep_alive_s = keep_alive_s
+            if self.sessions.on(self.pool):
+                return  # its sessions keep it until they end
             if not healthy or keep_alive_s <= 0:
                 self.shutdown(graceful=healthy)
                 return
-            self._idle_timer = threading.Timer(keep_alive_s, self.shutdown)
+            self._idle_timer = threading.Timer(keep_alive_s, self._idle)
             self._idle_timer.daemon = True
             self._idle_timer.start()
 
-    def teardown(self, pool: WorkerPool, *, grace: float, drain=None) -> None:
-        """Forget ``pool`` and end it at once (a failure, the stop button); ``drain`` shows its last output."""
+    def _idle(self) -> None:
+        with self._lock:
+            if not self.sessions.on(self.pool):  # a session opened since the timer started keeps it
+                self._set_aside()
+
+    def teardown(self, pool: WorkerPool, *, grace: float, drain=None, why: str = "its ranks were stopped") -> list[str]:
+        """Forget ``pool`` and end it at once (a failure, the stop button); ``drain`` shows its last output.
+        Returns the sessions that ended with it."""
         with self._lock:
             if self.pool is pool:
                 self._cancel_timer()
                 self.pool = None
+            ended = self.sessions.end_pool(pool, why)
         pool.teardown(graceful=False, grace=grace, drain=drain)
+        return ended
+
+    def close_session(self, name: str) -> None:
+        """End one session: its namespace is dropped, and its pool stopped if nothing else uses it."""
+        with self._lock:
+            pool = self.sessions.remove(name).pool
+            if self.sessions.on(pool) or pool is self.pool:
+                pool.send_all(P.CloseSession(name))
+                if pool is self.pool:
+                    self.release(True, self._keep_alive_s)  # now a plain warm pool: idle timer again
+                return
+        pool.teardown(graceful=True)
 
     def shutdown(self, graceful: bool = True) -> bool:
+        """Stop every pool: the warm one and those sessions hold (their sessions end)."""
         with self._lock:
             self._cancel_timer()
-            pool, self.pool = self.pool, None
-        if pool is None:
-            return False
-        pool.teardown(graceful=graceful)
-        return True
+            pools = [p for p in [self.pool, *self.sessions.pools()] if p is not None]
+            self.pool = None
+            for pool in pools:
+                self.sessions.end_pool(pool, "the ranks were shut down")
+        for pool in dict.fromkeys(pools):
+            pool.teardown(graceful=graceful)
+        return bool(pools)
 
     def _cancel_timer(self) -> None:
         if self._idle_timer is not None:
@@ -160,6 +205,8 @@ class _Run:
         self.profiles: dict[int, P.ProfileSummary] = {}
         self.setup: dict[int, list[dict]] = {}  # P.Setup facts per rank (nbtrain.train.speed)
         self.failures: dict[int, RankFailure] = {}
+        self.raised: set[int] = set()  # ranks whose failure is an exception they reported (they still serve)
+        self.failure_grace = SESSION_FAILURE_GRACE_S if job.session else FAILURE_GRACE_S
         self.first_failure_at: float | None = None
         self.all_done_at: float | None = None
         self.start_deadline = time.monotonic() + config.start_timeout_s
@@ -174,8 +221,10 @@ class _Run:
             self._send_job_when_connected()
             now = time.monotonic()
             if self.first_failure_at is not None:  # a rank failed
-                if now - self.first_failure_at >= FAILURE_GRACE_S or len(self.failures) == self.nprocs:
+                if now - self.first_failure_at >= self.failure_grace or len(self.failures) == self.nprocs:
                     return
+                if self.job.session and len(self.done.keys() | self.raised) == self.nprocs:
+                    return  # every rank answered: the session survives the failure
             elif len(self.done) == self.nprocs:
                 self.all_done_at = self.all_done_at or now
                 if all(self.relay.ended(r, self.job.job_id) for r in range(self.nprocs)) or now - self.all_done_at > END_MARK_WAIT_S:
@@ -249,6 +298,7 @@ class _Run:
             self.pool.module_stamps.update((stamp[1], stamp) for stamp in msg.modules)
             self.pool.rank_path = msg.rank_path
         elif isinstance(msg, P.Failed) and msg.job_id == self.job.job_id:
+            self.raised.add(rank)
             self._fail(rank, msg.error)
 
     def _fail(self, rank: int, cause: P.RemoteError | int, diagnosis: str | None = None) -> None:
@@ -257,7 +307,20 @@ class _Run:
         failure.order = len(self.failures)
         self.failures.setdefault(rank, failure)
         self.first_failure_at = self.first_failure_at or time.monotonic()
-        self.pool.mark_broken()
+        if not (self.job.session and rank in self.raised):  # a session's ranks that raised still serve it
+            self.pool.mark_broken()
+
+    def session_survives(self) -> bool:
+        """A failed session cell leaves its ranks usable when each raised an exception or finished."""
+        return bool(self.job.session) and not self.pool.broken and len(self.done.keys() | self.raised) == self.nprocs
+
+    def finish_output(self) -> None:
+        """Ranks that go on serving: show their output up to the job's end mark (as after a success)."""
+        deadline = time.monotonic() + END_MARK_WAIT_S
+        while time.monotonic() < deadline and not all(self.relay.ended(r, self.job.job_id) for r in range(self.nprocs)):
+            for event in self.pool.poll_events(0.05):
+                self._handle(event)
+        self.relay.flush()
 
     def drain(self, seconds: float, streams=("stdout", "stderr")) -> None:
         """Show what the stopped ranks still had in their pipes (of ``streams``; the rest is read and dropped)."""
@@ -294,10 +357,13 @@ def run_cell(namespace: dict, info: CellInfo, config: LaunchConfig, manager: Poo
 def _run_and_bring_back(namespace, info, config, manager, inputs, result_prefix, started, write, code_name,
                         observers) -> RunResult:
     workdir = config.workdir or notebook_workdir()
-    pool, warm, stale_note = manager.acquire(config.pool, config.fresh, workdir)
+    pool, warm, stale_note = manager.acquire(config.pool, config.fresh, workdir, config.session)
+    if config.session:
+        manager.sessions.open(config.session, pool)
     job = P.Job(pool.next_job_id(), info.source, f"{CELL_FILENAME[:-1]} {id(info):x}>", inputs.data,
                 names_to_return(info, config.out_names), train=config.train, cwd=workdir.cwd, sys_path=workdir.sys_path,
-                result_prefix=result_prefix, shared_files=tuple(inputs.arena.paths))
+                result_prefix=result_prefix, shared_files=tuple(inputs.arena.paths), session=config.session)
+    sessions_here = manager.sessions.on(pool)
     run = _Run(pool, job, inputs, config, write, observers, warm, info)
     if stale_note:
         run.relay.write_direct("stdout", stale_note)
@@ -315,11 +381,12 @@ def _run_and_bring_back(namespace, info, config, manager, inputs, result_prefix,
     except KeyboardInterrupt as exc:
         # IPython shows the lines _render_traceback_() returns instead of a traceback (an untyped hook)
         exc.with_traceback(None)._render_traceback_ = lambda: [  # type: ignore[attr-defined]
-            "KeyboardInterrupt: stopped by the user; every rank and its child processes were ended."]
+            "KeyboardInterrupt: stopped by the user; every rank and its child processes were ended."
+            + (f" {ended_sentence(sessions_here)}" if sessions_here else "")]
         exc.history = run.history  # type: ignore[attr-defined]  # what was logged until the stop (read by the magic)
         raise exc from None
     except BaseException as exc:
-        manager.shutdown(graceful=False)
+        manager.teardown(pool, grace=1.0, why=f"nbtrain failed: {exc!r}")
         run.notify("run_finished", "failed", f"nbtrain failed: {exc!r}")
         with contextlib.suppress(AttributeError, TypeError):
             exc.history = run.history  # type: ignore[attr-defined]  # as above, where the exception takes attributes
@@ -327,21 +394,37 @@ def _run_and_bring_back(namespace, info, config, manager, inputs, result_prefix,
     finally:
         inputs.arena.close()
     if run.failures:
-        stopped = [r for r in range(pool.spec.nprocs) if r not in run.failures]
-        unfinished = [r for r in stopped if r not in run.done]  # a rank that finished is in nbtrain's loop
-        where = whereabouts(pool, job.filename, info.source, info.line_offset, 0.4, unfinished) if unfinished else {}
-        manager.teardown(pool, grace=0.5, drain=lambda: run.drain(0.5))
-        error = RankFailedError(list(run.failures.values()), cell_filename=job.filename, cell_source=info.source,
-                                line_offset=info.line_offset, code_name=code_name, stopped=stopped,
-                                whereabouts=where)
-        error.history = run.history
-        run.notify("run_finished", "failed", error.failures[0].summary())
-        raise error
+        raise _failure(run, manager, info, code_name)
     manager.release(healthy=True, keep_alive_s=config.keep_alive_s)
     deleted = info.deletes if config.out_names is None else ()  # the cell's own `del`: not worth a line
     result = _bring_back(namespace, run, warm, time.monotonic() - started, deleted)
+    if config.session:
+        manager.sessions.record(config.session, pool, run.done, namespace)
     run.notify("run_finished", "ok", f"{count('rank', len(result.devices))} finished in {result.seconds:.1f} s")
     return result
+
+
+def _failure(run: _Run, manager: PoolManager, info: CellInfo, code_name) -> RankFailedError:
+    """The error of a failed run, once its ranks are stopped — or, for a session that survives, left serving."""
+    pool, job = run.pool, run.job
+    kept = run.session_survives()
+    stopped = [] if kept else [r for r in range(pool.spec.nprocs) if r not in run.failures]
+    unfinished = [r for r in stopped if r not in run.done]  # a rank that finished is in nbtrain's loop
+    where = whereabouts(pool, job.filename, info.source, info.line_offset, 0.4, unfinished) if unfinished else {}
+    if kept:
+        run.finish_output()
+        manager.release(healthy=True, keep_alive_s=run.config.keep_alive_s)
+        notes = [kept_sentence(job.session)]
+    else:
+        first = order_failures(list(run.failures.values()))[0]
+        ended = manager.teardown(pool, grace=0.5, drain=lambda: run.drain(0.5), why=first.summary())
+        notes = [ended_sentence(ended)] if ended else []
+    error = RankFailedError(list(run.failures.values()), cell_filename=job.filename, cell_source=info.source,
+                            line_offset=info.line_offset, code_name=code_name, stopped=stopped,
+                            whereabouts=where, notes=notes)
+    error.history = run.history
+    run.notify("run_finished", "failed", error.failures[0].summary())
+    return error
 
 
 def _bring_back(namespace: dict, run: _Run, warm: bool, seconds: float, deleted=()) -> RunResult:

@@ -17,7 +17,11 @@ A conversation::
     kernel -> InputReply(seq, text)                  the notebook's answer (None: no input can be given)
     rank   -> ProfileSummary(job_id, rank, ...)      --profile: top operators, communication time
     rank   -> Done(job_id, rank, results, modules) | Failed(job_id, rank, error)
+    kernel -> CloseSession(name)                     drop a session's namespace (no reply)
     kernel -> Shutdown()                             barrier, destroy the group, exit 0
+
+A ``Job`` with a ``session`` name runs in the namespace that session keeps on each rank instead of a fresh
+one (:mod:`nbtrain.worker.session`); its ``Done`` then says which names the session holds.
 
 Output does not travel here: each rank's stdout and stderr are pipes read by the kernel, so C-level
 output (NCCL warnings, a segfault message) is shown too. After a job a rank writes :data:`END_MARK` and
@@ -64,6 +68,7 @@ class Job:
     sys_path: tuple[str, ...] = ()  # the kernel's sys.path, absolute (see nbtrain.launch.modules)
     result_prefix: str = ""  # rank 0 writes large results to /dev/shm files starting with this; "" = in the pickle
     shared_files: tuple[str, ...] = ()  # the /dev/shm files the inputs map: another machine gets their bytes
+    session: str = ""  # run in this session's namespace, kept between jobs; "" = a fresh namespace
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,8 @@ class Done:
     seconds: float
     modules: tuple = ()  # (name, path, mtime_ns, size) of the user's own modules imported so far
     rank_path: tuple = ()  # the rank's own sys.path entries, without its start-up directory
+    held: tuple = ()  # a session's job: (name, type name) of every name the session now holds
+    gpu_bytes: int | None = None  # a session's job: memory the rank's tensors hold on its GPU (None: no CUDA)
 
 
 @dataclass(frozen=True)
@@ -172,6 +179,13 @@ class ProfileSummary:
     total_us: float
     steps: int  # optimizer steps seen while profiling
     trace_file: str | None  # the Chrome / TensorBoard trace written, if the recording began
+
+
+@dataclass(frozen=True)
+class CloseSession:
+    """Forget a session's namespace (``%distributed_close``); the rank frees what it held."""
+
+    name: str
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE=True):
    rendezvous torchrun's agent provides — then say :class:`Ready`.
 
 Then, per :class:`Job`: a fresh ``__main__`` module (so classes defined in the cell pickle, and
-``if __name__ == "__main__":`` scripts run), the notebook's current directory and ``sys.path``
+``if __name__ == "__main__":`` scripts run; a job of a session gets the module its session keeps,
+:mod:`.session`), the notebook's current directory and ``sys.path``
 (:mod:`.modules`, which also reports the user's own modules after the job), the runtime names (``rank``,
 ``local_rank``, ``world_size``, ``device``, and ``display``: :mod:`nbtrain.worker.display`) and the
 notebook's inputs; ``input()``, ``sys.stdin`` and ``breakpoint()`` ask the notebook (:mod:`.prompts`) and
@@ -58,6 +59,7 @@ from ..train import profile
 from ..train import state as train_state
 from . import compat, display, prompts, stop
 from .modules import LocalModules
+from .session import RankSessions
 
 RESULT_RANK = 0  # the rank whose names come back to the notebook and whose displays show in the cell
 
@@ -161,6 +163,7 @@ class Rank:
         self.rank = int(os.environ["RANK"])
         self.real_main = sys.modules["__main__"]
         self.local_modules = LocalModules()
+        self.sessions = RankSessions()  # --session: namespaces kept between jobs
 
     def send(self, message) -> None:
         with self._send_lock:
@@ -176,6 +179,9 @@ class Rank:
                 return
             if isinstance(msg, P.Job):
                 self.run(msg)
+            elif isinstance(msg, P.CloseSession):
+                self.sessions.close(msg.name)
+                self._release_memory()
 
     def _namespace(self) -> types.ModuleType:
         main = types.ModuleType("__main__")
@@ -191,7 +197,7 @@ class Rank:
 
     def run(self, job: P.Job) -> None:
         started = time.perf_counter()
-        main = self._namespace()
+        main = self.sessions.enter(job, self._namespace)  # fresh, or the session's kept namespace
         sys.modules["__main__"] = main
         reply: object
         # As torchrun's agent sets them for each attempt (a warm pool's next cell starts again at 0).
@@ -204,6 +210,7 @@ class Rank:
         profile.begin(job.train.profile, job.train.profile_dir, self.rank, self.device)
         try:
             reply = self._execute(job, main.__dict__, started)
+            reply = self.sessions.leave(job, main, reply, self.torch)  # a failed session cell: bindings restored
         finally:
             self._send_profile(job.job_id)
             train_state.end()  # prepared models and loaders do not outlive their cell
