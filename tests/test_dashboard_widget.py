@@ -194,3 +194,4 @@ def test_configure_checks_its_input():
             dashboard.configure(smoothing=1.5)
     finally:
         dashboard.configure(**before)
+

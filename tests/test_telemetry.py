@@ -58,6 +58,41 @@ def test_first_reading_is_not_measured_and_no_reading_exceeds_the_cores(busy_tre
     assert max(readings) > 25
 
 
+GRANDPARENT = """
+import subprocess, sys
+child = subprocess.Popen([sys.executable, '-c', {busy!r}], stdout=subprocess.PIPE, text=True)
+print(child.pid, child.stdout.readline().strip(), flush=True)
+child.wait()
+"""
+
+
+def test_tree_members_found_without_reading_every_process(monkeypatch):
+    """Children and grandchildren count, found from the rank down: not by reading the whole machine's
+    process table (psutil's children() does, once a second, from the CPU the ranks train with)."""
+    from nbtrain.gpu import processes
+
+    top = subprocess.Popen([sys.executable, "-c", GRANDPARENT.format(busy=BUSY_PARENT)], stdout=subprocess.PIPE, text=True)
+    try:
+        child, grandchild = map(int, top.stdout.readline().split())
+        expected = {p.pid for p in psutil.Process(top.pid).children(recursive=True)}
+        assert {child, grandchild} <= expected
+        listed = []
+        every_parent = psutil._ppid_map  # what psutil's children() reads: /proc/*/stat of the whole machine
+        monkeypatch.setattr(psutil, "_ppid_map", lambda: listed.append("ppid_map") or every_parent())
+        assert set(processes.descendants(psutil.Process(top.pid))) == expected
+        trees = processes.ProcessTrees()
+        trees.usage(top.pid)
+        time.sleep(0.1)
+        usage = trees.usage(top.pid)
+        assert usage.pids == frozenset({top.pid} | expected) and usage.cpu_percent > 0
+        assert listed == [], "the telemetry listed every process of the machine"
+    finally:
+        for pid in psutil.Process(top.pid).children(recursive=True):
+            pid.kill()
+        top.kill()
+        top.wait(5)
+
+
 def test_exited_process_is_marked_not_raised(busy_tree):
     parent, child = busy_tree
     tel = Telemetry([(0, parent), (1, child)])
