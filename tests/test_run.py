@@ -353,3 +353,23 @@ def test_memory_is_released_before_the_reply(fresh_pools):
     run_cell(fresh_pools, "import torch; print('cuda initialised:', torch.cuda.is_initialized())", write=later)
     assert "released" not in later.text()
     assert "cuda initialised: False" in later.text()
+
+
+def test_the_loop_does_not_wake_on_a_timer_while_every_rank_runs_the_cell(fresh_pools, monkeypatch):
+    """With a rank on every core, each wakeup of the kernel's loop is CPU a rank loses: while the ranks
+    run the cell and nothing is timed, only their output and messages wake it (and the stop button)."""
+    from nbtrain.launch import pool as pool_module
+
+    run_cell(fresh_pools, "x = 1")  # start the ranks first: start-up is timed, and polled more often
+    waits = []
+    poll = pool_module.WorkerPool.poll_events
+
+    def recorded(self, timeout):
+        waits.append(timeout)
+        return poll(self, timeout)
+
+    monkeypatch.setattr(pool_module.WorkerPool, "poll_events", recorded)
+    started = time.monotonic()
+    run_cell(fresh_pools, "import time\ntime.sleep(2.0)")
+    seconds = time.monotonic() - started
+    assert len(waits) <= seconds / 0.5 + 8, f"{len(waits)} wakeups in {seconds:.1f} s: {waits}"  # not 10 a second

@@ -58,6 +58,10 @@ from ..words import count
 
 FAILURE_GRACE_S = 0.3  # let the other ranks report the same exception before they are stopped
 END_MARK_WAIT_S = 2.0  # after Done, wait at most this long for the last output
+TIMED_WAIT_S = 0.1  # the loop's wait while something is timed: start-up, a failure's grace, mismatches, the end
+STEADY_WAIT_S = 0.5  # every rank running the cell: output, messages and the stop button wake the loop at once;
+# only a rank whose children keep its pipes open after it died is seen on the timeout. Each wakeup is kernel
+# CPU, which with a rank on every core is taken from a rank.
 
 
 @dataclass
@@ -216,7 +220,7 @@ class _Run:
         while True:
             if stop_requested.is_set():  # SIGINT seen, even if something swallowed its KeyboardInterrupt
                 raise KeyboardInterrupt
-            for event in self.pool.poll_events(0.1):
+            for event in self.pool.poll_events(self._wait_s()):
                 self._handle(event)
             self._send_job_when_connected()
             now = time.monotonic()
@@ -239,6 +243,11 @@ class _Run:
                     f"{self.config.start_timeout_s:.0f} s (--start-timeout SECONDS or NBTRAIN_START_TIMEOUT waits longer)"
                     f"{self.pool.start_hint()}",
                     ()))
+
+    def _wait_s(self) -> float:
+        """How long the loop may sleep when nothing arrives: long only when nothing is being timed."""
+        steady = self.sent and self.pool.ready and not self.done and self.first_failure_at is None
+        return STEADY_WAIT_S if steady else TIMED_WAIT_S
 
     def _send_job_when_connected(self) -> None:
         if not self.sent and self.pool.connected():
