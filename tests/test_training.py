@@ -181,6 +181,18 @@ for i in range(3):
         assert history.series("rank_max", rank=rank).values == [10.0, 11.0, 12.0]
 
 
+def test_logged_tensors_keep_their_value_whatever_their_dtype(pools):
+    """CPU tensors are read one by one, not stacked as float32: a float64 value is not rounded, an integer
+    count or a flag becomes a float, a vector its mean."""
+    _, result = run_cell(pools, SETUP + """
+nbtrain.log(precise=torch.tensor(0.1, dtype=torch.float64), count=torch.tensor(3), flag=torch.tensor(True),
+            vector=torch.tensor([1.0, 4.0]), plain=0.25)
+""")
+    logged = {name: result.history.series(name, rank=0).values for name in ("precise", "count", "flag", "vector", "plain")}
+    assert logged == {"precise": [0.1], "count": [3.0], "flag": [1.0], "vector": [2.5], "plain": [0.25]}
+    assert all(type(values[0]) is float for values in logged.values())
+
+
 def test_a_scheduler_made_in_the_notebook_steps_without_pytorchs_order_warning(pools):
     import torch
 

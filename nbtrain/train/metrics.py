@@ -52,14 +52,20 @@ class MetricsBuffer:
         self._thread.start()
 
     def log(self, values: dict, step: int | None) -> None:
+        """Buffer one call's values (``values`` is the call's own dict: detached in place). Runs every step,
+        on the rank's training thread: a few dict operations, no tensor operation but ``detach``."""
         now = time.time()
-        values = {k: v.detach() if hasattr(v, "detach") else v for k, v in values.items()}  # do not keep graphs alive
+        for name, value in values.items():
+            if hasattr(value, "detach"):
+                values[name] = value.detach()  # do not keep graphs alive
         with self._lock:
-            if step is None:
-                step = max((self._counters.get(name, 0) for name in values), default=0)
+            counters = self._counters
+            step = max((counters.get(name, 0) for name in values), default=0) if step is None else int(step)
+            following = step + 1
             for name in values:
-                self._counters[name] = max(self._counters.get(name, 0), int(step) + 1)
-            self._records.append((int(step), now, values))
+                if counters.get(name, 0) < following:
+                    counters[name] = following
+            self._records.append((step, now, values))
 
     def flush(self) -> None:
         with self._flush_lock:
@@ -142,26 +148,34 @@ class LoggedSeries:
 
 
 def _to_numbers(records: list[tuple[int, float, dict]]) -> list[tuple[int, float, dict[str, float]]]:
-    """Convert every tensor of the batch to a float with one device-to-host copy per device."""
+    """Convert every tensor of the batch to a float: on the CPU one by one (there is nothing to wait for, and
+    a tensor's ``item()`` is cheaper than stacking it), on a GPU with one device-to-host copy per device."""
     if any(hasattr(v, "wait_value") for _, _, values in records for v in values.values()):
         records = [(step, when, {k: v.wait_value() if hasattr(v, "wait_value") else v for k, v in values.items()})
                    for step, when, values in records]  # all-reduced values: wait for their collectives here
     tensors = [v for _, _, values in records for v in values.values() if hasattr(v, "detach")]
     converted: dict[int, float] = {}
     if tensors:
-        import torch
-
         by_device: dict = {}
         for t in tensors:
             by_device.setdefault(t.device, []).append(t)
-        for group in by_device.values():
-            flat = torch.stack([t.detach().reshape(-1)[0].float() if t.numel() == 1 else t.detach().float().mean() for t in group])
-            for t, value in zip(group, flat.cpu().tolist(), strict=True):
-                converted[id(t)] = value
+        for device, group in by_device.items():
+            converted.update(zip(map(id, group), _device_values(device, group), strict=True))
     out = []
     for step, when, values in records:
         out.append((step, when, {k: converted[id(v)] if id(v) in converted else float(v) for k, v in values.items()}))
     return out
+
+
+def _device_values(device, group: list) -> list[float]:
+    """One number per tensor of ``group`` (all on ``device``): the value of a one-element tensor, else the mean."""
+    if device.type == "cpu":
+        return [float(t.item()) if t.numel() == 1 else t.float().mean().item() for t in group]
+    import torch
+
+    if all(t.dim() == 0 and t.dtype == group[0].dtype for t in group):  # the usual case: a loss per step
+        return torch.stack(group).float().cpu().tolist()
+    return torch.stack([t.reshape(-1)[0].float() if t.numel() == 1 else t.float().mean() for t in group]).cpu().tolist()
 
 
 def start(rank: int, send: Callable[[object], None]) -> MetricsBuffer:
