@@ -143,7 +143,7 @@ def _dashboard():
     from nbtrain.dashboard.observer import DashboardObserver
     from nbtrain.dashboard.widget import RunDashboard
 
-    IPython.display.display = lambda *args, **kwargs: None  # type: ignore[assignment]
+    IPython.display.display = lambda *args, **kwargs: None
     return DashboardObserver(RunDashboard)
 
 
