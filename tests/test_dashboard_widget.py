@@ -194,4 +194,3 @@ def test_configure_checks_its_input():
             dashboard.configure(smoothing=1.5)
     finally:
         dashboard.configure(**before)
-
