@@ -140,9 +140,11 @@ def _dashboard():
     """The widget dashboard a notebook shows, with nowhere to show it (no front end in a script)."""
     import IPython.display
 
+    from nbtrain.dashboard.chart import bundle_source
     from nbtrain.dashboard.observer import DashboardObserver
     from nbtrain.dashboard.widget import RunDashboard
 
+    bundle_source()  # an unbuilt chart would detach the dashboard at the run's start: measured without it
     IPython.display.display = lambda *args, **kwargs: None
     return DashboardObserver(RunDashboard)
 
