@@ -2,8 +2,9 @@
 
     python scripts/make_course_notebooks.py
 
-Like scripts/make_notebooks.py (the quickstart, troubleshooting and from_script notebooks), the cells are
-kept here as code so they are reviewed like code. Each notebook has one cell tagged ``parameters`` with
+Like scripts/make_notebooks.py (the quickstart, troubleshooting and from_script notebooks) and
+scripts/make_interactive_notebook.py (the interactive one), the cells are kept here as code so they are
+reviewed like code. Each notebook has one cell tagged ``parameters`` with
 its sizes: tiny by default, so CI runs it on a CPU in seconds; ``scripts/run_notebook.py --param
 NAME=VALUE`` runs it at full size on a GPU server. Both run top to bottom, unchanged, on a laptop CPU and
 on a GPU server. tests/test_notebooks.py executes them through a real kernel.

@@ -134,7 +134,9 @@ interactive = [
     new_markdown_cell(
         "## What the session holds\n\n"
         "`%distributed_sessions` lists the sessions: their ranks, devices, how many cells they ran, each "
-        "rank's memory, and the names the session holds on rank 0."),
+        "rank's memory, and the names the session holds on rank 0: what its cells assigned (`model`, `opt`, "
+        "`loader`, `epochs_done`, ...) and the notebook names they read (`Net`, `X`, ...), which were sent "
+        "once and are not sent again unless you assign them anew in the notebook."),
     new_code_cell("%distributed_sessions"),
     new_markdown_cell(
         "## Bring the model into the notebook\n\n"

@@ -111,3 +111,44 @@ def test_monitoring_shows_devices_curves_and_history():
     quiet = next(c for c in cells if "--no-dashboard" in c.source)
     assert not pngs(quiet) and not has_widget(quiet) and "no dashboard under this cell" in cell_text(quiet)
     assert "History(countdown: 5 points" in text
+
+
+def figures(cell) -> list[bytes]:
+    """The matplotlib figures a cell shows (PNG outputs whose text is the figure's repr, not the dashboard's)."""
+    return [base64.b64decode(o["data"]["image/png"]) for o in cell.get("outputs", [])
+            if "image/png" in o.get("data", {}) and o["data"].get("text/plain", "").startswith("<Figure")]
+
+
+def test_interactive_keeps_the_model_in_a_session_plots_pulls_and_profiles(tmp_path):
+    nb = run_notebook("interactive.ipynb", RANKS=2, LOG_DIR=repr(str(tmp_path / "runs")))
+    cells = [c for c in nb.cells if c.cell_type == "code"]
+    session_cells = [c for c in cells if c.source.startswith("%%distributed") and "--session s1" in c.source]
+    build, train, evaluate, profile = session_cells
+    assert "built on 2 ranks: 64 batches of 32 per rank and epoch" in cell_text(build)
+    assert "nbtrain: 2 ranks · gloo · cpu" in cell_text(build)
+    assert cell_text(next(c for c in cells if c.source.startswith("print('model' in"))).strip() == "False"
+    # Cell 2 trains the model cell 1 built (only the session had it: --out - sent nothing back).
+    train_text = cell_text(train)
+    assert "(warm)" in train_text and "back in the notebook: epoch_loss" in train_text
+    first, last = (float(v) for v in train_text.split("(first batch ")[1].split(")")[0].split(", last "))
+    assert last < first
+    figure = figures(train)
+    assert len(figure) == 1 and figure[0][:8] == b"\x89PNG\r\n\x1a\n" and len(figure[0]) > 5000
+    text = "\n".join(cell_text(c) for c in cells)
+    ranks_acc = float(text.split("test accuracy after 1 epoch(s): ")[1].split("%")[0])
+    assert ranks_acc > 85
+    listing = cell_text(next(c for c in cells if c.source == "%distributed_sessions"))
+    assert listing.startswith("s1: 2 ranks · gloo · cpu · 3 cells · memory per rank ")
+    assert all(f"{name} ({kind})" in listing for name, kind in
+               (("model", "DistributedDataParallel"), ("opt", "Adam"), ("loader", "DataLoader"),
+                ("epochs_done", "int"), ("test_acc", "float")))
+    # The pulled model is an ordinary Net that scores exactly what the session's model scored on the ranks.
+    assert f"pulled: Net; test accuracy in the notebook {ranks_acc:.1f}%, on the ranks {ranks_acc:.1f}%" in text
+    table = cell_text(profile)
+    assert "nbtrain: profile of the recorded steps" in table
+    assert "operator (self time, ms)                rank 0    rank 1" in table
+    assert "c10d::allreduce_" in table and "rank 1: communication " in table
+    assert f"traces (Chrome/Perfetto, TensorBoard): {tmp_path / 'runs' / 'profile'}" in table
+    assert list((tmp_path / "runs" / "profile").glob("rank1.*.pt.trace.json"))
+    closing = cell_text(next(c for c in cells if c.source.startswith("%distributed_close")))
+    assert "nbtrain: session 's1' ended." in closing and "nbtrain: no sessions" in closing
