@@ -152,9 +152,33 @@ class DistributedMagics(Magics):
         if self.cluster.close():
             print("nbtrain: the joined nodes were released; their agents exit.")
 
+    @magic_arguments()
+    @argument("--rdzv-host", metavar="ADDRESS",
+              help="listen for nodes on this address now, before a --nodes cell runs (nodes may join early)")
+    @argument("--emulate", type=int, default=0, metavar="N",
+              help="start N node agents on this machine, on 127.0.0.2, 127.0.0.3, … (with --rdzv-host 127.0.0.1): "
+                   "emulated nodes, to try --nodes without a cluster")
     @line_magic
     def distributed_nodes(self, line):
-        """List the nodes joined for ``%%distributed --nodes N``: address, GPUs, state; and the command to join more."""
+        """List the nodes joined for ``%%distributed --nodes N``: address, GPUs, state; and the command to join more.
+
+        Examples: ``%distributed_nodes``, ``%distributed_nodes --rdzv-host 10.0.0.5`` (print the join command
+        now), ``%distributed_nodes --rdzv-host 127.0.0.1 --emulate 2`` (two emulated nodes on this machine).
+        """
+        args = parse_argstring(self.distributed_nodes, line)
+        if args.emulate and not args.rdzv_host:
+            raise UsageError("--emulate needs --rdzv-host 127.0.0.1 (the address the emulated nodes join)")
+        if args.emulate < 0:
+            raise UsageError(f"--emulate {args.emulate}: give a number of nodes, 1 or more")
+        try:
+            if args.emulate:
+                started = self.cluster.emulate(args.rdzv_host, args.emulate)
+                print(f"nbtrain: started {len(started)} emulated node agents on {', '.join(started)}; "
+                      "they join in a few seconds")
+            elif args.rdzv_host:
+                self.cluster.hub(args.rdzv_host)
+        except (ValueError, OSError) as exc:
+            raise UsageError(str(exc)) from None
         print("\n".join(self.cluster.describe()))
 
     @line_magic

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 
 import nbformat
+import psutil
 import pytest
 from nbclient import NotebookClient
 
@@ -152,3 +154,22 @@ def test_interactive_keeps_the_model_in_a_session_plots_pulls_and_profiles(tmp_p
     assert list((tmp_path / "runs" / "profile").glob("rank1.*.pt.trace.json"))
     closing = cell_text(next(c for c in cells if c.source.startswith("%distributed_close")))
     assert "nbtrain: session 's1' ended." in closing and "nbtrain: no sessions" in closing
+
+
+def test_multinode_runs_on_two_emulated_nodes_and_their_agents_leave():
+    nb = run_notebook("multinode.ipynb", STEPS=100)
+    cells = [c for c in nb.cells if c.cell_type == "code"]
+    text = "\n".join(cell_text(c) for c in cells)
+    joining = next(c for c in cells if "--emulate" in c.source)
+    assert "started 2 emulated node agents on 127.0.0.2, 127.0.0.3" in cell_text(joining)
+    token = re.search(r"--token (\S+)", cell_text(joining)).group(1)
+    training, evaluation = (c for c in cells if c.source.startswith("%%distributed"))
+    first = cell_text(training)
+    assert "python -m nbtrain.node --join" not in first, "the command was printed by %distributed_nodes already"
+    assert re.search(r"\[node [ab] rank 1\] rank 1 of 2", first) and "rank 0 of 2" in first, first
+    assert "back in the notebook: Net, final loss" in text
+    assert "(warm)" in cell_text(evaluation) and "accuracy over every node:" in text
+    listing = cell_text(next(c for c in cells if c.source == "%distributed_nodes"))
+    assert "node a: " in listing and "node b: " in listing and "127.0.0.2" in listing and "127.0.0.3" in listing
+    # The notebook's %distributed_shutdown released the nodes: no agent of this pool is left.
+    assert not [p for p in psutil.process_iter(["cmdline"]) if token in " ".join(p.info["cmdline"] or ())]

@@ -9,6 +9,7 @@
 a pool factory (:meth:`Cluster.make_pool`) that returns a local :class:`~nbtrain.launch.pool.WorkerPool` for a
 one-machine spec and a :class:`~.group.NodePool` for a multi-node one. Nodes stay joined between cells, while
 the hub lives: until ``%distributed_shutdown``, the extension's unloading or the kernel's exit.
+:mod:`.emulated` starts node agents on this machine's loopback addresses (``%distributed_nodes --emulate N``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import threading
 
 from ..launch.config import PoolSpec
 from ..launch.pool import WorkerPool
+from .emulated import EmulatedNodes, check_loopback
 from .group import NodePool
 from .hub import Hub
 
@@ -29,6 +31,7 @@ class Cluster:
     def __init__(self) -> None:
         self._hub: Hub | None = None
         self._lock = threading.Lock()
+        self.emulated = EmulatedNodes()
 
     def hub(self, host: str) -> Hub:
         with self._lock:
@@ -44,12 +47,20 @@ class Cluster:
             return WorkerPool(spec)
         return NodePool(spec, self.hub(spec.rdzv_host))
 
+    def emulate(self, host: str, count: int) -> list[str]:
+        """Listen on ``host`` (loopback) and start ``count`` node agents on this machine; their addresses."""
+        check_loopback(host)
+        hub = self.hub(host)
+        return self.emulated.start(hub.join_command(), count)
+
     def describe(self) -> list[str]:
         hub = self._hub
         if hub is None:
-            return ["nbtrain: no node has joined (a %%distributed --nodes N cell prints the command that joins one)."]
+            return ["nbtrain: no node has joined (a %%distributed --nodes N cell prints the command that joins one, "
+                    "or %distributed_nodes --rdzv-host ADDRESS)."]
         lines = hub.describe() or ["nbtrain: no node is joined now."]
-        return lines + [f"join more with: {hub.join_command()}"]
+        hub.announced = True  # a first --nodes cell need not print the command again
+        return lines + self.emulated.failures() + [f"join more with: {hub.join_command()}"]
 
     def close(self) -> bool:
         with self._lock:
@@ -57,4 +68,5 @@ class Cluster:
         if hub is None:
             return False
         hub.close()
+        self.emulated.close()  # they leave with the pool; this reaps them
         return True
