@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import psutil
 import pytest
 from IPython.core.error import UsageError
 
@@ -84,3 +85,22 @@ def test_shutdown_magic_stops_warm_ranks(shell, capsys):
     shell.run_line_magic("distributed_shutdown", "")
     assert "stopped the warm ranks" in capsys.readouterr().out
     assert not nbtrain_workers()
+
+
+@pytest.mark.parametrize("line, message", [
+    ("--rdzv-host 10.0.0.5 --emulate 2", "cannot reach --rdzv-host 10.0.0.5: use --rdzv-host 127.0.0.1"),
+    ("--emulate 2", "--emulate needs --rdzv-host 127.0.0.1"),
+    ("--rdzv-host 127.0.0.1 --emulate -1", "1 or more"),
+])
+def test_emulated_nodes_need_a_loopback_rdzv_host_and_start_nothing_otherwise(shell, line, message):
+    before = {p.pid for p in psutil.process_iter() if "nbtrain.node" in " ".join(_cmdline(p))}
+    with pytest.raises(UsageError, match=message):
+        shell.run_line_magic("distributed_nodes", line)
+    assert {p.pid for p in psutil.process_iter() if "nbtrain.node" in " ".join(_cmdline(p))} <= before
+
+
+def _cmdline(process) -> list[str]:
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
