@@ -248,8 +248,9 @@ class NodePool(WorkerPool):
                 continue
             self._lost.add(node.name)
             why = "its connection broke" if node.link.closed.is_set() else f"no heartbeat for {LOST_AFTER_S:.0f} s"
-            events.extend(self._node_failed(node, f"node {node.name} ({rank_span(self._node_ranks(node))}) lost: {why}",
-                                            -9))
+            text = f"node {node.name} ({rank_span(self._node_ranks(node))}) lost: {why}"
+            self._say(f"nbtrain: {text}; stopping the other ranks")  # now: stopping them takes a few seconds more
+            events.extend(self._node_failed(node, text, -9))
         return events
 
     # ------------------------------------------------------------------------------ stopping
