@@ -89,6 +89,43 @@ async def _answers_of_a_real_run(jp_fetch, jp_serverapp) -> list[tuple[str, str,
     return answers
 
 
+def test_a_node_runs_answer_lists_its_nodes_as_types_ts_declares(jp_fetch, jp_serverapp, jp_asyncio_loop):
+    """A --nodes run on two emulated nodes: /nbtrain/runs lists each node with its heartbeats' CPU and RAM."""
+    running = jp_asyncio_loop.run_until_complete(_a_node_run(jp_fetch, jp_serverapp))
+    assert not mismatches(running, "IRunsReply", interfaces(), "runs (nodes)")
+    nodes = running["runs"][0]["nodes"]
+    assert sorted((n["name"], n["state"]) for n in nodes) == [("a", "running"), ("b", "running")], nodes
+    assert sorted(rank for n in nodes for rank in n["ranks"]) == [0, 1]
+    assert sorted(n["address"] for n in nodes) == ["127.0.0.2", "127.0.0.3"]
+    assert all(n["cpu_percent"] is not None and n["ram_percent"] is not None and n["gpus"] == [] for n in nodes)
+
+
+async def _a_node_run(jp_fetch, jp_serverapp) -> dict:
+    _, session = await fetch_json(jp_fetch, "api", "sessions", method="POST", body=json.dumps(
+        {"path": "nodes.ipynb", "name": "nodes.ipynb", "type": "notebook", "kernel": {"name": "python3"}}))
+    kernel_id = session["kernel"]["id"]
+    kernel = ServerKernel(jp_serverapp.kernel_manager, kernel_id)
+    try:
+        await kernel.ready()
+        await kernel.run("%load_ext nbtrain\n%distributed_nodes --rdzv-host 127.0.0.1 --emulate 2")
+        cell = kernel.start(ENDLESS_RUN.replace("%%distributed 2 --cpu", "%%distributed --nodes 2 --rdzv-host 127.0.0.1 "
+                                                "--cpu --start-timeout 120"))
+
+        async def probe():
+            _, body = await fetch_json(jp_fetch, "nbtrain", "runs")
+            ours = [r for r in body["runs"] if r["kernel_id"] == kernel_id and r["state"] == "running"]
+            heard = ours and len(ours[0]["nodes"]) == 2 and all(n["cpu_percent"] is not None for n in ours[0]["nodes"])
+            return body if heard else None
+
+        running = await wait_for(probe, "the node run to list its nodes", timeout=150)
+        await fetch_json(jp_fetch, "nbtrain", "stop", method="POST", body=json.dumps({"kernel_id": kernel_id}))
+        await kernel.finish(cell, timeout=30)
+        await kernel.run("%distributed_shutdown")  # the emulated agents leave with the pool
+    finally:
+        kernel.close()
+    return running
+
+
 async def _running(jp_fetch, kernel_id) -> dict:
     async def probe():
         _, body = await fetch_json(jp_fetch, "nbtrain", "runs")

@@ -1,7 +1,7 @@
 /**
  * Short human forms of the numbers the panel and the status bar show.
  */
-import { IMachine } from './types';
+import { IMachine, INode } from './types';
 
 const GiB = 2 ** 30;
 
@@ -52,4 +52,25 @@ export function duration(seconds: number): string {
     return `${Math.floor(s / 60)} min ${s % 60} s`;
   }
   return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
+}
+
+/** "ranks 2–3", "rank 1", "ranks 0, 2": a node's global ranks. */
+export function rankSpan(ranks: number[]): string {
+  if (ranks.length === 1) {
+    return `rank ${ranks[0]}`;
+  }
+  const contiguous = ranks.every((r, i) => i === 0 || r === ranks[i - 1] + 1);
+  return contiguous && ranks.length ? `ranks ${ranks[0]}–${ranks[ranks.length - 1]}` : `ranks ${ranks.join(', ')}`;
+}
+
+/** "node b · gpu2 (10.0.0.8) · ranks 2–3 · running · CPU 12% · RAM 40% · GPU0 97% 41/80 GiB". */
+export function nodeText(node: INode): string {
+  const parts = [`node ${node.name}`, `${node.host} (${node.address})`, rankSpan(node.ranks), node.state];
+  if (node.cpu_percent !== null) {
+    parts.push(`CPU ${percent(node.cpu_percent)}`, `RAM ${percent(node.ram_percent)}`);
+  }
+  for (const gpu of node.gpus) {
+    parts.push(`GPU${gpu.index} ${percent(gpu.utilization)} ${gib(gpu.memory_used)}/${gib(gpu.memory_total)} GiB`);
+  }
+  return parts.join(' · ');
 }

@@ -9,7 +9,7 @@
 import { showErrorMessage } from '@jupyterlab/apputils';
 
 import { el, IRow, setAttr, setClass, setShown, setText } from './dom';
-import { count, duration, loss } from './format';
+import { count, duration, loss, nodeText } from './format';
 import { NbtrainModel } from './model';
 import { requestAPI } from './request';
 import { IRun, IStopReply } from './types';
@@ -83,7 +83,7 @@ class RunRow implements IRow<IRun> {
     };
     const head = el('div', 'nbtrain-Run-head');
     head.append(this._link.node, this._state, this._stop);
-    this.node.append(head, this._facts, this._pids, this._summary);
+    this.node.append(head, this._facts, this._pids, this._nodes, this._summary);
   }
 
   update(run: IRun): void {
@@ -97,6 +97,8 @@ class RunRow implements IRow<IRun> {
     setText(this._facts, this._factsText(run));
     const pids = run.ranks.map(r => `${r.rank}:${r.pid}${r.alive ? '' : ' (gone)'}`).join('  ');
     setText(this._pids, `kernel ${run.kernel_pid ?? '?'} · ranks ${pids || '–'}`);
+    setShown(this._nodes, run.nodes.length > 0);
+    setText(this._nodes, run.nodes.map(nodeText).join('\n'));
     setShown(this._summary, Boolean(run.summary) && !run.active);
     setText(this._summary, run.active ? '' : (run.summary ?? ''));
   }
@@ -129,5 +131,6 @@ class RunRow implements IRow<IRun> {
   private _stop = el('button', 'jp-Button jp-mod-styled jp-mod-warn nbtrain-Stop');
   private _facts = el('div', 'nbtrain-Run-facts');
   private _pids = el('div', 'nbtrain-Run-pids');
+  private _nodes = el('div', 'nbtrain-Run-nodes');
   private _summary = el('div', 'nbtrain-Run-summary');
 }

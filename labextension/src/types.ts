@@ -43,6 +43,28 @@ export interface IRank {
   alive: boolean;
 }
 
+/** One GPU of a node, from its last heartbeat. */
+export interface INodeGpu {
+  index: number;
+  utilization: number | null;
+  memory_used: number | null;
+  memory_total: number | null;
+}
+
+/** A machine of a `--nodes` run: what its heartbeats say (telemetry null before the first one). */
+export interface INode {
+  name: string;
+  host: string;
+  address: string;
+  ranks: number[];
+  /** idle | running | lost */
+  state: string;
+  last_heard: number;
+  cpu_percent: number | null;
+  ram_percent: number | null;
+  gpus: INodeGpu[];
+}
+
 export interface IRun {
   kernel_id: string;
   kernel_pid: number | null;
@@ -63,6 +85,8 @@ export interface IRun {
   updated: number | null;
   ended: number | null;
   summary: string | null;
+  /** A --nodes run's machines; empty on one machine. */
+  nodes: INode[];
 }
 
 export interface IProcess {

@@ -221,6 +221,9 @@ class NodePool(WorkerPool):
             return self._node_failed(node, f"node {node.name} could not start its ranks: {message.text}", 1)
         return []
 
+    def node_infos(self) -> tuple:
+        return tuple(node.info(self._node_ranks(node), node.name in self._lost or node.lost()) for node in self.nodes)
+
     def _node_ranks(self, node: NodeConn) -> list[int]:
         ranks = [rank for rank, n in self._rank_node.items() if n is node]
         if not ranks:  # before the rendezvous told us: the ranks it would have had, in join order

@@ -25,6 +25,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from ..launch.observer import NodeGpu, NodeInfo
 from ..wire import nodes as N
 from ..wire.link import JoinToken, Link, LinkError, handshake_server
 from .tls import make_certificate, server_context
@@ -51,6 +52,14 @@ class NodeConn:
 
     def lost(self) -> bool:
         return self.link.closed.is_set() or self.silent_for() > LOST_AFTER_S
+
+    def info(self, ranks, lost: bool) -> NodeInfo:
+        """What observers (the dashboard, the run registry) are told of this node: from its last heartbeat."""
+        beat = self.link.last_heartbeat
+        sample = beat.telemetry if beat is not None else {}
+        gpus = tuple(NodeGpu(*gpu) for gpu in sample.get("gpus", []))
+        return NodeInfo(self.name, self.hello.host, self.address, tuple(ranks), "lost" if lost else self.state,
+                        time.time() - self.silent_for(), sample.get("cpu_percent"), sample.get("ram_percent"), gpus)
 
 
 class Hub:

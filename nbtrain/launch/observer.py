@@ -19,6 +19,29 @@ class RankInfo:
 
 
 @dataclass(frozen=True)
+class NodeGpu:
+    index: int
+    utilization: float | None  # percent
+    memory_used: int | None  # bytes
+    memory_total: int | None
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """A machine of a ``--nodes`` run, as its last heartbeat described it (telemetry None before the first)."""
+
+    name: str  # "a", "b", … in join order
+    host: str  # its hostname
+    address: str  # the address it joined from
+    ranks: tuple[int, ...]
+    state: str  # "idle" | "running" | "lost"
+    last_heard: float  # unix time
+    cpu_percent: float | None
+    ram_percent: float | None
+    gpus: tuple[NodeGpu, ...]
+
+
+@dataclass(frozen=True)
 class RunInfo:
     run_id: str
     nprocs: int
@@ -27,6 +50,7 @@ class RunInfo:
     gpu_ids: tuple[int, ...]
     ranks: tuple[RankInfo, ...]
     warm: bool
+    nodes: tuple[NodeInfo, ...] = ()  # a --nodes run's machines; () on one machine
 
 
 class RunObserver:
@@ -42,6 +66,9 @@ class RunObserver:
     def setup(self, rank: int, facts: dict) -> None:
         """What ``nbtrain.prepare()`` set up for one model on ``rank``: AMP, channels_last, compile time
         (a :class:`~nbtrain.wire.protocol.Setup`'s facts)."""
+
+    def nodes_heard(self, nodes: tuple[NodeInfo, ...]) -> None:
+        """A ``--nodes`` run's machines, about once a second, with what their heartbeats said (CPU, RAM, GPUs)."""
 
     def run_finished(self, status: str, summary: str) -> None:
         """``status``: "ok", "failed" or "interrupted"; ``summary``: one line for people."""

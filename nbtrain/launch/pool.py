@@ -125,6 +125,10 @@ class WorkerPool:
     def alive(self) -> bool:
         return self.ready and not self._broken and self.procs.all_running()
 
+    def node_infos(self) -> tuple:
+        """The machines of a ``--nodes`` pool (:class:`~.observer.NodeInfo`); one machine: none."""
+        return ()
+
     def pids(self) -> list[int]:
         return self.procs.pids()
 

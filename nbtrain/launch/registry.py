@@ -15,7 +15,12 @@ Record (JSON)::
      "run_id": "nbtrain-123-1/4", "started": 1760000000.0, "updated": 1760000003.2, "ended": null,
      "backend": "nccl", "device_type": "cuda", "gpu_ids": [0, 1], "nprocs": 2,
      "ranks": [{"rank": 0, "pid": 456, "device": "cuda:0", "gpu_index": 0}, …],
-     "step": 1200, "metrics": {"loss": 0.31}, "summary": "2 ranks finished in 41.0 s" | null}
+     "step": 1200, "metrics": {"loss": 0.31}, "summary": "2 ranks finished in 41.0 s" | null,
+     "nodes": [{"name": "a", "host": "gpu1", "address": "10.0.0.7", "ranks": [0, 1], "state": "running",
+                "last_heard": 1760000003.0, "cpu_percent": 12.0, "ram_percent": 40.0,
+                "gpus": [{"index": 0, "utilization": 97.0, "memory_used": 1234, "memory_total": 81559}]}, …]}
+
+``nodes`` is empty on one machine; on a ``--nodes`` run it follows the nodes' heartbeats (throttled like metrics).
 
 Metric updates are throttled to one write per :data:`WRITE_INTERVAL_S`.
 """
@@ -108,6 +113,11 @@ class RunRegistry(RunObserver):
         if time.monotonic() - self._last_write >= WRITE_INTERVAL_S:
             self._write()
 
+    def nodes_heard(self, nodes) -> None:
+        self.record["nodes"] = [asdict(n) for n in nodes]
+        if time.monotonic() - self._last_write >= WRITE_INTERVAL_S:
+            self._write()
+
     def run_finished(self, status: str, summary: str) -> None:
         self.record.update(state={"ok": "finished"}.get(status, status), ended=time.time(), summary=summary)
         self._write()
@@ -115,7 +125,8 @@ class RunRegistry(RunObserver):
     @staticmethod
     def _layout(info: RunInfo) -> dict:
         return {"backend": info.backend, "device_type": info.device_type, "gpu_ids": list(info.gpu_ids),
-                "nprocs": info.nprocs, "ranks": [asdict(r) for r in info.ranks]}
+                "nprocs": info.nprocs, "ranks": [asdict(r) for r in info.ranks],
+                "nodes": [asdict(n) for n in info.nodes]}
 
     def _write(self) -> None:
         self.record["updated"] = time.time()

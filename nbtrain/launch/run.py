@@ -62,6 +62,7 @@ TIMED_WAIT_S = 0.1  # the loop's wait while something is timed: start-up, a fail
 STEADY_WAIT_S = 0.5  # every rank running the cell: output, messages and the stop button wake the loop at once;
 # only a rank whose children keep its pipes open after it died is seen on the timeout. Each wakeup is kernel
 # CPU, which with a rank on every core is taken from a rank.
+NODES_EVERY_S = 1.0  # how often observers hear of a --nodes run's machines (their heartbeats come each second)
 
 
 @dataclass
@@ -214,6 +215,7 @@ class _Run:
         self.first_failure_at: float | None = None
         self.all_done_at: float | None = None
         self.start_deadline = time.monotonic() + config.start_timeout_s
+        self.nodes_told_at = 0.0
         self.mismatch = MismatchWatcher(pool, job.filename, info.source, info.line_offset)
 
     def loop(self, stop_requested: threading.Event) -> None:
@@ -224,6 +226,7 @@ class _Run:
                 self._handle(event)
             self._send_job_when_connected()
             now = time.monotonic()
+            self._tell_nodes(now)
             if self.first_failure_at is not None:  # a rank failed
                 if now - self.first_failure_at >= self.failure_grace or len(self.failures) == self.nprocs:
                     return
@@ -262,7 +265,13 @@ class _Run:
         ranks = tuple(RankInfo(rank, pid, devices.get(rank), _physical_gpu(spec, devices.get(rank)))
                       for rank, pid in enumerate(self.pool.pids()))
         return RunInfo(f"{self.pool.run_id}/{self.job.job_id}", spec.nprocs, spec.backend, spec.device_type,
-                       spec.gpu_ids, ranks, self.warm)
+                       spec.gpu_ids, ranks, self.warm, self.pool.node_infos())
+
+    def _tell_nodes(self, now: float) -> None:
+        """Once a second on a --nodes run: each machine's state and load, from its heartbeats, to the observers."""
+        if self.sent and now - self.nodes_told_at >= NODES_EVERY_S and (nodes := self.pool.node_infos()):
+            self.nodes_told_at = now
+            self.notify("nodes_heard", nodes)
 
     def notify(self, method: str, *args) -> None:
         for observer in list(self.observers):

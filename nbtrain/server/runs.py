@@ -65,7 +65,7 @@ def describe_runs(kernels: dict[str, KernelView], records: list[dict]) -> list[d
             "device_type": record.get("device_type"), "gpu_ids": record.get("gpu_ids") or [],
             "ranks": ranks, "step": record.get("step"), "loss": metrics.get("loss"), "metrics": metrics,
             "started": record.get("started"), "updated": record.get("updated"), "ended": record.get("ended"),
-            "summary": record.get("summary"),
+            "summary": record.get("summary"), "nodes": record.get("nodes") or [],
         })
     return described
 
