@@ -17,7 +17,8 @@ from nbtrain.dashboard.widget import RunDashboard
 from nbtrain.gpu.devices import GpuProcess, GpuStatus
 from nbtrain.gpu.processes import HostStatus
 from nbtrain.gpu.telemetry import RankUsage, Snapshot
-from nbtrain.launch.observer import RankInfo, RunInfo
+from nbtrain.dashboard.observer import DashboardObserver
+from nbtrain.launch.observer import NodeGpu, NodeInfo, RankInfo, RunInfo
 
 PNG = b"\x89PNG\r\n\x1a\n"
 GiB = 2**30
@@ -95,6 +96,26 @@ def test_no_redraw_without_news_and_chart_throttled(sent):
     board.tick()
     assert board.chart.sent == 2
     assert {w for w, _ in sent} <= {board.chart.widget, board.run_panel.widget}
+
+
+def test_a_node_runs_panel_lists_its_nodes_and_redraws_when_they_report(sent):
+    model = run_model(gpu_snapshot())
+    model.elapsed = lambda: 10.0
+    board = RunDashboard(model)
+    observer = DashboardObserver(lambda m: board, model=model)
+    board.tick()
+    assert "<th" in board.run_panel.widget.value and ">node<" not in board.run_panel.widget.value  # one machine
+    nodes = (NodeInfo("a", "gpu1", "10.0.0.7", (0, 1), "running", time.time(), 35.0, 41.0,
+                      (NodeGpu(0, 97.0, 12 * GiB, 80 * GiB),)),
+             NodeInfo("b", "gpu2", "10.0.0.8", (2, 3), "lost", time.time() - 6, None, None, ()))
+    sent.clear()
+    observer.nodes_heard(nodes)  # what the run loop calls once a second on a --nodes run
+    board.tick()
+    panel = board.run_panel.widget.value
+    assert [w for w, _ in sent] == [board.run_panel.widget], "a node report redraws the run panel"
+    assert ">node<" in panel and "gpu1 (10.0.0.7)" in panel and "0–1" in panel and "running" in panel
+    assert "35%" in panel and "41%" in panel and "GPU 0 97% 12.0 GiB/80.0 GiB" in panel
+    assert "gpu2 (10.0.0.8)" in panel and "lost" in panel and "2–3" in panel
 
 
 def test_cpu_only_panel_says_no_driver_and_shows_ranks():

@@ -16,7 +16,7 @@ import time
 from ..gpu.telemetry import Snapshot, Telemetry
 from ..launch.advisor import Evidence, Hint, advise
 from ..launch.setup_facts import setup_words
-from ..launch.observer import RankInfo, RunInfo
+from ..launch.observer import NodeInfo, RankInfo, RunInfo
 from .metric_store import MetricStore
 from .progress import Progress, progress
 from .series import DEFAULT_CAPACITY
@@ -30,6 +30,8 @@ class RunModel:
         self.telemetry_source = telemetry_source or Telemetry()  # what the sampler thread reads them from
         self.info: RunInfo | None = None
         self.ranks: tuple[RankInfo, ...] = ()
+        self.nodes: tuple[NodeInfo, ...] = ()  # a --nodes run's machines, as their last heartbeats said
+        self.nodes_version = 0  # bumped with each new report, so a view redraws only then
         self.started = time.monotonic()
         self.ended: float | None = None
         self.status: str | None = None  # "ok" | "failed" | "interrupted" once finished
@@ -41,6 +43,12 @@ class RunModel:
         self.info = info
         self.ranks = tuple(info.ranks)
         self.telemetry_source.set_ranks(info.ranks)
+        if info.nodes:
+            self.set_nodes(info.nodes)
+
+    def set_nodes(self, nodes: tuple[NodeInfo, ...]) -> None:
+        self.nodes = tuple(nodes)
+        self.nodes_version += 1
 
     def add_metrics(self, rank: int, records) -> None:
         self.store.add(rank, records)

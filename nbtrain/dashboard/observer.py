@@ -6,6 +6,7 @@ The run calls it on the kernel's main thread; every callback only records and re
   on the first one the front end is shown and the two background threads start: the telemetry
   :class:`~nbtrain.dashboard.threads.Sampler` (every ``interval`` seconds) and the
   :class:`~nbtrain.dashboard.threads.Ticker` that lets the front end redraw (four times a second);
+* ``nodes_heard`` — a ``--nodes`` run's machines (state, CPU, RAM, GPUs from their heartbeats) go to the model;
 * ``metrics`` — the records are appended to the bounded store (O(1) per value);
 * ``setup`` — what ``prepare()`` set up (precision, memory format, compile time) goes to the model;
 * ``run_finished`` — both threads are stopped and joined, and the front end
@@ -68,6 +69,9 @@ class DashboardObserver(RunObserver):
     def hints(self) -> list:
         """The bottleneck advisor's hints from everything this dashboard measured (the summary shows them)."""
         return self.model.hints()
+
+    def nodes_heard(self, nodes) -> None:
+        self.model.set_nodes(nodes)
 
     def run_finished(self, status: str, summary: str) -> None:
         self.stop()

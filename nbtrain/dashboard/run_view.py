@@ -10,6 +10,9 @@ otherwise resident RAM), CPU % (100 = one core), its step and steps per second.
 Under the table: what ``prepare()`` set up (precision, channels_last, the compile time) and the bottleneck
 advisor's hints so far (:mod:`nbtrain.launch.advisor`; computed there, only shown here).
 
+Node table (a ``--nodes`` run only): per machine its name, host and address, ranks, state, and the CPU, RAM
+and each GPU's load and memory that its last heartbeat reported (:func:`nodes_html`).
+
 :func:`~nbtrain.dashboard.progress.progress` computes the numbers (tested directly); :func:`run_html`
 draws them; :class:`RunPanel` is one ``ipywidgets.HTML``.
 """
@@ -49,8 +52,29 @@ def _memory(usage) -> str:
     return f"{text.size(usage.rss)} RAM"
 
 
+def node_gpus_text(gpus) -> str:
+    """``GPU 0 97% 1.2 GiB/80.0 GiB, GPU 1 …`` from a heartbeat's GPUs; ``–`` for a node without one."""
+    return ", ".join(f"GPU {g.index} {text.percent(g.utilization)} {text.size(g.memory_used)}/{text.size(g.memory_total)}"
+                     for g in gpus) or "–"
+
+
+def nodes_html(nodes) -> str:
+    """The table of a --nodes run's machines; "" on one machine."""
+    if not nodes:
+        return ""
+    rows = []
+    for node in nodes:
+        ranks = f"{node.ranks[0]}–{node.ranks[-1]}" if len(node.ranks) > 1 else "".join(map(str, node.ranks))
+        cells = [node.name, f"{node.host} ({node.address})", ranks, node.state, text.percent(node.cpu_percent),
+                 text.percent(node.ram_percent), node_gpus_text(node.gpus)]
+        rows.append("<tr>" + "".join(f'<td style="{theme.CELL_STYLE}">{html.escape(c)}</td>' for c in cells) + "</tr>")
+    head = "".join(f'<th style="{theme.HEAD_STYLE}">{h}</th>'
+                   for h in ("node", "host", "ranks", "state", "CPU", "RAM", "GPUs"))
+    return f'<table style="{theme.TABLE_STYLE}"><tr>{head}</tr>{"".join(rows)}</table>'
+
+
 def run_html(store: MetricStore, snap: Snapshot | None, rank_infos, elapsed: float, status: str | None = None,
-             setup: Sequence[str] = (), hints: Sequence = ()) -> str:
+             setup: Sequence[str] = (), hints: Sequence = (), nodes=()) -> str:
     p = progress(store, elapsed)
     bar = ""
     if p.fraction is not None:
@@ -77,7 +101,7 @@ def run_html(store: MetricStore, snap: Snapshot | None, rank_infos, elapsed: flo
         extra += f'<div class="nbt-row">prepared: {html.escape(" · ".join(setup))}</div>'
     extra += "".join(f'<div class="nbt-row">💡 {html.escape(h.text)}</div>' for h in hints)
     return (f'{theme.STYLE}<div class="nbt-row"><b>nbtrain</b> · {html.escape(progress_text(p, status))}{bar}</div>'
-            f'{table}{extra}')
+            f'{table}{nodes_html(nodes)}{extra}')
 
 
 class RunPanel:
@@ -92,8 +116,8 @@ class RunPanel:
 
     def update(self, model: RunModel) -> None:
         elapsed, status = model.elapsed(), model.status_text()
-        shown = (model.telemetry.version, int(elapsed), status)
+        shown = (model.telemetry.version, model.nodes_version, int(elapsed), status)
         if shown != self._shown:
             self._shown = shown
             self.widget.value = run_html(model.store, model.telemetry.latest, model.ranks, elapsed, status,
-                                         model.setup_words(), model.hints())
+                                         model.setup_words(), model.hints(), model.nodes)
