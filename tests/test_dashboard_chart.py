@@ -7,7 +7,9 @@ from __future__ import annotations
 import math
 import random
 import time
+import uuid
 
+import comm
 import ipywidgets
 import pytest
 
@@ -103,6 +105,25 @@ def test_downsampling_keeps_spikes_and_memory_flat_over_a_long_run():
     assert times == sorted(times) and math.isclose(times[-1], 1e9 + series.steps[-1] / 100)
 
 
+class _FrontEnd:
+    """A comm whose front end is always there: ipywidgets sends only through a comm with a kernel, and which
+    comm a widget gets depends on what the process did before (an IPython shell without a kernel gives none)."""
+
+    kernel = True
+
+    def __init__(self, **_kwargs) -> None:
+        self.comm_id = uuid.uuid4().hex
+
+    def send(self, *args, **kwargs) -> None:
+        pass
+
+    def on_msg(self, callback) -> None:
+        pass
+
+    def close(self, *args, **kwargs) -> None:
+        pass
+
+
 @pytest.fixture
 def messages(monkeypatch):
     """Every comm message the widgets would send, as (widget, data, buffers)."""
@@ -113,6 +134,7 @@ def messages(monkeypatch):
         sent.append((self, msg, buffers or []))
         return original(self, msg, buffers)
 
+    monkeypatch.setattr(comm, "create_comm", _FrontEnd)
     monkeypatch.setattr(ipywidgets.Widget, "_send", _send)
     return sent
 
