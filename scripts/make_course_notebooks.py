@@ -10,21 +10,9 @@ NAME=VALUE`` runs it at full size on a GPU server. Both run top to bottom, uncha
 on a GPU server. tests/test_notebooks.py executes them through a real kernel.
 """
 
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from nbformat.v4 import new_code_cell, new_markdown_cell
 
-KERNEL = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
-
-
-def parameters(source):
-    return new_code_cell(source, metadata={"tags": ["parameters"]})
-
-
-def write(cells, name):
-    """Write notebooks/NAME.ipynb with cell ids that stay the same from one generation to the next."""
-    for i, cell in enumerate(cells):
-        cell.id = f"{name}-{i}"
-    nbformat.write(new_notebook(cells=cells, metadata=KERNEL), f"notebooks/{name}.ipynb")
+from notebook_cells import parameters, write
 
 
 # The training cell of the image classifier. It appears twice in the notebook: the second time shows what

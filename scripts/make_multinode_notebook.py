@@ -12,7 +12,7 @@ Kubernetes Job or ssh (docs/clusters.md).
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-KERNEL = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+from notebook_cells import KERNEL
 
 TRAINING = (
     "%%distributed --nodes {NODES} --nproc-per-node {NPROC_PER_NODE} --rdzv-host {RDZV_HOST} {DEVICE_OPTION}\n"

@@ -10,15 +10,12 @@ purpose are tagged ``raises-exception``, so the notebook still runs top to botto
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-KERNEL = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+from notebook_cells import KERNEL, parameters
 
 
 def failing(source):
     return new_code_cell(source, metadata={"tags": ["raises-exception"]})
 
-
-def parameters(source):
-    return new_code_cell(source, metadata={"tags": ["parameters"]})
 
 cells = [
     new_markdown_cell(

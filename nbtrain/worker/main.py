@@ -84,14 +84,7 @@ def _watch_parent(fd: int) -> None:
                 pass
         except OSError:
             pass
-        try:  # the kernel cannot remove its shared-memory files any more: do it for it
-            abandon_and_sweep(int(os.environ.get("NBTRAIN_KERNEL_PID", os.getppid())))
-        except Exception:
-            pass
-        try:
-            os.killpg(os.getpgid(0), signal.SIGKILL)
-        finally:
-            os._exit(1)
+        _orphaned(os.getppid())
 
     threading.Thread(target=watch, name="nbtrain-parent-watch", daemon=True).start()
 
@@ -102,16 +95,22 @@ def _watch_agent(parent: int) -> None:
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(0.5)
-        try:
-            abandon_and_sweep(int(os.environ.get("NBTRAIN_KERNEL_PID", parent)))
-        except Exception:
-            pass
-        try:
-            os.killpg(os.getpgid(0), signal.SIGKILL)
-        finally:
-            os._exit(1)
+        _orphaned(parent)
 
     threading.Thread(target=watch, name="nbtrain-agent-watch", daemon=True).start()
+
+
+def _orphaned(parent: int) -> None:
+    """The kernel (or the node's agent) is gone: remove its shared-memory files, which it cannot any more, then
+    take this rank and its children down."""
+    try:
+        abandon_and_sweep(int(os.environ.get("NBTRAIN_KERNEL_PID", parent)))
+    except Exception:
+        pass
+    try:
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+    finally:
+        os._exit(1)
 
 
 def _lifeline() -> bytes:
