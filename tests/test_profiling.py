@@ -36,6 +36,7 @@ def test_profile_writes_a_trace_per_rank_and_shows_the_operator_table(tmp_path):
     header = next(line for line in table.splitlines() if line.startswith("operator (self time, ms)"))
     assert header.split()[-4:] == ["rank", "0", "rank", "1"], table
     assert "c10d::allreduce_" in table, table  # DDP's gradient all-reduce, in the recorded steps
+    assert "USDT" not in table, table  # Kineto's start/stop lines stay out of the cell
     for rank in (0, 1):
         assert f"rank {rank}: communication " in table and " compute " in table
     traces = sorted(p.name for p in (tmp_path / "profiles").iterdir())

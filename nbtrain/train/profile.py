@@ -36,7 +36,9 @@ def begin(schedule: tuple[int, int, int] | None, trace_dir: str | None, rank: in
     from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
     from torch.profiler import schedule as make_schedule
 
-    os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # read when the profiler first starts: no Kineto chatter on stderr
+    # Read when the profiler first starts. Kineto logs its errors at level 2 and, on every start and stop, a
+    # "USDT: … profiler_start" line at level 5: 6 keeps the cell's stderr for the user's own output.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     wait, warmup, active = schedule
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if getattr(device, "type", "") == "cuda" else [])
     os.makedirs(trace_dir, exist_ok=True)
