@@ -13,6 +13,7 @@ dataclasses by field name, so adding an option means adding one field.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from IPython.core.error import UsageError
@@ -24,6 +25,7 @@ from .cluster import Cluster
 from .launch import api
 from .launch.api import UserInputError, format_summary, run_source
 from .launch.config import LaunchRequest
+from .launch.hosts import parse_hosts, parse_remote_python, parse_ssh_options
 from .launch.options import from_arguments, option, options_of
 from .launch.registry import RunRegistry
 from .launch.run import PoolManager
@@ -158,14 +160,23 @@ class DistributedMagics(Magics):
     @argument("--emulate", type=int, default=0, metavar="N",
               help="start N node agents on this machine, on 127.0.0.2, 127.0.0.3, … (with --rdzv-host 127.0.0.1): "
                    "emulated nodes, to try --nodes without a cluster")
+    @argument("--hosts", metavar="A,B", help="start a node agent on each of these hosts over ssh (with --rdzv-host)")
+    @argument("--ssh-option", action="append", default=[], metavar="KEY=VALUE",
+              help="with --hosts: an ssh option for the connections (repeatable), such as Port=2222")
+    @argument("--remote-python", metavar="COMMAND",
+              help="with --hosts: the command that runs Python on the hosts (default: this kernel's Python where "
+                   "that path exists there, else python3)")
     @line_magic
     def distributed_nodes(self, line):
         """List the nodes joined for ``%%distributed --nodes N``: address, GPUs, state; and the command to join more.
 
         Examples: ``%distributed_nodes``, ``%distributed_nodes --rdzv-host 10.0.0.5`` (print the join command
-        now), ``%distributed_nodes --rdzv-host 127.0.0.1 --emulate 2`` (two emulated nodes on this machine).
+        now), ``%distributed_nodes --rdzv-host 127.0.0.1 --emulate 2`` (two emulated nodes on this machine),
+        ``%distributed_nodes --rdzv-host 10.0.0.5 --hosts gpu1,gpu2`` (start agents there over ssh).
         """
         args = parse_argstring(self.distributed_nodes, line)
+        if args.hosts is not None:
+            return self._start_hosts(args)
         if args.emulate and not args.rdzv_host:
             raise UsageError("--emulate needs --rdzv-host 127.0.0.1 (the address the emulated nodes join)")
         if args.emulate < 0:
@@ -179,6 +190,22 @@ class DistributedMagics(Magics):
                 self.cluster.hub(args.rdzv_host)
         except (ValueError, OSError) as exc:
             raise UsageError(str(exc)) from None
+        print("\n".join(self.cluster.describe()))
+
+    def _start_hosts(self, args) -> None:
+        """``%distributed_nodes --hosts a,b``: checked first, then an ssh session per host."""
+        if not args.rdzv_host or args.emulate:
+            raise UsageError("--hosts needs --rdzv-host ADDRESS (the kernel's address the hosts can reach), "
+                             "and goes without --emulate")
+        try:
+            hosts = parse_hosts(args.hosts)
+            options = parse_ssh_options(args.ssh_option or [o for o in [os.environ.get("NBTRAIN_SSH_OPTION")] if o])
+            python = parse_remote_python(args.remote_python or os.environ.get("NBTRAIN_REMOTE_PYTHON"))
+            started = self.cluster.start_hosts(args.rdzv_host, hosts, options, python)
+        except (ValueError, OSError) as exc:
+            raise UsageError(str(exc)) from None
+        if started:
+            print(f"nbtrain: starting node agents over ssh on {', '.join(started)}; they join in a few seconds")
         print("\n".join(self.cluster.describe()))
 
     @line_magic

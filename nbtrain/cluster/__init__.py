@@ -9,7 +9,8 @@
 a pool factory (:meth:`Cluster.make_pool`) that returns a local :class:`~nbtrain.launch.pool.WorkerPool` for a
 one-machine spec and a :class:`~.group.NodePool` for a multi-node one. Nodes stay joined between cells, while
 the hub lives: until ``%distributed_shutdown``, the extension's unloading or the kernel's exit.
-:mod:`.emulated` starts node agents on this machine's loopback addresses (``%distributed_nodes --emulate N``).
+:mod:`.emulated` starts node agents on this machine's loopback addresses (``%distributed_nodes --emulate N``),
+:mod:`.ssh` on other machines over ssh (``--hosts a,b``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ..launch.pool import WorkerPool
 from .emulated import EmulatedNodes, check_loopback
 from .group import NodePool
 from .hub import Hub
+from .ssh import SshNodes
 
 __all__ = ["Cluster", "Hub", "NodePool"]
 
@@ -32,12 +34,14 @@ class Cluster:
         self._hub: Hub | None = None
         self._lock = threading.Lock()
         self.emulated = EmulatedNodes()
+        self.ssh = SshNodes()  # --hosts: agents started over ssh
 
     def hub(self, host: str) -> Hub:
         with self._lock:
             if self._hub is not None and self._hub.host != host:
                 self._hub.close("the notebook now listens on another --rdzv-host")
                 self._hub = None
+                self.ssh.close()  # their agents left with that hub
             if self._hub is None:
                 self._hub = Hub(host)
             return self._hub
@@ -45,7 +49,12 @@ class Cluster:
     def make_pool(self, spec: PoolSpec) -> WorkerPool:
         if spec.nodes <= 1 and not spec.rdzv_host:
             return WorkerPool(spec)
-        return NodePool(spec, self.hub(spec.rdzv_host))
+        return NodePool(spec, self.hub(spec.rdzv_host), ssh=self.ssh)
+
+    def start_hosts(self, host: str, hosts: tuple[str, ...], options=(), python: str = "") -> list[str]:
+        """Listen on ``host`` and start a node agent on each of ``hosts`` over ssh (those without one running)."""
+        hub = self.hub(host)
+        return self.ssh.start(hosts, f"{hub.host}:{hub.port}", hub.token.encode(), options, python)
 
     def emulate(self, host: str, count: int) -> list[str]:
         """Listen on ``host`` (loopback) and start ``count`` node agents on this machine; their addresses."""
@@ -60,7 +69,8 @@ class Cluster:
                     "or %distributed_nodes --rdzv-host ADDRESS)."]
         lines = hub.describe() or ["nbtrain: no node is joined now."]
         hub.announced = True  # a first --nodes cell need not print the command again
-        return lines + self.emulated.failures() + [f"join more with: {hub.join_command()}"]
+        ssh = [f"nbtrain: the node on {host} could not be started over ssh: {why}" for host, why in self.ssh.failed()]
+        return lines + self.emulated.failures() + ssh + [f"join more with: {hub.join_command()}"]
 
     def close(self) -> bool:
         with self._lock:
@@ -69,4 +79,5 @@ class Cluster:
             return False
         hub.close()
         self.emulated.close()  # they leave with the pool; this reaps them
+        self.ssh.close()
         return True

@@ -43,6 +43,7 @@ from ..launch.pool import Exited, Message, Output, WorkerPool, host_store
 from ..wire import nodes as N
 from ..wire import protocol as P
 from .hub import LOST_AFTER_S, Hub, NodeConn
+from .ssh import SshNodes
 
 STOP_WAIT_S = 2.5  # a node answers StopRanks within this (its own SIGTERM → SIGKILL takes about 1.5 s)
 
@@ -60,9 +61,11 @@ def rank_span(ranks) -> str:
 class NodePool(WorkerPool):
     """Ranks on ``spec.nodes`` joined nodes (see the module docstring)."""
 
-    def __init__(self, spec: PoolSpec, hub: Hub, say: Callable[[str], None] | None = None) -> None:
+    def __init__(self, spec: PoolSpec, hub: Hub, say: Callable[[str], None] | None = None,
+                 ssh: SshNodes | None = None) -> None:
         super().__init__(spec)
         self.hub = hub
+        self.ssh = ssh  # with --hosts: the sessions that start the agents (the Cluster's, kept between pools)
         self._say = say or (lambda text: print(text, flush=True))
         self.nodes: list[NodeConn] = []
         self._rank_node: dict[int, NodeConn] = {}
@@ -82,7 +85,13 @@ class NodePool(WorkerPool):
     # ------------------------------------------------------------------------------- start
     def spawn(self) -> None:
         self._store = host_store(self.spec.rdzv_host)
-        if len(self.hub.idle_nodes()) < self.spec.nodes and not self.hub.announced:
+        if self.spec.hosts and self.ssh is not None:
+            if len(self.hub.idle_nodes()) < self.spec.nodes:
+                started = self.ssh.start(self.spec.hosts, f"{self.hub.host}:{self.hub.port}", self.hub.token.encode(),
+                                         self.spec.ssh_options, self.spec.remote_python)
+                if started:
+                    self._say(f"nbtrain: starting node agents over ssh on {', '.join(started)}")
+        elif len(self.hub.idle_nodes()) < self.spec.nodes and not self.hub.announced:
             self.hub.announced = True
             self._say(f"nbtrain: waiting for {self.spec.nodes} nodes; on each node run:\n  {self.hub.join_command()}")
         self._start_if_joined()
@@ -187,7 +196,23 @@ class NodePool(WorkerPool):
             self.hub.drain_wake()
             self._start_if_joined()
             events = self._collect()
-        return events + self._check_lost()
+        return events + self._check_lost() + self._ssh_failures()
+
+    def _ssh_failures(self) -> list:
+        """Before the ranks start: a host whose ssh session ended with an error fails its ranks now, with ssh's words."""
+        if self._started or self.ssh is None or not self.spec.hosts:
+            return []
+        events: list = []
+        for host, why in self.ssh.failed():
+            if host not in self.spec.hosts:
+                continue
+            first = self.spec.hosts.index(host) * self.spec.nproc_per_node
+            text = f"the node on {host} could not be started over ssh: {why}"
+            self._say(f"nbtrain: {text}")
+            for rank in range(first, first + self.spec.nproc_per_node):
+                self._exited[rank], self._lost_account[rank] = 255, text
+                events.append(Exited(rank, 255))
+        return events
 
     def _collect(self) -> list:
         events: list = []

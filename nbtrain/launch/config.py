@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from ..gpu import nvml
 from ..wire.settings import COMPILE_CHOICES, TrainSettings, TrainSettingsError, parse_train_settings
 from ..words import count
+from .hosts import SshSetupError, parse_hosts, parse_remote_python, parse_ssh_options
 from .modules import Workdir, WorkdirGone, notebook_workdir
 from .options import OptionEnvError, option, with_env_fallbacks
 from .profiling import ProfileOptionError, parse_profile, profile_dir
@@ -61,6 +62,15 @@ class LaunchRequest:
     rdzv_host: str | None = option(None, "--rdzv-host", "with --nodes: the kernel's address the nodes can reach; the "
                                    "kernel listens there (join link and c10d store)", group="placement",
                                    metavar="ADDRESS", env="NBTRAIN_RDZV_HOST")
+    hosts: str | None = option(None, "--hosts", "with --nodes: start a node agent on each of these hosts over ssh "
+                               "(one per node) instead of printing the join command", group="placement",
+                               metavar="A,B")
+    ssh_option: tuple[str, ...] = option((), "--ssh-option", "with --hosts: an ssh option for the connections "
+                                         "(repeatable), such as Port=2222", group="placement", metavar="KEY=VALUE",
+                                         repeat=True, env="NBTRAIN_SSH_OPTION")
+    remote_python: str | None = option(None, "--remote-python", "with --hosts: the command that runs Python on the "
+                                       "hosts (default: this kernel's Python where that path exists there, else "
+                                       "python3)", group="placement", metavar="COMMAND", env="NBTRAIN_REMOTE_PYTHON")
     out: str | None = option(None, "--out", "names to bring back from rank 0, comma-separated; '-' for none "
                              "(default: every name the cell assigns)", group="results", metavar="NAMES")
     output: str = option("all", "--output", "all: every rank's output, whole lines, others prefixed [rank k], "
@@ -124,6 +134,9 @@ class PoolSpec:
     nodes: int = 1  # > 1, or rdzv_host set: the ranks run on joined nodes (nbtrain.cluster)
     nproc_per_node: int = 0  # with nodes: ranks on each node (nprocs = nodes × nproc_per_node)
     rdzv_host: str = ""  # with nodes: where the kernel listens for them and hosts the c10d store
+    hosts: tuple[str, ...] = ()  # --hosts: the kernel starts the node agents there over ssh (nbtrain.cluster.ssh)
+    ssh_options: tuple[str, ...] = ()
+    remote_python: str = ""
 
     def rank_devices(self) -> list[str]:
         if self.device_type == "cpu":
@@ -203,6 +216,9 @@ def _parse_output(text: str) -> str:
 def _node_placement(request: LaunchRequest) -> tuple[int, int, str]:
     """(nodes, ranks per node, rdzv host) of a ``--nodes`` request, checked; (1, 0, "") without one."""
     if request.nodes is None:
+        if request.hosts is not None:
+            raise ConfigError("--hosts starts node agents for --nodes N; give --nodes with as many nodes as hosts, "
+                              "and --rdzv-host.")
         if request.nproc_per_node is not None or request.rdzv_host:
             raise ConfigError("--nproc-per-node and --rdzv-host go with --nodes N (several machines); on one "
                               "machine give the number of ranks: %%distributed 4.")
@@ -227,6 +243,11 @@ def _node_placement(request: LaunchRequest) -> tuple[int, int, str]:
 def _node_pool(request: LaunchRequest, placement: tuple[int, int, str], backend: str | None) -> PoolSpec:
     """Several machines: devices are the nodes' (--cpu: gloo on CPU; else one GPU per rank, nccl)."""
     nodes, per_node, host = placement
+    try:
+        hosts = parse_hosts(request.hosts, nodes) if request.hosts is not None else ()
+        ssh = (parse_ssh_options(request.ssh_option), parse_remote_python(request.remote_python)) if hosts else ((), "")
+    except SshSetupError as exc:
+        raise ConfigError(str(exc)) from None
     if request.gpus:
         raise ConfigError("--gpus picks GPUs of this machine; with --nodes each node uses its first "
                           "--nproc-per-node GPUs (set CUDA_VISIBLE_DEVICES on the node to choose).")
@@ -235,7 +256,8 @@ def _node_pool(request: LaunchRequest, placement: tuple[int, int, str], backend:
         raise ConfigError("The nccl backend needs GPUs, but --cpu was given. Use --backend gloo (or leave --backend out).")
     return PoolSpec(nprocs=nodes * per_node, backend=backend or ("gloo" if device_type == "cpu" else "nccl"),
                     device_type=device_type, gpu_ids=(), timeout_s=float(request.timeout or DEFAULT_TIMEOUT_S),
-                    env=_parse_env(request.env), nodes=nodes, nproc_per_node=per_node, rdzv_host=host)
+                    env=_parse_env(request.env), nodes=nodes, nproc_per_node=per_node, rdzv_host=host,
+                    hosts=hosts, ssh_options=ssh[0], remote_python=ssh[1])
 
 
 def _parse_session(name: str | None, max_restarts: int | None) -> str:

@@ -1,6 +1,7 @@
 """A node agent's life: join, serve the kernel's pools, leave with the pool.
 
-1. **join** — parse ``--join HOST:PORT --token T`` (the token carries the address too; ``--join`` must agree),
+1. **join** — parse ``--join HOST:PORT --token T`` (the token carries the address too; ``--join`` must agree;
+   ``--token -`` reads it from stdin),
    connect from ``--address`` if given (emulated nodes on 127.0.0.2, 127.0.0.3, …), TLS with the pinned
    certificate, the mutual handshake, then :class:`~nbtrain.wire.nodes.NodeHello`; the kernel answers with
    the node's name;
@@ -42,7 +43,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m nbtrain.node",
                                      description="Join a notebook's %%distributed pool as a node.")
     parser.add_argument("--join", required=True, metavar="HOST:PORT", help="the kernel's address, as the cell printed it")
-    parser.add_argument("--token", required=True, help="the join token the cell printed")
+    parser.add_argument("--token", required=True,
+                        help="the join token the cell printed; '-' reads it from stdin (--hosts sends it so over ssh)")
     parser.add_argument("--address", default=None, help="this node's address to connect from (default: the OS picks)")
     return parser.parse_args(argv)
 
@@ -156,6 +158,8 @@ def _preload() -> None:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.token == "-":  # the token in no command line (ps shows those to every user of the machine)
+        args.token = sys.stdin.readline().strip()
     _preload()
     try:
         link, name = join(args)

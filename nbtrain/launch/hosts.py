@@ -1,0 +1,50 @@
+"""``--hosts a,b`` and its ssh options, checked with the cell's other options before anything starts.
+
+The kernel then starts a node agent on each host over ssh (:mod:`nbtrain.cluster.ssh`); here only the
+words: host names ssh takes (never one that begins with ``-``, which ssh would read as an option), each
+once, one per ``--nodes``; ``--ssh-option KEY=VALUE``; ``--remote-python COMMAND``.
+"""
+
+from __future__ import annotations
+
+import re
+
+HOST = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9_.-]*@)?[A-Za-z0-9][A-Za-z0-9_.-]*")  # [user@]host, no leading '-'
+SSH_OPTION = re.compile(r"[A-Za-z][A-Za-z0-9]*=[^\n]+")
+
+
+class SshSetupError(ValueError):
+    """``--hosts`` and its options are not usable; the message says how to fix them."""
+
+
+def parse_hosts(text: str, nodes: int | None = None) -> tuple[str, ...]:
+    """``a,b`` → ``("a", "b")``, checked: names ssh takes as hosts, each once, as many as ``--nodes``."""
+    hosts = tuple(h.strip() for h in text.split(",") if h.strip())
+    if not hosts:
+        raise SshSetupError(f"--hosts takes host names separated by commas, such as --hosts gpu1,gpu2 (got {text!r}).")
+    bad = [h for h in hosts if not HOST.fullmatch(h)]
+    if bad:
+        raise SshSetupError(f"--hosts: {', '.join(map(repr, bad))} is not a host name ssh can take; give names or "
+                            "addresses such as gpu1, user@gpu2 or 10.0.0.7 (an alias from ~/.ssh/config works too).")
+    twice = sorted({h for h in hosts if hosts.count(h) > 1})
+    if twice:
+        raise SshSetupError(f"--hosts names {', '.join(twice)} more than once; each host runs one node agent.")
+    if nodes is not None and len(hosts) != nodes:
+        raise SshSetupError(f"--hosts names {len(hosts)} host{'s' if len(hosts) != 1 else ''} but --nodes is "
+                            f"{nodes}; give one host per node.")
+    return hosts
+
+
+def parse_ssh_options(items) -> tuple[str, ...]:
+    bad = [item for item in items if not SSH_OPTION.fullmatch(item)]
+    if bad:
+        raise SshSetupError(f"--ssh-option takes one ssh option as KEY=VALUE, such as --ssh-option Port=2222 "
+                            f"(got {', '.join(map(repr, bad))}).")
+    return tuple(items)
+
+
+def parse_remote_python(text: str | None) -> str:
+    if text is not None and (not text.strip() or "\n" in text):
+        raise SshSetupError(f"--remote-python takes the command that runs Python on the hosts, such as "
+                            f"/opt/conda/bin/python (got {text!r}).")
+    return (text or "").strip()
