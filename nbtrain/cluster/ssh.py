@@ -104,7 +104,10 @@ class SshNodes:
             code = session.process.poll()
             if code:
                 why = "ssh could not reach or log in to it" if code == 255 else f"the agent exited with {code}"
-                failures.append((host, f"{why}: {session.tail()}"))
+                tail = session.tail()
+                if "No module named" in tail:
+                    tail += " (install nbtrain there, or point --remote-python at a Python that has it)"
+                failures.append((host, f"{why}: {tail}"))
                 del self.sessions[host]
         return failures
 

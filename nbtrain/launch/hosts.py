@@ -47,4 +47,7 @@ def parse_remote_python(text: str | None) -> str:
     if text is not None and (not text.strip() or "\n" in text):
         raise SshSetupError(f"--remote-python takes the command that runs Python on the hosts, such as "
                             f"/opt/conda/bin/python (got {text!r}).")
-    return (text or "").strip()
+    command = (text or "").strip()
+    if len(command) > 1 and command[0] == command[-1] and command[0] in "'\"":
+        command = command[1:-1].strip()  # IPython's magic arguments keep the quotes around a value with spaces
+    return command
