@@ -138,3 +138,22 @@ def test_a_host_without_nbtrain_is_reported(sshd, kernel):
     assert "the node on 127.0.0.3 could not be started over ssh: the agent exited with 1" in out, out
     assert "No module named 'nbtrain'" in out and "install nbtrain there" in out, out
     kernel.run("%distributed_shutdown")
+
+
+def test_distributed_nodes_starts_hosts_before_any_cell(sshd, kernel):
+    reply, out = kernel.execute("%distributed_nodes --hosts 127.0.0.2")
+    assert reply["status"] == "error" and "--hosts needs --rdzv-host ADDRESS" in out, out
+    out = kernel.run(f"%distributed_nodes --rdzv-host 127.0.0.1 --hosts {','.join(HOSTS)} {sshd}")
+    assert "starting node agents over ssh on 127.0.0.2, 127.0.0.3" in out, out
+    deadline = time.monotonic() + 60
+    while "(127.0.0.3)" not in out or "(127.0.0.2)" not in out:
+        assert time.monotonic() < deadline, out
+        time.sleep(0.5)
+        out = kernel.run("%distributed_nodes")
+    sessions = _ssh_children(kernel)
+    ran = kernel.run(f"{BASE}\nlate = world_size\n", timeout=120)  # the joined nodes: nothing to paste or start
+    assert "python -m nbtrain.node --join" not in ran and "starting node agents" not in ran, ran
+    assert "late 4" in kernel.run("print('late', late)")
+    kernel.run("%distributed_shutdown")
+    psutil.wait_procs(sessions, timeout=15)
+    assert not [p for p in sessions if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
