@@ -46,6 +46,12 @@ def test_a_bad_ssh_option_is_refused():
         resolve(LaunchRequest(nodes="1", rdzv_host="127.0.0.1", cpu=True, hosts="a", ssh_option=("-v",)))
 
 
+def test_a_missing_ssh_client_is_said_before_anything_starts(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no ssh on it
+    with pytest.raises(ConfigError, match="the ssh client, which is not installed here"):
+        resolve(LaunchRequest(nodes="1", rdzv_host="127.0.0.1", cpu=True, hosts="a"))
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind((HOSTS[0], 0))

@@ -84,8 +84,7 @@ class NodePool(WorkerPool):
 
     # ------------------------------------------------------------------------------- start
     def spawn(self) -> None:
-        self._store = host_store(self.spec.rdzv_host)
-        if self.spec.hosts and self.ssh is not None:
+        if self.spec.hosts and self.ssh is not None:  # first: the agents start while this kernel imports torch
             if len(self.hub.idle_nodes()) < self.spec.nodes:
                 started = self.ssh.start(self.spec.hosts, f"{self.hub.host}:{self.hub.port}", self.hub.token.encode(),
                                          self.spec.ssh_options, self.spec.remote_python)
@@ -94,6 +93,7 @@ class NodePool(WorkerPool):
         elif len(self.hub.idle_nodes()) < self.spec.nodes and not self.hub.announced:
             self.hub.announced = True
             self._say(f"nbtrain: waiting for {self.spec.nodes} nodes; on each node run:\n  {self.hub.join_command()}")
+        self._store = host_store(self.spec.rdzv_host)
         self._start_if_joined()
 
     def _start_if_joined(self) -> None:

@@ -8,6 +8,7 @@ once, one per ``--nodes``; ``--ssh-option KEY=VALUE``; ``--remote-python COMMAND
 from __future__ import annotations
 
 import re
+import shutil
 
 HOST = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9_.-]*@)?[A-Za-z0-9][A-Za-z0-9_.-]*")  # [user@]host, no leading '-'
 SSH_OPTION = re.compile(r"[A-Za-z][A-Za-z0-9]*=[^\n]+")
@@ -18,7 +19,7 @@ class SshSetupError(ValueError):
 
 
 def parse_hosts(text: str, nodes: int | None = None) -> tuple[str, ...]:
-    """``a,b`` → ``("a", "b")``, checked: names ssh takes as hosts, each once, as many as ``--nodes``."""
+    """``a,b`` → ``("a", "b")``, checked: names ssh takes as hosts, each once, as many as ``--nodes``; an ssh client."""
     hosts = tuple(h.strip() for h in text.split(",") if h.strip())
     if not hosts:
         raise SshSetupError(f"--hosts takes host names separated by commas, such as --hosts gpu1,gpu2 (got {text!r}).")
@@ -29,6 +30,9 @@ def parse_hosts(text: str, nodes: int | None = None) -> tuple[str, ...]:
     twice = sorted({h for h in hosts if hosts.count(h) > 1})
     if twice:
         raise SshSetupError(f"--hosts names {', '.join(twice)} more than once; each host runs one node agent.")
+    if shutil.which("ssh") is None:
+        raise SshSetupError("--hosts starts the nodes with the ssh client, which is not installed here (apt-get "
+                            "install openssh-client); or run the join command on each node yourself.")
     if nodes is not None and len(hosts) != nodes:
         raise SshSetupError(f"--hosts names {len(hosts)} host{'s' if len(hosts) != 1 else ''} but --nodes is "
                             f"{nodes}; give one host per node.")
