@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import getpass
 import os
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -163,3 +165,16 @@ def test_distributed_nodes_starts_hosts_before_any_cell(sshd, kernel):
     kernel.run("%distributed_shutdown")
     psutil.wait_procs(sessions, timeout=15)
     assert not [p for p in sessions if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_kernel_death_ends_the_ssh_sessions_and_their_agents(sshd, kernel):
+    kernel.run(f"{BASE} --hosts {','.join(HOSTS)} {sshd}\nx = 1\n", timeout=180)
+    sessions = _ssh_children(kernel)
+    assert len(sessions) == 2
+    join = re.search(r"--join (\S+)", sessions[0].cmdline()[-1]).group(1)  # this kernel's agents, not others'
+    agents = [p for p in psutil.process_iter(["name", "cmdline"])
+              if p.info["name"] != "ssh" and f"nbtrain.node --join {join}" in " ".join(p.info["cmdline"] or [])]
+    assert len(agents) == 2  # their parents are sshd's sessions, not the kernel
+    os.kill(kernel.pid(), signal.SIGKILL)
+    psutil.wait_procs(sessions + agents, timeout=15)  # an agent leaves a silent kernel within 5 s; its ssh follows
+    assert not [p for p in sessions + agents if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
