@@ -5,7 +5,9 @@ as the pool's docstring foresees; :mod:`nbtrain.launch.run` drives it exactly as
 sees the same events (:class:`Message`, :class:`Output`, :class:`Exited`):
 
 * **start** (:meth:`NodePool.spawn`): the kernel hosts the c10d store on ``--rdzv-host``; once ``--nodes``
-  nodes have joined the hub (:mod:`.hub`; the join command is printed once), each gets
+  nodes have joined the hub (:mod:`.hub`; the join command is printed once) — or, elastic ``--nodes MIN:MAX``,
+  once MIN have and the last call for more is over (:mod:`.elastic`; ``spec`` then becomes the group's size
+  and the job is sent only now, so the run knows its world size) — each gets
   :class:`~nbtrain.wire.nodes.StartRanks` and runs torch elastic's ``LocalElasticAgent`` with the c10d
   rendezvous backend against that store, as ``torchrun --rdzv-backend c10d`` does. Global ranks are
   elastic's (group rank × nproc-per-node + local rank); each node reports its own
@@ -42,6 +44,7 @@ from ..launch.errors import RankFailure
 from ..launch.pool import Exited, Message, Output, WorkerPool, host_store
 from ..wire import nodes as N
 from ..wire import protocol as P
+from .elastic import Formation
 from .hub import LOST_AFTER_S, Hub, NodeConn
 from .ssh import SshNodes
 
@@ -64,6 +67,8 @@ class NodePool(WorkerPool):
     def __init__(self, spec: PoolSpec, hub: Hub, say: Callable[[str], None] | None = None,
                  ssh: SshNodes | None = None) -> None:
         super().__init__(spec)
+        self.requested = spec  # what the cell asked for; self.spec is the group as formed (elastic: its size)
+        self.formation = Formation(spec.min_nodes or spec.nodes, spec.nodes, spec.last_call_s)
         self.hub = hub
         self.ssh = ssh  # with --hosts: the sessions that start the agents (the Cluster's, kept between pools)
         self._say = say or (lambda text: print(text, flush=True))
@@ -84,25 +89,34 @@ class NodePool(WorkerPool):
 
     # ------------------------------------------------------------------------------- start
     def spawn(self) -> None:
-        if self.spec.hosts and self.ssh is not None:  # first: the agents start while this kernel imports torch
-            if len(self.hub.idle_nodes()) < self.spec.nodes:
-                started = self.ssh.start(self.spec.hosts, f"{self.hub.host}:{self.hub.port}", self.hub.token.encode(),
-                                         self.spec.ssh_options, self.spec.remote_python)
+        spec = self.requested
+        if spec.hosts and self.ssh is not None:  # first: the agents start while this kernel imports torch
+            if len(self.hub.idle_nodes()) < spec.nodes:
+                started = self.ssh.start(spec.hosts, f"{self.hub.host}:{self.hub.port}", self.hub.token.encode(),
+                                         spec.ssh_options, spec.remote_python)
                 if started:
                     self._say(f"nbtrain: starting node agents over ssh on {', '.join(started)}")
-        elif len(self.hub.idle_nodes()) < self.spec.nodes and not self.hub.announced:
+        elif len(self.hub.idle_nodes()) < spec.nodes and not self.hub.announced:
             self.hub.announced = True
-            self._say(f"nbtrain: waiting for {self.spec.nodes} nodes; on each node run:\n  {self.hub.join_command()}")
-        self._store = host_store(self.spec.rdzv_host)
+            self._say(f"nbtrain: waiting for {self._wanted()} nodes; on each node run:\n  {self.hub.join_command()}")
+        self._store = host_store(spec.rdzv_host)
         self._start_if_joined()
+
+    def _wanted(self) -> str:
+        spec = self.requested
+        return f"{spec.min_nodes} to {spec.nodes}" if spec.min_nodes else str(spec.nodes)
 
     def _start_if_joined(self) -> None:
         if self._started:
             return
         idle = self.hub.idle_nodes()
-        if len(idle) < self.spec.nodes:
+        count = self.formation.size(len(idle), time.monotonic())
+        if count == 0:
             return
-        self.nodes = idle[:self.spec.nodes]
+        self.nodes = idle[:count]
+        if self.requested.min_nodes:  # elastic: the world size is decided now
+            self.spec = replace(self.requested, nodes=count, nprocs=count * self.requested.nproc_per_node)
+            self._say(self.formation.announce([n.name for n in self.nodes], self.requested.nproc_per_node))
         assert self._store is not None
         start = N.StartRanks(self.run_id, f"{self.spec.rdzv_host}:{self._store.port}", self.spec.nodes,
                              self.spec.nproc_per_node, self.spec.backend, self.spec.device_type, self.spec.timeout_s,
@@ -116,12 +130,20 @@ class NodePool(WorkerPool):
                 node.link.send(deliver)
         self._started = True
 
+    def serves(self, spec: PoolSpec) -> bool:
+        """Warm for ``spec`` while its nodes stay; an elastic group that formed below MAX re-forms when more have
+        joined since (torch elastic's scale-up restarts the workers too)."""
+        if spec != self.requested:
+            return False
+        return not (self.requested.min_nodes and self._started and self.spec.nodes < self.requested.nodes
+                    and self.hub.idle_nodes())
+
     def start_hint(self) -> str:
         joined = self.hub.idle_nodes() if not self._started else self.nodes
         if self._started:
             return ""
         have = ", ".join(f"{n.name} from {n.address}" for n in joined) or "none"
-        return (f"; {len(joined)} of {self.spec.nodes} nodes joined ({have}). Start the missing nodes with:\n  "
+        return (f"; {len(joined)} of {self._wanted()} nodes joined ({have}). Start the missing nodes with:\n  "
                 f"{self.hub.join_command()}")
 
     # --------------------------------------------------------------------------------- state
@@ -165,7 +187,7 @@ class NodePool(WorkerPool):
 
     # -------------------------------------------------------------------------------- events
     def connected(self) -> bool:
-        return True  # the job waits here until the nodes run their ranks (see send_all)
+        return self._started  # the job goes once the group has formed: the run then knows its world size
 
     def send_all(self, message) -> None:
         files: tuple = ()

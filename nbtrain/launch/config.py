@@ -27,6 +27,7 @@ from .trackers import TrackerSetupError, tensorboard_dir
 
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_START_TIMEOUT_S = 180.0
+DEFAULT_LAST_CALL_S = 3.0  # --nodes MIN:MAX: once MIN nodes joined, how long more may join (torch elastic: last_call_timeout)
 DEFAULT_KEEP_ALIVE_S = 900.0
 SESSION_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 
@@ -55,8 +56,13 @@ class LaunchRequest:
         None, "--start-timeout", "seconds the ranks may take to start and join the process group (default 180)",
         group="placement", type=float, metavar="SECONDS", env="NBTRAIN_START_TIMEOUT")
     nodes: str | None = option(None, "--nodes", "run on N machines: nodes join with the command the cell prints "
-                               "(python -m nbtrain.node); the number of ranks is N × --nproc-per-node",
-                               group="placement", metavar="N")
+                               "(python -m nbtrain.node); the number of ranks is N × --nproc-per-node. MIN:MAX is "
+                               "elastic, as torchrun's --nnodes MIN:MAX: the group forms with the nodes joined once "
+                               "MIN are there (after --last-call), up to MAX", group="placement", metavar="N|MIN:MAX")
+    last_call: float | None = option(
+        None, "--last-call", "with --nodes MIN:MAX: once MIN nodes have joined, wait this long for more (up to MAX) "
+        "before the group forms (default 3), as torch elastic's last-call timeout", group="placement", type=float,
+        metavar="SECONDS", env="NBTRAIN_LAST_CALL")
     nproc_per_node: int | None = option(None, "--nproc-per-node", "ranks on each node with --nodes (default 1)",
                                         group="placement", type=int, metavar="M")
     rdzv_host: str | None = option(None, "--rdzv-host", "with --nodes: the kernel's address the nodes can reach; the "
@@ -137,6 +143,8 @@ class PoolSpec:
     hosts: tuple[str, ...] = ()  # --hosts: the kernel starts the node agents there over ssh (nbtrain.cluster.ssh)
     ssh_options: tuple[str, ...] = ()
     remote_python: str = ""
+    min_nodes: int = 0  # elastic --nodes MIN:MAX: MIN (nodes is MAX); 0: exactly `nodes`
+    last_call_s: float = field(default=0.0, compare=False)  # elastic: the wait for more nodes once MIN joined
 
     def rank_devices(self) -> list[str]:
         if self.device_type == "cpu":
@@ -213,36 +221,53 @@ def _parse_output(text: str) -> str:
                       f"--output rank0 (got {text!r}).")
 
 
-def _node_placement(request: LaunchRequest) -> tuple[int, int, str]:
-    """(nodes, ranks per node, rdzv host) of a ``--nodes`` request, checked; (1, 0, "") without one."""
+def _node_counts(text: str) -> tuple[int, int]:
+    """(MIN, MAX) of ``--nodes N`` (N, N) or ``--nodes MIN:MAX``, checked."""
+    parts = text.split(":")
+    if len(parts) > 2 or not all(p.strip().isdigit() for p in parts):
+        raise ConfigError(f"--nodes takes a number of machines, such as --nodes 2, or an elastic range MIN:MAX, "
+                          f"such as --nodes 1:4 (got {text!r}).")
+    low, high = int(parts[0]), int(parts[-1])
+    if low < 1:
+        raise ConfigError(f"--nodes {text}: at least 1 node is needed.")
+    if low > high:
+        raise ConfigError(f"--nodes {text}: MIN is more than MAX; give --nodes {high}:{low}.")
+    return low, high
+
+
+def _node_placement(request: LaunchRequest) -> tuple[int, int, str, int]:
+    """(MAX nodes, ranks per node, rdzv host, MIN nodes or 0 if not elastic) of a ``--nodes`` request, checked;
+    (1, 0, "", 0) without one."""
     if request.nodes is None:
         if request.hosts is not None:
             raise ConfigError("--hosts starts node agents for --nodes N; give --nodes with as many nodes as hosts, "
                               "and --rdzv-host.")
-        if request.nproc_per_node is not None or request.rdzv_host:
-            raise ConfigError("--nproc-per-node and --rdzv-host go with --nodes N (several machines); on one "
-                              "machine give the number of ranks: %%distributed 4.")
-        return 1, 0, ""
+        if request.nproc_per_node is not None or request.rdzv_host or request.last_call is not None:
+            raise ConfigError("--nproc-per-node, --rdzv-host and --last-call go with --nodes N (several machines); "
+                              "on one machine give the number of ranks: %%distributed 4.")
+        return 1, 0, "", 0
     text = str(request.nodes).strip()
-    if ":" in text:
-        raise ConfigError(f"--nodes {text}: elastic MIN:MAX node counts are not supported yet; give one number.")
-    if not text.isdigit() or int(text) < 1:
-        raise ConfigError(f"--nodes takes a number of machines, at least 1 (got {text!r}).")
+    low, high = _node_counts(text)
+    elastic = ":" in text and low != high
     per_node = request.nproc_per_node if request.nproc_per_node is not None else 1
     if per_node < 1:
         raise ConfigError(f"--nproc-per-node must be at least 1 (got {per_node}).")
-    if request.nprocs is not None and request.nprocs != int(text) * per_node:
+    if request.nprocs is not None and (elastic or request.nprocs != high * per_node):
+        made = "a world size decided when the group forms" if elastic else str(high * per_node)
         raise ConfigError(f"{count('rank', request.nprocs)} asked for, but --nodes {text} × --nproc-per-node "
-                          f"{per_node} makes {int(text) * per_node}; leave the number of ranks out with --nodes.")
+                          f"{per_node} makes {made}; leave the number of ranks out with --nodes.")
+    if request.last_call is not None and (not elastic or request.last_call < 0):
+        raise ConfigError("--last-call SECONDS (0 or more) goes with an elastic --nodes MIN:MAX, such as --nodes 1:4 "
+                          f"--last-call 5 (got --nodes {text} --last-call {request.last_call}).")
     if not request.rdzv_host:
         raise ConfigError("--nodes needs --rdzv-host ADDRESS: the kernel's address that the nodes can reach (it "
                           "listens there for them), such as --rdzv-host 10.0.0.5.")
-    return int(text), per_node, request.rdzv_host.strip()
+    return high, per_node, request.rdzv_host.strip(), low if elastic else 0
 
 
-def _node_pool(request: LaunchRequest, placement: tuple[int, int, str], backend: str | None) -> PoolSpec:
+def _node_pool(request: LaunchRequest, placement: tuple[int, int, str, int], backend: str | None) -> PoolSpec:
     """Several machines: devices are the nodes' (--cpu: gloo on CPU; else one GPU per rank, nccl)."""
-    nodes, per_node, host = placement
+    nodes, per_node, host, min_nodes = placement
     try:
         hosts = parse_hosts(request.hosts, nodes) if request.hosts is not None else ()
         ssh = (parse_ssh_options(request.ssh_option), parse_remote_python(request.remote_python)) if hosts else ((), "")
@@ -257,7 +282,8 @@ def _node_pool(request: LaunchRequest, placement: tuple[int, int, str], backend:
     return PoolSpec(nprocs=nodes * per_node, backend=backend or ("gloo" if device_type == "cpu" else "nccl"),
                     device_type=device_type, gpu_ids=(), timeout_s=float(request.timeout or DEFAULT_TIMEOUT_S),
                     env=_parse_env(request.env), nodes=nodes, nproc_per_node=per_node, rdzv_host=host,
-                    hosts=hosts, ssh_options=ssh[0], remote_python=ssh[1])
+                    hosts=hosts, ssh_options=ssh[0], remote_python=ssh[1], min_nodes=min_nodes,
+                    last_call_s=DEFAULT_LAST_CALL_S if request.last_call is None else float(request.last_call))
 
 
 def _parse_session(name: str | None, max_restarts: int | None) -> str:

@@ -125,6 +125,10 @@ class WorkerPool:
     def alive(self) -> bool:
         return self.ready and not self._broken and self.procs.all_running()
 
+    def serves(self, spec: PoolSpec) -> bool:
+        """Whether a cell asking for ``spec`` may run on these warm ranks (if they are alive)."""
+        return self.spec == spec
+
     def node_infos(self) -> tuple:
         """The machines of a ``--nodes`` pool (:class:`~.observer.NodeInfo`); one machine: none."""
         return ()

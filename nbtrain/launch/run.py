@@ -108,7 +108,7 @@ class PoolManager:
                 changed, moved = stale_modules(held.module_stamps, workdir, held.rank_path)
                 return held, True, stale_note(session, changed + moved)
             for pool in [self.pool, *self.sessions.pools()]:  # the plain pool first, then those sessions hold
-                if pool is not None and not fresh and pool.spec == spec and pool.alive():
+                if pool is not None and not fresh and pool.serves(spec) and pool.alive():
                     changed, moved = stale_modules(pool.module_stamps, workdir, pool.rank_path)
                     if not changed and not moved:  # warm ranks must not run an old version of the user's code
                         if pool is not self.pool:
@@ -199,10 +199,9 @@ class _Run:
         self.pool, self.job, self.inputs, self.config = pool, job, inputs, config
         self.observers, self.warm = list(observers), warm
         self.history = History()
-        self.nprocs = pool.spec.nprocs
         self.displays = PendingDisplays(write)  # rank 0's figures and display() (nbtrain.worker.display)
-        self.prompts = PendingPrompts(pool.send_to, write, self.nprocs)  # input() and pdb in a rank
-        self.relay = OutputRelay(write, self.nprocs, shown=config.shown_rank, show_display=self.displays.show,
+        self.prompts = PendingPrompts(pool.send_to, write, pool.spec.nprocs)  # input() and pdb in a rank
+        self.relay = OutputRelay(write, pool.spec.nprocs, shown=config.shown_rank, show_display=self.displays.show,
                                  answer_prompt=self.prompts.answer, label=pool.rank_label)
         self.sent = False
         self.loaded: set[int] = set()
@@ -217,6 +216,10 @@ class _Run:
         self.start_deadline = time.monotonic() + config.start_timeout_s
         self.nodes_told_at = 0.0
         self.mismatch = MismatchWatcher(pool, job.filename, info.source, info.line_offset)
+
+    @property
+    def nprocs(self) -> int:
+        return self.pool.spec.nprocs  # an elastic --nodes MIN:MAX group decides its size when it forms
 
     def loop(self, stop_requested: threading.Event) -> None:
         while True:
