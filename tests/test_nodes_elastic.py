@@ -1,0 +1,167 @@
+"""Elastic ``--nodes MIN:MAX`` on emulated nodes: node agents on 127.0.0.2, .3, .4 (loopback), 1 rank each, gloo.
+
+First the checks that run before anything starts (MIN ≤ MAX, at least 1, no rank count, ``--last-call`` only
+with a range) and the formation rule itself. Then real node agents: ``--nodes 1:2`` with one node joined forms
+a group of 1 after the last call; once a second node has joined the next cell re-forms with 2, and the cell
+after that reuses those warm ranks. Last, the spot-instance case elastic: two nodes, one vanishes mid-run, and
+with ``--max-restarts 1`` the group re-forms with the one that is left and resumes from the checkpoint, its
+DistributedSampler now splitting the data over a world of 1.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers.workers import assert_no_workers
+from nbtrain.cluster import Cluster
+from nbtrain.cluster.elastic import Formation
+from nbtrain.launch.api import run_source
+from nbtrain.launch.config import ConfigError, LaunchRequest, resolve
+from nbtrain.launch.run import PoolManager
+
+pytestmark = pytest.mark.timeout(400)
+
+
+@pytest.mark.parametrize("nodes, extra, message", [
+    ("3:1", {}, r"--nodes 3:1: MIN is more than MAX; give --nodes 1:3"),
+    ("0:2", {}, r"--nodes 0:2: at least 1 node is needed"),
+    ("1:2:3", {}, r"an elastic range MIN:MAX, such as --nodes 1:4 \(got '1:2:3'\)"),
+    ("a:2", {}, r"an elastic range MIN:MAX"),
+    ("1:2", {"nprocs": 2}, r"2 ranks asked for, but --nodes 1:2 × --nproc-per-node 1 makes a world size decided"),
+    ("2", {"last_call": 5.0}, r"--last-call SECONDS \(0 or more\) goes with an elastic --nodes MIN:MAX"),
+    ("1:2", {"last_call": -1.0}, r"--last-call SECONDS \(0 or more\)"),
+])
+def test_elastic_node_counts_are_checked_before_anything_starts(nodes, extra, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve(LaunchRequest(nodes=nodes, rdzv_host="127.0.0.1", cpu=True, **extra))
+
+
+def test_an_elastic_spec_holds_min_and_max_and_its_last_call_does_not_split_warm_pools():
+    spec = resolve(LaunchRequest(nodes="1:3", nproc_per_node=2, rdzv_host="127.0.0.1", cpu=True)).pool
+    assert (spec.min_nodes, spec.nodes, spec.nprocs, spec.last_call_s) == (1, 3, 6, 3.0)
+    longer = resolve(LaunchRequest(nodes="1:3", nproc_per_node=2, rdzv_host="127.0.0.1", cpu=True, last_call=9)).pool
+    assert longer.last_call_s == 9.0 and longer == spec
+    fixed = resolve(LaunchRequest(nodes="2:2", rdzv_host="127.0.0.1", cpu=True)).pool
+    assert (fixed.min_nodes, fixed.nodes) == (0, 2)  # MIN = MAX is the fixed size
+
+
+def test_formation_waits_for_min_then_the_last_call_and_never_exceeds_max():
+    formation = Formation(2, 4, last_call_s=3.0)
+    assert formation.size(1, now=0.0) == 0  # below MIN
+    assert formation.size(2, now=1.0) == 0  # MIN there: the last call opens
+    assert formation.size(3, now=3.5) == 0
+    assert formation.size(3, now=4.0) == 3  # closed: as many as joined
+    assert Formation(2, 4, 3.0).size(6, now=0.0) == 4  # MAX at once, no waiting
+    dropped = Formation(2, 4, 3.0)
+    dropped.size(2, now=0.0)
+    dropped.size(1, now=1.0)  # one left again: the last call starts over once MIN are back
+    assert dropped.size(2, now=3.5) == 0 and dropped.size(2, now=6.5) == 2
+
+
+# ------------------------------------------------------------------------------------- real nodes
+class Nodes:
+    """A kernel-side cluster (hub on 127.0.0.1) and node agents started from its join command."""
+
+    def __init__(self) -> None:
+        self.cluster = Cluster()
+        self.hub = self.cluster.hub("127.0.0.1")
+        self.manager = PoolManager(self.cluster.make_pool)
+        self.agents: list[subprocess.Popen] = []
+
+    def start(self, address: str) -> None:
+        self.agents.append(subprocess.Popen([sys.executable, *self.hub.join_command().split()[1:], "--address", address],
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+    def wait_joined(self, count: int) -> None:
+        deadline = time.monotonic() + 60
+        while len(self.hub.live_nodes()) < count:
+            assert time.monotonic() < deadline, f"{count} idle nodes never joined"
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self.manager.shutdown()
+        self.cluster.close()
+        for agent in self.agents:
+            try:
+                agent.wait(10)
+            except subprocess.TimeoutExpired:
+                agent.kill()
+
+
+@pytest.fixture
+def nodes():
+    n = Nodes()
+    yield n
+    n.close()
+    assert_no_workers(10)
+
+
+def _run(nodes: Nodes, cell: str, **options):
+    ns: dict = {}
+    request = LaunchRequest(nodes="1:2", rdzv_host="127.0.0.1", cpu=True, start_timeout=120, last_call=1.0, **options)
+    result = run_source(cell, request, ns, manager=nodes.manager, write=lambda stream, text: None)
+    return result, ns
+
+
+def test_one_to_two_forms_with_the_nodes_there_and_regrows_when_a_second_joins(nodes, capsys):
+    nodes.start("127.0.0.2")
+    nodes.wait_joined(1)
+    result, ns = _run(nodes, "ws = world_size\n")
+    assert ns["ws"] == 1 and len(result.devices) == 1 and not result.warm
+    assert "the group forms with 1 node of 1–2 (a): world size 1 (1 node × 1 rank)" in capsys.readouterr().out
+
+    nodes.start("127.0.0.3")  # a second machine joins: the next cell's group has both
+    nodes.wait_joined(2)
+    result, ns = _run(nodes, "ws = world_size\n")
+    assert ns["ws"] == 2 and len(result.devices) == 2 and not result.warm
+    assert "the group forms with 2 nodes of 1–2 (a, b): world size 2" in capsys.readouterr().out
+
+    result, ns = _run(nodes, "ws = world_size\n")  # the same nodes stay: warm
+    assert ns["ws"] == 2 and result.warm
+
+
+CELL = """
+import os, signal, time
+import torch, nbtrain
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+restart_count = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,)))
+net = torch.nn.Linear(4, 2)
+model, opt, loader = nbtrain.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1), DataLoader(data, batch_size=4))
+batches = []
+for epoch in nbtrain.epochs(3):
+    for x, y in loader:
+        loss = F.cross_entropy(model(x), y)
+        nbtrain.backward(loss)
+        opt.step(); opt.zero_grad()
+        nbtrain.log(loss=loss)
+    batches.append(len(loader))
+    nbtrain.save_checkpoint()
+    if rank == 1 and epoch == 0 and not os.path.exists(MARKER):
+        open(MARKER, "w").close()
+        os.kill(os.getppid(), signal.SIGKILL)  # this rank's node agent: the machine is gone
+        time.sleep(30)
+steps, world = nbtrain.training_state().step, world_size
+"""
+
+
+def test_a_lost_node_re_forms_a_smaller_group_that_resumes_from_the_checkpoint(nodes, tmp_path, capsys):
+    nodes.start("127.0.0.2")
+    nodes.start("127.0.0.3")
+    nodes.wait_joined(2)
+    cell = CELL.replace("MARKER", repr(str(tmp_path / "lost-once")))
+    result, ns = _run(nodes, cell, checkpoint=str(tmp_path / "ckpt"), max_restarts=1,
+                      out="steps,world,restart_count,batches")
+    out = capsys.readouterr().out
+    assert "the group forms with 2 nodes of 1–2" in out and "lost:" in out, out
+    assert "the group forms with 1 node of 1–2" in out and "world size 1" in out, out
+    assert ns["world"] == 1 and ns["restart_count"] == 1
+    # epoch 0 on 2 ranks (16 samples / 2 / batch 4 = 2 steps), epochs 1–2 on 1 rank (4 steps each)
+    assert ns["batches"] == [4, 4] and ns["steps"] == 2 + 4 + 4
+    assert result.history.series("loss", rank=0).steps == list(range(10))  # the whole curve
