@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from helpers.workers import assert_no_workers
+from helpers.workers import assert_no_workers, nbtrain_workers
 from nbtrain.cluster import Cluster
 from nbtrain.cluster.elastic import Formation
 from nbtrain.launch.api import run_source
@@ -38,6 +38,17 @@ pytestmark = pytest.mark.timeout(400)
 def test_elastic_node_counts_are_checked_before_anything_starts(nodes, extra, message):
     with pytest.raises(ConfigError, match=message):
         resolve(LaunchRequest(nodes=nodes, rdzv_host="127.0.0.1", cpu=True, **extra))
+
+
+def test_a_bad_range_in_the_magic_is_a_usage_error_before_any_process_or_listener(shell, capsys):
+    from IPython.core.error import UsageError
+
+    before = {p.pid for p in nbtrain_workers()}
+    with pytest.raises(UsageError, match="--nodes 2:1: MIN is more than MAX"):
+        shell.run_cell_magic("distributed", "--nodes 2:1 --rdzv-host 127.0.0.1 --cpu", "x = world_size\n")
+    assert {p.pid for p in nbtrain_workers()} == before
+    shell.run_line_magic("distributed_nodes", "")
+    assert "no node has joined" in capsys.readouterr().out  # no hub was made: nothing listens
 
 
 def test_an_elastic_spec_holds_min_and_max_and_its_last_call_does_not_split_warm_pools():
@@ -120,8 +131,11 @@ def test_one_to_two_forms_with_the_nodes_there_and_regrows_when_a_second_joins(n
     assert ns["ws"] == 2 and len(result.devices) == 2 and not result.warm
     assert "the group forms with 2 nodes of 1–2 (a, b): world size 2" in capsys.readouterr().out
 
+    nodes.start("127.0.0.4")  # a third: the group is at MAX already, so it stays as it is and c waits, idle
+    nodes.wait_joined(3)
     result, ns = _run(nodes, "ws = world_size\n")  # the same nodes stay: warm
     assert ns["ws"] == 2 and result.warm
+    assert [n.name for n in nodes.hub.idle_nodes()] == ["c"]
 
 
 CELL = """
