@@ -5,7 +5,8 @@ with a range) and the formation rule itself. Then real node agents: ``--nodes 1:
 a group of 1 after the last call; once a second node has joined the next cell re-forms with 2, and the cell
 after that reuses those warm ranks. Last, the spot-instance case elastic: two nodes, one vanishes mid-run, and
 with ``--max-restarts 1`` the group re-forms with the one that is left and resumes from the checkpoint, its
-DistributedSampler now splitting the data over a world of 1.
+DistributedSampler now splitting the data over a world of 1. And once through a kernel, on an emulated node:
+the world size printed, and a group of one rank asked for ``input()`` as one rank is.
 """
 
 from __future__ import annotations
@@ -179,3 +180,21 @@ def test_a_lost_node_re_forms_a_smaller_group_that_resumes_from_the_checkpoint(n
     # epoch 0 on 2 ranks (16 samples / 2 / batch 4 = 2 steps), epochs 1–2 on 1 rank (4 steps each)
     assert ns["batches"] == [4, 4] and ns["steps"] == 2 + 4 + 4
     assert result.history.series("loss", rank=0).steps == list(range(10))  # the whole curve
+
+
+def test_in_a_notebook_a_group_of_one_says_its_world_size_and_asks_without_rank_labels():
+    """Through a kernel: an emulated node, ``--nodes 1:2``; the group's size is printed and ``input()`` on its one
+    rank is asked as on one rank (no ``[rank 0]``: the run counts the ranks that formed, not MAX)."""
+    from helpers.kernelhelp import Kernel
+
+    kernel = Kernel()
+    try:
+        kernel.run("%load_ext nbtrain\n%distributed_nodes --rdzv-host 127.0.0.1 --emulate 1")
+        reply, out, prompts = kernel.execute_answering(
+            "%%distributed --nodes 1:2 --rdzv-host 127.0.0.1 --cpu --last-call 0.5 --start-timeout 120\n"
+            "answer = input('your name? ')\nprint('got', answer, 'of', world_size)\n", ["Ada"], timeout=120)
+        assert reply["status"] == "ok", out
+        assert "the group forms with 1 node of 1–2 (a): world size 1 (1 node × 1 rank)" in out, out
+        assert prompts == ["your name? "] and "got Ada of 1" in out, (prompts, out)
+    finally:
+        kernel.shutdown()

@@ -81,7 +81,7 @@ class OutputRelay:
         self._label = label or (lambda rank: f"rank {rank}")  # several machines: "node b rank 3"
         self._at_mark = {DISPLAY_MARK: show_display or (lambda rank, number: True),
                          INPUT_MARK: answer_prompt or (lambda rank, number: True)}
-        self._nprocs = nprocs
+        self._nprocs = self.nprocs = nprocs
         self._shown = shown
         self._line_mode = nprocs > 1 and shown is None
         self._streams: dict[tuple[int, str], _Stream] = collections.defaultdict(_Stream)

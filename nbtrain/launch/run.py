@@ -200,9 +200,8 @@ class _Run:
         self.observers, self.warm = list(observers), warm
         self.history = History()
         self.displays = PendingDisplays(write)  # rank 0's figures and display() (nbtrain.worker.display)
-        self.prompts = PendingPrompts(pool.send_to, write, pool.spec.nprocs)  # input() and pdb in a rank
-        self.relay = OutputRelay(write, pool.spec.nprocs, shown=config.shown_rank, show_display=self.displays.show,
-                                 answer_prompt=self.prompts.answer, label=pool.rank_label)
+        self._write = write
+        self._talk_to_ranks(pool.spec.nprocs)
         self.sent = False
         self.loaded: set[int] = set()
         self.done: dict[int, P.Done] = {}
@@ -220,6 +219,12 @@ class _Run:
     @property
     def nprocs(self) -> int:
         return self.pool.spec.nprocs  # an elastic --nodes MIN:MAX group decides its size when it forms
+
+    def _talk_to_ranks(self, nprocs: int) -> None:
+        """The relay of the ranks' output and prompts, which label ranks only when there are several."""
+        self.prompts = PendingPrompts(self.pool.send_to, self._write, nprocs)  # input() and pdb in a rank
+        self.relay = OutputRelay(self._write, nprocs, shown=self.config.shown_rank, show_display=self.displays.show,
+                                 answer_prompt=self.prompts.answer, label=self.pool.rank_label)
 
     def loop(self, stop_requested: threading.Event) -> None:
         while True:
@@ -257,6 +262,8 @@ class _Run:
 
     def _send_job_when_connected(self) -> None:
         if not self.sent and self.pool.connected():
+            if self.nprocs == 1 != self.relay.nprocs:  # an elastic group formed with one rank: no labels
+                self._talk_to_ranks(1)
             self.pool.send_all(self.job)
             self.sent = True
             self.notify("run_started", self.info())
