@@ -124,7 +124,8 @@ def test_the_prompt_waits_for_the_text_printed_before_it():
 
 
 def test_the_stop_button_at_a_prompt_stops_the_run(kernel):
-    msg_id = kernel.kc.execute("%%distributed 2 --cpu --no-dashboard\nanswer = input('waiting for you: ')",
+    msg_id = kernel.kc.execute("%%distributed 2 --cpu --no-dashboard\n"
+                               "answer = input('waiting for you: ') if rank == 0 else None",
                                allow_stdin=True)
     request = kernel.kc.get_stdin_msg(timeout=120)
     assert request["content"]["prompt"] == "[rank 0] waiting for you: "
