@@ -109,11 +109,13 @@ def run_with_dashboard(seconds: float, nprocs: int) -> dict:
     from nbtrain.launch.api import run_source
     from nbtrain.launch.config import LaunchRequest
 
-    messages = []  # (time, widget, binary payload bytes): every comm message, state or custom
+    messages = []  # (time, widget, binary payload bytes, set-up?): every comm message, state or custom
     original = ipywidgets.Widget._send
 
     def _send(self, msg, buffers=None):
-        messages.append((time.monotonic(), self, sum(len(b) for b in buffers or ())))
+        # The chart's module and id go once, when it is made: set-up, not an update of the curves.
+        setup = any(key.startswith("_") for key in (msg.get("state") or {}))
+        messages.append((time.monotonic(), self, sum(len(b) for b in buffers or ()), setup))
         return original(self, msg, buffers)
 
     ipywidgets.Widget._send = _send  # this process only measures
@@ -145,7 +147,7 @@ def run_with_dashboard(seconds: float, nprocs: int) -> dict:
     assert isinstance(front, RunDashboard)
     tables = _widget_tree(front.run_panel.widget) | _widget_tree(front.devices.widget)
     in_live = [m for m in messages if live_start <= m[0] <= finish["live_end"]]
-    curves = [m for m in in_live if m[1] not in tables]
+    curves = [m for m in in_live if m[1] not in tables and not m[3]]
     # Updates of the curves (messages less than 0.1 s apart are one update: the old plot sent two images),
     # per second while values arrive: from the first update to the last (rank start-up left out).
     updates = [m[0] for i, m in enumerate(curves) if i == 0 or m[0] - curves[i - 1][0] > 0.1]
@@ -159,6 +161,7 @@ def run_with_dashboard(seconds: float, nprocs: int) -> dict:
         "curve_kib_per_s": sum(m[2] for m in curves) / 1024 / live_seconds,
         "curve_updates": len(updates),
         "curve_updates_per_s_arriving": (len(updates) - 1) / arriving if arriving else 0.0,
+        "curve_longest_gap_s": max((b - a for a, b in zip(updates, updates[1:], strict=False)), default=0.0),
         "final_cpu_s": finish["final"],
     }
 
@@ -214,7 +217,7 @@ def describe(label: str, run: dict) -> str:
     return (f"{label:<9} CPU {run['threads_cpu_s']:.2f} s threads (of which drawing/sending {run['ticker_cpu_s']:.2f} s) "
             f"+ {run['main_thread_cpu_s']:.3f} s main thread over {run['live_s']:.1f} s = {100 * run['cpu_share']:.2f} % "
             f"of one core; messages {run['messages_per_s']:.2f}/s (curves {run['curve_messages_per_s']:.2f}/s, "
-            f"{run['curve_kib_per_s']:.1f} KiB/s; {run['curve_updates']} updates, {run['curve_updates_per_s_arriving']:.2f}/s while values arrive); "
+            f"{run['curve_kib_per_s']:.1f} KiB/s; {run['curve_updates']} updates, {run['curve_updates_per_s_arriving']:.2f}/s while values arrive, longest gap {run['curve_longest_gap_s']:.2f} s); "
             f"final picture {run['final_cpu_s']:.2f} s; {run['steps']} steps")
 
 

@@ -159,6 +159,18 @@ def test_the_widget_sends_binary_deltas_at_most_every_half_second(messages):
     assert set(msg["state"]) == {"tail"} and sum(len(b) for b in buffers) == 11 * 5 * 8, "only the news"
 
 
+def test_a_tick_a_few_ms_early_still_sends_so_the_chart_keeps_two_updates_a_second(messages):
+    store = MetricStore()
+    panel = chart.ChartPanel(store)
+    log(store, 0, 10)
+    assert panel.update()
+    log(store, 10, 10)
+    panel._due = time.monotonic() + 0.005  # the next tick of the 0.25 s ticker came 5 ms before the grid
+    assert panel.update(), "an early tick must not push the update to the tick after"
+    log(store, 20, 10)
+    assert not panel.update(), "but a tick a quarter second early is not on time"
+
+
 def test_a_checkout_without_the_bundle_says_how_to_build_it(monkeypatch, tmp_path):
     monkeypatch.setattr(chart, "BUNDLE", tmp_path / "chart.js")
     with pytest.raises(RuntimeError, match="jlpm build:chart"):

@@ -27,6 +27,7 @@ from .chart_feed import ChartFeed
 from .metric_store import MetricStore
 
 SEND_EVERY_S = 0.5  # two updates a second while values arrive, on the dashboard's 0.25 s ticks
+EARLY_S = 0.1  # a tick this much before the due time counts as on time: ticks jitter by a few ms either way
 BUNDLE = Path(__file__).with_name("static") / "chart.js"
 
 
@@ -80,7 +81,7 @@ class ChartPanel:
     def update(self, model=None, force: bool = False) -> bool:
         """Send what was logged since the last update, if anything and if due; returns whether it sent."""
         now = time.monotonic()
-        if not force and now < self._due:
+        if not force and now < self._due - EARLY_S:
             return False
         news = self.feed.poll()
         if news is None:
@@ -91,6 +92,7 @@ class ChartPanel:
             self.widget.tail = news.tail
         self.sent += 1
         # On a fixed half-second grid, so a late tick does not stretch the period: two updates a second on
-        # 0.25 s ticks; after a pause in the news (or a stall) the grid restarts, one tick later at the earliest.
+        # 0.25 s ticks (a tick a few ms early still counts, or every other update would slip a whole tick);
+        # after a pause in the news (or a stall) the grid restarts, one tick later at the earliest.
         self._due = max(self._due + SEND_EVERY_S, now + SEND_EVERY_S / 2)
         return True

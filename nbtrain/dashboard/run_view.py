@@ -28,6 +28,8 @@ from .metric_store import MetricStore
 from .model import RunModel
 from .progress import Progress, progress
 
+STALL_S = 1.5  # no sample for this long (a slow sampler, a long --interval): the elapsed time moves anyway
+
 
 def progress_text(p: Progress, status: str | None = None) -> str:
     parts = [f"elapsed {text.duration(p.elapsed)}"]
@@ -105,19 +107,23 @@ def run_html(store: MetricStore, snap: Snapshot | None, rank_infos, elapsed: flo
 
 
 class RunPanel:
-    """The run panel as an ``ipywidgets.HTML``; :meth:`update` redraws when a sample arrived, the shown
-    second moved or the run ended (logged values alone wait for the next second)."""
+    """The run panel as an ``ipywidgets.HTML``; :meth:`update` redraws when a telemetry sample arrived (once
+    a second), the run's status or nodes changed, or, while samples stall, when the shown second moved.
+    Logged values alone wait for the next sample: the chart shows them as they come, and the panel's
+    redraws coincide with the device panel's, so the tables cost the front end two messages a second."""
 
     def __init__(self) -> None:
         import ipywidgets as W
 
         self.widget = W.HTML(f'{theme.STYLE}<div class="nbt-row"><b>nbtrain</b> · starting the ranks…</div>')
         self._shown: tuple | None = None
+        self._drawn_at = float("-inf")  # the model's elapsed time at the last redraw
 
     def update(self, model: RunModel) -> None:
         elapsed, status = model.elapsed(), model.status_text()
-        shown = (model.telemetry.version, model.nodes_version, int(elapsed), status)
-        if shown != self._shown:
-            self._shown = shown
+        shown = (model.telemetry.version, model.nodes_version, status)
+        stalled = elapsed - self._drawn_at >= STALL_S
+        if shown != self._shown or stalled:
+            self._shown, self._drawn_at = shown, elapsed
             self.widget.value = run_html(model.store, model.telemetry.latest, model.ranks, elapsed, status,
                                          model.setup_words(), model.hints(), model.nodes)
