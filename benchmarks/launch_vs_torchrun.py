@@ -71,8 +71,8 @@ def cell_source(steps: int) -> str:
     return TRAIN.replace("WARMUP", "20").replace("STEPS", str(steps))
 
 
-def run_nbtrain(ranks: int, steps: int, manager: PoolManager, fresh: bool) -> tuple[float, float]:
-    seen: dict[str, float] = {}
+def marks_reader(seen: dict[str, float]):
+    """A ``write`` for run_source that puts the cell's ``FIRST_STEP t`` and ``RATE r`` lines into ``seen``."""
 
     def write(stream: str, text: str) -> None:
         for line in text.splitlines():
@@ -80,7 +80,12 @@ def run_nbtrain(ranks: int, steps: int, manager: PoolManager, fresh: bool) -> tu
                 seen["first"] = float(line.split()[1])
             elif line.startswith("RATE"):
                 seen["rate"] = float(line.split()[1])
+    return write
 
+
+def run_nbtrain(ranks: int, steps: int, manager: PoolManager, fresh: bool) -> tuple[float, float]:
+    seen: dict[str, float] = {}
+    write = marks_reader(seen)
     started = time.time()
     run_source(cell_source(steps), LaunchRequest(nprocs=ranks, cpu=True, fresh=fresh, keep_alive=600),
                {}, manager=manager, write=write)

@@ -29,7 +29,7 @@ import time
 
 import torch  # noqa: F401  (a notebook that trains has torch imported already)
 
-from launch_vs_torchrun import SCRIPT_WRAPPER, cell_source
+from launch_vs_torchrun import SCRIPT_WRAPPER, cell_source, marks_reader
 from nbtrain.cluster import Cluster
 from nbtrain.launch.api import run_source
 from nbtrain.launch.config import LaunchRequest
@@ -40,14 +40,7 @@ ADDRESSES = ("127.0.0.2", "127.0.0.3")
 
 def run_nbtrain(steps: int, manager: PoolManager, fresh: bool) -> tuple[float, float]:
     seen: dict[str, float] = {}
-
-    def write(stream: str, text: str) -> None:
-        for line in text.splitlines():
-            if line.startswith("FIRST_STEP"):
-                seen["first"] = float(line.split()[1])
-            elif line.startswith("RATE"):
-                seen["rate"] = float(line.split()[1])
-
+    write = marks_reader(seen)
     started = time.time()
     # One intra-op thread per rank under both: the two emulated nodes share this machine's cores.
     request = LaunchRequest(nodes="2", nproc_per_node=1, rdzv_host="127.0.0.1", cpu=True, fresh=fresh, keep_alive=600,

@@ -43,9 +43,8 @@ opt = torch.optim.SGD(net.parameters(), lr=0.01)
 loader = DataLoader(data, batch_size=BATCH, shuffle=True)
 """
 
-NBTRAIN_CELL = MODEL + """
-import nbtrain
-model, opt, loader = nbtrain.prepare(net, opt, loader)
+# The timed loop, the same under both launchers but for the backward call and nbtrain's logging.
+LOOP = """
 for step, (x, y) in enumerate(loader):
     if step == WARMUP:
         started, cpu_started = time.perf_counter(), time.process_time()
@@ -53,9 +52,14 @@ for step, (x, y) in enumerate(loader):
         break
     x, y = x.to(device), y.to(device)
     loss = F.cross_entropy(model(x), y)
-    nbtrain.backward(loss)
+    BACKWARD
     opt.step(); opt.zero_grad()
-    nbtrain.log(loss=loss)
+"""
+
+NBTRAIN_CELL = MODEL + """
+import nbtrain
+model, opt, loader = nbtrain.prepare(net, opt, loader)
+""" + LOOP.replace("BACKWARD", "nbtrain.backward(loss)") + """    nbtrain.log(loss=loss)
 steps_per_s = STEPS / (time.perf_counter() - started)
 window = (started, time.perf_counter())
 cpu_ms = 1000 * (time.process_time() - cpu_started) / STEPS
@@ -76,16 +80,7 @@ sampler = DistributedSampler(data, shuffle=True)
 loader = DataLoader(data, batch_size=BATCH, sampler=sampler, pin_memory=device.type == "cuda")
 model = DDP(net.to(device), device_ids=[device.index] if device.type == "cuda" else None)
 sampler.set_epoch(0)
-for step, (x, y) in enumerate(loader):
-    if step == WARMUP:
-        started, cpu_started = time.perf_counter(), time.process_time()
-    if step == WARMUP + STEPS:
-        break
-    x, y = x.to(device), y.to(device)
-    loss = F.cross_entropy(model(x), y)
-    loss.backward()
-    opt.step(); opt.zero_grad()
-if device.type == "cuda":
+""" + LOOP.replace("BACKWARD", "loss.backward()") + """if device.type == "cuda":
     torch.cuda.synchronize()
 if rank == 0:
     print("RESULT " + json.dumps([STEPS / (time.perf_counter() - started), 1000 * (time.process_time() - cpu_started) / STEPS]))

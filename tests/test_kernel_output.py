@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from helpers.kernelhelp import Kernel
+from helpers.kernelhelp import nbtrain_kernel
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
 
 
 @pytest.fixture(scope="module")
 def kernel():
-    kernel = Kernel()
-    kernel.execute("%load_ext nbtrain")
-    yield kernel
-    kernel.execute("%distributed_shutdown")
-    kernel.shutdown()
+    with nbtrain_kernel() as kernel:
+        yield kernel
 
 
 def test_partial_lines_of_two_ranks_never_share_a_line(kernel):

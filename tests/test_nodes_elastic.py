@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from helpers.restart_cells import lost_node_cell
 from helpers.workers import assert_no_workers, nbtrain_workers
 from nbtrain.cluster import Cluster
 from nbtrain.cluster.elastic import Formation
@@ -139,38 +140,11 @@ def test_one_to_two_forms_with_the_nodes_there_and_regrows_when_a_second_joins(n
     assert [n.name for n in nodes.hub.idle_nodes()] == ["c"]
 
 
-CELL = """
-import os, signal, time
-import torch, nbtrain
-import torch.nn.functional as F
-from torch.utils.data import DataLoader, TensorDataset
-restart_count = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-torch.manual_seed(0)
-data = TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,)))
-net = torch.nn.Linear(4, 2)
-model, opt, loader = nbtrain.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1), DataLoader(data, batch_size=4))
-batches = []
-for epoch in nbtrain.epochs(3):
-    for x, y in loader:
-        loss = F.cross_entropy(model(x), y)
-        nbtrain.backward(loss)
-        opt.step(); opt.zero_grad()
-        nbtrain.log(loss=loss)
-    batches.append(len(loader))
-    nbtrain.save_checkpoint()
-    if rank == 1 and epoch == 0 and not os.path.exists(MARKER):
-        open(MARKER, "w").close()
-        os.kill(os.getppid(), signal.SIGKILL)  # this rank's node agent: the machine is gone
-        time.sleep(30)
-steps, world = nbtrain.training_state().step, world_size
-"""
-
-
 def test_a_lost_node_re_forms_a_smaller_group_that_resumes_from_the_checkpoint(nodes, tmp_path, capsys):
     nodes.start("127.0.0.2")
     nodes.start("127.0.0.3")
     nodes.wait_joined(2)
-    cell = CELL.replace("MARKER", repr(str(tmp_path / "lost-once")))
+    cell = lost_node_cell(tmp_path / "lost-once")
     result, ns = _run(nodes, cell, checkpoint=str(tmp_path / "ckpt"), max_restarts=1,
                       out="steps,world,restart_count,batches")
     out = capsys.readouterr().out

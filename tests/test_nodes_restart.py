@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from helpers.restart_cells import lost_node_cell
 from helpers.workers import assert_no_workers
 from nbtrain.cluster import Cluster
 from nbtrain.launch.api import run_source
@@ -21,30 +22,6 @@ from nbtrain.launch.config import LaunchRequest
 from nbtrain.launch.run import PoolManager
 
 pytestmark = pytest.mark.timeout(400)
-
-CELL = """
-import os, signal, time
-import torch, nbtrain
-import torch.nn.functional as F
-from torch.utils.data import DataLoader, TensorDataset
-restart_count = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-torch.manual_seed(0)
-data = TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,)))
-net = torch.nn.Linear(4, 2)
-model, opt, loader = nbtrain.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1), DataLoader(data, batch_size=4))
-for epoch in nbtrain.epochs(3):
-    for x, y in loader:
-        loss = F.cross_entropy(model(x), y)
-        nbtrain.backward(loss)
-        opt.step(); opt.zero_grad()
-        nbtrain.log(loss=loss)
-    nbtrain.save_checkpoint()
-    if rank == 1 and epoch == 0 and not os.path.exists(MARKER):
-        open(MARKER, "w").close()
-        os.kill(os.getppid(), signal.SIGKILL)  # this rank's node agent: the machine is gone
-        time.sleep(30)
-steps = nbtrain.training_state().step
-"""
 
 
 def test_a_lost_node_is_replaced_and_the_run_resumes_from_the_checkpoint(tmp_path):
@@ -69,7 +46,7 @@ def test_a_lost_node_is_replaced_and_the_run_resumes_from_the_checkpoint(tmp_pat
 
         manager = PoolManager(cluster.make_pool)
         ns: dict = {}
-        cell = CELL.replace("MARKER", repr(str(tmp_path / "lost-once")))
+        cell = lost_node_cell(tmp_path / "lost-once")
         request = LaunchRequest(nodes="2", nproc_per_node=1, rdzv_host="127.0.0.1", cpu=True, start_timeout=120,
                                 checkpoint=str(tmp_path / "ckpt"), max_restarts=1, out="steps,restart_count")
         result = run_source(cell, request, ns, manager=manager, write=write)

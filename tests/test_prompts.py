@@ -8,7 +8,7 @@ import pytest
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook
 
-from helpers.kernelhelp import Kernel
+from helpers.kernelhelp import nbtrain_kernel
 from helpers.workers import assert_no_workers
 from helpers.outputs import cell_text
 from nbtrain.launch.output import OutputRelay
@@ -19,11 +19,8 @@ from helpers.runhelp import Captured
 
 @pytest.fixture(scope="module")
 def kernel():
-    k = Kernel()
-    k.run("%load_ext nbtrain")
-    yield k
-    k.run("%distributed_shutdown")
-    k.shutdown()
+    with nbtrain_kernel() as k:
+        yield k
     assert_no_workers()  # nor those of the notebook run by nbclient below
 
 

@@ -9,35 +9,12 @@ import time
 
 import pytest
 
+from helpers.restart_cells import killed_rank_cell
 from helpers.runhelp import Captured, run_cell
 from nbtrain.launch.errors import RankFailedError
 from nbtrain.launch.observer import RunObserver
 
 pytestmark = pytest.mark.timeout(240)
-
-
-CELL = """
-import os, signal
-import torch, nbtrain
-restart_count = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-import torch.nn.functional as F
-from torch.utils.data import DataLoader, TensorDataset
-torch.manual_seed(0)
-data = TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
-net = torch.nn.Linear(4, 2)
-model, opt, loader = nbtrain.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1), DataLoader(data, batch_size=4))
-for epoch in nbtrain.epochs(3):
-    for x, y in loader:
-        loss = F.cross_entropy(model(x), y)
-        nbtrain.backward(loss)
-        opt.step(); opt.zero_grad()
-        nbtrain.log(loss=loss)
-        if rank == 1 and epoch == KILL_EPOCH and not os.path.exists(MARKER):
-            open(MARKER, "w").close()
-            os.kill(os.getpid(), signal.SIGKILL)
-    nbtrain.save_checkpoint()
-steps = nbtrain.training_state().step
-"""
 
 
 class Endings(RunObserver):
@@ -55,7 +32,7 @@ class Endings(RunObserver):
 
 
 def test_a_killed_rank_is_restarted_from_the_checkpoint(fresh_pools, tmp_path):
-    cell = CELL.replace("KILL_EPOCH", "1").replace("MARKER", repr(str(tmp_path / "killed-once")))
+    cell = killed_rank_cell(tmp_path / "killed-once", epoch=1)
     output = Captured()
     restarted_after: list = []
     started = time.monotonic()
@@ -83,7 +60,7 @@ def test_a_killed_rank_is_restarted_from_the_checkpoint(fresh_pools, tmp_path):
 
 
 def test_without_a_checkpoint_it_says_why_it_cannot_resume(fresh_pools, tmp_path):
-    cell = CELL.replace("KILL_EPOCH", "0").replace("MARKER", repr(str(tmp_path / "killed-once")))
+    cell = killed_rank_cell(tmp_path / "killed-once", epoch=0)
     output = Captured()
     with pytest.raises(RankFailedError, match="rank 1 was killed by SIGKILL"):
         run_cell(fresh_pools, cell, write=output, checkpoint=str(tmp_path / "ckpt"), max_restarts=2)

@@ -9,30 +9,19 @@ import time
 import psutil
 import pytest
 
+from helpers.workers import parent_and_child, parent_code
 from nbtrain.gpu import nvml
 from nbtrain.gpu.telemetry import NO_DRIVER, Telemetry, snapshot
 from nbtrain.dashboard.threads import Sampler, check_interval
 
-BUSY_PARENT = """
-import subprocess, sys, time
-child = subprocess.Popen([sys.executable, '-c', 'import time\\nend = time.time() + 30\\nwhile time.time() < end: pass'])
-print(child.pid, flush=True)
-time.sleep(30)
-"""
+SPIN_30_S = "import time\nend = time.time() + 30\nwhile time.time() < end: pass"
 
 
 @pytest.fixture
 def busy_tree():
     """An idle parent whose child spins a core: the tree's CPU is the child's."""
-    parent = subprocess.Popen([sys.executable, "-c", BUSY_PARENT], stdout=subprocess.PIPE, text=True)
-    child = int(parent.stdout.readline())
-    yield parent.pid, child
-    for pid in (child, parent.pid):
-        try:
-            psutil.Process(pid).kill()
-        except psutil.Error:
-            pass
-    parent.wait(5)
+    with parent_and_child(SPIN_30_S, seconds=30) as pids:
+        yield pids
 
 
 def test_process_tree_cpu_and_memory(busy_tree):
@@ -71,7 +60,7 @@ def test_tree_members_found_without_reading_every_process(monkeypatch):
     process table (psutil's children() does, once a second, from the CPU the ranks train with)."""
     from nbtrain.gpu import processes
 
-    top = subprocess.Popen([sys.executable, "-c", GRANDPARENT.format(busy=BUSY_PARENT)], stdout=subprocess.PIPE, text=True)
+    top = subprocess.Popen([sys.executable, "-c", GRANDPARENT.format(busy=parent_code(SPIN_30_S, 30))], stdout=subprocess.PIPE, text=True)
     try:
         child, grandchild = map(int, top.stdout.readline().split())
         expected = {p.pid for p in psutil.Process(top.pid).children(recursive=True)}

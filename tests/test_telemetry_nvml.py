@@ -15,6 +15,7 @@ import time
 import pytest
 
 from helpers.fake_nvml import FakeGpu, install
+from helpers.workers import parent_and_child
 from nbtrain.gpu import nvml
 from nbtrain.gpu.telemetry import Telemetry
 
@@ -28,18 +29,8 @@ def fake_nvml(monkeypatch):
 @pytest.fixture
 def process_tree():
     """A real process with a real child (as a rank with a DataLoader worker)."""
-    code = "import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); print(c.pid, flush=True); time.sleep(60)"
-    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    child_pid = int(parent.stdout.readline())
-    yield parent.pid, child_pid
-    import psutil
-
-    for pid in (child_pid, parent.pid):
-        try:
-            psutil.Process(pid).kill()
-        except psutil.Error:
-            pass
-    parent.wait(5)
+    with parent_and_child("import time; time.sleep(60)") as pids:
+        yield pids
 
 
 def test_importing_telemetry_does_not_initialise_nvml(fake_nvml):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from nbtrain.launch.errors import RankFailedError
-from helpers.runhelp import run_cell
+from helpers.runhelp import DTYPE_PROBE, run_cell
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -72,18 +72,9 @@ for bad in (lambda: nbtrain.prepare(model), lambda: nbtrain.prepare(prepared),
 
 
 def test_bf16_autocast_on_cpu_inside_forward_only(pools):
-    cell = SETUP + """
-class Probe(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.linear = torch.nn.Linear(4, 4)
-    def forward(self, x):
-        hidden = self.linear(x)
-        self.seen = hidden.dtype
-        return hidden
-probe = Probe()
+    cell = SETUP + DTYPE_PROBE + """
 model = nbtrain.prepare(probe)
-out = model(torch.randn(3, 4))
+out = model(torch.randn(3, 8))
 with nbtrain.autocast():
     manual = torch.nn.functional.linear(torch.randn(2, 4), torch.randn(4, 4)).dtype
 outside = torch.nn.functional.linear(torch.randn(2, 4), torch.randn(4, 4)).dtype

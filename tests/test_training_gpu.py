@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from helpers.runhelp import run_cell  # noqa: E402
+from helpers.runhelp import DTYPE_PROBE, run_cell  # noqa: E402
 
 
 pytestmark = pytest.mark.timeout(300)
@@ -46,17 +46,7 @@ result = (all(torch.equal(a, b) for a, b in zip(before, after_inf)),
 
 
 def test_default_amp_on_gpu_and_bf16_inside_forward(pools):
-    ns, _ = run_cell(pools, """
-import torch, nbtrain
-class Probe(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.linear = torch.nn.Linear(8, 8)
-    def forward(self, x):
-        hidden = self.linear(x)
-        self.seen = hidden.dtype
-        return hidden
-probe = Probe()
+    ns, _ = run_cell(pools, "import torch, nbtrain\n" + DTYPE_PROBE + """
 model = nbtrain.prepare(probe)
 out = model(torch.randn(4, 8, device=device))
 expected = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import time
 from collections.abc import Iterator
@@ -96,3 +97,15 @@ class Kernel:
     def shutdown(self) -> None:
         self.kc.stop_channels()
         self.km.shutdown_kernel(now=True)
+
+
+@contextlib.contextmanager
+def nbtrain_kernel() -> Iterator[Kernel]:
+    """A kernel with ``%load_ext nbtrain`` run; on leaving, ``%distributed_shutdown`` ends its ranks, then the kernel."""
+    kernel = Kernel()
+    try:
+        kernel.run("%load_ext nbtrain")
+        yield kernel
+        kernel.execute("%distributed_shutdown")
+    finally:
+        kernel.shutdown()

@@ -8,6 +8,19 @@ from nbtrain.launch.api import run_source
 from nbtrain.launch.config import LaunchRequest
 
 
+DTYPE_PROBE = """
+class Probe(torch.nn.Module):  # a Linear(8, 8) that records the dtype its forward computed in
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+    def forward(self, x):
+        hidden = self.linear(x)
+        self.seen = hidden.dtype
+        return hidden
+probe = Probe()
+"""  # cell code: what precision prepare()'s autocast gives a model's forward (the cell imports torch first)
+
+
 class Captured:
     """Collects what the ranks print, as the kernel's cell would show it."""
 

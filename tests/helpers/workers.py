@@ -7,8 +7,12 @@ another test run on the same machine.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 
 import psutil
 
@@ -37,3 +41,25 @@ def assert_no_workers(timeout: float = 5.0) -> None:
         time.sleep(0.1)
     left = nbtrain_workers()
     assert not left, f"worker processes left behind: {[p.pid for p in left]}"
+
+
+def parent_code(child_code: str, seconds: float = 60) -> str:
+    """Python code that starts a child running ``child_code``, prints the child's pid, then sleeps ``seconds``."""
+    return (f"import subprocess, sys, time\nchild = subprocess.Popen([sys.executable, '-c', {child_code!r}])\n"
+            f"print(child.pid, flush=True)\ntime.sleep({seconds})\n")
+
+
+@contextlib.contextmanager
+def parent_and_child(child_code: str, seconds: float = 60) -> Iterator[tuple[int, int]]:
+    """A real process that starts a child running ``child_code`` and then sleeps (as a rank with a DataLoader
+    worker); yields ``(parent pid, child pid)``, and kills both on leaving."""
+    parent = subprocess.Popen([sys.executable, "-c", parent_code(child_code, seconds)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        yield parent.pid, child
+    finally:
+        for process in psutil.Process(parent.pid).children() + [psutil.Process(parent.pid)]:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        parent.wait(5)
