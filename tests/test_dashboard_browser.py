@@ -1,7 +1,7 @@
 """The live dashboard in a real JupyterLab and headless Chromium: it appears under the running cell, updates
-while the ranks train — the chart, drawn in the browser, grows several times a second and its linear/log
-and smoothing controls redraw it while the cell runs — and leaves a picture and a summary in the cell when
-the run ends.
+while the ranks train — the chart, drawn in the browser, grows several times a second, its linear/log and
+smoothing controls redraw it while the cell runs, and its load panels gain a sample a second — and leaves
+a picture and a summary in the cell when the run ends.
 
 With ``NBTRAIN_SCREENSHOTS=1`` it refreshes ``docs/dashboard-live.png`` (the widget mid-run). Skipped, with
 the reason, without Chromium or Playwright.
@@ -84,13 +84,20 @@ def _check(page, lab) -> None:
 
 
 def _check_growth(page, chart) -> None:
-    """Over 3 s the drawn point count grows at least four times: the curve moves as the loss does."""
-    counts = []
+    """Over 3 s the drawn point count grows at least four times: the curve moves as the loss does; the load
+    panels below (CPU and RAM over the run, without a GPU) gain a sample a second."""
+    counts, samples = [], []
     for _ in range(30):
         counts.append(int(chart.get_attribute("data-points")))
+        samples.append(int(chart.get_attribute("data-load-points") or 0))
         page.wait_for_timeout(100)
     increases = sum(1 for a, b in zip(counts, counts[1:], strict=False) if b > a)
     assert increases >= 4, f"the chart's points grew {increases} times in 3 s: {counts}"
+    assert samples[-1] - samples[0] >= 2, f"the load panels' samples over 3 s: {samples}"
+    sync_api.expect(chart.locator(".nbt-load-busy .u-title")).to_have_text("CPU, % of one core")
+    sync_api.expect(chart.locator(".nbt-load-memory .u-title")).to_have_text("RAM, % of the machine")
+    legend = chart.locator(".nbt-load-busy .u-legend").inner_text()
+    assert "rank 0" in legend and "rank 1" in legend and "CPU (machine)" in legend, legend
 
 
 def _check_controls(chart) -> None:

@@ -171,6 +171,25 @@ def test_a_tick_a_few_ms_early_still_sends_so_the_chart_keeps_two_updates_a_seco
     assert not panel.update(), "but a tick a quarter second early is not on time"
 
 
+def test_telemetry_samples_ride_with_the_curves_or_alone_when_nothing_was_logged(messages):
+    from nbtrain.dashboard.telemetry_series import TelemetrySeries
+    from nbtrain.gpu.processes import HostStatus
+    from nbtrain.gpu.telemetry import Snapshot
+
+    store, telemetry = MetricStore(), TelemetrySeries()
+    panel = chart.ChartPanel(store, telemetry=telemetry)
+    messages.clear()
+    telemetry.add(Snapshot(10.0, (), (), HostStatus(50.0, 2, 1, 4), None))
+    assert panel.update(force=True)
+    (_, msg, _), = messages
+    assert set(msg["state"]) == {"load"}, "a sample alone: the load panels move while nothing is logged"
+    log(store, 0, 10)
+    telemetry.add(Snapshot(11.0, (), (), HostStatus(60.0, 2, 1, 4), None))
+    assert panel.update(force=True)
+    assert set(messages[-1][1]["state"]) == {"base", "tail", "load"}, "curves and load in one message"
+    assert not panel.update(force=True), "nothing new"
+
+
 def test_a_checkout_without_the_bundle_says_how_to_build_it(monkeypatch, tmp_path):
     monkeypatch.setattr(chart, "BUNDLE", tmp_path / "chart.js")
     with pytest.raises(RuntimeError, match="jlpm build:chart"):

@@ -4,7 +4,7 @@
 export const COLUMNS = ["step", "time", "mean", "min", "max"];
 
 // A column arrives as a DataView over little-endian float64 bytes (ipywidgets' binary buffers).
-function floats(view) {
+export function floats(view) {
   if (!view) return new Float64Array(0);
   if (view instanceof Float64Array) return view;
   const bytes = view.buffer ? new Uint8Array(view.buffer, view.byteOffset, view.byteLength) : new Uint8Array(view);

@@ -4,9 +4,11 @@
 // data-points (buckets drawn, all panels), data-draws, data-distr (1 linear, 3 log, 4 asinh), data-smoothing,
 // data-smooth-gap (how far the smoothed curves are from the raw ones, summed), data-x (step or time),
 // data-zoomed (a panel keeps a zoomed x range while new points arrive), data-prepare-ms and data-draw-ms
-// (the browser's time for the last update: preparing the columns, then uPlot's drawing).
+// (the browser's time for the last update: preparing the columns, then uPlot's drawing), data-load-points
+// (telemetry samples held by the load panels: GPU or CPU load over the run, see loads.js).
 import uplotCss from "uplot/dist/uPlot.min.css";
 import { joinSeries, firstTime } from "./data.js";
+import { LoadPanels } from "./loads.js";
 import { Panel } from "./panel.js";
 
 const CSS = `
@@ -16,11 +18,13 @@ const CSS = `
 .nbt-chart-toggle button { border: 1px solid #999; background: #fff; padding: 1px 8px; margin: 0; cursor: pointer; }
 .nbt-chart-toggle button[aria-pressed="true"] { background: #1f77b4; border-color: #1f77b4; color: #fff; }
 .nbt-chart-grid { display: grid; gap: 4px 10px; }
+.nbt-chart-loads { display: grid; grid-template-columns: repeat(2, max-content); gap: 4px 10px; margin-top: 6px; }
 .nbt-chart-hint { color: #777; }
 .nbt-chart .u-title { font-size: 13px; font-weight: 600; }
 .nbt-chart .u-legend { font-size: 11px; }
 `;
 const HEIGHT = 220;
+const LOAD_HEIGHT = 170;
 
 function columnsFor(count) {
   return count <= 1 ? 1 : count <= 4 ? 2 : 3;
@@ -63,8 +67,11 @@ function render({ model, el }) {
                   smoothing, control("span", { className: "nbt-chart-hint" }, "drag to zoom, double-click to unzoom"));
   const hint = control("div", { className: "nbt-chart-hint" }, "nothing logged yet: call nbtrain.log(loss=...) in the cell");
   const grid = control("div", { className: "nbt-chart-grid" });
-  root.append(style, controls, hint, grid);
+  const loadGrid = control("div", { className: "nbt-chart-loads" });
+  root.append(style, controls, hint, grid, loadGrid);
   el.appendChild(root);
+  const loadWidth = () => Math.max(240, Math.floor(((root.clientWidth || 900) - 10) / 2));
+  const loads = new LoadPanels(loadGrid, loadWidth(), LOAD_HEIGHT, () => { root.dataset.loadPoints = loads.points; });
 
   function width() {
     const cols = columnsFor(state.panels.size || 1);
@@ -131,14 +138,22 @@ function render({ model, el }) {
   };
   model.on("change:tail", onChange);
   model.on("change:base", onChange);
-  const resize = new ResizeObserver(() => { for (const p of state.panels.values()) p.resize(width()); });
+  const onLoad = () => loads.append(model.get("load")); // new samples only: each message appended once
+  model.on("change:load", onLoad);
+  const resize = new ResizeObserver(() => {
+    for (const p of state.panels.values()) p.resize(width());
+    loads.resize(loadWidth());
+  });
   resize.observe(root);
   draw();
+  onLoad();
   return () => {
     resize.disconnect();
     model.off("change:tail", onChange);
     model.off("change:base", onChange);
+    model.off("change:load", onLoad);
     for (const panel of state.panels.values()) panel.destroy();
+    loads.destroy();
   };
 }
 

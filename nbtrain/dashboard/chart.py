@@ -13,8 +13,9 @@ reads no widget events until the run is over:
   time on the x axis, hover to read every series' value, drag to zoom (double-click to unzoom).
 
 :class:`ChartPanel` feeds it from a :class:`~nbtrain.dashboard.chart_feed.ChartFeed`: one message every
-:data:`SEND_EVERY_S` seconds on average, only when something new was logged, carrying the new *tail* (now
-and then a new *base* too; see that module). The data traits hold ``bytes`` columns, which ipywidgets sends
+:data:`SEND_EVERY_S` seconds on average, only when something new was logged or sampled, carrying the new
+*tail* (now and then a new *base* too; see that module) and the telemetry samples the load panels lack
+(:mod:`~nbtrain.dashboard.load_feed`: GPU utilisation and memory, or CPU and RAM, over the run). The data traits hold ``bytes`` columns, which ipywidgets sends
 as binary buffers.
 """
 
@@ -24,7 +25,9 @@ import time
 from pathlib import Path
 
 from .chart_feed import ChartFeed
+from .load_feed import LoadFeed
 from .metric_store import MetricStore
+from .telemetry_series import TelemetrySeries
 
 SEND_EVERY_S = 0.5  # two updates a second while values arrive, on the dashboard's 0.25 s ticks
 EARLY_S = 0.1  # a tick this much before the due time counts as on time: ticks jitter by a few ms either way
@@ -54,6 +57,7 @@ def _chart_class() -> type:
         class LiveChart(anywidget.AnyWidget):
             base = traitlets.Dict().tag(sync=True)  # see chart_feed: closed buckets, per epoch
             tail = traitlets.Dict().tag(sync=True)  # the buckets after the base's
+            load = traitlets.Dict().tag(sync=True)  # see load_feed: the telemetry samples new since the last
             smoothing = traitlets.Float(0.6).tag(sync=True)  # the slider's start; the browser owns it then
 
             def __init__(self, **kwargs) -> None:
@@ -71,25 +75,30 @@ def live_chart(smoothing: float = 0.6):
 class ChartPanel:
     """The dashboard's chart panel: ``.widget`` and ``.update(model)``, like the other panels."""
 
-    def __init__(self, store: MetricStore, smoothing: float = 0.6) -> None:
+    def __init__(self, store: MetricStore, smoothing: float = 0.6, telemetry: TelemetrySeries | None = None) -> None:
         self.feed = ChartFeed(store)
+        self.loads = LoadFeed(telemetry) if telemetry is not None else None
         self.smoothing = smoothing
         self.widget = live_chart(smoothing)
         self.sent = 0  # messages sent to the browser
         self._due = float("-inf")  # when the next update may go
 
     def update(self, model=None, force: bool = False) -> bool:
-        """Send what was logged since the last update, if anything and if due; returns whether it sent."""
+        """Send what was logged or sampled since the last update, if anything and if due; returns whether it sent."""
         now = time.monotonic()
         if not force and now < self._due - EARLY_S:
             return False
         news = self.feed.poll()
-        if news is None:
+        loads = self.loads.poll() if self.loads is not None else None
+        if news is None and loads is None:
             return False
-        with self.widget.hold_sync():  # base and tail in one message
-            if news.base is not None:
-                self.widget.base = news.base
-            self.widget.tail = news.tail
+        with self.widget.hold_sync():  # base, tail and load in one message
+            if news is not None:
+                if news.base is not None:
+                    self.widget.base = news.base
+                self.widget.tail = news.tail
+            if loads is not None:
+                self.widget.load = loads
         self.sent += 1
         # On a fixed half-second grid, so a late tick does not stretch the period: two updates a second on
         # 0.25 s ticks (a tick a few ms early still counts, or every other update would slip a whole tick);

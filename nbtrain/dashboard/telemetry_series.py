@@ -85,6 +85,7 @@ class TelemetrySeries:
         self.version = 0
         self._spark: dict[DeviceKey, tuple[deque, deque]] = {}
         self._timeline: dict[DeviceKey, tuple[BoundedSeries, BoundedSeries]] = {}
+        self._recent: deque[tuple[int, float, Snapshot]] = deque(maxlen=SPARK_POINTS)  # (version, elapsed, sample)
 
     def add(self, snap: Snapshot) -> None:
         with self._lock:
@@ -100,6 +101,13 @@ class TelemetrySeries:
                     if value is not None:
                         series.add(elapsed, value)
             self.version += 1
+            self._recent.append((self.version, elapsed, snap))
+
+    def samples_since(self, version: int) -> list[tuple[int, float, Snapshot]]:
+        """The samples added after ``version`` (at most the last :data:`SPARK_POINTS`), each with its version
+        and its seconds since the first sample."""
+        with self._lock:
+            return [sample for sample in self._recent if sample[0] > version]
 
     def sparks(self) -> dict[DeviceKey, tuple[list, list]]:
         """Per device: (busy %, memory %) of the last :data:`SPARK_POINTS` samples, ``None`` where not known."""

@@ -7,8 +7,8 @@ Layout, top to bottom: the run panel (progress line and rank table,
 
 Updating: :meth:`RunDashboard.tick` runs on the dashboard's ticker thread four times a second and calls
 ``update(model)`` on each panel in turn. A panel changes its widget only when what it shows changed —
-the run panel when a new telemetry sample arrived (or the elapsed second moved), the device panel when a
-sample arrived, the chart when new values arrived (at most twice a second, only the new points) — and
+the run panel and the device panel when a new telemetry sample arrived, the chart when new values or
+samples arrived (at most twice a second, only the new points) — and
 each change is one comm message with just the new value. Nothing is cleared and redrawn in the kernel,
 so nothing flickers and the kernel draws nothing while the cell runs.
 
@@ -55,7 +55,7 @@ class RunDashboard:
         self.model = model
         self.run_panel = RunPanel()
         self.devices = DevicePanel()
-        self.chart = ChartPanel(model.store, smoothing)
+        self.chart = ChartPanel(model.store, smoothing, model.telemetry)
         self.panels = (self.run_panel, self.devices, self.chart)  # each: .widget and .update(model)
         self.widget = W.VBox([panel.widget for panel in self.panels])
         self.handle = None

@@ -1,0 +1,79 @@
+"""The chart's load panels without a kernel or a browser: which telemetry samples are sent (only new ones), in
+which units, and what an unknown value becomes."""
+
+from __future__ import annotations
+
+import math
+
+from nbtrain.dashboard.chart_feed import unpack
+from nbtrain.dashboard.load_feed import CPU_TITLES, GPU_TITLES, LoadFeed
+from nbtrain.dashboard.telemetry_series import TelemetrySeries
+from nbtrain.gpu.devices import GpuStatus
+from nbtrain.gpu.processes import HostStatus
+from nbtrain.gpu.telemetry import RankUsage, Snapshot
+
+GiB = 2**30
+HOST = HostStatus(cpu_percent=40.0, cpu_count=8, memory_used=8 * GiB, memory_total=32 * GiB)
+
+
+def gpu_sample(t: float, busy: int | None, used: int) -> Snapshot:
+    gpus = tuple(GpuStatus(i, "NVIDIA H100", f"GPU-{i}", busy, used * GiB, 80 * GiB, 60, 300.0, 700.0, ())
+                 for i in (0, 1))
+    return Snapshot(t, gpus, (), HOST, None)
+
+
+def cpu_sample(t: float, ranks: int = 2) -> Snapshot:
+    usage = tuple(RankUsage(r, 100 + r, "cpu", None, None, 90.0 + r, 4 * GiB) for r in range(ranks))
+    return Snapshot(t, (), usage, HOST, "no NVIDIA driver was found")
+
+
+def test_only_the_samples_since_the_last_poll_are_sent():
+    telemetry = TelemetrySeries()
+    feed = LoadFeed(telemetry)
+    assert feed.poll() is None
+    telemetry.add(gpu_sample(100.0, 50, 20))
+    telemetry.add(gpu_sample(101.0, 70, 40))
+    first = feed.poll()
+    assert first is not None and first["titles"] == GPU_TITLES and first["devices"] == ["GPU 0", "GPU 1"]
+    assert unpack(first["t"]) == [0.0, 1.0], "seconds since the run's first sample"
+    assert unpack(first["busy"]["GPU 1"]) == [50.0, 70.0] and unpack(first["memory"]["GPU 0"]) == [25.0, 50.0]
+    assert feed.poll() is None, "nothing new"
+    telemetry.add(gpu_sample(102.0, 90, 60))
+    second = feed.poll()
+    assert second is not None and unpack(second["t"]) == [2.0] and unpack(second["busy"]["GPU 0"]) == [90.0]
+
+
+def test_without_gpus_cpu_is_in_cores_and_ram_a_share_of_the_machine():
+    telemetry = TelemetrySeries()
+    feed = LoadFeed(telemetry)
+    telemetry.add(cpu_sample(5.0))
+    load = feed.poll()
+    assert load is not None and load["titles"] == CPU_TITLES
+    assert load["devices"] == ["rank 0", "rank 1", "CPU (machine)"], "ranks by number, the machine last"
+    assert unpack(load["busy"]["rank 1"]) == [91.0]
+    assert unpack(load["busy"]["CPU (machine)"]) == [320.0], "40 % of 8 cores: 3.2 cores, as the ranks count"
+    assert unpack(load["memory"]["rank 0"]) == [12.5] and unpack(load["memory"]["CPU (machine)"]) == [25.0]
+
+
+def test_unknown_values_and_absent_devices_are_nan_so_the_browser_draws_a_gap():
+    telemetry = TelemetrySeries()
+    feed = LoadFeed(telemetry)
+    telemetry.add(gpu_sample(0.0, None, 10))  # a driver that does not report utilisation
+    telemetry.add(cpu_sample(1.0, ranks=1))
+    telemetry.add(cpu_sample(2.0, ranks=2))  # rank 1 reported from the second sample on
+    load = feed.poll()
+    assert load is not None
+    assert all(math.isnan(v) for v in unpack(load["busy"]["GPU 0"])[:1])
+    rank1 = unpack(load["busy"]["rank 1"])
+    assert math.isnan(rank1[0]) and math.isnan(rank1[1]) and rank1[2] == 91.0
+    assert all(len(unpack(column)) == 3 for column in load["busy"].values()), "every column as long as t"
+
+
+def test_a_long_run_keeps_the_kernel_side_bounded():
+    telemetry = TelemetrySeries()
+    feed = LoadFeed(telemetry)
+    for second in range(5000):
+        telemetry.add(cpu_sample(float(second)))
+        if second % 2:
+            assert feed.poll() is not None
+    assert len(telemetry.samples_since(0)) <= 60, "only the last minute of samples is kept for the chart"
