@@ -32,9 +32,11 @@ for step in range(300):
 """
 
 
-def test_the_dashboard_renders_updates_and_leaves_a_picture(tmp_path):
+def _in_lab(tmp_path, second_cell: str, check) -> None:
+    """Open a notebook of ``%load_ext nbtrain`` and ``second_cell`` in JupyterLab, run the first cell, start the
+    second (Ctrl+Enter), then ``check(page, lab, cells)``; on failure, a screenshot and the server's log."""
     lab = JupyterLab(tmp_path)
-    write_notebook(lab.notebooks / "dash.ipynb", ["%load_ext nbtrain", TRAINING])
+    write_notebook(lab.notebooks / "dash.ipynb", ["%load_ext nbtrain", second_cell])
     lab.start()
     lab.start_session("dash.ipynb")
     try:
@@ -42,7 +44,16 @@ def test_the_dashboard_renders_updates_and_leaves_a_picture(tmp_path):
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS, headless=True)
             try:
                 page = browser.new_page(viewport={"width": 1300, "height": 1000})
-                _check(page, lab)
+                page.goto(f"{lab.url}/lab/tree/dash.ipynb?reset&token={lab.token}")
+                page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=90_000)
+                cells = page.locator(".jp-Notebook .jp-Cell")
+                sync_api.expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_have_count(
+                    1, timeout=60_000)
+                cells.nth(0).locator(".jp-InputArea-editor").click()
+                page.keyboard.press("Shift+Enter")
+                sync_api.expect(cells.nth(0).locator(".jp-InputPrompt")).to_have_text("[1]:", timeout=60_000)
+                page.keyboard.press("Control+Enter")
+                check(page, lab, cells)
             except BaseException:
                 page.screenshot(path=str(tmp_path / "failure.png"))
                 print(f"browser at failure: {tmp_path / 'failure.png'}\njupyter lab log:\n{lab.log()}")
@@ -53,16 +64,25 @@ def test_the_dashboard_renders_updates_and_leaves_a_picture(tmp_path):
         lab.stop()
 
 
-def _check(page, lab) -> None:
-    page.goto(f"{lab.url}/lab/tree/dash.ipynb?reset&token={lab.token}")
-    page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=90_000)
-    cells = page.locator(".jp-Notebook .jp-Cell")
-    sync_api.expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_have_count(1, timeout=60_000)
-    cells.nth(0).locator(".jp-InputArea-editor").click()
-    page.keyboard.press("Shift+Enter")
-    sync_api.expect(cells.nth(0).locator(".jp-InputPrompt")).to_have_text("[1]:", timeout=60_000)
-    page.keyboard.press("Control+Enter")
+def test_the_dashboard_renders_updates_and_leaves_a_picture(tmp_path):
+    _in_lab(tmp_path, TRAINING, _check)
 
+
+def test_gpus_shows_the_machines_load_over_time_then_leaves_a_table(tmp_path):
+    def check(page, lab, cells) -> None:
+        output = cells.nth(1).locator(".jp-OutputArea")
+        chart = output.locator(".nbt-chart")
+        sync_api.expect(chart.locator(".nbt-load-busy .u-title")).to_have_text("CPU, % of one core", timeout=60_000)
+        sync_api.expect(chart.locator(".nbt-chart-controls")).to_be_hidden()  # no curves in %gpus: no curve controls
+        page.wait_for_function("el => Number(el.dataset.loadPoints) >= 4", arg=chart.element_handle(), timeout=15_000)
+        assert "CPU (machine)" in chart.locator(".nbt-load-busy .u-legend").inner_text()
+        sync_api.expect(output).to_contain_text("%gpus: stopped at", timeout=30_000)  # --for 6: a table stays
+        sync_api.expect(output.locator(".nbt-chart")).to_have_count(0)
+
+    _in_lab(tmp_path, "%gpus --for 6 --interval 0.5", check)
+
+
+def _check(page, lab, cells) -> None:
     output = cells.nth(1).locator(".jp-OutputArea")
     widget = output.locator(".jupyter-widgets").first
     sync_api.expect(widget).to_be_visible(timeout=60_000)  # the widget, while the cell runs

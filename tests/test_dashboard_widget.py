@@ -145,6 +145,12 @@ def test_gpu_monitor_lives_and_stops():
             assert time.monotonic() < deadline, "no sample shown"
             time.sleep(0.05)
         assert "live" in monitor.status.value
+        while monitor.chart.sent == 0:  # the load panels: the machine's history since the monitor started
+            assert time.monotonic() < deadline, "no sample sent to the chart"
+            time.sleep(0.05)
+        load = monitor.chart.widget.load
+        assert load["devices"] and set(load["busy"]) == set(load["devices"])
+        assert not monitor.chart.widget.curves, "no logged curves in %gpus: the chart hides their controls"
     finally:
         monitor.stop()
     assert monitor.stop_button.disabled and "stopped" in monitor.status.value

@@ -69,6 +69,10 @@ function render({ model, el }) {
   const grid = control("div", { className: "nbt-chart-grid" });
   const loadGrid = control("div", { className: "nbt-chart-loads" });
   root.append(style, controls, hint, grid, loadGrid);
+  if (model.get("curves") === false) { // the load panels alone (%gpus): no curves, so no curve controls
+    controls.style.display = "none";
+    hint.style.display = "none";
+  }
   el.appendChild(root);
   const loadWidth = () => Math.max(240, Math.floor(((root.clientWidth || 900) - 10) / 2));
   const loads = new LoadPanels(loadGrid, loadWidth(), LOAD_HEIGHT, () => { root.dataset.loadPoints = loads.points; });

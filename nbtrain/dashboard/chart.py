@@ -59,6 +59,7 @@ def _chart_class() -> type:
             tail = traitlets.Dict().tag(sync=True)  # the buckets after the base's
             load = traitlets.Dict().tag(sync=True)  # see load_feed: the telemetry samples new since the last
             smoothing = traitlets.Float(0.6).tag(sync=True)  # the slider's start; the browser owns it then
+            curves = traitlets.Bool(True).tag(sync=True)  # False: the load panels alone (``%gpus``)
 
             def __init__(self, **kwargs) -> None:
                 self._esm = bundle_source()
@@ -68,18 +69,20 @@ def _chart_class() -> type:
     return _LiveChart
 
 
-def live_chart(smoothing: float = 0.6):
-    return _chart_class()(smoothing=smoothing)
+def live_chart(smoothing: float = 0.6, curves: bool = True):
+    return _chart_class()(smoothing=smoothing, curves=curves)
 
 
 class ChartPanel:
     """The dashboard's chart panel: ``.widget`` and ``.update(model)``, like the other panels."""
 
-    def __init__(self, store: MetricStore, smoothing: float = 0.6, telemetry: TelemetrySeries | None = None) -> None:
-        self.feed = ChartFeed(store)
+    def __init__(self, store: MetricStore | None, smoothing: float = 0.6, telemetry: TelemetrySeries | None = None) -> None:
+        """``store``: the logged series (``None``: the load panels alone, as ``%gpus`` shows them);
+        ``telemetry``: the samples of the load panels (``None``: none)."""
+        self.feed = ChartFeed(store) if store is not None else None
         self.loads = LoadFeed(telemetry) if telemetry is not None else None
         self.smoothing = smoothing
-        self.widget = live_chart(smoothing)
+        self.widget = live_chart(smoothing, curves=store is not None)
         self.sent = 0  # messages sent to the browser
         self._due = float("-inf")  # when the next update may go
 
@@ -88,7 +91,7 @@ class ChartPanel:
         now = time.monotonic()
         if not force and now < self._due - EARLY_S:
             return False
-        news = self.feed.poll()
+        news = self.feed.poll() if self.feed is not None else None
         loads = self.loads.poll() if self.loads is not None else None
         if news is None and loads is None:
             return False

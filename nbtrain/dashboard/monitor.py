@@ -4,7 +4,8 @@
   power and the processes holding memory on it; without an NVIDIA driver, the machine's CPU and RAM
   and one line saying why there are no GPU numbers.
 * :class:`GpuMonitor` — the live widget ``%gpus`` shows: the device panel of the run dashboard, fed by
-  a telemetry sampler, updated in place, with a Stop button. It stops by itself after ``duration``
+  a telemetry sampler, updated in place, the chart's load panels below it (each GPU's utilisation and
+  memory since the monitor started, drawn in the browser), and a Stop button. It stops by itself after ``duration``
   seconds (10 minutes unless told otherwise; 0 means until stopped) so a forgotten monitor does not
   sample for the rest of the session; ``%gpus --stop`` stops every live monitor, and a new ``%gpus``
   stops the previous one. When it stops, its output is replaced in place (``update_display``) by
@@ -21,6 +22,7 @@ import psutil
 
 from ..gpu.telemetry import Snapshot, Telemetry
 from . import text, theme
+from .chart import ChartPanel
 from .devices_view import DevicePanel, devices_html
 from .model import RunModel
 from .threads import DEFAULT_INTERVAL_S, Sampler, Ticker, check_interval
@@ -97,10 +99,11 @@ class GpuMonitor:
         self.duration = duration
         self.model = RunModel(telemetry_source=Telemetry())  # the machine's samples; no run, no ranks
         self.panel = DevicePanel()
+        self.chart = ChartPanel(None, telemetry=self.model.telemetry)  # the load panels alone: no curves
         self.status = W.HTML()
         self.stop_button = W.Button(description="Stop", layout=W.Layout(width="70px"))
         self.stop_button.on_click(lambda _: self.stop())
-        self.widget = W.VBox([W.HBox([self.stop_button, self.status]), self.panel.widget])
+        self.widget = W.VBox([W.HBox([self.stop_button, self.status]), self.panel.widget, self.chart.widget])
         self.sampler = Sampler(self.model.telemetry_source, self.model.add_sample, self.interval)
         self.ticker = Ticker(self._tick, 0.25, "nbtrain-gpus")
         self.started = time.monotonic()
@@ -138,6 +141,7 @@ class GpuMonitor:
             self.stop(join=False)
             return
         self.panel.update(self.model)
+        self.chart.update()
 
     def stop(self, join: bool = True) -> None:
         if self.stopped:
