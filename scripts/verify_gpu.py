@@ -12,7 +12,11 @@ Checks, through a real IPython shell with ``%load_ext nbtrain``:
    after a cell that allocated and deleted 4 GiB, against the level before it);
 6. after ``%distributed_shutdown`` no GPU memory is held by any rank: NVML's process list, *and* the GPU's
    memory.used back at the baseline read before the ranks started — in VMs and some containers the driver
-   lists no processes at all, so the list alone would pass however much was still held.
+   lists no processes at all, so the list alone would pass however much was still held;
+7. ``nbtrain.prepare`` on a GPU with its defaults: a convolutional model runs under bf16 autocast (fp16
+   where the GPU has no bf16) in channels_last, and its output comes back in float32;
+8. the dashboard chart's load panels read the GPUs: titles "GPU utilisation %" and "GPU memory %", a
+   line per GPU, numbers (not NaN) from NVML.
 
 Record the command and its output in docs/gpu-verification.md.
 """
@@ -24,6 +28,8 @@ import sys
 import time
 
 from IPython.core.interactiveshell import InteractiveShell
+
+from nbtrain.dashboard.chart_feed import unpack
 
 
 def check(name: str, ok: bool, detail: str = "") -> bool:
@@ -53,6 +59,50 @@ def wait_for_baseline(baseline: dict[int, int], seconds: float = 10.0) -> dict[i
     while max(above(baseline).values(), default=0) * MiB > TOLERANCE and time.monotonic() < deadline:
         time.sleep(0.1)
     return above(baseline)
+
+
+def prepared_defaults(shell) -> list[bool]:
+    """Check 7: prepare()'s defaults on a GPU for a convolutional model."""
+    result = shell.run_cell(
+        "%%distributed 1\n"
+        "import nbtrain\n"
+        "conv = nn.Sequential(nn.Conv2d(3, 16, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 2))\n"
+        "prepared = nbtrain.prepare(conv)\n"
+        "out = prepared(torch.randn(8, 3, 32, 32, device=device))\n"
+        "kernel_weight = next(p for p in prepared.parameters() if p.dim() == 4)\n"
+        "layout = kernel_weight.is_contiguous(memory_format=torch.channels_last)\n"
+        "wanted = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16\n"
+        "with nbtrain.autocast():\n"
+        "    inside = nn.functional.conv2d(torch.randn(1, 3, 8, 8, device=device), kernel_weight).dtype\n"
+        "speed = (layout, str(inside), str(wanted), str(out.dtype))\n"
+        "del conv, prepared, kernel_weight\n")
+    if not result.success:
+        return [check("prepare() defaults on a GPU ran", False, str(result.error_in_exec))]
+    layout, inside, wanted, out = shell.user_ns["speed"]
+    return [check("prepare(): channels_last for a conv model on a GPU", layout),
+            check("prepare(): autocast in the GPU's half precision, output float32", inside == wanted and out == "torch.float32",
+                  f"inside {inside} (wanted {wanted}), output {out}")]
+
+
+def load_panels() -> list[bool]:
+    """Check 8: the chart's load panels from two real telemetry samples."""
+    from nbtrain.dashboard.load_feed import GPU_TITLES, LoadFeed
+    from nbtrain.dashboard.telemetry_series import TelemetrySeries
+    from nbtrain.gpu.telemetry import Telemetry
+
+    telemetry, series = Telemetry(), TelemetrySeries()
+    feed = LoadFeed(series)
+    series.add(telemetry.snapshot())
+    time.sleep(0.5)
+    series.add(telemetry.snapshot())
+    load = feed.poll() or {}
+    devices = load.get("devices", [])
+    numbers = {d: (unpack(load["busy"][d])[-1], unpack(load["memory"][d])[-1]) for d in devices}
+    known = all(v == v for pair in numbers.values() for v in pair)  # NaN != NaN
+    return [check("load panels: a line per GPU, in the GPU titles",
+                  load.get("titles") == GPU_TITLES and bool(devices) and all(d.startswith("GPU ") for d in devices),
+                  f"{load.get('titles')}: {devices}"),
+            check("load panels: utilisation and memory % known", known, f"{numbers}")]
 
 
 def main() -> int:
@@ -95,6 +145,9 @@ def main() -> int:
         results.append(check("freed memory released before the cell returned",
                              freed.success and max(grown.values(), default=0) * MiB <= TOLERANCE,
                              f"memory.used right after the cell, MiB above the level before it: {grown}"))
+    if result.success:
+        results += prepared_defaults(shell)
+    results += load_panels()
     import torch
 
     results.append(check("kernel never initialised CUDA", not torch.cuda.is_initialized()))
