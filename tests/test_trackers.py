@@ -13,6 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import nbtrain
 from helpers.outputs import cell_text
+from helpers.restart_cells import killed_rank_cell
 from helpers.runhelp import run_cell
 from helpers.workers import nbtrain_workers
 from nbtrain.launch.api import run_source
@@ -93,9 +94,7 @@ def test_a_run_restarted_from_its_checkpoint_is_one_tensorboard_run(fresh_pools,
     """--max-restarts: the series the restart resends from the checkpoint are not written again, so
     TensorBoard reads each rank's curve once, steps 0 to 11 (events of the first attempt past the checkpoint
     are replaced by the restart's, as TensorBoard does for a run that goes back in steps)."""
-    from test_restarts import CELL
-
-    cell = CELL.replace("KILL_EPOCH", "1").replace("MARKER", repr(str(tmp_path / "killed-once")))
+    cell = killed_rank_cell(tmp_path / "killed-once", epoch=1)
     run_cell(fresh_pools, cell, checkpoint=str(tmp_path / "ckpt"), max_restarts=1, out="steps",
              tensorboard=str(tmp_path / "tb"))
     for rank in (0, 1):
