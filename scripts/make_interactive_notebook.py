@@ -10,7 +10,7 @@ tests/test_notebooks.py executes it through a real kernel.
 
 from nbformat.v4 import new_code_cell, new_markdown_cell
 
-from notebook_cells import parameters, write
+from notebook_cells import NET_CLASS, parameters, write
 
 
 interactive = [
@@ -37,14 +37,7 @@ interactive = [
         "A small network and a toy data set: points in the plane, labelled by whether they lie inside the "
         "unit circle. The ranks read `Net`, `X`, `Y`, ... from the notebook when a cell uses them."),
     new_code_cell(
-        "import torch\n"
-        "from torch import nn\n\n"
-        "class Net(nn.Module):\n"
-        "    def __init__(self, width=64):\n"
-        "        super().__init__()\n"
-        "        self.layers = nn.Sequential(nn.Linear(2, width), nn.ReLU(), nn.Linear(width, 2))\n\n"
-        "    def forward(self, x):\n"
-        "        return self.layers(x)\n\n"
+        NET_CLASS +
         "def circle(n, seed):\n"
         "    g = torch.Generator().manual_seed(seed)\n"
         "    x = torch.randn(n, 2, generator=g)\n"

@@ -10,7 +10,7 @@ purpose are tagged ``raises-exception``, so the notebook still runs top to botto
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from notebook_cells import KERNEL, parameters
+from notebook_cells import KERNEL, NET_CLASS, parameters
 
 
 def failing(source):
@@ -28,13 +28,7 @@ cells = [
     new_code_cell("%load_ext nbtrain"),
     new_markdown_cell("Ordinary notebook code: a model class, a helper function and a data set."),
     new_code_cell(
-        "import torch\nfrom torch import nn\n\n"
-        "class Net(nn.Module):\n"
-        "    def __init__(self, width=64):\n"
-        "        super().__init__()\n"
-        "        self.layers = nn.Sequential(nn.Linear(2, width), nn.ReLU(), nn.Linear(width, 2))\n\n"
-        "    def forward(self, x):\n"
-        "        return self.layers(x)\n\n"
+        NET_CLASS +
         "def make_data(n, seed=0):\n"
         "    g = torch.Generator().manual_seed(seed)\n"
         "    x = torch.randn(n, 2, generator=g)\n"

@@ -5,6 +5,17 @@ differs from the committed one only where its cells changed)."""
 import nbformat
 from nbformat.v4 import new_code_cell, new_notebook
 
+# The small classifier of the teaching notebooks, as the first lines of their model cell.
+NET_CLASS = (
+    "import torch\nfrom torch import nn\n\n"
+    "class Net(nn.Module):\n"
+    "    def __init__(self, width=64):\n"
+    "        super().__init__()\n"
+    "        self.layers = nn.Sequential(nn.Linear(2, width), nn.ReLU(), nn.Linear(width, 2))\n\n"
+    "    def forward(self, x):\n"
+    "        return self.layers(x)\n\n"
+)
+
 KERNEL = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
 
 
