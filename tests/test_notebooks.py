@@ -149,7 +149,10 @@ def test_interactive_keeps_the_model_in_a_session_plots_pulls_and_profiles(tmp_p
     table = cell_text(profile)
     assert "nbtrain: profile of the recorded steps" in table
     assert "operator (self time, ms)                rank 0    rank 1" in table
-    assert "c10d::allreduce_" in table and "rank 1: communication " in table
+    # DDP's all-reduce is in the recorded steps on every rank (whether it makes the top 8 operators by self time
+    # depends on the machine's load: tests/test_profiling.py checks the table's operators on a quiet cell).
+    communication = re.findall(r"rank (\d): communication (\d+\.\d+) ms", table)
+    assert [rank for rank, _ in communication] == ["0", "1"] and sum(float(ms) for _, ms in communication) > 0, table
     assert f"traces (Chrome/Perfetto, TensorBoard): {tmp_path / 'runs' / 'profile'}" in table
     assert list((tmp_path / "runs" / "profile").glob("rank1.*.pt.trace.json"))
     closing = cell_text(next(c for c in cells if c.source.startswith("%distributed_close")))
