@@ -31,6 +31,8 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
+from torchrun_preamble import PREAMBLE
+
 SETTINGS = {  # name: (amp, channels_last, compile)
     "fp32": ("off", False, False),
     "bf16": ("bf16", False, False),
@@ -118,14 +120,8 @@ for block in range(BLOCKS):
 rates = [SAMPLES * world_size * STEPS / statistics.median(times[log]) for log in (True, False)]
 """
 
-TORCHRUN_SCRIPT = """
-import contextlib, os, torch, torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
-dist.init_process_group("{backend}")
-world_size = dist.get_world_size()
-device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if "{backend}" == "nccl" else torch.device("cpu")
-if device.type == "cuda":
-    torch.cuda.set_device(device)
+TORCHRUN_SCRIPT = PREAMBLE + """
+import contextlib
 {body}
 net = net.to(device)
 if {channels_last} and x.dim() == 4:  # what nbtrain does: conv models and their image batches
@@ -151,7 +147,7 @@ for block in range(BLOCKS):
     for _ in range(STEPS):
         step()
     sync(); times.append(time.perf_counter() - started)
-if dist.get_rank() == 0:
+if rank == 0:
     print("RESULT " + json.dumps(SAMPLES * world_size * STEPS / statistics.median(times)))
 dist.destroy_process_group()
 """

@@ -30,6 +30,8 @@ import tempfile
 import threading
 import time
 
+from torchrun_preamble import PREAMBLE
+
 MODEL = """
 import time, torch
 import torch.nn.functional as F
@@ -66,15 +68,9 @@ cpu_ms = 1000 * (time.process_time() - cpu_started) / STEPS
 threads = torch.get_num_threads()
 """
 
-TORCHRUN_SCRIPT = """
-import os, json, torch, torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
+TORCHRUN_SCRIPT = PREAMBLE + """
+import json
 from torch.utils.data.distributed import DistributedSampler
-dist.init_process_group("{backend}")
-rank = dist.get_rank()
-device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if "{backend}" == "nccl" else torch.device("cpu")
-if device.type == "cuda":
-    torch.cuda.set_device(device)
 """ + MODEL + """
 sampler = DistributedSampler(data, shuffle=True)
 loader = DataLoader(data, batch_size=BATCH, sampler=sampler, pin_memory=device.type == "cuda")

@@ -22,7 +22,7 @@ from tornado.httpclient import HTTPClientError
 
 from helpers import fake_nvml
 from nbtrain.server.handlers import ROUTES
-from helpers.serverhelp import ENDLESS_RUN, ServerKernel, fetch_json, wait_for
+from helpers.serverhelp import ENDLESS_RUN, fetch_json, open_notebook_kernel, wait_for
 from helpers.tsinterfaces import mismatches, parse_interfaces
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
@@ -58,10 +58,7 @@ async def _answers_of_a_real_run(jp_fetch, jp_serverapp) -> list[tuple[str, str,
     """(label, interface, JSON) for every route, in each of the forms the panel meets."""
     answers = [("gpus (no GPU)", "IMachine", (await fetch_json(jp_fetch, "nbtrain", "gpus"))[1]),
                ("runs (none)", "IRunsReply", (await fetch_json(jp_fetch, "nbtrain", "runs"))[1])]
-    _, session = await fetch_json(jp_fetch, "api", "sessions", method="POST", body=json.dumps(
-        {"path": "train.ipynb", "name": "train.ipynb", "type": "notebook", "kernel": {"name": "python3"}}))
-    kernel_id = session["kernel"]["id"]
-    kernel = ServerKernel(jp_serverapp.kernel_manager, kernel_id)
+    kernel_id, kernel = await open_notebook_kernel(jp_fetch, jp_serverapp, "train.ipynb")
     try:
         await kernel.ready()
         await kernel.run("%load_ext nbtrain")
@@ -101,10 +98,7 @@ def test_a_node_runs_answer_lists_its_nodes_as_types_ts_declares(jp_fetch, jp_se
 
 
 async def _a_node_run(jp_fetch, jp_serverapp) -> dict:
-    _, session = await fetch_json(jp_fetch, "api", "sessions", method="POST", body=json.dumps(
-        {"path": "nodes.ipynb", "name": "nodes.ipynb", "type": "notebook", "kernel": {"name": "python3"}}))
-    kernel_id = session["kernel"]["id"]
-    kernel = ServerKernel(jp_serverapp.kernel_manager, kernel_id)
+    kernel_id, kernel = await open_notebook_kernel(jp_fetch, jp_serverapp, "nodes.ipynb")
     try:
         await kernel.ready()
         await kernel.run("%load_ext nbtrain\n%distributed_nodes --rdzv-host 127.0.0.1 --emulate 2")

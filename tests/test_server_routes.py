@@ -24,7 +24,7 @@ from tornado.httpclient import HTTPClientError
 
 from helpers import fake_nvml
 from nbtrain.server.handlers import ROUTES
-from helpers.serverhelp import ENDLESS_RUN, ServerKernel, fetch_json, wait_for
+from helpers.serverhelp import ENDLESS_RUN, fetch_json, open_notebook_kernel, wait_for
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
 
@@ -110,10 +110,7 @@ def test_a_run_is_listed_mapped_to_its_notebook_and_stopped(jp_fetch, jp_servera
 
 async def _run_listed_mapped_and_stopped(jp_fetch, jp_serverapp, jp_root_dir):
     (jp_root_dir / "work").mkdir()
-    _, session = await fetch_json(jp_fetch, "api", "sessions", method="POST", body=json.dumps(
-        {"path": NOTEBOOK, "name": "train.ipynb", "type": "notebook", "kernel": {"name": "python3"}}))
-    kernel_id = session["kernel"]["id"]
-    kernel = ServerKernel(jp_serverapp.kernel_manager, kernel_id)
+    kernel_id, kernel = await open_notebook_kernel(jp_fetch, jp_serverapp, NOTEBOOK)
     foreign = subprocess.Popen(["sleep", "120"])
     try:
         await kernel.ready()

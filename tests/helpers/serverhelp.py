@@ -73,6 +73,16 @@ async def fetch_json(jp_fetch, *parts, **kwargs):
     return response.code, json.loads(response.body)
 
 
+async def open_notebook_kernel(jp_fetch, jp_serverapp, path: str) -> tuple[str, ServerKernel]:
+    """Open a session for the notebook ``path`` as the front end does (POST /api/sessions, a python3 kernel);
+    returns its kernel id and a client for the kernel."""
+    name = path.rsplit("/", 1)[-1]
+    _, session = await fetch_json(jp_fetch, "api", "sessions", method="POST", body=json.dumps(
+        {"path": path, "name": name, "type": "notebook", "kernel": {"name": "python3"}}))
+    kernel_id = session["kernel"]["id"]
+    return kernel_id, ServerKernel(jp_serverapp.kernel_manager, kernel_id)
+
+
 async def wait_for(probe, what: str, timeout: float = 60, interval: float = 0.25):
     """Await ``probe()`` until it returns something truthy; fail naming ``what`` after ``timeout`` s."""
     deadline = time.monotonic() + timeout
