@@ -23,15 +23,12 @@ This process never initialises CUDA: GPUs are counted through NVML, as ``%%distr
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 
-from torchrun_preamble import PREAMBLE
+import torchrun_script
+from torchrun_script import PREAMBLE
 
 SETTINGS = {  # name: (amp, channels_last, compile)
     "fp32": ("off", False, False),
@@ -176,18 +173,7 @@ def run_nbtrain(cell: str, options: dict, ranks: int) -> tuple[float, float, lis
 
 
 def run_torchrun(script: str, ranks: int, cpu: bool) -> float:
-    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
-        f.write(script)
-    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // ranks)))
-    try:
-        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), f.name],
-                              capture_output=True, text=True, env=env, timeout=1200)
-    finally:
-        os.unlink(f.name)
-    for line in done.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    raise RuntimeError(f"torchrun failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+    return torchrun_script.run(script, ranks, timeout=1200)
 
 
 def measure(workload: str, setting: str, sizes: Sizes, ranks: int, rounds: int, cpu: bool) -> dict:

@@ -21,16 +21,13 @@ trained is printed for each nbtrain run. ``--width 256 --hidden 512 --steps 2000
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 
-from torchrun_preamble import PREAMBLE
+import torchrun_script
+from torchrun_script import PREAMBLE
 
 MODEL = """
 import time, torch
@@ -141,18 +138,9 @@ def _dashboard():
 
 
 def run_torchrun(steps: int, gpu: bool, ranks: int, width: int, hidden: int) -> tuple[float, float]:
-    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as script:
-        script.write(TORCHRUN_SCRIPT.format(steps=steps, width=width, hidden=hidden, backend="nccl" if gpu else "gloo"))
-    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // ranks)))
-    try:
-        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), script.name],
-                              capture_output=True, text=True, env=env, timeout=600)
-    finally:
-        os.unlink(script.name)
-    for line in done.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return tuple(json.loads(line[7:]))
-    raise RuntimeError(f"torchrun failed:\n{done.stdout}\n{done.stderr}")
+    script = TORCHRUN_SCRIPT.format(steps=steps, width=width, hidden=hidden, backend="nccl" if gpu else "gloo")
+    steps_per_s, cpu_ms = torchrun_script.run(script, ranks, timeout=600)  # rank 0 printed [steps/s, CPU ms]
+    return steps_per_s, cpu_ms
 
 
 def main() -> None:
