@@ -116,13 +116,16 @@ def __getattr__(name):
 
 
 def load_ipython_extension(ipython):
-    from .wire.shm import sweep_orphans
+    from .launch.registry import sweep_records
+    from .leftovers import sweep_temp
     from .magics import DistributedMagics
+    from .wire.shm import sweep_orphans
 
-    try:  # shared-memory files of kernels that died before they could remove them
-        sweep_orphans()
-    except OSError:
-        pass
+    for sweep in (sweep_orphans, sweep_temp, sweep_records):  # what killed kernels and agents left behind
+        try:
+            sweep()
+        except OSError:
+            pass
 
     magics = DistributedMagics(ipython)
     ipython.register_magics(magics)

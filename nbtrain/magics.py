@@ -22,6 +22,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from . import dashboard
 from .cluster import Cluster
+from .cluster.tokens import parse_ttl
 from .launch import api
 from .launch.api import UserInputError, format_summary, run_source
 from .launch.config import LaunchRequest
@@ -160,6 +161,10 @@ class DistributedMagics(Magics):
     @argument("--emulate", type=int, default=0, metavar="N",
               help="start N node agents on this machine, on 127.0.0.2, 127.0.0.3, … (with --rdzv-host 127.0.0.1): "
                    "emulated nodes, to try --nodes without a cluster")
+    @argument("--token-ttl", metavar="DURATION",
+              help="a new join token, admitting nodes for this long (900, 30m, 2h; default 1h)")
+    @argument("--revoke", action="store_true",
+              help="revoke the join token: a new one admits nodes from now on (joined nodes stay)")
     @argument("--hosts", metavar="A,B", help="start a node agent on each of these hosts over ssh (with --rdzv-host)")
     @argument("--ssh-option", action="append", default=[], metavar="KEY=VALUE",
               help="with --hosts: an ssh option for the connections (repeatable), such as Port=2222")
@@ -175,6 +180,12 @@ class DistributedMagics(Magics):
         ``%distributed_nodes --rdzv-host 10.0.0.5 --hosts gpu1,gpu2`` (start agents there over ssh).
         """
         args = parse_argstring(self.distributed_nodes, line)
+        if args.revoke or args.token_ttl:
+            try:
+                print(self.cluster.renew_token(args.rdzv_host, parse_ttl(args.token_ttl) if args.token_ttl else None,
+                                               args.revoke))
+            except (ValueError, OSError) as exc:
+                raise UsageError(str(exc)) from None
         if args.hosts is not None:
             return self._start_hosts(args)
         if args.emulate and not args.rdzv_host:

@@ -29,8 +29,10 @@ from helpers.kernelhelp import Kernel
 from helpers.workers import assert_no_workers, nbtrain_workers
 from nbtrain.cluster.hub import Hub
 from nbtrain.wire.link import JoinToken, LinkError, client_context, connect
+from nbtrain.wire.nodes import NodeHello
 
 NODE_ADDRESSES = ("127.0.0.2", "127.0.0.3")
+HELLO = NodeHello("tester", os.getpid(), 0, 1)
 CELL = "%%distributed --nodes 2 --nproc-per-node 2 --rdzv-host 127.0.0.1 --cpu --start-timeout 120\n"
 
 
@@ -88,20 +90,20 @@ def test_another_pools_token_and_an_expired_token_are_refused(hub):
         forged = JoinToken(hub.host, hub.port, other.pool_id, other.token.secret, hub.token.fingerprint,
                            hub.token.expires)
         with pytest.raises((LinkError, OSError)):
-            connect(forged)
+            connect(forged, HELLO)
     finally:
         other.close()
     _until(lambda: hub.refused == 1, 5, "the refusal")
     expired = JoinToken(hub.host, hub.port, hub.pool_id, hub.token.secret, hub.token.fingerprint, time.time() - 1)
     with pytest.raises(LinkError, match="expired"):
-        connect(expired)
+        connect(expired, HELLO)
     assert hub.nodes == []
 
 
 def test_a_node_refuses_a_kernel_whose_certificate_is_not_pinned(hub):
     wrong = JoinToken(hub.host, hub.port, hub.pool_id, hub.token.secret, "00" * 32, hub.token.expires)
     with pytest.raises(LinkError, match="certificate"):
-        connect(wrong)
+        connect(wrong, HELLO)
     assert hub.nodes == []
 
 
@@ -116,7 +118,7 @@ class Cluster:
 
     def start_nodes(self, command: str, addresses=NODE_ADDRESSES) -> None:
         self.command = command
-        args = command.split()[1:]  # python -m nbtrain.node --join … --token …
+        args = command.split()[1:]  # python -m nbtrain.node --join … --token-file …
         for address in addresses:
             self.nodes.append(subprocess.Popen([sys.executable, *args, "--address", address],
                                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
@@ -144,7 +146,7 @@ def _first_run(c: Cluster) -> str:
     msg_id = c.kernel.start(CELL + "print(f'hello from {rank} of {world_size}')\n"
                                    "total = scale * float(T.sum()) + rank\n")
     _, seen = c.kernel.collect(msg_id, 60, until=lambda text: "--token" in text)
-    command = re.search(r"python -m nbtrain\.node --join \S+ --token \S+", seen)
+    command = re.search(r"python -m nbtrain\.node --join \S+ --token-file \S+", seen)
     assert command, seen
     c.start_nodes(command.group(0))
     reply, out = c.kernel.collect(msg_id, 240)

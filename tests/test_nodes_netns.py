@@ -62,7 +62,7 @@ def namespace():
 
 
 def _start_agent(command: str, address: str, inside: bool) -> subprocess.Popen:
-    args = command.split()[1:]  # python -m nbtrain.node --join … --token …
+    args = command.split()[1:]  # python -m nbtrain.node --join … --token-file …
     prefix = ["ip", "netns", "exec", NAME] if inside else []  # ip execs the command: the pid is the agent's
     return subprocess.Popen([*prefix, sys.executable, *args, "--address", address],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -89,7 +89,7 @@ def test_a_node_whose_link_goes_down_is_reported_lost_and_the_others_stop(namesp
     agents: list[subprocess.Popen] = []
     try:
         listing = kernel.run(f"%load_ext nbtrain\n%distributed_nodes --rdzv-host {KERNEL_ADDRESS}")
-        command = re.search(r"python -m nbtrain\.node --join \S+ --token \S+", listing)
+        command = re.search(r"python -m nbtrain\.node --join \S+ --token-file \S+", listing)
         assert command, listing
         agents = [_start_agent(command.group(0), KERNEL_ADDRESS, inside=False),
                   _start_agent(command.group(0), NODE_ADDRESS, inside=True)]

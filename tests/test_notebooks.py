@@ -165,7 +165,7 @@ def test_multinode_runs_on_two_emulated_nodes_and_their_agents_leave():
     text = "\n".join(cell_text(c) for c in cells)
     joining = next(c for c in cells if "--emulate" in c.source)
     assert "started 2 emulated node agents on 127.0.0.2, 127.0.0.3" in cell_text(joining)
-    token = re.search(r"--token (\S+)", cell_text(joining)).group(1)
+    join = re.search(r"--join (\S+)", cell_text(joining)).group(1)
     training, evaluation = (c for c in cells if c.source.startswith("%%distributed"))
     first = cell_text(training)
     assert "python -m nbtrain.node --join" not in first, "the command was printed by %distributed_nodes already"
@@ -175,4 +175,4 @@ def test_multinode_runs_on_two_emulated_nodes_and_their_agents_leave():
     listing = cell_text(next(c for c in cells if c.source == "%distributed_nodes"))
     assert "node a: " in listing and "node b: " in listing and "127.0.0.2" in listing and "127.0.0.3" in listing
     # The notebook's %distributed_shutdown released the nodes: no agent of this pool is left.
-    assert not [p for p in psutil.process_iter(["cmdline"]) if token in " ".join(p.info["cmdline"] or ())]
+    assert not [p for p in psutil.process_iter(["cmdline"]) if f"--join {join}" in " ".join(p.info["cmdline"] or ())]

@@ -15,6 +15,7 @@ the hub lives: until ``%distributed_shutdown``, the extension's unloading or the
 
 from __future__ import annotations
 
+import atexit
 import threading
 
 from ..launch.config import PoolSpec
@@ -33,6 +34,7 @@ class Cluster:
     def __init__(self) -> None:
         self._hub: Hub | None = None
         self._lock = threading.Lock()
+        self._atexit = False
         self.emulated = EmulatedNodes()
         self.ssh = SshNodes()  # --hosts: agents started over ssh
 
@@ -44,6 +46,9 @@ class Cluster:
                 self.ssh.close()  # their agents left with that hub
             if self._hub is None:
                 self._hub = Hub(host)
+                if not self._atexit:  # a kernel shut down from JupyterLab releases its nodes and token file too
+                    atexit.register(self.close)
+                    self._atexit = True
             return self._hub
 
     def make_pool(self, spec: PoolSpec) -> WorkerPool:
@@ -54,13 +59,13 @@ class Cluster:
     def start_hosts(self, host: str, hosts: tuple[str, ...], options=(), python: str = "") -> list[str]:
         """Listen on ``host`` and start a node agent on each of ``hosts`` over ssh (those without one running)."""
         hub = self.hub(host)
-        return self.ssh.start(hosts, f"{hub.host}:{hub.port}", hub.token.encode(), options, python)
+        return self.ssh.start(hosts, f"{hub.host}:{hub.port}", hub.valid_token(), options, python)
 
     def emulate(self, host: str, count: int) -> list[str]:
         """Listen on ``host`` (loopback) and start ``count`` node agents on this machine; their addresses."""
         check_loopback(host)
         hub = self.hub(host)
-        return self.emulated.start(hub.join_command(), count)
+        return self.emulated.start(f"{hub.host}:{hub.port}", hub.valid_token(), count)
 
     def describe(self) -> list[str]:
         hub = self._hub
@@ -70,7 +75,18 @@ class Cluster:
         lines = hub.describe() or ["nbtrain: no node is joined now."]
         hub.announced = True  # a first --nodes cell need not print the command again
         ssh = [f"nbtrain: the node on {host} could not be started over ssh: {why}" for host, why in self.ssh.failed()]
-        return lines + self.emulated.failures() + ssh + [f"join more with: {hub.join_command()}"]
+        return lines + self.emulated.failures() + ssh + [f"join more with: {hub.join_command()}", hub.join_help()]
+
+    def renew_token(self, host: str | None, ttl_s: float | None, revoke: bool) -> str:
+        """``--token-ttl`` / ``--revoke``: a new token for the hub on ``host`` (or the one listening); what to tell
+        the user. :class:`ValueError` when nothing listens yet and no host is given."""
+        if host is None and self._hub is None:
+            raise ValueError("no join token yet: nothing listens for nodes (give --rdzv-host ADDRESS)")
+        hub = self.hub(host) if host else self._hub
+        assert hub is not None
+        hub.issue_token(ttl_s)
+        done = "revoked the join token; " if revoke else ""
+        return f"nbtrain: {done}a new token admits nodes from now on (nodes already joined stay)."
 
     def close(self) -> bool:
         with self._lock:

@@ -1,7 +1,8 @@
 """Emulated nodes: node agents started by the kernel on this machine, to try ``--nodes`` without a cluster.
 
-``%distributed_nodes --rdzv-host 127.0.0.1 --emulate 2`` runs the join command the hub prints, once per
-node, as ``python -m nbtrain.node … --address 127.0.0.K`` (K = 2, 3, …): distinct loopback addresses, so
+``%distributed_nodes --rdzv-host 127.0.0.1 --emulate 2`` runs the join command once per node, as
+``python -m nbtrain.node --join … --token - --address 127.0.0.K`` (K = 2, 3, …), the token on the agent's
+stdin (never in its command line, which every local user can read): distinct loopback addresses, so
 the nodes are told apart as real machines would be. They are ordinary agents — the same TLS link, token and
 heartbeats — started as subprocesses instead of pasted into Slurm or a shell, which is how the multinode
 notebook runs on a laptop and in CI.
@@ -13,6 +14,7 @@ They leave like any agent when the pool ends (``%distributed_shutdown``, the ker
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import shutil
@@ -46,18 +48,22 @@ class EmulatedNodes:
     def running(self) -> list[str]:
         return [address for address, agent, _ in self.agents if agent.poll() is None]
 
-    def start(self, join_command: str, count: int) -> list[str]:
-        """Start ``count`` more agents from ``join_command`` (``python -m nbtrain.node --join … --token …``)."""
+    def start(self, join: str, token: str, count: int) -> list[str]:
+        """Start ``count`` more agents that join ``join`` (HOST:PORT) with ``token``, given on their stdin."""
         self.reap()
-        self._logs = self._logs or tempfile.mkdtemp(prefix="nbtrain-emulated-")
-        args = join_command.split()[1:]
+        self._logs = self._logs or tempfile.mkdtemp(prefix=f"nbtrain-emulated-{os.getpid()}-")
         started = []
         for _ in range(count):
             address = self._free_address()
             log = os.path.join(self._logs, f"node-{address}.log")
             with open(log, "wb") as out:
-                agent = subprocess.Popen([sys.executable, *args, "--address", address], stdout=out,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                agent = subprocess.Popen([sys.executable, "-m", "nbtrain.node", "--join", join, "--token", "-",
+                                          "--address", address], stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.PIPE)
+            assert agent.stdin is not None
+            with contextlib.suppress(OSError):  # an agent that died at once: failures() quotes its log
+                agent.stdin.write(token.encode() + b"\n")
+                agent.stdin.close()
             self.agents.append((address, agent, log))
             started.append(address)
         return started

@@ -8,9 +8,10 @@ sees the same events (:class:`Message`, :class:`Output`, :class:`Exited`):
   nodes have joined the hub (:mod:`.hub`; the join command is printed once) — or, elastic ``--nodes MIN:MAX``,
   once MIN have and the last call for more is over (:mod:`.elastic`; ``spec`` then becomes the group's size
   and the job is sent only now, so the run knows its world size) — each gets
-  :class:`~nbtrain.wire.nodes.StartRanks` and runs torch elastic's ``LocalElasticAgent`` with the c10d
-  rendezvous backend against that store, as ``torchrun --rdzv-backend c10d`` does. Global ranks are
-  elastic's (group rank × nproc-per-node + local rank); each node reports its own
+  :class:`~nbtrain.wire.nodes.StartRanks` and runs torch elastic's ``LocalElasticAgent`` with the
+  rendezvous the kernel decided (each node's group rank, sent over the authenticated link: nothing of the
+  rendezvous is read from the store, which has no authentication). Global ranks are
+  elastic's (group rank × nproc-per-node + local rank), group ranks in join order; each node reports its own
   (:class:`~nbtrain.wire.nodes.RanksStarted`), which names output ``[node b rank 3]``;
 * **the job** goes once per node (:meth:`send_all`), with the bytes of its shared-memory input files; the
   node writes them to its own ``/dev/shm`` and its local ranks map them as on one machine. Results come
@@ -92,13 +93,14 @@ class NodePool(WorkerPool):
         spec = self.requested
         if spec.hosts and self.ssh is not None:  # first: the agents start while this kernel imports torch
             if len(self.hub.idle_nodes()) < spec.nodes:
-                started = self.ssh.start(spec.hosts, f"{self.hub.host}:{self.hub.port}", self.hub.token.encode(),
+                started = self.ssh.start(spec.hosts, f"{self.hub.host}:{self.hub.port}", self.hub.valid_token(),
                                          spec.ssh_options, spec.remote_python)
                 if started:
                     self._say(f"nbtrain: starting node agents over ssh on {', '.join(started)}")
         elif len(self.hub.idle_nodes()) < spec.nodes and not self.hub.announced:
             self.hub.announced = True
-            self._say(f"nbtrain: waiting for {self._wanted()} nodes; on each node run:\n  {self.hub.join_command()}")
+            self._say(f"nbtrain: waiting for {self._wanted()} nodes; on each node run:\n  {self.hub.join_command()}\n"
+                      f"{self.hub.join_help()}")
         self._store = host_store(spec.rdzv_host)
         self._start_if_joined()
 
@@ -121,11 +123,11 @@ class NodePool(WorkerPool):
         start = N.StartRanks(self.run_id, f"{self.spec.rdzv_host}:{self._store.port}", self.spec.nodes,
                              self.spec.nproc_per_node, self.spec.backend, self.spec.device_type, self.spec.timeout_s,
                              self.spec.env, os.getpid())
-        for node in self.nodes:
+        for group_rank, node in enumerate(self.nodes):
             while not node.link.incoming.empty():  # what an earlier pool's ranks said last
                 node.link.incoming.get_nowait()
             node.state = "running"
-            node.link.send(start)
+            node.link.send(replace(start, group_rank=group_rank))  # the rendezvous, decided here (node/rendezvous.py)
             for deliver in self._pending:
                 node.link.send(deliver)
         self._started = True

@@ -3,9 +3,14 @@
 One hub per kernel and ``--rdzv-host``, made on the first multi-node cell; it *is* the pool the token names.
 It listens on ``--rdzv-host`` (a port the OS picks) with a certificate made for it (:mod:`.tls`). A
 connection becomes a node only after TLS, the token's pool and secret checked in the raw-byte handshake
-(:func:`nbtrain.wire.link.handshake_server`) and a :class:`~nbtrain.wire.nodes.NodeHello`; a connection that
-fails any step is closed without anything of it having been unpickled. The token expires
-(:data:`TOKEN_TTL_S`); a node that joined stays joined past that.
+(:func:`nbtrain.wire.link.handshake_server`) and a hello in a fixed raw layout
+(:func:`nbtrain.wire.link.read_hello`); a connection that fails any step is closed without anything of it
+having been unpickled. Admission is bounded: one deadline (:data:`ADMIT_DEADLINE_S`) for all of it, however
+slowly a peer sends, and at most :data:`MAX_ADMISSIONS` at once (more are closed at once).
+
+The token (:mod:`.tokens`) lives in a 0600 file, never in what the cell prints; it admits nodes until it
+expires (:data:`~.tokens.DEFAULT_TTL_S`, ``--token-ttl``) or is revoked (:meth:`Hub.issue_token`), and an
+expired token is replaced when a join command is printed again. A node that joined stays joined.
 
 Joined nodes are named ``a``, ``b``, ``c`` … in join order and stay joined between cells (warm), so the
 next cell's ranks start without anyone pasting a command again. The hub's heartbeat thread sends each node
@@ -27,13 +32,14 @@ from dataclasses import dataclass, field
 
 from ..launch.observer import NodeGpu, NodeInfo
 from ..wire import nodes as N
-from ..wire.link import JoinToken, Link, LinkError, handshake_server
+from ..wire.link import JoinToken, Link, LinkError, handshake_server, read_hello, send_welcome
 from .tls import make_certificate, server_context
+from .tokens import DEFAULT_TTL_S, TokenFile
 
 HEARTBEAT_S = 1.0
 LOST_AFTER_S = 5.0
-TOKEN_TTL_S = 24 * 3600.0
-HANDSHAKE_TIMEOUT_S = 5.0
+ADMIT_DEADLINE_S = 5.0  # TLS, handshake and hello together, however slowly the peer sends
+MAX_ADMISSIONS = 8  # connections being admitted at once; more are closed at once
 
 
 @dataclass
@@ -65,10 +71,10 @@ class NodeConn:
 class Hub:
     """The kernel's end of the node links (see the module docstring)."""
 
-    def __init__(self, host: str, token_ttl_s: float = TOKEN_TTL_S) -> None:
+    def __init__(self, host: str, token_ttl_s: float = DEFAULT_TTL_S, token_dir: str | None = None) -> None:
         self.host = host
         self.pool_id = secrets.token_hex(8)
-        cert, key, print_ = make_certificate(host)
+        cert, key, self._fingerprint = make_certificate(host)
         self._context = server_context(cert, key)
         try:
             self._listener = socket.create_server((host, 0), backlog=64)
@@ -76,20 +82,49 @@ class Hub:
             raise OSError(f"cannot listen on --rdzv-host {host} ({exc.strerror}); give an address of this machine "
                           "that the nodes can reach") from None
         self.port = self._listener.getsockname()[1]
-        self.token = JoinToken(host, self.port, self.pool_id, secrets.token_hex(32), print_, time.time() + token_ttl_s)
+        self.token_file = TokenFile(self.pool_id, token_dir)
+        self.token_ttl_s = token_ttl_s
+        self.token = self.issue_token()
         self.nodes: list[NodeConn] = []
-        self.refused = 0  # connections that failed TLS or the handshake
+        self.refused = 0  # connections that failed TLS, the handshake or the hello, or came over the cap
         self.announced = False  # the join command was printed
         self.wake_r, self.wake_w = os.pipe()  # written when a node sends something (the run's loop waits on it)
         os.set_blocking(self.wake_r, False)
         self._lock = threading.Lock()
+        self._admitting = threading.BoundedSemaphore(MAX_ADMISSIONS)
+        self._deadlines: dict[int, float] = {}  # socket fd being admitted -> when its admission must be over
         self._names = iter(string.ascii_lowercase)
         self._closed = threading.Event()
         threading.Thread(target=self._accept_loop, name="nbtrain-hub-accept", daemon=True).start()
         threading.Thread(target=self._heartbeat_loop, name="nbtrain-hub-heartbeat", daemon=True).start()
 
+    # ------------------------------------------------------------------------------- the token
+    def issue_token(self, ttl_s: float | None = None) -> JoinToken:
+        """A new secret (the old token stops admitting nodes), valid ``ttl_s``, written to the token file."""
+        if ttl_s is not None:
+            self.token_ttl_s = ttl_s
+        self.token = JoinToken(self.host, self.port, self.pool_id, secrets.token_hex(32), self._fingerprint,
+                               time.time() + self.token_ttl_s)
+        self.token_file.write(self.token.encode())
+        return self.token
+
+    def valid_token(self) -> str:
+        """The token to hand to an agent this kernel starts (stdin, never argv); an expired one is replaced."""
+        if self.token.expired():
+            self.issue_token()
+        return self.token.encode()
+
     def join_command(self) -> str:
-        return f"python -m nbtrain.node --join {self.host}:{self.port} --token {self.token.encode()}"
+        """The command that joins a node; it names the token's file, never the token (outputs are saved)."""
+        self.valid_token()
+        return f"python -m nbtrain.node --join {self.host}:{self.port} --token-file {self.token_file.path}"
+
+    def join_help(self) -> str:
+        """Where the token is and how to hand it to a node on another machine, under the join command."""
+        left = max(0.0, self.token.expires - time.time())
+        return (f"(the token is a secret: it stays in that file, mode 0600, valid {_duration(left)}; on a machine "
+                f"that does not share this home directory, give --token - instead and pipe the file in: "
+                f"ssh NODE '… --token -' < {self.token_file.path})")
 
     def live_nodes(self) -> list[NodeConn]:
         with self._lock:
@@ -105,31 +140,56 @@ class Hub:
                 raw, peer = self._listener.accept()
             except OSError:
                 return
+            if not self._admitting.acquire(blocking=False):  # a flood of connections holds no more threads
+                self.refused += 1
+                raw.close()
+                continue
             threading.Thread(target=self._admit, args=(raw, peer[0]), name="nbtrain-hub-admit", daemon=True).start()
 
     def _admit(self, raw: socket.socket, address: str) -> None:
-        raw.settimeout(HANDSHAKE_TIMEOUT_S)
+        fd = raw.fileno()
+        with self._lock:
+            self._deadlines[fd] = time.monotonic() + ADMIT_DEADLINE_S
+        raw.settimeout(ADMIT_DEADLINE_S)
+        sock = None
         try:
             sock = self._context.wrap_socket(raw, server_side=True)
             if self.token.expired():
                 raise LinkError("the join token has expired")
             handshake_server(sock, self.pool_id, self.token.key)
+            hello = read_hello(sock)
         except (OSError, LinkError, ValueError):
             self.refused += 1
-            raw.close()
+            with self._lock:
+                self._deadlines.pop(fd, None)
+            (sock or raw).close()
             return
-        link = Link(sock, "hub-link").start()  # authenticated: from here on frames are unpickled
-        link.notify(self.wake_w)
-        hello = link.incoming.get(timeout=HANDSHAKE_TIMEOUT_S)
-        if not isinstance(hello, N.NodeHello):
-            link.close()
-            return
+        finally:
+            self._admitting.release()
         with self._lock:
+            self._deadlines.pop(fd, None)
             name = next(self._names, f"n{len(self.nodes)}")
-            node = NodeConn(name, hello, link, address)
-            self.nodes.append(node)
-        link.send(N.Welcome(name))
+        try:
+            send_welcome(sock, name)
+        except OSError:
+            sock.close()
+            return
+        link = Link(sock, "hub-link").start()  # admitted: from here on frames are unpickled
+        link.notify(self.wake_w)
+        with self._lock:
+            self.nodes.append(NodeConn(name, hello, link, address))
         self.poke()
+
+    def _end_overdue_admissions(self) -> None:
+        """A peer that trickles bytes passes every per-read timeout: its admission ends at one deadline."""
+        now = time.monotonic()
+        with self._lock:
+            for fd in [fd for fd, deadline in self._deadlines.items() if deadline < now]:
+                del self._deadlines[fd]
+                with contextlib.suppress(OSError):
+                    twin = socket.socket(fileno=os.dup(fd))  # shutdown acts on the socket, whichever fd names it
+                    twin.shutdown(socket.SHUT_RDWR)
+                    twin.close()
 
     def poke(self) -> None:
         with contextlib.suppress(OSError):
@@ -143,6 +203,7 @@ class Hub:
     # ----------------------------------------------------------------------------- liveness
     def _heartbeat_loop(self) -> None:
         while not self._closed.wait(HEARTBEAT_S):
+            self._end_overdue_admissions()
             with self._lock:
                 gone = [n for n in self.nodes if n.link.closed.is_set() or n.silent_for() > 4 * LOST_AFTER_S]
                 self.nodes = [n for n in self.nodes if n not in gone]
@@ -166,6 +227,7 @@ class Hub:
         for fd in (self.wake_r, self.wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
+        self.token_file.remove()
 
     def describe(self) -> list[str]:
         """One line per joined node, for ``%distributed_nodes``."""
@@ -188,3 +250,9 @@ def _load(beat: N.Heartbeat | None) -> str:
         memory = f"{used / 2**30:.1f}/{total / 2**30:.0f} GiB" if used is not None and total else "memory N/A"
         text += f", GPU {index} {load if load is not None else 'N/A'}% {memory}"
     return text
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h more"
+    return f"{seconds / 60:.0f} min more"

@@ -73,7 +73,7 @@ class SshNodes:
 
     def start(self, hosts, join: str, token: str, options=(), python: str = "") -> list[str]:
         """Start an agent on each host that has none running; the hosts started."""
-        self._logs = self._logs or tempfile.mkdtemp(prefix="nbtrain-ssh-")
+        self._logs = self._logs or tempfile.mkdtemp(prefix=f"nbtrain-ssh-{os.getpid()}-")
         started = []
         for host in hosts:
             if host in self.running():

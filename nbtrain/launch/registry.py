@@ -48,6 +48,13 @@ def runs_dir() -> str:
     return os.path.join(jupyter_runtime_dir(), "nbtrain", "runs")
 
 
+def sweep_records(directory: str | None = None) -> int:
+    """Remove the records of kernels that are no longer running (killed: their atexit never ran)."""
+    from ..leftovers import sweep_dead
+
+    return sweep_dead(directory or runs_dir(), re.compile(r"kernel-(\d+)\.json$"))
+
+
 def read_runs(directory: str | None = None) -> list[dict]:
     """Every live record (its kernel still running), newest first; unreadable or stale files are skipped."""
     directory = directory or runs_dir()

@@ -2,8 +2,9 @@
 
 For each :class:`~nbtrain.wire.nodes.StartRanks` the node builds what ``torchrun --nnodes N --nproc-per-node M
 --rdzv-backend c10d --rdzv-endpoint <kernel>:<port> python -m nbtrain.worker`` builds
-(:func:`torch.distributed.launcher.api.launch_agent`): the c10d rendezvous handler against the store the
-kernel hosts (never hosting one itself: ``is_host=False``), a :class:`WorkerSpec` with the worker module as
+(:func:`torch.distributed.launcher.api.launch_agent`) — except the rendezvous: the kernel decides the group
+and sends this node its group rank over the authenticated link (:mod:`.rendezvous`: nothing is read back from
+the store the kernel hosts, which has no authentication), a :class:`WorkerSpec` with the worker module as
 entry point, and a :class:`LocalElasticAgent` whose logs specs redirect each rank's stdout and stderr to
 files the node tails (:mod:`.ranks`). The agent does the rendezvous, assigns global ranks, sets the
 environment torchrun sets (RANK, LOCAL_RANK, GROUP_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT,
@@ -87,8 +88,8 @@ def _make_agent(start: N.StartRanks, ranks: LocalRanks, local_addr: str | None):
     from torch.distributed.elastic.agent.server.api import WorkerSpec
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
-    from torch.distributed.elastic.rendezvous import RendezvousParameters
-    from torch.distributed.elastic.rendezvous import registry as rdzv_registry
+
+    from .rendezvous import KernelRendezvous
 
     class Agent(LocalElasticAgent):
         def _start_workers(self, worker_group):  # torch elastic's own, then tell the relay which ranks run here
@@ -102,11 +103,8 @@ def _make_agent(start: N.StartRanks, ranks: LocalRanks, local_addr: str | None):
                            for w in worker_group.workers])
             return pids
 
-    params = RendezvousParameters(backend="c10d", endpoint=start.rdzv_endpoint, run_id=start.run_id,
-                                  min_nodes=start.nnodes, max_nodes=start.nnodes, local_addr=local_addr,
-                                  is_host=False, join_timeout=start.join_timeout_s)
     spec = WorkerSpec(role="default", local_world_size=start.nproc_per_node, entrypoint=sys.executable,
-                      args=("-u", "-m", "nbtrain.worker"), rdzv_handler=rdzv_registry.get_rendezvous_handler(params),
+                      args=("-u", "-m", "nbtrain.worker"), rdzv_handler=KernelRendezvous(start),
                       max_restarts=0, monitor_interval=MONITOR_INTERVAL_S, local_addr=local_addr)
     logs = DefaultLogsSpecs(log_dir=os.path.join(ranks.dir, "logs"), redirects=Std.ALL, tee=Std.NONE)
     return Agent(spec=spec, logs_specs=logs, start_method="spawn")

@@ -1,10 +1,11 @@
 """A node agent's life: join, serve the kernel's pools, leave with the pool.
 
-1. **join** — parse ``--join HOST:PORT --token T`` (the token carries the address too; ``--join`` must agree;
-   ``--token -`` reads it from stdin),
+1. **join** — parse ``--join HOST:PORT`` and read the token from ``--token-file``, stdin (``--token -``) or
+   ``$NBTRAIN_JOIN_TOKEN``, never from the command line (:mod:`.token`; the token carries the address too:
+   ``--join`` must agree),
    connect from ``--address`` if given (emulated nodes on 127.0.0.2, 127.0.0.3, …), TLS with the pinned
-   certificate, the mutual handshake, then :class:`~nbtrain.wire.nodes.NodeHello`; the kernel answers with
-   the node's name;
+   certificate, the mutual handshake, then :class:`~nbtrain.wire.nodes.NodeHello` in its fixed raw layout; the
+   kernel answers with the node's name;
 2. **serve** — heartbeats every second both ways (the node's carry its CPU, RAM and GPU use: :func:`telemetry`); :class:`~nbtrain.wire.nodes.StartRanks` runs torch
    elastic's agent for this node's ranks (:mod:`.agent`), ``Deliver``, ``Interrupt`` and ``StopRanks`` go to
    the local ranks (:mod:`.ranks`);
@@ -16,7 +17,6 @@
 from __future__ import annotations
 
 import argparse
-import glob
 import importlib
 import os
 import queue
@@ -29,11 +29,13 @@ import time
 
 import psutil
 
+from ..leftovers import sweep_temp
 from ..wire import nodes as N
 from ..wire.link import JoinToken, Link, LinkError, connect
 from ..wire.shm import sweep_orphans
 from .agent import run_ranks
 from .ranks import LocalRanks
+from .token import read_token
 
 HEARTBEAT_S = 1.0
 KERNEL_SILENT_S = 5.0
@@ -43,8 +45,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m nbtrain.node",
                                      description="Join a notebook's %%distributed pool as a node.")
     parser.add_argument("--join", required=True, metavar="HOST:PORT", help="the kernel's address, as the cell printed it")
-    parser.add_argument("--token", required=True,
-                        help="the join token the cell printed; '-' reads it from stdin (--hosts sends it so over ssh)")
+    parser.add_argument("--token", metavar="-",
+                        help="'-' reads the join token from stdin (--hosts sends it so over ssh); a token itself is "
+                             "refused here: every user of the machine can read a command line")
+    parser.add_argument("--token-file", metavar="PATH",
+                        help="a file of mode 0600 holding the join token (the notebook prints its path)")
     parser.add_argument("--address", default=None, help="this node's address to connect from (default: the OS picks)")
     return parser.parse_args(argv)
 
@@ -58,17 +63,13 @@ def _gpu_count() -> int:
         return 0
 
 
-def join(args: argparse.Namespace) -> tuple[Link, str]:
-    token = JoinToken.decode(args.token)
+def join(args: argparse.Namespace, text: str) -> tuple[Link, str]:
+    token = JoinToken.decode(text)
     host, _, port = args.join.rpartition(":")
     if (host.strip("[]"), port) != (token.host, str(token.port)):
         raise LinkError(f"--join {args.join} is not the address in the token ({token.host}:{token.port})")
-    link = connect(token, args.address)
-    link.send(N.NodeHello(socket.gethostname(), os.getpid(), _gpu_count(), os.cpu_count() or 1, args.address or ""))
-    welcome = link.incoming.get(timeout=10)
-    if not isinstance(welcome, N.Welcome):
-        raise LinkError("the kernel did not accept this node")
-    return link, welcome.name
+    hello = N.NodeHello(socket.gethostname(), os.getpid(), _gpu_count(), os.cpu_count() or 1, args.address or "")
+    return connect(token, hello, args.address)
 
 
 def serve(link: Link, name: str, address: str | None) -> str:
@@ -103,11 +104,8 @@ def serve(link: Link, name: str, address: str | None) -> str:
 
 
 def sweep_dead_agents() -> None:
-    """What agents killed on this machine left (SIGKILL runs no cleanup): their directories and /dev/shm files."""
-    for path in glob.glob(os.path.join(tempfile.gettempdir(), "nbtrain-node-*-*")):
-        pid = os.path.basename(path).split("-")[2]
-        if pid.isdigit() and not psutil.pid_exists(int(pid)):
-            shutil.rmtree(path, ignore_errors=True)
+    """What agents killed on this machine left (SIGKILL runs no cleanup): their folders and /dev/shm files."""
+    sweep_temp()
     sweep_orphans()
 
 
@@ -152,17 +150,19 @@ def _preload() -> None:
     """Import torch elastic before joining: loading libtorch holds the GIL for seconds, which would silence the
     heartbeats of a node already joined (and it makes the first pool start sooner)."""
     for module in ("torch.distributed.elastic.agent.server.local_elastic_agent",
-                   "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend"):
+                   "torch.distributed.elastic.rendezvous"):
         importlib.import_module(module)
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    if args.token == "-":  # the token in no command line (ps shows those to every user of the machine)
-        args.token = sys.stdin.readline().strip()
+    try:
+        text = read_token(args.token, args.token_file, sys.stdin)
+    except ValueError as exc:
+        sys.exit(f"nbtrain.node: {exc}")
     _preload()
     try:
-        link, name = join(args)
+        link, name = join(args, text)
     except (LinkError, OSError) as exc:
         sys.exit(f"nbtrain.node: cannot join: {exc}")
     print(f"nbtrain.node: joined as node {name}", flush=True)

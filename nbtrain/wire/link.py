@@ -12,6 +12,10 @@ This is the channel that leaves loopback, so it is built for a network:
   the secret with an HMAC over both nonces and its role; a wrong secret or pool ends the connection
   before a single pickle is read. Only then does :class:`Link` exchange pickled messages
   (:mod:`nbtrain.wire.nodes`).
+* **Admission in raw bytes too** (:func:`send_hello` / :func:`read_hello`): the node's
+  :class:`~nbtrain.wire.nodes.NodeHello` has a fixed layout (a length, then a JSON object of five typed
+  fields, 4 KiB at most) that the kernel parses, and the kernel answers with the node's name the same way. A
+  token holder who never says a valid hello is dropped without a pickle having been read; frames start after.
 * **Framing** (:class:`Link`): a 4-byte length, then one pickle. All TLS reads and writes of a
   connection happen on its own pump thread (an ``SSLSocket`` must not be used from two threads at
   once); other threads queue what they send and read what arrived from a queue. Every frame received
@@ -37,10 +41,13 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 
-from .nodes import Heartbeat
+from .nodes import Heartbeat, NodeHello
 
 TOKEN_PREFIX = "nbt1."
+TOKEN_ENV = "NBTRAIN_JOIN_TOKEN"  # where a node agent may find the token (never its argv)
 _NONCE = 32
+_MAX_HELLO = 4096
+_HELLO_FIELDS = {"host": str, "pid": int, "gpus": int, "cpus": int, "address": str}
 _MAX_FRAME = 1 << 34  # 16 GiB: a notebook's inputs, never a length an attacker chose (we are past the HMAC)
 
 
@@ -144,6 +151,39 @@ def handshake_server(sock, pool: str, key: bytes) -> None:
     sock.sendall(_proof(key, b"kernel", pool, theirs, mine))
 
 
+def send_hello(sock, hello: NodeHello) -> str:
+    """Node side, after the handshake: say who this node is; the kernel answers with its name in the pool."""
+    body = json.dumps({name: getattr(hello, name) for name in _HELLO_FIELDS}).encode()
+    sock.sendall(struct.pack("!I", len(body)) + body)
+    (length,) = struct.unpack("!H", _recv_exact(sock, 2))
+    name = _recv_exact(sock, length).decode("utf-8", "replace")
+    if not name:
+        raise LinkError("the kernel did not accept this node")
+    return name
+
+
+def read_hello(sock) -> NodeHello:
+    """Kernel side: the node's hello, parsed field by field (never unpickled); :class:`ValueError` if malformed."""
+    (length,) = struct.unpack("!I", _recv_exact(sock, 4))
+    if length > _MAX_HELLO:
+        raise ValueError(f"a node's hello of {length} bytes (at most {_MAX_HELLO})")
+    fields = json.loads(_recv_exact(sock, length))
+    if not isinstance(fields, dict) or set(fields) != set(_HELLO_FIELDS):
+        raise ValueError("a node's hello without the expected fields")
+    for name, kind in _HELLO_FIELDS.items():
+        value = fields[name]
+        fits = (isinstance(value, str) and len(value) <= 255) if kind is str else \
+            (type(value) is int and 0 <= value < 2**32)
+        if not fits:
+            raise ValueError(f"a node's hello with a bad {name!r}")
+    return NodeHello(**fields)
+
+
+def send_welcome(sock, name: str) -> None:
+    data = name.encode()
+    sock.sendall(struct.pack("!H", len(data)) + data)
+
+
 class Link:
     """One authenticated connection: a pump thread does all socket I/O; ``send`` queues, ``incoming`` receives."""
 
@@ -240,8 +280,10 @@ class Link:
                 os.write(fd, b"x")
 
 
-def connect(token: JoinToken, source_address: str | None = None, timeout: float = 10.0) -> Link:
-    """Node side: TCP, TLS with the pinned certificate, the handshake; a started :class:`Link`."""
+def connect(token: JoinToken, hello: NodeHello, source_address: str | None = None,
+            timeout: float = 10.0) -> tuple[Link, str]:
+    """Node side: TCP, TLS with the pinned certificate, the handshake, the hello; a started :class:`Link` and
+    the node's name in the pool."""
     if token.expired():
         raise LinkError("the join token has expired; run the cell again for a fresh one")
     try:
@@ -253,7 +295,8 @@ def connect(token: JoinToken, source_address: str | None = None, timeout: float 
     try:
         check_fingerprint(sock, token.fingerprint)
         handshake_client(sock, token)
+        name = send_hello(sock, hello)
     except (OSError, LinkError):
         sock.close()
         raise
-    return Link(sock, "node-link").start()
+    return Link(sock, "node-link").start(), name

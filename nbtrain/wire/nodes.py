@@ -2,8 +2,8 @@
 
 A node's conversation (:mod:`nbtrain.wire.link` frames, authenticated both ways first)::
 
-    node   -> NodeHello(host, pid, gpus, cpus)      once, right after the handshake
-    kernel -> Welcome(name)                         the node's name in this pool: a, b, c, …
+    node   -> NodeHello(host, pid, gpus, cpus)      once, right after the handshake, in raw bytes (link.read_hello)
+    kernel -> the node's name in this pool: a, b, c, …  raw bytes too; only then do frames (pickles) start
     either -> Heartbeat(time)                       about every second; 5 s of silence = lost
     kernel -> StartRanks(...)                       run torch elastic's agent for this node's ranks
     node   -> RanksStarted(ranks)                   after the c10d rendezvous: global rank -> (local rank, pid)
@@ -38,11 +38,6 @@ class NodeHello:
 
 
 @dataclass(frozen=True)
-class Welcome:
-    name: str
-
-
-@dataclass(frozen=True)
 class Heartbeat:
     time: float
     telemetry: dict = field(default_factory=dict)
@@ -59,6 +54,7 @@ class StartRanks:
     timeout_s: float
     env: tuple[tuple[str, str], ...]
     kernel_pid: int  # names the kernel's shared-memory files, which the node recreates under its own names
+    group_rank: int = 0  # this node's place in the group, decided by the kernel (its ranks: group_rank × nproc …)
     join_timeout_s: float = 180.0
 
 

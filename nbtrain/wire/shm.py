@@ -303,7 +303,10 @@ def sweep_prefix(prefix: str) -> int:
         return 0
     for name in names:
         if name.startswith(start):
-            _remove(os.path.join(folder, name))
+            try:
+                _remove(os.path.join(folder, name))
+            except OSError:
+                continue
             removed += 1
     return removed
 
@@ -316,7 +319,7 @@ def abandon_and_sweep(kernel_pid: int, wait_s: float = 5.0) -> None:
 
 
 def sweep_orphans() -> int:
-    """Remove the shared-memory files of kernels that are no longer running; how many were removed."""
+    """Remove this user's shared-memory files of kernels that are no longer running; how many were removed."""
     import psutil
 
     folder, removed = shm_dir(), 0
@@ -326,7 +329,10 @@ def sweep_orphans() -> int:
             continue
         path = os.path.join(folder, name)
         try:
-            written = os.stat(path).st_mtime
+            stat = os.lstat(path)
+            if stat.st_uid != os.geteuid():
+                continue  # /dev/shm is shared: another user's file (planted or not) is theirs
+            written = stat.st_mtime
             owner = psutil.Process(int(match.group(1)))
             if owner.status() != psutil.STATUS_ZOMBIE and owner.create_time() <= written + 1:
                 continue  # its kernel is alive (a later process with a reused pid started after the file)
@@ -334,7 +340,10 @@ def sweep_orphans() -> int:
             pass
         except (OSError, psutil.Error):
             continue
-        _remove(path)
+        try:
+            _remove(path)
+        except OSError:  # one that cannot be removed (a folder of that name, …) leaves the others to sweep
+            continue
         removed += 1
     return removed
 
