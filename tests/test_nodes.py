@@ -19,13 +19,13 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import time
 
 import psutil
 import pytest
 
 from helpers.kernelhelp import Kernel
+from helpers.nodehelp import join_command, start_agent
 from helpers.workers import assert_no_workers, nbtrain_workers
 from nbtrain.cluster.hub import Hub
 from nbtrain.wire.link import JoinToken, LinkError, client_context, connect
@@ -118,10 +118,7 @@ class Cluster:
 
     def start_nodes(self, command: str, addresses=NODE_ADDRESSES) -> None:
         self.command = command
-        args = command.split()[1:]  # python -m nbtrain.node --join … --token-file …
-        for address in addresses:
-            self.nodes.append(subprocess.Popen([sys.executable, *args, "--address", address],
-                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        self.nodes += [start_agent(command, address) for address in addresses]
 
     def close(self) -> None:
         self.kernel.shutdown()
@@ -146,9 +143,7 @@ def _first_run(c: Cluster) -> str:
     msg_id = c.kernel.start(CELL + "print(f'hello from {rank} of {world_size}')\n"
                                    "total = scale * float(T.sum()) + rank\n")
     _, seen = c.kernel.collect(msg_id, 60, until=lambda text: "--token" in text)
-    command = re.search(r"python -m nbtrain\.node --join \S+ --token-file \S+", seen)
-    assert command, seen
-    c.start_nodes(command.group(0))
+    c.start_nodes(join_command(seen))
     reply, out = c.kernel.collect(msg_id, 240)
     assert reply["status"] == "ok", seen + out
     return seen + out

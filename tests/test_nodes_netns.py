@@ -15,13 +15,13 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import time
 
 import psutil
 import pytest
 
 from helpers.kernelhelp import Kernel
+from helpers.nodehelp import join_command, start_agent
 from helpers.workers import assert_no_workers
 
 NAME = f"nbt{os.getpid() % 10_000_000}"  # the namespace and both veth ends (≤ 15 characters)
@@ -61,13 +61,6 @@ def namespace():
         _remove_namespace()
 
 
-def _start_agent(command: str, address: str, inside: bool) -> subprocess.Popen:
-    args = command.split()[1:]  # python -m nbtrain.node --join … --token-file …
-    prefix = ["ip", "netns", "exec", NAME] if inside else []  # ip execs the command: the pid is the agent's
-    return subprocess.Popen([*prefix, sys.executable, *args, "--address", address],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
 def _joined_name(kernel: Kernel, address: str, timeout: float = 120) -> str:
     """The name the kernel gave the node joining from ``address``, once both nodes are listed."""
     deadline = time.monotonic() + timeout
@@ -89,10 +82,8 @@ def test_a_node_whose_link_goes_down_is_reported_lost_and_the_others_stop(namesp
     agents: list[subprocess.Popen] = []
     try:
         listing = kernel.run(f"%load_ext nbtrain\n%distributed_nodes --rdzv-host {KERNEL_ADDRESS}")
-        command = re.search(r"python -m nbtrain\.node --join \S+ --token-file \S+", listing)
-        assert command, listing
-        agents = [_start_agent(command.group(0), KERNEL_ADDRESS, inside=False),
-                  _start_agent(command.group(0), NODE_ADDRESS, inside=True)]
+        command = join_command(listing)
+        agents = [start_agent(command, KERNEL_ADDRESS), start_agent(command, NODE_ADDRESS, ["ip", "netns", "exec", NAME])]
         name = _joined_name(kernel, NODE_ADDRESS)
         msg_id = kernel.start(f"%%distributed --nodes 2 --rdzv-host {KERNEL_ADDRESS} --cpu --start-timeout 120 "
                               f"--env GLOO_SOCKET_IFNAME={NAME}\n"

@@ -1,0 +1,238 @@
+"""Attacks on several machines' sockets and secrets, performed: each test is one claim of docs/security.md.
+
+* a pickle planted in the rendezvous store (unauthenticated, reachable by whoever reaches ``--rdzv-host``)
+  while a ``--nodes`` cell starts runs nothing: the kernel hands each node its place over the link;
+* the join token is in no command line, no process environment and no cell output; its file is 0600; it
+  expires, and ``--revoke`` stops it admitting nodes;
+* an agent refuses a token in its command line and a token file others can read;
+* a token holder whose hello is a pickle is dropped without it being unpickled; one who says nothing, or
+  trickles bytes, is cut at one admission deadline; a flood of connections holds at most the cap.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import os
+import pickle
+import re
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from helpers.kernelhelp import Kernel
+from helpers.nodehelp import join_command, start_agent
+from helpers.workers import assert_no_workers
+from nbtrain.cluster.hub import ADMIT_DEADLINE_S, MAX_ADMISSIONS, Hub
+from nbtrain.wire.link import JoinToken, LinkError, client_context, connect, handshake_client
+from nbtrain.wire.nodes import NodeHello
+
+HELLO = NodeHello("tester", os.getpid(), 0, 1)
+CELL = "%%distributed --nodes 2 --nproc-per-node 1 --rdzv-host 127.0.0.1 --cpu --start-timeout 120\n"
+
+
+class _Boom:
+    """Unpickling this creates a folder: proof that something was unpickled."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (os.mkdir, (self.path,))
+
+
+def _until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _listening_ports(pid: int) -> set[int]:
+    return {c.laddr.port for c in psutil.Process(pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+
+
+def _plant(port: int, keys: list[str], value: bytes) -> bool:
+    """As an attacker who reached the store: write ``value`` under each key; False if ``port`` is no store."""
+    import torch.distributed as dist
+
+    try:
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=3),
+                              wait_for_workers=False)
+        for key in keys:
+            store.set(key, value)
+        return True
+    except (RuntimeError, ValueError):
+        return False
+
+
+# ------------------------------------------------------------------------------------ through a kernel
+def test_a_pickle_planted_in_the_rendezvous_store_runs_nothing(tmp_path):
+    """torch's c10d rendezvous unpickles its state from the store; the kernel's own decision replaces it."""
+    marker = str(tmp_path / "planted-code-ran")
+    kernel, agents = Kernel(), []
+    try:
+        listing = kernel.run("%load_ext nbtrain\n%distributed_nodes --rdzv-host 127.0.0.1")
+        command, pid = join_command(listing), kernel.pid()
+        before = _listening_ports(pid)
+        msg_id = kernel.start(CELL + "joined = world_size\n")  # waits for the nodes, its store listening
+        stores = _until(lambda: _listening_ports(pid) - before, 30, "the cell's rendezvous store")
+        # The key torch's dynamic rendezvous reads (base64 of a pickle), for every run id the kernel could use.
+        state = base64.b64encode(pickle.dumps(_Boom(marker)))
+        keys = [f"torch.rendezvous.nbtrain-{pid}-{n}" for n in range(1, 20)]
+        assert any(_plant(port, keys, state) for port in stores)
+        agents = [start_agent(command, address) for address in ("127.0.0.2", "127.0.0.3")]
+        reply, out = kernel.collect(msg_id, 240)
+        assert reply["status"] == "ok", out
+        assert "2 ranks · gloo" in out and not os.path.exists(marker)
+    finally:
+        kernel.shutdown()
+        for agent in agents:
+            agent.wait(20)
+    assert_no_workers(10)
+
+
+def _agents_and_ranks() -> list[psutil.Process]:
+    agents = [p for p in psutil.process_iter(["cmdline"]) if "nbtrain.node" in " ".join(p.info["cmdline"] or ())]
+    return agents + [child for agent in agents for child in agent.children(recursive=True)]
+
+
+def test_the_join_token_is_in_no_command_line_environment_or_output_and_can_be_revoked():
+    kernel = Kernel()
+    try:
+        out = kernel.run("%load_ext nbtrain\n%distributed_nodes --rdzv-host 127.0.0.1 --emulate 2")
+        path = re.search(r"--token-file (\S+)", out).group(1)
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
+        with open(path) as f:
+            token = JoinToken.decode(f.read())
+        assert 3500 < token.expires - time.time() <= 3600  # an hour by default
+        _until(lambda: kernel.run("%distributed_nodes").count("idle") >= 2, 120, "two nodes")
+        out += kernel.run(CELL + "print('ran on', world_size)\n", timeout=240)
+        out += kernel.run("%distributed_nodes")
+        assert "ran on 2" in out
+        for secret in (token.secret, token.encode()):
+            assert secret not in out
+            for process in _agents_and_ranks() or pytest.fail("no agent found"):
+                assert secret not in " ".join(process.cmdline())
+                assert secret not in "".join(process.environ().values())
+        old = token
+        kernel.run("%distributed_nodes --revoke --token-ttl 30m")
+        with open(path) as f:
+            token = JoinToken.decode(f.read())
+        assert token.secret != old.secret and 1700 < token.expires - time.time() <= 1800
+        with pytest.raises((LinkError, OSError)):
+            connect(old, HELLO)  # a revoked token admits no one
+        link, _name = connect(token, HELLO)
+        link.close()
+        assert kernel.run("%distributed_nodes").count("node b: ") == 1  # the joined nodes stayed
+        kernel.run("%distributed_shutdown")
+        assert not os.path.exists(path)
+    finally:
+        kernel.shutdown()
+    assert_no_workers(10)
+
+
+# ------------------------------------------------------------------------------------ an agent's own checks
+def _agent(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nbtrain.node", "--join", "127.0.0.1:9", *args], input=stdin,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_an_agent_refuses_a_token_in_its_command_line_and_a_token_file_others_can_read(tmp_path):
+    given = _agent("--token", "nbt1.eyJzZWNyZXQiOiAiYSJ9")
+    assert given.returncode != 0 and "readable by every user of this machine" in given.stderr
+    assert "--token-file" in given.stderr
+    loose = tmp_path / "token"
+    loose.write_text("nbt1.x\n")
+    loose.chmod(0o644)
+    refused = _agent("--token-file", str(loose))
+    assert refused.returncode != 0 and f"chmod 600 {loose}" in refused.stderr
+    none = _agent()
+    assert none.returncode != 0 and "no join token" in none.stderr
+
+
+# ------------------------------------------------------------------------------------ the hub's admission
+@pytest.fixture
+def hub(tmp_path):
+    hub = Hub("127.0.0.1", token_dir=str(tmp_path / "tokens"))
+    yield hub
+    hub.close()
+
+
+def _authenticated(hub: Hub):
+    """A token holder: TLS and the handshake passed, nothing said yet."""
+    sock = client_context().wrap_socket(socket.create_connection(("127.0.0.1", hub.port), timeout=10))
+    handshake_client(sock, hub.token)
+    return sock
+
+
+def _closed_by_peer(sock, timeout: float) -> bool:
+    sock.settimeout(timeout)
+    try:
+        return sock.recv(1) == b""
+    except TimeoutError:
+        return False
+    except OSError:  # reset, or TLS torn down
+        return True
+
+
+def test_a_token_holder_whose_hello_is_a_pickle_is_dropped_unread(hub, tmp_path):
+    marker = str(tmp_path / "unpickled")
+    sock = _authenticated(hub)
+    payload = pickle.dumps(NodeHello("x", 1, 0, 1)) + pickle.dumps(_Boom(marker))
+    sock.sendall(struct.pack("!I", len(payload)) + payload)
+    assert _closed_by_peer(sock, 5)
+    _until(lambda: hub.refused == 1, 5, "the refusal")
+    assert hub.nodes == [] and not os.path.exists(marker)
+
+
+def test_a_token_holder_who_says_nothing_is_dropped_at_the_deadline(hub):
+    sock, start = _authenticated(hub), time.monotonic()
+    assert _closed_by_peer(sock, ADMIT_DEADLINE_S + 5)
+    assert time.monotonic() - start < ADMIT_DEADLINE_S + 2.5
+    _until(lambda: hub.refused == 1, 5, "the refusal")
+    assert not [t for t in threading.enumerate() if t.name == "nbtrain-hub-admit"] and hub.nodes == []
+
+
+def test_a_peer_trickling_bytes_is_cut_at_one_deadline(hub):
+    """One byte a second passes every per-read timeout; the admission as a whole still ends in time."""
+    sock, start = socket.create_connection(("127.0.0.1", hub.port)), time.monotonic()
+    try:
+        while time.monotonic() - start < ADMIT_DEADLINE_S + 10:
+            sock.sendall(b"\x16")
+            if _closed_by_peer(sock, 1.0):
+                break
+    except OSError:
+        pass
+    assert time.monotonic() - start < ADMIT_DEADLINE_S + 2.5
+    sock.close()
+
+
+def test_a_flood_of_connections_holds_at_most_the_cap_and_a_node_joins_after(hub):
+    flood = [socket.create_connection(("127.0.0.1", hub.port)) for _ in range(MAX_ADMISSIONS + 12)]
+    time.sleep(0.5)
+    assert len([t for t in threading.enumerate() if t.name == "nbtrain-hub-admit"]) <= MAX_ADMISSIONS
+    assert sum(_closed_by_peer(s, 1.0) for s in flood[MAX_ADMISSIONS:]) >= 12  # closed at once, no thread each
+    for sock in flood:
+        sock.close()
+    link, name = _until(lambda: _try_join(hub), ADMIT_DEADLINE_S + 5, "a node to join after the flood")
+    assert name == "a"
+    link.close()
+
+
+def _try_join(hub: Hub):
+    try:
+        return connect(hub.token, HELLO, timeout=2)
+    except (LinkError, OSError):
+        return None
