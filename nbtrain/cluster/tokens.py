@@ -36,12 +36,15 @@ def token_dir() -> str:
     return os.path.join(jupyter_runtime_dir(), "nbtrain", "tokens")
 
 
+FILE_PATTERN = re.compile(r"pool-(\d+)-\w+\.token$")  # group 1: the kernel's pid (for the sweep of dead kernels')
+
+
 class TokenFile:
-    """``<jupyter runtime dir>/nbtrain/tokens/pool-<id>.token``, mode 0600 in a 0700 directory."""
+    """``<jupyter runtime dir>/nbtrain/tokens/pool-<kernel pid>-<id>.token``, mode 0600 in a 0700 directory."""
 
     def __init__(self, pool_id: str, directory: str | None = None) -> None:
         self.directory = directory or token_dir()
-        self.path = os.path.join(self.directory, f"pool-{pool_id}.token")
+        self.path = os.path.join(self.directory, f"pool-{os.getpid()}-{pool_id}.token")
 
     def write(self, token: str) -> None:
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
@@ -57,3 +60,10 @@ class TokenFile:
     def remove(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
+
+
+def sweep_tokens() -> int:
+    """The token files of kernels that are no longer running (killed: they could not remove them)."""
+    from ..leftovers import sweep_dead
+
+    return sweep_dead(token_dir(), FILE_PATTERN)
