@@ -11,8 +11,11 @@ the world size printed, and a group of one rank asked for ``input()`` as one ran
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -84,10 +87,17 @@ class Nodes:
         self.hub = self.cluster.hub("127.0.0.1")
         self.manager = PoolManager(self.cluster.make_pool)
         self.agents: list[subprocess.Popen] = []
+        self._consoles = tempfile.mkdtemp(prefix="nbtrain-test-consoles-")
 
     def start(self, address: str) -> None:
-        self.agents.append(subprocess.Popen([sys.executable, *self.hub.join_command().split()[1:], "--address", address],
-                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        with open(os.path.join(self._consoles, address), "wb") as console:  # the agent's terminal
+            self.agents.append(subprocess.Popen([sys.executable, *self.hub.join_command().split()[1:],
+                                                 "--address", address], stdout=console, stderr=subprocess.STDOUT))
+
+    def consoles(self) -> dict[str, str]:
+        """What each agent printed on its terminal so far, by address."""
+        return {name: open(os.path.join(self._consoles, name), errors="replace").read()
+                for name in os.listdir(self._consoles)}
 
     def wait_joined(self, count: int) -> None:
         deadline = time.monotonic() + 60
@@ -103,6 +113,7 @@ class Nodes:
                 agent.wait(10)
             except subprocess.TimeoutExpired:
                 agent.kill()
+        shutil.rmtree(self._consoles, ignore_errors=True)
 
 
 @pytest.fixture
@@ -138,6 +149,7 @@ def test_one_to_two_forms_with_the_nodes_there_and_regrows_when_a_second_joins(n
     result, ns = _run(nodes, "ws = world_size\n")  # the same nodes stay: warm
     assert ns["ws"] == 2 and result.warm
     assert [n.name for n in nodes.hub.idle_nodes()] == ["c"]
+    _assert_quiet(nodes.consoles())
 
 
 def test_a_lost_node_re_forms_a_smaller_group_that_resumes_from_the_checkpoint(nodes, tmp_path, capsys):
@@ -154,6 +166,16 @@ def test_a_lost_node_re_forms_a_smaller_group_that_resumes_from_the_checkpoint(n
     # epoch 0 on 2 ranks (16 samples / 2 / batch 4 = 2 steps), epochs 1–2 on 1 rank (4 steps each)
     assert ns["batches"] == [4, 4] and ns["steps"] == 2 + 4 + 4
     assert result.history.series("loss", rank=0).steps == list(range(10))  # the whole curve
+    _assert_quiet(nodes.consoles())
+
+
+def _assert_quiet(consoles: dict[str, str]) -> None:
+    """Re-forming and losing a node are events of an elastic run: a line each on the agents' terminals, no stack
+    traces (those go to the agent's log file)."""
+    for console in consoles.values():
+        lines = console.splitlines()
+        assert "frame #" not in console and "Traceback" not in console and "Exception raised" not in console, console
+        assert len(lines) <= 8 and all(len(line) < 300 for line in lines), console
 
 
 def test_in_a_notebook_a_group_of_one_says_its_world_size_and_asks_without_rank_labels():

@@ -9,6 +9,7 @@
 2. **serve** — heartbeats every second both ways (the node's carry its CPU, RAM and GPU use: :func:`telemetry`); :class:`~nbtrain.wire.nodes.StartRanks` runs torch
    elastic's agent for this node's ranks (:mod:`.agent`), ``Deliver``, ``Interrupt`` and ``StopRanks`` go to
    the local ranks (:mod:`.ranks`);
+   Its terminal shows a line per event; torch's stack traces go to the agent's log file (:mod:`.console`).
 3. **leave** — on :class:`~nbtrain.wire.nodes.Bye` (the pool ended), when the link breaks, or when the kernel
    has been silent for :data:`KERNEL_SILENT_S`: the ranks are stopped (SIGTERM → SIGKILL), the node's
    shared-memory files and private directory removed, and the agent exits. It never outlives its pool.
@@ -34,6 +35,7 @@ from ..wire import nodes as N
 from ..wire.link import JoinToken, Link, LinkError, connect
 from ..wire.shm import sweep_orphans
 from .agent import run_ranks
+from .console import route_output, say
 from .ranks import LocalRanks
 from .token import read_token
 
@@ -165,7 +167,8 @@ def main(argv=None) -> None:
         link, name = join(args, text)
     except (LinkError, OSError) as exc:
         sys.exit(f"nbtrain.node: cannot join: {exc}")
-    print(f"nbtrain.node: joined as node {name}", flush=True)
+    log = route_output()  # from here torch's tracebacks go to the log, a line each to the terminal
+    say(f"joined as node {name} (log: {log})")
     why = serve(link, name, args.address)
-    print(f"nbtrain.node: leaving: {why}", flush=True)
+    say(f"leaving: {why}")
     os._exit(0)  # torch elastic's threads (rendezvous keep-alive, log tails) must not keep a finished node alive
