@@ -47,8 +47,8 @@ cells = [
     new_markdown_cell(
         "# One cell on several machines\n\n"
         "`%%distributed --nodes N --nproc-per-node M --rdzv-host ADDRESS` runs the cell as N × M ranks on N "
-        "machines. Each machine runs a *node agent* (`python -m nbtrain.node --join … --token …`), torch "
-        "elastic's agent underneath, as `torchrun --rdzv-backend c10d` would; the kernel hosts the rendezvous. "
+        "machines. Each machine runs a *node agent* (`python -m nbtrain.node --join … --token-file …`), torch "
+        "elastic's agent underneath, as under `torchrun`; the kernel decides the group and hosts its store. "
         "Everything else is as on one machine: notebook names go in, names assigned on rank 0 come back, "
         "output is labelled with its node and rank, ranks stay warm for the next cell.\n\n"
         "**By default this notebook emulates two nodes on this machine** (agents on 127.0.0.2 and 127.0.0.3). "
@@ -78,10 +78,12 @@ cells = [
     new_markdown_cell(
         "## The nodes join\n\n"
         "`%distributed_nodes --rdzv-host ADDRESS` makes the kernel listen for nodes now and prints the join "
-        "command (a `%%distributed --nodes` cell would print it too, then wait). The token in it is this "
-        "pool's only: it pins the kernel's TLS certificate and authenticates both sides; treat it as a "
-        "password. With `--emulate N` the kernel runs that command itself, N times, from 127.0.0.2, "
-        "127.0.0.3, …"),
+        "command (a `%%distributed --nodes` cell would print it too, then wait). It names a file of mode "
+        "0600 that holds the join token — the token itself is never printed, so this notebook, saved, does "
+        "not hold it. The token is this pool's only: it pins the kernel's TLS certificate and authenticates "
+        "both sides; treat it as a password (it expires after an hour; `--revoke` replaces it). With "
+        "`--emulate N` the kernel starts N agents itself, from 127.0.0.2, 127.0.0.3, …, the token on their "
+        "stdin."),
     new_code_cell("%distributed_nodes --rdzv-host {RDZV_HOST} --emulate {EMULATE}"),
     new_markdown_cell(
         "## Names in, results back\n\n"

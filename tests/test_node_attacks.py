@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import glob
 import os
 import pickle
 import re
@@ -21,8 +22,11 @@ import stat
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Client
 
 import psutil
 import pytest
@@ -138,6 +142,32 @@ def test_the_join_token_is_in_no_command_line_environment_or_output_and_can_be_r
         assert kernel.run("%distributed_nodes").count("node b: ") == 1  # the joined nodes stayed
         kernel.run("%distributed_shutdown")
         assert not os.path.exists(path)
+    finally:
+        kernel.shutdown()
+    assert_no_workers(10)
+
+
+def test_a_node_channel_refuses_a_peer_without_its_key(tmp_path):
+    """The node's UNIX socket for its ranks: the HMAC challenge first, so a pickle sent instead is never read."""
+    marker = str(tmp_path / "unpickled")
+    kernel = Kernel()
+    try:
+        kernel.run("%load_ext nbtrain\n%distributed_nodes --rdzv-host 127.0.0.1 --emulate 1")
+        _until(lambda: "idle" in kernel.run("%distributed_nodes"), 120, "the node")
+        agent = next(p for p in _agents_and_ranks() if "nbtrain.node" in " ".join(p.cmdline()))
+        address = glob.glob(os.path.join(tempfile.gettempdir(), f"nbtrain-node-{agent.pid}-*", "node.sock"))[0]
+        with pytest.raises((AuthenticationError, EOFError, OSError)):
+            Client(address, family="AF_UNIX", authkey=b"not the key" * 3)
+        raw = socket.socket(socket.AF_UNIX)
+        raw.connect(address)
+        raw.recv(4096)  # the challenge
+        payload = pickle.dumps(_Boom(marker))
+        raw.sendall(struct.pack("!i", len(payload)) + payload)  # a message in place of the answer
+        time.sleep(1)
+        raw.close()
+        assert not os.path.exists(marker)
+        out = kernel.run("%%distributed --nodes 1 --rdzv-host 127.0.0.1 --cpu\nok = 1", timeout=240)
+        assert "1 rank · gloo" in out, out  # the node's ranks still connect after both attacks
     finally:
         kernel.shutdown()
     assert_no_workers(10)

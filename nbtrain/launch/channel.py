@@ -90,10 +90,10 @@ class Channel:
             try:
                 conn = listener.accept()
                 hello = conn.recv()
-            except (OSError, EOFError):
-                return  # the listener was closed: the pool is stopping
-            except Exception:
-                continue  # a peer without the key: refused before anything was unpickled
+            except Exception:  # a peer without the key (refused before anything was unpickled), or a closed listener
+                if self._listener is None:
+                    return  # the pool is stopping
+                continue
             rank = admit(hello, pending)
             if rank is None:
                 conn.close()

@@ -78,6 +78,7 @@ class LocalRanks:
         self._files: list[str] = []
         self._loaded: set[int] = set()
         self._running = False
+        self._closed = False
         self.idle = threading.Event()  # no rank of ours is alive
         self.idle.set()
         threading.Thread(target=self._accept_loop, name="nbtrain-node-accept", daemon=True).start()
@@ -96,10 +97,10 @@ class LocalRanks:
             try:
                 conn = self._listener.accept()
                 hello = conn.recv()
-            except (OSError, EOFError):
-                return
-            except Exception:
-                continue  # a peer without the key: refused before anything was unpickled
+            except Exception:  # a peer without the key (refused before anything was unpickled), or a closed listener
+                if self._closed:
+                    return
+                continue
             if not isinstance(hello, P.Hello):
                 conn.close()
                 continue
@@ -232,6 +233,7 @@ class LocalRanks:
             return self._running
 
     def close(self) -> None:
+        self._closed = True
         with contextlib.suppress(OSError):
             self._listener.close()
         self.remove_files()
