@@ -119,7 +119,7 @@ def run_nbtrain(steps: int, gpu: bool, ranks: int, width: int, hidden: int, dash
     if gpu:
         cell = cell.replace("steps_per_s =", "torch.cuda.synchronize()\nsteps_per_s =")
     with KernelClock() as clock:
-        run_source(cell, LaunchRequest(nprocs=ranks, cpu=not gpu, keep_alive=0, amp="off" if not gpu else None),
+        run_source(cell, LaunchRequest(nprocs=ranks, cpu=not gpu, keep_alive=0, amp="off"),  # fp32, as the torchrun loop
                    namespace, write=lambda stream, text: None, observers=[_dashboard()] if dashboard else [])
     return namespace["steps_per_s"], namespace["cpu_ms"], clock.share(*namespace["window"])
 
