@@ -46,7 +46,7 @@ def memory_used() -> dict[int, int]:
     from nbtrain.gpu import nvml
 
     lib = nvml.library()
-    return {g.index: lib.nvmlDeviceGetMemoryInfo(lib.nvmlDeviceGetHandleByIndex(g.index)).used for g in nvml.all_gpus()}
+    return {g.index: nvml.memory_info(lib, lib.nvmlDeviceGetHandleByIndex(g.index)).used for g in nvml.all_gpus()}
 
 
 def above(baseline: dict[int, int]) -> dict[int, int]:

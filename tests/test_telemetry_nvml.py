@@ -63,6 +63,12 @@ def test_gpu_fields_and_cached_slow_fields(fake_nvml):
     assert module.calls["nvmlInit"] == 1
 
 
+def test_memory_used_leaves_out_the_drivers_reserve_as_nvidia_smi_does(fake_nvml):
+    """Seen on an H200: the first memory call counted 615 MiB more than nvidia-smi, idle and busy alike."""
+    fake_nvml([FakeGpu(used=3 * 2**30, reserved=615 * 2**20)])
+    assert Telemetry().snapshot().gpus[0].memory_used == 3 * 2**30
+
+
 def test_the_launcher_and_the_telemetry_share_one_enumeration(fake_nvml):
     module = fake_nvml([FakeGpu(), FakeGpu(name="NVIDIA A100-SXM4-40GB")])
     assert [g.index for g in nvml.visible_gpus({"CUDA_VISIBLE_DEVICES": "1"})] == [1]  # what the launcher asks

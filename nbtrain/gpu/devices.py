@@ -78,7 +78,7 @@ class DeviceReader:
     def _read_one(self, lib, gpu: nvml.GpuInfo) -> GpuStatus:
         handle = gpu.handle
         rates = nvml.query(lib.nvmlDeviceGetUtilizationRates, handle, quiet=True)
-        memory = nvml.query(lib.nvmlDeviceGetMemoryInfo, handle, quiet=True)
+        memory = nvml.memory_info(lib, handle, quiet=True)
         sensor = getattr(lib, "NVML_TEMPERATURE_GPU", 0)
         return GpuStatus(
             index=gpu.index,

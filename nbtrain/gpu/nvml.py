@@ -78,6 +78,17 @@ def query(fn: Callable[..., Any], *args, default=None, quiet: bool = False):
         return default
 
 
+def memory_info(lib, handle, quiet: bool = False):
+    """The GPU's memory (``total``, ``used``, ``free``) as nvidia-smi counts it: the second version of the call
+    leaves the driver's reserve out of ``used`` (hundreds of MiB on a large GPU); the first where it is missing."""
+    version = getattr(lib, "nvmlMemory_v2", None)
+    if version is not None:
+        memory = query(lambda: lib.nvmlDeviceGetMemoryInfo(handle, version=version), quiet=True)
+        if memory is not None:
+            return memory
+    return query(lib.nvmlDeviceGetMemoryInfo, handle, quiet=quiet)
+
+
 @dataclass(frozen=True)
 class GpuInfo:
     """What never changes about a GPU while the process lives; read once (:func:`all_gpus`)."""
@@ -123,7 +134,7 @@ def _enumerate(lib) -> list[GpuInfo]:
         handle = query(lib.nvmlDeviceGetHandleByIndex, index)
         if handle is None:
             continue
-        memory = query(lib.nvmlDeviceGetMemoryInfo, handle)
+        memory = memory_info(lib, handle)
         # Quiet: boards without a power sensor or MIG support answer "not supported", which is no news.
         mig = query(lib.nvmlDeviceGetMigMode, handle, quiet=True)  # (current, pending) or None
         gpus.append(GpuInfo(

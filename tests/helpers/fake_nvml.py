@@ -34,7 +34,8 @@ class FakeGpu:
     name: str = "NVIDIA H100 80GB HBM3"
     uuid: str | None = None  # None: "GPU-<index>-fake", from the board's place in the list
     total: int = 80 * 2**30
-    used: int = 2 * 2**30
+    used: int = 2 * 2**30  # what nvidia-smi calls used: the driver's reserve is apart (``reserved``)
+    reserved: int = 0  # counted as used by the first memory call only, as real drivers do
     util: int | None = 40  # None: not supported
     temperature: int = 50
     power_mw: int | None = 200_000  # None: not supported
@@ -48,6 +49,7 @@ def make_module(gpus: list[FakeGpu]) -> types.ModuleType:
     calls: Counter = Counter()
     mod = types.ModuleType("pynvml")
     mod.calls = calls
+    mod.nvmlMemory_v2 = 0x02000028
     mod.gpus = gpus
     mod.NVMLError = NVMLError
     mod.NVMLError_NotSupported = NVMLError_NotSupported
@@ -55,9 +57,9 @@ def make_module(gpus: list[FakeGpu]) -> types.ModuleType:
     mod.NVML_DEVICE_MIG_ENABLE = NVML_DEVICE_MIG_ENABLE
 
     def counted(fn):
-        def wrapper(*args):
+        def wrapper(*args, **kwargs):
             calls[fn.__name__] += 1
-            return fn(*args)
+            return fn(*args, **kwargs)
         wrapper.__name__ = fn.__name__
         setattr(mod, fn.__name__, wrapper)
         return wrapper
@@ -92,8 +94,9 @@ def make_module(gpus: list[FakeGpu]) -> types.ModuleType:
         return gpu.uuid or f"GPU-{gpus.index(gpu):08d}-fake"
 
     @counted
-    def nvmlDeviceGetMemoryInfo(gpu):
-        return types.SimpleNamespace(total=gpu.total, used=gpu.used, free=gpu.total - gpu.used)
+    def nvmlDeviceGetMemoryInfo(gpu, version=None):
+        used = gpu.used if version == mod.nvmlMemory_v2 else gpu.used + gpu.reserved
+        return types.SimpleNamespace(total=gpu.total, used=used, free=gpu.total - used)
 
     @counted
     def nvmlDeviceGetUtilizationRates(gpu):
