@@ -46,6 +46,8 @@ def test_syntax_error_names_the_cell_line_counting_the_magic_line():
     assert "line 3" in str(err.value) or "line 2" in str(err.value)
     with pytest.raises(CellSyntaxError, match="line 3"):
         analyse_cell("a = 1\nb = 2\nreturn 3 +\n", line_offset=0)
+    with pytest.raises(CellSyntaxError, match="line 3: expected an indented block after 'for' statement on line 2\n"):
+        analyse_cell("for i in range(3):\nprint(i)", line_offset=1)
 
 
 def test_names_the_cell_deletes():

@@ -60,6 +60,16 @@ def test_the_report_maps_the_first_failures_frames_to_the_lines_the_user_sees():
 
 def test_a_summary_keeps_the_first_sentence_of_a_long_message():
     oom = "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79.1 GiB.\nIf reserved..."
-    assert first_sentence(oom) == "CUDA out of memory. …"
+    assert first_sentence(oom) == "CUDA out of memory. Tried to allocate 20.00 GiB. …"  # what failed, and how much
+    h200 = ("CUDA out of memory. Tried to allocate 4096.00 GiB. GPU 0 has a total capacity of 139.80 GiB of which "
+            "139.29 GiB is free. Including non-PyTorch memory, this process has 518.00 MiB memory in use.")  # torch 2.11's
+    assert first_sentence(h200) == "CUDA out of memory. Tried to allocate 4096.00 GiB. …"
     assert first_sentence("x" * 300) == "x" * 199 + "…"
     assert first_sentence("bad batch on rank 1") == "bad batch on rank 1"
+
+
+def test_a_summary_skips_a_cpp_checks_location_for_what_failed():
+    cpu_oom = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to "
+               "allocate 1099511627776 bytes. Error code 12 (Cannot allocate memory)")
+    assert first_sentence(cpu_oom) == ("DefaultCPUAllocator: can't allocate memory: you tried to allocate "
+                                       "1099511627776 bytes. …")

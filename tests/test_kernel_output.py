@@ -49,3 +49,10 @@ def test_a_stopped_run_keeps_what_was_logged(kernel):
         "print(len(logged) >= 6, logged[0], logged.steps[:3], history['loss'] is logged, history.ranks('loss'))\n")
     assert reply["status"] == "ok", (reply, out)
     assert out.strip() == "True 1.0 [0, 1, 2] True [0, 1]", out
+
+
+def test_a_syntax_error_names_the_lines_as_the_notebook_numbers_them(kernel):
+    """The magic's line is line 1: the `for` is on line 2, the line that should be indented on line 3."""
+    reply, out = kernel.execute("%%distributed 2 --cpu --no-dashboard\nfor step in range(3):\nprint(step)\n")
+    assert reply["status"] == "error", out
+    assert "line 3: expected an indented block after 'for' statement on line 2" in out, out

@@ -207,7 +207,7 @@ def test_tqdm_and_stderr_reach_the_cell_and_nothing_is_lost(fresh_pools):
             pass
         for i in range(2000):
             print(i)
-        sys.stdout.write("no newline at the end")
+        sys.stdout.write("no newline at the end");  # `;`: its value (21) is not shown, as in a notebook
     """, write=out, output="rank0")
     err, std = out.text("stderr"), out.text("stdout")
     assert "\r" in err and "epoch: 100%" in err and "[rank 1]" not in err

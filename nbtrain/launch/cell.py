@@ -20,12 +20,14 @@ From these, :func:`names_to_send` keeps the reads the notebook defines, minus wh
 :func:`names_to_return` is ``--out`` when given, else the assigns minus those and private ``_names``.
 
 A syntax error is reported with the line number of the cell as the user sees it (the magic's own line
-counts), so the error points at the right line before any process starts.
+counts, as in the tracebacks' ``Cell line N``) — also a line Python's message names ("… after 'for'
+statement on line 2") — so the error points at the right line before any process starts.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import symtable
 from dataclasses import dataclass
 
@@ -35,6 +37,8 @@ from ..wire.names import RUNTIME_NAMES
 _TRY_NODES = tuple(getattr(ast, name) for name in ("Try", "TryStar") if hasattr(ast, name))
 
 CELL_FILENAME = "<%%distributed cell>"
+# "expected an indented block after 'for' statement on line 1": the message names a line of its own
+_LINE_IN_MESSAGE = re.compile(r"(\bon line )(\d+)")
 IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "display", "exit", "quit", "_ih", "_oh", "_dh", "_", "__", "___"})
 
 
@@ -61,7 +65,8 @@ def analyse_cell(source: str, line_offset: int = 1) -> CellInfo:
         line = (exc.lineno or 0) + line_offset
         text = (exc.text or "").rstrip("\n")
         pointer = f"\n    {text}" if text.strip() else ""
-        raise CellSyntaxError(f"SyntaxError in the cell, line {line}: {exc.msg}{pointer}") from None
+        message = _LINE_IN_MESSAGE.sub(lambda m: f"{m[1]}{int(m[2]) + line_offset}", exc.msg)
+        raise CellSyntaxError(f"SyntaxError in the cell, line {line}: {message}{pointer}") from None
 
     assigns = _top_level_bindings(tree)
     reads = _ordered_reads(tree)

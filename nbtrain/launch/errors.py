@@ -13,20 +13,34 @@ wrote for it, if any, and the last lines the rank printed.
 :class:`RankFailedError` is raised in the notebook. IPython shows its :meth:`_render_traceback_` instead
 of a kernel-side traceback that would only show nbtrain's own frames.
 
+A traceback inside an exception's text — a DataLoader worker's, which torch re-raises in the rank as
+the message, or a chained cause's — has its frames named the same way.
+
 A failure's one-line :meth:`RankFailure.summary` (the report's first line, the dashboard's summary, the
 JupyterLab panel) keeps only the first sentence of the exception's message (:func:`first_sentence`):
 a CUDA out-of-memory message runs to several lines of advice, and the full text is already at the end
-of the traceback, once.
+of the traceback, once. The sentence says what failed: a C++ check's location prefix
+(``[enforce fail at alloc_cpu.cpp:127] err == 0.``) is skipped, and an out-of-memory sentence keeps
+the size that was asked for.
 """
 
 from __future__ import annotations
 
 import linecache
+import re
 import signal
 from dataclasses import dataclass, field
 
 from ..wire.protocol import Frame, RemoteError
 from .history import History
+
+# A traceback printed into text: a DataLoader worker's (torch re-raises it in the rank with the worker's
+# formatted traceback as the message), a chained cause's.
+_TRACEBACK_FILE = re.compile(r'^(?P<indent>[ \t]*)File "(?P<file>[^"]+)", line (?P<line>\d+)', re.MULTILINE)
+# c10's failed check, "[enforce fail at alloc_cpu.cpp:127] err == 0. ": where and which condition, before
+# the words that say what failed
+_ENFORCE_PREFIX = re.compile(r"^\[enforce fail at [^\]]*\][^\n]*?\.\s+(?=\S)")
+_SIZE_SENTENCE = re.compile(r"\s*Tried to allocate [^.\n]*(\.\d+[^.\n]*)*\.", re.IGNORECASE)  # CUDA's: how much
 
 _PEER_LOST = ("connection reset by peer", "connection closed by peer", "broken pipe", "gloo/transport",
               "nccl communicator was aborted", "socket closed")
@@ -141,11 +155,11 @@ class RankFailedError(RuntimeError):
         elif first.error is not None:
             lines.append("")
             for text in first.error.chained:
-                lines += [text, "", "The above exception led to:", ""]
+                lines += [self._map_text(text), "", "The above exception led to:", ""]
             if first.error.frames:
                 lines.append(f"Traceback on {first.who} (most recent call last):")
                 lines += self._frames(first.error.frames)
-            lines.append(first.error.headline)
+            lines.append(self._map_text(first.error.headline))
         else:
             if first.error_file_message:
                 lines += ["", f"Error recorded by rank {first.rank}:", str(first.error_file_message).rstrip()]
@@ -172,29 +186,44 @@ class RankFailedError(RuntimeError):
                             "(not inside `if rank == ...`), the same number of times and in the same order."]
 
     def _frames(self, frames: tuple[Frame, ...]) -> list[str]:
-        filename, cell_lines, offset = self._cell
+        filename, cell_lines, _ = self._cell
         out = []
         for frame in frames:
             if frame.filename == filename:
-                label = f"  Cell line {frame.lineno + offset}"
                 source = cell_lines[frame.lineno - 1] if 0 < frame.lineno <= len(cell_lines) else frame.line
             else:
-                label = f'  File "{frame.filename}", line {frame.lineno}'
-                named = self._code_name(frame.filename) if self._code_name else None
-                if named:
-                    label = f"  {named[0]} {named[1]}, line {frame.lineno}"
                 source = linecache.getline(frame.filename, frame.lineno) or frame.line
-            out.append(f"{label}, in {frame.name}")
+            out.append(f"  {self._where(frame.filename, frame.lineno)}, in {frame.name}")
             if source and source.strip():
                 out.append(f"    {source.strip()}")
         return out
 
+    def _where(self, filename: str, lineno: int) -> str:
+        """A frame's place as the user knows it: ``Cell line 4`` (this cell), ``Cell In[3], line 2`` (another)."""
+        cell_filename, _, offset = self._cell
+        if filename == cell_filename:
+            return f"Cell line {lineno + offset}"
+        named = self._code_name(filename) if self._code_name else None
+        if named:
+            return f"{named[0]} {named[1]}, line {lineno}"
+        return f'File "{filename}", line {lineno}'
+
+    def _map_text(self, text: str) -> str:
+        """A traceback inside text (a DataLoader worker's, a chained cause) with its frames named as :meth:`_frames` does."""
+        return _TRACEBACK_FILE.sub(lambda m: m["indent"] + self._where(m["file"], int(m["line"])), text)
+
 
 def first_sentence(message: str, limit: int = 200) -> str:
-    """The message up to its first sentence end or line break, at most ``limit`` characters (… if cut)."""
-    text = message.strip()
+    """The message up to its first sentence end or line break, at most ``limit`` characters (… if cut).
+
+    What failed, not where C++ checked it: c10's ``[enforce fail at file:line] condition.`` prefix is
+    skipped; an out-of-memory sentence keeps the next one when it says how much was asked for."""
+    text = _ENFORCE_PREFIX.sub("", message.strip(), count=1)
     line = text.split("\n", 1)[0].strip()
     end = next((i + 1 for i, c in enumerate(line[:-1]) if c in ".!?" and line[i + 1] == " "), len(line))
+    size = _SIZE_SENTENCE.match(line, end)
+    if size is not None:
+        end = size.end()
     short = line[:end]
     if len(short) > limit:
         short = short[:limit - 1].rstrip() + "…"

@@ -390,7 +390,8 @@ def _run_and_bring_back(namespace, info, config, manager, inputs, result_prefix,
         manager.sessions.open(config.session, pool)
     job = P.Job(pool.next_job_id(), info.source, f"{CELL_FILENAME[:-1]} {id(info):x}>", inputs.data,
                 names_to_return(info, config.out_names), train=config.train, cwd=workdir.cwd, sys_path=workdir.sys_path,
-                result_prefix=result_prefix, shared_files=tuple(inputs.arena.paths), session=config.session)
+                result_prefix=result_prefix, shared_files=tuple(inputs.arena.paths), session=config.session,
+                line_offset=info.line_offset)
     sessions_here = manager.sessions.on(pool)
     run = _Run(pool, job, inputs, config, write, observers, warm, info)
     if stale_note:

@@ -69,6 +69,7 @@ class Job:
     result_prefix: str = ""  # rank 0 writes large results to /dev/shm files starting with this; "" = in the pickle
     shared_files: tuple[str, ...] = ()  # the /dev/shm files the inputs map: another machine gets their bytes
     session: str = ""  # run in this session's namespace, kept between jobs; "" = a fresh namespace
+    line_offset: int = 1  # lines above the source in the cell (the magic's): a warning names the cell's line
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,9 @@ class Display:
     seq: int  # numbers the job's displays from 1; the same number follows DISPLAY_MARK in stdout
     data: dict
     metadata: dict = field(default_factory=dict)
+    transient: dict = field(default_factory=dict)  # {"display_id": …}: names the output, as in Jupyter
+    update: bool = False  # replace the output named by transient's display_id instead of adding one
+    result: bool = False  # the cell's last expression's value: shown as the notebook's Out[n]
 
 
 @dataclass(frozen=True)

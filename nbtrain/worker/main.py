@@ -17,9 +17,11 @@ Then, per :class:`Job`: a fresh ``__main__`` module (so classes defined in the c
 ``if __name__ == "__main__":`` scripts run; a job of a session gets the module its session keeps,
 :mod:`.session`), the notebook's current directory and ``sys.path``
 (:mod:`.modules`, which also reports the user's own modules after the job), the runtime names (``rank``,
-``local_rank``, ``world_size``, ``device``, and ``display``: :mod:`nbtrain.worker.display`) and the
+``local_rank``, ``world_size``, ``device``, and ``display``: :mod:`nbtrain.worker.display`, to which IPython's
+own display functions are routed, :mod:`.ipython_display`) and the
 notebook's inputs; ``input()``, ``sys.stdin`` and ``breakpoint()`` ask the notebook (:mod:`.prompts`) and
-``--profile`` profiles the cell (:mod:`nbtrain.train.profile`); the cell runs; rank 0 packs the results; figures still open are shown (rank 0) or
+``--profile`` profiles the cell (:mod:`nbtrain.train.profile`); the cell runs as a notebook runs it (its
+last expression's value shown, warnings naming the cell's lines: :mod:`.cellcode`); rank 0 packs the results; figures still open are shown (rank 0) or
 closed; the memory is released (``gc.collect``; ``torch.cuda.empty_cache`` where CUDA was initialised)
 *before* the streams are marked and the reply is sent, so the GPU reads as free when the cell returns.
 The cell's training settings (``--amp``, ``--grad-accum``, ``--checkpoint``) are opened as a
@@ -57,7 +59,7 @@ from ..wire.shm import abandon_and_sweep
 from ..train import metrics
 from ..train import profile
 from ..train import state as train_state
-from . import compat, display, prompts, stop
+from . import cellcode, compat, display, ipython_display, prompts, stop
 from .modules import LocalModules
 from .session import RankSessions
 
@@ -268,8 +270,8 @@ class Rank:
         lines = job.source.splitlines(keepends=True)
         linecache.cache[job.filename] = (len(job.source), None, lines, job.filename)
         try:
-            with stop.interruptible():  # the only place the stop button's SIGINT raises (see .stop)
-                exec(compile(job.source, job.filename, "exec"), ns)
+            with stop.interruptible(), cellcode.cell_warnings(job.filename, job.line_offset):
+                cellcode.run(job.source, job.filename, ns)  # SIGINT raises only in here (see .stop)
         except SystemExit as exc:
             if exc.code not in (None, 0):
                 return P.Failed(job.job_id, self.rank, describe(exc))
@@ -328,6 +330,7 @@ def main() -> None:
     device = _select_device()
     _init_process_group(device)
     conn.send(P.Ready(rank, str(device)))
+    ipython_display.route_ipython_display()  # IPython's display() shows in the cell, as the cell's own does
     gc.collect()
     gc.freeze()  # torch & co. live as long as the rank: the collection before each reply skips them (~50 ms → ~0)
     Rank(conn, device).serve()
