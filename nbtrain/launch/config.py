@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from ..gpu import nvml
-from ..wire.settings import COMPILE_CHOICES, TrainSettings, TrainSettingsError, parse_train_settings
+from ..wire.settings import COMPILE_CHOICES, SHARD_CHOICES, TrainSettings, TrainSettingsError, parse_train_settings
 from ..words import count
 from .hosts import SshSetupError, parse_hosts, parse_remote_python, parse_ssh_options
 from .modules import Workdir, WorkdirGone, notebook_workdir
@@ -122,6 +122,16 @@ class LaunchRequest:
         None, "--compile", "torch.compile nbtrain.prepare()d models; MODE is default (when left out), reduce-overhead, "
         "max-autotune or max-autotune-no-cudagraphs (aot_eager or eager: trace only, to find what breaks)",
         group="speed", metavar="MODE", choices=COMPILE_CHOICES, bare="default", env="NBTRAIN_COMPILE")
+    shard: str | None = option(
+        None, "--shard", "shard prepare()d models over the ranks with FSDP2 (parameters, gradients and optimizer "
+        "state: each rank holds 1/N); MODE is full (when left out) or hybrid (sharded within a node, replicated "
+        "across --nodes)", group="training", metavar="MODE", choices=SHARD_CHOICES, bare="full", env="NBTRAIN_SHARD")
+    shard_offload: bool = option(
+        False, "--shard-offload", "with --shard: keep the sharded parameters and optimizer state on the CPU",
+        group="training", switch=True)
+    activation_checkpointing: bool = option(
+        False, "--activation-checkpointing", "with --shard: recompute each block's activations in backward instead "
+        "of keeping them (less memory, more compute)", group="training", switch=True)
     compile_fallback: bool = option(
         False, "--compile-fallback", "with --compile: when compiling fails, say why and run the model uncompiled "
         "instead of failing the cell", group="speed", switch=True)
@@ -372,7 +382,9 @@ def _finish(request: LaunchRequest, pool: PoolSpec, output: str, workdir: Workdi
     try:
         train = parse_train_settings(request.amp, request.grad_accum, request.checkpoint, request.resume,
                                      request.max_restarts, cwd=workdir.cwd, channels_last=request.channels_last,
-                                     compile=request.compile, compile_fallback=request.compile_fallback)
+                                     compile=request.compile, compile_fallback=request.compile_fallback,
+                                     shard=request.shard, shard_offload=request.shard_offload,
+                                     activation_checkpointing=request.activation_checkpointing)
     except TrainSettingsError as exc:
         raise ConfigError(str(exc)) from None
     start_timeout = DEFAULT_START_TIMEOUT_S if request.start_timeout is None else float(request.start_timeout)
@@ -386,6 +398,9 @@ def _finish(request: LaunchRequest, pool: PoolSpec, output: str, workdir: Workdi
                             profile_dir=profile_dir(workdir.cwd, tensorboard))
         except ProfileOptionError as exc:
             raise ConfigError(str(exc)) from None
+    if train.shard == "hybrid" and pool.nodes <= 1:
+        raise ConfigError("--shard hybrid replicates the model across nodes and shards it within each, so it needs "
+                          "--nodes N (on one machine, use --shard).")
     session = _parse_session(request.session, request.max_restarts)
     if session and request.nodes is not None:
         raise ConfigError("--session keeps variables on this machine's warm ranks; it does not go with --nodes yet. "

@@ -21,6 +21,12 @@ before anything it logs next — so ``history`` holds the whole curve of every a
 ``nbtrain.epochs(n)`` then starts at the saved epoch. ``nbtrain.load_checkpoint(path)`` does the same by hand and returns a
 :class:`Checkpoint` with ``epoch``, ``step`` and your ``extra`` values.
 
+Under ``--shard`` the models and optimizers go to a DCP folder beside the file
+(``checkpoint.pt.shards-<step>-<id>``), each rank writing its own shards; the file names the folder once every
+rank has written, and older folders are removed then. DCP re-shards on load: a sharded checkpoint resumes at
+another world size, or into a run without ``--shard``, and a checkpoint without shards into a sharded run
+(:mod:`.shard`).
+
 Gradients accumulated inside an unfinished ``--grad-accum`` window are not saved: save between windows
 (after ``optimizer.step()``), as the usual end-of-epoch save does.
 """
@@ -30,6 +36,8 @@ from __future__ import annotations
 import glob
 import os
 import random
+import secrets
+import shutil
 import sys
 import time
 import warnings
@@ -39,7 +47,7 @@ import torch
 import torch.distributed as dist
 
 from ..pids import pid_alive
-from . import metrics
+from . import metrics, shard
 from .state import TrainContext, current
 
 FORMAT = 1
@@ -71,10 +79,13 @@ def save_checkpoint(path: str | None = None, **extra) -> str:
     if context.distributed and context.world_size > 1:
         ranks = [None] * context.world_size
         dist.all_gather_object(ranks, mine)
+    states = _save_shards(context, target) if any(shard.is_sharded(m) for m in context.models) else None
     error = None
     if context.rank == 0:
         try:
-            write_atomic(_snapshot(context, ranks, extra), target)
+            write_atomic(_snapshot(context, ranks, extra, states), target)
+            if states is not None:
+                _remove_older_shards(target, states[0][0]["dcp"])
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
     if context.distributed and context.world_size > 1:
@@ -98,7 +109,22 @@ def _target(context: TrainContext, path: str | None) -> str:
     return context.settings.checkpoint_path
 
 
-def _snapshot(context: TrainContext, ranks: list, extra: dict) -> dict:
+def _save_shards(context: TrainContext, target: str) -> tuple[list, list]:
+    """--shard: every rank writes its shards to a new DCP folder beside the checkpoint file, which names it only
+    once all are written — a save killed half-way leaves the previous checkpoint, and its folder, as they were."""
+    name = [f"{os.path.basename(target)}.shards-{context.step}-{secrets.token_hex(4)}" if context.rank == 0 else None]
+    if context.distributed and context.world_size > 1:
+        dist.broadcast_object_list(name, src=0)
+    return shard.save_states(context, os.path.join(os.path.dirname(target), str(name[0])))
+
+
+def _remove_older_shards(target: str, keep: str) -> None:
+    for folder in glob.glob(f"{target}.shards-*"):
+        if os.path.basename(folder) != keep:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _snapshot(context: TrainContext, ranks: list, extra: dict, states: tuple[list, list] | None = None) -> dict:
     positions = [loader.position() for loader in context.loaders]
     if positions:
         epoch = positions[0]["epoch"]
@@ -106,8 +132,8 @@ def _snapshot(context: TrainContext, ranks: list, extra: dict) -> dict:
         epoch = context.epoch + 1 if context.epochs_used else context.epoch
     return {
         "format": FORMAT,
-        "models": [getattr(m, "module", m).state_dict() for m in context.models],
-        "optimizers": [o.state_dict() for o in context.optimizers],
+        "models": states[0] if states else [getattr(m, "module", m).state_dict() for m in context.models],
+        "optimizers": states[1] if states else [o.state_dict() for o in context.optimizers],
         "schedulers": [s.state_dict() for s in context.schedulers],
         "scaler": context.scaler.state_dict() if context.scaler is not None else None,
         "loaders": positions,
@@ -234,14 +260,15 @@ def _saved(context: TrainContext, kind: str, index: int):
 
 def restore_model(context: TrainContext, module, index: int) -> None:
     try:
-        module.load_state_dict(_saved(context, "models", index))
+        shard.load_model(module, _saved(context, "models", index), os.path.dirname(context.resume_path or ""))
     except RuntimeError as exc:
         raise CheckpointError(f"model {index} does not match the checkpoint {context.resume_path}: {exc}\n"
                               "Use another --checkpoint directory or --no-resume for a different model.") from None
 
 
 def restore_optimizer(context: TrainContext, optimizer, index: int) -> None:
-    optimizer.load_state_dict(_saved(context, "optimizers", index))
+    shard.load_optimizer(context, optimizer, _saved(context, "optimizers", index),
+                         os.path.dirname(context.resume_path or ""))
 
 
 def restore_scheduler(context: TrainContext, scheduler, index: int) -> None:

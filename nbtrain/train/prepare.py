@@ -15,6 +15,9 @@ Give it any mix of these and get the same number back, in the same order (one ob
 * a ``DataLoader`` is rebuilt with a ``DistributedSampler`` (see :mod:`nbtrain.train.data`);
 * an LR scheduler steps only when its optimizer did (see :class:`~nbtrain.train.optim.PreparedScheduler`).
 
+Under ``--shard`` a model is sharded with FSDP2 instead of wrapped in DDP, and the optimizers made from it
+are pointed at its sharded parameters (:mod:`nbtrain.train.shard`); everything else is the same.
+
 Preparing the same object twice in a cell, or a model already wrapped in DDP/FSDP, is an error that says
 what to pass instead; so is an optimizer given with models but holding none of their parameters
 (``prepare(Net(), SGD(Net().parameters()))`` builds the optimizer from another instance, which would
@@ -34,6 +37,7 @@ from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from torch.utils.data import DataLoader
 
 from . import data, optim, speed
+from . import shard as sharding
 from .amp import outputs_to_fp32
 from .checkpoint import auto_resume, restore_model
 from .data import PreparedLoader
@@ -41,8 +45,11 @@ from .optim import PreparedOptimizer, PreparedScheduler
 from .state import PreparedError, TrainContext, current
 
 
-def prepare(*objects, **ddp_kwargs):
-    """Prepare models, optimizers, DataLoaders and LR schedulers for this rank; returns them in order."""
+def prepare(*objects, shard=None, **ddp_kwargs):
+    """Prepare models, optimizers, DataLoaders and LR schedulers for this rank; returns them in order.
+
+    Under ``--shard``, ``shard=[BlockClass, …]`` names the blocks FSDP2 shards one by one (by default the
+    children of the model's largest list of identical modules; see :mod:`nbtrain.train.shard`)."""
     if not objects:
         raise PreparedError("nbtrain.prepare() needs objects to prepare, such as prepare(model, optimizer, loader).")
     context = current()
@@ -54,12 +61,18 @@ def prepare(*objects, **ddp_kwargs):
         raise PreparedError(f"prepare() passes {', '.join(ddp_kwargs)} to DistributedDataParallel, but got no model.")
     _check_optimizers_hold_the_models(objects, kinds)
     prepared = {}
+    if shard is not None and not context.settings.shard:
+        raise PreparedError("prepare(..., shard=[...]) names the blocks to shard, but this cell does not shard: run "
+                            "it with --shard (or leave shard= out).")
     for obj in objects:  # models first: optimizers hold their parameters, which move with them
         if kinds[id(obj)] == "model":
-            prepared[id(obj)] = _prepare_model(context, obj, ddp_kwargs)
+            sharded = context.settings.shard and context.distributed
+            prepared[id(obj)] = (_prepare_sharded(context, obj, shard, ddp_kwargs) if sharded
+                                 else _prepare_model(context, obj, ddp_kwargs))
     for obj in objects:
         kind = kinds[id(obj)]
         if kind == "optimizer":
+            sharding.rebind_optimizer(context, obj)  # its parameters were replaced by sharded ones
             prepared[id(obj)] = optim.prepare_optimizer(context, obj)
         elif kind == "loader":
             prepared[id(obj)] = data.prepare_loader(context, obj)
@@ -150,6 +163,18 @@ def _prepare_model(context: TrainContext, model, ddp_kwargs: dict):
     wrapped._nbtrain_speed = model_speed  # type: ignore[assignment]
     context.models.append(wrapped)
     return wrapped
+
+
+def _prepare_sharded(context: TrainContext, model, blocks, ddp_kwargs: dict):
+    """--shard: FSDP2 in place of DDP (see nbtrain.train.shard); a saved state is loaded once it is sharded."""
+    if ddp_kwargs:
+        raise PreparedError(f"{', '.join(ddp_kwargs)} are DistributedDataParallel options; with --shard the model is "
+                            "sharded by FSDP2 instead. Leave them out.")
+    model = sharding.shard_model(context, model.to(context.device), blocks)
+    if context.resume is not None:
+        restore_model(context, model, len(context.models))
+    context.models.append(model)
+    return model
 
 
 def _speed_up(context: TrainContext, model) -> speed.ModelSpeed:

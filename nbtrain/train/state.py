@@ -12,7 +12,7 @@ What they share beyond the context lives here too (:class:`PreparedError`).
 
 Outside a ``%%distributed`` cell — a script started by ``torchrun`` — :func:`current` builds a context
 from the environment (``LOCAL_RANK``; ``NBTRAIN_AMP``, ``NBTRAIN_GRAD_ACCUM``, ``NBTRAIN_CHECKPOINT``,
-``NBTRAIN_CHANNELS_LAST`` and ``NBTRAIN_COMPILE`` in place of the magic's options), so the same training code runs in both places.
+``NBTRAIN_CHANNELS_LAST``, ``NBTRAIN_COMPILE`` and ``NBTRAIN_SHARD`` in place of the magic's options), so the same training code runs in both places.
 """
 
 from __future__ import annotations
@@ -54,6 +54,8 @@ class TrainContext:
         self.resume: dict | None = None  # a loaded checkpoint, applied to each object as it is prepared
         self.resume_path: str | None = None
         self.auto_resume_checked = False  # see nbtrain.train.checkpoint.auto_resume
+        self.sharded_params: dict[int, object] = {}  # id of a parameter before --shard -> the sharded one (train/shard.py)
+        self.meta_copies: dict[int, object] = {}  # rank 0: id of a sharded model -> its plain, parameter-less copy
 
     @property
     def distributed(self) -> bool:
@@ -76,6 +78,8 @@ class TrainContext:
     def close(self) -> None:
         for objects in (self.models, self.optimizers, self.loaders, self.schedulers):
             objects.clear()
+        self.sharded_params.clear()
+        self.meta_copies.clear()
         self.resume = None
 
 
@@ -128,5 +132,6 @@ def _from_environment() -> TrainContext:
     layout = os.environ.get("NBTRAIN_CHANNELS_LAST", "").strip().lower()
     channels_last = None if layout in ("", "auto") else layout in ("1", "true", "yes", "on")
     settings = parse_train_settings(os.environ.get("NBTRAIN_AMP"), grad_accum, os.environ.get("NBTRAIN_CHECKPOINT"),
-                                    channels_last=channels_last, compile=os.environ.get("NBTRAIN_COMPILE") or None)
+                                    channels_last=channels_last, compile=os.environ.get("NBTRAIN_COMPILE") or None,
+                                    shard=os.environ.get("NBTRAIN_SHARD") or None)
     return TrainContext(settings, device, rank, world)

@@ -38,6 +38,8 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0):
             if not optimizer.unscaled:
                 context.scaler.unscale_(optimizer.optimizer)
                 optimizer.unscaled = True
+    if isinstance(parameters, torch.nn.Module):  # a prepared model: DDP's or sharded (DTensor) parameters alike
+        parameters = parameters.parameters()
     return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
 

@@ -1,7 +1,8 @@
 """TrainSettings: the per-cell training options of ``%%distributed``, checked in the kernel.
 
 ``--amp``, ``--grad-accum``, ``--checkpoint``, ``--no-resume``, ``--max-restarts``, ``--channels-last`` /
-``--no-channels-last``, ``--compile [MODE]`` and ``--compile-fallback`` become one frozen :class:`TrainSettings`. It travels to the ranks inside each :class:`~nbtrain.wire.protocol.Job` — not in
+``--no-channels-last``, ``--compile [MODE]``, ``--compile-fallback``, ``--shard [full|hybrid]``,
+``--shard-offload`` and ``--activation-checkpointing`` become one frozen :class:`TrainSettings`. It travels to the ranks inside each :class:`~nbtrain.wire.protocol.Job` — not in
 the pool's environment, which decides whether warm processes can be reused: changing ``--amp`` between
 two cells must not cost a new pool.
 
@@ -22,6 +23,7 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 COMPILE_DEBUG_BACKENDS = ("aot_eager", "eager")
 COMPILE_CHOICES = COMPILE_MODES + COMPILE_DEBUG_BACKENDS
 CHECKPOINT_FILE = "checkpoint.pt"
+SHARD_CHOICES = ("full", "hybrid")  # FSDP2 over every rank; HSDP: replicated across nodes, sharded within one
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,9 @@ class TrainSettings:
     channels_last: bool | None = None  # None: channels_last for conv models under AMP on GPUs (train/speed.py)
     compile: str | None = None  # a COMPILE_CHOICES entry: torch.compile prepared models; None: do not
     compile_fallback: bool = False  # a failed compile runs the model uncompiled instead of failing the cell
+    shard: str | None = None  # a SHARD_CHOICES entry: prepare() shards models with FSDP2; None: DDP
+    shard_offload: bool = False  # sharded parameters and optimizer state live on the CPU (CPUOffloadPolicy)
+    activation_checkpointing: bool = False  # each sharded block recomputes its activations in backward
 
     @property
     def checkpoint_path(self) -> str | None:
@@ -50,7 +55,8 @@ class TrainSettingsError(ValueError):
 def parse_train_settings(amp: str | None = None, grad_accum: int | None = None, checkpoint: str | None = None,
                          resume: bool = True, max_restarts: int | None = None, cwd: str | None = None, *,
                          channels_last: bool | None = None, compile: str | None = None,
-                         compile_fallback: bool = False) -> TrainSettings:
+                         compile_fallback: bool = False, shard: str | None = None, shard_offload: bool = False,
+                         activation_checkpointing: bool = False) -> TrainSettings:
     """Check the options and build :class:`TrainSettings`; raise :class:`TrainSettingsError` if one is wrong."""
     amp_mode = (amp or "auto").strip().lower()
     if amp_mode in ("bfloat16",):
@@ -88,8 +94,25 @@ def parse_train_settings(amp: str | None = None, grad_accum: int | None = None, 
     if compile_fallback and compile_mode is None:
         raise TrainSettingsError("--compile-fallback says what to do when torch.compile fails, so it needs --compile "
                                  "(such as --compile --compile-fallback).")
+    shard_mode = _shard_mode(shard, shard_offload, activation_checkpointing, compile_mode)
     return TrainSettings(amp_mode, grad_accum, checkpoint_dir, bool(resume), restarts,
-                         channels_last=channels_last, compile=compile_mode, compile_fallback=bool(compile_fallback))
+                         channels_last=channels_last, compile=compile_mode, compile_fallback=bool(compile_fallback),
+                         shard=shard_mode, shard_offload=bool(shard_offload),
+                         activation_checkpointing=bool(activation_checkpointing))
+
+
+def _shard_mode(shard: str | None, offload: bool, checkpointing: bool, compile_mode: str | None) -> str | None:
+    mode = shard.strip().lower() if shard is not None else None
+    if mode is not None and mode not in SHARD_CHOICES:
+        raise TrainSettingsError(f"--shard is full (every rank holds a shard; --shard alone) or hybrid (sharded within "
+                                 f"a node, replicated across nodes, with --nodes) (got {shard!r}).")
+    for flag, given in (("--shard-offload", offload), ("--activation-checkpointing", checkpointing)):
+        if given and mode is None:
+            raise TrainSettingsError(f"{flag} acts on sharded models, so it needs --shard (such as --shard {flag}).")
+    if mode is not None and compile_mode is not None:
+        raise TrainSettingsError("--compile does not go with --shard yet: leave out one of them (a sharded model runs "
+                                 "uncompiled).")
+    return mode
 
 
 def _compile_mode(text: str | None) -> str | None:

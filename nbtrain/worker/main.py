@@ -58,6 +58,7 @@ from ..wire.payload import load_inputs, pack_results
 from ..wire.shm import abandon_and_sweep
 from ..train import metrics
 from ..train import profile
+from ..train import shard
 from ..train import state as train_state
 from . import cellcode, compat, display, ipython_display, prompts, stop
 from .modules import LocalModules
@@ -277,6 +278,10 @@ class Rank:
                 return P.Failed(job.job_id, self.rank, describe(exc))
         except BaseException as exc:
             return P.Failed(job.job_id, self.rank, describe(exc))
+        try:  # every rank: sharded models among the results are gathered whole to rank 0
+            shard.bring_back(train_state.current(), ns, job.out_names, self.rank == RESULT_RANK)
+        except BaseException as exc:
+            return P.Failed(job.job_id, self.rank, describe(exc, stage="results"))
         results = None
         if self.rank == RESULT_RANK:
             try:

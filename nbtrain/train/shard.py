@@ -1,0 +1,287 @@
+"""Sharded training (``--shard``): FSDP2 through ``prepare()``, whole models back, DCP checkpoints.
+
+PyTorch's own engines do the work — ``torch.distributed.fsdp.fully_shard`` (FSDP2, parameters as DTensors),
+``torch.distributed.checkpoint`` (DCP) and its ``state_dict`` helpers; this module decides what to shard and
+wires it into the cell:
+
+* **what is sharded** (:func:`find_blocks`): each *block* — the children of the model's largest
+  ``nn.ModuleList``/``nn.Sequential`` whose children are all of one class (a transformer's layers), or the
+  classes the cell names with ``prepare(model, shard=[Block])`` — then the root, as FSDP2's examples do. One
+  device mesh over every rank, or with ``--shard hybrid`` a 2-D mesh (nodes × ranks per node: replicated
+  across nodes, sharded within one — HSDP);
+* **precision**: ``--amp`` becomes a ``MixedPrecisionPolicy`` (parameters in the AMP dtype, gradients reduced
+  in float32, outputs in float32 as under DDP); ``--shard-offload`` a ``CPUOffloadPolicy``;
+  ``--activation-checkpointing`` checkpoints each block;
+* **the optimizer** made from the plain model holds parameters FSDP2 has replaced: :func:`rebind_optimizer`
+  points it at the sharded ones (its state is still empty then), so a cell written for DDP runs sharded by
+  adding the option;
+* **gradient accumulation**: a micro-step's forward turns FSDP2's reduce-scatter off
+  (``set_requires_gradient_sync``), as ``no_sync()`` does for DDP;
+* **results** (:func:`bring_back`): a sharded model the cell assigns comes back to the notebook as the plain
+  module — every rank takes part in gathering the full state dict to rank 0's CPU (one tensor at a time),
+  and rank 0 fills a parameter-less copy of the model made before sharding (:func:`meta_copy`);
+* **checkpoints** (:func:`save_states`, :func:`load_model`, :func:`load_optimizer`): DCP, each rank writing
+  its own shards; DCP re-shards on load, so a run resumes at another world size, and a DDP checkpoint loads
+  into a sharded run and the other way round.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import torch
+from torch import nn
+
+from .state import PreparedError, TrainContext
+
+
+def is_sharded(model) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def find_blocks(model: nn.Module, named=None) -> list[nn.Module]:
+    """The modules to shard one by one before the root (see the module docstring)."""
+    if named:
+        classes = tuple(named)
+        found = [m for m in model.modules() if m is not model and isinstance(m, classes)]
+        if not found:
+            names = ", ".join(c.__name__ for c in classes)
+            raise PreparedError(f"prepare(..., shard=[{names}]): {type(model).__name__} has no such submodule; name "
+                                "the class of its repeated blocks (a transformer's layer class).")
+        return [m for m in found if not any(m is not o and _inside(m, o) for o in found)]  # outermost only
+    lists = [m for m in model.modules() if isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m) >= 2
+             and len({type(child) for child in m}) == 1 and any(True for _ in m.parameters())]
+    if not lists:
+        return []
+    return list(max(lists, key=lambda m: sum(p.numel() for p in m.parameters())))
+
+
+def _inside(module: nn.Module, outer: nn.Module) -> bool:
+    return any(module is m for m in outer.modules())
+
+
+def meta_copy(model: nn.Module) -> nn.Module:
+    """The model's structure with parameters on the meta device (no memory); buffers are copied as they are."""
+    memo: dict = {}
+    for param in model.parameters():
+        memo[id(param)] = nn.Parameter(torch.empty_like(param, device="meta"), requires_grad=param.requires_grad)
+    return copy.deepcopy(model, memo)
+
+
+def device_mesh(context: TrainContext, hybrid: bool):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = context.world_size
+    if not hybrid:
+        return init_device_mesh(context.device.type, (world,), mesh_dim_names=("shard",))
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    return init_device_mesh(context.device.type, (world // per_node, per_node), mesh_dim_names=("replicate", "shard"))
+
+
+def shard_model(context: TrainContext, model: nn.Module, blocks=None) -> nn.Module:
+    """Apply FSDP2 to ``model`` in place (blocks, then root) as the cell's settings ask; returns it."""
+    from torch.distributed._composable import checkpoint
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    settings = context.settings
+    policy = root_policy = MixedPrecisionPolicy()
+    if context.amp_dtype is not None:  # blocks hand the AMP dtype on; the root returns float32, as DDP's AMP does
+        policy = MixedPrecisionPolicy(param_dtype=context.amp_dtype, reduce_dtype=torch.float32)
+        root_policy = MixedPrecisionPolicy(param_dtype=context.amp_dtype, reduce_dtype=torch.float32,
+                                           output_dtype=torch.float32)
+    offload = CPUOffloadPolicy() if settings.shard_offload else OffloadPolicy()
+    mesh = device_mesh(context, settings.shard == "hybrid")
+    names = {id(p): name for name, p in model.named_parameters()}
+    if context.rank == 0:  # the way back to the notebook: a parameter-less copy of the plain model
+        context.meta_copies[id(model)] = meta_copy(model)
+    units = find_blocks(model, blocks)
+    current = model
+    try:
+        for current in units:
+            if settings.activation_checkpointing:
+                checkpoint(current)
+            fully_shard(current, mesh=mesh, mp_policy=policy, offload_policy=offload)
+        current = model
+        fully_shard(model, mesh=mesh, mp_policy=root_policy, offload_policy=offload)
+    except Exception as exc:
+        where = "" if current is model else f" (its block {type(current).__name__})"
+        raise PreparedError(f"FSDP2 could not shard {type(model).__name__}{where}: {type(exc).__name__}: {exc}. "
+                            "Run it without --shard, or name the blocks to shard with prepare(model, "
+                            "shard=[BlockClass]).") from None
+    after = dict(model.named_parameters())
+    context.sharded_params.update({old: after[name] for old, name in names.items() if name in after})
+    model.register_forward_pre_hook(_gradient_sync(context))
+    if context.rank == 0:
+        print(describe(context, model, len(units)), flush=True)
+    return model
+
+
+def _gradient_sync(context: TrainContext):
+    def before_forward(module, _args):
+        if torch.is_grad_enabled():  # a micro-step keeps its gradients unreduced, as DDP's no_sync()
+            module.set_requires_gradient_sync(context.accum.sync_next())
+    return before_forward
+
+
+def describe(context: TrainContext, model: nn.Module, blocks: int) -> str:
+    """What sharding did, measured: this rank's parameter bytes against the whole model's."""
+    local = sum(_local(p).numel() * _local(p).element_size() for p in model.parameters())
+    whole = sum(p.numel() * p.element_size() for p in model.parameters())
+    kind = "HSDP" if context.settings.shard == "hybrid" else "FSDP2"
+    precision = (f"{_dtype_name(context.amp_dtype)} params, fp32 reduce" if context.amp_dtype is not None
+                 else "fp32")
+    extra = "".join(f" · {flag}" for flag, on in (("CPU offload", context.settings.shard_offload),
+                                                   ("activation checkpointing",
+                                                    context.settings.activation_checkpointing)) if on)
+    return (f"nbtrain: {kind} · {context.world_size} ranks · {blocks} blocks + root · {precision}{extra} · "
+            f"parameters per rank {_size(local)} of {_size(whole)} (DDP would hold all of it on every rank, "
+            f"with its gradients and optimizer state)")
+
+
+def _local(param):
+    return param.to_local() if hasattr(param, "to_local") else param
+
+
+def _dtype_name(dtype) -> str:
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
+
+
+def _size(nbytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if nbytes < 1024 or unit == "GiB":
+            return f"{nbytes:.1f} {unit}" if unit != "B" else f"{int(nbytes)} B"
+        nbytes /= 1024
+    return ""
+
+
+def rebind_optimizer(context: TrainContext, optimizer) -> None:
+    """Point an optimizer made from the plain model at the sharded parameters that replaced them."""
+    if not context.sharded_params:
+        return
+    for group in optimizer.param_groups:
+        group["params"] = [context.sharded_params.get(id(p), p) for p in group["params"]]
+
+
+# ------------------------------------------------------------------------------------------ results
+class _StaysOnTheRanks:
+    """In place of a sharded optimizer among the results: it cannot travel, and says why when it is tried."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __reduce__(self):
+        raise TypeError(f"a sharded {self.what}'s state is spread over the ranks; save it with "
+                        "nbtrain.save_checkpoint() (or keep it in a --session)")
+
+
+def bring_back(context: TrainContext, namespace: dict, names, result_rank: bool) -> None:
+    """Sharded models among ``names`` become whole modules on rank 0 (a collective: every rank calls this)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    sharded = [m for m in context.models if is_sharded(m)]
+    if not sharded:
+        return
+    full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    for name in names:
+        value = namespace.get(name)
+        if any(value is model for model in sharded):
+            state = get_model_state_dict(value, options=full)
+            if result_rank:
+                plain = context.meta_copies[id(value)]
+                plain.load_state_dict(state, assign=True)
+                namespace[name] = plain
+        elif result_rank and any(value is o and _holds_sharded(o) for o in context.optimizers):
+            namespace[name] = _StaysOnTheRanks(type(getattr(value, "optimizer", value)).__name__)
+
+
+def _holds_sharded(optimizer) -> bool:
+    return any(hasattr(p, "to_local") for group in optimizer.param_groups for p in group["params"])
+
+
+# ------------------------------------------------------------------------------------------ checkpoints
+def owner_of(context: TrainContext, optimizer):
+    """The prepared model whose parameters ``optimizer`` holds (the state_dict helpers need the pair)."""
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    for model in context.models:
+        if any(id(p) in held for p in model.parameters()):
+            return model
+    return None
+
+
+def save_states(context: TrainContext, directory: str) -> tuple[list, list]:
+    """Write every prepared model and optimizer to ``directory`` with DCP (each rank its own shards); the
+    entries the checkpoint file keeps in their place."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    state, models, optimizers = {}, [], []
+    for index, model in enumerate(context.models):
+        state[f"model{index}"] = get_model_state_dict(_plain(model))
+        models.append({"dcp": os.path.basename(directory), "key": f"model{index}"})
+    for index, optimizer in enumerate(context.optimizers):
+        owner = owner_of(context, optimizer)
+        if owner is None:
+            optimizers.append(optimizer.state_dict())
+            continue
+        state[f"optim{index}"] = get_optimizer_state_dict(_plain(owner), optimizer.optimizer)
+        optimizers.append({"dcp": os.path.basename(directory), "key": f"optim{index}"})
+    dcp.save(state, checkpoint_id=directory)
+    return models, optimizers
+
+
+def _plain(model):
+    """DDP's wrapper off (its state dict has no ``module.`` prefix then); a sharded model is itself."""
+    return model if is_sharded(model) else getattr(model, "module", model)
+
+
+def load_model(model, saved, folder: str) -> None:
+    """A DCP entry, or a whole state dict (a DDP checkpoint), into ``model`` — sharded or not."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+
+    model = _plain(model)
+    if isinstance(saved, dict) and "dcp" in saved:
+        import torch.distributed.checkpoint as dcp
+
+        template = {saved["key"]: get_model_state_dict(model)}
+        dcp.load(template, checkpoint_id=os.path.join(folder, saved["dcp"]))
+        set_model_state_dict(model, template[saved["key"]])
+    elif is_sharded(model):
+        set_model_state_dict(model, saved, options=StateDictOptions(full_state_dict=True))
+    else:
+        model.load_state_dict(saved)
+
+
+def load_optimizer(context: TrainContext, optimizer, saved, folder: str) -> None:
+    """A DCP entry, or an optimizer's own state dict (a DDP checkpoint), into ``optimizer``."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
+                                                         set_optimizer_state_dict)
+
+    owner = owner_of(context, optimizer)
+    inner = getattr(optimizer, "optimizer", optimizer)
+    if isinstance(saved, dict) and "dcp" in saved and owner is not None:
+        import torch.distributed.checkpoint as dcp
+
+        template = {saved["key"]: get_optimizer_state_dict(_plain(owner), inner)}
+        dcp.load(template, checkpoint_id=os.path.join(folder, saved["dcp"]))
+        set_optimizer_state_dict(_plain(owner), inner, template[saved["key"]])
+    elif owner is not None and is_sharded(owner):  # a DDP checkpoint's optimizer: its parameters by name
+        set_optimizer_state_dict(owner, inner, by_name(owner, inner, saved),
+                                 options=StateDictOptions(full_state_dict=True))
+    else:
+        inner.load_state_dict(saved)
+
+
+def by_name(model, optimizer, saved: dict) -> dict:
+    """An optimizer state dict keyed by parameter index (``Optimizer.state_dict()``) keyed by name instead."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    groups = []
+    start = 0
+    for group in saved["param_groups"]:
+        count = len(group["params"])
+        groups.append({**group, "params": order[start:start + count]})
+        start += count
+    return {"state": {order[int(i)]: value for i, value in saved["state"].items()}, "param_groups": groups}

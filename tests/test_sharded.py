@@ -1,0 +1,164 @@
+"""--shard: FSDP2 through prepare() in real ranks (2 ranks, gloo, CPU) — the same losses as DDP, the model back
+whole, DCP checkpoints that resume at another world size and across DDP and sharded runs, usage errors first.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from helpers.runhelp import run_cell
+from nbtrain.launch.config import ConfigError, LaunchRequest, resolve
+from nbtrain.launch.errors import RankFailedError
+
+pytestmark = pytest.mark.timeout(300)
+
+MODEL = """
+import torch, nbtrain
+from torch import nn
+import torch.nn.functional as F
+
+class Block(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.norm, self.up, self.down = nn.LayerNorm(width), nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+    def forward(self, x):
+        return x + self.down(F.gelu(self.up(self.norm(x))))
+
+class Net(nn.Module):
+    def __init__(self, width=32, depth=3):
+        super().__init__()
+        self.embed = nn.Linear(8, width)
+        self.layers = nn.ModuleList(Block(width) for _ in range(depth))
+        self.head = nn.Linear(width, 4)
+    def forward(self, x):
+        x = self.embed(x)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+torch.manual_seed(0)
+X, Y = torch.randn(256, 8), torch.randint(0, 4, (256,))
+"""
+
+TRAIN = MODEL + """
+torch.manual_seed(1)
+model = Net()
+opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+model, opt = nbtrain.prepare(model, opt)
+x, y = X[rank::world_size], Y[rank::world_size]
+losses = []
+for step in range(STEPS):
+    for micro in range(K):
+        part = slice(micro * len(x) // K, (micro + 1) * len(x) // K)
+        loss = F.cross_entropy(model(x[part]), y[part])
+        nbtrain.backward(loss)
+    nbtrain.clip_grad_norm_(model, 1.0)
+    opt.step(); opt.zero_grad()
+    total = loss.detach().clone()
+    torch.distributed.all_reduce(total)
+    losses.append(total.item() / world_size)
+checksum = sum(float(p.full_tensor().double().sum()) if hasattr(p, "full_tensor") else float(p.double().sum())
+               for p in model.parameters())
+kind = type(model).__name__
+"""
+
+
+def _train(pools, steps=30, k=1, **options):
+    source = TRAIN.replace("STEPS", str(steps)).replace("K)", f"{k})").replace("// K", f"// {k}")
+    return run_cell(pools, source, out="losses,checksum,kind,model", grad_accum=k, **options)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_sharded_training_gives_the_losses_of_ddp_and_the_model_comes_back_whole(pools, k):
+    ddp, _ = _train(pools, k=k)
+    sharded, result = _train(pools, k=k, shard="full")
+    assert ddp["kind"] == "PreparedDDP" and sharded["kind"] == "FSDPNet"
+    assert sharded["losses"] == pytest.approx(ddp["losses"], rel=1e-4, abs=1e-5)
+    assert sharded["losses"][-1] < sharded["losses"][0]
+    back = sharded["model"]  # the plain Net, whole, on the CPU
+    assert type(back).__name__ == "Net" and all(type(p) is torch.nn.Parameter for p in back.parameters())
+    assert sum(float(p.detach().double().sum()) for p in back.parameters()) == pytest.approx(sharded["checksum"], rel=1e-9)
+    assert back(torch.randn(3, 8)).shape == (3, 4)
+
+
+def test_bf16_mixed_precision_shards_and_says_what_it_did(pools):
+    printed = []
+    ns, _ = run_cell(pools, MODEL + """
+model, = [nbtrain.prepare(Net())]
+dtypes = sorted({str(p.dtype) for p in model.parameters()})
+out_dtype = str(model(X[:4]).dtype)
+""", out="dtypes,out_dtype", shard="full", amp="bf16", write=lambda stream, text: printed.append(text))
+    said = "".join(printed)
+    assert ns["dtypes"] == ["torch.float32"] and ns["out_dtype"] == "torch.float32"  # fp32 kept, bf16 computed
+    assert "FSDP2 · 2 ranks · 3 blocks + root · bf16 params, fp32 reduce" in said, said
+    assert "parameters per rank" in said
+
+
+def test_a_sharded_checkpoint_resumes_at_another_world_size_and_in_a_ddp_run(pools, tmp_path):
+    cell = MODEL + """
+torch.manual_seed(1)
+model = Net()
+opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+model, opt = nbtrain.prepare(model, opt)
+x, y = X[rank::world_size], Y[rank::world_size]
+curve = []
+for epoch in nbtrain.epochs(EPOCHS):
+    loss = F.cross_entropy(model(X), Y)   # the whole batch on every rank: the curve is the same at any size
+    nbtrain.backward(loss)
+    opt.step(); opt.zero_grad()
+    curve.append(round(loss.item(), 6))
+    nbtrain.save_checkpoint()
+"""
+    checkpoint = str(tmp_path / "ckpt")
+    straight, _ = run_cell(pools, cell.replace("EPOCHS", "6"), out="curve", shard="full",
+                           checkpoint=str(tmp_path / "straight"))
+    first, _ = run_cell(pools, cell.replace("EPOCHS", "2"), out="curve", shard="full", checkpoint=checkpoint)
+    assert [n for n in os.listdir(checkpoint) if ".shards-" in n] and len(os.listdir(checkpoint)) == 2
+    one, _ = run_cell(pools, cell.replace("EPOCHS", "4"), out="curve", shard="full", checkpoint=checkpoint, nprocs=1)
+    ddp, _ = run_cell(pools, cell.replace("EPOCHS", "6"), out="curve", checkpoint=checkpoint)  # DDP from shards
+    resumed = first["curve"] + one["curve"] + ddp["curve"]
+    assert resumed == pytest.approx(straight["curve"], rel=1e-4)
+
+
+def test_a_ddp_checkpoint_resumes_in_a_sharded_run(pools, tmp_path):
+    cell = MODEL + """
+torch.manual_seed(1)
+model = Net()
+opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+model, opt = nbtrain.prepare(model, opt)
+curve = []
+for epoch in nbtrain.epochs(EPOCHS):
+    loss = F.cross_entropy(model(X), Y)
+    nbtrain.backward(loss)
+    opt.step(); opt.zero_grad()
+    curve.append(round(loss.item(), 6))
+    nbtrain.save_checkpoint()
+"""
+    straight, _ = run_cell(pools, cell.replace("EPOCHS", "4"), out="curve", checkpoint=str(tmp_path / "a"))
+    first, _ = run_cell(pools, cell.replace("EPOCHS", "2"), out="curve", checkpoint=str(tmp_path / "b"))
+    then, _ = run_cell(pools, cell.replace("EPOCHS", "4"), out="curve", shard="full", checkpoint=str(tmp_path / "b"))
+    assert first["curve"] + then["curve"] == pytest.approx(straight["curve"], rel=1e-4)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"shard_offload": True}, "--shard-offload acts on sharded models, so it needs --shard"),
+    ({"activation_checkpointing": True}, "--activation-checkpointing acts on sharded models"),
+    ({"shard": "hybrid"}, "--shard hybrid replicates the model across nodes"),
+    ({"shard": "diagonal"}, "--shard is full"),
+    ({"shard": "full", "compile": "default"}, "--compile does not go with --shard yet"),
+])
+def test_sharding_options_are_checked_before_anything_starts(options, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        resolve(LaunchRequest(nprocs=2, cpu=True, **options))
+
+
+def test_a_model_fsdp2_cannot_shard_is_named_before_training(pools):
+    with pytest.raises(RankFailedError) as failed:
+        run_cell(pools, MODEL + "nbtrain.prepare(Net(), shard=[torch.nn.GRU])\n", shard="full")
+    assert "Net has no such submodule" in str(failed.value)
+    with pytest.raises(RankFailedError) as failed:
+        run_cell(pools, MODEL + "nbtrain.prepare(Net(), shard=[Block])\n")
+    assert "this cell does not shard: run it with --shard" in str(failed.value)
