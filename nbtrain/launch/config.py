@@ -398,6 +398,9 @@ def _finish(request: LaunchRequest, pool: PoolSpec, output: str, workdir: Workdi
                             profile_dir=profile_dir(workdir.cwd, tensorboard))
         except ProfileOptionError as exc:
             raise ConfigError(str(exc)) from None
+    if train.shard_offload and pool.device_type != "cuda":
+        raise ConfigError("--shard-offload keeps the shards in CPU memory while the ranks compute on GPUs; these ranks "
+                          "run on the CPU, where the shards are already. Leave it out.")
     if train.shard == "hybrid" and pool.nodes <= 1:
         raise ConfigError("--shard hybrid replicates the model across nodes and shards it within each, so it needs "
                           "--nodes N (on one machine, use --shard).")

@@ -140,6 +140,8 @@ def _check_optimizers_hold_the_models(objects, kinds: dict) -> None:
 
 
 def _prepare_model(context: TrainContext, model, ddp_kwargs: dict):
+    if sharding.on_meta(model):  # built on torch.device("meta"): real storage here, each module initialised
+        sharding.materialize(context, model)
     model = model.to(context.device)
     if context.resume is not None:
         restore_model(context, model, len(context.models))
@@ -170,7 +172,7 @@ def _prepare_sharded(context: TrainContext, model, blocks, ddp_kwargs: dict):
     if ddp_kwargs:
         raise PreparedError(f"{', '.join(ddp_kwargs)} are DistributedDataParallel options; with --shard the model is "
                             "sharded by FSDP2 instead. Leave them out.")
-    model = sharding.shard_model(context, model.to(context.device), blocks)
+    model = sharding.shard_model(context, model if sharding.on_meta(model) else model.to(context.device), blocks)
     if context.resume is not None:
         restore_model(context, model, len(context.models))
     context.models.append(model)

@@ -28,7 +28,9 @@ wires it into the cell:
 from __future__ import annotations
 
 import copy
+import itertools
 import os
+import sys
 
 import torch
 from torch import nn
@@ -111,12 +113,38 @@ def shard_model(context: TrainContext, model: nn.Module, blocks=None) -> nn.Modu
         raise PreparedError(f"FSDP2 could not shard {type(model).__name__}{where}: {type(exc).__name__}: {exc}. "
                             "Run it without --shard, or name the blocks to shard with prepare(model, "
                             "shard=[BlockClass]).") from None
+    materialize(context, model)
     after = dict(model.named_parameters())
     context.sharded_params.update({old: after[name] for old, name in names.items() if name in after})
     model.register_forward_pre_hook(_gradient_sync(context))
     if context.rank == 0:
         print(describe(context, model, len(units)), flush=True)
     return model
+
+
+def on_meta(model: nn.Module) -> bool:
+    return any(t.is_meta for t in itertools.chain(model.parameters(), model.buffers()))
+
+
+def materialize(context: TrainContext, model: nn.Module) -> None:
+    """A model built on ``torch.device("meta")`` gets real storage on this rank's device — after sharding, only
+    its shards — and each module's ``reset_parameters()`` fills it (a checkpoint's weights come after)."""
+    if not on_meta(model):
+        return
+    model.to_empty(device=context.device)
+    left = []
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            reset = getattr(module, "reset_parameters", None) or getattr(module, "_reset_parameters", None)
+            if callable(reset):
+                reset()
+            elif any(True for _ in module.parameters(recurse=False)):
+                left.append(name or type(module).__name__)
+    if left and context.resume is None and context.rank == 0:
+        one = len(left) == 1
+        print(f"nbtrain: the meta-device model's {', '.join(left)} {'has' if one else 'have'} no reset_parameters(), "
+              f"so {'its' if one else 'their'} parameters are uninitialised: give the module a reset_parameters() or "
+              "resume from a checkpoint.", file=sys.stderr, flush=True)
 
 
 def _gradient_sync(context: TrainContext):
