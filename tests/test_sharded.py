@@ -123,6 +123,34 @@ for epoch in nbtrain.epochs(EPOCHS):
     assert resumed == pytest.approx(straight["curve"], rel=1e-4)
 
 
+def test_a_rank_killed_during_a_sharded_save_leaves_the_previous_checkpoint(pools, tmp_path):
+    cell = MODEL + """
+import os
+from nbtrain.train import shard
+written = shard.save_states
+def dying_while_the_others_write(context, directory):   # the second save: rank 1 dies, rank 0 is writing its shards
+    if rank == 1 and context.step == 2 and KILL:
+        os._exit(9)
+    return written(context, directory)
+shard.save_states = dying_while_the_others_write
+model = nbtrain.prepare(Net())
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+opt = nbtrain.prepare(opt)
+for epoch in nbtrain.epochs(3):
+    nbtrain.backward(F.cross_entropy(model(X), Y)); opt.step(); opt.zero_grad()
+    nbtrain.save_checkpoint()
+"""
+    checkpoint = str(tmp_path / "ckpt")
+    with pytest.raises(RankFailedError):
+        run_cell(pools, cell.replace("KILL", "True"), shard="full", checkpoint=checkpoint)
+    printed = []
+    ns, _ = run_cell(pools, cell.replace("KILL", "False"), out="opt", shard="full", checkpoint=checkpoint,
+                     write=lambda stream, text: printed.append(text))
+    assert "resuming from" in "".join(printed) and "(epoch 1, step 1)" in "".join(printed), printed
+    assert len([n for n in os.listdir(checkpoint) if ".shards-" in n]) == 1  # the partial folder went with the next save
+    assert "opt" not in ns  # a sharded optimizer's state stays on the ranks
+
+
 def test_a_ddp_checkpoint_resumes_in_a_sharded_run(pools, tmp_path):
     cell = MODEL + """
 torch.manual_seed(1)
