@@ -69,3 +69,14 @@ def shell():
     yield ip
     ip.run_line_magic("distributed_shutdown", "")
     assert_no_workers()
+
+
+@pytest.fixture
+def nodes():
+    """Node agents on 127.0.0.2, 127.0.0.3, … joined to a cluster in this process (``nodes.start(address)``)."""
+    from helpers.nodehelp import Nodes
+
+    n = Nodes()
+    yield n
+    n.close()
+    assert_no_workers(10)

@@ -11,22 +11,15 @@ the world size printed, and a group of one rank asked for ``input()`` as one ran
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
-import time
 
 import pytest
 
+from helpers.nodehelp import Nodes
 from helpers.restart_cells import lost_node_cell
-from helpers.workers import assert_no_workers, nbtrain_workers
-from nbtrain.cluster import Cluster
+from helpers.workers import nbtrain_workers
 from nbtrain.cluster.elastic import Formation
 from nbtrain.launch.api import run_source
 from nbtrain.launch.config import ConfigError, LaunchRequest, resolve
-from nbtrain.launch.run import PoolManager
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -79,51 +72,6 @@ def test_formation_waits_for_min_then_the_last_call_and_never_exceeds_max():
 
 
 # ------------------------------------------------------------------------------------- real nodes
-class Nodes:
-    """A kernel-side cluster (hub on 127.0.0.1) and node agents started from its join command."""
-
-    def __init__(self) -> None:
-        self.cluster = Cluster()
-        self.hub = self.cluster.hub("127.0.0.1")
-        self.manager = PoolManager(self.cluster.make_pool)
-        self.agents: list[subprocess.Popen] = []
-        self._consoles = tempfile.mkdtemp(prefix="nbtrain-test-consoles-")
-
-    def start(self, address: str) -> None:
-        with open(os.path.join(self._consoles, address), "wb") as console:  # the agent's terminal
-            self.agents.append(subprocess.Popen([sys.executable, *self.hub.join_command().split()[1:],
-                                                 "--address", address], stdout=console, stderr=subprocess.STDOUT))
-
-    def consoles(self) -> dict[str, str]:
-        """What each agent printed on its terminal so far, by address."""
-        return {name: open(os.path.join(self._consoles, name), errors="replace").read()
-                for name in os.listdir(self._consoles)}
-
-    def wait_joined(self, count: int) -> None:
-        deadline = time.monotonic() + 60
-        while len(self.hub.live_nodes()) < count:
-            assert time.monotonic() < deadline, f"{count} idle nodes never joined"
-            time.sleep(0.05)
-
-    def close(self) -> None:
-        self.manager.shutdown()
-        self.cluster.close()
-        for agent in self.agents:
-            try:
-                agent.wait(10)
-            except subprocess.TimeoutExpired:
-                agent.kill()
-        shutil.rmtree(self._consoles, ignore_errors=True)
-
-
-@pytest.fixture
-def nodes():
-    n = Nodes()
-    yield n
-    n.close()
-    assert_no_workers(10)
-
-
 def _run(nodes: Nodes, cell: str, **options):
     ns: dict = {}
     request = LaunchRequest(nodes="1:2", rdzv_host="127.0.0.1", cpu=True, start_timeout=120, last_call=1.0, **options)

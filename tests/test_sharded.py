@@ -10,71 +10,16 @@ import pytest
 import torch
 
 from helpers.runhelp import run_cell
+from helpers.sharding import MODEL, train
 from nbtrain.launch.config import ConfigError, LaunchRequest, resolve
 from nbtrain.launch.errors import RankFailedError
 
 pytestmark = pytest.mark.timeout(300)
 
-MODEL = """
-import torch, nbtrain
-from torch import nn
-import torch.nn.functional as F
-
-class Block(nn.Module):
-    def __init__(self, width):
-        super().__init__()
-        self.norm, self.up, self.down = nn.LayerNorm(width), nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
-    def forward(self, x):
-        return x + self.down(F.gelu(self.up(self.norm(x))))
-
-class Net(nn.Module):
-    def __init__(self, width=32, depth=3):
-        super().__init__()
-        self.embed = nn.Linear(8, width)
-        self.layers = nn.ModuleList(Block(width) for _ in range(depth))
-        self.head = nn.Linear(width, 4)
-    def forward(self, x):
-        x = self.embed(x)
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(x)
-
-torch.manual_seed(0)
-X, Y = torch.randn(256, 8), torch.randint(0, 4, (256,))
-"""
-
-TRAIN = MODEL + """
-torch.manual_seed(1)
-model = Net()
-opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-model, opt = nbtrain.prepare(model, opt)
-x, y = X[rank::world_size], Y[rank::world_size]
-losses = []
-for step in range(STEPS):
-    for micro in range(K):
-        part = slice(micro * len(x) // K, (micro + 1) * len(x) // K)
-        loss = F.cross_entropy(model(x[part]), y[part])
-        nbtrain.backward(loss)
-    nbtrain.clip_grad_norm_(model, 1.0)
-    opt.step(); opt.zero_grad()
-    total = loss.detach().clone()
-    torch.distributed.all_reduce(total)
-    losses.append(total.item() / world_size)
-checksum = sum(float(p.full_tensor().double().sum()) if hasattr(p, "full_tensor") else float(p.double().sum())
-               for p in model.parameters())
-kind = type(model).__name__
-"""
-
-
-def _train(pools, steps=30, k=1, **options):
-    source = TRAIN.replace("STEPS", str(steps)).replace("K)", f"{k})").replace("// K", f"// {k}")
-    return run_cell(pools, source, out="losses,checksum,kind,model", grad_accum=k, **options)
-
-
 @pytest.mark.parametrize("k", [1, 2])
 def test_sharded_training_gives_the_losses_of_ddp_and_the_model_comes_back_whole(pools, k):
-    ddp, _ = _train(pools, k=k)
-    sharded, result = _train(pools, k=k, shard="full")
+    ddp, _ = train(pools, k=k)
+    sharded, result = train(pools, k=k, shard="full")
     assert ddp["kind"] == "PreparedDDP" and sharded["kind"] == "FSDPNet"
     assert sharded["losses"] == pytest.approx(ddp["losses"], rel=1e-4, abs=1e-5)
     assert sharded["losses"][-1] < sharded["losses"][0]
@@ -172,8 +117,8 @@ for epoch in nbtrain.epochs(EPOCHS):
 
 
 def test_activation_checkpointing_recomputes_to_the_same_losses(pools):
-    plain, _ = _train(pools, steps=8, shard="full")
-    checkpointed, _ = _train(pools, steps=8, shard="full", activation_checkpointing=True)
+    plain, _ = train(pools, steps=8, shard="full")
+    checkpointed, _ = train(pools, steps=8, shard="full", activation_checkpointing=True)
     assert checkpointed["losses"] == pytest.approx(plain["losses"], rel=1e-5)
 
 

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
+import time
+
+from nbtrain.cluster import Cluster
+from nbtrain.launch.run import PoolManager
 
 JOIN = re.compile(r"python -m nbtrain\.node --join \S+ --token-file \S+")
 
@@ -22,3 +29,40 @@ def start_agent(command: str, address: str, prefix=()) -> subprocess.Popen:
     args = command.split()[1:]
     return subprocess.Popen([*prefix, sys.executable, *args, "--address", address],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+class Nodes:
+    """In this process: a kernel-side cluster (hub on 127.0.0.1) and node agents started from its join command."""
+
+    def __init__(self) -> None:
+        self.cluster = Cluster()
+        self.hub = self.cluster.hub("127.0.0.1")
+        self.manager = PoolManager(self.cluster.make_pool)
+        self.agents: list[subprocess.Popen] = []
+        self._consoles = tempfile.mkdtemp(prefix="nbtrain-test-consoles-")
+
+    def start(self, address: str) -> None:
+        with open(os.path.join(self._consoles, address), "wb") as console:  # the agent's terminal
+            self.agents.append(subprocess.Popen([sys.executable, *self.hub.join_command().split()[1:],
+                                                 "--address", address], stdout=console, stderr=subprocess.STDOUT))
+
+    def consoles(self) -> dict[str, str]:
+        """What each agent printed on its terminal so far, by address."""
+        return {name: open(os.path.join(self._consoles, name), errors="replace").read()
+                for name in os.listdir(self._consoles)}
+
+    def wait_joined(self, count: int) -> None:
+        deadline = time.monotonic() + 60
+        while len(self.hub.live_nodes()) < count:
+            assert time.monotonic() < deadline, f"{count} idle nodes never joined"
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self.manager.shutdown()
+        self.cluster.close()
+        for agent in self.agents:
+            try:
+                agent.wait(10)
+            except subprocess.TimeoutExpired:
+                agent.kill()
+        shutil.rmtree(self._consoles, ignore_errors=True)
