@@ -29,6 +29,19 @@ def test_sharded_training_gives_the_losses_of_ddp_and_the_model_comes_back_whole
     assert back(torch.randn(3, 8)).shape == (3, 4)
 
 
+def test_a_sharded_model_over_the_out_limit_stays_on_the_ranks_and_says_so(pools, tmp_path):
+    ns, result = run_cell(pools, MODEL + """
+model = nbtrain.prepare(Net())
+nbtrain.save_checkpoint()
+size = sum(p.numel() * 4 for p in model.parameters())
+""", out="model,size", shard="full", out_limit="50K", checkpoint=str(tmp_path))
+    assert "model" not in ns and ns["size"] > 50 * 1024
+    why = result.skipped["model"]
+    assert "over --out-limit 50.0 KiB" in why and f"its sharded checkpoint is {tmp_path}/checkpoint.pt" in why, why
+    with pytest.raises(ConfigError, match="--out-limit takes a size such as 500M"):
+        resolve(LaunchRequest(nprocs=2, cpu=True, shard="full", out_limit="lots"))
+
+
 def test_bf16_mixed_precision_shards_and_says_what_it_did(pools):
     printed = []
     ns, _ = run_cell(pools, MODEL + """

@@ -17,7 +17,8 @@ import re
 from dataclasses import dataclass, field, replace
 
 from ..gpu import nvml
-from ..wire.settings import COMPILE_CHOICES, SHARD_CHOICES, TrainSettings, TrainSettingsError, parse_train_settings
+from ..wire.settings import (COMPILE_CHOICES, SHARD_CHOICES, TrainSettings, TrainSettingsError, parse_size,
+                             parse_train_settings)
 from ..words import count
 from .hosts import SshSetupError, parse_hosts, parse_remote_python, parse_ssh_options
 from .modules import Workdir, WorkdirGone, notebook_workdir
@@ -79,6 +80,9 @@ class LaunchRequest:
                                        "python3)", group="placement", metavar="COMMAND", env="NBTRAIN_REMOTE_PYTHON")
     out: str | None = option(None, "--out", "names to bring back from rank 0, comma-separated; '-' for none "
                              "(default: every name the cell assigns)", group="results", metavar="NAMES")
+    out_limit: str | None = option(
+        None, "--out-limit", "a sharded model larger than SIZE stays on the ranks instead of coming back to the "
+        "notebook (default: half the memory this machine has available)", group="results", metavar="SIZE")
     output: str = option("all", "--output", "all: every rank's output, whole lines, others prefixed [rank k], "
                          "rank 0's progress bars live (default); rank<k>: rank k's output only, as printed "
                          "(rank1 shows rank 1's tqdm bar live)", group="results", metavar="all|rank<k>")
@@ -198,6 +202,12 @@ def _parse_gpu_ids(text: str) -> list[int]:
     if len(set(ids)) != len(ids):
         raise ConfigError(f"--gpus names a GPU twice ({text}); each GPU can be listed once.")
     return ids
+
+
+def _half_the_free_memory() -> int:
+    import psutil
+
+    return psutil.virtual_memory().available // 2
 
 
 def _parse_names(text: str | None) -> tuple[str, ...] | None:
@@ -398,6 +408,12 @@ def _finish(request: LaunchRequest, pool: PoolSpec, output: str, workdir: Workdi
                             profile_dir=profile_dir(workdir.cwd, tensorboard))
         except ProfileOptionError as exc:
             raise ConfigError(str(exc)) from None
+    if train.shard:
+        try:
+            limit = parse_size(request.out_limit, "--out-limit") if request.out_limit else _half_the_free_memory()
+        except TrainSettingsError as exc:
+            raise ConfigError(str(exc)) from None
+        train = replace(train, out_limit=limit)
     if train.shard_offload and pool.device_type != "cuda":
         raise ConfigError("--shard-offload keeps the shards in CPU memory while the ranks compute on GPUs; these ranks "
                           "run on the CPU, where the shards are already. Leave it out.")

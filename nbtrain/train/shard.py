@@ -195,14 +195,13 @@ def rebind_optimizer(context: TrainContext, optimizer) -> None:
 
 # ------------------------------------------------------------------------------------------ results
 class _StaysOnTheRanks:
-    """In place of a sharded optimizer among the results: it cannot travel, and says why when it is tried."""
+    """In place of a result that does not travel: pickling it fails with why, so the name is reported skipped."""
 
-    def __init__(self, what: str) -> None:
-        self.what = what
+    def __init__(self, why: str) -> None:
+        self.why = why
 
     def __reduce__(self):
-        raise TypeError(f"a sharded {self.what}'s state is spread over the ranks; save it with "
-                        "nbtrain.save_checkpoint() (or keep it in a --session)")
+        raise TypeError(self.why)
 
 
 def bring_back(context: TrainContext, namespace: dict, names, result_rank: bool) -> None:
@@ -213,16 +212,32 @@ def bring_back(context: TrainContext, namespace: dict, names, result_rank: bool)
     if not sharded:
         return
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    limit = context.settings.out_limit
     for name in names:
         value = namespace.get(name)
         if any(value is model for model in sharded):
+            size = sum(p.numel() * p.element_size() for p in value.parameters())  # a DTensor counts whole
+            if limit is not None and size > limit:
+                if result_rank:
+                    namespace[name] = _StaysOnTheRanks(_too_large(context, size, limit))
+                continue
             state = get_model_state_dict(value, options=full)
             if result_rank:
                 plain = context.meta_copies[id(value)]
                 plain.load_state_dict(state, assign=True)
                 namespace[name] = plain
         elif result_rank and any(value is o and _holds_sharded(o) for o in context.optimizers):
-            namespace[name] = _StaysOnTheRanks(type(getattr(value, "optimizer", value)).__name__)
+            namespace[name] = _StaysOnTheRanks(
+                f"a sharded {type(getattr(value, 'optimizer', value)).__name__}'s state is spread over the ranks; "
+                "save it with nbtrain.save_checkpoint()")
+
+
+def _too_large(context: TrainContext, size: int, limit: int) -> str:
+    saved = context.settings.checkpoint_path
+    where = (f"its sharded checkpoint is {saved}" if saved and os.path.exists(saved)
+             else "save it with nbtrain.save_checkpoint() to keep it")
+    return (f"the sharded model is {_size(size)}, over --out-limit {_size(limit)}, so it stays on the ranks "
+            f"({where}; a larger --out-limit brings it back)")
 
 
 def _holds_sharded(optimizer) -> bool:

@@ -15,6 +15,7 @@ the warm ranks were started from. Importing this module imports nothing heavy.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 AMP_CHOICES = ("auto", "bf16", "fp16", "off")
@@ -42,6 +43,7 @@ class TrainSettings:
     shard: str | None = None  # a SHARD_CHOICES entry: prepare() shards models with FSDP2; None: DDP
     shard_offload: bool = False  # sharded parameters and optimizer state live on the CPU (CPUOffloadPolicy)
     activation_checkpointing: bool = False  # each sharded block recomputes its activations in backward
+    out_limit: int | None = None  # bytes: a sharded model larger than this stays on the ranks (None: no limit)
 
     @property
     def checkpoint_path(self) -> str | None:
@@ -99,6 +101,17 @@ def parse_train_settings(amp: str | None = None, grad_accum: int | None = None, 
                          channels_last=channels_last, compile=compile_mode, compile_fallback=bool(compile_fallback),
                          shard=shard_mode, shard_offload=bool(shard_offload),
                          activation_checkpointing=bool(activation_checkpointing))
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+
+
+def parse_size(text: str, flag: str) -> int:
+    """``500M``, ``8G``, ``1.5GiB``, ``123456`` → bytes; :class:`TrainSettingsError` that says how to write it."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", str(text).lower())
+    if not match:
+        raise TrainSettingsError(f"{flag} takes a size such as 500M, 8G or 1.5GiB (got {text!r}).")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2)])
 
 
 def _shard_mode(shard: str | None, offload: bool, checkpointing: bool, compile_mode: str | None) -> str | None:
