@@ -26,7 +26,7 @@ def final_png(store: MetricStore, telemetry: TelemetrySeries, title: str, smooth
     rows = plotting._layout(panels)[0] if panels else 0
     height = ROW_HEIGHT_IN * (rows + (1 if timelines else 0)) + 0.5
     fig = plotting.new_figure(WIDTH_IN, max(height, 2.0), DPI)
-    fig.suptitle(title, fontsize=theme.SUPTITLE_SIZE)
+    fig.suptitle(text.plot_literal(title), fontsize=theme.SUPTITLE_SIZE)
     if panels and timelines:
         top, bottom = fig.subfigures(2, 1, height_ratios=[rows, 1])
     else:

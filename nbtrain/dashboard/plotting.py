@@ -19,6 +19,7 @@ import math
 
 from . import theme
 from .series import smooth
+from .text import plot_literal
 
 VALIDATION_WORDS = ("val", "valid", "validation", "eval", "test")
 TRAINING_WORDS = ("train", "training")
@@ -78,14 +79,14 @@ def draw_series(fig, series: dict, smoothing: float) -> list:
             curve = smooth(means, smoothing) if smoothing > 0 and dense else means
             if curve is not means:
                 ax.plot(steps, means, color=color, alpha=theme.RAW_ALPHA, linewidth=theme.RAW_WIDTH)
-            ax.plot(steps, curve, color=color, linewidth=theme.CURVE_WIDTH, label=name,
+            ax.plot(steps, curve, color=color, linewidth=theme.CURVE_WIDTH, label=plot_literal(name),
                     marker="o" if len(steps) < 15 else None, markersize=theme.MARKER_SIZE)
-        theme.style_axes(ax, key)
+        theme.style_axes(ax, plot_literal(key))
         if len(names) > 1:
             ax.legend(fontsize=theme.LEGEND_SIZE, loc="best")
         axes.append(ax)
     if len(groups) > MAX_PANELS:
-        more = ", ".join(key for key, _ in groups[MAX_PANELS:])
+        more = plot_literal(", ".join(key for key, _ in groups[MAX_PANELS:]))
         fig.text(0.01, 0.005, f"not drawn (see history): {more}", fontsize=theme.FOOTNOTE_SIZE, color=theme.MUTED)
     for ax in axes[-cols:]:
         ax.set_xlabel("step", fontsize=theme.LABEL_SIZE)

@@ -27,6 +27,7 @@ from .final import final_png, summary_paragraph
 from .model import RunModel
 from .run_view import RunPanel
 from .series import DEFAULT_SMOOTHING
+from .text import markdown_literal
 from ..words import count
 
 
@@ -41,11 +42,13 @@ class FinalFigure:
 
 
 class Summary:
+    """The run's paragraph; its markdown shows metric names and failure text as text, never as markup."""
+
     def __init__(self, text: str) -> None:
         self.text = text
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        return {"text/markdown": self.text, "text/plain": self.text}
+        return {"text/markdown": markdown_literal(self.text), "text/plain": self.text}
 
 
 class RunDashboard:
