@@ -118,6 +118,22 @@ def _check_growth(page, chart) -> None:
     sync_api.expect(chart.locator(".nbt-load-memory .u-title")).to_have_text("RAM, % of the machine")
     legend = chart.locator(".nbt-load-busy .u-legend").inner_text()
     assert "rank 0" in legend and "rank 1" in legend and "CPU (machine)" in legend, legend
+    _check_device_styles(chart)
+
+
+def _check_device_styles(chart) -> None:
+    """Each device's line is drawn in the colour and dash the final picture gives it (theme.device_style)."""
+    from matplotlib import colors
+
+    from nbtrain.dashboard.telemetry_series import MACHINE, DeviceKey
+    from nbtrain.dashboard.theme import device_style
+
+    for key in (MACHINE, DeviceKey.rank(0), DeviceKey.rank(1)):
+        row = chart.locator(".nbt-load-memory .u-legend .u-series").filter(has_text=key.label)
+        border = row.locator(".u-marker").evaluate("m => getComputedStyle(m).borderTopColor + ' ' + getComputedStyle(m).borderTopStyle")
+        red, green, blue = (round(255 * c) for c in colors.to_rgb(device_style(key)["color"]))
+        dash = "dashed" if device_style(key)["dash"] else "solid"
+        assert border == f"rgb({red}, {green}, {blue}) {dash}", f"{key.label}: {border}"
 
 
 def _check_controls(chart) -> None:

@@ -119,4 +119,4 @@ def test_the_run_model_is_data_only_and_names_devices_by_key():
     series.add(Snapshot(1.0, (), (RankUsage(1, 11, "cpu", None, None, 120.0, 2**28),), host, "no driver"))
     assert list(series.sparks()) == [MACHINE, DeviceKey.rank(1)]
     assert [key.kind for key in series.peaks()] == [DeviceKind.MACHINE, DeviceKind.RANK]
-    assert [str(key) for key in series.timelines()] == ["CPU (machine)", "rank 1"]
+    assert [str(key) for key in series.timelines()] == ["rank 1", "CPU (machine)"], "as the load panels list them"

@@ -76,6 +76,8 @@ class RunDashboard:
         """Draw the last state, then leave a PNG and a paragraph in the cell's output."""
         model = self.model
         self.run_panel.update(model)  # the run's end is news to it: it shows how it ended
+        self.devices.update(model)
+        self.chart.update(model, force=True)  # the last points, drawn live before the picture replaces the chart
         progress = model.progress()
         paragraph = summary_paragraph(model.store, model.telemetry, model.status or "ok", model.detail,
                                       len(model.ranks), model.where, progress)
