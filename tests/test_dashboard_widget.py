@@ -219,3 +219,21 @@ def test_configure_checks_its_input():
             dashboard.configure(smoothing=1.5)
     finally:
         dashboard.configure(**before)
+
+
+def test_the_html_panels_show_what_the_run_names_as_text():
+    """Node names, hosts, devices, setup words, hints and status that hold HTML reach the panels as text."""
+    from types import SimpleNamespace
+
+    from nbtrain.dashboard.metric_store import MetricStore
+    from nbtrain.dashboard.run_view import run_html
+
+    attack = "<img src=x onerror=alert(1)>"
+    nodes = (NodeInfo(attack, attack, "10.0.0.7", (0,), attack, time.time(), None, None, ()),)
+    ranks = [RankInfo(0, 100, attack, None)]
+    panel = run_html(MetricStore(), None, ranks, 1.0, attack, setup=[attack], hints=[SimpleNamespace(text=attack)],
+                     nodes=nodes)
+    assert "<img" not in panel and panel.count("&lt;img src=x onerror=alert(1)&gt;") >= 6, panel
+    gpu = GpuStatus(0, attack, "GPU-0", 10, GiB, 80 * GiB, 50, 100.0, 300.0, ())
+    devices = devices_html(Snapshot(1.0, (gpu,), (), cpu_snapshot().host, attack), {})
+    assert "<img" not in devices and "&lt;img" in devices

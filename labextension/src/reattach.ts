@@ -31,6 +31,9 @@ const SHOW_AGAIN = [
   'del _nbtrain_sys, _nbtrain_reopen'
 ].join('\n');
 
+// What the dashboard's outputs hold; anything else in a marked output is left out (no HTML, no script).
+const ADOPTED_TYPES = ['application/vnd.jupyter.widget-view+json', 'image/png', 'text/markdown', 'text/plain'];
+
 interface INbtrainTag {
   cell: string;
   role: string;
@@ -84,7 +87,7 @@ export function adopt(cells: ICells | undefined, kernel: Kernel.IKernelConnectio
   if (!cells || !kernel || (type !== 'display_data' && type !== 'update_display_data')) {
     return;
   }
-  const content = msg.content as { data: unknown; metadata?: { nbtrain?: INbtrainTag } };
+  const content = msg.content as { data: Record<string, unknown>; metadata?: { nbtrain?: INbtrainTag } };
   const tag = content.metadata?.nbtrain;
   const parent = msg.parent_header as Partial<KernelMessage.IHeader>;
   if (!tag || parent.session === kernel.clientId) {
@@ -93,7 +96,8 @@ export function adopt(cells: ICells | undefined, kernel: Kernel.IKernelConnectio
   for (let i = 0; i < cells.length; i++) {
     const cell = cells.get(i);
     if (cell.id === tag.cell && cell.outputs) {
-      replaceRole(cell.outputs, { output_type: 'display_data', data: content.data, metadata: content.metadata });
+      const data = Object.fromEntries(Object.entries(content.data ?? {}).filter(([type]) => ADOPTED_TYPES.includes(type)));
+      replaceRole(cell.outputs, { output_type: 'display_data', data, metadata: content.metadata });
       return;
     }
   }
