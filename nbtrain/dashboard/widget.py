@@ -22,6 +22,7 @@ the run (a reloaded page): see :mod:`~nbtrain.dashboard.reopen`.
 from __future__ import annotations
 
 import base64
+import threading
 
 from . import reopen
 from .chart import ChartPanel
@@ -66,6 +67,9 @@ class RunDashboard:
         self.widget = W.VBox([panel.widget for panel in self.panels])
         self.handle = None
         self.cell: str | None = None  # the cell's id, as the front end sent it
+        # show_again runs on a kernel subshell's thread: it never shows the live widget after the final picture.
+        self._showing = threading.Lock()
+        self._finished = False
 
     def show(self) -> None:
         from IPython.display import display
@@ -78,8 +82,11 @@ class RunDashboard:
         """For a page that connected during the run: every widget's state again, then the dashboard's output."""
         from IPython.display import display
 
-        reopen.reopen_comms(self.widget)
-        display(self.widget, metadata=reopen.output_metadata(self.cell, "dashboard"))
+        with self._showing:
+            if self._finished:
+                return
+            reopen.reopen_comms(self.widget)
+            display(self.widget, metadata=reopen.output_metadata(self.cell, "dashboard"))
 
     def tick(self) -> None:
         for panel in self.panels:
@@ -88,6 +95,8 @@ class RunDashboard:
     def finish(self) -> None:
         """Draw the last state, then leave a PNG and a paragraph in the cell's output."""
         reopen.unregister(id(self))
+        with self._showing:
+            self._finished = True
         model = self.model
         self.run_panel.update(model)  # the run's end is news to it: it shows how it ended
         self.devices.update(model)
