@@ -10,6 +10,7 @@ the reason, without Chromium or Playwright.
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
@@ -35,7 +36,7 @@ for step in range(300):
 def _in_lab(tmp_path, second_cell: str, check) -> None:
     """Open a notebook of ``%load_ext nbtrain`` and ``second_cell`` in JupyterLab, run the first cell, start the
     second (Ctrl+Enter), then ``check(page, lab, cells)``; on failure, a screenshot and the server's log."""
-    lab = JupyterLab(tmp_path)
+    lab = JupyterLab(tmp_path, extension_under_test=True)
     write_notebook(lab.notebooks / "dash.ipynb", ["%load_ext nbtrain", second_cell])
     lab.start()
     lab.start_session("dash.ipynb")
@@ -66,6 +67,71 @@ def _in_lab(tmp_path, second_cell: str, check) -> None:
 
 def test_the_dashboard_renders_updates_and_leaves_a_picture(tmp_path):
     _in_lab(tmp_path, TRAINING, _check)
+
+
+RELOADED = """%%distributed 2 --cpu --keep-alive 0
+import time, nbtrain
+nbtrain.log(total_steps=250)
+for step in range(250):
+    nbtrain.log(**{"loss": 1.0 / (step + 1), "<img src=x onerror=alert(1)>": float(step)}, step=step)
+    time.sleep(0.08)
+"""
+
+
+def test_a_page_reloaded_during_the_run_shows_it_live_again_and_keeps_its_picture(tmp_path):
+    """A page reloaded mid-run shows the live dashboard again; the final picture and summary then reach the cell
+    and the saved notebook. A metric named like an HTML tag is shown as text everywhere (no tag comes alive)."""
+    def check(page, lab, cells) -> None:
+        alerts: list[str] = []
+        page.on("dialog", lambda dialog: dialog.accept() if dialog.type == "beforeunload"
+                else (alerts.append(dialog.message), dialog.dismiss()))
+        chart = cells.nth(1).locator(".jp-OutputArea .nbt-chart[data-points]")
+        sync_api.expect(chart).to_have_count(1, timeout=60_000)
+        _save(page)  # as autosave does: the file holds the live widget's output, and the notebook is trusted
+        reloaded = time.monotonic()
+        page.reload()
+        page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=90_000)
+        output = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-OutputArea")
+        chart = output.locator(".nbt-chart[data-points]")
+        sync_api.expect(chart).to_have_count(1, timeout=30_000)  # the live dashboard, again
+        print(f"live again {time.monotonic() - reloaded:.1f} s after the reload")
+        drawn = int(chart.get_attribute("data-points"))
+        page.wait_for_function("([chart, drawn]) => Number(chart.dataset.points) > drawn",
+                               arg=[chart.element_handle(), drawn], timeout=10_000)  # and live: it grows
+        assert chart.locator(".u-title").filter(has_text="<img src=x onerror=alert(1)>").count() == 1
+        sync_api.expect(output.locator("img")).to_have_count(1, timeout=90_000)  # then the final picture
+        sync_api.expect(output).to_contain_text("2 ranks on gloo on cpu finished", timeout=30_000)
+        sync_api.expect(output).to_contain_text("<img src=x onerror=alert(1)>")  # the name, as text
+        assert page.locator("img[src='x']").count() == 0 and not alerts, alerts
+        _save(page)
+        _saved_picture_and_summary(lab.notebooks / "dash.ipynb")
+
+    _in_lab(tmp_path, RELOADED, check)
+
+
+def _save(page) -> None:
+    page.locator(".jp-Notebook .jp-Cell").nth(0).locator(".jp-InputArea-editor").click()
+    page.keyboard.press("Control+s")
+    sync_api.expect(page.locator(".jp-mod-dirty")).to_have_count(0, timeout=10_000)
+
+
+def _saved_picture_and_summary(path, timeout: float = 15.0) -> None:
+    """The saved cell holds the final picture and the summary, and no widget."""
+    import json
+
+    deadline = time.monotonic() + timeout
+    while True:
+        outputs = json.loads(path.read_text())["cells"][1]["outputs"]
+        data = [o.get("data", {}) for o in outputs]
+        kinds = [sorted(d) for d in data]
+        pngs = [d for d in data if "image/png" in d]
+        summaries = ["".join(d["text/markdown"]) for d in data if "text/markdown" in d]  # saved as a list of lines
+        if len(pngs) == 1 and len(summaries) == 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert len(pngs) == 1 and len(summaries) == 1, f"saved outputs: {kinds}"
+    assert "2 ranks on gloo on cpu finished" in summaries[0]
+    assert not any("application/vnd.jupyter.widget-view+json" in d for d in data), kinds
 
 
 def test_gpus_shows_the_machines_load_over_time_then_leaves_a_table(tmp_path):
@@ -118,6 +184,22 @@ def _check_growth(page, chart) -> None:
     sync_api.expect(chart.locator(".nbt-load-memory .u-title")).to_have_text("RAM, % of the machine")
     legend = chart.locator(".nbt-load-busy .u-legend").inner_text()
     assert "rank 0" in legend and "rank 1" in legend and "CPU (machine)" in legend, legend
+    _check_device_styles(chart)
+
+
+def _check_device_styles(chart) -> None:
+    """Each device's line is drawn in the colour and dash the final picture gives it (theme.device_style)."""
+    from matplotlib import colors
+
+    from nbtrain.dashboard.telemetry_series import MACHINE, DeviceKey
+    from nbtrain.dashboard.theme import device_style
+
+    for key in (MACHINE, DeviceKey.rank(0), DeviceKey.rank(1)):
+        row = chart.locator(".nbt-load-memory .u-legend .u-series").filter(has_text=key.label)
+        border = row.locator(".u-marker").evaluate("m => getComputedStyle(m).borderTopColor + ' ' + getComputedStyle(m).borderTopStyle")
+        red, green, blue = (round(255 * c) for c in colors.to_rgb(device_style(key)["color"]))
+        dash = "dashed" if device_style(key)["dash"] else "solid"
+        assert border == f"rgb({red}, {green}, {blue}) {dash}", f"{key.label}: {border}"
 
 
 def _check_controls(chart) -> None:

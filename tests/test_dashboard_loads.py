@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+from matplotlib import colors as matplotlib_colors
+
 from nbtrain.dashboard.chart_feed import unpack
 from nbtrain.dashboard.load_feed import CPU_TITLES, GPU_TITLES, LoadFeed
 from nbtrain.dashboard.telemetry_series import TelemetrySeries
@@ -77,3 +79,52 @@ def test_a_long_run_keeps_the_kernel_side_bounded():
         if second % 2:
             assert feed.poll() is not None
     assert len(telemetry.samples_since(0)) <= 60, "only the last minute of samples is kept for the chart"
+
+
+def test_the_final_picture_draws_the_load_as_the_live_panels_do():
+    """Same units (the machine's CPU in % of one core), titles, order, colours and dashes in the live load panels
+    and the final figure; both of its panels have a legend; a rank's line covered by another stays visible."""
+    from nbtrain.dashboard.final import final_figure
+    from nbtrain.dashboard.metric_store import MetricStore
+
+    telemetry = TelemetrySeries()
+    feed = LoadFeed(telemetry)
+    for t in range(5):
+        telemetry.add(cpu_sample(float(t)))
+    live = feed.poll()
+    assert live is not None
+    figure = final_figure(MetricStore(), telemetry, "run")
+    busy_ax, memory_ax = figure.axes
+    assert (busy_ax.get_title(), memory_ax.get_title()) == tuple(live["titles"]) == CPU_TITLES
+    for ax, column in ((busy_ax, "busy"), (memory_ax, "memory")):
+        assert ax.get_legend() is not None, f"the {column} panel has a legend"
+        lines = ax.get_lines()
+        assert [line.get_label() for line in lines] == live["devices"], "the same devices, in the same order"
+        for line in lines:
+            style = live["styles"][line.get_label()]
+            assert matplotlib_colors.to_hex(line.get_color()) == style["color"]
+            assert (line.get_linestyle() == "-") == (not style["dash"]), "dashed where the live line is dashed"
+            assert list(line.get_ydata()) == unpack(live[column][line.get_label()]), "the same values"
+    colors = {style["color"] for style in live["styles"].values()}
+    assert len(colors) == len(live["devices"]), "every device its own colour"
+    ranks = [live["styles"][f"rank {r}"] for r in (0, 1)]
+    assert ranks[0]["dash"] == [] and ranks[1]["dash"], "rank 1's line over rank 0's is dashed: both are seen"
+
+
+def test_the_live_chart_and_the_final_figure_draw_the_logged_series_with_one_style():
+    """The browser chart is sent the palette, widths and smoothing rule the final figure draws with."""
+    from nbtrain.dashboard import chart, theme
+    from nbtrain.dashboard.final import final_figure
+    from nbtrain.dashboard.metric_store import MetricStore
+
+    store = MetricStore()
+    store.add(0, [(s, float(s), {"loss": 1.0 / (s + 1)}) for s in range(50)]
+              + [(s, float(s), {"val_loss": 2.0 / (s + 1)}) for s in range(0, 50, 10)])
+    style = chart.live_chart().style
+    assert style == theme.chart_style()
+    ax = final_figure(store, TelemetrySeries(), "run").axes[0]
+    bold = [line for line in ax.get_lines() if not line.get_label().startswith("_")]
+    assert [matplotlib_colors.to_hex(line.get_color()) for line in bold] == style["series_colors"][:2]
+    raw = [line for line in ax.get_lines() if line.get_label().startswith("_")]
+    assert len(raw) == 1, "loss (50 points) is smoothed over its raw line; val_loss (5 points) is not, live or here"
+    assert style["smooth_min_points"] == 10 and style["smooth_dense_share"] == 0.25

@@ -115,3 +115,36 @@ def test_gpus_ending_after_its_duration_replaces_its_widget_by_a_table():
     assert updated["transient"]["display_id"] == shown["transient"]["display_id"]
     assert "application/vnd.jupyter.widget-view+json" not in updated["data"]
     assert updated["data"]["text/plain"].startswith("%gpus: stopped at ")
+
+
+ATTACK = """%%distributed 2 --cpu --keep-alive 0
+import nbtrain
+for step in range(3):
+    nbtrain.log(**{"<img src=x onerror=alert(1)>": 1.0, "[click](javascript:alert(4))": 2.0,
+                    "_cost $\\\\frac{1$": 3.0}, step=step)
+raise ValueError("<img src=y onerror=alert(2)><script>alert(3)</script>")
+"""
+
+
+def test_metric_names_and_failure_text_are_text_in_the_summary_never_markup(kernel_name, tmp_path):
+    """A metric named like an HTML tag and a failure whose message holds HTML: the saved summary renders them
+    as the characters they are; no tag, script or link comes alive. A name that matplotlib would read as
+    (broken) math still leaves the final picture."""
+    mistune = pytest.importorskip("mistune")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("%load_ext nbtrain"), nbformat.v4.new_code_cell(ATTACK)]
+    nbclient.NotebookClient(nb, kernel_name=kernel_name, timeout=240, allow_errors=True,
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    data = _saved_outputs(nb, tmp_path, 1)
+    markups = [d[kind] for d in data for kind in ("text/markdown", "text/html") if kind in d]
+    summaries = [d["text/markdown"] for d in data if "text/markdown" in d]
+    assert len(summaries) == 1 and "failed" in summaries[0], data
+    for markup in markups:
+        rendered = mistune.html(markup)  # as a front end renders trusted markdown: raw HTML passes through
+        for live in ("<img", "<script", "<a "):
+            assert live not in rendered, f"{live} came alive in {rendered!r}"
+    assert sum("image/png" in d for d in data) == 1, f"no final picture: {[list(d) for d in data]}"
+    shown = mistune.html(summaries[0])
+    assert "&lt;img src=x onerror=alert(1)&gt;" in shown, "the metric's name is shown as text"
+    assert "[click](javascript:alert(4))" in shown
+    assert "&lt;script&gt;alert(3)&lt;/script&gt;" in shown, "the failure's text is shown as text"

@@ -101,3 +101,39 @@ def test_magic_in_a_terminal_prints_status_and_no_dashboard_turns_it_off(capsys)
     finally:
         shell.run_line_magic("unload_ext", "nbtrain")
         InteractiveShell.clear_instance()
+
+
+BURST = """
+import time
+import nbtrain
+for step in range(130):
+    nbtrain.log(loss=1.0 / (step + 1), step=step)
+    time.sleep(0.01)
+for step in range(130, 160):  # the last steps come at once, just before the run ends
+    nbtrain.log(loss=1.0 / (step + 1), step=step)
+"""
+
+
+def test_the_live_chart_draws_the_last_points_before_the_picture_replaces_it(monkeypatch):
+    """The chart's last message holds the run's last step, and goes before the final picture: the live chart never
+    stops short of the step the progress line reports as finished, however its updates were spaced (here: one
+    update in 30 s, so only the end of the run can send the last points)."""
+    from nbtrain.dashboard import chart
+    from nbtrain.dashboard.chart_feed import unpack
+
+    monkeypatch.setattr(chart, "SEND_EVERY_S", 30.0)
+    board: list[RunDashboard] = []
+    shown = []
+
+    def display(obj, **kw):
+        chart = board[0].chart.widget
+        steps = unpack(chart.tail["series"]["loss"]["step"]) if chart.tail else []
+        shown.append((obj, steps[-1] if steps else None))
+
+    monkeypatch.setattr("IPython.display.display", display)
+    observer = DashboardObserver(lambda model: board.append(RunDashboard(model)) or board[0], interval=0.25)
+    run_source(BURST, LaunchRequest(nprocs=2, cpu=True), {}, observers=[observer])
+    (_, _), (figure, last_drawn), _ = shown
+    assert "image/png" in figure._repr_mimebundle_()
+    assert observer.model.store.rank_step(0) == 159
+    assert last_drawn == 159, f"the live chart stopped at step {last_drawn} when the picture replaced it"

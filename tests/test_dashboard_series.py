@@ -119,4 +119,32 @@ def test_the_run_model_is_data_only_and_names_devices_by_key():
     series.add(Snapshot(1.0, (), (RankUsage(1, 11, "cpu", None, None, 120.0, 2**28),), host, "no driver"))
     assert list(series.sparks()) == [MACHINE, DeviceKey.rank(1)]
     assert [key.kind for key in series.peaks()] == [DeviceKind.MACHINE, DeviceKind.RANK]
-    assert [str(key) for key in series.timelines()] == ["CPU (machine)", "rank 1"]
+    assert [str(key) for key in series.timelines()] == ["rank 1", "CPU (machine)"], "as the load panels list them"
+
+
+def test_the_browser_smooths_as_the_final_figure_does():
+    """The chart's JavaScript (labextension/chart/data.js, run by node) and the kernel draw the same smoothed
+    curve and smooth the same series, with the rule's numbers the kernel sends (theme.chart_style)."""
+    import json
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from nbtrain.dashboard.series import worth_smoothing
+    from nbtrain.dashboard.theme import chart_style
+
+    node = shutil.which("node")
+    data_js = Path(__file__).resolve().parents[1] / "labextension" / "chart" / "data.js"
+    if node is None or not data_js.exists():
+        pytest.skip("needs node and the chart's sources (a checkout)")
+    values = [math.sin(i / 3) + i / 10 for i in range(40)]
+    sizes = [(points, most) for points in (5, 10, 11, 30, 300) for most in (11, 40, 1000)]
+    script = (f"import {{ smooth, worthSmoothing }} from {json.dumps(data_js.as_uri())};\n"
+              f"const style = {json.dumps(chart_style())};\n"
+              f"console.log(JSON.stringify({{ curve: smooth({json.dumps(values)}, 0.6),\n"
+              f"  smoothed: {json.dumps(sizes)}.map(([n, most]) => worthSmoothing(n, most, style)) }}));")
+    done = subprocess.run([node, "--input-type=module", "-e", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    browser = json.loads(done.stdout)
+    assert browser["curve"] == pytest.approx(smooth(values, 0.6), rel=1e-12)
+    assert browser["smoothed"] == [worth_smoothing(n, most) for n, most in sizes]

@@ -219,3 +219,59 @@ def test_configure_checks_its_input():
             dashboard.configure(smoothing=1.5)
     finally:
         dashboard.configure(**before)
+
+
+def test_the_html_panels_show_what_the_run_names_as_text():
+    """Node names, hosts, devices, setup words, hints and status that hold HTML reach the panels as text."""
+    from types import SimpleNamespace
+
+    from nbtrain.dashboard.metric_store import MetricStore
+    from nbtrain.dashboard.run_view import run_html
+
+    attack = "<img src=x onerror=alert(1)>"
+    nodes = (NodeInfo(attack, attack, "10.0.0.7", (0,), attack, time.time(), None, None, ()),)
+    ranks = [RankInfo(0, 100, attack, None)]
+    panel = run_html(MetricStore(), None, ranks, 1.0, attack, setup=[attack], hints=[SimpleNamespace(text=attack)],
+                     nodes=nodes)
+    assert "<img" not in panel and panel.count("&lt;img src=x onerror=alert(1)&gt;") >= 6, panel
+    gpu = GpuStatus(0, attack, "GPU-0", 10, GiB, 80 * GiB, 50, 100.0, 300.0, ())
+    devices = devices_html(Snapshot(1.0, (gpu,), (), cpu_snapshot().host, attack), {})
+    assert "<img" not in devices and "&lt;img" in devices
+
+
+def test_a_live_dashboard_shown_again_resends_every_widget_then_its_output_and_never_after_the_picture(monkeypatch):
+    """What a page reloaded mid-run gets (nbtrain.dashboard.reopen): a comm_open with the full state of each
+    widget of the dashboard, children before the box that names them, then the dashboard's output again; once
+    the run ended and left its picture, nothing."""
+    from nbtrain.dashboard import reopen
+
+    monkeypatch.setattr(reopen, "_live", {})  # this test's dashboard alone
+    opened = []
+    model = run_model(cpu_snapshot())
+    board = RunDashboard(model)
+    comm_class = type(board.widget.comm)  # a kernel's Comm, or comm's DummyComm outside a kernel
+    original = comm_class.publish_msg
+
+    def publish(self, msg_type, data=None, metadata=None, buffers=None, **keys):
+        if msg_type == "comm_open":
+            opened.append((self.comm_id, data["state"]))
+        return original(self, msg_type, data, metadata, buffers, **keys)
+
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda obj, **kw: shown.append(obj))
+    board.show()
+    board.tick()
+    monkeypatch.setattr(comm_class, "publish_msg", publish)
+    assert reopen.show_again() == 1
+    ids = [model_id for model_id, _ in opened]
+    assert ids[-1] == board.widget.model_id and board.chart.widget.model_id in ids
+    assert ids.index(board.chart.widget.model_id) < ids.index(board.widget.model_id), "children first"
+    chart_state = dict(opened)[board.chart.widget.model_id]
+    assert chart_state["style"] and chart_state["_esm"], "the chart's whole state, its code included"
+    assert shown == [board.widget, board.widget], "the dashboard's output, shown again"
+    model.finish("ok", "2 ranks finished")
+    board.finish()
+    opened.clear()
+    assert reopen.show_again() == 0, "an ended run is no longer listed"
+    board.show_again()  # a request that was under way when the run ended
+    assert opened == [] and len(shown) == 4 and shown[-1] is not board.widget, "the picture stays"

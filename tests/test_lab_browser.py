@@ -25,15 +25,17 @@ sync_api = browser_or_skip()
 
 pytestmark = [pytest.mark.usefixtures("no_leftover_workers"), pytest.mark.timeout(240)]
 
+# A name as long as people give them: the panel at its default width still shows the whole Stop button.
+NOTEBOOK = "image_classifier_resnet18_cifar10.ipynb"
 
 
 @pytest.fixture
 def lab(tmp_path):
     server = JupyterLab(tmp_path, extension_under_test=True)
-    write_notebook(server.notebooks / "train.ipynb", ["%load_ext nbtrain", ENDLESS_RUN])
+    write_notebook(server.notebooks / NOTEBOOK, ["%load_ext nbtrain", ENDLESS_RUN])
     server.nbtrain_settings({"refreshInterval": 1, "historyLength": 30})
     server.start()
-    server.start_session("train.ipynb")
+    server.start_session(NOTEBOOK)
     try:
         yield server
     finally:
@@ -71,7 +73,7 @@ def _panel_lists_a_run_and_stops_it(lab, page):
     settings = lab.api("GET", "lab/api/settings/nbtrain:plugin")
     assert settings["settings"] == {"refreshInterval": 1, "historyLength": 30}
     assert settings["schema"]["properties"]["refreshInterval"]["default"] == 2
-    page.goto(f"{lab.url}/lab/tree/train.ipynb?reset&token={lab.token}")
+    page.goto(f"{lab.url}/lab/tree/{NOTEBOOK}?reset&token={lab.token}")
     page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=90_000)
     _loads_the_extension_under_test(lab, page)
 
@@ -85,8 +87,9 @@ def _panel_lists_a_run_and_stops_it(lab, page):
     sync_api.expect(panel.locator(".nbtrain-Device")).to_have_count(devices)
 
     _run_cells(page)
-    run = panel.locator(".nbtrain-Run-running", has=page.locator(".nbtrain-Notebook", has_text="train.ipynb"))
+    run = panel.locator(".nbtrain-Run-running", has=page.locator(".nbtrain-Notebook", has_text="image_classifier"))
     sync_api.expect(run).to_be_visible(timeout=90_000)
+    _the_whole_row_fits(panel, run)
     progress = re.compile(r"2 ranks on cpu · step [1-9]\d* · loss 0\.")
     sync_api.expect(run.locator(".nbtrain-Run-facts")).to_contain_text(progress, timeout=30_000)
     time.sleep(6)  # a few more samples in the sparklines for the picture
@@ -103,6 +106,19 @@ def _panel_lists_a_run_and_stops_it(lab, page):
     sync_api.expect(panel.locator(".nbtrain-Run .nbtrain-Stop")).to_be_hidden()  # nothing left to stop
     sync_api.expect(page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-InputPrompt")).not_to_contain_text("*")
     assert_no_workers()
+
+
+def _the_whole_row_fits(panel, run) -> None:
+    """At the sidebar's default width a long notebook name gives way (cut with an ellipsis, whole in its
+    tooltip): the state and the Stop button are shown whole, inside the panel."""
+    stop, state, name = run.locator(".nbtrain-Stop"), run.locator(".nbtrain-State"), run.locator(".nbtrain-Notebook")
+    sync_api.expect(stop).to_have_text("Stop")
+    for part in (stop, state):
+        assert part.evaluate("e => e.scrollWidth <= e.clientWidth"), f"{part.inner_text()!r} is cut: {part.evaluate('e => e.scrollWidth')} px of text in {part.evaluate('e => e.clientWidth')} px"
+    edge = panel.bounding_box()
+    button = stop.bounding_box()
+    assert button["x"] + button["width"] <= edge["x"] + edge["width"], f"the Stop button {button} leaves the panel {edge}"
+    assert name.get_attribute("title") == f"Open {NOTEBOOK}", "the whole name is in the tooltip"
 
 
 def _loads_the_extension_under_test(lab, page) -> None:

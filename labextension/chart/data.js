@@ -48,6 +48,17 @@ export function smooth(values, weight) {
   return out;
 }
 
+// Whether a series of ``points`` buckets is smoothed beside a longest one of ``mostPoints``: the kernel's rule
+// (nbtrain.dashboard.series.worth_smoothing), its numbers sent in the ``style`` trait.
+export function worthSmoothing(points, mostPoints, style) {
+  return points > style.smooth_min_points && points >= mostPoints * style.smooth_dense_share;
+}
+
+// The most buckets of any series in ``names`` (the panels drawn).
+export function mostPoints(series, names) {
+  return Math.max(0, ...names.map((name) => (series[name] ? series[name].mean.length : 0)));
+}
+
 export function firstTime(series) {
   let t0 = Infinity;
   for (const cols of Object.values(series)) if (cols.time.length) t0 = Math.min(t0, cols.time[0]);

@@ -7,7 +7,7 @@
 // (the browser's time for the last update: preparing the columns, then uPlot's drawing), data-load-points
 // (telemetry samples held by the load panels: GPU or CPU load over the run, see loads.js).
 import uplotCss from "uplot/dist/uPlot.min.css";
-import { joinSeries, firstTime } from "./data.js";
+import { joinSeries, firstTime, mostPoints } from "./data.js";
 import { LoadPanels } from "./loads.js";
 import { Panel } from "./panel.js";
 
@@ -107,16 +107,18 @@ function render({ model, el }) {
         if (panel) panel.destroy();
         const cell = control("div", {});
         grid.appendChild(cell);
-        panel = new Panel(cell, key, names, { log: state.log, xKey: state.xKey, width: 300, height: HEIGHT }, onDraw);
+        panel = new Panel(cell, key, names, { log: state.log, xKey: state.xKey, width: 300, height: HEIGHT,
+                                              style: model.get("style") }, onDraw);
         state.panels.set(key, panel);
       }
     }
     grid.style.gridTemplateColumns = `repeat(${columnsFor(state.panels.size)}, max-content)`;
     const w = width();
     const began = performance.now();
+    const most = mostPoints(series, groups.flatMap(([, names]) => names));
     for (const panel of state.panels.values()) {
       if (panel.options.width !== w) panel.resize(w);
-      panel.draw(series, state.weight, t0);
+      panel.draw(series, state.weight, t0, most);
     }
     root.dataset.prepareMs = (performance.now() - began).toFixed(2); // join, smooth, setData (drawing follows)
   }

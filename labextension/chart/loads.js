@@ -1,10 +1,10 @@
 // The load panels: the machine's load over the run, beside the logged curves (kernel side:
 // nbtrain/dashboard/load_feed.py). Each update of the ``load`` trait carries only the telemetry samples that are
 // new; they are appended here. Past MAX_POINTS samples every other one is dropped, all along the run (the
-// curves keep their shape, at half the resolution), so a long run's memory stays flat.
+// curves keep their shape, at half the resolution), so a long run's memory stays flat. Each device's colour, dash
+// and width come with its samples (``styles``: theme.device_style in Python), the final figure's own.
 import uPlot from "uplot";
 import { floats } from "./data.js";
-import { COLORS } from "./panel.js";
 
 export const MAX_POINTS = 3600;
 
@@ -25,6 +25,7 @@ export class LoadPanels {
     this.devices = [];
     this.columns = { busy: {}, memory: {} };
     this.titles = null;
+    this.styles = {};
     this.plots = [];
     this.zoomed = false;
   }
@@ -54,6 +55,7 @@ export class LoadPanels {
     const rebuild = !this.titles || this.titles.join() !== load.titles.join() || devices.join() !== this.devices.join();
     this.devices = devices;
     this.titles = load.titles;
+    Object.assign(this.styles, load.styles);
     if (rebuild) this.build();
     else this.draw();
   }
@@ -67,9 +69,11 @@ export class LoadPanels {
     const { width, height } = this.options;
     this.plots = ["busy", "memory"].map((key, k) => {
       const series = [{ label: "seconds", value: (u, v) => (v == null ? "–" : v.toFixed(0) + " s") }];
-      this.devices.forEach((device, i) => {
-        series.push({ label: device, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: false, value: percentText });
-      });
+      for (const device of this.devices) {
+        const style = this.styles[device];
+        series.push({ label: device, stroke: style.color, width: style.width, dash: style.dash, spanGaps: false,
+                      value: percentText });
+      }
       const cell = document.createElement("div");
       cell.className = "nbt-load-" + key;
       this.parent.appendChild(cell);
@@ -79,7 +83,7 @@ export class LoadPanels {
         scales: { x: { time: false }, y: { range: (u, min, max) => [0, Math.max(100, max || 0)] } },
         axes: [{ label: "seconds since the first sample" }, { size: 50 }],
         cursor: { drag: { x: true, y: false } },
-        legend: { live: true },
+        legend: { live: true, markers: { dash: (u, i) => (u.series[i].dash?.length ? "dashed" : "solid") } },
         hooks: {
           setSelect: [(u) => { if (u.select.width > 0) panel.zoomed = true; }],
           draw: [(u) => panel.onDraw(panel, u)],

@@ -1,10 +1,11 @@
 // One uPlot chart: a panel of the dashboard, for a training value and its validation twin.
 // Per name four uPlot series: the buckets' min and max (drawn as a band, no line), the raw mean (light) and
 // the smoothed mean (bold). Series logged at different steps share the x axis through uPlot.join.
+// Colours, widths and which series are smoothed come from the kernel (the ``style`` trait, theme.chart_style in
+// Python), the final figure's own: this file holds none.
 import uPlot from "uplot";
-import { smooth, allPositive } from "./data.js";
+import { smooth, allPositive, worthSmoothing } from "./data.js";
 
-export const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"];
 const PER_NAME = 4; // min, max, raw, smoothed
 
 function alpha(color, a) {
@@ -23,7 +24,7 @@ export class Panel {
     this.parent = parent;
     this.title = title;
     this.names = names;
-    this.options = options; // {log, xKey, width, height}
+    this.options = options; // {log, xKey, width, height, style}
     this.onDraw = onDraw;
     this.zoomed = false;
     this.plot = null;
@@ -32,17 +33,18 @@ export class Panel {
 
   build(distr) {
     if (this.plot) this.plot.destroy();
-    const { xKey, width, height } = this.options;
+    const { xKey, width, height, style } = this.options;
     const series = [{ label: xKey === "time" ? "seconds" : "step", value: (u, v) => shortNumber(v) }];
     const bands = [];
     this.names.forEach((name, i) => {
-      const color = COLORS[i % COLORS.length];
+      const color = style.series_colors[i % style.series_colors.length];
       const at = 1 + i * PER_NAME;
       series.push({ label: `${name} min`, stroke: "transparent", width: 0, points: { show: false }, spanGaps: true });
       series.push({ label: `${name} max`, stroke: "transparent", width: 0, points: { show: false }, spanGaps: true });
-      series.push({ label: `${name} raw`, stroke: alpha(color, 0.35), width: 1, spanGaps: true, value: (u, v) => shortNumber(v) });
-      series.push({ label: name, stroke: color, width: 2, spanGaps: true, value: (u, v) => shortNumber(v) });
-      bands.push({ series: [at + 1, at], fill: alpha(color, 0.12) });
+      series.push({ label: `${name} raw`, stroke: alpha(color, style.raw_alpha), width: style.raw_width, spanGaps: true,
+                    value: (u, v) => shortNumber(v) });
+      series.push({ label: name, stroke: color, width: style.curve_width, spanGaps: true, value: (u, v) => shortNumber(v) });
+      bands.push({ series: [at + 1, at], fill: alpha(color, style.band_alpha) });
     });
     const y = distr === 1 ? { distr: 1 } : distr === 3 ? { distr: 3, log: 10 } : { distr: 4, asinh: 1e-3 };
     const panel = this;
@@ -65,9 +67,10 @@ export class Panel {
     this.distrKey = distr;
   }
 
-  // Redraw from ``series`` (data.joinSeries), smoothed with ``weight``; rebuilds the chart if the scale changed.
-  draw(series, weight, t0) {
-    const { xKey, log } = this.options;
+  // Redraw from ``series`` (data.joinSeries), smoothed with ``weight`` where the series is dense enough beside the
+  // longest one drawn (``mostPoints`` buckets); rebuilds the chart if the scale changed.
+  draw(series, weight, t0, mostPoints) {
+    const { xKey, log, style } = this.options;
     const tables = [];
     this.points = 0;
     this.smoothGap = 0;
@@ -75,7 +78,7 @@ export class Panel {
       const cols = series[name];
       if (!cols) continue;
       const xs = xKey === "time" ? Array.from(cols.time, (t) => t - t0) : Array.from(cols.step);
-      const smoothed = smooth(cols.mean, weight);
+      const smoothed = worthSmoothing(cols.mean.length, mostPoints, style) ? smooth(cols.mean, weight) : Array.from(cols.mean);
       for (let i = 0; i < smoothed.length; i++) this.smoothGap += Math.abs(smoothed[i] - cols.mean[i]);
       tables.push([xs, Array.from(cols.min), Array.from(cols.max), Array.from(cols.mean), smoothed]);
       this.points += cols.mean.length;

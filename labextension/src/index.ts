@@ -1,6 +1,7 @@
 /**
  * nbtrain's JupyterLab extension: a GPU status bar item and a sidebar of GPUs, training runs and the
- * notebooks that hold each GPU. Data comes from nbtrain's server extension (nbtrain/server).
+ * notebooks that hold each GPU. Data comes from nbtrain's server extension (nbtrain/server). It also brings
+ * a run's dashboard back into a notebook reopened during the run (see reattach.ts).
  */
 import { ILabShell, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
@@ -9,6 +10,7 @@ import { LabIcon } from '@jupyterlab/ui-components';
 
 import { NbtrainModel } from './model';
 import { NbtrainPanel, PANEL_ID } from './panel';
+import { Reattach } from './reattach';
 import { NbtrainStatus } from './statusbar';
 
 const PLUGIN_ID = 'nbtrain:plugin';
@@ -55,6 +57,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     });
     panel.title.icon = gpuIcon;
     shell.add(panel, 'right', { rank: 900 });
+    app.docRegistry.addWidgetExtension('Notebook', new Reattach());
 
     if (statusBar) {
       const item = new NbtrainStatus(model, () => shell.activateById(PANEL_ID));

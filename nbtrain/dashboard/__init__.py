@@ -42,10 +42,11 @@ from __future__ import annotations
 import os
 
 from .. import words
+from .series import DEFAULT_SMOOTHING
 from .threads import DEFAULT_INTERVAL_S, check_interval
 
 MODES = ("auto", "widget", "text", "off")
-_settings = {"interval": DEFAULT_INTERVAL_S, "text_every": 10.0, "smoothing": 0.6}
+_settings = {"interval": DEFAULT_INTERVAL_S, "text_every": 10.0, "smoothing": DEFAULT_SMOOTHING}
 
 
 def configure(interval: float | None = None, text_every: float | None = None, smoothing: float | None = None) -> dict:

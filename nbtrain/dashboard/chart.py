@@ -16,7 +16,9 @@ reads no widget events until the run is over:
 :data:`SEND_EVERY_S` seconds on average, only when something new was logged or sampled, carrying the new
 *tail* (now and then a new *base* too; see that module) and the telemetry samples the load panels lack
 (:mod:`~nbtrain.dashboard.load_feed`: GPU utilisation and memory, or CPU and RAM, over the run). The data traits hold ``bytes`` columns, which ipywidgets sends
-as binary buffers.
+as binary buffers. The chart draws with the kernel's style (:func:`~nbtrain.dashboard.theme.chart_style`,
+sent once in the ``style`` trait, and each device's line style with the load samples), as the final figure
+does: the chart's JavaScript holds no colour, width or smoothing rule of its own.
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from . import theme
 from .chart_feed import ChartFeed
 from .load_feed import LoadFeed
 from .metric_store import MetricStore
+from .series import DEFAULT_SMOOTHING
 from .telemetry_series import TelemetrySeries
 
 SEND_EVERY_S = 0.5  # two updates a second while values arrive, on the dashboard's 0.25 s ticks
@@ -58,25 +62,26 @@ def _chart_class() -> type:
             base = traitlets.Dict().tag(sync=True)  # see chart_feed: closed buckets, per epoch
             tail = traitlets.Dict().tag(sync=True)  # the buckets after the base's
             load = traitlets.Dict().tag(sync=True)  # see load_feed: the telemetry samples new since the last
-            smoothing = traitlets.Float(0.6).tag(sync=True)  # the slider's start; the browser owns it then
+            smoothing = traitlets.Float(DEFAULT_SMOOTHING).tag(sync=True)  # the slider's start; the browser's then
             curves = traitlets.Bool(True).tag(sync=True)  # False: the load panels alone (``%gpus``)
+            style = traitlets.Dict().tag(sync=True)  # theme.chart_style(): the chart has no palette of its own
 
             def __init__(self, **kwargs) -> None:
                 self._esm = bundle_source()
-                super().__init__(**kwargs)
+                super().__init__(style=theme.chart_style(), **kwargs)
 
         _LiveChart = LiveChart
     return _LiveChart
 
 
-def live_chart(smoothing: float = 0.6, curves: bool = True):
+def live_chart(smoothing: float = DEFAULT_SMOOTHING, curves: bool = True):
     return _chart_class()(smoothing=smoothing, curves=curves)
 
 
 class ChartPanel:
     """The dashboard's chart panel: ``.widget`` and ``.update(model)``, like the other panels."""
 
-    def __init__(self, store: MetricStore | None, smoothing: float = 0.6, telemetry: TelemetrySeries | None = None) -> None:
+    def __init__(self, store: MetricStore | None, smoothing: float = DEFAULT_SMOOTHING, telemetry: TelemetrySeries | None = None) -> None:
         """``store``: the logged series (``None``: the load panels alone, as ``%gpus`` shows them);
         ``telemetry``: the samples of the load panels (``None``: none)."""
         self.feed = ChartFeed(store) if store is not None else None

@@ -2,8 +2,9 @@
 
 Both are ordinary cell outputs (``image/png``, ``text/markdown`` and ``text/plain``), so they survive
 saving and reopening the notebook, ``nbconvert``, GitHub's viewer and VS Code — none of which keep a
-live widget. The figure shows every logged series (as the live plot, smoothed) above the devices'
-utilisation and memory over the run; the paragraph says how the run ended, how long it took, how fast
+live widget. The figure shows every logged series (as the live chart draws them: the same colours, widths and
+smoothing rule, :func:`~nbtrain.dashboard.theme.chart_style`) above the devices' load over the run (as the
+live load panels: the same units, titles, colours and dashes, a legend in both panels); the paragraph says how the run ended, how long it took, how fast
 it went, where each series started and ended, and how busy the devices were.
 """
 
@@ -20,13 +21,18 @@ WIDTH_IN, ROW_HEIGHT_IN, DPI = 10.0, 2.6, 90
 
 
 def final_png(store: MetricStore, telemetry: TelemetrySeries, title: str, smoothing: float = DEFAULT_SMOOTHING) -> bytes:
+    return plotting.png_bytes(final_figure(store, telemetry, title, smoothing))
+
+
+def final_figure(store: MetricStore, telemetry: TelemetrySeries, title: str, smoothing: float = DEFAULT_SMOOTHING):
+    """The matplotlib figure behind :func:`final_png`."""
     series = store.snapshot_series()
     timelines = telemetry.timelines()
     panels = min(len(plotting.group_names(series)), plotting.MAX_PANELS)
     rows = plotting._layout(panels)[0] if panels else 0
     height = ROW_HEIGHT_IN * (rows + (1 if timelines else 0)) + 0.5
     fig = plotting.new_figure(WIDTH_IN, max(height, 2.0), DPI)
-    fig.suptitle(title, fontsize=theme.SUPTITLE_SIZE)
+    fig.suptitle(text.plot_literal(title), fontsize=theme.SUPTITLE_SIZE)
     if panels and timelines:
         top, bottom = fig.subfigures(2, 1, height_ratios=[rows, 1])
     else:
@@ -35,12 +41,9 @@ def final_png(store: MetricStore, telemetry: TelemetrySeries, title: str, smooth
         plotting.draw_series(top, series, smoothing)
     if bottom is not None and timelines:
         ax_busy, ax_memory = bottom.subplots(1, 2)
-        colors = {key: theme.device_color(i) for i, key in enumerate(timelines)}
-        plotting.draw_timelines(ax_busy, ax_memory, timelines, colors)
-        if not any(key.kind is DeviceKind.GPU for key in timelines):
-            ax_busy.set_title("CPU % (machine: all cores; ranks: of one core)", fontsize=10)
-            ax_memory.set_title("RAM % of the machine", fontsize=10)
-    return plotting.png_bytes(fig)
+        styles = {key: theme.device_style(key) for key in timelines}
+        plotting.draw_timelines(ax_busy, ax_memory, timelines, styles, telemetry.titles())
+    return fig
 
 
 def _series_sentence(store: MetricStore, name: str) -> str | None:
@@ -71,7 +74,7 @@ def summary_paragraph(store: MetricStore, telemetry: TelemetrySeries, status: st
         parts.append(f"{name} became NaN or infinite at step {step}.")
     loads = []
     for key, (busy, memory) in telemetry.peaks().items():
-        if key.kind is DeviceKind.RANK:  # CPU path: a rank's CPU is per core, its memory a share of the RAM
+        if key.kind is not DeviceKind.GPU:  # CPU path: CPU in % of one core, memory a share of the RAM
             cpu = "" if busy is None else f"{text.percent(busy)} of a core on average, "  # None: too short to measure
             loads.append(f"{key.label} used {cpu}at most {text.percent(memory)} of the RAM")
         else:

@@ -7,6 +7,10 @@ the run's first telemetry sample:
 * without: **CPU, % of one core** (a line per rank's process tree, and the machine's total: 2 cores
   fully busy read 200) and **RAM, % of the machine** (per rank, and the machine's used memory).
 
+Units, titles and the order of the lines are :mod:`~nbtrain.dashboard.telemetry_series`'s, and each
+device's colour and dash :func:`~nbtrain.dashboard.theme.device_style`: the final figure draws with the
+same, so the picture left in the notebook reads as the live chart did.
+
 The device panel's HTML rows (bars and one-minute sparklines) stay as they are; these panels add the
 whole run's history, zoomable and readable by hovering. :meth:`LoadFeed.poll` returns the samples that
 arrived since its last poll, as float64 columns (``NaN`` where a value is not known, e.g. a GPU whose
@@ -19,25 +23,11 @@ for the rest); the logged curves are whole in every view. This module knows noth
 
 from __future__ import annotations
 
-from ..gpu.telemetry import Snapshot
 from .chart_feed import pack
-from .telemetry_series import MACHINE, DeviceKey, TelemetrySeries, device_loads
+from .telemetry_series import CPU_TITLES, GPU_TITLES, TelemetrySeries, panel_loads, panel_order, panel_titles
+from .theme import device_style
 
-GPU_TITLES = ("GPU utilisation %", "GPU memory %")
-CPU_TITLES = ("CPU, % of one core", "RAM, % of the machine")
-
-
-def _loads(snap: Snapshot) -> dict[DeviceKey, tuple[float | None, float | None]]:
-    """(busy, memory) per device in the panels' units: the machine's CPU counted in cores, as the ranks'."""
-    loads = device_loads(snap)
-    if MACHINE in loads:
-        busy, memory = loads[MACHINE]
-        loads[MACHINE] = (None if busy is None else busy * snap.host.cpu_count, memory)
-    return loads
-
-
-def _order(key: DeviceKey) -> tuple[int, int]:
-    return (1 if key == MACHINE else 0, key.index or 0)  # GPUs or ranks by number, the machine last
+__all__ = ["CPU_TITLES", "GPU_TITLES", "LoadFeed"]
 
 
 class LoadFeed:
@@ -46,22 +36,25 @@ class LoadFeed:
         self._seen = 0  # the telemetry version of the last sample sent
 
     def poll(self) -> dict | None:
-        """``{"titles", "devices", "t", "busy", "memory"}`` for the samples since the last poll, or ``None``.
+        """``{"titles", "devices", "styles", "t", "busy", "memory"}`` for the samples since the last poll, or
+        ``None``.
 
-        ``devices`` are labels (``GPU 0``, ``rank 1``, ``CPU (machine)``); ``busy`` and ``memory`` map each
-        to a column as long as ``t``. A device missing from a sample (a rank not started yet) reads NaN there.
+        ``devices`` are labels (``GPU 0``, ``rank 1``, ``CPU (machine)``); ``styles`` maps each to its line's
+        :func:`~nbtrain.dashboard.theme.device_style`; ``busy`` and ``memory`` map each to a column as long as
+        ``t``. A device missing from a sample (a rank not started yet) reads NaN there.
         """
         samples = self.telemetry.samples_since(self._seen)
         if not samples:
             return None
         self._seen = samples[-1][0]
-        loads = [_loads(snap) for _, _, snap in samples]
-        keys = sorted({key for sample in loads for key in sample}, key=_order)
+        loads = [panel_loads(snap) for _, _, snap in samples]
+        keys = sorted({key for sample in loads for key in sample}, key=panel_order)
         nan = float("nan")
         busy, memory = {}, {}
         for key in keys:
             values = [sample.get(key, (None, None)) for sample in loads]
             busy[key.label] = pack(nan if b is None else b for b, _ in values)
             memory[key.label] = pack(nan if m is None else m for _, m in values)
-        return {"titles": GPU_TITLES if samples[-1][2].gpus else CPU_TITLES, "devices": [key.label for key in keys],
+        return {"titles": panel_titles(samples[-1][2]), "devices": [key.label for key in keys],
+                "styles": {key.label: device_style(key) for key in keys},
                 "t": pack(elapsed for _, elapsed, _ in samples), "busy": busy, "memory": memory}

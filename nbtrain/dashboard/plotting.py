@@ -18,11 +18,13 @@ import io
 import math
 
 from . import theme
-from .series import smooth
+from .series import smooth, worth_smoothing
+from .text import plot_literal
 
 VALIDATION_WORDS = ("val", "valid", "validation", "eval", "test")
 TRAINING_WORDS = ("train", "training")
 MAX_PANELS = 6
+PIXEL_PT = 0.75  # the theme's widths are the browser's pixels; matplotlib's are points (1 px = 0.75 pt)
 
 
 def _split(name: str) -> tuple[str, str]:
@@ -73,19 +75,18 @@ def draw_series(fig, series: dict, smoothing: float) -> list:
             color = theme.series_color(j)
             if width > 1:
                 ax.fill_between(steps, mins, maxs, color=color, alpha=theme.BAND_ALPHA, linewidth=0)
-            # Smooth dense series only: a curve logged every epoch would lag far behind its own points.
-            dense = len(means) > 10 and len(means) >= max_points / 4
+            dense = worth_smoothing(len(means), max_points)
             curve = smooth(means, smoothing) if smoothing > 0 and dense else means
             if curve is not means:
-                ax.plot(steps, means, color=color, alpha=theme.RAW_ALPHA, linewidth=theme.RAW_WIDTH)
-            ax.plot(steps, curve, color=color, linewidth=theme.CURVE_WIDTH, label=name,
+                ax.plot(steps, means, color=color, alpha=theme.RAW_ALPHA, linewidth=theme.RAW_WIDTH * PIXEL_PT)
+            ax.plot(steps, curve, color=color, linewidth=theme.CURVE_WIDTH * PIXEL_PT, label=plot_literal(name),
                     marker="o" if len(steps) < 15 else None, markersize=theme.MARKER_SIZE)
-        theme.style_axes(ax, key)
+        theme.style_axes(ax, plot_literal(key))
         if len(names) > 1:
             ax.legend(fontsize=theme.LEGEND_SIZE, loc="best")
         axes.append(ax)
     if len(groups) > MAX_PANELS:
-        more = ", ".join(key for key, _ in groups[MAX_PANELS:])
+        more = plot_literal(", ".join(key for key, _ in groups[MAX_PANELS:]))
         fig.text(0.01, 0.005, f"not drawn (see history): {more}", fontsize=theme.FOOTNOTE_SIZE, color=theme.MUTED)
     for ax in axes[-cols:]:
         ax.set_xlabel("step", fontsize=theme.LABEL_SIZE)
@@ -107,17 +108,21 @@ def png_bytes(fig) -> bytes:
     return buffer.getvalue()
 
 
-def draw_timelines(ax_busy, ax_memory, timelines: dict, colors: dict) -> None:
-    """Utilisation and memory of each device over the run (the final figure's bottom row)."""
+def draw_timelines(ax_busy, ax_memory, timelines: dict, styles: dict, titles: tuple[str, str]) -> None:
+    """Load and memory of each device over the run (the final figure's bottom row), as the live load panels
+    draw them: ``styles`` per device (:func:`~nbtrain.dashboard.theme.device_style`), ``titles`` theirs."""
     for key, ((t_busy, busy), (t_mem, memory)) in timelines.items():
-        color = colors.get(key)
-        ax_busy.plot(t_busy, busy, label=str(key), linewidth=theme.TIMELINE_WIDTH, color=color)
-        ax_memory.plot(t_mem, memory, label=str(key), linewidth=theme.TIMELINE_WIDTH, color=color)
-    for ax, title in ((ax_busy, "utilisation %"), (ax_memory, "memory %")):
+        style = styles[key]
+        line = {"label": str(key), "color": style["color"], "linewidth": style["width"] * PIXEL_PT}
+        if style["dash"]:
+            line["linestyle"] = (0, tuple(d / style["width"] for d in style["dash"]))  # matplotlib: in line widths
+        ax_busy.plot(t_busy, busy, **line)
+        ax_memory.plot(t_mem, memory, **line)
+    for ax, title in zip((ax_busy, ax_memory), titles, strict=True):
         ax.set_title(title, fontsize=theme.TITLE_SIZE)
-        ax.set_xlabel("seconds", fontsize=theme.LABEL_SIZE)
+        ax.set_xlabel("seconds since the first sample", fontsize=theme.LABEL_SIZE)
         ax.tick_params(labelsize=theme.TICK_SIZE)
         ax.grid(alpha=theme.GRID_ALPHA)
-        ax.set_ylim(bottom=0)
-    if timelines:
-        ax_busy.legend(fontsize=theme.SMALL_LEGEND_SIZE, loc="best")
+        ax.set_ylim(bottom=0, top=max(100, ax.get_ylim()[1]))  # as the live panels: 0 to at least 100
+        if timelines:
+            ax.legend(fontsize=theme.SMALL_LEGEND_SIZE, loc="best")

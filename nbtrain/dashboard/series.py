@@ -24,6 +24,15 @@ import math
 
 DEFAULT_CAPACITY = 1000
 DEFAULT_SMOOTHING = 0.6  # the weight of the moving average drawn over each curve, live and in the final figure
+# Smooth dense series only: a curve logged every epoch would lag far behind its own points. The live chart is
+# sent these two numbers (theme.chart_style), so it smooths exactly the series the final figure smooths.
+SMOOTH_MIN_POINTS = 10  # more buckets than this
+SMOOTH_DENSE_SHARE = 0.25  # and at least this share of the buckets of the longest series drawn
+
+
+def worth_smoothing(points: int, most_points: int) -> bool:
+    """Whether a series of ``points`` buckets is smoothed, beside a longest one of ``most_points``."""
+    return points > SMOOTH_MIN_POINTS and points >= most_points * SMOOTH_DENSE_SHARE
 
 
 class BoundedSeries:

@@ -7,6 +7,12 @@ machine's CPU % and memory %. A device is named by a :class:`DeviceKey` (GPU *i*
 :data:`SPARK_POINTS` samples (the sparkline beside each bar) and a
 :class:`~nbtrain.dashboard.series.BoundedSeries` over the whole run (the final figure's timeline).
 
+The load panels — the live chart's (:mod:`~nbtrain.dashboard.load_feed`) and the final figure's — draw in
+one set of units, defined here once (:func:`panel_loads`, :func:`panel_titles`): GPU utilisation and
+memory %, or without GPUs the CPU in % of one core for the ranks and the machine alike (2 cores fully
+busy read 200) and the RAM in % of the machine. The timeline is kept in these units; the sparklines in the
+device panel's (the machine's CPU in % of all its cores, as its bar).
+
 (``history`` is the logged metrics' word in nbtrain — the notebook's ``history`` — so this is not one.)
 """
 
@@ -77,6 +83,28 @@ def device_loads(snap: Snapshot) -> Loads:
     return loads
 
 
+GPU_TITLES = ("GPU utilisation %", "GPU memory %")
+CPU_TITLES = ("CPU, % of one core", "RAM, % of the machine")
+
+
+def panel_loads(snap: Snapshot) -> Loads:
+    """:func:`device_loads` in the load panels' units: the machine's CPU counted in cores, as the ranks'."""
+    loads = device_loads(snap)
+    if MACHINE in loads:
+        busy, memory = loads[MACHINE]
+        loads[MACHINE] = (None if busy is None else busy * snap.host.cpu_count, memory)
+    return loads
+
+
+def panel_titles(snap: Snapshot | None) -> tuple[str, str]:
+    return GPU_TITLES if snap is not None and snap.gpus else CPU_TITLES
+
+
+def panel_order(key: DeviceKey) -> tuple[int, int]:
+    """Where a device's line is listed and drawn: GPUs or ranks by number, the machine last."""
+    return (1 if key == MACHINE else 0, key.index or 0)
+
+
 class TelemetrySeries:
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -94,14 +122,20 @@ class TelemetrySeries:
             elapsed = snap.time - self.started
             for key, (busy, memory) in device_loads(snap).items():
                 spark = self._spark.setdefault(key, (deque(maxlen=SPARK_POINTS), deque(maxlen=SPARK_POINTS)))
+                spark[0].append(busy)
+                spark[1].append(memory)
+            for key, loads in panel_loads(snap).items():
                 timeline = self._timeline.setdefault(
                     key, (BoundedSeries(TIMELINE_CAPACITY), BoundedSeries(TIMELINE_CAPACITY)))
-                for values, series, value in ((spark[0], timeline[0], busy), (spark[1], timeline[1], memory)):
-                    values.append(value)
+                for series, value in zip(timeline, loads, strict=True):
                     if value is not None:
                         series.add(elapsed, value)
             self.version += 1
             self._recent.append((self.version, elapsed, snap))
+
+    def titles(self) -> tuple[str, str]:
+        """The load panels' titles for this run's devices (GPUs, or CPU and RAM)."""
+        return panel_titles(self.latest)
 
     def samples_since(self, version: int) -> list[tuple[int, float, Snapshot]]:
         """The samples added after ``version`` (at most the last :data:`SPARK_POINTS`), each with its version
@@ -115,13 +149,14 @@ class TelemetrySeries:
             return {key: (list(busy), list(memory)) for key, (busy, memory) in self._spark.items()}
 
     def timelines(self) -> dict[DeviceKey, tuple[tuple[list, list], tuple[list, list]]]:
-        """Per device: ((seconds, busy %), (seconds, memory %)) over the whole run, downsampled."""
+        """Per device, in :func:`panel_order`: ((seconds, busy), (seconds, memory %)) over the whole run,
+        downsampled, in the load panels' units."""
         with self._lock:
             return {key: ((list(b.steps), list(b.means)), (list(m.steps), list(m.means)))
-                    for key, (b, m) in self._timeline.items()}
+                    for key, (b, m) in sorted(self._timeline.items(), key=lambda item: panel_order(item[0]))}
 
     def peaks(self) -> Loads:
-        """Per device: (mean busy %, peak memory %) over the run, for the summary."""
+        """Per device: (mean busy, peak memory %) over the run in the load panels' units, for the summary."""
         with self._lock:
             out = {}
             for key, (busy, memory) in self._timeline.items():

@@ -1,6 +1,15 @@
-"""Short, human formats shared by the views: sizes, durations, percentages, sparklines. ``None`` is N/A."""
+"""Short, human formats shared by the views: sizes, durations, percentages, sparklines. ``None`` is N/A.
+
+Text that holds what the user or their code chose (metric names, a failure's message, node names) is made
+literal before it enters markup: :func:`markdown_literal` for ``text/markdown`` (which a trusted notebook
+renders with its raw HTML alive), :func:`plot_literal` for matplotlib (which reads ``$…$`` as math and hides
+labels that start with ``_``). HTML panels use :func:`html.escape`.
+"""
 
 from __future__ import annotations
+
+import html
+import re
 
 NA = "N/A"
 _BLOCKS = "▁▂▃▄▅▆▇█"
@@ -56,3 +65,20 @@ def sparkline(values, top: float = 100.0) -> str:
             level = min(max(value / top, 0.0), 1.0)
             out.append(_BLOCKS[min(int(level * len(_BLOCKS)), len(_BLOCKS) - 1)])
     return "".join(out)
+
+
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()!|~$])")
+_LINE_BREAKS = re.compile(r"\s*[\r\n]+\s*")
+
+
+def markdown_literal(plain: str) -> str:
+    """Markdown that renders as exactly ``plain``, on one line: no tag, link, image, emphasis or math in
+    ``plain`` comes alive (HTML's ``& < >`` become entities, markdown's own marks are backslash-escaped)."""
+    one_line = _LINE_BREAKS.sub(" ", plain)  # a line of its own could start a heading, a list or a code block
+    return html.escape(_MARKDOWN_SPECIAL.sub(r"\\\1", one_line), quote=False)
+
+
+def plot_literal(plain: str) -> str:
+    """``plain`` as matplotlib draws it literally: ``$`` escaped (not math), a leading ``_`` kept visible."""
+    escaped = plain.replace("$", r"\$")
+    return "\u200b" + escaped if escaped.startswith("_") else escaped

@@ -1,13 +1,17 @@
 """Colours and styles of every dashboard view and plot, in one place.
 
-The HTML panels (run table, device bars, ``%gpus``) and the matplotlib figures (live plot, final
-figure) share these, so a rank has the same colour in the table, in the memory bar and in the final
-timeline, and a style change is made once. Matplotlib's own cycle (``C0``, ``C1``…) colours the logged
-series of one panel (:func:`series_color`); :data:`RANK_COLORS` is that cycle's palette (tab10) written
-out, for HTML.
+The HTML panels (run table, device bars, ``%gpus``), the live chart in the browser and the final figure
+share these, so a rank has the same colour in the table, in the memory bar, in the live load panels and in
+the final picture, and a style change is made once. The browser chart has no palette of its own: the kernel
+sends it :func:`chart_style` (the logged series' colours, line widths, the smoothing rule) with the widget,
+and :func:`device_style` of each device with the load samples (:mod:`~nbtrain.dashboard.load_feed`).
+:data:`RANK_COLORS` is matplotlib's tab10 palette written out.
 """
 
 from __future__ import annotations
+
+from .series import SMOOTH_DENSE_SHARE, SMOOTH_MIN_POINTS
+from .telemetry_series import DeviceKey, DeviceKind
 
 # ------------------------------------------------------------------------------------------ colours
 RANK_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
@@ -22,9 +26,22 @@ def rank_color(rank: int) -> str:
     return RANK_COLORS[rank % len(RANK_COLORS)]
 
 
-def device_color(position: int) -> str:
-    """The colour of the ``position``-th device in the final figure's timelines."""
-    return RANK_COLORS[position % len(RANK_COLORS)]
+MACHINE_COLOR = "#444444"  # the whole machine's CPU and RAM, beside the ranks' colours
+# A device's dash pattern (on-off lengths in pixels; none: solid): two ranks whose RAM lines coincide are
+# then both seen, the later dashed line over the earlier solid, wider one.
+DEVICE_DASHES: tuple[tuple[int, ...], ...] = ((), (6, 3), (2, 2), (8, 3, 2, 3))
+DEVICE_WIDTHS = (2.0, 1.5)  # the solid line, the dashed ones
+
+
+def device_style(key: DeviceKey) -> dict:
+    """``{"color", "dash", "width"}`` of one device's line, live and in the final figure alike: a rank in its
+    table colour, a GPU in its index's colour, the machine in grey."""
+    if key.kind is DeviceKind.MACHINE:
+        return {"color": MACHINE_COLOR, "dash": [], "width": DEVICE_WIDTHS[0]}
+    index = key.index or 0
+    dash = DEVICE_DASHES[index % len(DEVICE_DASHES)]
+    return {"color": RANK_COLORS[index % len(RANK_COLORS)], "dash": list(dash),
+            "width": DEVICE_WIDTHS[0] if not dash else DEVICE_WIDTHS[1]}
 
 
 def busy_color(percent: float | None) -> str:
@@ -35,7 +52,7 @@ def busy_color(percent: float | None) -> str:
 
 def series_color(position: int) -> str:
     """The ``position``-th series of a plot panel (training first, then its validation twin)."""
-    return f"C{position}"
+    return RANK_COLORS[position % len(RANK_COLORS)]
 
 
 # ------------------------------------------------------------------------------------------ HTML
@@ -64,9 +81,9 @@ LEGEND_SIZE = 8
 SMALL_LEGEND_SIZE = 7  # the timelines' legend, which lists every device
 FOOTNOTE_SIZE = 7
 GRID_ALPHA = 0.3
-RAW_ALPHA, RAW_WIDTH = 0.3, 0.8  # the unsmoothed values, drawn light under the smoothed curve
-CURVE_WIDTH = 1.5
-TIMELINE_WIDTH = 1
+# Line widths in the browser's pixels (the final figure converts them to points).
+RAW_ALPHA, RAW_WIDTH = 0.3, 1.0  # the unsmoothed values, drawn light under the smoothed curve
+CURVE_WIDTH = 2.0
 MARKER_SIZE = 3
 BAND_ALPHA = 0.12  # the min–max band of downsampled buckets
 
@@ -76,3 +93,10 @@ def style_axes(ax, title: str) -> None:
     ax.set_title(title, fontsize=TITLE_SIZE)
     ax.tick_params(labelsize=TICK_SIZE)
     ax.grid(alpha=GRID_ALPHA)
+
+
+def chart_style() -> dict:
+    """What the browser chart draws with (see the module docstring): the same numbers as the final figure."""
+    return {"series_colors": list(RANK_COLORS), "raw_alpha": RAW_ALPHA, "raw_width": RAW_WIDTH,
+            "curve_width": CURVE_WIDTH, "band_alpha": BAND_ALPHA,
+            "smooth_min_points": SMOOTH_MIN_POINTS, "smooth_dense_share": SMOOTH_DENSE_SHARE}

@@ -14,19 +14,24 @@ so nothing flickers and the kernel draws nothing while the cell runs.
 
 At the end, :meth:`RunDashboard.finish` replaces the widget's output, in place (``update_display``),
 with the static figure of :mod:`~nbtrain.dashboard.final`, and adds the text summary below it: a saved
-notebook then holds a picture, not a widget that needs a live kernel.
+notebook then holds a picture, not a widget that needs a live kernel. Each of these outputs names its
+cell and its role in its metadata, and a live dashboard can be shown again to a page that connected during
+the run (a reloaded page): see :mod:`~nbtrain.dashboard.reopen`.
 """
 
 from __future__ import annotations
 
 import base64
+import threading
 
+from . import reopen
 from .chart import ChartPanel
 from .devices_view import DevicePanel
 from .final import final_png, summary_paragraph
 from .model import RunModel
 from .run_view import RunPanel
 from .series import DEFAULT_SMOOTHING
+from .text import markdown_literal
 from ..words import count
 
 
@@ -41,11 +46,13 @@ class FinalFigure:
 
 
 class Summary:
+    """The run's paragraph; its markdown shows metric names and failure text as text, never as markup."""
+
     def __init__(self, text: str) -> None:
         self.text = text
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        return {"text/markdown": self.text, "text/plain": self.text}
+        return {"text/markdown": markdown_literal(self.text), "text/plain": self.text}
 
 
 class RunDashboard:
@@ -59,11 +66,27 @@ class RunDashboard:
         self.panels = (self.run_panel, self.devices, self.chart)  # each: .widget and .update(model)
         self.widget = W.VBox([panel.widget for panel in self.panels])
         self.handle = None
+        self.cell: str | None = None  # the cell's id, as the front end sent it
+        # show_again runs on a kernel subshell's thread: it never shows the live widget after the final picture.
+        self._showing = threading.Lock()
+        self._finished = False
 
     def show(self) -> None:
         from IPython.display import display
 
-        self.handle = display(self.widget, display_id=True)
+        self.cell = reopen.current_cell_id()
+        self.handle = display(self.widget, display_id=True, metadata=reopen.output_metadata(self.cell, "dashboard"))
+        reopen.register(id(self), self.show_again)
+
+    def show_again(self) -> None:
+        """For a page that connected during the run: every widget's state again, then the dashboard's output."""
+        from IPython.display import display
+
+        with self._showing:
+            if self._finished:
+                return
+            reopen.reopen_comms(self.widget)
+            display(self.widget, metadata=reopen.output_metadata(self.cell, "dashboard"))
 
     def tick(self) -> None:
         for panel in self.panels:
@@ -71,8 +94,13 @@ class RunDashboard:
 
     def finish(self) -> None:
         """Draw the last state, then leave a PNG and a paragraph in the cell's output."""
+        reopen.unregister(id(self))
+        with self._showing:
+            self._finished = True
         model = self.model
         self.run_panel.update(model)  # the run's end is news to it: it shows how it ended
+        self.devices.update(model)
+        self.chart.update(model, force=True)  # the last points, drawn live before the picture replaces the chart
         progress = model.progress()
         paragraph = summary_paragraph(model.store, model.telemetry, model.status or "ok", model.detail,
                                       len(model.ranks), model.where, progress)
@@ -81,10 +109,10 @@ class RunDashboard:
         from IPython.display import display
 
         if self.handle is not None:
-            self.handle.update(figure)
+            self.handle.update(figure, metadata=reopen.output_metadata(self.cell, "dashboard"))
         else:
-            display(figure)
-        display(Summary(paragraph))
+            display(figure, metadata=reopen.output_metadata(self.cell, "dashboard"))
+        display(Summary(paragraph), metadata=reopen.output_metadata(self.cell, "summary"))
         close_tree(self.widget)  # the page shows the picture now; free the widgets' comms in the kernel too
 
 

@@ -1,0 +1,167 @@
+/**
+ * A run's dashboard in a page that did not start the run: a page reloaded during a run, a notebook reopened.
+ *
+ * The kernel's main thread runs the cell, so a page that connects meanwhile gets no answer from it, and its
+ * notebook ignores the outputs of an execution it did not request. nbtrain's kernel side
+ * (nbtrain/dashboard/reopen.py) marks each dashboard output with its cell and role
+ * (`metadata.nbtrain = {cell, role}`); this extension:
+ *
+ * - puts such an output, when another page's execution published it, into the cell with that id, in place of
+ *   the cell's output of the same role: the final picture and the summary reach the cell (and, saved, the
+ *   .ipynb) whatever happened to the page that ran the cell;
+ * - when the page opens a notebook whose kernel is busy (its kernel info does not come), asks the kernel, on
+ *   a subshell (JEP 91) since the main shell is busy, to show its live dashboards again: the kernel resends
+ *   the widgets' state and the dashboard's output, which the first point puts into the cell.
+ */
+import type { ISessionContext } from '@jupyterlab/apputils';
+import type { DocumentRegistry } from '@jupyterlab/docregistry';
+import { KernelMessage } from '@jupyterlab/services';
+import type { Kernel } from '@jupyterlab/services';
+import type { IDisposable } from '@lumino/disposable';
+import type { Widget } from '@lumino/widgets';
+
+/** How long a connected kernel may take to answer its kernel info before it counts as busy. */
+const BUSY_AFTER_MS = 1500;
+const SUBSHELL_TIMEOUT_MS = 5000;
+// Run on the subshell; a kernel that never loaded nbtrain imports nothing.
+const SHOW_AGAIN = [
+  'import sys as _nbtrain_sys',
+  '_nbtrain_reopen = _nbtrain_sys.modules.get("nbtrain.dashboard.reopen")',
+  'if _nbtrain_reopen is not None: _nbtrain_reopen.show_again()',
+  'del _nbtrain_sys, _nbtrain_reopen'
+].join('\n');
+
+// What the dashboard's outputs hold; anything else in a marked output is left out (no HTML, no script).
+const ADOPTED_TYPES = ['application/vnd.jupyter.widget-view+json', 'image/png', 'text/markdown', 'text/plain'];
+
+interface INbtrainTag {
+  cell: string;
+  role: string;
+}
+
+/** The few members of a notebook's model used here (the notebook package is not a dependency). */
+interface IOutputJSON {
+  output_type: string;
+  data?: unknown;
+  metadata?: { nbtrain?: INbtrainTag };
+}
+interface IOutputList {
+  readonly length: number;
+  get(index: number): { toJSON(): IOutputJSON };
+  set(index: number, output: IOutputJSON): void;
+  add(output: IOutputJSON): number;
+}
+interface ICells {
+  readonly length: number;
+  get(index: number): { id: string; outputs?: IOutputList };
+}
+
+export class Reattach implements DocumentRegistry.IWidgetExtension<Widget, DocumentRegistry.IModel> {
+  createNew(_widget: Widget, context: DocumentRegistry.IContext<DocumentRegistry.IModel>): IDisposable {
+    const session = context.sessionContext;
+    const cells = () => (context.model as unknown as { cells?: ICells }).cells;
+    const onMessage = (sender: ISessionContext, msg: KernelMessage.IMessage) => {
+      adopt(cells(), sender.session?.kernel ?? null, msg);
+    };
+    const onKernel = () => void showAgainIfBusy(session.session?.kernel ?? null);
+    session.iopubMessage.connect(onMessage);
+    session.kernelChanged.connect(onKernel);
+    void session.ready.then(onKernel);
+    let disposed = false;
+    return {
+      get isDisposed() {
+        return disposed;
+      },
+      dispose() {
+        session.iopubMessage.disconnect(onMessage);
+        session.kernelChanged.disconnect(onKernel);
+        disposed = true;
+      }
+    };
+  }
+}
+
+/** Put a marked dashboard output that another page's execution published into its cell. */
+export function adopt(cells: ICells | undefined, kernel: Kernel.IKernelConnection | null, msg: KernelMessage.IMessage): void {
+  const type = msg.header.msg_type;
+  if (!cells || !kernel || (type !== 'display_data' && type !== 'update_display_data')) {
+    return;
+  }
+  const content = msg.content as { data: Record<string, unknown>; metadata?: { nbtrain?: INbtrainTag } };
+  const tag = content.metadata?.nbtrain;
+  const parent = msg.parent_header as Partial<KernelMessage.IHeader>;
+  if (!tag || parent.session === kernel.clientId) {
+    return; // not nbtrain's, or this page's own execution: its output area shows it already
+  }
+  for (let i = 0; i < cells.length; i++) {
+    const cell = cells.get(i);
+    if (cell.id === tag.cell && cell.outputs) {
+      const data = Object.fromEntries(Object.entries(content.data ?? {}).filter(([type]) => ADOPTED_TYPES.includes(type)));
+      replaceRole(cell.outputs, { output_type: 'display_data', data, metadata: content.metadata });
+      return;
+    }
+  }
+}
+
+function replaceRole(outputs: IOutputList, output: IOutputJSON): void {
+  const role = output.metadata?.nbtrain?.role;
+  for (let i = 0; i < outputs.length; i++) {
+    if (outputs.get(i).toJSON().metadata?.nbtrain?.role === role) {
+      outputs.set(i, output);
+      return;
+    }
+  }
+  outputs.add(output);
+}
+
+const asked = new WeakSet<Kernel.IKernelConnection>();
+
+/** A kernel busy when the page connects may be running a dashboard this page never saw: ask for it again. */
+async function showAgainIfBusy(kernel: Kernel.IKernelConnection | null): Promise<void> {
+  if (!kernel || asked.has(kernel)) {
+    return;
+  }
+  asked.add(kernel);
+  const busy = await Promise.race([kernel.info.then(() => false), after(BUSY_AFTER_MS, true)]);
+  if (!busy || kernel.isDisposed) {
+    return;
+  }
+  try {
+    const created = await Promise.race([createSubshell(kernel), after(SUBSHELL_TIMEOUT_MS, null)]);
+    const subshellId = created?.content.status === 'ok' ? created.content.subshell_id : null;
+    if (!subshellId) {
+      return; // a kernel without subshells: nothing to ask it while it is busy
+    }
+    // The subshell stays: replies to the widgets' messages are routed to it from now on.
+    // clone() passes every connection option on (services 7.4+), though its type names three of them.
+    const options = { subshellId } as unknown as Parameters<Kernel.IKernelConnection['clone']>[0];
+    const side = kernel.clone(options);
+    try {
+      await side.requestExecute({ code: SHOW_AGAIN, silent: true, store_history: false, allow_stdin: false }).done;
+    } finally {
+      side.dispose();
+    }
+  } catch (error) {
+    console.warn('nbtrain: could not ask the busy kernel for its live dashboard', error);
+  }
+}
+
+/**
+ * A subshell, asked for on the control channel. Not `requestCreateSubshell`: that waits to learn from the kernel
+ * info whether the kernel has subshells, and the kernel info waits behind the busy main shell.
+ */
+async function createSubshell(kernel: Kernel.IKernelConnection): Promise<{ content: { status: string; subshell_id?: string } }> {
+  const msg = KernelMessage.createMessage({
+    msgType: 'create_subshell_request',
+    channel: 'control',
+    username: kernel.username,
+    session: kernel.clientId,
+    content: {}
+  });
+  const reply = await kernel.sendControlMessage(msg, true, true).done;
+  return reply as unknown as { content: { status: string; subshell_id?: string } };
+}
+
+function after<T>(ms: number, value: T): Promise<T> {
+  return new Promise(resolve => setTimeout(() => resolve(value), ms));
+}

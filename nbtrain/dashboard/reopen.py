@@ -1,0 +1,98 @@
+"""A running dashboard seen again by a page that did not start the run: a reloaded page, a notebook reopened.
+
+The kernel's main thread runs the cell, so it answers no request of a page that connects meanwhile: the
+page's widget manager cannot fetch the widgets' state (its requests wait behind the cell) and the page,
+which did not send the cell's execute request, ignores every output the run still publishes — the
+live dashboard read "Loading widget…", and the final picture and summary never reached the notebook.
+
+What holds instead:
+
+* every output of the dashboard carries ``metadata["nbtrain"] = {"cell": <the cell's id>, "role":
+  "dashboard" | "summary"}`` (:func:`output_metadata`; JupyterLab sends the cell's id with each execute
+  request, :func:`current_cell_id`);
+* nbtrain's JupyterLab extension (``labextension/src/reattach.ts``) puts such an output into the cell with
+  that id when it comes from an execution another page started, in place of the cell's output of the same
+  role: the final picture and the summary land in the cell, and with the next save in the ``.ipynb``;
+* a page that opens a notebook whose kernel is busy asks the kernel, on a subshell of its own (JEP 91: the
+  main shell is busy; ipykernel ≥ 7 runs a subshell's requests on a thread of their own), to
+  :func:`show_again` its live dashboards: the kernel sends every widget's state again (``comm_open`` with
+  the same model ids, as when it was first shown, :func:`reopen_comms`) and displays the dashboard once
+  more; the page draws it live from the next update on.
+
+Front ends other than JupyterLab, or a kernel without subshells, keep the earlier behaviour; a run that
+ends while no page has the notebook open still leaves its outputs only in the pages that were open.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+_lock = threading.Lock()
+_live: dict[int, Callable[[], None]] = {}  # a live dashboard's key -> how it shows itself again
+
+
+def register(key: int, show: Callable[[], None]) -> None:
+    with _lock:
+        _live[key] = show
+
+
+def unregister(key: int) -> None:
+    with _lock:
+        _live.pop(key, None)
+
+
+def show_again() -> int:
+    """Show every live dashboard again (what the JupyterLab extension asks for); returns how many."""
+    with _lock:
+        shows = list(_live.values())
+    for show in shows:
+        show()
+    return len(shows)
+
+
+def current_cell_id() -> str | None:
+    """The id of the cell being executed, as the front end sent it (JupyterLab does), else ``None``."""
+    from IPython import get_ipython
+
+    kernel = getattr(get_ipython(), "kernel", None)
+    if kernel is None:
+        return None
+    cell = ((kernel.get_parent() or {}).get("metadata") or {}).get("cellId")
+    return cell if isinstance(cell, str) else None
+
+
+def output_metadata(cell: str | None, role: str) -> dict:
+    """The metadata that lets the JupyterLab extension put an output of ``role`` into ``cell``."""
+    return {"nbtrain": {"cell": cell, "role": role}} if cell else {}
+
+
+def reopen_comms(widget) -> None:
+    """Send the state of every widget of ``widget``'s tree again, children first (a container's state names
+    them), as a ``comm_open`` with the widget's own id: a page that connected since builds the models."""
+    from ipywidgets import __protocol_version__
+    from ipywidgets.widgets.widget import _remove_buffers
+
+    for member in _tree(widget):
+        if member.comm is None:
+            continue  # closed meanwhile: the run ended
+        state, buffer_paths, buffers = _remove_buffers(member.get_state())
+        member.comm.open(data={"state": state, "buffer_paths": buffer_paths},
+                         metadata={"version": __protocol_version__}, buffers=buffers)
+
+
+def _tree(widget, seen: set[int] | None = None) -> list:
+    """``widget`` and every widget its traits hold (children, layout, style), each after those it holds."""
+    from ipywidgets import Widget
+
+    seen = set() if seen is None else seen
+    if id(widget) in seen:
+        return []
+    seen.add(id(widget))
+    out = []
+    for name in widget.keys:
+        value = getattr(widget, name, None)
+        for held in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(held, Widget):
+                out += _tree(held, seen)
+    return out + [widget]
