@@ -59,6 +59,9 @@ BENCHMARKS = (
     Benchmark("results", "Large results back into the notebook (shared memory)",
               "1 GiB back in ≤ 1.5 s; peak extra memory ≤ 1.3× the tensor",
               ("results_transfer.py", "--mib", "1024", "--repeats", "3"), ("results_transfer.py", "--repeats", "1")),
+    Benchmark("sharded", "--shard (FSDP2) against DDP and the same FSDP2 loop under torchrun: memory per rank, steps/s",
+              "training state per rank ≤ 1/N of DDP's + 10 %; steps/s ≥ 0.98× torchrun FSDP2",
+              ("sharded_memory.py", "--rounds", "5"), ("sharded_memory.py", "--rounds", "1", "--layers", "2", "--steps", "3")),
     Benchmark("soak", "Soak: runs in one kernel (warm, cold, failing, interrupted)", "no growth beyond the stated bounds",
               ("soak.py", "--runs", "200"), ("soak.py", "--runs", "16")),
     Benchmark("training-gpu", "prepare() + log() on GPUs (NCCL, bf16)", "≥ 0.98× torchrun; AMP bf16 ≥ 2× fp32",
@@ -67,6 +70,10 @@ BENCHMARKS = (
               "transformer, against torchrun", "bf16 with nbtrain's defaults ≥ 2× fp32 (ResNet-50); every figure ≥ 0.98× "
               "torchrun with the same settings; logging every step ≤ 1 %",
               ("gpu_speed.py", "--rounds", "3"), ("gpu_speed.py", "--rounds", "1", "--steps", "10"), gpu=True),
+    Benchmark("sharded-gpu", "--shard (FSDP2) on GPUs against DDP and the FSDP2 loop under torchrun",
+              "training state per rank ≤ 1/N of DDP's + 10 %; steps/s ≥ 0.98× torchrun FSDP2",
+              ("sharded_memory.py", "--gpu", "--rounds", "3", "--steps", "20"),
+              ("sharded_memory.py", "--gpu", "--rounds", "1", "--steps", "10"), gpu=True),
     Benchmark("logging-gpu", "Logging every step on GPUs", "nbtrain.log ≤ 1 % cost",
               ("log_overhead.py", "--gpu"), ("log_overhead.py", "--gpu", "--blocks", "3"), gpu=True),
 )
