@@ -11,6 +11,7 @@ import torch
 
 from helpers.runhelp import run_cell
 from helpers.sharding import MODEL, train
+from nbtrain.launch import api
 from nbtrain.launch.config import ConfigError, LaunchRequest, resolve
 from nbtrain.launch.errors import RankFailedError
 
@@ -27,6 +28,31 @@ def test_sharded_training_gives_the_losses_of_ddp_and_the_model_comes_back_whole
     assert type(back).__name__ == "Net" and all(type(p) is torch.nn.Parameter for p in back.parameters())
     assert sum(float(p.detach().double().sum()) for p in back.parameters()) == pytest.approx(sharded["checksum"], rel=1e-9)
     assert back(torch.randn(3, 8)).shape == (3, 4)
+
+
+def test_a_session_keeps_a_sharded_model_across_cells_and_pulls_it_whole(pools):
+    ns: dict = {}
+    run_cell(pools, MODEL + """
+model = Net()
+opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+model, opt = nbtrain.prepare(model, opt)
+""", ns, out="-", shard="full", session="big")
+    step = """
+for _ in range(2):
+    loss = F.cross_entropy(model(X), Y)
+    nbtrain.backward(loss)
+    opt.step(); opt.zero_grad()
+losses.append(loss.item())   # kept by the session from the cell before
+"""
+    run_cell(pools, "losses = []\n" + step, ns, out="-", session="big", grad_accum=2)
+    later, _ = run_cell(pools, step + "trained = sum(float(p.full_tensor().double().sum()) for p in model.parameters())",
+                        ns, out="losses,trained", session="big")
+    assert len(later["losses"]) == 2 and later["losses"][1] < later["losses"][0]
+    pulled: dict = {}
+    result = api.pull(pools, "big", ["model", "opt"], pulled)
+    assert type(pulled["model"]).__name__ == "Net" and "opt" in result.skipped
+    assert sum(float(p.detach().double().sum()) for p in pulled["model"].parameters()) == pytest.approx(later["trained"])
+    api.close(pools, "big")
 
 
 def test_a_sharded_model_over_the_out_limit_stays_on_the_ranks_and_says_so(pools, tmp_path):

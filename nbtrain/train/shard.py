@@ -35,8 +35,9 @@ import sys
 import torch
 from torch import nn
 
-from .state import PreparedError, TrainContext
+from .state import PreparedError, TrainContext, current
 
+META_COPY = "_nbtrain_meta_copy"  # rank 0: the plain model's structure, parameters on the meta device
 
 def is_sharded(model) -> bool:
     from torch.distributed.fsdp import FSDPModule
@@ -97,8 +98,8 @@ def shard_model(context: TrainContext, model: nn.Module, blocks=None) -> nn.Modu
     offload = CPUOffloadPolicy() if settings.shard_offload else OffloadPolicy()
     mesh = device_mesh(context, settings.shard == "hybrid")
     names = {id(p): name for name, p in model.named_parameters()}
-    if context.rank == 0:  # the way back to the notebook: a parameter-less copy of the plain model
-        context.meta_copies[id(model)] = meta_copy(model)
+    if context.rank == 0:  # the way back to the notebook: a parameter-less copy of the plain model, kept with it
+        object.__setattr__(model, META_COPY, meta_copy(model))  # (outside the module tree: no parameters of its own)
     units = find_blocks(model, blocks)
     current = model
     try:
@@ -116,7 +117,7 @@ def shard_model(context: TrainContext, model: nn.Module, blocks=None) -> nn.Modu
     materialize(context, model)
     after = dict(model.named_parameters())
     context.sharded_params.update({old: after[name] for old, name in names.items() if name in after})
-    model.register_forward_pre_hook(_gradient_sync(context))
+    model.register_forward_pre_hook(_gradient_sync)
     if context.rank == 0:
         print(describe(context, model, len(units)), flush=True)
     return model
@@ -147,11 +148,11 @@ def materialize(context: TrainContext, model: nn.Module) -> None:
               "resume from a checkpoint.", file=sys.stderr, flush=True)
 
 
-def _gradient_sync(context: TrainContext):
-    def before_forward(module, _args):
-        if torch.is_grad_enabled():  # a micro-step keeps its gradients unreduced, as DDP's no_sync()
-            module.set_requires_gradient_sync(context.accum.sync_next())
-    return before_forward
+def _gradient_sync(module, _args) -> None:
+    """Before each forward: a micro-step keeps its gradients unreduced, as DDP's no_sync() — by the running
+    cell's --grad-accum (a model kept in a session may be trained by later cells)."""
+    if torch.is_grad_enabled():
+        module.set_requires_gradient_sync(current().accum.sync_next())
 
 
 def describe(context: TrainContext, model: nn.Module, blocks: int) -> str:
@@ -205,17 +206,15 @@ class _StaysOnTheRanks:
 
 
 def bring_back(context: TrainContext, namespace: dict, names, result_rank: bool) -> None:
-    """Sharded models among ``names`` become whole modules on rank 0 (a collective: every rank calls this)."""
+    """Sharded models among ``names`` become whole modules on rank 0 (a collective: every rank calls this) —
+    those of this cell and those a session kept from earlier ones; sharded optimizers stay on the ranks."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    sharded = [m for m in context.models if is_sharded(m)]
-    if not sharded:
-        return
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
     limit = context.settings.out_limit
     for name in names:
         value = namespace.get(name)
-        if any(value is model for model in sharded):
+        if isinstance(value, nn.Module) and is_sharded(value):
             size = sum(p.numel() * p.element_size() for p in value.parameters())  # a DTensor counts whole
             if limit is not None and size > limit:
                 if result_rank:
@@ -223,13 +222,21 @@ def bring_back(context: TrainContext, namespace: dict, names, result_rank: bool)
                 continue
             state = get_model_state_dict(value, options=full)
             if result_rank:
-                plain = context.meta_copies[id(value)]
-                plain.load_state_dict(state, assign=True)
-                namespace[name] = plain
-        elif result_rank and any(value is o and _holds_sharded(o) for o in context.optimizers):
+                namespace[name] = _whole(value, state)
+        elif result_rank and isinstance(value, torch.optim.Optimizer) and _holds_sharded(value):
             namespace[name] = _StaysOnTheRanks(
                 f"a sharded {type(getattr(value, 'optimizer', value)).__name__}'s state is spread over the ranks; "
                 "save it with nbtrain.save_checkpoint()")
+
+
+def _whole(model: nn.Module, state: dict):
+    plain = model.__dict__.get(META_COPY)
+    if plain is None:
+        return _StaysOnTheRanks(f"{type(model).__name__} was sharded by the cell itself, not by nbtrain.prepare(), "
+                                "so there is no plain module to fill; save its state with nbtrain.save_checkpoint()")
+    plain = copy.deepcopy(plain)  # the kept copy stays empty: the model may come back again after more training
+    plain.load_state_dict(state, assign=True)
+    return plain
 
 
 def _too_large(context: TrainContext, size: int, limit: int) -> str:

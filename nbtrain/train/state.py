@@ -55,7 +55,6 @@ class TrainContext:
         self.resume_path: str | None = None
         self.auto_resume_checked = False  # see nbtrain.train.checkpoint.auto_resume
         self.sharded_params: dict[int, object] = {}  # id of a parameter before --shard -> the sharded one (train/shard.py)
-        self.meta_copies: dict[int, object] = {}  # rank 0: id of a sharded model -> its plain, parameter-less copy
 
     @property
     def distributed(self) -> bool:
@@ -79,7 +78,6 @@ class TrainContext:
         for objects in (self.models, self.optimizers, self.loaders, self.schedulers):
             objects.clear()
         self.sharded_params.clear()
-        self.meta_copies.clear()
         self.resume = None
 
 
