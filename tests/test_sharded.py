@@ -107,6 +107,31 @@ for epoch in nbtrain.epochs(EPOCHS):
     assert resumed == pytest.approx(straight["curve"], rel=1e-4)
 
 
+def test_a_background_save_is_written_by_the_cells_end_and_resumes_as_a_plain_one(pools, tmp_path):
+    cell = MODEL + """
+torch.manual_seed(1)
+model = Net()
+opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+model, opt = nbtrain.prepare(model, opt)
+curve = []
+for epoch in nbtrain.epochs(EPOCHS):
+    loss = F.cross_entropy(model(X), Y)
+    nbtrain.backward(loss)
+    opt.step(); opt.zero_grad()
+    curve.append(round(loss.item(), 6))
+    nbtrain.save_checkpoint()          # returns once the shards are copied; training goes on while they are written
+"""
+    straight, _ = run_cell(pools, cell.replace("EPOCHS", "4"), out="curve", shard="full",
+                           checkpoint=str(tmp_path / "sync"))
+    first, _ = run_cell(pools, cell.replace("EPOCHS", "2"), out="curve", shard="full", checkpoint_async=True,
+                        checkpoint=str(tmp_path / "async"))
+    assert os.path.exists(tmp_path / "async" / "checkpoint.pt")  # the cell's end waited for the last save
+    assert len([n for n in os.listdir(tmp_path / "async") if ".shards-" in n]) == 1
+    then, _ = run_cell(pools, cell.replace("EPOCHS", "4"), out="curve", shard="full", checkpoint_async=True,
+                       checkpoint=str(tmp_path / "async"))
+    assert first["curve"] + then["curve"] == pytest.approx(straight["curve"], rel=1e-4)
+
+
 def test_a_rank_killed_during_a_sharded_save_leaves_the_previous_checkpoint(pools, tmp_path):
     cell = MODEL + """
 import os
@@ -196,6 +221,7 @@ finite = bool(torch.isfinite(loss))
     ({"shard": "hybrid"}, "--shard hybrid replicates the model across nodes"),
     ({"shard": "diagonal"}, "--shard is full"),
     ({"shard": "full", "compile": "default"}, "--compile does not go with --shard yet"),
+    ({"shard": "full", "checkpoint_async": True}, "--checkpoint-async writes sharded checkpoints in the background"),
 ])
 def test_sharding_options_are_checked_before_anything_starts(options, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):

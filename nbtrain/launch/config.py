@@ -133,6 +133,10 @@ class LaunchRequest:
     shard_offload: bool = option(
         False, "--shard-offload", "with --shard: keep the sharded parameters and optimizer state on the CPU",
         group="training", switch=True)
+    checkpoint_async: bool = option(
+        False, "--checkpoint-async", "with --shard and --checkpoint: save_checkpoint() returns once the state is copied "
+        "and writes it in the background (the next save, the cell's end and the stop button wait for it)",
+        group="training", switch=True)
     activation_checkpointing: bool = option(
         False, "--activation-checkpointing", "with --shard: recompute each block's activations in backward instead "
         "of keeping them (less memory, more compute)", group="training", switch=True)
@@ -394,7 +398,8 @@ def _finish(request: LaunchRequest, pool: PoolSpec, output: str, workdir: Workdi
                                      request.max_restarts, cwd=workdir.cwd, channels_last=request.channels_last,
                                      compile=request.compile, compile_fallback=request.compile_fallback,
                                      shard=request.shard, shard_offload=request.shard_offload,
-                                     activation_checkpointing=request.activation_checkpointing)
+                                     activation_checkpointing=request.activation_checkpointing,
+                                     checkpoint_async=request.checkpoint_async)
     except TrainSettingsError as exc:
         raise ConfigError(str(exc)) from None
     start_timeout = DEFAULT_START_TIMEOUT_S if request.start_timeout is None else float(request.start_timeout)

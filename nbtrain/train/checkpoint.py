@@ -39,6 +39,7 @@ import random
 import secrets
 import shutil
 import sys
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -69,6 +70,7 @@ def save_checkpoint(path: str | None = None, **extra) -> str:
     """Save everything prepared in this cell (call it on every rank); returns the file's path."""
     context = current()
     target = _target(context, path)
+    context.wait_for_save()  # --checkpoint-async: one save at a time, in order
     if context.accum.backward_used and not context.accum.at_boundary():
         warnings.warn("save_checkpoint() inside a gradient-accumulation window: the gradients accumulated so far "
                       "are not saved. Save after optimizer.step().", stacklevel=2)
@@ -79,7 +81,10 @@ def save_checkpoint(path: str | None = None, **extra) -> str:
     if context.distributed and context.world_size > 1:
         ranks = [None] * context.world_size
         dist.all_gather_object(ranks, mine)
-    states = _save_shards(context, target) if any(shard.is_sharded(m) for m in context.models) else None
+    sharded = any(shard.is_sharded(m) for m in context.models)
+    if sharded and context.settings.checkpoint_async and path is None:
+        return _save_in_background(context, target, ranks, extra)
+    states = _save_shards(context, target) if sharded else None
     error = None
     if context.rank == 0:
         try:
@@ -109,13 +114,46 @@ def _target(context: TrainContext, path: str | None) -> str:
     return context.settings.checkpoint_path
 
 
-def _save_shards(context: TrainContext, target: str) -> tuple[list, list]:
+def _save_shards(context: TrainContext, target: str, done=None) -> tuple[list, list]:
     """--shard: every rank writes its shards to a new DCP folder beside the checkpoint file, which names it only
     once all are written — a save killed half-way leaves the previous checkpoint, and its folder, as they were."""
     name = [f"{os.path.basename(target)}.shards-{context.step}-{secrets.token_hex(4)}" if context.rank == 0 else None]
     if context.distributed and context.world_size > 1:
         dist.broadcast_object_list(name, src=0)
-    return shard.save_states(context, os.path.join(os.path.dirname(target), str(name[0])))
+    return shard.save_states(context, os.path.join(os.path.dirname(target), str(name[0])), done)
+
+
+def _save_in_background(context: TrainContext, target: str, ranks: list, extra: dict) -> str:
+    """--checkpoint-async: the shards are copied now and written in the background; rank 0 writes the file that
+    names them once DCP has finished (every rank's part), and the next wait raises what went wrong."""
+    snapshot: dict = {}
+    failure: list[str] = []
+    taken = threading.Event()  # the snapshot below is complete (the write may finish before it is)
+
+    def done(error: str | None) -> None:
+        taken.wait()
+        if error is None and context.rank == 0:
+            try:
+                write_atomic(snapshot, target)
+                _remove_older_shards(target, snapshot["models"][0]["dcp"])
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+        if error:
+            failure.append(error)
+
+    states = _save_shards(context, target, done)
+    snapshot.update(_snapshot(context, ranks, extra, states))
+    taken.set()
+    written = context.pending_save
+    assert written is not None  # set by the background save
+
+    def wait() -> None:
+        written()
+        if failure:
+            raise CheckpointError(f"the background save of {target} failed: {failure[0]}. The previous checkpoint "
+                                  "there is unchanged.")
+    context.pending_save = wait
+    return target
 
 
 def _remove_older_shards(target: str, keep: str) -> None:

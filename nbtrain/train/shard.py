@@ -31,6 +31,8 @@ import copy
 import itertools
 import os
 import sys
+from concurrent.futures import Future
+from typing import Any
 
 import torch
 from torch import nn
@@ -261,13 +263,20 @@ def owner_of(context: TrainContext, optimizer):
     return None
 
 
-def save_states(context: TrainContext, directory: str) -> tuple[list, list]:
+_async_group: list = []  # (the default process group it was made beside, a gloo group for background saves)
+
+
+def save_states(context: TrainContext, directory: str, done=None) -> tuple[list, list]:
     """Write every prepared model and optimizer to ``directory`` with DCP (each rank its own shards); the
-    entries the checkpoint file keeps in their place."""
+    entries the checkpoint file keeps in their place. With ``done`` (--checkpoint-async) the state is copied
+    and written in the background: ``done(error or None)`` runs when this rank's part is over, and
+    ``context.pending_save`` waits for it."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-    state, models, optimizers = {}, [], []
+    state: dict[str, Any] = {}
+    models: list = []
+    optimizers: list = []
     for index, model in enumerate(context.models):
         state[f"model{index}"] = get_model_state_dict(_plain(model))
         models.append({"dcp": os.path.basename(directory), "key": f"model{index}"})
@@ -278,8 +287,29 @@ def save_states(context: TrainContext, directory: str) -> tuple[list, list]:
             continue
         state[f"optim{index}"] = get_optimizer_state_dict(_plain(owner), optimizer.optimizer)
         optimizers.append({"dcp": os.path.basename(directory), "key": f"optim{index}"})
-    dcp.save(state, checkpoint_id=directory)
+    if done is None:
+        dcp.save(state, checkpoint_id=directory)
+        return models, optimizers
+    future = dcp.async_save(state, checkpoint_id=directory, process_group=_background_group())
+    assert isinstance(future, Future)  # the thread checkpointer's answer (a response object is the process one's)
+
+    def finished(f) -> None:
+        error = f.exception()
+        done(f"{type(error).__name__}: {error}" if error is not None else None)
+
+    future.add_done_callback(finished)
+    context.pending_save = future.result
     return models, optimizers
+
+
+def _background_group():
+    """A gloo group of its own for background saves: their collectives must not interleave with training's."""
+    import torch.distributed as dist
+
+    world = dist.group.WORLD
+    if not _async_group or _async_group[0] is not world:
+        _async_group[:] = [world, dist.new_group(backend="gloo")]
+    return _async_group[1]
 
 
 def _plain(model):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from collections.abc import Callable
 
 from ..wire.settings import TrainSettings, parse_train_settings
 from . import amp
@@ -54,6 +55,7 @@ class TrainContext:
         self.resume: dict | None = None  # a loaded checkpoint, applied to each object as it is prepared
         self.resume_path: str | None = None
         self.auto_resume_checked = False  # see nbtrain.train.checkpoint.auto_resume
+        self.pending_save: Callable[[], object] | None = None  # --checkpoint-async: waits for the save in progress
         self.sharded_params: dict[int, object] = {}  # id of a parameter before --shard -> the sharded one (train/shard.py)
 
     @property
@@ -74,7 +76,14 @@ class TrainContext:
     def __reduce__(self):
         raise TypeError("the training state belongs to its rank; bring back plain values (state.step, state.epoch)")
 
+    def wait_for_save(self) -> None:
+        """The background save of --checkpoint-async, finished (its error raised here)."""
+        wait, self.pending_save = self.pending_save, None
+        if wait is not None:
+            wait()
+
     def close(self) -> None:
+        self.wait_for_save()  # a cell ends, or is stopped, with its last checkpoint written
         for objects in (self.models, self.optimizers, self.loaders, self.schedulers):
             objects.clear()
         self.sharded_params.clear()

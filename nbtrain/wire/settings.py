@@ -43,6 +43,7 @@ class TrainSettings:
     shard: str | None = None  # a SHARD_CHOICES entry: prepare() shards models with FSDP2; None: DDP
     shard_offload: bool = False  # sharded parameters and optimizer state live on the CPU (CPUOffloadPolicy)
     activation_checkpointing: bool = False  # each sharded block recomputes its activations in backward
+    checkpoint_async: bool = False  # --shard: save_checkpoint() writes in the background (dcp.async_save)
     out_limit: int | None = None  # bytes: a sharded model larger than this stays on the ranks (None: no limit)
 
     @property
@@ -58,7 +59,7 @@ def parse_train_settings(amp: str | None = None, grad_accum: int | None = None, 
                          resume: bool = True, max_restarts: int | None = None, cwd: str | None = None, *,
                          channels_last: bool | None = None, compile: str | None = None,
                          compile_fallback: bool = False, shard: str | None = None, shard_offload: bool = False,
-                         activation_checkpointing: bool = False) -> TrainSettings:
+                         activation_checkpointing: bool = False, checkpoint_async: bool = False) -> TrainSettings:
     """Check the options and build :class:`TrainSettings`; raise :class:`TrainSettingsError` if one is wrong."""
     amp_mode = (amp or "auto").strip().lower()
     if amp_mode in ("bfloat16",):
@@ -97,10 +98,14 @@ def parse_train_settings(amp: str | None = None, grad_accum: int | None = None, 
         raise TrainSettingsError("--compile-fallback says what to do when torch.compile fails, so it needs --compile "
                                  "(such as --compile --compile-fallback).")
     shard_mode = _shard_mode(shard, shard_offload, activation_checkpointing, compile_mode)
+    if checkpoint_async and (shard_mode is None or checkpoint_dir is None):
+        raise TrainSettingsError("--checkpoint-async writes sharded checkpoints in the background, so it needs --shard "
+                                 "and --checkpoint DIR.")
     return TrainSettings(amp_mode, grad_accum, checkpoint_dir, bool(resume), restarts,
                          channels_last=channels_last, compile=compile_mode, compile_fallback=bool(compile_fallback),
                          shard=shard_mode, shard_offload=bool(shard_offload),
-                         activation_checkpointing=bool(activation_checkpointing))
+                         activation_checkpointing=bool(activation_checkpointing),
+                         checkpoint_async=bool(checkpoint_async))
 
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
