@@ -16,14 +16,35 @@ import pytest
 from helpers.chartbuild import ensure_chart_bundle
 from helpers.workers import SESSION_VARIABLE, assert_no_workers
 
+# The fast tier (``pytest -m "not slow"``): tests that start ranks, kernels, servers, node agents or a browser
+# are slow — by the fixtures they take, or by a module's ``pytestmark = pytest.mark.slow`` where they start
+# them themselves. Everything else is a unit test of the development loop.
+SLOW_FIXTURES = {"pools", "fresh_pools", "shell", "kernel", "cluster", "nodes", "sshd", "jp_serverapp", "jp_fetch",
+                 "no_leftover_workers", "namespace", "kernel_name", "notebook_dir"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 # Ranks (and kernels started by tests) inherit this, so a check only sees this test run's processes.
 os.environ.setdefault(SESSION_VARIABLE, uuid.uuid4().hex)
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def chart_bundle():
     """The dashboard's chart module, rebuilt from its sources when they are newer (widgets and kernels load it)."""
     return ensure_chart_bundle()
+
+
+@pytest.fixture(autouse=True)
+def _chart_where_it_is_loaded(request):
+    """Built once per test session, and only for tests that may load it: the slow ones (kernels, browsers, ranks
+    with a dashboard) and the dashboard's own."""
+    if request.node.get_closest_marker("slow") or "dashboard" in request.node.module.__name__:
+        request.getfixturevalue("chart_bundle")
 
 
 @contextlib.contextmanager

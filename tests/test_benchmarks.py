@@ -82,6 +82,7 @@ def test_gpu_speed_builds_every_cell_and_script_and_refuses_without_a_gpu():
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow  # real ranks under nbtrain and torchrun
 def test_gpu_speed_runs_its_whole_path_on_cpu_ranks():
     done = gpu_speed("--cpu", "--rounds", "1", "--only", "transformer", "--settings", "bf16", timeout=280)
     assert done.returncode == 0, done.stderr[-3000:]

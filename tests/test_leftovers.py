@@ -65,6 +65,7 @@ def test_the_shared_memory_sweep_skips_other_users_files_and_what_it_cannot_remo
         _remove(mine, foreign, stuck)
 
 
+@pytest.mark.slow  # a real kernel
 @needs_root
 def test_load_ext_sweeps_what_dead_agents_and_kernels_left_and_nothing_else():
     dead, tmp = _dead_pid(), tempfile.gettempdir()
@@ -87,6 +88,7 @@ def _agents_of(join: str) -> list[psutil.Process]:
     return [p for p in psutil.process_iter(["cmdline"]) if f"--join {join}" in " ".join(p.info["cmdline"] or ())]
 
 
+@pytest.mark.slow  # a real kernel
 def test_what_a_kernel_shut_down_with_emulated_nodes_leaves_is_gone_after_the_next_load_ext():
     """JupyterLab's shutdown gives a kernel 2.5 s before SIGTERM, which runs no cleanup: the agents leave on
     their own (their link breaks) and the next kernel's ``%load_ext nbtrain`` sweeps the rest."""

@@ -181,7 +181,7 @@ def test_multinode_runs_on_two_emulated_nodes_and_their_agents_leave():
 def test_sharded_finetune_trains_sharded_resumes_on_one_rank_and_comes_back(tmp_path):
     nb = run_notebook("sharded_finetune.ipynb", CHECKPOINT=repr(str(tmp_path / "ckpt")))
     text = "\n".join(cell_text(c) for c in nb.cells)
-    assert "FSDP2 · 2 ranks · 4 blocks + root" in text and "FSDP2 · 1 ranks" in text, text
+    assert "FSDP2 · 2 ranks · 4 blocks + root" in text and "FSDP2 · 1 rank ·" in text, text
     assert "(the plain module, whole)" in text and "epoch 1: loss" in text
     assert "resuming from" in text and "epoch 3: loss" in text and "epoch 0: loss" not in text.split("resuming from")[1]
     losses = [float(v) for v in re.findall(r"epoch \d: loss (\d+\.\d+)", text)]

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..words import count
 from .state import PreparedError, TrainContext, current
 
 META_COPY = "_nbtrain_meta_copy"  # rank 0: the plain model's structure, parameters on the meta device
@@ -167,7 +168,7 @@ def describe(context: TrainContext, model: nn.Module, blocks: int) -> str:
     extra = "".join(f" · {flag}" for flag, on in (("CPU offload", context.settings.shard_offload),
                                                    ("activation checkpointing",
                                                     context.settings.activation_checkpointing)) if on)
-    return (f"nbtrain: {kind} · {context.world_size} ranks · {blocks} blocks + root · {precision}{extra} · "
+    return (f"nbtrain: {kind} · {count('rank', context.world_size)} · {count('block', blocks)} + root · {precision}{extra} · "
             f"parameters per rank {_size(local)} of {_size(whole)} (DDP would hold all of it on every rank, "
             f"with its gradients and optimizer state)")
 
