@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -44,7 +43,7 @@ from .displays import PendingDisplays
 from .errors import RankFailedError, RankFailure, order_failures
 from .history import History
 from .modules import Workdir, fresh_ranks_note, notebook_workdir, stale_modules
-from .observer import RankInfo, RunInfo, RunObserver
+from .observer import FanOut, RankInfo, RunInfo, RunObserver
 from .output import OutputRelay, write_to_std_stream
 from .prompts import PendingPrompts
 from ..wire.payload import Inputs, Results, unpack_results
@@ -54,7 +53,7 @@ from .pool import Exited, Message, Output, WorkerPool
 from .sessions import SESSION_FAILURE_GRACE_S, SessionTable, ended_sentence, kept_sentence, stale_note
 from .stacks import whereabouts
 from .stopping import stop_button, stop_run
-from ..words import count
+from ..words import count, plural
 
 FAILURE_GRACE_S = 0.3  # let the other ranks report the same exception before they are stopped
 END_MARK_WAIT_S = 2.0  # after Done, wait at most this long for the last output
@@ -62,6 +61,7 @@ TIMED_WAIT_S = 0.1  # the loop's wait while something is timed: start-up, a fail
 STEADY_WAIT_S = 0.5  # every rank running the cell: output, messages and the stop button wake the loop at once;
 # only a rank whose children keep its pipes open after it died is seen on the timeout. Each wakeup is kernel
 # CPU, which with a rank on every core is taken from a rank.
+WAITING_EVERY_S = 30.0  # how often a restart that waits for a replacement node says so again
 NODES_EVERY_S = 1.0  # how often observers hear of a --nodes run's machines (their heartbeats come each second)
 
 
@@ -197,7 +197,7 @@ class _Run:
     def __init__(self, pool: WorkerPool, job: P.Job, inputs: Inputs, config: LaunchConfig, write,
                  observers: Iterable[RunObserver], warm: bool, info: CellInfo) -> None:
         self.pool, self.job, self.inputs, self.config = pool, job, inputs, config
-        self.observers, self.warm = list(observers), warm
+        self.observers, self.warm = FanOut(observers), warm
         self.history = History()
         self.displays = PendingDisplays(write)  # rank 0's figures and display() (nbtrain.worker.display)
         self._write = write
@@ -214,6 +214,7 @@ class _Run:
         self.all_done_at: float | None = None
         self.start_deadline = time.monotonic() + config.start_timeout_s
         self.nodes_told_at = 0.0
+        self.waiting_told_at = 0.0  # a restart waiting for nodes: when it last said so
         self.mismatch = MismatchWatcher(pool, job.filename, info.source, info.line_offset)
 
     @property
@@ -248,12 +249,42 @@ class _Run:
             elif self.done and (mismatch := self.mismatch.check(set(self.done), now)) is not None:
                 self._fail(min(mismatch.waiting), mismatch.error(), diagnosis=mismatch.message())
             elif not self.pool.ready and now > self.start_deadline:
-                waiting = self.pool.not_ready()
-                self._fail(waiting[0], P.RemoteError(
-                    "TimeoutError", f"ranks {waiting} did not join the process group within "
-                    f"{self.config.start_timeout_s:.0f} s (--start-timeout SECONDS or NBTRAIN_START_TIMEOUT waits longer)"
-                    f"{self.pool.start_hint()}",
-                    ()))
+                self._start_timed_out()
+            elif not self.pool.ready:
+                self._tell_waiting(now)
+
+    def _start_timed_out(self) -> None:
+        """The ranks did not all join in --start-timeout: each waiting rank fails with nbtrain's account of it
+        (no rank raised or died, so nothing is restarted); those that had joined are stopped."""
+        seconds = f"{self.config.start_timeout_s:.0f} s"
+        waiting, joined = self.pool.not_ready(), self.pool.nodes_joined()
+        if self.config.train.restart and joined:  # a restart's group needs a node in place of a lost one
+            text = f"no replacement node joined within {seconds}; {joined}"
+        else:
+            text = (f"{plural('rank', len(waiting))} {', '.join(map(str, waiting))} did not join the "
+                    f"process group within {seconds} (--start-timeout SECONDS or NBTRAIN_START_TIMEOUT waits longer)"
+                    f"{self.pool.start_hint()}")
+        for rank in waiting:
+            failure = RankFailure(rank, starting=True, account=text, label=self.pool.rank_label(rank),
+                                  order=len(self.failures))
+            self.failures.setdefault(rank, failure)
+        self.first_failure_at = self.first_failure_at or time.monotonic()
+        self.pool.mark_broken()
+
+    def _tell_waiting(self, now: float) -> None:
+        """A restart whose nodes are not all there: say at once what it waits for, then every WAITING_EVERY_S."""
+        if not self.config.train.restart or now - self.waiting_told_at < WAITING_EVERY_S:
+            return
+        joined = self.pool.nodes_joined()
+        if not joined:
+            return
+        left = f"{self.start_deadline - now:.0f} s"
+        if not self.waiting_told_at:
+            self.relay.write_direct("stderr", f"nbtrain: waiting for a node to replace the lost one{self.pool.start_hint()}\n"
+                                              f"The restart waits {left} for it (--start-timeout).\n")
+        else:
+            self.relay.write_direct("stderr", f"nbtrain: still waiting for a replacement node: {joined}; {left} left\n")
+        self.waiting_told_at = now
 
     def _wait_s(self) -> float:
         """How long the loop may sleep when nothing arrives: long only when nothing is being timed."""
@@ -283,13 +314,8 @@ class _Run:
             self.nodes_told_at = now
             self.notify("nodes_heard", nodes)
 
-    def notify(self, method: str, *args) -> None:
-        for observer in list(self.observers):
-            try:
-                getattr(observer, method)(*args)
-            except Exception as exc:  # a broken observer must not break the run
-                self.observers.remove(observer)
-                print(f"nbtrain: {type(observer).__name__} stopped following this run ({exc!r})", file=sys.stderr)
+    def notify(self, event: str, *args) -> None:
+        self.observers.notify(event, *args)
 
     def _handle(self, event) -> None:
         if isinstance(event, Output):
