@@ -18,7 +18,8 @@ The rules it decides:
   name later.
 * **Same processes.** A session keeps its pool: the idle timer does not stop it, a plain cell that needs
   other options starts a pool beside it instead of replacing it, and a later cell of the session must ask
-  for the same ranks (:meth:`SessionTable.check`, before anything runs).
+  for the same ranks (:meth:`SessionTable.check`, before anything runs; the error names each option that
+  differs, with the session's value and the cell's).
 * **Endings.** ``%distributed_close`` ends one session; ``%distributed_shutdown`` and the kernel's exit end
   all. A pool torn down — a rank that died, a rank stuck in a collective after another failed, the stop
   button — ends every session on it, and the run says so; the next cell of that session starts it afresh
@@ -29,7 +30,7 @@ The rules it decides:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import psutil
 
@@ -65,6 +66,28 @@ def describe_spec(spec: PoolSpec) -> str:
     return f"{count('rank', spec.nprocs)} ({spec.backend}, {where})"
 
 
+_OPTION_OF = {"nprocs": "the number of ranks", "backend": "--backend", "device_type": "the device (--cpu)",
+              "gpu_ids": "--gpus", "timeout_s": "--timeout", "env": "--env", "nodes": "--nodes",
+              "nproc_per_node": "--nproc-per-node", "rdzv_host": "--rdzv-host", "hosts": "--hosts",
+              "ssh_options": "--ssh-option", "remote_python": "--remote-python", "min_nodes": "--nodes MIN:MAX"}
+
+
+def spec_differences(session: PoolSpec, cell: PoolSpec) -> list[str]:
+    """Each option in which a cell's ranks differ from a session's: "--env: the session's A=1, this cell's A=2"."""
+    return [f"{_OPTION_OF.get(f.name, f.name)}: the session's {_shown(getattr(session, f.name))}, "
+            f"this cell's {_shown(getattr(cell, f.name))}"
+            for f in fields(PoolSpec) if f.compare and getattr(session, f.name) != getattr(cell, f.name)]
+
+
+def _shown(value) -> str:
+    if isinstance(value, float):
+        return f"{value:g} s"  # the only float options that decide the ranks are timeouts
+    if isinstance(value, tuple):
+        pairs = [f"{item[0]}={item[1]}" for item in value if isinstance(item, tuple)]  # --env
+        return " ".join(pairs) if pairs else ",".join(map(str, value)) or "none"
+    return str(value) if value != "" else "none"
+
+
 class SessionTable:
     def __init__(self) -> None:
         self.live: dict[str, Session] = {}
@@ -79,8 +102,9 @@ class SessionTable:
             raise SessionError(f"--fresh would start new ranks, but session {name!r} lives on its ranks. "
                                f"End it first with %distributed_close {name}, or leave --fresh out.")
         if session.pool.spec != spec:
-            raise SessionError(f"Session {name!r} runs on {describe_spec(session.pool.spec)}; this cell asks for "
-                               f"{describe_spec(spec)}. Give the options the session started with, or end it "
+            differences = "; ".join(spec_differences(session.pool.spec, spec))
+            raise SessionError(f"Session {name!r} runs on {describe_spec(session.pool.spec)}, with other options than "
+                               f"this cell's: {differences}. Give the options the session started with, or end it "
                                f"with %distributed_close {name} first.")
 
     def pool_for(self, name: str) -> tuple[WorkerPool | None, str]:
