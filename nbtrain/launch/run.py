@@ -158,14 +158,16 @@ class PoolManager:
         return ended
 
     def close_session(self, name: str) -> None:
-        """End one session: its namespace is dropped, and its pool stopped if nothing else uses it."""
+        """End one session: its processes stop, unless another session lives on them (then only its namespace
+        is dropped). Plain cells that shared them start warm ranks of their own when they next run."""
         with self._lock:
             pool = self.sessions.remove(name).pool
-            if self.sessions.on(pool) or pool is self.pool:
+            if self.sessions.on(pool):
                 pool.send_all(P.CloseSession(name))
-                if pool is self.pool:
-                    self.release(True, self._keep_alive_s)  # now a plain warm pool: idle timer again
                 return
+            if pool is self.pool:
+                self._cancel_timer()
+                self.pool = None
         pool.teardown(graceful=True)
 
     def shutdown(self, graceful: bool = True) -> bool:
