@@ -34,7 +34,7 @@ from collections.abc import Callable
 from typing import Protocol, TypeVar
 
 from ..wire.settings import TrainSettings
-from ..words import count
+from ..words import checkpoint_position, count
 from .errors import RankFailedError
 from .observer import FanOut
 
@@ -132,6 +132,6 @@ def _describe_checkpoint(path: str) -> str:
         import torch
 
         state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-        return f"{path} (epoch {state['epoch']}, step {state['step']})"
+        return f"{path} ({checkpoint_position(state['epoch'], state['step'], state.get('logged_step'))})"
     except Exception:
         return path
