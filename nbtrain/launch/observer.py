@@ -57,6 +57,7 @@ class RunInfo:
     ranks: tuple[RankInfo, ...]
     warm: bool
     nodes: tuple[NodeInfo, ...] = ()  # a --nodes run's machines; () on one machine
+    started: float = 0.0  # unix time the cell began, before its ranks started (0: not known)
 
 
 class RunObserver:

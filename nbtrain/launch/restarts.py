@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
@@ -85,6 +86,14 @@ class _OneEnding(FanOut):
     def __init__(self, followers) -> None:
         super().__init__(followers)
         self._ending: tuple[str, str] | None = None
+        self._started = 0.0  # when the first attempt's cell began: every attempt's start says so
+
+    def run_started(self, info) -> None:
+        self._started = self._started or info.started
+        self.notify("run_started", replace(info, started=self._started))
+
+    def ranks_ready(self, info) -> None:
+        self.notify("ranks_ready", replace(info, started=self._started or info.started))
 
     def run_finished(self, status: str, summary: str) -> None:
         self._ending = (status, summary)

@@ -197,8 +197,9 @@ class _Run:
     """The event loop of one cell on one pool."""
 
     def __init__(self, pool: WorkerPool, job: P.Job, inputs: Inputs, config: LaunchConfig, write,
-                 observers: Iterable[RunObserver], warm: bool, info: CellInfo) -> None:
+                 observers: Iterable[RunObserver], warm: bool, info: CellInfo, started: float = 0.0) -> None:
         self.pool, self.job, self.inputs, self.config = pool, job, inputs, config
+        self.started = started  # unix time the cell began (the summary's time counts from it)
         self.observers, self.warm = FanOut(observers), warm
         self.history = History()
         self.displays = PendingDisplays(write)  # rank 0's figures and display() (nbtrain.worker.display)
@@ -308,7 +309,7 @@ class _Run:
         ranks = tuple(RankInfo(rank, pid, devices.get(rank), _physical_gpu(spec, devices.get(rank)))
                       for rank, pid in enumerate(self.pool.pids()))
         return RunInfo(f"{self.pool.run_id}/{self.job.job_id}", spec.nprocs, spec.backend, spec.device_type,
-                       spec.gpu_ids, ranks, self.warm, self.pool.node_infos())
+                       spec.gpu_ids, ranks, self.warm, self.pool.node_infos(), self.started)
 
     def _tell_nodes(self, now: float) -> None:
         """Once a second on a --nodes run: each machine's state and load, from its heartbeats, to the observers."""
@@ -420,7 +421,7 @@ def _run_and_bring_back(namespace, info, config, manager, inputs, result_prefix,
                 names_to_return(info, config.out_names), train=config.train, cwd=workdir.cwd, sys_path=workdir.sys_path,
                 result_prefix=result_prefix, shared_files=tuple(inputs.arena.paths), session=config.session)
     sessions_here = manager.sessions.on(pool)
-    run = _Run(pool, job, inputs, config, write, observers, warm, info)
+    run = _Run(pool, job, inputs, config, write, observers, warm, info, time.time() - (time.monotonic() - started))
     if stale_note:
         run.relay.write_direct("stdout", stale_note)
     try:
