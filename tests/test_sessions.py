@@ -99,6 +99,19 @@ def test_a_session_keeps_a_model_on_the_ranks_across_cells():
     assert "after close: False" in reopened and "(warm)" not in reopened
 
 
+def test_a_sessions_cells_log_one_curve():
+    log = f"{S1}\nimport nbtrain\nfor i in range(3):\n    nbtrain.log(loss=float(rank + i))\n"
+    text = run_notebook([
+        log, "print('first', history['loss'].steps)",
+        log, "print('second', history['loss'].steps, history.series('loss', rank=1).steps[-1])",
+        "%%distributed 2 --cpu --no-dashboard\nimport nbtrain\nnbtrain.log(loss=1.0)",  # a plain cell: its own curve
+        "print('plain', history['loss'].steps)",
+    ])
+    assert "first [0, 1, 2]" in text[1], text
+    assert "second [0, 1, 2, 3, 4, 5] 5" in text[3], text  # the second cell goes on at step 3, on every rank
+    assert "plain [0]" in text[5], text
+
+
 def test_a_crashed_rank_or_a_stuck_collective_ends_the_session_and_says_so():
     text = run_notebook([
         f"{S1}\nkept = 1",

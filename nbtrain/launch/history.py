@@ -67,6 +67,13 @@ class History:
                 series.values.append(value)
                 series.times.append(when)
 
+    def copy(self) -> History:
+        """A history that goes on from this one's points without changing it (a session's next cell)."""
+        other = History()
+        other._data = {name: {rank: s[:] for rank, s in by_rank.items()} for name, by_rank in self._data.items()}
+        other.total_steps = self.total_steps
+        return other
+
     @property
     def names(self) -> list[str]:
         return list(self._data)

@@ -415,13 +415,14 @@ def _run_and_bring_back(namespace, info, config, manager, inputs, result_prefix,
                         observers) -> RunResult:
     workdir = config.workdir or notebook_workdir()
     pool, warm, stale_note = manager.acquire(config.pool, config.fresh, workdir, config.session)
-    if config.session:
-        manager.sessions.open(config.session, pool)
+    session = manager.sessions.open(config.session, pool) if config.session else None
     job = P.Job(pool.next_job_id(), info.source, f"{CELL_FILENAME[:-1]} {id(info):x}>", inputs.data,
                 names_to_return(info, config.out_names), train=config.train, cwd=workdir.cwd, sys_path=workdir.sys_path,
                 result_prefix=result_prefix, shared_files=tuple(inputs.arena.paths), session=config.session)
     sessions_here = manager.sessions.on(pool)
     run = _Run(pool, job, inputs, config, write, observers, warm, info, time.time() - (time.monotonic() - started))
+    if session is not None:  # the session's series go on (its ranks continue their step counters)
+        run.history = session.history.copy()
     if stale_note:
         run.relay.write_direct("stdout", stale_note)
     try:
@@ -450,6 +451,8 @@ def _run_and_bring_back(namespace, info, config, manager, inputs, result_prefix,
         raise
     finally:
         inputs.arena.close()
+    if session is not None:
+        session.history = run.history
     if run.failures:
         raise _failure(run, manager, info, code_name)
     manager.release(healthy=True, keep_alive_s=config.keep_alive_s)

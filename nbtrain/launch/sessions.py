@@ -16,6 +16,9 @@ The rules it decides:
   not seen; assign the name again.)
 * **Names back.** As a plain cell: what the cell assigns, or ``--out``; ``%distributed_pull`` fetches a held
   name later.
+* **One curve.** What the session's cells log with ``nbtrain.log()`` is one set of series: each cell's steps
+  go on from the last cell's (the ranks keep the step counters, :mod:`nbtrain.worker.session`), and
+  ``history`` after a cell holds the session's series so far (:attr:`Session.history`).
 * **Same processes.** A session keeps its pool: the idle timer does not stop it, a plain cell that needs
   other options starts a pool beside it instead of replacing it, and a later cell of the session must ask
   for the same ranks (:meth:`SessionTable.check`, before anything runs; the error names each option that
@@ -37,6 +40,7 @@ import psutil
 from ..wire import protocol as P
 from ..words import count
 from .config import ConfigError, PoolSpec
+from .history import History
 from .pool import WorkerPool
 
 SESSION_FAILURE_GRACE_S = 3.0  # a session survives a failure only if every rank answers: wait this long for them
@@ -55,6 +59,7 @@ class Session:
     held: tuple[tuple[str, str], ...] = ()  # (name, type) on rank 0 after its last successful cell
     gpu_bytes: dict[int, int] = field(default_factory=dict)
     seen: dict[str, object] = field(default_factory=dict)  # the notebook's objects for held names, after that cell
+    history: History = field(default_factory=History)  # every series its cells logged, one curve across them
 
     @property
     def names(self) -> tuple[str, ...]:
