@@ -16,6 +16,12 @@ A tree's members are found from its root down (:func:`descendants`): on Linux th
 the status of every process on the machine (about 8 ms a rank on a container with a hundred processes,
 taken once a second from the CPU the ranks train with when they use every core). Where that file does not
 exist (another OS, a kernel built without it), psutil's way.
+
+The machine's CPU (:class:`HostCpu`) is the busy share of all cores between two readings of
+``psutil.cpu_times()`` that the sampler itself keeps. ``psutil.cpu_percent()`` keeps its earlier reading
+per *thread*, so the first sample taken on a sampler thread (or any thread other than the one that
+called it before) would measure the microseconds since that call and read 0 %; a reading without an
+earlier one is ``None`` here (N/A), never a made-up 0.
 """
 
 from __future__ import annotations
@@ -54,7 +60,6 @@ class ProcessTrees:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._procs: dict[int, tuple[psutil.Process, float]] = {}  # pid -> (handle, time of its baseline)
-        psutil.cpu_percent(interval=None)  # the first machine-wide reading starts the clock
 
     def _handle(self, pid: int) -> tuple[psutil.Process, bool]:
         """The kept handle of ``pid``, and whether its CPU baseline is old enough to measure from."""
@@ -125,14 +130,39 @@ def descendants(proc: psutil.Process) -> list[int]:
     return found
 
 
-def host_status() -> HostStatus:
+class HostCpu:
+    """The machine's CPU between this object's own readings, whichever thread takes them (module docstring)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last = _cpu_times()  # the baseline: the first percent() measures from here
+
+    def percent(self) -> float | None:
+        """All cores' busy share (0–100) since the last call (or since this object was made)."""
+        now = _cpu_times()
+        with self._lock:
+            last, self._last = self._last, now
+        if last is None or now is None or now[0] - last[0] <= 0:
+            return None  # no earlier reading, or no tick since it: nothing measured
+        total, idle = now[0] - last[0], now[1] - last[1]
+        return round(max(0.0, min(100.0, 100.0 * (total - idle) / total)), 1)
+
+
+def _cpu_times() -> tuple[float, float] | None:
+    """(total, idle) CPU seconds of the machine: idle includes waiting for I/O; guest time is already in user."""
+    try:
+        times = psutil.cpu_times()
+    except Exception:
+        return None
+    fields = times._asdict()
+    total = sum(fields.values()) - fields.get("guest", 0.0) - fields.get("guest_nice", 0.0)
+    return total, fields.get("idle", 0.0) + fields.get("iowait", 0.0)
+
+
+def host_status(cpu: HostCpu) -> HostStatus:
     try:
         memory = psutil.virtual_memory()
         used, total = memory.total - memory.available, memory.total
     except Exception:
         used = total = None
-    try:
-        cpu = psutil.cpu_percent(interval=None)
-    except Exception:
-        cpu = None
-    return HostStatus(cpu, psutil.cpu_count() or 1, used, total)
+    return HostStatus(cpu.percent(), psutil.cpu_count() or 1, used, total)
