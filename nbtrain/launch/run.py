@@ -53,7 +53,8 @@ from .pool import Exited, Message, Output, WorkerPool
 from .sessions import SESSION_FAILURE_GRACE_S, SessionTable, ended_sentence, kept_sentence, stale_note
 from .stacks import whereabouts
 from .stopping import stop_button, stop_run
-from ..words import count, plural
+from ..words import count
+from .waiting import WAITING_EVERY_S, start_timeout_account, waiting_line
 
 FAILURE_GRACE_S = 0.3  # let the other ranks report the same exception before they are stopped
 END_MARK_WAIT_S = 2.0  # after Done, wait at most this long for the last output
@@ -61,7 +62,6 @@ TIMED_WAIT_S = 0.1  # the loop's wait while something is timed: start-up, a fail
 STEADY_WAIT_S = 0.5  # every rank running the cell: output, messages and the stop button wake the loop at once;
 # only a rank whose children keep its pipes open after it died is seen on the timeout. Each wakeup is kernel
 # CPU, which with a rank on every core is taken from a rank.
-WAITING_EVERY_S = 30.0  # how often a restart that waits for a replacement node says so again
 NODES_EVERY_S = 1.0  # how often observers hear of a --nodes run's machines (their heartbeats come each second)
 
 
@@ -257,37 +257,22 @@ class _Run:
                 self._tell_waiting(now)
 
     def _start_timed_out(self) -> None:
-        """The ranks did not all join in --start-timeout: each waiting rank fails with nbtrain's account of it
-        (no rank raised or died, so nothing is restarted); those that had joined are stopped."""
-        seconds = f"{self.config.start_timeout_s:.0f} s"
-        waiting, joined = self.pool.not_ready(), self.pool.nodes_joined()
-        if self.config.train.restart and joined:  # a restart's group needs a node in place of a lost one
-            text = f"no replacement node joined within {seconds}; {joined}"
-        else:
-            text = (f"{plural('rank', len(waiting))} {', '.join(map(str, waiting))} did not join the "
-                    f"process group within {seconds} (--start-timeout SECONDS or NBTRAIN_START_TIMEOUT waits longer)"
-                    f"{self.pool.start_hint()}")
-        for rank in waiting:
-            failure = RankFailure(rank, starting=True, account=text, label=self.pool.rank_label(rank),
-                                  order=len(self.failures))
-            self.failures.setdefault(rank, failure)
+        """The ranks did not all join in --start-timeout: each waiting rank fails with nbtrain's account
+        (:mod:`.waiting`); those that had joined are stopped."""
+        text = start_timeout_account(self.pool, self.config.start_timeout_s, self.config.train.restart)
+        for rank in self.pool.not_ready():
+            self.failures.setdefault(rank, RankFailure(rank, starting=True, account=text, order=len(self.failures),
+                                                       label=self.pool.rank_label(rank)))
         self.first_failure_at = self.first_failure_at or time.monotonic()
         self.pool.mark_broken()
 
     def _tell_waiting(self, now: float) -> None:
         """A restart whose nodes are not all there: say at once what it waits for, then every WAITING_EVERY_S."""
-        if not self.config.train.restart or now - self.waiting_told_at < WAITING_EVERY_S:
-            return
-        joined = self.pool.nodes_joined()
-        if not joined:
-            return
-        left = f"{self.start_deadline - now:.0f} s"
-        if not self.waiting_told_at:
-            self.relay.write_direct("stderr", f"nbtrain: waiting for a node to replace the lost one{self.pool.start_hint()}\n"
-                                              f"The restart waits {left} for it (--start-timeout).\n")
-        else:
-            self.relay.write_direct("stderr", f"nbtrain: still waiting for a replacement node: {joined}; {left} left\n")
-        self.waiting_told_at = now
+        if self.config.train.restart and now - self.waiting_told_at >= WAITING_EVERY_S:
+            line = waiting_line(self.pool, self.start_deadline - now, first=not self.waiting_told_at)
+            if line:
+                self.relay.write_direct("stderr", line)
+                self.waiting_told_at = now
 
     def _wait_s(self) -> float:
         """How long the loop may sleep when nothing arrives: long only when nothing is being timed."""
