@@ -125,6 +125,8 @@ def test_a_crashed_rank_or_a_stuck_collective_ends_the_session_and_says_so():
     assert "session 's1' ended earlier (rank 1 exited with code 3" in restarted, restarted
     assert "it starts again, empty\n" in restarted and "False\n" in restarted, restarted
     assert "RuntimeError: only rank 0" in stuck and "Session 's1' ended with the ranks" in stuck, stuck
+    assert "Rank 1 was still in the cell 3 s after rank 0 raised — waiting in a collective" in stuck, stuck
+    assert "cannot be aborted on gloo without ending its process" in stuck, stuck  # why it could not be kept
     assert "session 's1' ended earlier" in restarted_again and "empty" in restarted_again
 
 

@@ -50,7 +50,8 @@ from ..wire.payload import Inputs, Results, unpack_results
 from .mismatch import MismatchWatcher
 from ..wire.shm import new_result_prefix, sweep_prefix
 from .pool import Exited, Message, Output, WorkerPool
-from .sessions import SESSION_FAILURE_GRACE_S, SessionTable, ended_sentence, kept_sentence, stale_note
+from .sessions import (SESSION_FAILURE_GRACE_S, SessionTable, ended_sentence, kept_sentence, stale_note,
+                       stuck_sentence)
 from .stacks import whereabouts
 from .stopping import stop_button, stop_run
 from ..words import count
@@ -464,6 +465,8 @@ def _failure(run: _Run, manager: PoolManager, info: CellInfo, code_name) -> Rank
         first = order_failures(list(run.failures.values()))[0]
         ended = manager.teardown(pool, grace=0.5, drain=lambda: run.drain(0.5), why=first.summary())
         notes = [ended_sentence(ended)] if ended else []
+        if ended and unfinished and set(run.failures) <= run.raised:  # the others were in the cell: say why it ended
+            notes.insert(0, stuck_sentence(sorted(run.raised), unfinished, pool.spec.backend))
     error = RankFailedError(list(run.failures.values()), cell_filename=job.filename, cell_source=info.source,
                             line_offset=info.line_offset, code_name=code_name, stopped=stopped,
                             whereabouts=where, notes=notes)

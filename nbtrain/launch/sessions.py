@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, fields
 import psutil
 
 from ..wire import protocol as P
-from ..words import count
+from ..words import count, plural
 from .config import ConfigError, PoolSpec
 from .history import History
 from .pool import WorkerPool
@@ -189,6 +189,14 @@ def stale_note(name: str, paths: list[str]) -> str:
 def kept_sentence(name: str) -> str:
     return (f"Session {name!r} keeps the names it held before this cell (objects the cell changed in place "
             "stay changed), and the notebook's variables are unchanged; fix the cell and run it again.")
+
+
+def stuck_sentence(raised: list[int], stuck: list[int], backend: str) -> str:
+    """Why a session whose cell raised on some ranks could not be kept: the others did not finish the cell."""
+    who, did = (f"Rank {stuck[0]}", "was") if len(stuck) == 1 else (f"Ranks {', '.join(map(str, stuck))}", "were")
+    return (f"{who} {did} still in the cell {SESSION_FAILURE_GRACE_S:.0f} s after {plural('rank', len(raised))} "
+            f"{', '.join(map(str, raised))} raised — waiting in a collective (a DDP backward's all-reduce), most likely. "
+            f"A collective in flight cannot be aborted on {backend} without ending its process, so the ranks were stopped.")
 
 
 def ended_sentence(names: list[str]) -> str:
