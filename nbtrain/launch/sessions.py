@@ -196,7 +196,15 @@ def stuck_sentence(raised: list[int], stuck: list[int], backend: str) -> str:
     who, did = (f"Rank {stuck[0]}", "was") if len(stuck) == 1 else (f"Ranks {', '.join(map(str, stuck))}", "were")
     return (f"{who} {did} still in the cell {SESSION_FAILURE_GRACE_S:.0f} s after {plural('rank', len(raised))} "
             f"{', '.join(map(str, raised))} raised — waiting in a collective (a DDP backward's all-reduce), most likely. "
-            f"A collective in flight cannot be aborted on {backend} without ending its process, so the ranks were stopped.")
+            f"{_NO_ABORT.get(backend, f'nbtrain does not abort a collective in flight on {backend} yet')}, "
+            "so the ranks were stopped.")
+
+
+_NO_ABORT = {  # why a pending collective ends only with its process (gloo's abort does not release a waiting peer)
+    "gloo": "A collective in flight cannot be aborted on gloo without ending its process",
+    "nccl": "nbtrain does not abort a collective in flight on nccl yet (it would re-create the process group under "
+            "the session's DDP models)",
+}
 
 
 def ended_sentence(names: list[str]) -> str:
