@@ -20,8 +20,8 @@ exist (another OS, a kernel built without it), psutil's way.
 The machine's CPU (:class:`HostCpu`) is the busy share of all cores between two readings of
 ``psutil.cpu_times()`` that the sampler itself keeps. ``psutil.cpu_percent()`` keeps its earlier reading
 per *thread*, so the first sample taken on a sampler thread (or any thread other than the one that
-called it before) would measure the microseconds since that call and read 0 %; a reading without an
-earlier one is ``None`` here (N/A), never a made-up 0.
+called it before) would measure the microseconds since that call and read 0 %. Here the first reading
+covers at least :data:`MIN_HOST_S` since the sampler was made (waiting for the rest if asked sooner).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import psutil
 
 MIN_BASELINE_S = 0.05  # a process's CPU is measured only over at least this long since its first reading
+MIN_HOST_S = 0.1  # the machine's first CPU reading covers at least this long (a shorter one reads 0 % or 100 %)
 
 
 @dataclass(frozen=True)
@@ -136,16 +137,20 @@ class HostCpu:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._last = _cpu_times()  # the baseline: the first percent() measures from here
+        self._made = time.monotonic()
+        self._value: float | None = None
 
     def percent(self) -> float | None:
-        """All cores' busy share (0–100) since the last call (or since this object was made)."""
+        """All cores' busy share (0–100) since the last call; the first call measures from this object's making,
+        over :data:`MIN_HOST_S` at least (waiting for the rest: a first request made at once still gets a number)."""
+        if self._value is None:
+            time.sleep(max(0.0, self._made + MIN_HOST_S - time.monotonic()))
         now = _cpu_times()
         with self._lock:
             last, self._last = self._last, now
-        if last is None or now is None or now[0] - last[0] <= 0:
-            return None  # no earlier reading, or no tick since it: nothing measured
-        total, idle = now[0] - last[0], now[1] - last[1]
-        return round(max(0.0, min(100.0, 100.0 * (total - idle) / total)), 1)
+            if last is not None and now is not None and now[0] > last[0]:  # else no tick since: the last value
+                self._value = round(max(0.0, min(100.0, 100.0 * (1 - (now[1] - last[1]) / (now[0] - last[0])))), 1)
+            return self._value
 
 
 def _cpu_times() -> tuple[float, float] | None:
