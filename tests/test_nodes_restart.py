@@ -75,6 +75,8 @@ def test_a_lost_node_is_replaced_and_the_run_resumes_from_the_checkpoint(tmp_pat
         assert "restarting the ranks from" in text and "(restart 1 of 1)" in text, text
         assert ns["steps"] == 6 and ns["restart_count"] == 1  # 3 epochs × 2 steps, as if nothing had happened
         assert result.history.series("loss", rank=0).steps == list(range(6))  # the whole curve
+        before = [nodes for at, nodes in observer.heard if at <= restarted[0]]
+        assert before and before[-1][lost.group(1)] == "lost", before  # shown lost as soon as it is
         after = [nodes for at, nodes in observer.heard if at > restarted[0]]
         assert after, observer.heard  # the restarted attempt's nodes reach the observers (dashboard, registry)
         assert lost.group(1) not in after[-1] and "c" in after[-1], after  # the replacement, not the lost node

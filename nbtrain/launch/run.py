@@ -218,6 +218,7 @@ class _Run:
         self.all_done_at: float | None = None
         self.start_deadline = time.monotonic() + config.start_timeout_s
         self.nodes_told_at = 0.0
+        self.nodes_told_states: tuple[str, ...] = ()
         self.waiting_told_at = 0.0  # a restart waiting for nodes: when it last said so
         self.mismatch = MismatchWatcher(pool, job.filename, info.source, info.line_offset)
 
@@ -298,9 +299,13 @@ class _Run:
                        spec.gpu_ids, ranks, self.warm, self.pool.node_infos(), self.started)
 
     def _tell_nodes(self, now: float) -> None:
-        """Once a second on a --nodes run: each machine's state and load, from its heartbeats, to the observers."""
-        if self.sent and now - self.nodes_told_at >= NODES_EVERY_S and (nodes := self.pool.node_infos()):
-            self.nodes_told_at = now
+        """Once a second on a --nodes run: each machine's state and load, from its heartbeats, to the observers —
+        and at once when a node's state changed (a lost node is shown lost before the run stops the others)."""
+        if not self.sent or not (nodes := self.pool.node_infos()):
+            return
+        states = tuple(node.state for node in nodes)
+        if now - self.nodes_told_at >= NODES_EVERY_S or states != self.nodes_told_states:
+            self.nodes_told_at, self.nodes_told_states = now, states
             self.notify("nodes_heard", nodes)
 
     def notify(self, event: str, *args) -> None:
