@@ -242,7 +242,7 @@ class DistributedMagics(Magics):
     @argument("session", help="the session's name")
     @line_magic
     def distributed_close(self, line):
-        """End a session: its ranks drop what it held (the ranks stay warm if other cells use them)."""
+        """End a session: its processes stop (unless another session lives on them: then they drop what it held)."""
         args = parse_argstring(self.distributed_close, line)
         try:
             api.close(self.pools, args.session)

@@ -19,3 +19,11 @@ def plural(word: str, number: float) -> str:
 def count(word: str, number: float) -> str:
     """``"1 rank"``, ``"2 ranks"``, ``"0 ranks"``."""
     return f"{number} {plural(word, number)}"
+
+
+def checkpoint_position(epoch: int, step: int, logged_step: int | None) -> str:
+    """Where a checkpoint resumes, in the steps ``history`` and the dashboard count (the logged series go on at
+    ``logged_step``), with the optimizer's step where that differs (``--grad-accum``, or logging less often)."""
+    if logged_step is None or logged_step == step:
+        return f"epoch {epoch}, step {step}"
+    return f"epoch {epoch}, step {logged_step}; optimizer step {step}"

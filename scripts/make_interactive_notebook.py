@@ -149,7 +149,7 @@ interactive = [
         "        break"),
     new_markdown_cell(
         "## Close the session\n\n"
-        "`%distributed_close s1` ends the session: the ranks drop what it held and give the memory back. "
+        "`%distributed_close s1` ends the session: its processes stop and give the memory back. "
         "(The model pulled into the notebook stays.) A later `--session s1` cell would start a new, empty one."),
     new_code_cell("%distributed_close s1\n%distributed_sessions"),
 ]

@@ -43,7 +43,9 @@ def test_resumed_run_continues_the_uninterrupted_one(pools, tmp_path):
     output = Captured()
     resumed, resumed_run = run_cell(pools, TRAIN.replace("EPOCHS", "4"), write=output, checkpoint=str(tmp_path / "b"), **options)
 
-    assert f"resuming from {tmp_path / 'b' / 'checkpoint.pt'} (epoch 2, step 6)" in output.text()
+    # in the steps history and the dashboard count (2 batches an optimizer step), with the optimizer's own
+    assert f"resuming from {tmp_path / 'b' / 'checkpoint.pt'} (epoch 2, step 12; optimizer step 6)" in output.text()
+    assert resumed_run.history.series("loss", rank=0).steps[len(first_run.history.series("loss", rank=0))] == 12
     for rank in (0, 1):
         reference = whole_run.history.series("loss", rank=rank)
         continued = resumed_run.history.series("loss", rank=rank)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import io
+import os
+import signal
+import threading
 
 import psutil
 import pytest
@@ -82,6 +85,25 @@ def test_dashboard_sees_both_ranks_metrics_and_their_processes(monkeypatch):
     assert not widget.sampler.running and not widget.ticker.running and not text.ticker.running
     assert "nbtrain ▸ 2 ranks on gloo on cpu finished" in stream.getvalue()
     assert result.history["loss"].values[-1] == pytest.approx(1.0 / 30)
+
+
+class StopButton(RunObserver):
+    """Presses the stop button (SIGINT to this process, as Jupyter's interrupt sends it) a second after the
+    ranks are ready."""
+
+    def ranks_ready(self, info):
+        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+
+
+def test_a_stopped_run_says_its_ranks_were_interrupted(monkeypatch):
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda obj, **kw: shown.append(obj))
+    widget = DashboardObserver(RunDashboard, interval=0.25)
+    with pytest.raises(KeyboardInterrupt):
+        run_source("import time\nwhile True:\n    time.sleep(0.05)\n", LaunchRequest(nprocs=2, cpu=True), {},
+                   observers=[widget, StopButton()])
+    summary = shown[-1]
+    assert "2 ranks on gloo on cpu were interrupted" in summary.text, summary.text
 
 
 def test_magic_in_a_terminal_prints_status_and_no_dashboard_turns_it_off(capsys):

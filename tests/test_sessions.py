@@ -62,15 +62,19 @@ def test_a_session_keeps_a_model_on_the_ranks_across_cells():
         # plain cells share the warm ranks and see nothing of the session
         "%%distributed 2 --cpu --no-dashboard\nprint('plain sees model:', 'model' in globals())",
         "%%distributed 3 --cpu --session s1\npass",
+        f"{S1} --env NBTRAIN_PROBE=1 --timeout 60\npass",
         # a plain cell with other options gets ranks of its own; the session's stay, and serve plain cells again
         "%%distributed 1 --cpu --no-dashboard\none = world_size",
         f"{S1} --out -\nprint('still there:', id(model) == built)",
         "%%distributed 2 --cpu --no-dashboard\ntwo = world_size",
         "%distributed_close s1",
+        "import psutil\nprint('ranks after close:', sum('nbtrain.worker' in p.cmdline() for p in "
+        "psutil.Process().children(recursive=True)))",
         f"{S1}\nprint('after close:', 'model' in globals())",
     ])
     (_, build, in_notebook, train, trained, evaluate, evaluated, _, rebound, seen, failed, after_failure, after,
-     listing, _, pulled, not_held, plain, other_ranks, one_rank, still, plain_again, closed, reopened, _) = text
+     listing, _, pulled, not_held, plain, other_ranks, other_options, one_rank, still, plain_again, closed, ranks_left,
+     reopened, _) = text
     assert "model in notebook: False" in in_notebook
     assert "trained True" in trained, train
     assert "same True err True Linear" in evaluated, evaluate
@@ -83,12 +87,29 @@ def test_a_session_keeps_a_model_on_the_ranks_across_cells():
     assert "pulled Linear (1, 4) SGD" in pulled
     assert "Session 's1' holds no 'nothing_here'" in not_held and "model" in not_held
     assert "plain sees model: False" in plain and "(warm)" in plain
-    assert "Session 's1' runs on 2 ranks (gloo, cpu); this cell asks for 3 ranks (gloo, cpu)" in other_ranks
+    assert "Session 's1' runs on 2 ranks (gloo, cpu), with other options than this cell's: the number of ranks: " \
+           "the session's 2, this cell's 3." in other_ranks, other_ranks
+    assert "--timeout: the session's 600 s, this cell's 60 s; --env: the session's none, this cell's NBTRAIN_PROBE=1." \
+        in other_options, other_options  # each option that differs, by name, with both values
     assert "1 rank · gloo" in one_rank and "(warm)" not in one_rank
     assert "still there: True" in still and "(warm)" in still
     assert "(warm)" in plain_again, plain_again
     assert "session 's1' ended" in closed
-    assert "after close: False" in reopened and "(warm)" in reopened
+    assert "ranks after close: 0" in ranks_left, ranks_left  # its processes stopped with it
+    assert "after close: False" in reopened and "(warm)" not in reopened
+
+
+def test_a_sessions_cells_log_one_curve():
+    log = f"{S1}\nimport nbtrain\nfor i in range(3):\n    nbtrain.log(loss=float(rank + i))\n"
+    text = run_notebook([
+        log, "print('first', history['loss'].steps)",
+        log, "print('second', history['loss'].steps, history.series('loss', rank=1).steps[-1])",
+        "%%distributed 2 --cpu --no-dashboard\nimport nbtrain\nnbtrain.log(loss=1.0)",  # a plain cell: its own curve
+        "print('plain', history['loss'].steps)",
+    ])
+    assert "first [0, 1, 2]" in text[1], text
+    assert "second [0, 1, 2, 3, 4, 5] 5" in text[3], text  # the second cell goes on at step 3, on every rank
+    assert "plain [0]" in text[5], text
 
 
 def test_a_crashed_rank_or_a_stuck_collective_ends_the_session_and_says_so():
@@ -104,6 +125,8 @@ def test_a_crashed_rank_or_a_stuck_collective_ends_the_session_and_says_so():
     assert "session 's1' ended earlier (rank 1 exited with code 3" in restarted, restarted
     assert "it starts again, empty\n" in restarted and "False\n" in restarted, restarted
     assert "RuntimeError: only rank 0" in stuck and "Session 's1' ended with the ranks" in stuck, stuck
+    assert "Rank 1 was still in the cell 3 s after rank 0 raised — waiting in a collective" in stuck, stuck
+    assert "cannot be aborted on gloo without ending its process" in stuck, stuck  # why it could not be kept
     assert "session 's1' ended earlier" in restarted_again and "empty" in restarted_again
 
 

@@ -165,11 +165,15 @@ def test_large_result_comes_back_and_a_view_of_an_input_shares_the_notebooks_mem
     run_cell(pools, """
         import torch
         v = big.view(-1, 256)
+        head = big[:1000]
         big2 = big * 2
         halves = [big2[: big2.numel() // 2], big2[big2.numel() // 2:]]
-    """, ns, out="v,big2,halves")
+    """, ns, out="v,head,big2,halves")
     assert ns["v"].data_ptr() == big.data_ptr()  # not written a second time: a view of the notebook's tensor
+    assert ns["head"].data_ptr() == big.data_ptr()  # a small view too (4 KB), as the user guide says
     assert torch.equal(ns["big2"], big * 2)
+    ns["head"][0] = 42.0
+    assert big[0] == 42.0  # it shares memory with the notebook's tensor
     assert ns["halves"][1].untyped_storage().data_ptr() == ns["big2"].untyped_storage().data_ptr()
 
 

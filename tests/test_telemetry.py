@@ -112,6 +112,23 @@ def test_sampler_runs_in_background_and_stops(busy_tree):
     assert max(s.ranks[0].cpu_percent or 0 for s in samples) > 25
 
 
+def test_the_machines_cpu_is_measured_from_the_first_sample_whichever_thread_takes_it(busy_tree):
+    """A core spins: the machine's CPU reads well above 0 in the sampler thread's first sample (psutil's own
+    machine-wide baseline is per thread: there it read 0 %) and in ``%gpus --once``'s table."""
+    from nbtrain.dashboard import monitor
+
+    samples = []
+    telemetry = Telemetry()  # made on this thread, as the dashboard makes it; sampled on the sampler's
+    time.sleep(0.5)
+    sampler = Sampler(telemetry, samples.append, interval=0.25).start()
+    time.sleep(0.1)
+    sampler.stop()
+    cores = psutil.cpu_count()
+    assert samples[0].host.cpu_percent is not None and samples[0].host.cpu_percent > 50 / cores, samples[0].host
+    busy = float(monitor.once().split("machine: CPU ", 1)[1].split("%", 1)[0])
+    assert busy > 50 / cores
+
+
 @pytest.mark.parametrize("bad", [0.1, 6, "fast", None])
 def test_interval_out_of_range_is_a_clear_error(bad):
     with pytest.raises(ValueError, match="interval"):

@@ -141,12 +141,16 @@ class NodePool(WorkerPool):
                     and self.hub.idle_nodes())
 
     def start_hint(self) -> str:
-        joined = self.hub.idle_nodes() if not self._started else self.nodes
         if self._started:
             return ""
+        return f"; {self.nodes_joined()}. Start the missing nodes with:\n  {self.hub.join_command()}"
+
+    def nodes_joined(self) -> str:
+        if self._started:
+            return ""
+        joined = self.hub.idle_nodes()
         have = ", ".join(f"{n.name} from {n.address}" for n in joined) or "none"
-        return (f"; {len(joined)} of {self._wanted()} nodes joined ({have}). Start the missing nodes with:\n  "
-                f"{self.hub.join_command()}")
+        return f"{len(joined)} of {self._wanted()} nodes joined ({have})"
 
     # --------------------------------------------------------------------------------- state
     def alive(self) -> bool:
@@ -266,8 +270,10 @@ class NodePool(WorkerPool):
         elif isinstance(message, N.Stacks):
             self._stacks.update(message.stacks)
             self._awaiting_stacks.discard(node.name)
-        elif isinstance(message, N.NodeError):
-            return self._node_failed(node, f"node {node.name} could not start its ranks: {message.text}", 1)
+        elif isinstance(message, N.NodeError):  # said now, as a lost node is: stopping the others takes seconds
+            text = f"node {node.name} could not start its ranks: {message.text}"
+            self._say(f"nbtrain: {text}")
+            return self._node_failed(node, text, 1)
         return []
 
     def node_infos(self) -> tuple:

@@ -15,7 +15,7 @@ from .metric_store import MetricStore
 from .progress import Progress
 from .series import DEFAULT_SMOOTHING
 from .telemetry_series import DeviceKind, TelemetrySeries
-from ..words import count
+from ..words import count, plural
 
 WIDTH_IN, ROW_HEIGHT_IN, DPI = 10.0, 2.6, 90
 
@@ -61,7 +61,7 @@ def _series_sentence(store: MetricStore, name: str) -> str | None:
 def summary_paragraph(store: MetricStore, telemetry: TelemetrySeries, status: str, detail: str,
                       nprocs: int, where: str, p: Progress) -> str:
     """The run in one paragraph of plain sentences."""
-    ended = {"ok": "finished", "failed": "failed", "interrupted": "was interrupted"}.get(status, status)
+    ended = {"ok": "finished", "failed": "failed", "interrupted": f"{plural('was', nprocs)} interrupted"}.get(status, status)
     parts = [f"{count('rank', nprocs)} on {where} {ended} after {text.duration(p.elapsed)}"
              + (f" ({detail})" if status != "ok" and detail else "") + "."]
     if p.step is not None:

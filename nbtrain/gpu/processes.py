@@ -16,6 +16,12 @@ A tree's members are found from its root down (:func:`descendants`): on Linux th
 the status of every process on the machine (about 8 ms a rank on a container with a hundred processes,
 taken once a second from the CPU the ranks train with when they use every core). Where that file does not
 exist (another OS, a kernel built without it), psutil's way.
+
+The machine's CPU (:class:`HostCpu`) is the busy share of all cores between two readings of
+``psutil.cpu_times()`` that the sampler itself keeps. ``psutil.cpu_percent()`` keeps its earlier reading
+per *thread*, so the first sample taken on a sampler thread (or any thread other than the one that
+called it before) would measure the microseconds since that call and read 0 %. Here the first reading
+covers at least :data:`MIN_HOST_S` since the sampler was made (waiting for the rest if asked sooner).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from dataclasses import dataclass
 import psutil
 
 MIN_BASELINE_S = 0.05  # a process's CPU is measured only over at least this long since its first reading
+MIN_HOST_S = 0.1  # the machine's first CPU reading covers at least this long (a shorter one reads 0 % or 100 %)
 
 
 @dataclass(frozen=True)
@@ -54,7 +61,6 @@ class ProcessTrees:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._procs: dict[int, tuple[psutil.Process, float]] = {}  # pid -> (handle, time of its baseline)
-        psutil.cpu_percent(interval=None)  # the first machine-wide reading starts the clock
 
     def _handle(self, pid: int) -> tuple[psutil.Process, bool]:
         """The kept handle of ``pid``, and whether its CPU baseline is old enough to measure from."""
@@ -125,14 +131,43 @@ def descendants(proc: psutil.Process) -> list[int]:
     return found
 
 
-def host_status() -> HostStatus:
+class HostCpu:
+    """The machine's CPU between this object's own readings, whichever thread takes them (module docstring)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last = _cpu_times()  # the baseline: the first percent() measures from here
+        self._made = time.monotonic()
+        self._value: float | None = None
+
+    def percent(self) -> float | None:
+        """All cores' busy share (0–100) since the last call; the first call measures from this object's making,
+        over :data:`MIN_HOST_S` at least (waiting for the rest: a first request made at once still gets a number)."""
+        if self._value is None:
+            time.sleep(max(0.0, self._made + MIN_HOST_S - time.monotonic()))
+        now = _cpu_times()
+        with self._lock:
+            last, self._last = self._last, now
+            if last is not None and now is not None and now[0] > last[0]:  # else no tick since: the last value
+                self._value = round(max(0.0, min(100.0, 100.0 * (1 - (now[1] - last[1]) / (now[0] - last[0])))), 1)
+            return self._value
+
+
+def _cpu_times() -> tuple[float, float] | None:
+    """(total, idle) CPU seconds of the machine: idle includes waiting for I/O; guest time is already in user."""
+    try:
+        times = psutil.cpu_times()
+    except Exception:
+        return None
+    fields = times._asdict()
+    total = sum(fields.values()) - fields.get("guest", 0.0) - fields.get("guest_nice", 0.0)
+    return total, fields.get("idle", 0.0) + fields.get("iowait", 0.0)
+
+
+def host_status(cpu: HostCpu) -> HostStatus:
     try:
         memory = psutil.virtual_memory()
         used, total = memory.total - memory.available, memory.total
     except Exception:
         used = total = None
-    try:
-        cpu = psutil.cpu_percent(interval=None)
-    except Exception:
-        cpu = None
-    return HostStatus(cpu, psutil.cpu_count() or 1, used, total)
+    return HostStatus(cpu.percent(), psutil.cpu_count() or 1, used, total)

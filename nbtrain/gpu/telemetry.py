@@ -45,7 +45,7 @@ from collections.abc import Iterable
 
 from . import nvml
 from .devices import DeviceReader, GpuProcess, GpuStatus
-from .processes import HostStatus, ProcessTrees, host_status
+from .processes import HostCpu, HostStatus, ProcessTrees, host_status
 
 NO_DRIVER = "no NVIDIA driver was found"
 
@@ -100,6 +100,7 @@ class Telemetry:
         self._ranks: tuple[_Rank, ...] = ()
         self._reader = reader or DeviceReader()
         self._trees = ProcessTrees()
+        self._host_cpu = HostCpu()
         self.set_ranks(ranks)
 
     def set_ranks(self, ranks: Iterable) -> None:
@@ -119,7 +120,7 @@ class Telemetry:
         usages = tuple(self._rank_usage(r, trees[r.rank], gpus, notes) for r in ranks)
         notes += _gpu_notes(gpus)
         self._trees.forget_except({r.pid for r in ranks}, {p for t in trees.values() for p in t.pids})
-        return Snapshot(time.time(), gpus, usages, host_status(), reason, tuple(dict.fromkeys(notes)))
+        return Snapshot(time.time(), gpus, usages, host_status(self._host_cpu), reason, tuple(dict.fromkeys(notes)))
 
     def _rank_usage(self, rank: _Rank, tree, gpus, notes: list[str]) -> RankUsage:
         gpu_memory = None

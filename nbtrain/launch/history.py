@@ -10,6 +10,9 @@ The notebook gets it on every ending: ``history`` is set after a run that finish
 stopped (when anything was logged), and the exception of a failed or stopped run carries it as
 ``.history``. A run resumed from a checkpoint starts with the series saved in it (see
 :mod:`nbtrain.train.checkpoint`), so its ``history`` holds the whole curve of every attempt.
+
+``nbtrain.log(total_steps=N)`` is not a series: it tells the dashboard how long the run is (its ETA), and
+the history keeps it as :attr:`History.total_steps`.
 """
 
 from __future__ import annotations
@@ -45,17 +48,31 @@ class Series:
         return self.values[-1] if self.values else None
 
 
+TOTAL_STEPS = "total_steps"  # the name nbtrain.log() reserves for the run's length
+
+
 class History:
     def __init__(self) -> None:
         self._data: dict[str, dict[int, Series]] = {}
+        self.total_steps: int | None = None  # the last nbtrain.log(total_steps=N)
 
     def add(self, rank: int, records) -> None:
         for step, when, values in records:
             for name, value in values.items():
+                if name == TOTAL_STEPS:
+                    self.total_steps = int(value) if value and value > 0 else None
+                    continue
                 series = self._data.setdefault(name, {}).setdefault(rank, Series())
                 series.steps.append(step)
                 series.values.append(value)
                 series.times.append(when)
+
+    def copy(self) -> History:
+        """A history that goes on from this one's points without changing it (a session's next cell)."""
+        other = History()
+        other._data = {name: {rank: s[:] for rank, s in by_rank.items()} for name, by_rank in self._data.items()}
+        other.total_steps = self.total_steps
+        return other
 
     @property
     def names(self) -> list[str]:

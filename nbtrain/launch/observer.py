@@ -3,10 +3,16 @@
 The run calls these methods from the kernel's main thread, between reading events, so they must return
 quickly (queue work for a thread of their own if it is slow). An observer that raises is detached with
 a one-line note; the run goes on.
+
+:class:`FanOut` is the one place that hands an event to a run's observers: the run loop notifies
+through it, and the ``--max-restarts`` wrapper (:mod:`.restarts`) is one, holding back only the
+ending of an attempt. It forwards each event :class:`RunObserver` declares (:data:`EVENTS`, read from the
+class), so an event added there reaches every observer through every path.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 
@@ -51,6 +57,7 @@ class RunInfo:
     ranks: tuple[RankInfo, ...]
     warm: bool
     nodes: tuple[NodeInfo, ...] = ()  # a --nodes run's machines; () on one machine
+    started: float = 0.0  # unix time the cell began, before its ranks started (0: not known)
 
 
 class RunObserver:
@@ -72,3 +79,34 @@ class RunObserver:
 
     def run_finished(self, status: str, summary: str) -> None:
         """``status``: "ok", "failed" or "interrupted"; ``summary``: one line for people."""
+
+
+EVENTS = tuple(name for name in vars(RunObserver) if not name.startswith("_"))  # every event a run sends
+
+
+class FanOut(RunObserver):
+    """An observer that passes every event on to ``followers``; one that raises is detached with a one-line
+    note (a broken observer must not break the run)."""
+
+    def __init__(self, followers=()) -> None:
+        self.followers: list[RunObserver] = list(followers)
+
+    def notify(self, event: str, *args) -> None:
+        for follower in list(self.followers):
+            try:
+                getattr(follower, event)(*args)
+            except Exception as exc:
+                self.followers.remove(follower)
+                print(f"nbtrain: {type(follower).__name__} stopped following this run ({exc!r})", file=sys.stderr)
+
+
+def _forward(event: str):
+    def forward(self: FanOut, *args) -> None:
+        self.notify(event, *args)
+
+    forward.__name__ = forward.__qualname__ = event
+    return forward
+
+
+for _event in EVENTS:  # FanOut's methods: each forwards its event (a subclass may still hold one back)
+    setattr(FanOut, _event, _forward(_event))

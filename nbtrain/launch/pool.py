@@ -144,6 +144,11 @@ class WorkerPool:
         """What the ranks are still waiting for, when they are slow to start (several machines: nodes)."""
         return ""
 
+    def nodes_joined(self) -> str:
+        """Before the ranks of a ``--nodes`` pool start: how many of its nodes have joined ("1 of 2 nodes joined
+        (a from 10.0.0.2)"); "" once they started, and on one machine."""
+        return ""
+
     def failure(self, rank: int, cause: P.RemoteError | int, output_tail=(), diagnosis: str | None = None) -> RankFailure:
         """How ``rank`` failed: an exception it reported, or its exit code (with its ``@record`` error file)."""
         recorded = None if isinstance(cause, P.RemoteError) else self.procs.error_file_message(rank, cause)

@@ -15,12 +15,15 @@ Record (JSON)::
      "run_id": "nbtrain-123-1/4", "started": 1760000000.0, "updated": 1760000003.2, "ended": null,
      "backend": "nccl", "device_type": "cuda", "gpu_ids": [0, 1], "nprocs": 2,
      "ranks": [{"rank": 0, "pid": 456, "device": "cuda:0", "gpu_index": 0}, …],
-     "step": 1200, "metrics": {"loss": 0.31}, "summary": "2 ranks finished in 41.0 s" | null,
+     "step": 1200, "metrics": {"loss": 0.31}, "total_steps": 5000 (when the cell logged it),
+     "summary": "2 ranks finished in 41.0 s" | null,
      "nodes": [{"name": "a", "host": "gpu1", "address": "10.0.0.7", "ranks": [0, 1], "state": "running",
                 "last_heard": 1760000003.0, "cpu_percent": 12.0, "ram_percent": 40.0,
                 "gpus": [{"index": 0, "utilization": 97.0, "memory_used": 1234, "memory_total": 81559}]}, …]}
 
-``nodes`` is empty on one machine; on a ``--nodes`` run it follows the nodes' heartbeats (throttled like metrics).
+``started`` is when the cell began (its ranks' start-up included; a ``--max-restarts`` run's first attempt), as
+the summary's time counts. ``metrics`` are the series' last values; ``nbtrain.log(total_steps=N)`` is not one of
+them but ``total_steps``. ``nodes`` is empty on one machine; on a ``--nodes`` run it follows the nodes' heartbeats (throttled like metrics).
 
 Metric updates are throttled to one write per :data:`WRITE_INTERVAL_S`.
 """
@@ -36,6 +39,7 @@ import time
 from dataclasses import asdict
 
 from ..pids import pid_alive
+from .history import TOTAL_STEPS
 from .observer import RunInfo, RunObserver
 
 WRITE_INTERVAL_S = 1.0
@@ -102,9 +106,9 @@ class RunRegistry(RunObserver):
         atexit.register(self.remove)
 
     def run_started(self, info: RunInfo) -> None:
-        now = time.time()
-        self.record.update(state="starting", run_id=info.run_id, started=now, ended=None, step=None, metrics={},
-                           summary=None, **self._layout(info))
+        self.record.pop("total_steps", None)
+        self.record.update(state="starting", run_id=info.run_id, started=info.started or time.time(), ended=None,
+                           step=None, metrics={}, summary=None, **self._layout(info))
         self._write()
 
     def ranks_ready(self, info: RunInfo) -> None:
@@ -114,9 +118,13 @@ class RunRegistry(RunObserver):
     def metrics(self, rank: int, records: list) -> None:
         if rank != 0 or not records:
             return
-        step, _, values = records[-1]
-        self.record["step"] = step
-        self.record.setdefault("metrics", {}).update(values)
+        for step, _, values in records:
+            if TOTAL_STEPS in values:  # the run's length, not a series
+                self.record["total_steps"] = values[TOTAL_STEPS]
+                values = {name: value for name, value in values.items() if name != TOTAL_STEPS}
+            if values:
+                self.record["step"] = step
+                self.record.setdefault("metrics", {}).update(values)
         if time.monotonic() - self._last_write >= WRITE_INTERVAL_S:
             self._write()
 

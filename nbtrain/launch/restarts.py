@@ -11,7 +11,10 @@ It does not restart when:
 * a rank raised a Python exception in the cell: the same code would raise it again (fix the cell);
 * the ranks called different collectives (:mod:`nbtrain.launch.mismatch`): a program error too;
 * DIR holds no checkpoint yet: there is nothing to resume from, and the message says so;
-* K restarts were used.
+* K restarts were used;
+* the ranks did not start within ``--start-timeout`` (a restart after a lost node waits that long for a
+  replacement node, and says so at once: how many nodes joined, the command that joins one, the time left;
+  then "no replacement node joined within 90 s").
 
 Then the last failure is raised as usual. ``history`` holds the whole curve: each attempt resumes
 with the series saved in the checkpoint (:mod:`nbtrain.train.checkpoint`) and continues it. Restarts
@@ -27,13 +30,14 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
 from ..wire.settings import TrainSettings
-from ..words import count
+from ..words import checkpoint_position, count
 from .errors import RankFailedError
-from .observer import RunObserver
+from .observer import FanOut
 
 
 class _Outcome(Protocol):
@@ -49,7 +53,7 @@ def run_with_restarts(attempt: Callable[[int, list], _R], settings: TrainSetting
     """Call ``attempt(restart_number, observers)`` until it succeeds or must not be repeated; re-raise the
     last failure."""
     started = time.monotonic()
-    ending = _OneEnding(list(observers))
+    ending = _OneEnding(observers)
     restarts = 0
     try:
         while True:
@@ -57,12 +61,15 @@ def run_with_restarts(attempt: Callable[[int, list], _R], settings: TrainSetting
                 result = attempt(restarts, [ending])
             except RankFailedError as error:
                 reason = _why_not_restart(error, settings, restarts)
+                if reason == _NEVER_STARTED:  # the error says all: nothing died, nothing to restart
+                    raise
+                said = _unless_said(error)
                 if reason is not None:
-                    write("stderr", f"nbtrain: {error.failures[0].summary()}; not restarting: {reason}.\n")
+                    write("stderr", f"nbtrain: {said}not restarting: {reason}.\n")
                     raise
                 ending.forget()
                 restarts += 1
-                write("stderr", f"nbtrain: {error.failures[0].summary()}; restarting the ranks from "
+                write("stderr", f"nbtrain: {said}restarting the ranks from "
                                 f"{_describe_checkpoint(settings.checkpoint_path or '')} (restart {restarts} of {settings.max_restarts}).\n")
                 continue
             if restarts:
@@ -73,24 +80,20 @@ def run_with_restarts(attempt: Callable[[int, list], _R], settings: TrainSetting
         ending.announce()
 
 
-class _OneEnding(RunObserver):
-    """Passes every event on to ``observers`` but holds an attempt's ending until it is known to be the last."""
+class _OneEnding(FanOut):
+    """Passes every event on to ``followers`` but holds an attempt's ending until it is known to be the last."""
 
-    def __init__(self, observers: list) -> None:
-        self.observers = observers
+    def __init__(self, followers) -> None:
+        super().__init__(followers)
         self._ending: tuple[str, str] | None = None
+        self._started = 0.0  # when the first attempt's cell began: every attempt's start says so
 
     def run_started(self, info) -> None:
-        self._each("run_started", info)
+        self._started = self._started or info.started
+        self.notify("run_started", replace(info, started=self._started))
 
     def ranks_ready(self, info) -> None:
-        self._each("ranks_ready", info)
-
-    def metrics(self, rank: int, records: list) -> None:
-        self._each("metrics", rank, records)
-
-    def setup(self, rank: int, facts: dict) -> None:
-        self._each("setup", rank, facts)
+        self.notify("ranks_ready", replace(info, started=self._started or info.started))
 
     def run_finished(self, status: str, summary: str) -> None:
         self._ending = (status, summary)
@@ -102,19 +105,16 @@ class _OneEnding(RunObserver):
     def announce(self) -> None:
         if self._ending is not None:
             ending, self._ending = self._ending, None
-            self._each("run_finished", *ending)
+            self.notify("run_finished", *ending)
 
-    def _each(self, method: str, *args) -> None:
-        for observer in list(self.observers):
-            try:
-                getattr(observer, method)(*args)
-            except Exception as exc:  # as the run itself does: a broken observer is detached, the run goes on
-                self.observers.remove(observer)
-                print(f"nbtrain: {type(observer).__name__} stopped following this run ({exc!r})")
+
+_NEVER_STARTED = "the ranks did not start"
 
 
 def _why_not_restart(error: RankFailedError, settings: TrainSettings, restarts: int) -> str | None:
     first = error.failures[0]
+    if first.error is None and first.exit_code is None:  # --start-timeout: no rank died (no node came, say)
+        return _NEVER_STARTED
     if first.diagnosis is not None:  # a program error nbtrain diagnosed (uneven collectives)
         return "the ranks call different collectives, which a restart would repeat"
     if first.error is not None and not first.secondary:
@@ -128,12 +128,19 @@ def _why_not_restart(error: RankFailedError, settings: TrainSettings, restarts: 
     return None
 
 
+def _unless_said(error: RankFailedError) -> str:
+    """The failure, to open the line that says what happens next — unless the pool said it when it happened
+    (a lost node: :class:`~nbtrain.cluster.group.NodePool` says so at once, before it stops the other ranks)."""
+    first = error.failures[0]
+    return "" if first.account is not None and first.error is None else f"{first.summary()}; "
+
+
 def _describe_checkpoint(path: str) -> str:
     """``path (epoch e, step s)``, read without loading the tensors (mmap)."""
     try:
         import torch
 
         state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-        return f"{path} (epoch {state['epoch']}, step {state['step']})"
+        return f"{path} ({checkpoint_position(state['epoch'], state['step'], state.get('logged_step'))})"
     except Exception:
         return path

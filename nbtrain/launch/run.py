@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -44,17 +43,19 @@ from .displays import PendingDisplays
 from .errors import RankFailedError, RankFailure, order_failures
 from .history import History
 from .modules import Workdir, fresh_ranks_note, notebook_workdir, stale_modules
-from .observer import RankInfo, RunInfo, RunObserver
+from .observer import FanOut, RankInfo, RunInfo, RunObserver
 from .output import OutputRelay, write_to_std_stream
 from .prompts import PendingPrompts
 from ..wire.payload import Inputs, Results, unpack_results
 from .mismatch import MismatchWatcher
 from ..wire.shm import new_result_prefix, sweep_prefix
 from .pool import Exited, Message, Output, WorkerPool
-from .sessions import SESSION_FAILURE_GRACE_S, SessionTable, ended_sentence, kept_sentence, stale_note
+from .sessions import (SESSION_FAILURE_GRACE_S, SessionTable, ended_sentence, kept_sentence, stale_note,
+                       stuck_sentence)
 from .stacks import whereabouts
 from .stopping import stop_button, stop_run
 from ..words import count
+from .waiting import WAITING_EVERY_S, start_timeout_account, waiting_line
 
 FAILURE_GRACE_S = 0.3  # let the other ranks report the same exception before they are stopped
 END_MARK_WAIT_S = 2.0  # after Done, wait at most this long for the last output
@@ -158,14 +159,16 @@ class PoolManager:
         return ended
 
     def close_session(self, name: str) -> None:
-        """End one session: its namespace is dropped, and its pool stopped if nothing else uses it."""
+        """End one session: its processes stop, unless another session lives on them (then only its namespace
+        is dropped). Plain cells that shared them start warm ranks of their own when they next run."""
         with self._lock:
             pool = self.sessions.remove(name).pool
-            if self.sessions.on(pool) or pool is self.pool:
+            if self.sessions.on(pool):
                 pool.send_all(P.CloseSession(name))
-                if pool is self.pool:
-                    self.release(True, self._keep_alive_s)  # now a plain warm pool: idle timer again
                 return
+            if pool is self.pool:
+                self._cancel_timer()
+                self.pool = None
         pool.teardown(graceful=True)
 
     def shutdown(self, graceful: bool = True) -> bool:
@@ -195,9 +198,10 @@ class _Run:
     """The event loop of one cell on one pool."""
 
     def __init__(self, pool: WorkerPool, job: P.Job, inputs: Inputs, config: LaunchConfig, write,
-                 observers: Iterable[RunObserver], warm: bool, info: CellInfo) -> None:
+                 observers: Iterable[RunObserver], warm: bool, info: CellInfo, started: float = 0.0) -> None:
         self.pool, self.job, self.inputs, self.config = pool, job, inputs, config
-        self.observers, self.warm = list(observers), warm
+        self.started = started  # unix time the cell began (the summary's time counts from it)
+        self.observers, self.warm = FanOut(observers), warm
         self.history = History()
         self.displays = PendingDisplays(write)  # rank 0's figures and display() (nbtrain.worker.display)
         self._write = write
@@ -214,6 +218,8 @@ class _Run:
         self.all_done_at: float | None = None
         self.start_deadline = time.monotonic() + config.start_timeout_s
         self.nodes_told_at = 0.0
+        self.nodes_told_states: tuple[str, ...] = ()
+        self.waiting_told_at = 0.0  # a restart waiting for nodes: when it last said so
         self.mismatch = MismatchWatcher(pool, job.filename, info.source, info.line_offset)
 
     @property
@@ -248,12 +254,27 @@ class _Run:
             elif self.done and (mismatch := self.mismatch.check(set(self.done), now)) is not None:
                 self._fail(min(mismatch.waiting), mismatch.error(), diagnosis=mismatch.message())
             elif not self.pool.ready and now > self.start_deadline:
-                waiting = self.pool.not_ready()
-                self._fail(waiting[0], P.RemoteError(
-                    "TimeoutError", f"ranks {waiting} did not join the process group within "
-                    f"{self.config.start_timeout_s:.0f} s (--start-timeout SECONDS or NBTRAIN_START_TIMEOUT waits longer)"
-                    f"{self.pool.start_hint()}",
-                    ()))
+                self._start_timed_out()
+            elif not self.pool.ready:
+                self._tell_waiting(now)
+
+    def _start_timed_out(self) -> None:
+        """The ranks did not all join in --start-timeout: each waiting rank fails with nbtrain's account
+        (:mod:`.waiting`); those that had joined are stopped."""
+        text = start_timeout_account(self.pool, self.config.start_timeout_s, self.config.train.restart)
+        for rank in self.pool.not_ready():
+            self.failures.setdefault(rank, RankFailure(rank, starting=True, account=text, order=len(self.failures),
+                                                       label=self.pool.rank_label(rank)))
+        self.first_failure_at = self.first_failure_at or time.monotonic()
+        self.pool.mark_broken()
+
+    def _tell_waiting(self, now: float) -> None:
+        """A restart whose nodes are not all there: say at once what it waits for, then every WAITING_EVERY_S."""
+        if self.config.train.restart and now - self.waiting_told_at >= WAITING_EVERY_S:
+            line = waiting_line(self.pool, self.start_deadline - now, first=not self.waiting_told_at)
+            if line:
+                self.relay.write_direct("stderr", line)
+                self.waiting_told_at = now
 
     def _wait_s(self) -> float:
         """How long the loop may sleep when nothing arrives: long only when nothing is being timed."""
@@ -275,21 +296,20 @@ class _Run:
         ranks = tuple(RankInfo(rank, pid, devices.get(rank), _physical_gpu(spec, devices.get(rank)))
                       for rank, pid in enumerate(self.pool.pids()))
         return RunInfo(f"{self.pool.run_id}/{self.job.job_id}", spec.nprocs, spec.backend, spec.device_type,
-                       spec.gpu_ids, ranks, self.warm, self.pool.node_infos())
+                       spec.gpu_ids, ranks, self.warm, self.pool.node_infos(), self.started)
 
     def _tell_nodes(self, now: float) -> None:
-        """Once a second on a --nodes run: each machine's state and load, from its heartbeats, to the observers."""
-        if self.sent and now - self.nodes_told_at >= NODES_EVERY_S and (nodes := self.pool.node_infos()):
-            self.nodes_told_at = now
+        """Once a second on a --nodes run: each machine's state and load, from its heartbeats, to the observers —
+        and at once when a node's state changed (a lost node is shown lost before the run stops the others)."""
+        if not self.sent or not (nodes := self.pool.node_infos()):
+            return
+        states = tuple(node.state for node in nodes)
+        if now - self.nodes_told_at >= NODES_EVERY_S or states != self.nodes_told_states:
+            self.nodes_told_at, self.nodes_told_states = now, states
             self.notify("nodes_heard", nodes)
 
-    def notify(self, method: str, *args) -> None:
-        for observer in list(self.observers):
-            try:
-                getattr(observer, method)(*args)
-            except Exception as exc:  # a broken observer must not break the run
-                self.observers.remove(observer)
-                print(f"nbtrain: {type(observer).__name__} stopped following this run ({exc!r})", file=sys.stderr)
+    def notify(self, event: str, *args) -> None:
+        self.observers.notify(event, *args)
 
     def _handle(self, event) -> None:
         if isinstance(event, Output):
@@ -386,14 +406,15 @@ def _run_and_bring_back(namespace, info, config, manager, inputs, result_prefix,
                         observers) -> RunResult:
     workdir = config.workdir or notebook_workdir()
     pool, warm, stale_note = manager.acquire(config.pool, config.fresh, workdir, config.session)
-    if config.session:
-        manager.sessions.open(config.session, pool)
+    session = manager.sessions.open(config.session, pool) if config.session else None
     job = P.Job(pool.next_job_id(), info.source, f"{CELL_FILENAME[:-1]} {id(info):x}>", inputs.data,
                 names_to_return(info, config.out_names), train=config.train, cwd=workdir.cwd, sys_path=workdir.sys_path,
                 result_prefix=result_prefix, shared_files=tuple(inputs.arena.paths), session=config.session,
                 line_offset=info.line_offset)
     sessions_here = manager.sessions.on(pool)
-    run = _Run(pool, job, inputs, config, write, observers, warm, info)
+    run = _Run(pool, job, inputs, config, write, observers, warm, info, time.time() - (time.monotonic() - started))
+    if session is not None:  # the session's series go on (its ranks continue their step counters)
+        run.history = session.history.copy()
     if stale_note:
         run.relay.write_direct("stdout", stale_note)
     try:
@@ -422,6 +443,8 @@ def _run_and_bring_back(namespace, info, config, manager, inputs, result_prefix,
         raise
     finally:
         inputs.arena.close()
+    if session is not None:
+        session.history = run.history
     if run.failures:
         raise _failure(run, manager, info, code_name)
     manager.release(healthy=True, keep_alive_s=config.keep_alive_s)
@@ -448,6 +471,8 @@ def _failure(run: _Run, manager: PoolManager, info: CellInfo, code_name) -> Rank
         first = order_failures(list(run.failures.values()))[0]
         ended = manager.teardown(pool, grace=0.5, drain=lambda: run.drain(0.5), why=first.summary())
         notes = [ended_sentence(ended)] if ended else []
+        if ended and unfinished and set(run.failures) <= run.raised:  # the others were in the cell: say why it ended
+            notes.insert(0, stuck_sentence(sorted(run.raised), unfinished, pool.spec.backend))
     error = RankFailedError(list(run.failures.values()), cell_filename=job.filename, cell_source=info.source,
                             line_offset=info.line_offset, code_name=code_name, stopped=stopped,
                             whereabouts=where, notes=notes)

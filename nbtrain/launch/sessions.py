@@ -16,9 +16,13 @@ The rules it decides:
   not seen; assign the name again.)
 * **Names back.** As a plain cell: what the cell assigns, or ``--out``; ``%distributed_pull`` fetches a held
   name later.
+* **One curve.** What the session's cells log with ``nbtrain.log()`` is one set of series: each cell's steps
+  go on from the last cell's (the ranks keep the step counters, :mod:`nbtrain.worker.session`), and
+  ``history`` after a cell holds the session's series so far (:attr:`Session.history`).
 * **Same processes.** A session keeps its pool: the idle timer does not stop it, a plain cell that needs
   other options starts a pool beside it instead of replacing it, and a later cell of the session must ask
-  for the same ranks (:meth:`SessionTable.check`, before anything runs).
+  for the same ranks (:meth:`SessionTable.check`, before anything runs; the error names each option that
+  differs, with the session's value and the cell's).
 * **Endings.** ``%distributed_close`` ends one session; ``%distributed_shutdown`` and the kernel's exit end
   all. A pool torn down — a rank that died, a rank stuck in a collective after another failed, the stop
   button — ends every session on it, and the run says so; the next cell of that session starts it afresh
@@ -29,13 +33,14 @@ The rules it decides:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import psutil
 
 from ..wire import protocol as P
-from ..words import count
+from ..words import count, plural
 from .config import ConfigError, PoolSpec
+from .history import History
 from .pool import WorkerPool
 
 SESSION_FAILURE_GRACE_S = 3.0  # a session survives a failure only if every rank answers: wait this long for them
@@ -54,6 +59,7 @@ class Session:
     held: tuple[tuple[str, str], ...] = ()  # (name, type) on rank 0 after its last successful cell
     gpu_bytes: dict[int, int] = field(default_factory=dict)
     seen: dict[str, object] = field(default_factory=dict)  # the notebook's objects for held names, after that cell
+    history: History = field(default_factory=History)  # every series its cells logged, one curve across them
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -63,6 +69,28 @@ class Session:
 def describe_spec(spec: PoolSpec) -> str:
     where = "cpu" if spec.device_type == "cpu" else "GPUs " + ",".join(map(str, spec.gpu_ids))
     return f"{count('rank', spec.nprocs)} ({spec.backend}, {where})"
+
+
+_OPTION_OF = {"nprocs": "the number of ranks", "backend": "--backend", "device_type": "the device (--cpu)",
+              "gpu_ids": "--gpus", "timeout_s": "--timeout", "env": "--env", "nodes": "--nodes",
+              "nproc_per_node": "--nproc-per-node", "rdzv_host": "--rdzv-host", "hosts": "--hosts",
+              "ssh_options": "--ssh-option", "remote_python": "--remote-python", "min_nodes": "--nodes MIN:MAX"}
+
+
+def spec_differences(session: PoolSpec, cell: PoolSpec) -> list[str]:
+    """Each option in which a cell's ranks differ from a session's: "--env: the session's A=1, this cell's A=2"."""
+    return [f"{_OPTION_OF.get(f.name, f.name)}: the session's {_shown(getattr(session, f.name))}, "
+            f"this cell's {_shown(getattr(cell, f.name))}"
+            for f in fields(PoolSpec) if f.compare and getattr(session, f.name) != getattr(cell, f.name)]
+
+
+def _shown(value) -> str:
+    if isinstance(value, float):
+        return f"{value:g} s"  # the only float options that decide the ranks are timeouts
+    if isinstance(value, tuple):
+        pairs = [f"{item[0]}={item[1]}" for item in value if isinstance(item, tuple)]  # --env
+        return " ".join(pairs) if pairs else ",".join(map(str, value)) or "none"
+    return str(value) if value != "" else "none"
 
 
 class SessionTable:
@@ -79,8 +107,9 @@ class SessionTable:
             raise SessionError(f"--fresh would start new ranks, but session {name!r} lives on its ranks. "
                                f"End it first with %distributed_close {name}, or leave --fresh out.")
         if session.pool.spec != spec:
-            raise SessionError(f"Session {name!r} runs on {describe_spec(session.pool.spec)}; this cell asks for "
-                               f"{describe_spec(spec)}. Give the options the session started with, or end it "
+            differences = "; ".join(spec_differences(session.pool.spec, spec))
+            raise SessionError(f"Session {name!r} runs on {describe_spec(session.pool.spec)}, with other options than "
+                               f"this cell's: {differences}. Give the options the session started with, or end it "
                                f"with %distributed_close {name} first.")
 
     def pool_for(self, name: str) -> tuple[WorkerPool | None, str]:
@@ -160,6 +189,22 @@ def stale_note(name: str, paths: list[str]) -> str:
 def kept_sentence(name: str) -> str:
     return (f"Session {name!r} keeps the names it held before this cell (objects the cell changed in place "
             "stay changed), and the notebook's variables are unchanged; fix the cell and run it again.")
+
+
+def stuck_sentence(raised: list[int], stuck: list[int], backend: str) -> str:
+    """Why a session whose cell raised on some ranks could not be kept: the others did not finish the cell."""
+    who, did = (f"Rank {stuck[0]}", "was") if len(stuck) == 1 else (f"Ranks {', '.join(map(str, stuck))}", "were")
+    return (f"{who} {did} still in the cell {SESSION_FAILURE_GRACE_S:.0f} s after {plural('rank', len(raised))} "
+            f"{', '.join(map(str, raised))} raised — waiting in a collective (a DDP backward's all-reduce), most likely. "
+            f"{_NO_ABORT.get(backend, f'nbtrain does not abort a collective in flight on {backend} yet')}, "
+            "so the ranks were stopped.")
+
+
+_NO_ABORT = {  # why a pending collective ends only with its process (gloo's abort does not release a waiting peer)
+    "gloo": "A collective in flight cannot be aborted on gloo without ending its process",
+    "nccl": "nbtrain does not abort a collective in flight on nccl yet (it would re-create the process group under "
+            "the session's DDP models)",
+}
 
 
 def ended_sentence(names: list[str]) -> str:

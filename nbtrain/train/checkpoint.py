@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from ..words import checkpoint_position
 from ..pids import pid_alive
 from . import metrics, shard
 from .state import TrainContext, current
@@ -177,6 +178,7 @@ def _snapshot(context: TrainContext, ranks: list, extra: dict, states: tuple[lis
         "loaders": positions,
         "epoch": epoch,
         "step": context.step,
+        "logged_step": max(ranks[0]["metric_steps"].values(), default=context.step),  # where rank 0's series go on
         "steps_skipped": context.steps_skipped,
         "ranks": ranks,
         "extra": dict(extra),
@@ -280,7 +282,8 @@ def load_for_resume(context: TrainContext, path: str, announce: bool) -> Checkpo
     for index, loader in enumerate(context.loaders):
         restore_loader(context, loader, index)
     if announce and context.rank == 0:
-        print(f"nbtrain: resuming from {path} (epoch {context.epoch}, step {context.step})", flush=True)
+        print(f"nbtrain: resuming from {path} ({checkpoint_position(context.epoch, context.step, state.get('logged_step'))})",
+              flush=True)
     return _info(state, path)
 
 

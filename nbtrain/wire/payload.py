@@ -146,9 +146,10 @@ class _ResultPickler(cloudpickle.Pickler):
         self.moved_to_cpu = False
 
     def persistent_id(self, obj):
-        if self.arena is not None and _is_plain_tensor(obj) and obj.device.type == "cpu" and _shareable(obj) \
-                and obj.numel() * obj.element_size() >= SHARE_THRESHOLD_BYTES:
-            return input_view(obj)  # None unless it is an untouched view of an input file
+        if self.arena is not None and _is_plain_tensor(obj) and obj.device.type == "cpu" and _shareable(obj):
+            # None unless it is an untouched view of an input file — of any size: a small view (big[:1000])
+            # shares the notebook's memory as a large one does (a reference costs less than its bytes)
+            return input_view(obj)
         return None
 
     def reducer_override(self, obj):

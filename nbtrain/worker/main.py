@@ -205,7 +205,7 @@ class Rank:
         # As torchrun's agent sets them for each attempt (a warm pool's next cell starts again at 0).
         os.environ["TORCHELASTIC_RESTART_COUNT"] = str(job.train.restart)
         os.environ["TORCHELASTIC_MAX_RESTARTS"] = str(job.train.max_restarts)
-        metrics.start(self.rank, self.send)
+        metrics.start(self.rank, self.send).restore_step_counters(self.sessions.step_counters(job))
         display.begin(job.job_id, self.rank, RESULT_RANK, self.send)
         prompts.begin(job.job_id, self.rank, self.send, self.conn.recv)  # input(), stdin, pdb: asked in the notebook
         train_state.begin(job.train, self.device, self.rank, int(os.environ["WORLD_SIZE"]))
@@ -218,6 +218,7 @@ class Rank:
             train_state.end()  # prepared models and loaders do not outlive their cell
             prompts.end()
             self._end_display()
+            self.sessions.keep_step_counters(job, metrics.step_counters())  # a session's next cell goes on from here
             metrics.stop()
             sys.modules["__main__"] = self.real_main
             del main

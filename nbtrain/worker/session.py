@@ -15,6 +15,9 @@ functions defined in earlier cells read their globals from it.
 After a session's job the rank reports what the session holds (name and type of each name) and, where
 CUDA is initialised, the GPU memory its tensors take, so the kernel can list sessions without asking.
 ``CloseSession`` drops the module; the worker then collects garbage and empties the CUDA cache.
+
+Each session also keeps ``nbtrain.log()``'s step counters after its last job, and its next job starts
+from them: the session's cells log one curve (cell 2's first ``loss`` is the step after cell 1's last).
 """
 
 from __future__ import annotations
@@ -33,6 +36,15 @@ class RankSessions:
     def __init__(self) -> None:
         self._modules: dict[str, types.ModuleType] = {}
         self._before: dict | None = None
+        self._steps: dict[str, dict[str, int]] = {}  # session -> nbtrain.log()'s step counters after its last job
+
+    def step_counters(self, job: P.Job) -> dict[str, int]:
+        """Where ``job``'s logged series start: its session's counters (a plain job: none, from 0)."""
+        return dict(self._steps.get(job.session, {})) if job.session else {}
+
+    def keep_step_counters(self, job: P.Job, counters: dict[str, int]) -> None:
+        if job.session and job.session in self._modules:
+            self._steps[job.session] = dict(counters)
 
     def enter(self, job: P.Job, fresh: Callable[[], types.ModuleType]) -> types.ModuleType:
         """The module ``job`` runs in: its session's (created by ``fresh`` the first time), else ``fresh()``."""
@@ -60,6 +72,7 @@ class RankSessions:
 
     def close(self, name: str) -> None:
         module = self._modules.pop(name, None)
+        self._steps.pop(name, None)
         if module is not None:
             module.__dict__.clear()  # cells' functions refer to this dict: empty it, not only forget it
 
