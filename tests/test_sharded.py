@@ -12,6 +12,7 @@ import torch
 from helpers.runhelp import run_cell
 from helpers.sharding import MODEL, train
 from nbtrain.launch import api
+from nbtrain.launch.api import format_summary
 from nbtrain.launch.config import ConfigError, LaunchRequest, resolve
 from nbtrain.launch.errors import RankFailedError
 
@@ -21,6 +22,8 @@ pytestmark = pytest.mark.timeout(300)
 def test_sharded_training_gives_the_losses_of_ddp_and_the_model_comes_back_whole(pools, k):
     ddp, _ = train(pools, k=k)
     sharded, result = train(pools, k=k, shard="full")
+    summary = format_summary(result)[0]  # what sharding did, measured on the ranks: in the summary and the dashboard
+    assert "FSDP2 over 2 ranks (3 blocks)" in summary and "training state per rank" in summary, summary
     assert ddp["kind"] == "PreparedDDP" and sharded["kind"] == "FSDPNet"
     assert sharded["losses"] == pytest.approx(ddp["losses"], rel=1e-4, abs=1e-5)
     assert sharded["losses"][-1] < sharded["losses"][0]

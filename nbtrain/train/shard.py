@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from ..words import count
+from . import metrics
 from .state import PreparedError, TrainContext, current
 
 META_COPY = "_nbtrain_meta_copy"  # rank 0: the plain model's structure, parameters on the meta device
@@ -123,7 +124,42 @@ def shard_model(context: TrainContext, model: nn.Module, blocks=None) -> nn.Modu
     model.register_forward_pre_hook(_gradient_sync)
     if context.rank == 0:
         print(describe(context, model, len(units)), flush=True)
+    metrics.send_setup({"model": len(context.models), "amp": _amp_word(context.amp_dtype),
+                        "shard": "HSDP" if context.settings.shard == "hybrid" else "FSDP2", "blocks": len(units),
+                        "shard_ranks": mesh.size(-1) if mesh.ndim > 1 else mesh.size()})
     return model
+
+
+def _amp_word(dtype) -> str:
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "off")
+
+
+def report_state(context: TrainContext) -> None:
+    """At the cell's end, measured on each rank: the training state it holds for its sharded models — the local
+    shards of their parameters and gradients and of their optimizers' state — and its peak memory."""
+    models = [m for m in context.models if is_sharded(m)]
+    if not models:
+        return
+    held = sum(_local_bytes(p) + (_local_bytes(p.grad) if p.grad is not None else 0)
+               for model in models for p in model.parameters())
+    for optimizer in context.optimizers:
+        if owner_of(context, optimizer) in models:
+            held += sum(_local_bytes(v) for state in optimizer.state.values() for v in state.values()
+                        if torch.is_tensor(v) and v.dim() > 0)
+    metrics.send_setup({"shard_state": held, "peak": _peak_memory(context.device)})
+
+
+def _local_bytes(tensor) -> int:
+    tensor = _local(tensor)
+    return tensor.numel() * tensor.element_size()
+
+
+def _peak_memory(device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def on_meta(model: nn.Module) -> bool:
@@ -160,7 +196,7 @@ def _gradient_sync(module, _args) -> None:
 
 def describe(context: TrainContext, model: nn.Module, blocks: int) -> str:
     """What sharding did, measured: this rank's parameter bytes against the whole model's."""
-    local = sum(_local(p).numel() * _local(p).element_size() for p in model.parameters())
+    local = sum(_local_bytes(p) for p in model.parameters())
     whole = sum(p.numel() * p.element_size() for p in model.parameters())
     kind = "HSDP" if context.settings.shard == "hybrid" else "FSDP2"
     precision = (f"{_dtype_name(context.amp_dtype)} params, fp32 reduce" if context.amp_dtype is not None
