@@ -84,7 +84,7 @@ out_dtype = str(model(X[:4]).dtype)
     assert "parameters per rank" in said
 
 
-def test_a_sharded_checkpoint_resumes_at_another_world_size_and_in_a_ddp_run(pools, tmp_path):
+def test_a_sharded_checkpoint_resumes_4_to_2_to_4_ranks_and_then_unsharded(pools, tmp_path):
     cell = MODEL + """
 torch.manual_seed(1)
 model = Net()
@@ -100,13 +100,15 @@ for epoch in nbtrain.epochs(EPOCHS):
     nbtrain.save_checkpoint()
 """
     checkpoint = str(tmp_path / "ckpt")
-    straight, _ = run_cell(pools, cell.replace("EPOCHS", "6"), out="curve", shard="full",
+    straight, _ = run_cell(pools, cell.replace("EPOCHS", "8"), out="curve", shard="full",
                            checkpoint=str(tmp_path / "straight"))
-    first, _ = run_cell(pools, cell.replace("EPOCHS", "2"), out="curve", shard="full", checkpoint=checkpoint)
+    four, _ = run_cell(pools, cell.replace("EPOCHS", "2"), out="curve", shard="full", checkpoint=checkpoint, nprocs=4)
     assert [n for n in os.listdir(checkpoint) if ".shards-" in n] and len(os.listdir(checkpoint)) == 2
-    one, _ = run_cell(pools, cell.replace("EPOCHS", "4"), out="curve", shard="full", checkpoint=checkpoint, nprocs=1)
-    ddp, _ = run_cell(pools, cell.replace("EPOCHS", "6"), out="curve", checkpoint=checkpoint)  # DDP from shards
-    resumed = first["curve"] + one["curve"] + ddp["curve"]
+    two, _ = run_cell(pools, cell.replace("EPOCHS", "4"), out="curve", shard="full", checkpoint=checkpoint)
+    four_again, _ = run_cell(pools, cell.replace("EPOCHS", "6"), out="curve", shard="full", checkpoint=checkpoint,
+                             nprocs=4)
+    ddp, _ = run_cell(pools, cell.replace("EPOCHS", "8"), out="curve", checkpoint=checkpoint, nprocs=1)  # no shards
+    resumed = four["curve"] + two["curve"] + four_again["curve"] + ddp["curve"]
     assert resumed == pytest.approx(straight["curve"], rel=1e-4)
 
 
@@ -183,6 +185,13 @@ for epoch in nbtrain.epochs(EPOCHS):
     assert first["curve"] + then["curve"] == pytest.approx(straight["curve"], rel=1e-4)
 
 
+def test_compiled_blocks_shard_and_train_to_the_same_losses(pools):
+    plain, _ = train(pools, steps=5, shard="full")
+    compiled, result = train(pools, steps=5, shard="full", compile="aot_eager", profile="1,1,2")
+    assert compiled["losses"] == pytest.approx(plain["losses"], rel=1e-4, abs=1e-5)
+    assert result.profiles and "\n".join(format_summary(result)).count("rank") > 2  # --profile with --shard too
+
+
 def test_activation_checkpointing_recomputes_to_the_same_losses(pools):
     plain, _ = train(pools, steps=8, shard="full")
     checkpointed, _ = train(pools, steps=8, shard="full", activation_checkpointing=True)
@@ -223,7 +232,7 @@ finite = bool(torch.isfinite(loss))
     ({"activation_checkpointing": True}, "--activation-checkpointing acts on sharded models"),
     ({"shard": "hybrid"}, "--shard hybrid replicates the model across nodes"),
     ({"shard": "diagonal"}, "--shard is full"),
-    ({"shard": "full", "compile": "default"}, "--compile does not go with --shard yet"),
+    ({"shard": "full", "compile": "default", "compile_fallback": True}, "--compile-fallback does not go with --shard"),
     ({"shard": "full", "checkpoint_async": True}, "--checkpoint-async writes sharded checkpoints in the background"),
 ])
 def test_sharding_options_are_checked_before_anything_starts(options, message):

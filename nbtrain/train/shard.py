@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from ..words import count
-from . import metrics
+from . import metrics, speed
 from .state import PreparedError, TrainContext, current
 
 META_COPY = "_nbtrain_meta_copy"  # rank 0: the plain model's structure, parameters on the meta device
@@ -110,6 +110,8 @@ def shard_model(context: TrainContext, model: nn.Module, blocks=None) -> nn.Modu
         for current in units:
             if settings.activation_checkpointing:
                 checkpoint(current)
+            if settings.compile is not None:  # each block compiled, then sharded (FSDP2's hooks stay outside)
+                speed.compile_in_place(current, settings.compile)
             fully_shard(current, mesh=mesh, mp_policy=policy, offload_policy=offload)
         current = model
         fully_shard(model, mesh=mesh, mp_policy=root_policy, offload_policy=offload)

@@ -97,7 +97,10 @@ def parse_train_settings(amp: str | None = None, grad_accum: int | None = None, 
     if compile_fallback and compile_mode is None:
         raise TrainSettingsError("--compile-fallback says what to do when torch.compile fails, so it needs --compile "
                                  "(such as --compile --compile-fallback).")
-    shard_mode = _shard_mode(shard, shard_offload, activation_checkpointing, compile_mode)
+    shard_mode = _shard_mode(shard, shard_offload, activation_checkpointing)
+    if shard_mode and compile_fallback:
+        raise TrainSettingsError("--compile-fallback does not go with --shard yet: a sharded model's blocks are compiled "
+                                 "as they are sharded, with no uncompiled copy to fall back to. Leave it out.")
     if checkpoint_async and (shard_mode is None or checkpoint_dir is None):
         raise TrainSettingsError("--checkpoint-async writes sharded checkpoints in the background, so it needs --shard "
                                  "and --checkpoint DIR.")
@@ -119,7 +122,7 @@ def parse_size(text: str, flag: str) -> int:
     return int(float(match.group(1)) * _SIZE_UNITS[match.group(2)])
 
 
-def _shard_mode(shard: str | None, offload: bool, checkpointing: bool, compile_mode: str | None) -> str | None:
+def _shard_mode(shard: str | None, offload: bool, checkpointing: bool) -> str | None:
     mode = shard.strip().lower() if shard is not None else None
     if mode is not None and mode not in SHARD_CHOICES:
         raise TrainSettingsError(f"--shard is full (every rank holds a shard; --shard alone) or hybrid (sharded within "
@@ -127,9 +130,6 @@ def _shard_mode(shard: str | None, offload: bool, checkpointing: bool, compile_m
     for flag, given in (("--shard-offload", offload), ("--activation-checkpointing", checkpointing)):
         if given and mode is None:
             raise TrainSettingsError(f"{flag} acts on sharded models, so it needs --shard (such as --shard {flag}).")
-    if mode is not None and compile_mode is not None:
-        raise TrainSettingsError("--compile does not go with --shard yet: leave out one of them (a sharded model runs "
-                                 "uncompiled).")
     return mode
 
 
