@@ -226,6 +226,25 @@ finite = bool(torch.isfinite(loss))
     assert "uninitialised" not in "".join(printed)
 
 
+@pytest.mark.parametrize("options", [{"shard": "full"}, {}], ids=["sharded", "ddp"])
+def test_weights_from_a_folder_of_safetensors_load_into_a_meta_device_model(pools, tmp_path, options):
+    from safetensors.torch import save_file
+
+    notebook: dict = {}
+    exec(MODEL + "saved = Net()\n", notebook)
+    save_file(notebook["saved"].state_dict(), str(tmp_path / "model.safetensors"))
+    expected = sum(float(p.double().sum()) for p in notebook["saved"].parameters())
+    ns, _ = run_cell(pools, MODEL + f"""
+with torch.device("meta"):
+    model = Net()
+model = nbtrain.prepare(model, weights={str(tmp_path)!r})
+loaded = sum(float((p.full_tensor() if hasattr(p, "full_tensor") else p).double().sum()) for p in model.parameters())
+""", out="loaded", **options)
+    assert ns["loaded"] == pytest.approx(expected, rel=1e-9)
+    with pytest.raises(RankFailedError, match="give a folder holding .safetensors files"):
+        run_cell(pools, MODEL + f"nbtrain.prepare(Net(), weights={str(tmp_path / 'nowhere')!r})\n", **options)
+
+
 @pytest.mark.parametrize("options, message", [
     ({"shard": "full", "shard_offload": True}, "--shard-offload keeps the shards in CPU memory"),
     ({"shard_offload": True}, "--shard-offload acts on sharded models, so it needs --shard"),

@@ -31,6 +31,8 @@ its first forward.
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
@@ -45,11 +47,13 @@ from .optim import PreparedOptimizer, PreparedScheduler
 from .state import PreparedError, TrainContext, current
 
 
-def prepare(*objects, shard=None, **ddp_kwargs):
+def prepare(*objects, shard=None, weights=None, **ddp_kwargs):
     """Prepare models, optimizers, DataLoaders and LR schedulers for this rank; returns them in order.
 
     Under ``--shard``, ``shard=[BlockClass, …]`` names the blocks FSDP2 shards one by one (by default the
-    children of the model's largest list of identical modules; see :mod:`nbtrain.train.shard`)."""
+    children of the model's largest list of identical modules; see :mod:`nbtrain.train.shard`).
+    ``weights=FOLDER`` loads the model's tensors from a folder of ``.safetensors`` files, by name, once the
+    model is on its device (a model built on the meta device then never exists whole)."""
     if not objects:
         raise PreparedError("nbtrain.prepare() needs objects to prepare, such as prepare(model, optimizer, loader).")
     context = current()
@@ -61,6 +65,8 @@ def prepare(*objects, shard=None, **ddp_kwargs):
         raise PreparedError(f"prepare() passes {', '.join(ddp_kwargs)} to DistributedDataParallel, but got no model.")
     _check_optimizers_hold_the_models(objects, kinds)
     prepared = {}
+    if weights is not None and sum(1 for k in kinds.values() if k == "model") != 1:
+        raise PreparedError("prepare(..., weights=FOLDER) loads one model's weights: give exactly one model with it.")
     if shard is not None and not context.settings.shard:
         raise PreparedError("prepare(..., shard=[...]) names the blocks to shard, but this cell does not shard: run "
                             "it with --shard (or leave shard= out).")
@@ -69,6 +75,8 @@ def prepare(*objects, shard=None, **ddp_kwargs):
             sharded = context.settings.shard and context.distributed
             prepared[id(obj)] = (_prepare_sharded(context, obj, shard, ddp_kwargs) if sharded
                                  else _prepare_model(context, obj, ddp_kwargs))
+            if weights is not None and context.resume is None:  # a checkpoint being resumed has the newer weights
+                sharding.load_weights(prepared[id(obj)], os.path.abspath(os.path.expanduser(str(weights))))
     for obj in objects:
         kind = kinds[id(obj)]
         if kind == "optimizer":

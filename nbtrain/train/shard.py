@@ -356,6 +356,31 @@ def _plain(model):
     return model if is_sharded(model) else getattr(model, "module", model)
 
 
+def load_weights(model: nn.Module, folder: str) -> None:
+    """``prepare(model, weights=FOLDER)``: the tensors of a folder of ``.safetensors`` files (a Hugging Face
+    model's folder) into ``model`` by name, read with DCP — a sharded model's ranks each read their own slices."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    try:
+        from torch.distributed.checkpoint import HuggingFaceStorageReader
+        import safetensors  # noqa: F401  (the reader imports it only when it reads)
+    except ImportError:
+        raise PreparedError("prepare(..., weights=...) reads .safetensors files, which needs the safetensors "
+                            "package on the ranks: pip install safetensors (or nbtrain[safetensors]).") from None
+    if not os.path.isdir(folder) or not any(name.endswith(".safetensors") for name in os.listdir(folder)):
+        raise PreparedError(f"prepare(..., weights={folder!r}): give a folder holding .safetensors files (a model's "
+                            "folder as Hugging Face saves it).")
+    model = _plain(model)
+    state = get_model_state_dict(model)
+    try:
+        dcp.load(state, storage_reader=HuggingFaceStorageReader(folder))
+    except Exception as exc:
+        raise PreparedError(f"the weights in {folder} do not fit {type(model).__name__}: {type(exc).__name__}: "
+                            f"{exc}") from None
+    set_model_state_dict(model, state)
+
+
 def load_model(model, saved, folder: str) -> None:
     """A DCP entry, or a whole state dict (a DDP checkpoint), into ``model`` — sharded or not."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
