@@ -132,3 +132,17 @@ def test_the_error_file_a_rank_recorded_is_read_as_torch_elastic_wrote_it(tmp_pa
         ErrorHandler().record_exception(exc)
     message = procs.error_file_message(1, 1)
     assert "Traceback" in message and "could not convert string to float: 'soon'" in message
+
+
+def test_the_local_pool_and_the_node_pool_are_siblings_behind_one_protocol():
+    """The run drives a RankGroup: both groups provide all of it, and the node group inherits nothing it does
+    not use from the local one (only the state both keep)."""
+    from nbtrain.cluster.group import NodePool
+    from nbtrain.launch.rankgroup import GroupState, RankGroup
+
+    wanted = {name for name in dir(RankGroup) if not name.startswith("_")} | set(RankGroup.__annotations__)
+    for group in (WorkerPool, NodePool):
+        assert issubclass(group, GroupState)
+        missing = [name for name in wanted if not hasattr(group, name) and name not in ("spec", "pool_id", "run_id")]
+        assert not missing, (group.__name__, missing)
+    assert not issubclass(NodePool, WorkerPool)

@@ -20,6 +20,7 @@ import threading
 
 from ..launch.config import PoolSpec
 from ..launch.pool import WorkerPool
+from ..launch.rankgroup import RankGroup
 from .emulated import EmulatedNodes, check_loopback
 from .group import NodePool
 from .hub import Hub
@@ -51,7 +52,7 @@ class Cluster:
                     self._atexit = True
             return self._hub
 
-    def make_pool(self, spec: PoolSpec) -> WorkerPool:
+    def make_pool(self, spec: PoolSpec) -> RankGroup:
         if spec.nodes <= 1 and not spec.rdzv_host:
             return WorkerPool(spec)
         return NodePool(spec, self.hub(spec.rdzv_host), ssh=self.ssh)
@@ -73,7 +74,7 @@ class Cluster:
             return ["nbtrain: no node has joined (a %%distributed --nodes N cell prints the command that joins one, "
                     "or %distributed_nodes --rdzv-host ADDRESS)."]
         lines = hub.describe() or ["nbtrain: no node is joined now."]
-        hub.announced = True  # a first --nodes cell need not print the command again
+        hub.announce()  # printed below: a first --nodes cell need not print the command again
         ssh = [f"nbtrain: the node on {host} could not be started over ssh: {why}" for host, why in self.ssh.failed()]
         return lines + self.emulated.failures() + ssh + [f"join more with: {hub.join_command()}", hub.join_help()]
 

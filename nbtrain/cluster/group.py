@@ -1,8 +1,8 @@
-"""NodePool: the pool's second implementation — its ranks run on joined nodes, each under torch elastic's agent.
+"""NodePool: the second rank group — its ranks run on joined nodes, each under torch elastic's agent.
 
-:class:`NodePool` is a :class:`~nbtrain.launch.pool.WorkerPool` whose process group and channel are replaced,
-as the pool's docstring foresees; :mod:`nbtrain.launch.run` drives it exactly as it drives local ranks and
-sees the same events (:class:`Message`, :class:`Output`, :class:`Exited`):
+:class:`NodePool` is a :class:`~nbtrain.launch.rankgroup.RankGroup` beside the local
+:class:`~nbtrain.launch.pool.WorkerPool` (it shares only :class:`~nbtrain.launch.rankgroup.GroupState`, the
+state both keep); :mod:`nbtrain.launch.run` drives it exactly as it drives local ranks and sees the same events (:class:`Message`, :class:`Output`, :class:`Exited`):
 
 * **start** (:meth:`NodePool.spawn`): the kernel hosts the c10d store on ``--rdzv-host``; once ``--nodes``
   nodes have joined the hub (:mod:`.hub`; the join command is printed once) — or, elastic ``--nodes MIN:MAX``,
@@ -33,7 +33,6 @@ from __future__ import annotations
 import os
 import pickle
 import select
-import shutil
 import socket
 import sys
 import time
@@ -41,8 +40,9 @@ from dataclasses import replace
 from collections.abc import Callable
 
 from ..launch.config import PoolSpec
-from ..launch.errors import RankFailure
-from ..launch.pool import Exited, Message, Output, WorkerPool, host_store
+from ..launch.errors import RankFailure, rank_failure
+from ..launch.pool import Exited, Message, Output, host_store
+from ..launch.rankgroup import GroupState
 from ..wire import nodes as N
 from ..wire import protocol as P
 from .elastic import Formation
@@ -62,12 +62,14 @@ def rank_span(ranks) -> str:
     return f"ranks {ranks[0]}–{ranks[-1]}" if contiguous else "ranks " + ", ".join(map(str, ranks))
 
 
-class NodePool(WorkerPool):
-    """Ranks on ``spec.nodes`` joined nodes (see the module docstring)."""
+class NodePool(GroupState):
+    """Ranks on ``spec.nodes`` joined nodes, a :class:`~nbtrain.launch.rankgroup.RankGroup` (see the module
+    docstring)."""
 
     def __init__(self, spec: PoolSpec, hub: Hub, say: Callable[[str], None] | None = None,
                  ssh: SshNodes | None = None) -> None:
         super().__init__(spec)
+        self._store = None  # the c10d store this pool's ranks bootstrap from, hosted here on --rdzv-host
         self.requested = spec  # what the cell asked for; self.spec is the group as formed (elastic: its size)
         self.formation = Formation(spec.min_nodes or spec.nodes, spec.nodes, spec.last_call_s)
         self.hub = hub
@@ -97,8 +99,7 @@ class NodePool(WorkerPool):
                                          spec.ssh_options, spec.remote_python)
                 if started:
                     self._say(f"nbtrain: starting node agents over ssh on {', '.join(started)}")
-        elif len(self.hub.idle_nodes()) < spec.nodes and not self.hub.announced:
-            self.hub.announced = True
+        elif len(self.hub.idle_nodes()) < spec.nodes and self.hub.announce():
             self._say(f"nbtrain: waiting for {self._wanted()} nodes; on each node run:\n  {self.hub.join_command()}\n"
                       f"{self.hub.join_help()}")
         self._store = host_store(spec.rdzv_host)
@@ -126,7 +127,7 @@ class NodePool(WorkerPool):
         for group_rank, node in enumerate(self.nodes):
             while not node.link.incoming.empty():  # what an earlier pool's ranks said last
                 node.link.incoming.get_nowait()
-            node.state = "running"
+            self.hub.mark_running(node)
             node.link.send(replace(start, group_rank=group_rank))  # the rendezvous, decided here (node/rendezvous.py)
             for deliver in self._pending:
                 node.link.send(deliver)
@@ -169,11 +170,10 @@ class NodePool(WorkerPool):
         return f"node {node.name} rank {rank}" if node is not None else f"rank {rank}"
 
     def failure(self, rank: int, cause: P.RemoteError | int, output_tail=(), diagnosis: str | None = None) -> RankFailure:
-        failure = super().failure(rank, cause, output_tail, diagnosis)
-        failure.label, failure.account = self.rank_label(rank), self._lost_account.get(rank)
-        if not isinstance(cause, P.RemoteError):
-            failure.error_file_message = self._errors.get(rank)
-        return failure
+        """As on one machine, named by its node, with the node's account of an exit (its error file, a loss)."""
+        recorded = None if isinstance(cause, P.RemoteError) else self._errors.get(rank)
+        return rank_failure(rank, cause, output_tail, starting=rank not in self.devices, error_file_message=recorded,
+                            diagnosis=diagnosis, label=self.rank_label(rank), account=self._lost_account.get(rank))
 
     def dump_stacks(self, wait: float = 0.5, ranks=None) -> dict[int, str]:
         """Live ranks' Python stacks, dumped on their nodes (SIGUSR1, faulthandler) and sent back within ``wait``
@@ -266,7 +266,7 @@ class NodePool(WorkerPool):
                 self._rank_node[rank], self._pids[rank] = node, pid
         elif isinstance(message, N.RanksStopped) and message.run_id in ("", self.run_id):  # not a late one of an earlier pool
             self._stopped.add(node.name)
-            node.state = "idle"
+            self.hub.mark_idle(node)
         elif isinstance(message, N.Stacks):
             self._stacks.update(message.stacks)
             self._awaiting_stacks.discard(node.name)
@@ -333,9 +333,8 @@ class NodePool(WorkerPool):
             for node in self.nodes:
                 if node.name in self._lost:
                     node.link.close()
-                node.state = "idle"  # a node slow to confirm still ends its ranks; the next pool may use it
+                self.hub.mark_idle(node)  # a node slow to confirm still ends its ranks; the next pool may use it
             self._store = None
-            shutil.rmtree(self._dir, ignore_errors=True)
 
     def _wait_stopped(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds

@@ -29,6 +29,7 @@ import string
 import threading
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 
 from ..launch.observer import NodeGpu, NodeInfo
 from ..wire import nodes as N
@@ -42,6 +43,14 @@ ADMIT_DEADLINE_S = 5.0  # TLS, handshake and hello together, however slowly the 
 MAX_ADMISSIONS = 8  # connections being admitted at once; more are closed at once
 
 
+class NodeState(str, Enum):
+    """What a joined node is doing; the hub is its one writer (:meth:`Hub.mark_running`, :meth:`Hub.mark_idle`).
+    Observers and the run registry get the value (a node silent too long is reported ``lost`` instead)."""
+
+    IDLE = "idle"
+    RUNNING = "running"
+
+
 @dataclass
 class NodeConn:
     """A joined node: its name, what it said about itself, its link."""
@@ -51,7 +60,7 @@ class NodeConn:
     link: Link
     address: str
     joined_at: float = field(default_factory=time.time)
-    state: str = "idle"  # idle | running
+    state: NodeState = NodeState.IDLE
 
     def silent_for(self) -> float:
         return time.monotonic() - self.link.last_heard
@@ -64,7 +73,7 @@ class NodeConn:
         beat = self.link.last_heartbeat
         sample = beat.telemetry if beat is not None else {}
         gpus = tuple(NodeGpu(*gpu) for gpu in sample.get("gpus", []))
-        return NodeInfo(self.name, self.hello.host, self.address, tuple(ranks), "lost" if lost else self.state,
+        return NodeInfo(self.name, self.hello.host, self.address, tuple(ranks), "lost" if lost else self.state.value,
                         time.time() - self.silent_for(), sample.get("cpu_percent"), sample.get("ram_percent"), gpus)
 
 
@@ -87,7 +96,7 @@ class Hub:
         self.token = self.issue_token()
         self.nodes: list[NodeConn] = []
         self.refused = 0  # connections that failed TLS, the handshake or the hello, or came over the cap
-        self.announced = False  # the join command was printed
+        self._announced = False  # the join command was printed (announce())
         self.wake_r, self.wake_w = os.pipe()  # written when a node sends something (the run's loop waits on it)
         os.set_blocking(self.wake_r, False)
         self._lock = threading.Lock()
@@ -126,12 +135,24 @@ class Hub:
                 f"that does not share this home directory, give --token - instead and pipe the file in: "
                 f"ssh NODE '… --token -' < {self.token_file.path})")
 
+    def announce(self) -> bool:
+        """True the first time only: whether the join command still needs printing (it is printed once)."""
+        with self._lock:
+            first, self._announced = not self._announced, True
+        return first
+
+    def mark_running(self, node: NodeConn) -> None:
+        node.state = NodeState.RUNNING
+
+    def mark_idle(self, node: NodeConn) -> None:
+        node.state = NodeState.IDLE
+
     def live_nodes(self) -> list[NodeConn]:
         with self._lock:
             return [n for n in self.nodes if not n.lost()]
 
     def idle_nodes(self) -> list[NodeConn]:
-        return [n for n in self.live_nodes() if n.state == "idle"]
+        return [n for n in self.live_nodes() if n.state is NodeState.IDLE]
 
     # ------------------------------------------------------------------------------ joining
     def _accept_loop(self) -> None:
@@ -235,7 +256,7 @@ class Hub:
         for node in self.live_nodes():
             h = node.hello
             gpus = f"{h.gpus} GPU{'s' if h.gpus != 1 else ''}" if h.gpus else "no GPU"
-            lines.append(f"node {node.name}: {h.host} ({node.address}), pid {h.pid}, {gpus}, {h.cpus} CPUs, {node.state}, "
+            lines.append(f"node {node.name}: {h.host} ({node.address}), pid {h.pid}, {gpus}, {h.cpus} CPUs, {node.state.value}, "
                          f"heard {node.silent_for():.1f} s ago{_load(node.link.last_heartbeat)}")
         return lines
 

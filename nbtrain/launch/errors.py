@@ -98,12 +98,14 @@ class RankFailure:
 
 
 def rank_failure(rank: int, cause: RemoteError | int, output_tail=(), *, starting: bool = False,
-                 error_file_message: str | None = None, diagnosis: str | None = None) -> RankFailure:
+                 error_file_message: str | None = None, diagnosis: str | None = None, label: str | None = None,
+                 account: str | None = None) -> RankFailure:
     """How ``rank`` failed, from what showed it: the exception it reported, or its process's exit code."""
     if isinstance(cause, RemoteError):
-        return RankFailure(rank, cause, output_tail=list(output_tail), starting=starting, diagnosis=diagnosis)
+        return RankFailure(rank, cause, output_tail=list(output_tail), starting=starting, diagnosis=diagnosis,
+                           label=label, account=account)
     return RankFailure(rank, exit_code=cause, error_file_message=error_file_message, output_tail=list(output_tail),
-                       starting=starting, diagnosis=diagnosis)
+                       starting=starting, diagnosis=diagnosis, label=label, account=account)
 
 
 def order_failures(failures: list[RankFailure]) -> list[RankFailure]:

@@ -10,13 +10,12 @@ The pool is a small composition, split along torch elastic's lines:
 * the **rendezvous store**: a c10d ``TCPStore`` the kernel hosts on 127.0.0.1, port chosen by the OS —
   never a fixed 29500 that another notebook may hold. The ranks join it as torchrun's ranks join the
   agent's store (``TORCHELASTIC_USE_AGENT_STORE=True``, ``init_method="env://"``);
-* and the pool's own state, which only the pool writes: each rank's device once it is ready
-  (:meth:`WorkerPool.mark_ready`), whether the pool is broken (:meth:`WorkerPool.mark_broken`: a
-  failure, a stop — never reused), the user's modules the ranks imported.
+* and the pool's own state (:class:`~.rankgroup.GroupState`, written only through its methods): each rank's
+  device once it is ready, whether the pool is broken (a failure, a stop — never reused), the user's modules
+  the ranks imported.
 
-This is the seam for several machines: a multi-machine launcher replaces the process group (an agent
-per machine starting the ranks, as torchrun's) and hosts the store elsewhere (c10d rendezvous); the
-channel, the events and the run (:mod:`nbtrain.launch.run`) stay as they are.
+It is one :class:`~.rankgroup.RankGroup`; its sibling for several machines, :class:`~nbtrain.cluster.group.NodePool`,
+runs the ranks under torch elastic's agent on joined nodes. The run (:mod:`nbtrain.launch.run`) drives either.
 
 Both halves share a private directory (mode 0700): the channel's socket, the ranks' error files and
 their stack dumps (:mod:`.stacks`).
@@ -35,7 +34,6 @@ the store and the directory go.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import shutil
 import socket
@@ -49,12 +47,10 @@ from .channel import Channel, Message
 from .config import PoolSpec
 from .errors import RankFailure, rank_failure
 from .procs import Exited, Output, RankProcesses, stack_file_path, worker_env
+from .rankgroup import GroupState
 from .stacks import request_stacks
 
 __all__ = ["WorkerPool", "Message", "Output", "Exited"]
-
-_pool_ids = itertools.count(1)
-
 
 def host_store(host: str = "127.0.0.1"):
     """The rendezvous store, on ``host`` only (loopback for one machine), on a port the OS picks."""
@@ -68,21 +64,16 @@ def host_store(host: str = "127.0.0.1"):
                          master_listen_fd=listening.detach())
 
 
-class WorkerPool:
+class WorkerPool(GroupState):
+    """Ranks on this machine (a :class:`~.rankgroup.RankGroup`; see the module docstring)."""
+
     def __init__(self, spec: PoolSpec):
-        self.spec = spec
-        self.pool_id = next(_pool_ids)
-        self.run_id = f"nbtrain-{os.getpid()}-{self.pool_id}"
-        self.module_stamps: dict[str, tuple] = {}  # path -> stamp of the user's modules the ranks imported
-        self.rank_path: tuple[str, ...] = ()  # the ranks' own sys.path (see nbtrain.launch.modules)
+        super().__init__(spec)
         self._dir = tempfile.mkdtemp(prefix="nbtrain-")
         os.chmod(self._dir, 0o700)
         self.channel = Channel(self._dir)
         self.procs = RankProcesses(self._dir)
         self._store = None
-        self._devices: dict[int, str] = {}
-        self._broken = False
-        self._job_ids = itertools.count(1)
 
     def spawn(self) -> None:
         """Start the ranks; they connect and rendezvous in the background (see :meth:`poll_events`)."""
@@ -92,36 +83,7 @@ class WorkerPool:
                           for rank in range(self.spec.nprocs)], self.channel.key)
         self.channel.accept(self.procs.pids())
 
-    def next_job_id(self) -> int:
-        return next(self._job_ids)
-
     # ---------------------------------------------------------------------------------- state
-    @property
-    def ready(self) -> bool:
-        """Every rank has joined the process group."""
-        return len(self._devices) == self.spec.nprocs
-
-    @property
-    def devices(self) -> dict[int, str]:
-        """rank -> device of the ranks that are ready."""
-        return dict(sorted(self._devices.items()))
-
-    def mark_ready(self, rank: int, device: str) -> bool:
-        """Rank ``rank`` joined the process group on ``device``; returns whether every rank now has."""
-        self._devices[rank] = device
-        return self.ready
-
-    def not_ready(self) -> list[int]:
-        return [rank for rank in range(self.spec.nprocs) if rank not in self._devices]
-
-    @property
-    def broken(self) -> bool:
-        return self._broken
-
-    def mark_broken(self) -> None:
-        """A rank failed or the run was stopped: this pool is never reused."""
-        self._broken = True
-
     def alive(self) -> bool:
         return self.ready and not self._broken and self.procs.all_running()
 

@@ -50,6 +50,7 @@ from ..wire.payload import Inputs, Results, unpack_results
 from .mismatch import MismatchWatcher
 from ..wire.shm import new_result_prefix, sweep_prefix
 from .pool import Exited, Message, Output, WorkerPool
+from .rankgroup import RankGroup
 from .sessions import (SESSION_FAILURE_GRACE_S, SessionTable, ended_sentence, kept_sentence, stale_note,
                        stuck_sentence)
 from .stacks import whereabouts
@@ -91,8 +92,8 @@ class PoolManager:
     set aside (a plain cell with other options gets a pool of its own), until its last session ends.
     """
 
-    def __init__(self, pool_factory: Callable[[PoolSpec], WorkerPool] = WorkerPool) -> None:
-        self.pool: WorkerPool | None = None
+    def __init__(self, pool_factory: Callable[[PoolSpec], RankGroup] = WorkerPool) -> None:
+        self.pool: RankGroup | None = None
         self.pool_factory = pool_factory  # a spec -> a pool (several machines: nbtrain.cluster.Cluster.make_pool)
         self.sessions = SessionTable()
         self._lock = threading.RLock()
@@ -100,7 +101,7 @@ class PoolManager:
         self._atexit = False
         self._keep_alive_s = DEFAULT_KEEP_ALIVE_S
 
-    def acquire(self, spec: PoolSpec, fresh: bool, workdir: Workdir, session: str = "") -> tuple[WorkerPool, bool, str]:
+    def acquire(self, spec: PoolSpec, fresh: bool, workdir: Workdir, session: str = "") -> tuple[RankGroup, bool, str]:
         """The pool to run on, whether it is warm, and a note: why warm ranks were not reused, or a session ended."""
         with self._lock:
             self._cancel_timer()
@@ -147,7 +148,7 @@ class PoolManager:
             if not self.sessions.on(self.pool):  # a session opened since the timer started keeps it
                 self._set_aside()
 
-    def teardown(self, pool: WorkerPool, *, grace: float, drain=None, why: str = "its ranks were stopped") -> list[str]:
+    def teardown(self, pool: RankGroup, *, grace: float, drain=None, why: str = "its ranks were stopped") -> list[str]:
         """Forget ``pool`` and end it at once (a failure, the stop button); ``drain`` shows its last output.
         Returns the sessions that ended with it."""
         with self._lock:
@@ -197,7 +198,7 @@ def _physical_gpu(spec: PoolSpec, device: str | None) -> int | None:
 class _Run:
     """The event loop of one cell on one pool."""
 
-    def __init__(self, pool: WorkerPool, job: P.Job, inputs: Inputs, config: LaunchConfig, write,
+    def __init__(self, pool: RankGroup, job: P.Job, inputs: Inputs, config: LaunchConfig, write,
                  observers: Iterable[RunObserver], warm: bool, info: CellInfo, started: float = 0.0) -> None:
         self.pool, self.job, self.inputs, self.config = pool, job, inputs, config
         self.started = started  # unix time the cell began (the summary's time counts from it)
@@ -343,8 +344,7 @@ class _Run:
             self.profiles[rank] = msg
         elif isinstance(msg, P.Done) and msg.job_id == self.job.job_id:
             self.done[rank] = msg
-            self.pool.module_stamps.update((stamp[1], stamp) for stamp in msg.modules)
-            self.pool.rank_path = msg.rank_path
+            self.pool.record_modules(msg.modules, msg.rank_path)
         elif isinstance(msg, P.Failed) and msg.job_id == self.job.job_id:
             self.raised.add(rank)
             self._fail(rank, msg.error)

@@ -41,7 +41,7 @@ from ..wire import protocol as P
 from ..words import count, plural
 from .config import ConfigError, PoolSpec
 from .history import History
-from .pool import WorkerPool
+from .rankgroup import RankGroup
 
 SESSION_FAILURE_GRACE_S = 3.0  # a session survives a failure only if every rank answers: wait this long for them
 
@@ -53,7 +53,7 @@ class SessionError(ConfigError):
 @dataclass
 class Session:
     name: str
-    pool: WorkerPool
+    pool: RankGroup
     started: float = field(default_factory=time.time)
     cells: int = 0
     held: tuple[tuple[str, str], ...] = ()  # (name, type) on rank 0 after its last successful cell
@@ -112,7 +112,7 @@ class SessionTable:
                                f"this cell's: {differences}. Give the options the session started with, or end it "
                                f"with %distributed_close {name} first.")
 
-    def pool_for(self, name: str) -> tuple[WorkerPool | None, str]:
+    def pool_for(self, name: str) -> tuple[RankGroup | None, str]:
         """The live pool of session ``name`` (None: start it), and a note when it had ended."""
         session = self.live.get(name)
         if session is not None and session.pool.alive():
@@ -122,20 +122,20 @@ class SessionTable:
         why = self.ended.pop(name, None)
         return None, (f"nbtrain: session {name!r} ended earlier ({why}); it starts again, empty\n" if why else "")
 
-    def open(self, name: str, pool: WorkerPool) -> Session:
+    def open(self, name: str, pool: RankGroup) -> Session:
         session = self.live.get(name)
         if session is None or session.pool is not pool:
             session = self.live[name] = Session(name, pool)
         return session
 
-    def on(self, pool: WorkerPool | None) -> list[str]:
+    def on(self, pool: RankGroup | None) -> list[str]:
         """The sessions living on ``pool``."""
         return [s.name for s in self.live.values() if s.pool is pool]
 
-    def pools(self) -> list[WorkerPool]:
+    def pools(self) -> list[RankGroup]:
         return list({id(s.pool): s.pool for s in self.live.values()}.values())
 
-    def end_pool(self, pool: WorkerPool, why: str) -> list[str]:
+    def end_pool(self, pool: RankGroup, why: str) -> list[str]:
         """``pool`` is going: its sessions end, remembering ``why`` for their next cell."""
         ended = self.on(pool)
         for name in ended:
@@ -164,7 +164,7 @@ class SessionTable:
         held = set(session.names)
         return [n for n in names if n not in held or session.seen.get(n, _UNSEEN) is not namespace.get(n)]
 
-    def record(self, name: str, pool: WorkerPool, done: dict[int, P.Done], namespace: dict) -> None:
+    def record(self, name: str, pool: RankGroup, done: dict[int, P.Done], namespace: dict) -> None:
         """After a successful cell of ``name``: what the session holds now, and the notebook's bindings."""
         session = self.open(name, pool)
         session.cells += 1

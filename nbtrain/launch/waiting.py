@@ -10,12 +10,12 @@ exit code), which :mod:`.restarts` does not restart: "no replacement node joined
 from __future__ import annotations
 
 from ..words import plural
-from .pool import WorkerPool
+from .rankgroup import RankGroup
 
 WAITING_EVERY_S = 30.0  # how often a restart that waits for a replacement node says so again
 
 
-def start_timeout_account(pool: WorkerPool, timeout_s: float, restart: int) -> str:
+def start_timeout_account(pool: RankGroup, timeout_s: float, restart: int) -> str:
     """Why the ranks ``pool.not_ready()`` failed: they did not join within ``timeout_s``."""
     joined = pool.nodes_joined()
     if restart and joined:  # a restart's group needs a node in place of a lost one
@@ -25,7 +25,7 @@ def start_timeout_account(pool: WorkerPool, timeout_s: float, restart: int) -> s
             f"{timeout_s:.0f} s (--start-timeout SECONDS or NBTRAIN_START_TIMEOUT waits longer){pool.start_hint()}")
 
 
-def waiting_line(pool: WorkerPool, left_s: float, first: bool) -> str:
+def waiting_line(pool: RankGroup, left_s: float, first: bool) -> str:
     """A restart's line about the nodes it waits for; "" when none is missing (or the pool has no nodes)."""
     joined = pool.nodes_joined()
     if not joined:
