@@ -26,7 +26,6 @@ from __future__ import annotations
 import codecs
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from .. import proctree
 from .config import PoolSpec
 
 
@@ -184,17 +184,8 @@ class RankProcesses:
 
     # -------------------------------------------------------------------------------- signal
     def interrupt(self) -> None:
-        """The stop button: exactly one SIGINT to each process of the group, the ranks and their descendants.
-
-        Not the process group as well: a second SIGINT a few milliseconds later would land in the cleanup
-        the first one started (a DataLoader iterator's ``__del__``, a worker's exit) and print tracebacks.
-        """
-        seen = set()
-        for proc in self._family():
-            if proc.pid not in seen:
-                seen.add(proc.pid)
-                with contextlib.suppress(psutil.Error):
-                    proc.send_signal(signal.SIGINT)
+        """The stop button: exactly one SIGINT to each process of the group (see :func:`nbtrain.proctree.interrupt`)."""
+        proctree.interrupt(self.pids())
 
     def wait_exit(self, timeout: float) -> None:
         """Until every rank has exited by itself, at most ``timeout`` seconds."""
@@ -204,12 +195,7 @@ class RankProcesses:
 
     def stop(self, grace: float = 1.0) -> None:
         """SIGTERM, then SIGKILL, to every rank's session and all their descendants; ``grace`` after each."""
-        family = self._family()
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            if not _alive(family):
-                break
-            self._signal_all(sig, family)
-            psutil.wait_procs(_alive(family), timeout=grace)
+        proctree.stop(list(self.running().values()), grace)
         for p in self._procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.popen.wait(timeout=grace)
@@ -222,34 +208,3 @@ class RankProcesses:
                     if pipe is not None:
                         pipe.close()
             p.open_streams.clear()
-
-    def _family(self) -> list[psutil.Process]:
-        """The ranks and all their descendants (DataLoader workers, a cell's own subprocesses)."""
-        procs = []
-        for pid in self.pids():
-            try:
-                proc = psutil.Process(pid)
-                procs.append(proc)
-                procs.extend(proc.children(recursive=True))
-            except psutil.Error:
-                pass
-        return procs
-
-    def _signal_all(self, sig: int, family: list[psutil.Process]) -> None:
-        for pid in self.running().values():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, sig)  # the rank's session: itself and children that stayed in it
-        for proc in family:
-            with contextlib.suppress(psutil.Error):
-                proc.send_signal(sig)
-
-
-def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
-    out = []
-    for proc in procs:
-        try:
-            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
-                out.append(proc)
-        except psutil.Error:
-            pass
-    return out

@@ -26,14 +26,13 @@ import contextlib
 import os
 import pickle
 import secrets
-import signal
 import threading
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, Listener
 
-import psutil
 
+from .. import proctree
 from ..wire import nodes as N
 from ..wire import protocol as P
 from ..wire.shm import owner_prefix, write_file
@@ -209,24 +208,12 @@ class LocalRanks:
         self.send(N.Stacks(request_stacks(targets, message.wait) if targets else {}))
 
     def interrupt(self) -> None:
-        for proc in _family(self.pids()):
-            with contextlib.suppress(psutil.Error):
-                proc.send_signal(signal.SIGINT)
+        """The stop button: one SIGINT to each rank and its descendants (:func:`nbtrain.proctree.interrupt`)."""
+        proctree.interrupt(self.pids())
 
     def stop(self, grace: float = STOP_GRACE_S) -> None:
-        """SIGTERM, then SIGKILL, to every rank's session and descendants."""
-        pids = self.pids()
-        family = _family(pids)
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pid, sig)
-            for proc in family:
-                with contextlib.suppress(psutil.Error):
-                    proc.send_signal(sig)
-            _gone, alive = psutil.wait_procs(family, timeout=grace)
-            if not alive:
-                break
+        """SIGTERM, then SIGKILL, to every rank's session and descendants (:func:`nbtrain.proctree.stop`)."""
+        proctree.stop(self.pids(), grace)
 
     def running(self) -> bool:
         with self._lock:
@@ -242,16 +229,6 @@ class LocalRanks:
 def _send_bytes(conn: Connection, data: bytes) -> None:
     with contextlib.suppress(OSError):
         conn.send_bytes(data)
-
-
-def _family(pids: list[int]) -> list[psutil.Process]:
-    procs = []
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            proc = psutil.Process(pid)
-            procs.append(proc)
-            procs.extend(proc.children(recursive=True))
-    return procs
 
 
 def _error_message(r: _Rank, code: int) -> str | None:
