@@ -32,7 +32,7 @@ import psutil
 import pytest
 
 from helpers.kernelhelp import Kernel
-from helpers.nodehelp import join_command, start_agent
+from helpers.nodehelp import Boom, join_command, start_agent, until
 from helpers.workers import assert_no_workers
 from nbtrain.cluster.hub import ADMIT_DEADLINE_S, MAX_ADMISSIONS, Hub
 from nbtrain.wire.link import JoinToken, LinkError, client_context, connect, handshake_client
@@ -40,26 +40,6 @@ from nbtrain.wire.nodes import NodeHello
 
 HELLO = NodeHello("tester", os.getpid(), 0, 1)
 CELL = "%%distributed --nodes 2 --nproc-per-node 1 --rdzv-host 127.0.0.1 --cpu --start-timeout 120\n"
-
-
-class _Boom:
-    """Unpickling this creates a folder: proof that something was unpickled."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def __reduce__(self):
-        return (os.mkdir, (self.path,))
-
-
-def _until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _listening_ports(pid: int) -> set[int]:
@@ -91,9 +71,9 @@ def test_a_pickle_planted_in_the_rendezvous_store_runs_nothing(tmp_path):
         command, pid = join_command(listing), kernel.pid()
         before = _listening_ports(pid)
         msg_id = kernel.start(CELL + "joined = world_size\n")  # waits for the nodes, its store listening
-        stores = _until(lambda: _listening_ports(pid) - before, 30, "the cell's rendezvous store")
+        stores = until(lambda: _listening_ports(pid) - before, 30, "the cell's rendezvous store")
         # The key torch's dynamic rendezvous reads (base64 of a pickle), for every run id the kernel could use.
-        state = base64.b64encode(pickle.dumps(_Boom(marker)))
+        state = base64.b64encode(pickle.dumps(Boom(marker)))
         keys = [f"torch.rendezvous.nbtrain-{pid}-{n}" for n in range(1, 20)]
         assert any(_plant(port, keys, state) for port in stores)
         agents = [start_agent(command, address) for address in ("127.0.0.2", "127.0.0.3")]
@@ -123,7 +103,7 @@ def test_the_join_token_is_in_no_command_line_environment_or_output_and_can_be_r
         with open(path) as f:
             token = JoinToken.decode(f.read())
         assert 3500 < token.expires - time.time() <= 3600  # an hour by default
-        _until(lambda: kernel.run("%distributed_nodes").count("idle") >= 2, 120, "two nodes")
+        until(lambda: kernel.run("%distributed_nodes").count("idle") >= 2, 120, "two nodes")
         out += kernel.run(CELL + "print('ran on', world_size)\n", timeout=240)
         out += kernel.run("%distributed_nodes")
         assert "ran on 2" in out
@@ -156,7 +136,7 @@ def test_a_node_channel_refuses_a_peer_without_its_key(tmp_path):
     kernel = Kernel()
     try:
         kernel.run("%load_ext nbtrain\n%distributed_nodes --rdzv-host 127.0.0.1 --emulate 1")
-        _until(lambda: "idle" in kernel.run("%distributed_nodes"), 120, "the node")
+        until(lambda: "idle" in kernel.run("%distributed_nodes"), 120, "the node")
         agent = next(p for p in _agents_and_ranks() if "nbtrain.node" in " ".join(p.cmdline()))
         address = glob.glob(os.path.join(tempfile.gettempdir(), f"nbtrain-node-{agent.pid}-*", "node.sock"))[0]
         with pytest.raises((AuthenticationError, EOFError, OSError)):
@@ -164,7 +144,7 @@ def test_a_node_channel_refuses_a_peer_without_its_key(tmp_path):
         raw = socket.socket(socket.AF_UNIX)
         raw.connect(address)
         raw.recv(4096)  # the challenge
-        payload = pickle.dumps(_Boom(marker))
+        payload = pickle.dumps(Boom(marker))
         raw.sendall(struct.pack("!i", len(payload)) + payload)  # a message in place of the answer
         time.sleep(1)
         raw.close()
@@ -223,10 +203,10 @@ def _closed_by_peer(sock, timeout: float) -> bool:
 def test_a_token_holder_whose_hello_is_a_pickle_is_dropped_unread(hub, tmp_path):
     marker = str(tmp_path / "unpickled")
     sock = _authenticated(hub)
-    payload = pickle.dumps(NodeHello("x", 1, 0, 1)) + pickle.dumps(_Boom(marker))
+    payload = pickle.dumps(NodeHello("x", 1, 0, 1)) + pickle.dumps(Boom(marker))
     sock.sendall(struct.pack("!I", len(payload)) + payload)
     assert _closed_by_peer(sock, 5)
-    _until(lambda: hub.refused == 1, 5, "the refusal")
+    until(lambda: hub.refused == 1, 5, "the refusal")
     assert hub.nodes == [] and not os.path.exists(marker)
 
 
@@ -240,8 +220,8 @@ def test_a_token_holder_who_says_nothing_is_dropped_at_the_deadline(hub):
     assert _admitting() >= 1
     assert _closed_by_peer(sock, ADMIT_DEADLINE_S + 5)
     assert time.monotonic() - start < ADMIT_DEADLINE_S + 2.5
-    _until(lambda: hub.refused == 1, 5, "the refusal")
-    _until(lambda: _admitting() <= before, 5, "the admission's thread to end")  # no link left behind
+    until(lambda: hub.refused == 1, 5, "the refusal")
+    until(lambda: _admitting() <= before, 5, "the admission's thread to end")  # no link left behind
     assert hub.nodes == []
 
 
@@ -266,7 +246,7 @@ def test_a_flood_of_connections_holds_at_most_the_cap_and_a_node_joins_after(hub
     assert sum(_closed_by_peer(s, 1.0) for s in flood[MAX_ADMISSIONS:]) >= 12  # closed at once, no thread each
     for sock in flood:
         sock.close()
-    link, name = _until(lambda: _try_join(hub), ADMIT_DEADLINE_S + 5, "a node to join after the flood")
+    link, name = until(lambda: _try_join(hub), ADMIT_DEADLINE_S + 5, "a node to join after the flood")
     assert name == "a"
     link.close()
 

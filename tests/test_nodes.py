@@ -25,7 +25,7 @@ import psutil
 import pytest
 
 from helpers.kernelhelp import Kernel
-from helpers.nodehelp import join_command, start_agent
+from helpers.nodehelp import Boom, join_command, start_agent, until
 from helpers.workers import assert_no_workers, nbtrain_workers
 from nbtrain.cluster.hub import Hub
 from nbtrain.wire.link import JoinToken, LinkError, client_context, connect
@@ -34,26 +34,6 @@ from nbtrain.wire.nodes import NodeHello
 NODE_ADDRESSES = ("127.0.0.2", "127.0.0.3")
 HELLO = NodeHello("tester", os.getpid(), 0, 1)
 CELL = "%%distributed --nodes 2 --nproc-per-node 2 --rdzv-host 127.0.0.1 --cpu --start-timeout 120\n"
-
-
-class _Boom:
-    """Unpickling this creates a file: proof that something was unpickled."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def __reduce__(self):
-        return (os.mkdir, (self.path,))
-
-
-def _until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 # --------------------------------------------------------------------------------- the link itself
@@ -75,12 +55,12 @@ def test_a_peer_without_the_secret_is_refused_before_anything_is_unpickled(hub, 
     sock.sendall(struct.pack("!H", len(pool)) + pool + os.urandom(32))
     sock.recv(32)  # the kernel's nonce
     sock.sendall(b"\0" * 32)  # a proof made without the secret
-    payload = pickle.dumps(_Boom(marker))
+    payload = pickle.dumps(Boom(marker))
     with pytest.raises(OSError):  # the kernel hangs up; whatever was sent after is never read
         sock.sendall(struct.pack("!Q", len(payload)) + payload)
         assert sock.recv(1) == b""
         raise ConnectionResetError
-    _until(lambda: hub.refused == 1, 5, "the refusal")
+    until(lambda: hub.refused == 1, 5, "the refusal")
     assert not os.path.exists(marker) and hub.nodes == []
 
 
@@ -93,7 +73,7 @@ def test_another_pools_token_and_an_expired_token_are_refused(hub):
             connect(forged, HELLO)
     finally:
         other.close()
-    _until(lambda: hub.refused == 1, 5, "the refusal")
+    until(lambda: hub.refused == 1, 5, "the refusal")
     expired = JoinToken(hub.host, hub.port, hub.pool_id, hub.token.secret, hub.token.fingerprint, time.time() - 1)
     with pytest.raises(LinkError, match="expired"):
         connect(expired, HELLO)
@@ -198,7 +178,7 @@ def test_stop_button_ends_every_rank_on_every_node(cluster):
     reply, out = cluster.kernel.collect(msg_id, 30)
     assert reply["status"] == "error" and "KeyboardInterrupt" in out
     assert "Where each rank was" in out and "rank 3: at cell line 5" in out, out
-    _until(lambda: not nbtrain_workers(), 10, "the ranks to end")
+    until(lambda: not nbtrain_workers(), 10, "the ranks to end")
     assert time.monotonic() - pressed < 6  # the kernel's 3 s, plus this loaded machine's slack
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from helpers.runhelp import run_cell
-from helpers.sharding import MODEL, train
+from helpers.sharding import CURVE, MODEL, train
 from nbtrain.launch import api
 from nbtrain.launch.api import format_summary
 from nbtrain.launch.config import ConfigError, LaunchRequest, resolve
@@ -85,20 +85,7 @@ out_dtype = str(model(X[:4]).dtype)
 
 
 def test_a_sharded_checkpoint_resumes_4_to_2_to_4_ranks_and_then_unsharded(pools, tmp_path):
-    cell = MODEL + """
-torch.manual_seed(1)
-model = Net()
-opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-model, opt = nbtrain.prepare(model, opt)
-x, y = X[rank::world_size], Y[rank::world_size]
-curve = []
-for epoch in nbtrain.epochs(EPOCHS):
-    loss = F.cross_entropy(model(X), Y)   # the whole batch on every rank: the curve is the same at any size
-    nbtrain.backward(loss)
-    opt.step(); opt.zero_grad()
-    curve.append(round(loss.item(), 6))
-    nbtrain.save_checkpoint()
-"""
+    cell = CURVE
     checkpoint = str(tmp_path / "ckpt")
     straight, _ = run_cell(pools, cell.replace("EPOCHS", "8"), out="curve", shard="full",
                            checkpoint=str(tmp_path / "straight"))
@@ -113,19 +100,7 @@ for epoch in nbtrain.epochs(EPOCHS):
 
 
 def test_a_background_save_is_written_by_the_cells_end_and_resumes_as_a_plain_one(pools, tmp_path):
-    cell = MODEL + """
-torch.manual_seed(1)
-model = Net()
-opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-model, opt = nbtrain.prepare(model, opt)
-curve = []
-for epoch in nbtrain.epochs(EPOCHS):
-    loss = F.cross_entropy(model(X), Y)
-    nbtrain.backward(loss)
-    opt.step(); opt.zero_grad()
-    curve.append(round(loss.item(), 6))
-    nbtrain.save_checkpoint()          # returns once the shards are copied; training goes on while they are written
-"""
+    cell = CURVE
     straight, _ = run_cell(pools, cell.replace("EPOCHS", "4"), out="curve", shard="full",
                            checkpoint=str(tmp_path / "sync"))
     first, _ = run_cell(pools, cell.replace("EPOCHS", "2"), out="curve", shard="full", checkpoint_async=True,
@@ -142,10 +117,10 @@ def test_a_rank_killed_during_a_sharded_save_leaves_the_previous_checkpoint(pool
 import os
 from nbtrain.train import shard
 written = shard.save_states
-def dying_while_the_others_write(context, directory):   # the second save: rank 1 dies, rank 0 is writing its shards
+def dying_while_the_others_write(context, directory, done=None):   # the second save: rank 1 dies, rank 0 writes
     if rank == 1 and context.step == 2 and KILL:
         os._exit(9)
-    return written(context, directory)
+    return written(context, directory, done)
 shard.save_states = dying_while_the_others_write
 model = nbtrain.prepare(Net())
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -166,19 +141,7 @@ for epoch in nbtrain.epochs(3):
 
 
 def test_a_ddp_checkpoint_resumes_in_a_sharded_run(pools, tmp_path):
-    cell = MODEL + """
-torch.manual_seed(1)
-model = Net()
-opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-model, opt = nbtrain.prepare(model, opt)
-curve = []
-for epoch in nbtrain.epochs(EPOCHS):
-    loss = F.cross_entropy(model(X), Y)
-    nbtrain.backward(loss)
-    opt.step(); opt.zero_grad()
-    curve.append(round(loss.item(), 6))
-    nbtrain.save_checkpoint()
-"""
+    cell = CURVE
     straight, _ = run_cell(pools, cell.replace("EPOCHS", "4"), out="curve", checkpoint=str(tmp_path / "a"))
     first, _ = run_cell(pools, cell.replace("EPOCHS", "2"), out="curve", checkpoint=str(tmp_path / "b"))
     then, _ = run_cell(pools, cell.replace("EPOCHS", "4"), out="curve", shard="full", checkpoint=str(tmp_path / "b"))

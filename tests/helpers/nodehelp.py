@@ -13,6 +13,27 @@ import time
 from nbtrain.cluster import Cluster
 from nbtrain.launch.run import PoolManager
 
+class Boom:
+    """Unpickling this creates a folder: proof that something was unpickled."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (os.mkdir, (self.path,))
+
+
+def until(predicate, timeout: float, what: str):
+    """``predicate()``'s first true value within ``timeout`` seconds; AssertionError naming ``what`` if none."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 JOIN = re.compile(r"python -m nbtrain\.node --join \S+ --token-file \S+")
 
 

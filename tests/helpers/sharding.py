@@ -59,3 +59,19 @@ def train(pools, steps=30, k=1, **options):
     source = TRAIN.replace("STEPS", str(steps)).replace("K)", f"{k})").replace("// K", f"// {k}")
     options = {"out": "losses,checksum,kind,model", **options}
     return run_cell(pools, source, grad_accum=k, **options)
+
+
+# Each epoch one step on the whole batch (on every rank: the curve is the same at any world size), then a save.
+CURVE = MODEL + """
+torch.manual_seed(1)
+model = Net()
+opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+model, opt = nbtrain.prepare(model, opt)
+curve = []
+for epoch in nbtrain.epochs(EPOCHS):
+    loss = F.cross_entropy(model(X), Y)
+    nbtrain.backward(loss)
+    opt.step(); opt.zero_grad()
+    curve.append(round(loss.item(), 6))
+    nbtrain.save_checkpoint()   # under --checkpoint-async it returns once the shards are copied
+"""
