@@ -64,7 +64,7 @@ def test_dashboard_sees_both_ranks_metrics_and_their_processes(monkeypatch):
 
     assert set(pids.pids) == {0, 1} and all("nbtrain.worker" in cmd for cmd in pids.cmdlines.values())
     model = widget.model
-    assert model.status == "ok" and model.store.total_steps == 30
+    assert model.status == "finished" and model.store.total_steps == 30
     assert model.store.series("loss", rank=0).count == 30 and model.store.series("loss", rank=1).count == 30
     assert model.store.series("val_loss").count == 3
     assert model.store.series("loss", rank=1).last_value == pytest.approx(1.0 / 30 + 1)

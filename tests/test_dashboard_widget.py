@@ -127,7 +127,7 @@ def test_finish_leaves_a_png_and_a_paragraph(monkeypatch):
     board = RunDashboard(model)
     shown = []
     monkeypatch.setattr("IPython.display.display", lambda obj, **kw: shown.append(obj))
-    model.finish("ok", "2 ranks finished")
+    model.finish("finished", "2 ranks finished")
     board.finish()
     figure, summary = shown
     bundle = figure._repr_mimebundle_()
@@ -269,7 +269,7 @@ def test_a_live_dashboard_shown_again_resends_every_widget_then_its_output_and_n
     chart_state = dict(opened)[board.chart.widget.model_id]
     assert chart_state["style"] and chart_state["_esm"], "the chart's whole state, its code included"
     assert shown == [board.widget, board.widget], "the dashboard's output, shown again"
-    model.finish("ok", "2 ranks finished")
+    model.finish("finished", "2 ranks finished")
     board.finish()
     opened.clear()
     assert reopen.show_again() == 0, "an ended run is no longer listed"

@@ -23,7 +23,7 @@ from tornado.httpclient import HTTPClientError
 from helpers import fake_nvml
 from nbtrain.server.handlers import ROUTES
 from helpers.serverhelp import ENDLESS_RUN, fetch_json, open_notebook_kernel, wait_for
-from helpers.tsinterfaces import mismatches, parse_interfaces
+from helpers.tsinterfaces import literals, mismatches, parse_interfaces
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
 
@@ -150,3 +150,13 @@ def test_package_scripts_use_only_tools_the_package_has():
                 continue
             assert provided_by.get(tool) in declared, (
                 f"script {name!r} runs {tool!r}, which no dependency in labextension/package.json provides")
+
+
+def test_run_and_node_states_have_the_same_names_in_python_and_types_ts():
+    """One set of state names: the run registry writes RunState's values, the panel's types allow exactly them."""
+    from nbtrain.cluster.hub import NodeState
+    from nbtrain.launch.observer import RunState
+
+    shapes = interfaces()
+    assert literals(shapes, "RunState") == {state.value for state in RunState}
+    assert literals(shapes, "NodeState") == {state.value for state in NodeState} | {"lost"}

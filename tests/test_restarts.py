@@ -55,7 +55,7 @@ def test_a_killed_rank_is_restarted_from_the_checkpoint(fresh_pools, tmp_path):
         assert result.history.series("loss", rank=rank).steps == list(range(12))
     assert any("1 restart" in note for note in result.notes)
     assert result.seconds >= restarted_after[0]  # the summary's time covers the first attempt too
-    assert observer.started == 2 and observer.endings == ["ok"]  # no "failed" ending for the restarted attempt
+    assert observer.started == 2 and observer.endings == ["finished"]  # no "failed" ending for the restarted attempt
     assert sorted(set(observer.setups)) == [0, 1]  # what prepare() set up reaches the observers through restarts
 
 

@@ -71,7 +71,7 @@ def test_a_registered_tracker_follows_every_cell_until_untracked(fresh_pools):
         nbtrain.untrack(tracker)
     run_cell(fresh_pools, "import nbtrain\nnbtrain.log(loss=1.0)")
     calls = tracker.calls
-    assert calls[0] == ("started", 2) and calls[-1] == ("finished", "ok") and len(calls) == 4
+    assert calls[0] == ("started", 2) and calls[-1] == ("finished", "finished") and len(calls) == 4
     assert sorted(calls[1:3]) == [("metrics", 0, 3, {"loss": 0.0}), ("metrics", 1, 3, {"loss": 1.5})]
 
 

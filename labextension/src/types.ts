@@ -52,13 +52,18 @@ export interface INodeGpu {
 }
 
 /** A machine of a `--nodes` run: what its heartbeats say (telemetry null before the first one). */
+/** A run's state: nbtrain.launch.observer.RunState's values (tests/test_lab_contract.py checks they agree). */
+export type RunState = 'starting' | 'running' | 'finished' | 'failed' | 'interrupted';
+
+/** A joined node's state: nbtrain.cluster.hub.NodeState's values, or lost. */
+export type NodeState = 'idle' | 'running' | 'lost';
+
 export interface INode {
   name: string;
   host: string;
   address: string;
   ranks: number[];
-  /** idle | running | lost */
-  state: string;
+  state: NodeState;
   last_heard: number;
   cpu_percent: number | null;
   ram_percent: number | null;
@@ -71,7 +76,7 @@ export interface IRun {
   path: string | null;
   name: string | null;
   run_id: string | null;
-  state: string;
+  state: RunState;
   active: boolean;
   nprocs: number | null;
   backend: string | null;

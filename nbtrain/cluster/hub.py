@@ -50,6 +50,12 @@ class NodeState(str, Enum):
     IDLE = "idle"
     RUNNING = "running"
 
+    def __str__(self) -> str:  # printed and formatted as its name in the records, not "NodeState.X"
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
 
 @dataclass
 class NodeConn:

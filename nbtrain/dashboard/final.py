@@ -61,9 +61,9 @@ def _series_sentence(store: MetricStore, name: str) -> str | None:
 def summary_paragraph(store: MetricStore, telemetry: TelemetrySeries, status: str, detail: str,
                       nprocs: int, where: str, p: Progress) -> str:
     """The run in one paragraph of plain sentences."""
-    ended = {"ok": "finished", "failed": "failed", "interrupted": f"{plural('was', nprocs)} interrupted"}.get(status, status)
+    ended = f"{plural('was', nprocs)} interrupted" if status == "interrupted" else status
     parts = [f"{count('rank', nprocs)} on {where} {ended} after {text.duration(p.elapsed)}"
-             + (f" ({detail})" if status != "ok" and detail else "") + "."]
+             + (f" ({detail})" if status != "finished" and detail else "") + "."]
     if p.step is not None:
         speed = f" at {p.steps_per_second:.1f} steps/s" if p.steps_per_second else ""
         parts.append(f"Rank 0 reached step {p.step}" + (f" of {p.total}" if p.total else "") + f"{speed}.")

@@ -34,7 +34,7 @@ class RunModel:
         self.nodes_version = 0  # bumped with each new report, so a view redraws only then
         self.started = time.monotonic()
         self.ended: float | None = None
-        self.status: str | None = None  # "ok" | "failed" | "interrupted" once finished
+        self.status: str | None = None  # a RunState's value ("finished", "failed", "interrupted") once finished
         self.detail = ""
         self.evidence = Evidence()  # what the advisor reads; fed from both threads, so under a lock
         self._evidence_lock = threading.Lock()
@@ -96,4 +96,4 @@ class RunModel:
     def status_text(self) -> str | None:
         if self.status is None:
             return None
-        return {"ok": "finished", "failed": "failed", "interrupted": "interrupted"}.get(self.status, self.status)
+        return self.status

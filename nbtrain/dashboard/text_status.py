@@ -62,5 +62,5 @@ class TextStatus:
 
     def finish(self) -> None:
         model = self.model
-        self._write("nbtrain ▸ " + summary_paragraph(model.store, model.telemetry, model.status or "ok", model.detail,
+        self._write("nbtrain ▸ " + summary_paragraph(model.store, model.telemetry, model.status or "finished", model.detail,
                                                      len(model.ranks), model.where, model.progress()))

@@ -14,6 +14,24 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from enum import Enum
+
+
+class RunState(str, Enum):
+    """A run's state, one set of names for the run, its observers, the run registry and the JupyterLab panel
+    (``labextension/src/types.ts``'s ``RunState``; ``tests/test_lab_contract.py`` checks they agree)."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+    def __str__(self) -> str:  # printed and formatted as its name in the records, not "RunState.X"
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
 
 
 @dataclass(frozen=True)
@@ -77,8 +95,8 @@ class RunObserver:
     def nodes_heard(self, nodes: tuple[NodeInfo, ...]) -> None:
         """A ``--nodes`` run's machines, about once a second, with what their heartbeats said (CPU, RAM, GPUs)."""
 
-    def run_finished(self, status: str, summary: str) -> None:
-        """``status``: "ok", "failed" or "interrupted"; ``summary``: one line for people."""
+    def run_finished(self, status: RunState, summary: str) -> None:
+        """``status``: :attr:`RunState.FINISHED`, ``FAILED`` or ``INTERRUPTED``; ``summary``: one line for people."""
 
 
 EVENTS = tuple(name for name in vars(RunObserver) if not name.startswith("_"))  # every event a run sends

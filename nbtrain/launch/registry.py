@@ -40,7 +40,7 @@ from dataclasses import asdict
 
 from ..pids import pid_alive
 from .history import TOTAL_STEPS
-from .observer import RunInfo, RunObserver
+from .observer import RunInfo, RunObserver, RunState
 
 WRITE_INTERVAL_S = 1.0
 VERSION = 1
@@ -107,12 +107,12 @@ class RunRegistry(RunObserver):
 
     def run_started(self, info: RunInfo) -> None:
         self.record.pop("total_steps", None)
-        self.record.update(state="starting", run_id=info.run_id, started=info.started or time.time(), ended=None,
+        self.record.update(state=RunState.STARTING.value, run_id=info.run_id, started=info.started or time.time(), ended=None,
                            step=None, metrics={}, summary=None, **self._layout(info))
         self._write()
 
     def ranks_ready(self, info: RunInfo) -> None:
-        self.record.update(state="running", **self._layout(info))
+        self.record.update(state=RunState.RUNNING.value, **self._layout(info))
         self._write()
 
     def metrics(self, rank: int, records: list) -> None:
@@ -134,7 +134,7 @@ class RunRegistry(RunObserver):
             self._write()
 
     def run_finished(self, status: str, summary: str) -> None:
-        self.record.update(state={"ok": "finished"}.get(status, status), ended=time.time(), summary=summary)
+        self.record.update(state=RunState(status).value, ended=time.time(), summary=summary)
         self._write()
 
     @staticmethod

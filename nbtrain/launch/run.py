@@ -43,7 +43,7 @@ from .displays import PendingDisplays
 from .errors import RankFailedError, RankFailure, order_failures
 from .history import History
 from .modules import Workdir, fresh_ranks_note, notebook_workdir, stale_modules
-from .observer import FanOut, RankInfo, RunInfo, RunObserver
+from .observer import FanOut, RankInfo, RunInfo, RunObserver, RunState
 from .output import OutputRelay, write_to_std_stream
 from .prompts import PendingPrompts
 from ..wire.payload import Inputs, Results, unpack_results
@@ -426,7 +426,7 @@ def _run_and_bring_back(namespace, info, config, manager, inputs, result_prefix,
                 run.loop(button.requested)
             except KeyboardInterrupt:
                 stop_run(run, manager, info, button)  # still under the button: a second press escalates it
-                run.notify("run_finished", "interrupted", "interrupted: every rank was stopped")
+                run.notify("run_finished", RunState.INTERRUPTED, "interrupted: every rank was stopped")
                 raise
     except KeyboardInterrupt as exc:
         # IPython shows the lines _render_traceback_() returns instead of a traceback (an untyped hook)
@@ -437,7 +437,7 @@ def _run_and_bring_back(namespace, info, config, manager, inputs, result_prefix,
         raise exc from None
     except BaseException as exc:
         manager.teardown(pool, grace=1.0, why=f"nbtrain failed: {exc!r}")
-        run.notify("run_finished", "failed", f"nbtrain failed: {exc!r}")
+        run.notify("run_finished", RunState.FAILED, f"nbtrain failed: {exc!r}")
         with contextlib.suppress(AttributeError, TypeError):
             exc.history = run.history  # type: ignore[attr-defined]  # as above, where the exception takes attributes
         raise
@@ -452,7 +452,7 @@ def _run_and_bring_back(namespace, info, config, manager, inputs, result_prefix,
     result = _bring_back(namespace, run, warm, time.monotonic() - started, deleted)
     if config.session:
         manager.sessions.record(config.session, pool, run.done, namespace)
-    run.notify("run_finished", "ok", f"{count('rank', len(result.devices))} finished in {result.seconds:.1f} s")
+    run.notify("run_finished", RunState.FINISHED, f"{count('rank', len(result.devices))} finished in {result.seconds:.1f} s")
     return result
 
 
@@ -477,7 +477,7 @@ def _failure(run: _Run, manager: PoolManager, info: CellInfo, code_name) -> Rank
                             line_offset=info.line_offset, code_name=code_name, stopped=stopped,
                             whereabouts=where, notes=notes)
     error.history = run.history
-    run.notify("run_finished", "failed", error.failures[0].summary())
+    run.notify("run_finished", RunState.FAILED, error.failures[0].summary())
     return error
 
 

@@ -4,9 +4,10 @@ The extension's types describe what the server routes answer; nothing at build t
 Python that produces the JSON, so a test does: :func:`parse_interfaces` reads the small subset of
 TypeScript those declarations use and :func:`mismatches` lists where a real answer differs.
 
-Understood: ``[export] interface X { a: T; b?: U }`` where a type is a union (``A | B``) of ``number``,
-``string``, ``boolean``, ``null``, ``undefined``, the name of another interface, an inline object
-``{ a: T; ... }``, a map ``{ [name: string]: T }``, any of them followed by ``[]``. Comments are skipped.
+Understood: ``[export] interface X { a: T; b?: U }`` and ``[export] type X = T;`` where a type is a union
+(``A | B``) of ``number``, ``string``, ``boolean``, ``null``, ``undefined``, a string literal (``'idle'``), the
+name of another interface or type, an inline object ``{ a: T; ... }``, a map ``{ [name: string]: T }``, any of
+them followed by ``[]``. Comments are skipped.
 Anything else is a ``SyntaxError`` naming where, so the types and this reader cannot drift apart silently.
 """
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_TOKEN = re.compile(r"\s*(?:(//[^\n]*|/\*.*?\*/)|([A-Za-z_$][\w$]*|[{}\[\]:;?|,]))", re.S)
+_TOKEN = re.compile(r"\s*(?:(//[^\n]*|/\*.*?\*/)|([A-Za-z_$][\w$]*|'[^'\n]*'|[{}\[\]:;?|,=]))", re.S)
 _PRIMITIVES = {"number": (int, float), "string": (str,), "boolean": (bool,)}
 
 
@@ -29,11 +30,17 @@ class Field:
 class Shape:
     fields: dict  # name -> Field; or, for a map, {"": Field} holding the value type
     is_map: bool = False
+    alias: tuple | None = None  # ``type X = T``: T's type tree (then ``fields`` is empty)
 
 
 def parse_interfaces(source: str) -> dict[str, Shape]:
-    """Every interface in ``source`` by name."""
+    """Every interface in ``source`` by name (a type alias as a :class:`Shape` with ``alias`` set)."""
     return _Parser(source).interfaces()
+
+
+def literals(shapes: dict[str, Shape], name: str) -> set[str]:
+    """The string literals a type alias allows: ``type S = 'a' | 'b'`` gives ``{"a", "b"}``."""
+    return {what for kind, what in shapes[name].alias[1] if kind == "literal"}
 
 
 class _Parser:
@@ -73,6 +80,13 @@ class _Parser:
         while self._peek() is not None:
             if self._peek() == "export":
                 self._take()
+            if self._peek() == "type":
+                self._take("type")
+                name = self._take()
+                self._take("=")
+                found[name] = Shape({}, alias=self._type())
+                self._separator()
+                continue
             self._take("interface")
             name = self._take()
             found[name] = self._object()
@@ -112,7 +126,12 @@ class _Parser:
         return ("union", alternatives)
 
     def _single(self) -> tuple:
-        single = ("object", self._object()) if self._peek() == "{" else ("name", self._take())
+        token = self._peek() or ""
+        if token.startswith("'"):
+            self._take()
+            single: tuple = ("literal", token[1:-1])
+        else:
+            single = ("object", self._object()) if token == "{" else ("name", self._take())
         while self._peek() == "[":
             self._take("[")
             self._take("]")
@@ -161,6 +180,10 @@ def _check_single(value, single: tuple, interfaces, where: str) -> list[str]:
     if what in _PRIMITIVES:
         ok = isinstance(value, _PRIMITIVES[what]) and (what == "boolean" or not isinstance(value, bool))
         return [] if ok else [f"{where}: expected {what}, got {value!r:.60}"]
+    if kind == "literal":
+        return [] if value == what else [f"{where}: expected {what!r}, got {value!r:.60}"]
+    if what in interfaces and interfaces[what].alias is not None:
+        return _check_type(value, interfaces[what].alias, interfaces, where)
     if what in interfaces:
         return _check_shape(value, interfaces[what], interfaces, where)
     raise SyntaxError(f"types.ts: unknown type {what!r} (used at {where})")
