@@ -29,9 +29,8 @@ import string
 import threading
 import time
 from dataclasses import dataclass, field
-from enum import Enum
 
-from ..launch.observer import NodeGpu, NodeInfo
+from ..launch.observer import NamedState, NodeGpu, NodeInfo
 from ..wire import nodes as N
 from ..wire.link import JoinToken, Link, LinkError, handshake_server, read_hello, send_welcome
 from .tls import make_certificate, server_context
@@ -43,18 +42,12 @@ ADMIT_DEADLINE_S = 5.0  # TLS, handshake and hello together, however slowly the 
 MAX_ADMISSIONS = 8  # connections being admitted at once; more are closed at once
 
 
-class NodeState(str, Enum):
+class NodeState(NamedState):
     """What a joined node is doing; the hub is its one writer (:meth:`Hub.mark_running`, :meth:`Hub.mark_idle`).
     Observers and the run registry get the value (a node silent too long is reported ``lost`` instead)."""
 
     IDLE = "idle"
     RUNNING = "running"
-
-    def __str__(self) -> str:  # printed and formatted as its name in the records, not "NodeState.X"
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
 
 
 @dataclass

@@ -17,7 +17,18 @@ from dataclasses import dataclass
 from enum import Enum
 
 
-class RunState(str, Enum):
+class NamedState(str, Enum):
+    """A state whose members are their names in records and JSON: printed and formatted as ``"finished"``,
+    not ``"RunState.FINISHED"`` (the standard library's StrEnum, for Python 3.10 too)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+class RunState(NamedState):
     """A run's state, one set of names for the run, its observers, the run registry and the JupyterLab panel
     (``labextension/src/types.ts``'s ``RunState``; ``tests/test_lab_contract.py`` checks they agree)."""
 
@@ -26,12 +37,6 @@ class RunState(str, Enum):
     FINISHED = "finished"
     FAILED = "failed"
     INTERRUPTED = "interrupted"
-
-    def __str__(self) -> str:  # printed and formatted as its name in the records, not "RunState.X"
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
 
 
 @dataclass(frozen=True)
