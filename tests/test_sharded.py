@@ -24,6 +24,7 @@ def test_sharded_training_gives_the_losses_of_ddp_and_the_model_comes_back_whole
     sharded, result = train(pools, k=k, shard="full")
     summary = format_summary(result)[0]  # what sharding did, measured on the ranks: in the summary and the dashboard
     assert "FSDP2 over 2 ranks (3 blocks)" in summary and "training state per rank" in summary, summary
+    assert "peak memory per rank" in summary
     assert ddp["kind"] == "PreparedDDP" and sharded["kind"] == "FSDPNet"
     assert sharded["losses"] == pytest.approx(ddp["losses"], rel=1e-4, abs=1e-5)
     assert sharded["losses"][-1] < sharded["losses"][0]

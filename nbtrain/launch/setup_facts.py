@@ -45,6 +45,9 @@ def sharding_words(setup: dict[int, list[dict]]) -> list[str]:
     held = [f["shard_state"] for f in facts if "shard_state" in f]
     if held and max(held):
         words.append(f"training state per rank {_size(max(held))} (DDP: {_size(max(held) * plan['shard_ranks'])})")
+    peaks = [f["peak"] for f in facts if f.get("peak")]
+    if peaks:
+        words.append(f"peak memory per rank {_size(max(peaks))}")
     return words
 
 
