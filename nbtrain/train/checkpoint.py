@@ -33,6 +33,7 @@ Gradients accumulated inside an unfinished ``--grad-accum`` window are not saved
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import random
@@ -130,17 +131,20 @@ def _save_in_background(context: TrainContext, target: str, ranks: list, extra: 
     snapshot: dict = {}
     failure: list[str] = []
     taken = threading.Event()  # the snapshot below is complete (the write may finish before it is)
+    finished = threading.Event()  # done() is over: the file written, older folders removed (rank 0)
 
     def done(error: str | None) -> None:
         taken.wait()
-        if error is None and context.rank == 0:
-            try:
+        try:
+            if error is None and context.rank == 0:
                 write_atomic(snapshot, target)
                 _remove_older_shards(target, snapshot["models"][0]["dcp"])
-            except Exception as exc:
-                error = f"{type(exc).__name__}: {exc}"
-        if error:
-            failure.append(error)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        finally:
+            if error:
+                failure.append(error)
+            finished.set()
 
     states = _save_shards(context, target, done)
     snapshot.update(_snapshot(context, ranks, extra, states))
@@ -149,7 +153,11 @@ def _save_in_background(context: TrainContext, target: str, ranks: list, extra: 
     assert written is not None  # set by the background save
 
     def wait() -> None:
-        written()
+        # The future's callbacks run after its result is set: wait for done() itself too. The next save's name
+        # is broadcast by rank 0 only after this, so no rank writes a folder that rank 0 is still clearing.
+        with contextlib.suppress(Exception):  # its error is the one done() recorded
+            written()
+        finished.wait()
         if failure:
             raise CheckpointError(f"the background save of {target} failed: {failure[0]}. The previous checkpoint "
                                   "there is unchanged.")
