@@ -149,7 +149,8 @@ def test_a_ddp_checkpoint_resumes_in_a_sharded_run(pools, tmp_path):
     assert first["curve"] + then["curve"] == pytest.approx(straight["curve"], rel=1e-4)
 
 
-def test_compiled_blocks_shard_and_train_to_the_same_losses(pools):
+def test_compiled_blocks_shard_and_train_to_the_same_losses(pools, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # --profile writes its traces under the notebook's current directory
     plain, _ = train(pools, steps=5, shard="full")
     compiled, result = train(pools, steps=5, shard="full", compile="aot_eager", profile="1,1,2")
     assert compiled["losses"] == pytest.approx(plain["losses"], rel=1e-4, abs=1e-5)
