@@ -29,7 +29,7 @@ from .launch.config import LaunchRequest
 from .launch.hosts import parse_hosts, parse_remote_python, parse_ssh_options
 from .launch.options import from_arguments, option, options_of
 from .launch.registry import RunRegistry
-from .launch.run import PoolManager
+from .launch.run import PoolManager, RunOutcome
 
 
 @dataclass(frozen=True)
@@ -266,14 +266,15 @@ def run_in_shell(shell, cell: str, request: LaunchRequest, pools: PoolManager, q
                  observers=()) -> None:
     """Run a cell in ``shell``'s namespace; user mistakes become UsageError, before any process starts."""
     code_name = getattr(getattr(shell, "compile", None), "format_code_name", None)
+    outcome = RunOutcome()
     try:
-        result = run_source(cell, request, shell.user_ns, manager=pools, code_name=code_name, observers=observers)
+        result = run_source(cell, request, shell.user_ns, manager=pools, code_name=code_name, observers=observers,
+                            outcome=outcome)
     except UserInputError as exc:
         raise UsageError(str(exc)) from None
-    except BaseException as exc:  # failed or stopped: what was logged until then is still the notebook's
-        logged = getattr(exc, "history", None)
-        if logged is not None and len(logged):
-            shell.user_ns["history"] = logged
+    except BaseException:  # failed or stopped: what was logged until then is still the notebook's
+        if len(outcome.history):
+            shell.user_ns["history"] = outcome.history
         raise
     if len(result.history):
         shell.user_ns["history"] = result.history

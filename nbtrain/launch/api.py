@@ -24,26 +24,27 @@ from collections.abc import Callable
 
 from .advisor import Hint, advise, evidence_from_history
 from .cell import CellSyntaxError, analyse_cell, names_to_send
+from .mistakes import UserInputError
 from .config import ConfigError, LaunchRequest, resolve
 from .inputs import PayloadError, pack_inputs
 from .output import write_to_std_stream
 from .restarts import run_with_restarts
-from .run import PoolManager, RunResult, run_cell
+from .run import PoolManager, RunOutcome, RunResult, run_cell
 from .profiling import format_profile
 from .trackers import trackers_for
 from .setup_facts import setup_words
 from .sessions import SessionError, session_lines
 from ..words import count
 
-UserInputError = (ConfigError, CellSyntaxError, PayloadError)
 
 
 def run_source(source: str, request: LaunchRequest, namespace: dict, *, manager: PoolManager | None = None,
                line_offset: int = 1, write: Callable[[str, str], None] | None = None, code_name=None,
-               observers=()) -> RunResult:
+               observers=(), outcome: RunOutcome | None = None) -> RunResult:
     """Run ``source`` as ``request.nprocs`` ranks; names rank 0 assigns are put into ``namespace``.
 
-    ``manager`` keeps the warm pool between calls; without one, the pool is stopped after the run.
+    ``manager`` keeps the warm pool between calls; without one, the pool is stopped after the run. ``outcome``
+    (a :class:`~.run.RunOutcome`) receives what was logged however the run ends: a result, a failure, a stop.
     """
     config = resolve(request)
     info = analyse_cell(source, line_offset)
@@ -60,12 +61,14 @@ def run_source(source: str, request: LaunchRequest, namespace: dict, *, manager:
         names = manager.sessions.names_to_send(config.session, names, namespace)
     inputs = _pack_or_explain_stop(namespace, names)
     if not config.train.max_restarts:
-        return run_cell(namespace, info, config, manager, inputs, write=write, code_name=code_name, observers=observers)
+        return run_cell(namespace, info, config, manager, inputs, write=write, code_name=code_name, observers=observers,
+                        outcome=outcome)
 
     def attempt(restart: int, followers: list) -> RunResult:  # a restart resumes from the checkpoint, with fresh inputs
         again = replace(config, train=replace(config.train, resume=True, restart=restart)) if restart else config
         packed = inputs if restart == 0 else pack_inputs(namespace, names)
-        return run_cell(namespace, info, again, manager, packed, write=write, code_name=code_name, observers=followers)
+        return run_cell(namespace, info, again, manager, packed, write=write, code_name=code_name, observers=followers,
+                        outcome=outcome)
 
     return run_with_restarts(attempt, config.train, write or write_to_std_stream, observers)
 

@@ -32,6 +32,7 @@ import symtable
 from dataclasses import dataclass
 
 from ..wire.names import RUNTIME_NAMES
+from .mistakes import UserInputError
 
 # `try` and, from Python 3.11, `try ... except*` (ast.TryStar, with the same fields).
 _TRY_NODES = tuple(getattr(ast, name) for name in ("Try", "TryStar") if hasattr(ast, name))
@@ -42,7 +43,7 @@ _LINE_IN_MESSAGE = re.compile(r"(\bon line )(\d+)")
 IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "display", "exit", "quit", "_ih", "_oh", "_dh", "_", "__", "___"})
 
 
-class CellSyntaxError(ValueError):
+class CellSyntaxError(UserInputError):
     """The cell is not valid Python; the message names the cell line."""
 
 

@@ -1,7 +1,7 @@
 """The channel: one authenticated connection from the kernel to each rank, and the messages on it.
 
-* **listener** — a :class:`multiprocessing.connection.Listener` on a UNIX socket in the pool's private
-  directory (mode 0700), with a random 32-byte key (:attr:`Channel.key`, given to each rank on its stdin
+* **listener** — :class:`~nbtrain.ranksocket.RankListener` (the node agent's too): a UNIX socket in the pool's
+  private directory (mode 0700), with a random 32-byte key (:attr:`Channel.key`, given to each rank on its stdin
   by the process group, never in its environment or command line);
 * **authentication** — a peer that does not know the key fails the HMAC challenge inside ``accept()``,
   before anything is unpickled; an authenticated peer must then say :class:`~.protocol.Hello` with the
@@ -22,11 +22,10 @@ import contextlib
 import os
 import queue
 import secrets
-import socket
-import threading
 from dataclasses import dataclass
-from multiprocessing.connection import Connection, Listener
+from multiprocessing.connection import Connection
 
+from ..ranksocket import RankListener
 from ..wire import protocol as P
 
 
@@ -60,48 +59,33 @@ def admit(hello, pending: dict[int, int]) -> int | None:
 
 
 class Channel:
-    """The kernel's end: a listener until every rank is in, then one connection per rank."""
+    """The kernel's end: a listener until every rank is in (:class:`~nbtrain.ranksocket.RankListener`), then one
+    connection per rank."""
 
     def __init__(self, directory: str) -> None:
         self.key = secrets.token_bytes(32)
         self.address = os.path.join(directory, "kernel.sock")
-        self._listener: Listener | None = None
-        self._accept_thread = threading.Thread()
+        self._listener: RankListener | None = None
         self._accepted: queue.SimpleQueue = queue.SimpleQueue()  # (rank, connection) from the accept thread
         self._conns: dict[int, Connection] = {}
         self._nranks = 0
 
     def listen(self, backlog: int) -> None:
-        self._listener = Listener(self.address, family="AF_UNIX", authkey=self.key, backlog=max(8, backlog))
+        self._listener = RankListener(self.address, backlog, self.key)
 
     def accept(self, pids: list[int]) -> None:
         """Accept the ranks with these pids (rank = index), in a thread, as they connect."""
         self._nranks = len(pids)
         pending = {pid: rank for rank, pid in enumerate(pids)}
-        self._accept_thread = threading.Thread(target=self._accept_loop, args=(pending,), name="nbtrain-accept",
-                                               daemon=True)
-        self._accept_thread.start()
 
-    def _accept_loop(self, pending: dict[int, int]) -> None:
-        listener = self._listener
-        if listener is None:
-            return
-        while pending and self._listener is not None:
-            try:
-                conn = listener.accept()
-                hello = conn.recv()
-            except Exception:  # a peer without the key (refused before anything was unpickled), or a closed listener
-                if self._listener is None:
-                    return  # the pool is stopping
-                continue
+        def admitted(hello: P.Hello, conn: Connection) -> bool:
             rank = admit(hello, pending)
-            if rank is None:
-                conn.close()
-                continue
-            self._accepted.put((rank, conn))
-        if not pending:  # every rank is in: nothing may connect any more
-            with contextlib.suppress(OSError):
-                listener.close()
+            if rank is not None:
+                self._accepted.put((rank, conn))
+            return rank is not None
+
+        if self._listener is not None:
+            self._listener.serve(admitted, more=lambda: bool(pending))
 
     def _collect(self) -> None:
         while not self._accepted.empty():
@@ -146,8 +130,4 @@ class Channel:
         self._conns.clear()
         listener, self._listener = self._listener, None
         if listener is not None:
-            if self._accept_thread.is_alive():  # wake its blocking accept(): close() alone does not
-                with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as poke:
-                    poke.connect(listener.address)
-                self._accept_thread.join(1.0)
             listener.close()

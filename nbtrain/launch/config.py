@@ -25,6 +25,7 @@ from .modules import Workdir, WorkdirGone, notebook_workdir
 from .options import OptionEnvError, option, with_env_fallbacks
 from .profiling import ProfileOptionError, parse_profile, profile_dir
 from .trackers import TrackerSetupError, tensorboard_dir
+from .mistakes import UserInputError
 
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_START_TIMEOUT_S = 180.0
@@ -33,7 +34,7 @@ DEFAULT_KEEP_ALIVE_S = 900.0
 SESSION_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserInputError):
     """The user asked for something that cannot run; the message says how to fix it."""
 
 

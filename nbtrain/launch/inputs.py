@@ -13,9 +13,10 @@ from __future__ import annotations
 import types
 
 from ..wire.payload import Inputs, pickle_error, pickle_inputs, reason, type_name
+from .mistakes import UserInputError
 
 
-class PayloadError(ValueError):
+class PayloadError(UserInputError):
     """A notebook variable the cell reads cannot be sent to the ranks."""
 
 

@@ -30,7 +30,6 @@ Output goes through :class:`~nbtrain.launch.output.OutputRelay`, which writes wh
 from __future__ import annotations
 
 import atexit
-import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
@@ -83,6 +82,14 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
     profiles: dict[int, P.ProfileSummary] = field(default_factory=dict)  # --profile, by rank
     setup: dict[int, list[dict]] = field(default_factory=dict)  # per rank: what prepare() set up, model by model
+
+
+@dataclass
+class RunOutcome:
+    """What a run leaves its caller whatever way it ends — a result, a failure or the stop button: the series
+    the ranks logged until then. The caller passes one in (``run_source(..., outcome=...)``) and reads it after."""
+
+    history: History = field(default_factory=History)
 
 
 class PoolManager:
@@ -389,21 +396,22 @@ class _Run:
 
 def run_cell(namespace: dict, info: CellInfo, config: LaunchConfig, manager: PoolManager, inputs: Inputs,
              *, write: Callable[[str, str], None] | None = None, code_name=None,
-             observers: Iterable[RunObserver] = ()) -> RunResult:
+             observers: Iterable[RunObserver] = (), outcome: RunOutcome | None = None) -> RunResult:
     """Run a cell checked and packed by :func:`~nbtrain.launch.api.run_source` on the ranks; bring rank 0's
-    results into ``namespace``. Raises RankFailedError, or KeyboardInterrupt after the stop button."""
+    results into ``namespace``. Raises RankFailedError, or KeyboardInterrupt after the stop button; either way
+    ``outcome`` holds what was logged."""
     started = time.monotonic()
     result_prefix = new_result_prefix()
     try:
         return _run_and_bring_back(namespace, info, config, manager, inputs, result_prefix, started,
-                                   write or write_to_std_stream, code_name, observers)
+                                   write or write_to_std_stream, code_name, observers, outcome or RunOutcome())
     finally:  # whatever happened: no input file, and no result file the kernel did not take
         inputs.arena.close()
         sweep_prefix(result_prefix)
 
 
 def _run_and_bring_back(namespace, info, config, manager, inputs, result_prefix, started, write, code_name,
-                        observers) -> RunResult:
+                        observers, outcome: RunOutcome) -> RunResult:
     workdir = config.workdir or notebook_workdir()
     pool, warm, stale_note = manager.acquire(config.pool, config.fresh, workdir, config.session)
     session = manager.sessions.open(config.session, pool) if config.session else None
@@ -433,15 +441,13 @@ def _run_and_bring_back(namespace, info, config, manager, inputs, result_prefix,
         exc.with_traceback(None)._render_traceback_ = lambda: [  # type: ignore[attr-defined]
             "KeyboardInterrupt: stopped by the user; every rank and its child processes were ended."
             + (f" {ended_sentence(sessions_here)}" if sessions_here else "")]
-        exc.history = run.history  # type: ignore[attr-defined]  # what was logged until the stop (read by the magic)
         raise exc from None
     except BaseException as exc:
         manager.teardown(pool, grace=1.0, why=f"nbtrain failed: {exc!r}")
         run.notify("run_finished", RunState.FAILED, f"nbtrain failed: {exc!r}")
-        with contextlib.suppress(AttributeError, TypeError):
-            exc.history = run.history  # type: ignore[attr-defined]  # as above, where the exception takes attributes
         raise
     finally:
+        outcome.history = run.history  # what was logged until here, however the run ends
         inputs.arena.close()
     if session is not None:
         session.history = run.history

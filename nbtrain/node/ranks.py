@@ -2,9 +2,9 @@
 
 :class:`LocalRanks` is the relay between the node's ranks and the kernel's link:
 
-* **channel** — a :class:`multiprocessing.connection.Listener` on a UNIX socket in the agent's private
-  directory (0700), with a random key in a 0600 file there (``NBTRAIN_KEY_FILE``): the same HMAC challenge
-  before any unpickling as on one machine. A rank says ``Hello``; from then its messages go to the kernel
+* **channel** — :class:`~nbtrain.ranksocket.RankListener`, the kernel pool's too: a UNIX socket in the agent's
+  private directory (0700), with a random key in a 0600 file there (``NBTRAIN_KEY_FILE``): the same HMAC
+  challenge before any unpickling as on one machine. A rank says ``Hello``; from then its messages go to the kernel
   as the bytes it pickled (:class:`~nbtrain.wire.nodes.RankMessage`); the node reads only ``Loaded``;
 * **jobs** — a :class:`~nbtrain.wire.nodes.Deliver` arrives once per node: its shared-memory files are
   written to this machine's ``/dev/shm`` under the agent's own prefix (the ranks map them there:
@@ -29,10 +29,11 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, Listener
+from multiprocessing.connection import Connection
 
 
 from .. import proctree
+from ..ranksocket import RankListener
 from ..wire import nodes as N
 from ..wire import protocol as P
 from ..wire.shm import owner_prefix, write_file
@@ -69,7 +70,7 @@ class LocalRanks:
             f.write(self.key.hex())
         self.address = os.path.join(directory, "node.sock")
         self.shm_prefix = f"{owner_prefix()}k"  # this agent's files: swept with it if it dies
-        self._listener = Listener(self.address, family="AF_UNIX", authkey=self.key, backlog=64)
+        self._listener = RankListener(self.address, key=self.key)
         self._lock = threading.Lock()
         self._conns: dict[int, Connection] = {}
         self._ranks: dict[int, _Rank] = {}
@@ -77,10 +78,9 @@ class LocalRanks:
         self._files: list[str] = []
         self._loaded: set[int] = set()
         self._running = False
-        self._closed = False
         self.idle = threading.Event()  # no rank of ours is alive
         self.idle.set()
-        threading.Thread(target=self._accept_loop, name="nbtrain-node-accept", daemon=True).start()
+        self._listener.serve(self._admit, name="nbtrain-node-accept")
         threading.Thread(target=self._tail_loop, name="nbtrain-node-tail", daemon=True).start()
 
     # ------------------------------------------------------------------------------ ranks in
@@ -91,24 +91,15 @@ class LocalRanks:
             self.idle.clear()
         self.send(N.RanksStarted("", {r.rank: (r.local_rank, r.pid) for r in ranks}))
 
-    def _accept_loop(self) -> None:
-        while True:
-            try:
-                conn = self._listener.accept()
-                hello = conn.recv()
-            except Exception:  # a peer without the key (refused before anything was unpickled), or a closed listener
-                if self._closed:
-                    return
-                continue
-            if not isinstance(hello, P.Hello):
-                conn.close()
-                continue
-            with self._lock:
-                self._conns[hello.rank] = conn
-                for data in self._deliveries:
-                    _send_bytes(conn, data)
-            threading.Thread(target=self._read_loop, args=(hello.rank, conn), name="nbtrain-node-rank",
-                             daemon=True).start()
+    def _admit(self, hello: P.Hello, conn: Connection) -> bool:
+        """An authenticated rank said Hello: the job's bytes so far, then a thread reading what it says."""
+        with self._lock:
+            self._conns[hello.rank] = conn
+            for data in self._deliveries:
+                _send_bytes(conn, data)
+        threading.Thread(target=self._read_loop, args=(hello.rank, conn), name="nbtrain-node-rank",
+                         daemon=True).start()
+        return True
 
     def _read_loop(self, rank: int, conn: Connection) -> None:
         while True:
@@ -220,9 +211,7 @@ class LocalRanks:
             return self._running
 
     def close(self) -> None:
-        self._closed = True
-        with contextlib.suppress(OSError):
-            self._listener.close()
+        self._listener.close()
         self.remove_files()
 
 
