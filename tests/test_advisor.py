@@ -98,3 +98,24 @@ for step in range(12):
     first = next(line for line in lines if line.startswith("nbtrain: 2 ranks · gloo · cpu · "))
     assert first.endswith(" · fp32 · channels_last"), first
     assert any(line.startswith("nbtrain: hint: rank 1 is a straggler: ") for line in lines), lines
+
+
+def test_gpu_health_hints_quote_the_power_cap_a_narrow_link_and_new_ecc_errors():
+    """Snapshots as the telemetry takes them (NVML's health fields through gpu/health.py's GpuHealth)."""
+    from nbtrain.gpu.devices import GpuStatus
+    from nbtrain.gpu.health import GpuHealth
+    from nbtrain.gpu.telemetry import Snapshot
+    from nbtrain.launch.advisor import Evidence
+
+    def gpu(index, slowed, ecc, width=16):
+        health = GpuHealth(clock_reasons=("power cap",) if slowed else (), pcie_width=width, pcie_width_max=16,
+                           ecc_uncorrected=ecc)
+        return GpuStatus(index, "NVIDIA H100", "", 95, 1, 2, 60, 310.0, 350.0, (), health=health)
+
+    evidence = Evidence()
+    for t in range(10):  # GPU 0: slowed 4 samples in 10; GPU 1: a x4 link, 2 uncorrected errors during the run
+        evidence.add_snapshot(Snapshot(float(t), (gpu(0, t < 4, 0), gpu(1, False, 5 if t < 5 else 7, 4)), (), None, None))
+    hints = {hint.rule: hint.text for hint in advise(evidence)}
+    assert hints["gpu-slowed"] == "GPU 0 spent 40 % of the run slowed by its power cap (310 of 350 W)."
+    assert hints["pcie"].startswith("GPU 1's PCIe link runs at x4 (x16 possible)")
+    assert hints["ecc"].startswith("GPU 1 reported 2 uncorrected ECC errors during the run — results")

@@ -151,3 +151,28 @@ def test_broken_driver_is_a_reason_not_an_exception(monkeypatch):
     snap = Telemetry().snapshot()
     assert snap.gpus == () and "no NVIDIA driver was found" in snap.nvml_error and "Driver Not Loaded" in snap.nvml_error
     assert snap.host.memory_total > 0
+
+
+def test_gpu_health_clocks_held_down_a_narrow_link_and_ecc_errors_are_read_and_shown(fake_nvml):
+    from nbtrain.dashboard.devices_view import devices_html
+    from nbtrain.dashboard.monitor import gpus_table
+
+    module = fake_nvml([FakeGpu(sm_clock=1410, clock_reasons=0x4 | 0x1, pcie=(4, 5, 4, 16), pcie_kb=(2_000_000, 10),
+                                ecc=(3, 2)),
+                        FakeGpu(name="NVIDIA GeForce RTX 4090", ecc=None, pcie_kb=None, clock_reasons=None)])
+    tel = Telemetry()
+    first, consumer = tel.snapshot().gpus
+    health = first.health
+    assert (health.sm_clock, health.sm_clock_max, health.slowed_by) == (1410, 1980, ("power cap",))
+    assert health.pcie_degraded and (health.pcie_gen, health.pcie_width, health.pcie_width_max) == (4, 4, 16)
+    assert (health.pcie_rx, health.ecc_corrected, health.ecc_uncorrected) == (2_000_000 * 1024, 3, 2)
+    # a board without ECC or PCIe counters: N/A, never an error
+    assert consumer.health.ecc_uncorrected is None and consumer.health.pcie_rx is None
+    assert consumer.health.clock_reasons is None and consumer.health.slowed_by == ()
+    table = gpus_table(tel.snapshot())
+    assert "PCIe 4 x4/16 (narrower than the board's)" in table and "slowed by power cap" in table
+    assert "ECC 3 corrected, 2 uncorrected" in table and "ECC N/A corrected, N/A uncorrected" in table
+    assert "slowed by power cap" in devices_html(tel.snapshot())
+    # the maxima are read once per GPU; the PCIe throughput (NVML samples it ~20 ms) at most every 10 s
+    assert module.calls["nvmlDeviceGetMaxPcieLinkWidth"] == 2
+    assert module.calls["nvmlDeviceGetPcieThroughput"] == 4  # rx and tx of two GPUs, in the first sample only

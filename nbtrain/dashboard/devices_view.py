@@ -16,6 +16,7 @@ from ..gpu.telemetry import Snapshot
 from . import text, theme
 from .telemetry_series import MACHINE, DeviceKey
 from ..words import count
+from ..gpu.health import describe as describe_health
 
 _NO_SPARK: tuple[list, list] = ([], [])
 
@@ -51,8 +52,10 @@ def _gpu_rows(snap: Snapshot, sparks) -> list[str]:
             segments.append(((gpu.memory_used - owned) / total, theme.OTHER_COLOR))
         memory = (f"mem {_bar(segments)}{text.size(gpu.memory_used)} / {text.size(gpu.memory_total)}"
                   + (" · " + " ".join(legend) if legend else ""))
+        health = describe_health(gpu.health)
         rows.append(f'<div class="nbt-row">{head}</div><div class="nbt-row">&nbsp;&nbsp;{util}</div>'
-                    f'<div class="nbt-row">&nbsp;&nbsp;{memory}</div>')
+                    f'<div class="nbt-row">&nbsp;&nbsp;{memory}</div>'
+                    + (f'<div class="nbt-row">&nbsp;&nbsp;{html.escape(health)}</div>' if health else ""))
     return rows
 
 

@@ -20,6 +20,7 @@ import time
 
 import psutil
 
+from ..gpu.health import describe as describe_health
 from ..gpu.telemetry import Snapshot, Telemetry
 from . import text, theme
 from .chart import ChartPanel
@@ -51,6 +52,8 @@ def gpus_table(snap: Snapshot) -> str:
             power = (f"{text.NA if g.power is None else f'{g.power:.0f}'} / "
                      f"{text.NA if g.power_limit is None else f'{g.power_limit:.0f}'} W")
             lines.append(f"{g.index:<4}{g.name[:27]:<28}{text.percent(g.utilization):>6}{memory:>24}{temp:>7}{power:>16}")
+            if g.health is not None:
+                lines.append(f"      {describe_health(g.health)}")
             if g.processes is None:
                 lines.append("      processes: N/A (not reported by the driver)")
             elif g.processes_hidden:

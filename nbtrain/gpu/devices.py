@@ -13,13 +13,16 @@ telemetry says so in its notes, rather than a warning every second.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from . import nvml
+from .health import GpuHealth, read_health, read_throughput
 
 # More than this in use on a GPU whose driver lists no process: the driver hides them (VMs, some containers).
 # An idle board reads a few hundred MiB (the driver's own reservation), a CUDA context alone ~0.5 GiB.
 HIDDEN_PROCESSES_FLOOR = 1 << 30
+THROUGHPUT_EVERY_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,7 @@ class GpuStatus:
     power_limit: float | None  # watts, the enforced limit
     processes: tuple[GpuProcess, ...] | None  # None: NVML could not list them
     mig: bool = False  # MIG mode is on: utilisation and per-process memory are not reported
+    health: GpuHealth | None = None  # clocks and what holds them down, the PCIe link, ECC errors (gpu/health.py)
 
     @property
     def processes_hidden(self) -> bool:
@@ -63,8 +67,12 @@ class GpuStatus:
 
 
 class DeviceReader:
-    """Reads all GPUs' changing fields; thread-safe, holds nothing: NVML is initialised and the GPUs
-    enumerated on the first :meth:`read` (by :func:`nbtrain.gpu.nvml.all_gpus`), never before."""
+    """Reads all GPUs' changing fields: NVML is initialised and the GPUs enumerated on the first :meth:`read`
+    (by :func:`nbtrain.gpu.nvml.all_gpus`), never before. It keeps the last PCIe throughput of each GPU, read at
+    most every :data:`THROUGHPUT_EVERY_S` (NVML samples it for about 20 ms)."""
+
+    def __init__(self) -> None:
+        self._throughput: dict[int, tuple[float, tuple[int | None, int | None]]] = {}  # index -> (when, rx/tx)
 
     def available(self) -> bool:
         return nvml.library() is not None
@@ -92,7 +100,15 @@ class DeviceReader:
             power_limit=gpu.power_limit,
             processes=self._processes(lib, handle),
             mig=gpu.mig,
+            health=read_health(lib, gpu, self._pcie(lib, gpu)),
         )
+
+    def _pcie(self, lib, gpu: nvml.GpuInfo) -> tuple[int | None, int | None]:
+        when, rates = self._throughput.get(gpu.index, (-THROUGHPUT_EVERY_S, (None, None)))
+        if time.monotonic() - when >= THROUGHPUT_EVERY_S:
+            rates = read_throughput(lib, gpu)
+            self._throughput[gpu.index] = (time.monotonic(), rates)
+        return rates
 
     @staticmethod
     def _processes(lib, handle) -> tuple[GpuProcess, ...] | None:

@@ -100,6 +100,15 @@ class GpuInfo:
     power_limit: float | None = None  # watts, the enforced limit
     mig: bool = False  # MIG mode is on
     handle: Any = field(default=None, compare=False, repr=False)  # NVML's, for the readings that change
+    sm_clock_max: int | None = None  # MHz
+    pcie_gen_max: int | None = None  # the board's PCIe link: generation and lanes
+    pcie_width_max: int | None = None
+
+
+def optional(lib, name: str, *args):
+    """A reading some bindings lack (older nvidia-ml-py): None then, as for a field the driver cannot give."""
+    fn = getattr(lib, name, None)
+    return None if fn is None else query(fn, *args, quiet=True)
 
 
 def text(value) -> str:
@@ -145,6 +154,9 @@ def _enumerate(lib) -> list[GpuInfo]:
             power_limit=watts(query(lib.nvmlDeviceGetEnforcedPowerLimit, handle, quiet=True)),
             mig=bool(mig and mig[0] == getattr(lib, "NVML_DEVICE_MIG_ENABLE", 1)),
             handle=handle,
+            sm_clock_max=optional(lib, "nvmlDeviceGetMaxClockInfo", handle, 1),  # 1: NVML_CLOCK_SM
+            pcie_gen_max=optional(lib, "nvmlDeviceGetMaxPcieLinkGeneration", handle),
+            pcie_width_max=optional(lib, "nvmlDeviceGetMaxPcieLinkWidth", handle),
         ))
     return gpus
 

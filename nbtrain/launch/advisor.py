@@ -15,7 +15,10 @@ Each rule fires only on its own measurement, and its hint quotes it:
 * **batch size headroom** — a GPU's memory never above :data:`MEMORY_HEADROOM_FRACTION` of its total;
 * **precision** — a rank trained in fp32 on a GPU that computes bf16 (``--amp off`` there);
 * **straggler** — a rank whose logged steps per second are under :data:`STRAGGLER_RATIO` of the others'
-  median, or (ranks kept in step by DDP) whose GPU is much busier than the others', which then wait for it.
+  median, or (ranks kept in step by DDP) whose GPU is much busier than the others', which then wait for it;
+* **GPU health** (:mod:`nbtrain.gpu.health`) — a busy GPU slowed (power cap, thermal, …) in at least
+  :data:`SLOWED_FRACTION` of its samples; a PCIe link narrower than the board's; uncorrected ECC errors
+  counted during the run.
 
 Telemetry taken before the first logged step is left out when the run logs steps (start-up is not
 training). Too few samples (:data:`MIN_SAMPLES`) or steps (:data:`MIN_STEPS`): no hint rather than a guess.
@@ -33,6 +36,7 @@ STRAGGLER_RATIO = 0.75
 BUSIER_BY_PCT = 20.0  # a GPU this many points busier than the others' mean, and 1.3× it, holds them back
 MIN_SAMPLES = 3
 MIN_STEPS = 5
+SLOWED_FRACTION = 0.2
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,34 @@ class _Steps:
 
 
 @dataclass
+class _Health:
+    """One GPU's health over a run: busy samples, those slowed and by what, the power then, the link, ECC."""
+
+    busy: int = 0
+    slowed: dict = field(default_factory=dict)  # reason -> busy samples it held the clock down in
+    power: list = field(default_factory=list)  # (draw, limit) watts in slowed samples
+    narrow_link: tuple[int, int] | None = None  # (lanes, the board's lanes) when narrower
+    ecc_first: int | None = None  # volatile uncorrected ECC count at the first sample, and now
+    ecc_last: int | None = None
+
+    def add(self, gpu) -> None:
+        health = gpu.health
+        if health is None:
+            return
+        if (gpu.utilization or 0) >= IDLE_GPU_PCT:
+            self.busy += 1
+            for reason in health.slowed_by:
+                self.slowed[reason] = self.slowed.get(reason, 0) + 1
+            if health.slowed_by and gpu.power is not None and gpu.power_limit:
+                self.power.append((gpu.power, gpu.power_limit))
+        if health.pcie_degraded:
+            self.narrow_link = (health.pcie_width, health.pcie_width_max)
+        if health.ecc_uncorrected is not None:
+            self.ecc_first = health.ecc_uncorrected if self.ecc_first is None else self.ecc_first
+            self.ecc_last = health.ecc_uncorrected
+
+
+@dataclass
 class Evidence:
     """One run's measurements, appended as they come (from the telemetry thread and the run loop)."""
 
@@ -59,12 +91,14 @@ class Evidence:
     steps: dict[int, dict[str, _Steps]] = field(default_factory=dict)  # rank → metric name → its steps
     setup: dict[int, list[dict]] = field(default_factory=dict)  # rank → prepare()'s facts, model by model
     training_from: float | None = None  # unix time of the first logged step
+    gpu_health: dict[int, _Health] = field(default_factory=dict)  # GPU index → its health over the run
 
     def add_snapshot(self, snap) -> None:
         """A :class:`~nbtrain.gpu.telemetry.Snapshot`; samples before the first logged step are skipped."""
         if self.training_from is not None and snap.time < self.training_from:
             return
         for gpu in snap.gpus:
+            self.gpu_health.setdefault(gpu.index, _Health()).add(gpu)
             if gpu.utilization is not None:
                 self.gpu_busy.setdefault(gpu.index, []).append(float(gpu.utilization))
             if gpu.memory_used is not None and gpu.memory_total:
@@ -118,7 +152,32 @@ def evidence_from_history(history, setup: dict[int, list[dict]]) -> Evidence:
 
 def advise(evidence: Evidence) -> list[Hint]:
     """Every hint the evidence supports, most important first."""
-    return [*_input_pipeline(evidence), *_straggler(evidence), *_precision(evidence), *_batch_headroom(evidence)]
+    return [*_gpu_health(evidence), *_input_pipeline(evidence), *_straggler(evidence), *_precision(evidence),
+            *_batch_headroom(evidence)]
+
+
+def _gpu_health(evidence: Evidence) -> list[Hint]:
+    hints = []
+    for index, health in sorted(evidence.gpu_health.items()):
+        errors = (health.ecc_last or 0) - (health.ecc_first or 0)
+        if errors > 0:
+            hints.append(Hint("ecc", f"GPU {index} reported {errors} uncorrected ECC "
+                                     f"error{'s' if errors != 1 else ''} during the run — results from this run may be "
+                                     "wrong; check the GPU (nvidia-smi -q -d ECC) and run again elsewhere."))
+        if health.busy >= MIN_SAMPLES and health.slowed:
+            reason, samples = max(health.slowed.items(), key=lambda item: item[1])
+            if samples / health.busy >= SLOWED_FRACTION:
+                power = ""
+                if reason == "power cap" and health.power:
+                    draw = statistics.fmean(p for p, _ in health.power)
+                    power = f" ({draw:.0f} of {health.power[-1][1]:.0f} W)"
+                hints.append(Hint("gpu-slowed", f"GPU {index} spent {100 * samples / health.busy:.0f} % of the run "
+                                                f"slowed by its {reason}{power}."))
+        if health.narrow_link is not None:
+            lanes, full = health.narrow_link
+            hints.append(Hint("pcie", f"GPU {index}'s PCIe link runs at x{lanes} (x{full} possible): data loading "
+                                      "through it is limited (reseat the card, or check the slot and the BIOS)."))
+    return hints
 
 
 def _mean(values: list[float]) -> float | None:

@@ -42,6 +42,12 @@ class FakeGpu:
     limit_mw: int = 700_000
     processes: list | None = field(default_factory=list)  # [(pid, used bytes or None)]; None: not supported
     mig: bool = False
+    sm_clock: int | None = 1980  # MHz; None: not supported (as the health fields below)
+    sm_clock_max: int | None = 1980
+    clock_reasons: int | None = 0  # nvmlClocksEventReason* bits
+    pcie: tuple | None = (5, 5, 16, 16)  # generation, its maximum, width, its maximum
+    pcie_kb: tuple | None = (1000, 500)  # rx, tx in KB/s
+    ecc: tuple | None = (0, 0)  # volatile corrected, uncorrected; None: no ECC (consumer boards)
 
 
 def make_module(gpus: list[FakeGpu]) -> types.ModuleType:
@@ -129,6 +135,42 @@ def make_module(gpus: list[FakeGpu]) -> types.ModuleType:
     def nvmlDeviceGetGraphicsRunningProcesses(gpu):
         unsupported_unless(gpu.processes)
         return []
+
+    @counted
+    def nvmlDeviceGetClockInfo(gpu, clock):
+        return unsupported_unless(gpu.sm_clock)
+
+    @counted
+    def nvmlDeviceGetMaxClockInfo(gpu, clock):
+        return unsupported_unless(gpu.sm_clock_max)
+
+    @counted
+    def nvmlDeviceGetCurrentClocksEventReasons(gpu):
+        return unsupported_unless(gpu.clock_reasons)
+
+    @counted
+    def nvmlDeviceGetCurrPcieLinkGeneration(gpu):
+        return unsupported_unless(gpu.pcie)[0]
+
+    @counted
+    def nvmlDeviceGetMaxPcieLinkGeneration(gpu):
+        return unsupported_unless(gpu.pcie)[1]
+
+    @counted
+    def nvmlDeviceGetCurrPcieLinkWidth(gpu):
+        return unsupported_unless(gpu.pcie)[2]
+
+    @counted
+    def nvmlDeviceGetMaxPcieLinkWidth(gpu):
+        return unsupported_unless(gpu.pcie)[3]
+
+    @counted
+    def nvmlDeviceGetPcieThroughput(gpu, counter):
+        return unsupported_unless(gpu.pcie_kb)[1 - counter]  # NVML_PCIE_UTIL_TX_BYTES = 0, RX_BYTES = 1
+
+    @counted
+    def nvmlDeviceGetTotalEccErrors(gpu, error_type, counter):
+        return unsupported_unless(gpu.ecc)[error_type]
 
     return mod
 

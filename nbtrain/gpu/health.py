@@ -1,0 +1,121 @@
+"""Why a GPU is slow or failing, read through NVML: clocks and what holds them down, the PCIe link, ECC errors.
+
+:func:`read_health` reads, for one GPU, what the dashboard's device panel and ``%gpus`` show beside load and
+memory — the SM clock against its maximum and the current *clock event reasons* (power cap, thermal, sync
+boost, …: why the clock is below its maximum), the PCIe link's generation and width against the board's
+(a link trained at x4 of x16 starves the GPU) and its rx/tx throughput, and the volatile ECC error counts
+(corrected; uncorrected ones mean the results may be wrong). Each value the driver cannot give is ``None``
+(shown as N/A), never an error: consumer boards have no ECC, MIG instances no clocks of their own, some
+drivers no PCIe counters. The maxima never change and are read once per GPU, with the GPU's other fixed
+facts (:class:`~nbtrain.gpu.nvml.GpuInfo`); the PCIe throughput, which NVML samples for about 20 ms, at most
+every :data:`~nbtrain.gpu.devices.THROUGHPUT_EVERY_S` (the caller keeps the last reading).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import nvml
+
+# nvmlClocksEventReason* (formerly nvmlClocksThrottleReason*): bit -> what it means, in words.
+CLOCK_EVENT_REASONS = {
+    0x1: "idle",
+    0x2: "application clocks",
+    0x4: "power cap",
+    0x8: "hardware slowdown",
+    0x10: "sync boost",
+    0x20: "thermal (software)",
+    0x40: "thermal (hardware)",
+    0x80: "power brake",
+    0x100: "display clocks",
+}
+NOT_SLOWED = {"idle", "application clocks", "display clocks"}  # reasons that are no slowdown of a busy GPU
+_CLOCK_SM, _PCIE_TX, _PCIE_RX, _CORRECTED, _UNCORRECTED, _VOLATILE = 1, 0, 1, 0, 1, 0
+
+
+@dataclass(frozen=True)
+class GpuHealth:
+    sm_clock: int | None = None  # MHz
+    sm_clock_max: int | None = None
+    clock_reasons: tuple[str, ...] | None = None  # why the clock is held down now (CLOCK_EVENT_REASONS)
+    pcie_gen: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width: int | None = None  # lanes
+    pcie_width_max: int | None = None
+    pcie_rx: int | None = None  # bytes/s received by the GPU
+    pcie_tx: int | None = None  # bytes/s sent
+    ecc_corrected: int | None = None  # volatile: since the driver loaded
+    ecc_uncorrected: int | None = None
+
+    @property
+    def slowed_by(self) -> tuple[str, ...]:
+        """The reasons that slow a busy GPU (power cap, thermal, …), without idle and clock settings."""
+        return tuple(r for r in self.clock_reasons or () if r not in NOT_SLOWED)
+
+    @property
+    def pcie_degraded(self) -> bool:
+        """The link runs narrower or at an older generation than the board's (an idle link may drop its
+        generation to save power, so only the width counts alone)."""
+        return bool(self.pcie_width and self.pcie_width_max and self.pcie_width < self.pcie_width_max)
+
+
+def reasons(mask: int | None) -> tuple[str, ...] | None:
+    if mask is None:
+        return None
+    return tuple(name for bit, name in CLOCK_EVENT_REASONS.items() if mask & bit)
+
+
+def read_health(lib, gpu: nvml.GpuInfo, throughput: tuple[int | None, int | None] | None = None) -> GpuHealth:
+    """What the driver says now about ``gpu``'s clocks, link and ECC; ``None`` for what it cannot say.
+    ``throughput``: the PCIe (rx, tx) to report instead of asking (NVML samples it for about 20 ms)."""
+    handle = gpu.handle
+    event_reasons = getattr(lib, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+        getattr(lib, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+    rx, tx = throughput if throughput is not None else read_throughput(lib, gpu)
+    return GpuHealth(
+        sm_clock=nvml.optional(lib, "nvmlDeviceGetClockInfo", handle, _CLOCK_SM),
+        sm_clock_max=gpu.sm_clock_max,
+        clock_reasons=reasons(nvml.query(event_reasons, handle, quiet=True)) if event_reasons else None,
+        pcie_gen=nvml.optional(lib, "nvmlDeviceGetCurrPcieLinkGeneration", handle),
+        pcie_gen_max=gpu.pcie_gen_max,
+        pcie_width=nvml.optional(lib, "nvmlDeviceGetCurrPcieLinkWidth", handle),
+        pcie_width_max=gpu.pcie_width_max,
+        pcie_rx=rx,
+        pcie_tx=tx,
+        ecc_corrected=nvml.optional(lib, "nvmlDeviceGetTotalEccErrors", handle, _CORRECTED, _VOLATILE),
+        ecc_uncorrected=nvml.optional(lib, "nvmlDeviceGetTotalEccErrors", handle, _UNCORRECTED, _VOLATILE),
+    )
+
+
+def read_throughput(lib, gpu: nvml.GpuInfo) -> tuple[int | None, int | None]:
+    """PCIe bytes/s (received, sent) by ``gpu`` now."""
+    return (_kib(nvml.optional(lib, "nvmlDeviceGetPcieThroughput", gpu.handle, _PCIE_RX)),
+            _kib(nvml.optional(lib, "nvmlDeviceGetPcieThroughput", gpu.handle, _PCIE_TX)))
+
+
+def _kib(value) -> int | None:
+    return None if value is None else int(value) * 1024  # NVML counts PCIe throughput in KB/s
+
+
+def describe(health: GpuHealth | None) -> str:
+    """One line: ``SM 1980/1980 MHz · PCIe 5 x16/16 · ↓1.2 GB/s ↑0.1 GB/s · ECC 0/0 · slowed by power cap``."""
+    if health is None:
+        return ""
+    h, na = health, "N/A"
+    parts = [f"SM {_or(h.sm_clock, na)}/{_or(h.sm_clock_max, na)} MHz",
+             f"PCIe {_or(h.pcie_gen, na)} x{_or(h.pcie_width, na)}/{_or(h.pcie_width_max, na)}"
+             + (" (narrower than the board's)" if h.pcie_degraded else "")]
+    if h.pcie_rx is not None or h.pcie_tx is not None:
+        parts.append(f"in {_rate(h.pcie_rx)} out {_rate(h.pcie_tx)}")
+    parts.append(f"ECC {_or(h.ecc_corrected, na)} corrected, {_or(h.ecc_uncorrected, na)} uncorrected")
+    if h.slowed_by:
+        parts.append("slowed by " + ", ".join(h.slowed_by))
+    return " · ".join(parts)
+
+
+def _or(value, fallback: str):
+    return fallback if value is None else value
+
+
+def _rate(value: int | None) -> str:
+    return "N/A" if value is None else f"{value / 1e9:.2f} GB/s"
