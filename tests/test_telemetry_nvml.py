@@ -17,6 +17,7 @@ import pytest
 from helpers.fake_nvml import FakeGpu, install
 from helpers.workers import parent_and_child
 from nbtrain.gpu import nvml
+from nbtrain.gpu.devices import DeviceReader
 from nbtrain.gpu.telemetry import Telemetry
 
 
@@ -160,7 +161,7 @@ def test_gpu_health_clocks_held_down_a_narrow_link_and_ecc_errors_are_read_and_s
     module = fake_nvml([FakeGpu(sm_clock=1410, clock_reasons=0x4 | 0x1, pcie=(4, 5, 4, 16), pcie_kb=(2_000_000, 10),
                                 ecc=(3, 2)),
                         FakeGpu(name="NVIDIA GeForce RTX 4090", ecc=None, pcie_kb=None, clock_reasons=None)])
-    tel = Telemetry()
+    tel = Telemetry(reader=DeviceReader(pcie_throughput=True))  # as %gpus --once reads
     first, consumer = tel.snapshot().gpus
     health = first.health
     assert (health.sm_clock, health.sm_clock_max, health.slowed_by) == (1410, 1980, ("power cap",))
@@ -173,6 +174,9 @@ def test_gpu_health_clocks_held_down_a_narrow_link_and_ecc_errors_are_read_and_s
     assert "PCIe 4 x4/16 (narrower than the board's)" in table and "slowed by power cap" in table
     assert "ECC 3 corrected, 2 uncorrected" in table and "ECC N/A corrected, N/A uncorrected" in table
     assert "slowed by power cap" in devices_html(tel.snapshot())
-    # the maxima are read once per GPU; the PCIe throughput (NVML samples it ~20 ms) at most every 10 s
+    # the maxima are read once per GPU; the PCIe throughput (62 ms a call on an H200) at most every 10 s, and
+    # never by the live sampler
     assert module.calls["nvmlDeviceGetMaxPcieLinkWidth"] == 2
     assert module.calls["nvmlDeviceGetPcieThroughput"] == 4  # rx and tx of two GPUs, in the first sample only
+    Telemetry().snapshot()
+    assert module.calls["nvmlDeviceGetPcieThroughput"] == 4

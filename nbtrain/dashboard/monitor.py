@@ -20,6 +20,7 @@ import time
 
 import psutil
 
+from ..gpu.devices import DeviceReader
 from ..gpu.health import describe as describe_health
 from ..gpu.telemetry import Snapshot, Telemetry
 from . import text, theme
@@ -72,7 +73,7 @@ def gpus_table(snap: Snapshot) -> str:
 
 def once(interval: float = 0.2) -> str:
     """Sample twice ``interval`` apart (CPU % needs two readings) and return :func:`gpus_table`."""
-    telemetry = Telemetry()
+    telemetry = Telemetry(reader=DeviceReader(pcie_throughput=True))  # one table: the slow PCIe counter is affordable
     telemetry.snapshot()
     time.sleep(interval)
     return gpus_table(telemetry.snapshot())

@@ -68,10 +68,14 @@ class GpuStatus:
 
 class DeviceReader:
     """Reads all GPUs' changing fields: NVML is initialised and the GPUs enumerated on the first :meth:`read`
-    (by :func:`nbtrain.gpu.nvml.all_gpus`), never before. It keeps the last PCIe throughput of each GPU, read at
-    most every :data:`THROUGHPUT_EVERY_S` (NVML samples it for about 20 ms)."""
+    (by :func:`nbtrain.gpu.nvml.all_gpus`), never before.
 
-    def __init__(self) -> None:
+    The PCIe throughput is read only with ``pcie_throughput`` (``%gpus --once``), at most every
+    :data:`THROUGHPUT_EVERY_S`: NVML samples it, and on an H200 one call took 62 ms — the live sampler, which
+    reads every GPU every second, leaves it out (its other health fields together take about 0.1 ms)."""
+
+    def __init__(self, pcie_throughput: bool = False) -> None:
+        self._with_throughput = pcie_throughput
         self._throughput: dict[int, tuple[float, tuple[int | None, int | None]]] = {}  # index -> (when, rx/tx)
 
     def available(self) -> bool:
@@ -104,6 +108,8 @@ class DeviceReader:
         )
 
     def _pcie(self, lib, gpu: nvml.GpuInfo) -> tuple[int | None, int | None]:
+        if not self._with_throughput:
+            return (None, None)
         when, rates = self._throughput.get(gpu.index, (-THROUGHPUT_EVERY_S, (None, None)))
         if time.monotonic() - when >= THROUGHPUT_EVERY_S:
             rates = read_throughput(lib, gpu)

@@ -7,8 +7,8 @@ boost, …: why the clock is below its maximum), the PCIe link's generation and 
 (corrected; uncorrected ones mean the results may be wrong). Each value the driver cannot give is ``None``
 (shown as N/A), never an error: consumer boards have no ECC, MIG instances no clocks of their own, some
 drivers no PCIe counters. The maxima never change and are read once per GPU, with the GPU's other fixed
-facts (:class:`~nbtrain.gpu.nvml.GpuInfo`); the PCIe throughput, which NVML samples for about 20 ms, at most
-every :data:`~nbtrain.gpu.devices.THROUGHPUT_EVERY_S` (the caller keeps the last reading).
+facts (:class:`~nbtrain.gpu.nvml.GpuInfo`); the PCIe throughput, which NVML samples (62 ms a call on an
+H200), only where the caller asks for it (:class:`~nbtrain.gpu.devices.DeviceReader`).
 """
 
 from __future__ import annotations
