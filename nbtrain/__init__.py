@@ -100,6 +100,18 @@ def track(tracker):
     return _track(tracker)
 
 
+def runs():
+    """This kernel's ``%%distributed`` runs, one row each: the cell, the options that differed, start, duration,
+    world size, steps, the final and best value of each logged series, how it ended and its checkpoint. Shows
+    as a table; ``.to_dicts()`` and ``.to_csv(path)`` give the rows."""
+    from IPython import get_ipython
+
+    from .launch.runlog import RunLog
+
+    magics = getattr(get_ipython(), "_nbtrain_magics", None)
+    return (magics.pools.runs if magics is not None else RunLog()).table()
+
+
 def untrack(tracker):
     """Stop following cells with a tracker given to ``nbtrain.track``."""
     from .launch.trackers import untrack as _untrack

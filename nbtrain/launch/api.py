@@ -19,6 +19,8 @@ notebook variable that cannot be sent (:class:`~.payload.PayloadError`).
 
 from __future__ import annotations
 
+import time
+
 from dataclasses import replace
 from collections.abc import Callable
 
@@ -29,6 +31,8 @@ from .config import ConfigError, LaunchRequest, resolve
 from .inputs import PayloadError, pack_inputs
 from .output import write_to_std_stream
 from .restarts import run_with_restarts
+from .observer import RunState
+from .options import options_of
 from .run import PoolManager, RunOutcome, RunResult, run_cell
 from .profiling import format_profile
 from .trackers import trackers_for
@@ -48,6 +52,38 @@ def run_source(source: str, request: LaunchRequest, namespace: dict, *, manager:
     """
     config = resolve(request)
     info = analyse_cell(source, line_offset)
+    outcome = outcome or RunOutcome()
+    started = time.time()
+    state: RunState | None = RunState.FAILED
+    try:
+        result = _run(source, request, config, info, namespace, manager, write, code_name, observers, outcome)
+        state = RunState.FINISHED
+        return result
+    except UserInputError:
+        state = None  # nothing ran: a mistake found before any process started
+        raise
+    except KeyboardInterrupt:
+        state = RunState.INTERRUPTED
+        raise
+    finally:
+        if manager is not None and state is not None and source.strip():  # nbtrain.runs(), however they ended
+            manager.runs.add(source, changed_options(request), started, config.pool.nprocs, outcome.history, state,
+                             config.train.checkpoint_dir)
+
+
+def changed_options(request: LaunchRequest) -> str:
+    """The options that differ from their defaults, as the magic's line writes them: ``--amp bf16 --fresh``."""
+    words = []
+    for f, spec in options_of(LaunchRequest):
+        value = getattr(request, f.name)
+        if value == f.default or spec.flag is None or value in (None, ()):
+            continue
+        shown = ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+        words.append(spec.flag if value is True else f"{spec.flag} {shown}")
+    return " ".join(words)
+
+
+def _run(source, request, config, info, namespace, manager, write, code_name, observers, outcome) -> RunResult:
     observers = [*observers, *trackers_for(config.tensorboard)]  # --tensorboard, nbtrain.track()
     if manager is None:
         if config.session:

@@ -50,6 +50,7 @@ from .mismatch import MismatchWatcher
 from ..wire.shm import new_result_prefix, sweep_prefix
 from .pool import Exited, Message, Output, WorkerPool
 from .rankgroup import RankGroup
+from .runlog import RunLog
 from .sessions import (SESSION_FAILURE_GRACE_S, SessionTable, ended_sentence, kept_sentence, stale_note,
                        stuck_sentence)
 from .stacks import whereabouts
@@ -100,6 +101,7 @@ class PoolManager:
     """
 
     def __init__(self, pool_factory: Callable[[PoolSpec], RankGroup] = WorkerPool) -> None:
+        self.runs = RunLog()  # nbtrain.runs(): every run of this kernel, one row each
         self.pool: RankGroup | None = None
         self.pool_factory = pool_factory  # a spec -> a pool (several machines: nbtrain.cluster.Cluster.make_pool)
         self.sessions = SessionTable()
