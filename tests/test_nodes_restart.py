@@ -3,7 +3,7 @@
 Two node agents (127.0.0.2, 127.0.0.3) × 1 rank on gloo, ``--checkpoint`` and ``--max-restarts 1``: the rank on
 the second node kills its own agent (as a preempted machine vanishes) after the first epoch's checkpoint. The
 kernel reports the node lost, restarts; a replacement node joins with the same printed command; the group
-re-forms through torch elastic's c10d rendezvous and the cell resumes from the checkpoint — the curve whole —
+re-forms (a new pool, each node told its place) and the cell resumes from the checkpoint — the curve whole —
 and the observers hear the nodes of each attempt as they go. When no replacement comes, the restart says at
 once what it waits for and ends after ``--start-timeout`` saying that no node joined.
 """
@@ -11,20 +11,15 @@ once what it waits for and ends after ``--start-timeout`` saying that no node jo
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 import time
 
 import pytest
 
 from helpers.restart_cells import lost_node_cell
-from helpers.workers import assert_no_workers
-from nbtrain.cluster import Cluster
 from nbtrain.launch.api import run_source
 from nbtrain.launch.config import LaunchRequest
 from nbtrain.launch.errors import RankFailedError
 from nbtrain.launch.observer import RunObserver
-from nbtrain.launch.run import PoolManager
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -39,92 +34,55 @@ class NodesHeard(RunObserver):
         self.heard.append((time.monotonic(), {node.name: node.state for node in nodes}))
 
 
-def test_a_lost_node_is_replaced_and_the_run_resumes_from_the_checkpoint(tmp_path, capsys):
-    cluster, manager = Cluster(), None
-    nodes: list[subprocess.Popen] = []
-    try:
-        hub = cluster.hub("127.0.0.1")
-        join = hub.join_command().split()[1:]
+def test_a_lost_node_is_replaced_and_the_run_resumes_from_the_checkpoint(nodes, tmp_path, capsys):
+    nodes.start("127.0.0.2")
+    nodes.start("127.0.0.3")
+    out: list[str] = []
+    restarted: list[float] = []
 
-        def start_node(address: str) -> None:
-            nodes.append(subprocess.Popen([sys.executable, *join, "--address", address],
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    def write(stream: str, text: str) -> None:
+        out.append(text)
+        if "restarting the ranks" in text:
+            restarted.append(time.monotonic())
+            nodes.start("127.0.0.3")  # the replacement machine joins with the same command
 
-        start_node("127.0.0.2")
-        start_node("127.0.0.3")
-        out: list[str] = []
-        restarted: list[float] = []
-
-        def write(stream: str, text: str) -> None:
-            out.append(text)
-            if "restarting the ranks" in text:
-                restarted.append(time.monotonic())
-                start_node("127.0.0.3")  # the replacement machine joins with the same command
-
-        manager = PoolManager(cluster.make_pool)
-        ns: dict = {}
-        cell = lost_node_cell(tmp_path / "lost-once")
-        request = LaunchRequest(nodes="2", nproc_per_node=1, rdzv_host="127.0.0.1", cpu=True, start_timeout=120,
-                                checkpoint=str(tmp_path / "ckpt"), max_restarts=1, out="steps,restart_count")
-        observer = NodesHeard()
-        result = run_source(cell, request, ns, manager=manager, write=write, observers=[observer])
-        text = capsys.readouterr().out + "".join(out)  # the pool says at once that a node is lost (print)
-        lost = re.search(r"node ([ab]) \(rank 1\) lost: (its connection broke|no heartbeat for 5 s)", text)
-        assert lost, text
-        assert text.count(f"node {lost.group(1)} (rank 1) lost") == 1, text  # said once, not again on restarting
-        assert "restarting the ranks from" in text and "(restart 1 of 1)" in text, text
-        assert ns["steps"] == 6 and ns["restart_count"] == 1  # 3 epochs × 2 steps, as if nothing had happened
-        assert result.history.series("loss", rank=0).steps == list(range(6))  # the whole curve
-        before = [nodes for at, nodes in observer.heard if at <= restarted[0]]
-        assert before and before[-1][lost.group(1)] == "lost", before  # shown lost as soon as it is
-        after = [nodes for at, nodes in observer.heard if at > restarted[0]]
-        assert after, observer.heard  # the restarted attempt's nodes reach the observers (dashboard, registry)
-        assert lost.group(1) not in after[-1] and "c" in after[-1], after  # the replacement, not the lost node
-    finally:
-        if manager is not None:
-            manager.shutdown()
-        cluster.close()
-        for node in nodes:
-            try:
-                node.wait(10)
-            except subprocess.TimeoutExpired:
-                node.kill()
-    assert_no_workers(10)
+    ns: dict = {}
+    cell = lost_node_cell(tmp_path / "lost-once")
+    request = LaunchRequest(nodes="2", nproc_per_node=1, rdzv_host="127.0.0.1", cpu=True, start_timeout=120,
+                            checkpoint=str(tmp_path / "ckpt"), max_restarts=1, out="steps,restart_count")
+    observer = NodesHeard()
+    result = run_source(cell, request, ns, manager=nodes.manager, write=write, observers=[observer])
+    text = capsys.readouterr().out + "".join(out)  # the pool says at once that a node is lost (print)
+    lost = re.search(r"node ([ab]) \(rank 1\) lost: (its connection broke|no heartbeat for 5 s)", text)
+    assert lost, text
+    assert text.count(f"node {lost.group(1)} (rank 1) lost") == 1, text  # said once, not again on restarting
+    assert "restarting the ranks from" in text and "(restart 1 of 1)" in text, text
+    assert ns["steps"] == 6 and ns["restart_count"] == 1  # 3 epochs × 2 steps, as if nothing had happened
+    assert result.history.series("loss", rank=0).steps == list(range(6))  # the whole curve
+    before = [seen for at, seen in observer.heard if at <= restarted[0]]
+    assert before and before[-1][lost.group(1)] == "lost", before  # shown lost as soon as it is
+    after = [seen for at, seen in observer.heard if at > restarted[0]]
+    assert after, observer.heard  # the restarted attempt's nodes reach the observers (dashboard, registry)
+    assert lost.group(1) not in after[-1] and "c" in after[-1], after  # the replacement, not the lost node
 
 
-def test_a_restart_without_a_replacement_node_says_what_it_waits_for_and_why_it_ends(tmp_path):
-    cluster, manager = Cluster(), None
-    nodes: list[subprocess.Popen] = []
-    try:
-        hub = cluster.hub("127.0.0.1")
-        join = hub.join_command()
-        for address in ("127.0.0.2", "127.0.0.3"):
-            nodes.append(subprocess.Popen([sys.executable, *join.split()[1:], "--address", address],
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        said: list[tuple[float, str]] = []
-        manager = PoolManager(cluster.make_pool)
-        request = LaunchRequest(nodes="2", nproc_per_node=1, rdzv_host="127.0.0.1", cpu=True, start_timeout=40,
-                                checkpoint=str(tmp_path / "ckpt"), max_restarts=1)
-        with pytest.raises(RankFailedError) as failed:
-            run_source(lost_node_cell(tmp_path / "lost-once"), request, {}, manager=manager,
-                       write=lambda stream, text: said.append((time.monotonic(), text)))
-        text = "".join(t for _, t in said)
-        restarted = next(at for at, t in said if "(restart 1 of 1)" in t)
-        waiting = next((at, t) for at, t in said if "waiting for a node to replace the lost one" in t)
-        assert waiting[0] - restarted < 5, text  # said at once, not after --start-timeout
-        assert re.search(r"1 of 2 nodes joined \([ab] from 127\.0\.0\.[23]\)", waiting[1]), text
-        assert join in waiting[1] and re.search(r"The restart waits (39|40) s for it", waiting[1]), text
-        report = str(failed.value)
-        assert report.startswith("RankFailedError: no replacement node joined within 40 s; 1 of 2 nodes joined"), report
-        assert "raised" not in report and "stopped" not in report, report  # no rank raised; none had started
-        assert "raised TimeoutError" not in text, text
-    finally:
-        if manager is not None:
-            manager.shutdown()
-        cluster.close()
-        for node in nodes:
-            try:
-                node.wait(10)
-            except subprocess.TimeoutExpired:
-                node.kill()
-    assert_no_workers(10)
+def test_a_restart_without_a_replacement_node_says_what_it_waits_for_and_why_it_ends(nodes, tmp_path):
+    join = nodes.hub.join_command()
+    nodes.start("127.0.0.2")
+    nodes.start("127.0.0.3")
+    said: list[tuple[float, str]] = []
+    request = LaunchRequest(nodes="2", nproc_per_node=1, rdzv_host="127.0.0.1", cpu=True, start_timeout=40,
+                            checkpoint=str(tmp_path / "ckpt"), max_restarts=1)
+    with pytest.raises(RankFailedError) as failed:
+        run_source(lost_node_cell(tmp_path / "lost-once"), request, {}, manager=nodes.manager,
+                   write=lambda stream, text: said.append((time.monotonic(), text)))
+    text = "".join(t for _, t in said)
+    restarted = next(at for at, t in said if "(restart 1 of 1)" in t)
+    waiting = next((at, t) for at, t in said if "waiting for a node to replace the lost one" in t)
+    assert waiting[0] - restarted < 5, text  # said at once, not after --start-timeout
+    assert re.search(r"1 of 2 nodes joined \([ab] from 127\.0\.0\.[23]\)", waiting[1]), text
+    assert join in waiting[1] and re.search(r"The restart waits (39|40) s for it", waiting[1]), text
+    report = str(failed.value)
+    assert report.startswith("RankFailedError: no replacement node joined within 40 s; 1 of 2 nodes joined"), report
+    assert "raised" not in report and "stopped" not in report, report  # no rank raised; none had started
+    assert "raised TimeoutError" not in text, text
