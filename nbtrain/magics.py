@@ -29,7 +29,8 @@ from .launch.config import LaunchRequest
 from .launch.hosts import parse_hosts, parse_remote_python, parse_ssh_options
 from .launch.options import from_arguments, option, options_of
 from .launch.registry import RunRegistry
-from .launch.run import PoolManager, RunOutcome
+from .launch.history import RunOutcome
+from .launch.run import PoolManager
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,8 @@ from .output import write_to_std_stream
 from .restarts import run_with_restarts
 from .observer import RunState
 from .options import options_of
-from .run import PoolManager, RunOutcome, RunResult, run_cell
+from .history import RunOutcome
+from .run import PoolManager, RunResult, run_cell
 from .profiling import format_profile
 from .trackers import trackers_for
 from .setup_facts import setup_words

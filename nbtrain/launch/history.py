@@ -113,3 +113,11 @@ class History:
     def __repr__(self) -> str:
         parts = [f"{name}: {len(self.series(name))} points, last {self.series(name).last:.4g}" for name in self._data]
         return "History(" + "; ".join(parts) + ")" if parts else "History(empty)"
+
+
+@dataclass
+class RunOutcome:
+    """What a run leaves its caller whatever way it ends — a result, a failure or the stop button: the series
+    the ranks logged until then. The caller passes one in (``run_source(..., outcome=...)``) and reads it after."""
+
+    history: History = field(default_factory=History)

@@ -40,7 +40,7 @@ from .cell import CELL_FILENAME, CellInfo, names_to_return
 from .config import DEFAULT_KEEP_ALIVE_S, LaunchConfig, PoolSpec
 from .displays import PendingDisplays
 from .errors import RankFailedError, RankFailure, order_failures
-from .history import History
+from .history import History, RunOutcome
 from .modules import Workdir, fresh_ranks_note, notebook_workdir, stale_modules
 from .observer import FanOut, RankInfo, RunInfo, RunObserver, RunState
 from .output import OutputRelay, write_to_std_stream
@@ -83,14 +83,6 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
     profiles: dict[int, P.ProfileSummary] = field(default_factory=dict)  # --profile, by rank
     setup: dict[int, list[dict]] = field(default_factory=dict)  # per rank: what prepare() set up, model by model
-
-
-@dataclass
-class RunOutcome:
-    """What a run leaves its caller whatever way it ends — a result, a failure or the stop button: the series
-    the ranks logged until then. The caller passes one in (``run_source(..., outcome=...)``) and reads it after."""
-
-    history: History = field(default_factory=History)
 
 
 class PoolManager:
