@@ -26,7 +26,7 @@ from .cluster.tokens import parse_ttl
 from .launch import api
 from .launch.api import UserInputError, format_summary, run_source
 from .launch.config import LaunchRequest
-from .launch.hosts import parse_hosts, parse_remote_python, parse_ssh_options
+from .launch.hosts import parse_hosts, parse_remote_python, parse_slurm, parse_ssh_options
 from .launch.options import from_arguments, option, options_of
 from .launch.registry import RunRegistry
 from .launch.history import RunOutcome
@@ -169,8 +169,12 @@ class DistributedMagics(Magics):
     @argument("--hosts", metavar="A,B", help="start a node agent on each of these hosts over ssh (with --rdzv-host)")
     @argument("--ssh-option", action="append", default=[], metavar="KEY=VALUE",
               help="with --hosts: an ssh option for the connections (repeatable), such as Port=2222")
+    @argument("--slurm", nargs="?", const="", metavar="ARGS",
+              help="start the node agents as a Slurm job (with --rdzv-host): sbatch ARGS, or an srun step inside an "
+                   "allocation (SLURM_JOB_ID set); such as --slurm=\"-p gpu --time=2:00:00\"")
+    @argument("--nodes", type=int, default=1, metavar="N", help="with --slurm: how many nodes (default 1)")
     @argument("--remote-python", metavar="COMMAND",
-              help="with --hosts: the command that runs Python on the hosts (default: this kernel's Python where "
+              help="with --hosts or --slurm: the command that runs Python on the hosts (default: this kernel's Python where "
                    "that path exists there, else python3)")
     @line_magic
     def distributed_nodes(self, line):
@@ -178,7 +182,8 @@ class DistributedMagics(Magics):
 
         Examples: ``%distributed_nodes``, ``%distributed_nodes --rdzv-host 10.0.0.5`` (print the join command
         now), ``%distributed_nodes --rdzv-host 127.0.0.1 --emulate 2`` (two emulated nodes on this machine),
-        ``%distributed_nodes --rdzv-host 10.0.0.5 --hosts gpu1,gpu2`` (start agents there over ssh).
+        ``%distributed_nodes --rdzv-host 10.0.0.5 --hosts gpu1,gpu2`` (start agents there over ssh),
+        ``%distributed_nodes --rdzv-host 10.0.0.5 --slurm="-p gpu" --nodes 2`` (start them as a Slurm job).
         """
         args = parse_argstring(self.distributed_nodes, line)
         if args.revoke or args.token_ttl:
@@ -189,6 +194,8 @@ class DistributedMagics(Magics):
                 raise UsageError(str(exc)) from None
         if args.hosts is not None:
             return self._start_hosts(args)
+        if args.slurm is not None:
+            return self._start_slurm(args)
         if args.emulate and not args.rdzv_host:
             raise UsageError("--emulate needs --rdzv-host 127.0.0.1 (the address the emulated nodes join)")
         if args.emulate < 0:
@@ -218,6 +225,19 @@ class DistributedMagics(Magics):
             raise UsageError(str(exc)) from None
         if started:
             print(f"nbtrain: starting node agents over ssh on {', '.join(started)}; they join in a few seconds")
+        print("\n".join(self.cluster.describe()))
+
+    def _start_slurm(self, args) -> None:
+        """``%distributed_nodes --slurm ARGS --nodes N``: checked first, then the job (or the step) is started."""
+        if not args.rdzv_host or args.emulate or args.nodes < 1:
+            raise UsageError("--slurm needs --rdzv-host ADDRESS (the kernel's address the nodes can reach) and "
+                             "--nodes N (1 or more), and goes without --emulate")
+        try:
+            words = parse_slurm(args.slurm)
+            python = parse_remote_python(args.remote_python or os.environ.get("NBTRAIN_REMOTE_PYTHON"))
+            print(self.cluster.start_slurm(args.rdzv_host, args.nodes, words, python))
+        except (ValueError, OSError) as exc:
+            raise UsageError(str(exc)) from None
         print("\n".join(self.cluster.describe()))
 
     @line_magic

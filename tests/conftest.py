@@ -19,7 +19,7 @@ from helpers.workers import SESSION_VARIABLE, assert_no_workers
 # The fast tier (``pytest -m "not slow"``): tests that start ranks, kernels, servers, node agents or a browser
 # are slow — by the fixtures they take, or by a module's ``pytestmark = pytest.mark.slow`` where they start
 # them themselves. Everything else is a unit test of the development loop.
-SLOW_FIXTURES = {"pools", "fresh_pools", "shell", "kernel", "cluster", "nodes", "sshd", "jp_serverapp", "jp_fetch",
+SLOW_FIXTURES = {"pools", "fresh_pools", "shell", "kernel", "cluster", "nodes", "sshd", "slurm_cluster", "jp_serverapp", "jp_fetch",
                  "no_leftover_workers", "namespace", "kernel_name", "notebook_dir"}
 
 

@@ -10,7 +10,7 @@ a pool factory (:meth:`Cluster.make_pool`) that returns a local :class:`~nbtrain
 one-machine spec and a :class:`~.group.NodePool` for a multi-node one. Nodes stay joined between cells, while
 the hub lives: until ``%distributed_shutdown``, the extension's unloading or the kernel's exit.
 :mod:`.emulated` starts node agents on this machine's loopback addresses (``%distributed_nodes --emulate N``),
-:mod:`.ssh` on other machines over ssh (``--hosts a,b``).
+:mod:`.ssh` on other machines over ssh (``--hosts a,b``), :mod:`.slurm` as a Slurm job (``--slurm ARGS``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from ..launch.rankgroup import RankGroup
 from .emulated import EmulatedNodes, check_loopback
 from .group import NodePool
 from .hub import Hub
-from .ssh import SshNodes
+from .slurm import SlurmNodes
+from .ssh import SshNodes, loopback
 
 __all__ = ["Cluster", "Hub", "NodePool"]
 
@@ -38,6 +39,7 @@ class Cluster:
         self._atexit = False
         self.emulated = EmulatedNodes()
         self.ssh = SshNodes()  # --hosts: agents started over ssh
+        self.slurm = SlurmNodes()  # --slurm: agents started as a Slurm job (one at a time)
 
     def hub(self, host: str) -> Hub:
         with self._lock:
@@ -45,6 +47,7 @@ class Cluster:
                 self._hub.close("the notebook now listens on another --rdzv-host")
                 self._hub = None
                 self.ssh.close()  # their agents left with that hub
+                self.slurm.close()
             if self._hub is None:
                 self._hub = Hub(host)
                 if not self._atexit:  # a kernel shut down from JupyterLab releases its nodes and token file too
@@ -55,12 +58,21 @@ class Cluster:
     def make_pool(self, spec: PoolSpec) -> RankGroup:
         if spec.nodes <= 1 and not spec.rdzv_host:
             return WorkerPool(spec)
-        return NodePool(spec, self.hub(spec.rdzv_host), ssh=self.ssh)
+        return NodePool(spec, self.hub(spec.rdzv_host), ssh=self.ssh, slurm=self.slurm)
 
     def start_hosts(self, host: str, hosts: tuple[str, ...], options=(), python: str = "") -> list[str]:
         """Listen on ``host`` and start a node agent on each of ``hosts`` over ssh (those without one running)."""
         hub = self.hub(host)
         return self.ssh.start(hosts, f"{hub.host}:{hub.port}", hub.valid_token(), options, python)
+
+    def start_slurm(self, host: str, nodes: int, args: tuple[str, ...], python: str = "") -> str:
+        """Listen on ``host`` and start ``nodes`` agents as a Slurm job, unless this kernel's job runs or waits."""
+        hub = self.hub(host)
+        if self.slurm.active():
+            return f"nbtrain: Slurm job {self.slurm.job_id} runs the node agents already"
+        hub.valid_token()
+        return self.slurm.start(nodes, 0, f"{hub.host}:{hub.port}", hub.token_file.path, args, python,
+                                bool(loopback(hub.host)))
 
     def emulate(self, host: str, count: int) -> list[str]:
         """Listen on ``host`` (loopback) and start ``count`` node agents on this machine; their addresses."""
@@ -76,7 +88,7 @@ class Cluster:
         lines = hub.describe() or ["nbtrain: no node is joined now."]
         hub.announce()  # printed below: a first --nodes cell need not print the command again
         ssh = [f"nbtrain: the node on {host} could not be started over ssh: {why}" for host, why in self.ssh.failed()]
-        return lines + self.emulated.failures() + ssh + [f"join more with: {hub.join_command()}", hub.join_help()]
+        return lines + self.slurm.describe() + self.emulated.failures() + ssh + [f"join more with: {hub.join_command()}", hub.join_help()]
 
     def renew_token(self, host: str | None, ttl_s: float | None, revoke: bool) -> str:
         """``--token-ttl`` / ``--revoke``: a new token for the hub on ``host`` (or the one listening); what to tell
@@ -97,4 +109,5 @@ class Cluster:
         hub.close()
         self.emulated.close()  # they leave with the pool; this reaps them
         self.ssh.close()
+        self.slurm.close()  # after the Bye: a job still waiting in the queue is cancelled too
         return True

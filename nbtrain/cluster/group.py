@@ -47,7 +47,8 @@ from ..wire import nodes as N
 from ..wire import protocol as P
 from .elastic import Formation
 from .hub import LOST_AFTER_S, Hub, NodeConn
-from .ssh import SshNodes
+from .slurm import SlurmNodes
+from .ssh import SshNodes, loopback
 
 STOP_WAIT_S = 2.5  # a node answers StopRanks within this (its own SIGTERM → SIGKILL takes about 1.5 s)
 
@@ -67,13 +68,14 @@ class NodePool(GroupState):
     docstring)."""
 
     def __init__(self, spec: PoolSpec, hub: Hub, say: Callable[[str], None] | None = None,
-                 ssh: SshNodes | None = None) -> None:
+                 ssh: SshNodes | None = None, slurm: SlurmNodes | None = None) -> None:
         super().__init__(spec)
         self._store = None  # the c10d store this pool's ranks bootstrap from, hosted here on --rdzv-host
         self.requested = spec  # what the cell asked for; self.spec is the group as formed (elastic: its size)
         self.formation = Formation(spec.min_nodes or spec.nodes, spec.nodes, spec.last_call_s)
         self.hub = hub
         self.ssh = ssh  # with --hosts: the sessions that start the agents (the Cluster's, kept between pools)
+        self.slurm = slurm if spec.slurm is not None else None  # with --slurm: the job that runs the agents (the Cluster's)
         self._say = say or (lambda text: print(text, flush=True))
         self.nodes: list[NodeConn] = []
         self._rank_node: dict[int, NodeConn] = {}
@@ -99,11 +101,26 @@ class NodePool(GroupState):
                                          spec.ssh_options, spec.remote_python)
                 if started:
                     self._say(f"nbtrain: starting node agents over ssh on {', '.join(started)}")
+        elif self.slurm is not None:
+            self._start_slurm()
         elif len(self.hub.idle_nodes()) < spec.nodes and self.hub.announce():
             self._say(f"nbtrain: waiting for {self._wanted()} nodes; on each node run:\n  {self.hub.join_command()}\n"
                       f"{self.hub.join_help()}")
         self._store = host_store(spec.rdzv_host)
         self._start_if_joined()
+
+    def _start_slurm(self) -> None:
+        """Submit the agents' job unless one runs or waits already (it was kept when a cell was stopped)."""
+        spec, hub = self.requested, self.hub
+        assert self.slurm is not None and spec.slurm is not None
+        if len(hub.idle_nodes()) >= spec.nodes:
+            return
+        if self.slurm.active():
+            self._say(self.slurm.news(again=True) or f"nbtrain: waiting for the nodes of Slurm job {self.slurm.job_id}")
+            return
+        hub.valid_token()  # the file the agents read holds a live token
+        self._say(self.slurm.start(spec.nodes, spec.min_nodes, f"{hub.host}:{hub.port}", hub.token_file.path,
+                                   spec.slurm, spec.remote_python, bool(loopback(hub.host))))
 
     def _wanted(self) -> str:
         spec = self.requested
@@ -144,6 +161,8 @@ class NodePool(GroupState):
     def start_hint(self) -> str:
         if self._started:
             return ""
+        if self.slurm is not None and (job := self.slurm.describe()):
+            return f"; {self.nodes_joined()}; {job[0]}"
         return f"; {self.nodes_joined()}. Start the missing nodes with:\n  {self.hub.join_command()}"
 
     def nodes_joined(self) -> str:
@@ -224,7 +243,7 @@ class NodePool(GroupState):
             self.hub.drain_wake()
             self._start_if_joined()
             events = self._collect()
-        return events + self._check_lost() + self._ssh_failures()
+        return events + self._check_lost() + self._ssh_failures() + self._slurm_events()
 
     def _ssh_failures(self) -> list:
         """Before the ranks start: a host whose ssh session ended with an error fails its ranks now, with ssh's words."""
@@ -240,6 +259,26 @@ class NodePool(GroupState):
             for rank in range(first, first + self.spec.nproc_per_node):
                 self._exited[rank], self._lost_account[rank] = 255, text
                 events.append(Exited(rank, 255))
+        return events
+
+    def _slurm_events(self) -> list:
+        """Before the ranks start: the job's state as it changes, and a job that ended fails the ranks, in Slurm's
+        words and its output's last lines."""
+        if self._started or self.slurm is None:
+            return []
+        self.hub.valid_token()  # however long the job waits, its agents find a live token in the file
+        news = self.slurm.news()
+        if news:
+            self._say(news)
+        why = self.slurm.ended()
+        if not why:
+            return []
+        self._say(f"nbtrain: {why}")
+        events: list = []
+        for rank in range(self.spec.nprocs):
+            if rank not in self._exited:
+                self._exited[rank], self._lost_account[rank] = 1, f"the node agents' {why}"
+                events.append(Exited(rank, 1))
         return events
 
     def _collect(self) -> list:
@@ -306,6 +345,7 @@ class NodePool(GroupState):
                 continue
             self._lost.add(node.name)
             why = "its connection broke" if node.link.closed.is_set() else f"no heartbeat for {LOST_AFTER_S:.0f} s"
+            why = (self.slurm.end_reason() if self.slurm is not None else "") or why  # TIMEOUT, CANCELLED by …
             text = f"node {node.name} ({rank_span(self._node_ranks(node))}) lost: {why}"
             self._say(f"nbtrain: {text}; stopping the other ranks")  # now: stopping them takes a few seconds more
             events.extend(self._node_failed(node, text, -9))
@@ -317,6 +357,9 @@ class NodePool(GroupState):
             node.link.send(N.Interrupt())
 
     def teardown(self, graceful: bool = True, grace: float = 1.0, drain: Callable[[], None] | None = None) -> None:
+        if not self._started and self.slurm is not None and self.slurm.active():  # the stop button ends the wait only
+            self._say(f"nbtrain: Slurm job {self.slurm.job_id} stays; its nodes join when it starts, for the next "
+                      "cell (%distributed_shutdown cancels it)")
         polite = graceful and self.alive()
         self.mark_broken()
         try:

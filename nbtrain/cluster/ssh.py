@@ -33,16 +33,17 @@ EXIT_WAIT_S = 10.0
 CONNECT_TIMEOUT_S = 10  # ssh's ConnectTimeout: an unreachable host is said within this
 
 
-def remote_command(join: str, address: str, python: str) -> str:
-    """The shell command ssh runs on the host: pick Python, read the token from stdin, exec the agent."""
-    agent = f"-m nbtrain.node --join {shlex.quote(join)} --token -" + (f" --address {address}" if address else "")
+def remote_command(join: str, address: str, python: str, token: str = "--token -") -> str:
+    """The shell command ssh runs on the host: pick Python, read the token from stdin (or as ``token`` says: a
+    Slurm task names the 0600 file), exec the agent."""
+    agent = f"-m nbtrain.node --join {shlex.quote(join)} {token}" + (f" --address {address}" if address else "")
     if python:  # the user's own shell words, for their own host: such as `env PYTHONPATH=… /opt/py/bin/python`
         return f"exec {python} {agent}"
     here = shlex.quote(sys.executable)
     return f"if [ -x {here} ]; then exec {here} {agent}; else exec python3 {agent}; fi"
 
 
-def _loopback(host: str) -> str:
+def loopback(host: str) -> str:
     try:
         return host if ipaddress.ip_address(host).is_loopback else ""
     except ValueError:
@@ -81,7 +82,7 @@ class SshNodes:
             log = os.path.join(self._logs, f"{host}.log")
             argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
                     "-o", "ServerAliveInterval=5", *[a for o in options for a in ("-o", o)],
-                    host, remote_command(join, _loopback(host), python)]
+                    host, remote_command(join, loopback(host), python)]
             with open(log, "wb") as out:
                 process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT)
             assert process.stdin is not None

@@ -13,6 +13,7 @@ does the right thing. NCCL needs one GPU per rank; gloo may put several ranks on
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field, replace
 
@@ -20,7 +21,7 @@ from ..gpu import nvml
 from ..wire.settings import (COMPILE_CHOICES, SHARD_CHOICES, TrainSettings, TrainSettingsError, parse_size,
                              parse_train_settings)
 from ..words import count
-from .hosts import SshSetupError, parse_hosts, parse_remote_python, parse_ssh_options
+from .hosts import SshSetupError, parse_hosts, parse_remote_python, parse_slurm, parse_ssh_options
 from .modules import Workdir, WorkdirGone, notebook_workdir
 from .options import OptionEnvError, option, with_env_fallbacks
 from .profiling import ProfileOptionError, parse_profile, profile_dir
@@ -76,7 +77,11 @@ class LaunchRequest:
     ssh_option: tuple[str, ...] = option((), "--ssh-option", "with --hosts: an ssh option for the connections "
                                          "(repeatable), such as Port=2222", group="placement", metavar="KEY=VALUE",
                                          repeat=True, env="NBTRAIN_SSH_OPTION")
-    remote_python: str | None = option(None, "--remote-python", "with --hosts: the command that runs Python on the "
+    slurm: str | None = option(
+        None, "--slurm", "with --nodes: start the node agents as a Slurm job — sbatch ARGS from a login node, an srun "
+        "step inside an allocation (SLURM_JOB_ID set) — such as --slurm=\"-p gpu --time=2:00:00\" (alone: no "
+        "ARGS)", group="placement", metavar="ARGS", bare="", env="NBTRAIN_SLURM")
+    remote_python: str | None = option(None, "--remote-python", "with --hosts or --slurm: the command that runs Python on the "
                                        "hosts (default: this kernel's Python where that path exists there, else "
                                        "python3)", group="placement", metavar="COMMAND", env="NBTRAIN_REMOTE_PYTHON")
     out: str | None = option(None, "--out", "names to bring back from rank 0, comma-separated; '-' for none "
@@ -162,6 +167,7 @@ class PoolSpec:
     hosts: tuple[str, ...] = ()  # --hosts: the kernel starts the node agents there over ssh (nbtrain.cluster.ssh)
     ssh_options: tuple[str, ...] = ()
     remote_python: str = ""
+    slurm: tuple[str, ...] | None = None  # --slurm: the agents run as a Slurm job, these sbatch/srun words (nbtrain.cluster.slurm)
     min_nodes: int = 0  # elastic --nodes MIN:MAX: MIN (nodes is MAX); 0: exactly `nodes`
     last_call_s: float = field(default=0.0, compare=False)  # elastic: the wait for more nodes once MIN joined
 
@@ -264,6 +270,8 @@ def _node_placement(request: LaunchRequest) -> tuple[int, int, str, int]:
     """(MAX nodes, ranks per node, rdzv host, MIN nodes or 0 if not elastic) of a ``--nodes`` request, checked;
     (1, 0, "", 0) without one."""
     if request.nodes is None:
+        if request.slurm is not None and request.slurm != os.environ.get("NBTRAIN_SLURM"):  # NBTRAIN_SLURM: --nodes cells only
+            raise ConfigError("--slurm starts the node agents of --nodes N as a Slurm job; give --nodes and --rdzv-host.")
         if request.hosts is not None:
             raise ConfigError("--hosts starts node agents for --nodes N; give --nodes with as many nodes as hosts, "
                               "and --rdzv-host.")
@@ -295,9 +303,13 @@ def _node_pool(request: LaunchRequest, placement: tuple[int, int, str, int], bac
     nodes, per_node, host, min_nodes = placement
     try:
         hosts = parse_hosts(request.hosts, nodes) if request.hosts is not None else ()
-        ssh = (parse_ssh_options(request.ssh_option), parse_remote_python(request.remote_python)) if hosts else ((), "")
+        slurm = parse_slurm(request.slurm) if request.slurm is not None else None
+        ssh = (parse_ssh_options(request.ssh_option) if hosts else (),
+               parse_remote_python(request.remote_python) if hosts or slurm is not None else "")
     except SshSetupError as exc:
         raise ConfigError(str(exc)) from None
+    if hosts and slurm is not None:
+        raise ConfigError("--hosts and --slurm both start the node agents (over ssh, as a Slurm job); give one of them.")
     if request.gpus:
         raise ConfigError("--gpus picks GPUs of this machine; with --nodes each node uses its first "
                           "--nproc-per-node GPUs (set CUDA_VISIBLE_DEVICES on the node to choose).")
@@ -307,7 +319,7 @@ def _node_pool(request: LaunchRequest, placement: tuple[int, int, str, int], bac
     return PoolSpec(nprocs=nodes * per_node, backend=backend or ("gloo" if device_type == "cpu" else "nccl"),
                     device_type=device_type, gpu_ids=(), timeout_s=float(request.timeout or DEFAULT_TIMEOUT_S),
                     env=_parse_env(request.env), nodes=nodes, nproc_per_node=per_node, rdzv_host=host,
-                    hosts=hosts, ssh_options=ssh[0], remote_python=ssh[1], min_nodes=min_nodes,
+                    hosts=hosts, ssh_options=ssh[0], remote_python=ssh[1], slurm=slurm, min_nodes=min_nodes,
                     last_call_s=DEFAULT_LAST_CALL_S if request.last_call is None else float(request.last_call))
 
 
