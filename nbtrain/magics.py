@@ -171,7 +171,7 @@ class DistributedMagics(Magics):
               help="with --hosts: an ssh option for the connections (repeatable), such as Port=2222")
     @argument("--slurm", nargs="?", const="", metavar="ARGS",
               help="start the node agents as a Slurm job (with --rdzv-host): sbatch ARGS, or an srun step inside an "
-                   "allocation (SLURM_JOB_ID set); such as --slurm=\"-p gpu --time=2:00:00\"")
+                   "allocation (SLURM_JOB_ID set); such as --slurm \"-p gpu --time=2:00:00\"")
     @argument("--nodes", type=int, default=1, metavar="N", help="with --slurm: how many nodes (default 1)")
     @argument("--remote-python", metavar="COMMAND",
               help="with --hosts or --slurm: the command that runs Python on the hosts (default: this kernel's Python where "
@@ -183,7 +183,7 @@ class DistributedMagics(Magics):
         Examples: ``%distributed_nodes``, ``%distributed_nodes --rdzv-host 10.0.0.5`` (print the join command
         now), ``%distributed_nodes --rdzv-host 127.0.0.1 --emulate 2`` (two emulated nodes on this machine),
         ``%distributed_nodes --rdzv-host 10.0.0.5 --hosts gpu1,gpu2`` (start agents there over ssh),
-        ``%distributed_nodes --rdzv-host 10.0.0.5 --slurm="-p gpu" --nodes 2`` (start them as a Slurm job).
+        ``%distributed_nodes --rdzv-host 10.0.0.5 --slurm "-p gpu" --nodes 2`` (start them as a Slurm job).
         """
         args = parse_argstring(self.distributed_nodes, line)
         if args.revoke or args.token_ttl:

@@ -17,13 +17,13 @@ from __future__ import annotations
 import glob
 import os
 import re
-import time
 
 import psutil
 import pytest
 
 from helpers.kernelhelp import Kernel
 from helpers.nodehelp import until
+from helpers.restart_cells import held_node_cell
 from helpers.slurmhelp import slurm_cluster  # noqa: F401  (the session's private Slurm)
 from helpers.workers import assert_no_workers
 from nbtrain.cluster.slurm import agent_command, batch_script, srun_argv
@@ -93,7 +93,7 @@ def _job(out: str) -> str:
 
 
 def _token() -> str:
-    files = glob.glob(os.path.join(token_dir(), f"pool-*-*.token"))
+    files = glob.glob(os.path.join(token_dir(), "pool-*-*.token"))
     texts = [open(f).read().strip() for f in files]
     assert texts, f"no token file in {token_dir()}"
     return texts[-1]
@@ -127,7 +127,7 @@ def test_a_two_node_cell_runs_as_a_slurm_job(slurm_cluster, kernel):  # noqa: F8
 
 def test_a_held_job_is_shown_pending_and_the_stop_button_leaves_it_queued(slurm_cluster, kernel):  # noqa: F811
     slurm = slurm_cluster
-    msg_id = kernel.start(f"{BASE} --slurm=--hold\nx = 1\n")
+    msg_id = kernel.start(f'{BASE} --slurm "--hold"\nx = 1\n')
     _, out = kernel.collect(msg_id, 60, until=lambda text: "PENDING (JobHeldUser)" in text, poll=0.2)
     job = _job(out)
     assert f"Slurm job {job} is PENDING (JobHeldUser); the cell waits for it" in out, out
@@ -147,23 +147,28 @@ def test_a_held_job_is_shown_pending_and_the_stop_button_leaves_it_queued(slurm_
     until(lambda: _queue_empty(slurm), 20, "the job to leave the queue")
 
 
-def test_a_job_past_its_time_limit_is_a_lost_node_with_slurm_s_reason(slurm_cluster, kernel):  # noqa: F811
+def test_after_the_time_limit_a_restart_resumes_on_a_new_job(slurm_cluster, kernel, tmp_path):  # noqa: F811
     slurm = slurm_cluster
-    msg_id = kernel.start(f"{BASE} --slurm\nimport time\nprint('going', flush=True)\ntime.sleep(300)\n")
-    _, out = kernel.collect(msg_id, 180, until=lambda text: "going" in text, poll=0.2)
-    job = _job(out)
-    slurm.run("scontrol", "update", f"JobId={job}", "TimeLimit=1", "EndTime=now")  # checked every 30 s
-    started = time.monotonic()
-    reply, out = kernel.collect(msg_id, 90)
-    assert reply["status"] == "error", out
-    assert re.search(rf"node [ab] \(rank [01]\) lost: Slurm job {job} ended: TIMEOUT \(TimeLimit\)", out), out
-    print(f"time limit reported {time.monotonic() - started:.0f} s after the update")
+    line = (f"%%distributed --nodes 1:2 --last-call 30 --rdzv-host 127.0.0.1 --cpu --start-timeout 120 --slurm "
+            f"--checkpoint {tmp_path / 'ckpt'} --max-restarts 1 --out steps,restart_count\n")
+    msg_id = kernel.start(line + held_node_cell(tmp_path / "held-once"))
+    _, out = kernel.collect(msg_id, 180, until=lambda text: "held" in text, poll=0.2)
+    first = _job(out)
+    slurm.run("scontrol", "update", f"JobId={first}", "TimeLimit=1", "EndTime=now")  # checked every 30 s
+    reply, out = kernel.collect(msg_id, 240)
+    print(out)
+    assert reply["status"] == "ok", out
+    lost = re.findall(rf"node ([ab]) \(rank [01]\) lost: Slurm job {first} ended: TIMEOUT \(TimeLimit\)", out)
+    assert sorted(lost) == ["a", "b"] and "(restart 1 of 1)" in out, out  # a lost node in Slurm's words
+    second = _job(out)
+    assert second != first, out  # the restart submitted a new job for the lost nodes
+    assert "steps 6 restart 1" in kernel.run("print('steps', steps, 'restart', restart_count)")
     kernel.run("%distributed_shutdown")
     until(lambda: _queue_empty(slurm), 20, "the job to leave the queue")
 
 
 def test_sbatch_refusing_the_arguments_is_said_before_anything_starts(slurm_cluster, kernel):  # noqa: F811
-    reply, out = kernel.execute(f"{BASE} --slurm=--partition=nowhere\nx = 1\n", timeout=60)
+    reply, out = kernel.execute(f'{BASE} --slurm "--partition=nowhere"\nx = 1\n', timeout=60)
     assert reply["status"] == "error", out
     assert "sbatch refused the node agents' job (--slurm --partition=nowhere)" in out, out
     assert "invalid partition specified: nowhere" in out, out  # Slurm's own words

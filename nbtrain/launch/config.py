@@ -79,7 +79,7 @@ class LaunchRequest:
                                          repeat=True, env="NBTRAIN_SSH_OPTION")
     slurm: str | None = option(
         None, "--slurm", "with --nodes: start the node agents as a Slurm job — sbatch ARGS from a login node, an srun "
-        "step inside an allocation (SLURM_JOB_ID set) — such as --slurm=\"-p gpu --time=2:00:00\" (alone: no "
+        "step inside an allocation (SLURM_JOB_ID set) — such as --slurm \"-p gpu --time=2:00:00\" (alone: no "
         "ARGS)", group="placement", metavar="ARGS", bare="", env="NBTRAIN_SLURM")
     remote_python: str | None = option(None, "--remote-python", "with --hosts or --slurm: the command that runs Python on the "
                                        "hosts (default: this kernel's Python where that path exists there, else "

@@ -50,3 +50,10 @@ def lost_node_cell(marker: Path, samples: int = 16) -> str:
     """Rank 1's node agent is SIGKILLed after epoch 0's checkpoint, once; the rank waits to be ended with it."""
     kill = _once(0, marker, "os.kill(os.getppid(), signal.SIGKILL)  # the machine is gone\ntime.sleep(30)", 4)
     return _CELL.format(samples=samples, mid_epoch="", after_checkpoint=kill)
+
+
+def held_node_cell(marker: Path, samples: int = 16) -> str:
+    """Rank 1 prints ``held`` after epoch 0's checkpoint and sleeps, once: the test then ends its machine from
+    outside (a Slurm job's time limit)."""
+    hold = _once(0, marker, "print('held', flush=True)\ntime.sleep(300)", 4)
+    return _CELL.format(samples=samples, mid_epoch="", after_checkpoint=hold)

@@ -71,8 +71,7 @@ def _free_port() -> int:
 
 
 def _missing() -> str:
-    found = [shutil.which(c) or shutil.which(c, path="/usr/sbin:/sbin") for c in (*DAEMONS, *COMMANDS)]
-    absent = [name for name, path in zip((*DAEMONS, *COMMANDS), found) if path is None]
+    absent = [c for c in (*DAEMONS, *COMMANDS) if not (shutil.which(c) or shutil.which(c, path="/usr/sbin:/sbin"))]
     if absent:
         return f"needs Slurm and munge ({', '.join(absent)} not found): apt-get install {PACKAGES}; .ci/run installs them"
     if os.geteuid() != 0:
