@@ -17,6 +17,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import sys
 
 import psutil
 import pytest
@@ -177,6 +178,17 @@ def test_sbatch_refusing_the_arguments_is_said_before_anything_starts(slurm_clus
     kernel.run("%distributed_shutdown")
 
 
+def test_a_job_whose_agents_cannot_start_fails_the_cell_with_its_output(slurm_cluster, kernel):  # noqa: F811
+    python = f"env PYTHONPATH= {sys.executable} -I -S"  # a Python without nbtrain
+    reply, out = kernel.execute(f"{BASE} --slurm --remote-python '{python}'\nx = 1\n", timeout=90)
+    job = _job(out)
+    assert reply["status"] == "error", out
+    assert f"Slurm job {job} ended: FAILED (NonZeroExitCode)" in out, out
+    assert "No module named 'nbtrain'" in out and "install nbtrain there" in out, out
+    kernel.run("%distributed_shutdown")
+    until(lambda: _queue_empty(slurm_cluster), 20, "the job to leave the queue")
+
+
 def test_the_kernel_s_exit_cancels_a_waiting_job(slurm_cluster):  # noqa: F811
     k = Kernel()
     try:
@@ -198,6 +210,9 @@ def test_inside_an_allocation_the_agents_run_as_a_step_of_it(slurm_cluster, monk
     k = Kernel()
     try:
         k.run("%load_ext nbtrain")
+        reply, out = k.execute(f'{BASE} --slurm "--bogus"\nx = 1\n', timeout=60)
+        assert reply["status"] == "error" and f"srun step in job {allocation} ended at once" in out, out
+        assert "unrecognized option '--bogus'" in out, out  # srun's own words
         out = k.run(f"{BASE} --slurm\nw = world_size\nprint('ranks', w)\n", timeout=180)
         assert f"as a step of this notebook's Slurm job {allocation} (srun)" in out and "ranks 2" in out, out
         assert "submitted" not in out and len(slurm_cluster.jobs()) == 1, out  # no job of its own

@@ -139,12 +139,18 @@ def _accounted(job_id: str) -> JobState | None:
 
 
 def _tail(path: str, lines: int = 4) -> str:
+    """The last lines of the job's output, with what to do for the failures people meet."""
     try:
         with open(path, errors="replace") as f:
-            text = [line.strip() for line in f.read().splitlines() if line.strip()]
+            text = " / ".join([line.strip() for line in f.read().splitlines() if line.strip()][-lines:])
     except OSError:
         return "(no output)"
-    return " / ".join(text[-lines:]) or "(no output)"
+    if "cannot read the join token" in text:
+        text += (" (the nodes must see the token file: set JUPYTER_RUNTIME_DIR to a directory in the home the "
+                 "nodes share)")
+    elif "No module named" in text:
+        text += " (install nbtrain there, or point --remote-python at a Python that has it)"
+    return text or "(no output)"
 
 
 class SlurmNodes:
@@ -195,8 +201,8 @@ class SlurmNodes:
                                          stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
         with contextlib.suppress(subprocess.TimeoutExpired):
             code = self.step.wait(STEP_CHECK_S)
-            self.step = None
-            raise SlurmError(f"srun refused to start the node agents in job {allocation} (exit {code}, --slurm "
+            self.step, self.job_id = None, ""
+            raise SlurmError(f"the node agents' srun step in job {allocation} ended at once (exit {code}, --slurm "
                              f"{shlex.join(args)}): {_tail(self.output)}")
         return f"nbtrain: starting the node agents as a step of this notebook's Slurm job {allocation} (srun)"
 
@@ -226,8 +232,8 @@ class SlurmNodes:
             code = self.step.poll()
             if code is None:
                 return ""
-            self.step = None
-            return f"the srun step in Slurm job {self.job_id} ended (exit {code}): {_tail(self.output)}"
+            job, self.step, self.job_id = self.job_id, None, ""
+            return f"the srun step in Slurm job {job} ended (exit {code}): {_tail(self.output)}"
         state = self._ask()
         if not self.job_id or state is None or state.active or state.state == "COMPLETING":
             return ""
@@ -240,13 +246,17 @@ class SlurmNodes:
         "" while it runs (the node was lost for another reason)."""
         if not self.job_id:
             return ""
+        step = ""
+        if self.step is not None:  # its agents died: srun ends right after them
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                step = f"the srun step in Slurm job {self.job_id} ended (exit {self.step.wait(STEP_CHECK_S)})"
         state = self._ask(force=True)
         deadline = time.monotonic() + END_WAIT_S
         while state is not None and state.state == "COMPLETING" and time.monotonic() < deadline:
             time.sleep(0.2)
             state = self._ask(force=True)
         if state is None or state.active:
-            return ""
+            return step  # the job runs on: the node was lost for another reason (or its step alone ended)
         if state.state == "CANCELLED":  # sacct, where there is accounting, says by whom
             state = _accounted(self.job_id) or state
         return f"Slurm job {self.job_id} ended: {state}"
