@@ -61,6 +61,7 @@ def test_nbtrain_slurm_applies_to_node_cells_only(monkeypatch):
     assert resolve(LaunchRequest(nprocs=2, cpu=True)).pool.slurm is None  # a one-machine cell is unaffected
     monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}")
     assert resolve(LaunchRequest(nodes="2", rdzv_host="10.0.0.5", cpu=True)).pool.slurm == ("--time=10",)
+    assert resolve(LaunchRequest(nodes="1", rdzv_host="10.0.0.5", cpu=True, hosts="gpu1")).pool.slurm is None
 
 
 def test_the_commands_name_the_token_file_never_the_token():
@@ -166,6 +167,18 @@ def test_after_the_time_limit_a_restart_resumes_on_a_new_job(slurm_cluster, kern
     assert "steps 6 restart 1" in kernel.run("print('steps', steps, 'restart', restart_count)")
     kernel.run("%distributed_shutdown")
     until(lambda: _queue_empty(slurm), 20, "the job to leave the queue")
+
+
+def test_a_job_cancelled_by_someone_is_a_lost_node_in_slurm_s_words(slurm_cluster, kernel):  # noqa: F811
+    msg_id = kernel.start(f"{BASE} --slurm\nimport time\nprint('going', flush=True)\ntime.sleep(300)\n")
+    _, out = kernel.collect(msg_id, 180, until=lambda text: "going" in text, poll=0.2)
+    job = _job(out)
+    slurm_cluster.run("scancel", job)  # an administrator, or the user from a shell
+    reply, out = kernel.collect(msg_id, 60)
+    assert reply["status"] == "error", out
+    assert re.search(rf"node [ab] \(rank [01]\) lost: Slurm job {job} ended: CANCELLED", out), out
+    kernel.run("%distributed_shutdown")
+    until(lambda: _queue_empty(slurm_cluster), 20, "the job to leave the queue")
 
 
 def test_sbatch_refusing_the_arguments_is_said_before_anything_starts(slurm_cluster, kernel):  # noqa: F811

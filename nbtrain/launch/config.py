@@ -308,6 +308,8 @@ def _node_pool(request: LaunchRequest, placement: tuple[int, int, str, int], bac
                parse_remote_python(request.remote_python) if hosts or slurm is not None else "")
     except SshSetupError as exc:
         raise ConfigError(str(exc)) from None
+    if hosts and slurm is not None and request.slurm == os.environ.get("NBTRAIN_SLURM"):
+        slurm = None  # --hosts on the cell wins over NBTRAIN_SLURM
     if hosts and slurm is not None:
         raise ConfigError("--hosts and --slurm both start the node agents (over ssh, as a Slurm job); give one of them.")
     if request.gpus:
