@@ -117,6 +117,8 @@ def test_a_two_node_cell_runs_as_a_slurm_job(slurm_cluster, kernel):  # noqa: F8
     assert [f"{job}|RUNNING|None"] == slurm.jobs()
     token = _token()
     assert not [p.pid for p in psutil.process_iter(["cmdline"]) if token in " ".join(p.info["cmdline"] or [])]
+    agents = [p for p in psutil.process_iter(["cmdline", "environ"]) if "nbtrain.node" in (p.info["cmdline"] or [])]
+    assert len(agents) == 2 and not [p.pid for p in agents if token in str(p.info["environ"])], agents
     script = slurm.run("scontrol", "write", "batch_script", job, "-")
     assert "--token-file" in script and token not in script, script
     listing = kernel.run("%distributed_nodes")
@@ -158,7 +160,6 @@ def test_after_the_time_limit_a_restart_resumes_on_a_new_job(slurm_cluster, kern
     first = _job(out)
     slurm.run("scontrol", "update", f"JobId={first}", "TimeLimit=1", "EndTime=now")  # checked every 30 s
     reply, out = kernel.collect(msg_id, 240)
-    print(out)
     assert reply["status"] == "ok", out
     lost = re.findall(rf"node ([ab]) \(rank [01]\) lost: Slurm job {first} ended: TIMEOUT \(TimeLimit\)", out)
     assert sorted(lost) == ["a", "b"] and "(restart 1 of 1)" in out, out  # a lost node in Slurm's words
