@@ -1,7 +1,7 @@
 """IPython magics: ``%%distributed``, ``%distributed_shutdown``, ``%distributed_nodes``, the session magics
 (``%distributed_sessions``, ``%distributed_pull``, ``%distributed_close``) and ``%gpus``: they parse their
 arguments, then call plain functions (:func:`distributed_cell` adds the dashboard, runs
-:func:`~.launch.api.run_source` and prints the summary; the session magics call :mod:`nbtrain.launch.api`'s
+:func:`~.launch.lifecycle.entry.run_source` and prints the summary; the session magics call :mod:`nbtrain.launch.lifecycle.entry`'s
 ``list_sessions``, ``pull`` and ``close``; ``%gpus`` is :func:`nbtrain.dashboard.show_gpus`).
 
 Each ``%%distributed`` option is declared once, as a field of :class:`~.launch.config.LaunchRequest` (how
@@ -23,14 +23,14 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from . import dashboard
 from .cluster import Cluster
 from .cluster.tokens import parse_ttl
-from .launch import api
-from .launch.api import UserInputError, format_summary, run_source
-from .launch.config import LaunchRequest
-from .launch.hosts import parse_hosts, parse_remote_python, parse_ssh_options
-from .launch.options import from_arguments, option, options_of
-from .launch.registry import RunRegistry
-from .launch.history import RunOutcome
-from .launch.run import PoolManager
+from .launch.lifecycle import entry
+from .launch.lifecycle.entry import UserInputError, format_summary, run_source
+from .launch.lifecycle.run import PoolManager
+from .launch.observers.history import RunOutcome
+from .launch.observers.registry import RunRegistry
+from .launch.request.config import LaunchRequest
+from .launch.request.hosts import parse_hosts, parse_remote_python, parse_ssh_options
+from .launch.request.options import from_arguments, option, options_of
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class CellDisplay:
 def option_group(cls, group: str):
     """A decorator adding the options of ``group`` (fields of ``cls``) to a magic, in declaration order.
 
-    The shared option groups of ipyparallel's magics, generated from :mod:`nbtrain.launch.options`.
+    The shared option groups of ipyparallel's magics, generated from :mod:`nbtrain.launch.request.options`.
     """
     specs = [spec.argparse_spec(f.name, f.default) for f, spec in options_of(cls) if spec.group == group]
     if not specs:
@@ -223,7 +223,7 @@ class DistributedMagics(Magics):
     @line_magic
     def distributed_sessions(self, line):
         """List the sessions (``%%distributed N --session NAME``): ranks, devices, memory, the names each holds."""
-        print("\n".join(api.list_sessions(self.pools)))
+        print("\n".join(entry.list_sessions(self.pools)))
 
     @magic_arguments()
     @argument("session", help="the session's name")
@@ -234,7 +234,7 @@ class DistributedMagics(Magics):
         args = parse_argstring(self.distributed_pull, line)
         names = [n for part in args.names for n in part.split(",") if n]
         try:
-            result = api.pull(self.pools, args.session, names, self.shell.user_ns if self.shell else {})
+            result = entry.pull(self.pools, args.session, names, self.shell.user_ns if self.shell else {})
         except UserInputError as exc:
             raise UsageError(str(exc)) from None
         print("\n".join(format_summary(result)))
@@ -246,7 +246,7 @@ class DistributedMagics(Magics):
         """End a session: its processes stop (unless another session lives on them: then they drop what it held)."""
         args = parse_argstring(self.distributed_close, line)
         try:
-            api.close(self.pools, args.session)
+            entry.close(self.pools, args.session)
         except UserInputError as exc:
             raise UsageError(str(exc)) from None
         print(f"nbtrain: session {args.session!r} ended.")

@@ -8,11 +8,11 @@ import os
 import re
 
 import pytest
+from helpers.workers import assert_no_workers, nbtrain_workers
 from IPython.core.error import UsageError
 
-from helpers.workers import assert_no_workers, nbtrain_workers
-from nbtrain.launch.config import ConfigError, LaunchRequest, resolve
-from nbtrain.launch.options import OptionEnvError, from_arguments, option, options_of, with_env_fallbacks
+from nbtrain.launch.request.config import ConfigError, LaunchRequest, resolve
+from nbtrain.launch.request.options import OptionEnvError, from_arguments, option, options_of, with_env_fallbacks
 from nbtrain.magics import CellDisplay, DistributedMagics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

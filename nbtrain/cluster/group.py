@@ -1,8 +1,8 @@
 """NodePool: the second rank group — its ranks run on joined nodes, each under torch elastic's agent.
 
-:class:`NodePool` is a :class:`~nbtrain.launch.rankgroup.RankGroup` beside the local
-:class:`~nbtrain.launch.pool.WorkerPool` (it shares only :class:`~nbtrain.launch.rankgroup.GroupState`, the
-state both keep); :mod:`nbtrain.launch.run` drives it exactly as it drives local ranks and sees the same events (:class:`Message`, :class:`Output`, :class:`Exited`):
+:class:`NodePool` is a :class:`~nbtrain.launch.ranks.rankgroup.RankGroup` beside the local
+:class:`~nbtrain.launch.ranks.pool.WorkerPool` (it shares only :class:`~nbtrain.launch.ranks.rankgroup.GroupState`, the
+state both keep); :mod:`nbtrain.launch.lifecycle.run` drives it exactly as it drives local ranks and sees the same events (:class:`Message`, :class:`Output`, :class:`Exited`):
 
 * **start** (:meth:`NodePool.spawn`): the kernel hosts the c10d store on ``--rdzv-host``; once ``--nodes``
   nodes have joined the hub (:mod:`.hub`; the join command is printed once) — or, elastic ``--nodes MIN:MAX``,
@@ -36,13 +36,13 @@ import select
 import socket
 import sys
 import time
-from dataclasses import replace
 from collections.abc import Callable
+from dataclasses import replace
 
-from ..launch.config import PoolSpec
-from ..launch.errors import RankFailure, rank_failure
-from ..launch.pool import Exited, Message, Output, host_store
-from ..launch.rankgroup import GroupState
+from ..launch.diagnostics.failures import RankFailure, rank_failure
+from ..launch.ranks.pool import Exited, Message, Output, host_store
+from ..launch.ranks.rankgroup import GroupState
+from ..launch.request.config import PoolSpec
 from ..wire import nodes as N
 from ..wire import protocol as P
 from .elastic import Formation
@@ -63,7 +63,7 @@ def rank_span(ranks) -> str:
 
 
 class NodePool(GroupState):
-    """Ranks on ``spec.nodes`` joined nodes, a :class:`~nbtrain.launch.rankgroup.RankGroup` (see the module
+    """Ranks on ``spec.nodes`` joined nodes, a :class:`~nbtrain.launch.ranks.rankgroup.RankGroup` (see the module
     docstring)."""
 
     def __init__(self, spec: PoolSpec, hub: Hub, say: Callable[[str], None] | None = None,

@@ -48,8 +48,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ..words import checkpoint_position
 from ..pids import pid_alive
+from ..words import checkpoint_position
 from . import metrics, shard
 from .state import TrainContext, current
 

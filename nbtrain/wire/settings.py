@@ -8,7 +8,7 @@ two cells must not cost a new pool.
 
 :func:`parse_train_settings` validates everything before any process starts and resolves a relative
 checkpoint directory against the notebook's current directory when the cell runs (``cwd``: the one
-:func:`~nbtrain.launch.config.resolve` captured, which the job also runs in) — one rule, whatever directory
+:func:`~nbtrain.launch.request.config.resolve` captured, which the job also runs in) — one rule, whatever directory
 the warm ranks were started from. Importing this module imports nothing heavy.
 """
 

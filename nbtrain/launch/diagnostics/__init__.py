@@ -1,0 +1,6 @@
+"""Explaining a run: a rank's failure mapped to the cell's lines (:mod:`.failures`), where each rank is
+(:mod:`.stacks`), uneven collectives (:mod:`.mismatch`), the bottleneck advisor (:mod:`.advisor`), what
+``prepare()`` set up (:mod:`.setup_facts`) and the ``--profile`` table (:mod:`.profiling`).
+
+May import :mod:`..observers` (a failure carries the history so far), never the request, the ranks or the run.
+"""
