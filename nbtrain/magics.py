@@ -13,8 +13,8 @@ dataclasses by field name, so adding an option means adding one field.
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
@@ -30,7 +30,7 @@ from .launch.observers.history import RunOutcome
 from .launch.observers.registry import RunRegistry
 from .launch.request.config import LaunchRequest
 from .launch.request.hosts import parse_hosts, parse_remote_python, parse_ssh_options
-from .launch.request.options import from_arguments, option, options_of
+from .wire.options import OptionEnvError, from_arguments, option, options_of, with_env_fallbacks
 
 
 @dataclass(frozen=True)
@@ -43,14 +43,31 @@ class CellDisplay:
                              group="display", switch=True)
 
 
-def option_group(cls, group: str):
-    """A decorator adding the options of ``group`` (fields of ``cls``) to a magic, in declaration order.
+@dataclass(frozen=True)
+class NodesCommand:
+    """The options only ``%distributed_nodes`` has; it shares the cell's node options by name (:data:`NODE_OPTIONS`)."""
 
-    The shared option groups of ipyparallel's magics, generated from :mod:`nbtrain.launch.request.options`.
+    emulate: int = option(0, "--emulate", "start N node agents on this machine, on 127.0.0.2, 127.0.0.3, … (with "
+                          "--rdzv-host 127.0.0.1): emulated nodes, to try --nodes without a cluster", group="nodes",
+                          type=int, metavar="N")
+    token_ttl: str | None = option(None, "--token-ttl", "a new join token, admitting nodes for this long (900, 30m, "
+                                   "2h; default 1h)", group="nodes", metavar="DURATION")
+    revoke: bool = option(False, "--revoke", "revoke the join token: a new one admits nodes from now on (joined "
+                          "nodes stay)", group="nodes", switch=True)
+
+
+NODE_OPTIONS = ("rdzv_host", "hosts", "ssh_option", "remote_python")  # LaunchRequest's, on %distributed_nodes too
+
+
+def option_group(cls, group: str | None = None, names: tuple[str, ...] = ()):
+    """A decorator adding options of ``cls`` to a magic, in declaration order: those of ``group``, or ``names``.
+
+    The shared option groups of ipyparallel's magics, generated from :mod:`nbtrain.wire.options`.
     """
-    specs = [spec.argparse_spec(f.name, f.default) for f, spec in options_of(cls) if spec.group == group]
+    specs = [spec.argparse_spec(f.name, f.default) for f, spec in options_of(cls)
+             if (spec.group == group if group else f.name in names)]
     if not specs:
-        raise ValueError(f"{cls.__name__} has no option in group {group!r}")
+        raise ValueError(f"{cls.__name__} has no option in group {group!r} or named {names}")
 
     def add_options(func):
         for names, kwargs in reversed(specs):  # IPython builds the parser from the last decorator applied
@@ -67,6 +84,20 @@ display_args = option_group(CellDisplay, "display")
 training_args = option_group(LaunchRequest, "training")
 tracking_args = option_group(LaunchRequest, "tracking")
 speed_args = option_group(LaunchRequest, "speed")
+node_args = option_group(LaunchRequest, names=NODE_OPTIONS)
+nodes_command_args = option_group(NodesCommand, "nodes")
+
+
+def node_options(args) -> LaunchRequest:
+    """``%distributed_nodes``'s shared options as a request, with the same environment fallbacks as a cell's."""
+    values = vars(args)
+    shared: dict[str, Any] = {name: tuple(values[name]) if isinstance(values[name], list) else values[name]
+                              for name in NODE_OPTIONS}
+    given = replace(LaunchRequest(), **shared)
+    try:
+        return with_env_fallbacks(given)
+    except OptionEnvError as exc:
+        raise UsageError(str(exc)) from None
 
 
 @magics_class
@@ -157,21 +188,8 @@ class DistributedMagics(Magics):
             print("nbtrain: the joined nodes were released; their agents exit.")
 
     @magic_arguments()
-    @argument("--rdzv-host", metavar="ADDRESS",
-              help="listen for nodes on this address now, before a --nodes cell runs (nodes may join early)")
-    @argument("--emulate", type=int, default=0, metavar="N",
-              help="start N node agents on this machine, on 127.0.0.2, 127.0.0.3, … (with --rdzv-host 127.0.0.1): "
-                   "emulated nodes, to try --nodes without a cluster")
-    @argument("--token-ttl", metavar="DURATION",
-              help="a new join token, admitting nodes for this long (900, 30m, 2h; default 1h)")
-    @argument("--revoke", action="store_true",
-              help="revoke the join token: a new one admits nodes from now on (joined nodes stay)")
-    @argument("--hosts", metavar="A,B", help="start a node agent on each of these hosts over ssh (with --rdzv-host)")
-    @argument("--ssh-option", action="append", default=[], metavar="KEY=VALUE",
-              help="with --hosts: an ssh option for the connections (repeatable), such as Port=2222")
-    @argument("--remote-python", metavar="COMMAND",
-              help="with --hosts: the command that runs Python on the hosts (default: this kernel's Python where "
-                   "that path exists there, else python3)")
+    @node_args
+    @nodes_command_args
     @line_magic
     def distributed_nodes(self, line):
         """List the nodes joined for ``%%distributed --nodes N``: address, GPUs, state; and the command to join more.
@@ -181,39 +199,40 @@ class DistributedMagics(Magics):
         ``%distributed_nodes --rdzv-host 10.0.0.5 --hosts gpu1,gpu2`` (start agents there over ssh).
         """
         args = parse_argstring(self.distributed_nodes, line)
-        if args.revoke or args.token_ttl:
+        command, nodes = from_arguments(NodesCommand, args), node_options(args)
+        if command.revoke or command.token_ttl:
             try:
-                print(self.cluster.renew_token(args.rdzv_host, parse_ttl(args.token_ttl) if args.token_ttl else None,
-                                               args.revoke))
+                print(self.cluster.renew_token(nodes.rdzv_host, parse_ttl(command.token_ttl) if command.token_ttl
+                                               else None, command.revoke))
             except (ValueError, OSError) as exc:
                 raise UsageError(str(exc)) from None
-        if args.hosts is not None:
-            return self._start_hosts(args)
-        if args.emulate and not args.rdzv_host:
+        if nodes.hosts is not None:
+            return self._start_hosts(nodes, command)
+        if command.emulate and not nodes.rdzv_host:
             raise UsageError("--emulate needs --rdzv-host 127.0.0.1 (the address the emulated nodes join)")
-        if args.emulate < 0:
-            raise UsageError(f"--emulate {args.emulate}: give a number of nodes, 1 or more")
+        if command.emulate < 0:
+            raise UsageError(f"--emulate {command.emulate}: give a number of nodes, 1 or more")
         try:
-            if args.emulate:
-                started = self.cluster.emulate(args.rdzv_host, args.emulate)
+            if command.emulate and nodes.rdzv_host:
+                started = self.cluster.emulate(nodes.rdzv_host, command.emulate)
                 print(f"nbtrain: started {len(started)} emulated node agents on {', '.join(started)}; "
                       "they join in a few seconds")
-            elif args.rdzv_host:
-                self.cluster.hub(args.rdzv_host)
+            elif nodes.rdzv_host:
+                self.cluster.hub(nodes.rdzv_host)
         except (ValueError, OSError) as exc:
             raise UsageError(str(exc)) from None
         print("\n".join(self.cluster.describe()))
 
-    def _start_hosts(self, args) -> None:
+    def _start_hosts(self, nodes: LaunchRequest, command: NodesCommand) -> None:
         """``%distributed_nodes --hosts a,b``: checked first, then an ssh session per host."""
-        if not args.rdzv_host or args.emulate:
+        if not nodes.rdzv_host or command.emulate:
             raise UsageError("--hosts needs --rdzv-host ADDRESS (the kernel's address the hosts can reach), "
                              "and goes without --emulate")
         try:
-            hosts = parse_hosts(args.hosts)
-            options = parse_ssh_options(args.ssh_option or [o for o in [os.environ.get("NBTRAIN_SSH_OPTION")] if o])
-            python = parse_remote_python(args.remote_python or os.environ.get("NBTRAIN_REMOTE_PYTHON"))
-            started = self.cluster.start_hosts(args.rdzv_host, hosts, options, python)
+            hosts = parse_hosts(nodes.hosts or "")
+            options = parse_ssh_options(nodes.ssh_option)
+            python = parse_remote_python(nodes.remote_python)
+            started = self.cluster.start_hosts(nodes.rdzv_host, hosts, options, python)
         except (ValueError, OSError) as exc:
             raise UsageError(str(exc)) from None
         if started:

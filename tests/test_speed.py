@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def parsed(line: str) -> LaunchRequest:
-    from nbtrain.launch.request.options import from_arguments
+    from nbtrain.wire.options import from_arguments
 
     return from_arguments(LaunchRequest, DistributedMagics.distributed.parser.parse_argstring(line))
 

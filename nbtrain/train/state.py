@@ -11,8 +11,10 @@ optim, checkpoint, steps — so none of them needs an import inside a function t
 What they share beyond the context lives here too (:class:`PreparedError`).
 
 Outside a ``%%distributed`` cell — a script started by ``torchrun`` — :func:`current` builds a context
-from the environment (``LOCAL_RANK``; ``NBTRAIN_AMP``, ``NBTRAIN_GRAD_ACCUM``, ``NBTRAIN_CHECKPOINT``,
-``NBTRAIN_CHANNELS_LAST``, ``NBTRAIN_COMPILE`` and ``NBTRAIN_SHARD`` in place of the magic's options), so the same training code runs in both places.
+from the environment (``LOCAL_RANK``, and in place of the magic's options the ``NBTRAIN_*`` variables that
+:class:`~nbtrain.wire.settings.TrainOptions` declares: ``NBTRAIN_AMP``, ``NBTRAIN_GRAD_ACCUM``,
+``NBTRAIN_CHECKPOINT``, ``NBTRAIN_CHANNELS_LAST``, ``NBTRAIN_COMPILE``, ``NBTRAIN_SHARD``), parsed by the
+same declarations as the cell's line, so the same training code runs in both places.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import os
 import weakref
 from collections.abc import Callable
 
-from ..wire.settings import TrainSettings, parse_train_settings
+from ..wire.settings import TrainSettings, settings_from_environment
 from . import amp
 from .accumulate import Accumulation
 
@@ -131,14 +133,5 @@ def _from_environment() -> TrainContext:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    accum = os.environ.get("NBTRAIN_GRAD_ACCUM")
-    try:
-        grad_accum = int(accum) if accum else None
-    except ValueError:
-        raise ValueError(f"NBTRAIN_GRAD_ACCUM must be a whole number (got {accum!r}).") from None
-    layout = os.environ.get("NBTRAIN_CHANNELS_LAST", "").strip().lower()
-    channels_last = None if layout in ("", "auto") else layout in ("1", "true", "yes", "on")
-    settings = parse_train_settings(os.environ.get("NBTRAIN_AMP"), grad_accum, os.environ.get("NBTRAIN_CHECKPOINT"),
-                                    channels_last=channels_last, compile=os.environ.get("NBTRAIN_COMPILE") or None,
-                                    shard=os.environ.get("NBTRAIN_SHARD") or None)
+    settings = settings_from_environment()
     return TrainContext(settings, device, rank, world)

@@ -32,10 +32,11 @@ from ..observers.history import RunOutcome
 from ..observers.trackers import trackers_for
 from ..relay.output import write_to_std_stream
 from ..request.cell import CellSyntaxError, analyse_cell, names_to_send
-from ..request.config import ConfigError, LaunchRequest, resolve
+from ..request.config import DEFAULT_KEEP_ALIVE_S, ConfigError, LaunchConfig, LaunchRequest, resolve
 from ..request.inputs import PayloadError, pack_inputs
 from ..request.mistakes import UserInputError
-from ..request.options import options_of
+from ..request.notebook_modules import WorkdirGone, notebook_workdir
+from ...wire.options import options_of
 from .restarts import run_with_restarts
 from .run import PoolManager, RunResult, run_cell
 from .sessions import SessionError, session_lines
@@ -55,7 +56,7 @@ def run_source(source: str, request: LaunchRequest, namespace: dict, *, manager:
     started = time.time()
     state: RunState | None = RunState.FAILED
     try:
-        result = _run(source, request, config, info, namespace, manager, write, code_name, observers, outcome)
+        result = _run(source, config, info, namespace, manager, write, code_name, observers, outcome)
         state = RunState.FINISHED
         return result
     except UserInputError:
@@ -82,7 +83,7 @@ def changed_options(request: LaunchRequest) -> str:
     return " ".join(words)
 
 
-def _run(source, request, config, info, namespace, manager, write, code_name, observers, outcome) -> RunResult:
+def _run(source, config, info, namespace, manager, write, code_name, observers, outcome) -> RunResult:
     observers = [*observers, *trackers_for(config.tensorboard)]  # --tensorboard, nbtrain.track()
     if manager is None:
         if config.session:
@@ -115,18 +116,13 @@ def list_sessions(manager: PoolManager) -> list[str]:
 
 def pull(manager: PoolManager, session: str, names: list[str], namespace: dict, *, write=None) -> RunResult:
     """Bring ``names`` that ``session`` holds on rank 0 into ``namespace`` (``%distributed_pull``)."""
-    live = manager.sessions.live.get(session)
-    if live is None:
-        raise SessionError(manager.sessions.unknown(session))
-    missing = [n for n in names if n not in live.names]
-    if not names or missing:
-        have = ", ".join(live.names) or "no names yet"
-        raise SessionError(f"Session {session!r} holds no {', '.join(map(repr, missing)) or 'name given'}; it holds: {have}.")
-    spec = live.pool.spec
-    request = LaunchRequest(nprocs=spec.nprocs, cpu=spec.device_type == "cpu", backend=spec.backend,
-                            gpus=",".join(map(str, spec.gpu_ids)) or None, timeout=spec.timeout_s,
-                            env=tuple(f"{k}={v}" for k, v in spec.env), out=",".join(names), session=session)
-    return run_source("", request, namespace, manager=manager, write=write)
+    spec = manager.sessions.spec_holding(session, names)  # the session's own ranks: no request to rebuild
+    try:
+        workdir = notebook_workdir()
+    except WorkdirGone as exc:
+        raise ConfigError(str(exc)) from None
+    config = LaunchConfig(spec, tuple(names), "all", DEFAULT_KEEP_ALIVE_S, False, workdir=workdir, session=session)
+    return _run("", config, analyse_cell("", 1), namespace, manager, write, None, (), RunOutcome())
 
 
 def close(manager: PoolManager, session: str) -> None:

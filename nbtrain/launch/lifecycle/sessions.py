@@ -112,6 +112,18 @@ class SessionTable:
                                f"this cell's: {differences}. Give the options the session started with, or end it "
                                f"with %distributed_close {name} first.")
 
+    def spec_holding(self, name: str, names: list[str]) -> PoolSpec:
+        """The ranks' spec of session ``name``, which must hold every one of ``names`` (``%distributed_pull``)."""
+        live = self.live.get(name)
+        if live is None:
+            raise SessionError(self.unknown(name))
+        missing = [n for n in names if n not in live.names]
+        if not names or missing:
+            have = ", ".join(live.names) or "no names yet"
+            raise SessionError(f"Session {name!r} holds no {', '.join(map(repr, missing)) or 'name given'}; "
+                               f"it holds: {have}.")
+        return live.pool.spec
+
     def pool_for(self, name: str) -> tuple[RankGroup | None, str]:
         """The live pool of session ``name`` (None: start it), and a note when it had ended."""
         session = self.live.get(name)

@@ -17,21 +17,14 @@ import re
 from dataclasses import dataclass, field, replace
 
 from ...gpu import nvml
-from ...wire.settings import (
-    COMPILE_CHOICES,
-    SHARD_CHOICES,
-    TrainSettings,
-    TrainSettingsError,
-    parse_size,
-    parse_train_settings,
-)
+from ...wire.settings import TrainOptions, TrainSettings, TrainSettingsError, parse_size, parse_train_settings
 from ...words import count
 from ..diagnostics.profiling import ProfileOptionError, parse_profile, profile_dir
 from ..observers.trackers import TrackerSetupError, tensorboard_dir
 from .hosts import SshSetupError, parse_hosts, parse_remote_python, parse_ssh_options
 from .mistakes import UserInputError
 from .notebook_modules import Workdir, WorkdirGone, notebook_workdir
-from .options import OptionEnvError, option, with_env_fallbacks
+from ...wire.options import OptionEnvError, option, with_env_fallbacks
 
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_START_TIMEOUT_S = 180.0
@@ -45,10 +38,12 @@ class ConfigError(UserInputError):
 
 
 @dataclass(frozen=True)
-class LaunchRequest:
-    """What the user asked for: one field per ``%%distributed`` option, declared here once (:mod:`.options`).
+class LaunchRequest(TrainOptions):
+    """What the user asked for: one field per ``%%distributed`` option, declared once (:mod:`nbtrain.wire.options`).
 
-    The magic's arguments, their help and the request built from them all come from these declarations.
+    The training options are inherited from :class:`~nbtrain.wire.settings.TrainOptions`, where the ranks read
+    the same declarations. The magic's arguments, their help and the request built from them all come from
+    these declarations.
     """
 
     nprocs: int | None = option(None, None, "number of ranks (default: one per visible GPU, else 2)",
@@ -104,19 +99,6 @@ class LaunchRequest:
         None, "--session", "run in the namespace session NAME keeps on the ranks: its variables stay there "
         "between cells (the distributed_sessions, distributed_pull and distributed_close magics list, fetch, end)", group="warm ranks",
         metavar="NAME")
-    amp: str | None = option(None, "--amp", "mixed precision for nbtrain.prepare()d models: bf16, fp16, off or auto "
-                             "(default: bf16 on GPUs that support it, fp16 on older GPUs, off on CPU)",
-                             group="training", metavar="MODE")
-    grad_accum: int | None = option(None, "--grad-accum", "micro-steps per optimizer step (gradient accumulation)",
-                                    group="training", type=int, metavar="K")
-    checkpoint: str | None = option(
-        None, "--checkpoint", "directory for nbtrain.save_checkpoint(); the cell resumes from the checkpoint there "
-        "when one exists (relative to the notebook's current directory)", group="training", metavar="DIR")
-    resume: bool = option(True, "--no-resume", "with --checkpoint: start from scratch even if DIR holds a checkpoint",
-                          group="training", switch=True)
-    max_restarts: int | None = option(
-        None, "--max-restarts", "restart the ranks from the last checkpoint up to K times when a rank dies "
-        "(needs --checkpoint)", group="training", type=int, metavar="K")
     tensorboard: str | None = option(
         None, "--tensorboard", "write every nbtrain.log() series as TensorBoard events, each rank's in DIR/rank<k> "
         "(relative to the notebook's current directory; needs the tensorboard package)", group="tracking",
@@ -125,33 +107,6 @@ class LaunchRequest:
         None, "--profile", "record a torch.profiler trace of STEPS optimizer steps on every rank (after 1 skipped "
         "and 1 warm-up step; or WAIT,WARMUP,ACTIVE) and show the top operators and the communication time",
         group="tracking", metavar="STEPS")
-    channels_last: bool | None = option(
-        None, "--channels-last", "channels_last memory format for nbtrain.prepare()d models with convolutions, and "
-        "their 4-D inputs (default: on under AMP on GPUs; --no-channels-last turns it off)", group="speed",
-        switch=True, either_way=True, env="NBTRAIN_CHANNELS_LAST")
-    compile: str | None = option(
-        None, "--compile", "torch.compile nbtrain.prepare()d models; MODE is default (when left out), reduce-overhead, "
-        "max-autotune or max-autotune-no-cudagraphs (aot_eager or eager: trace only, to find what breaks)",
-        group="speed", metavar="MODE", choices=COMPILE_CHOICES, bare="default", env="NBTRAIN_COMPILE")
-    shard: str | None = option(
-        None, "--shard", "shard prepare()d models over the ranks with FSDP2 (parameters, gradients and optimizer "
-        "state: each rank holds 1/N); MODE is full (when left out) or hybrid (sharded within a node, replicated "
-        "across --nodes)", group="training", metavar="MODE", choices=SHARD_CHOICES, bare="full", env="NBTRAIN_SHARD")
-    shard_offload: bool = option(
-        False, "--shard-offload", "with --shard: keep the sharded parameters and optimizer state on the CPU",
-        group="training", switch=True)
-    checkpoint_async: bool = option(
-        False, "--checkpoint-async", "with --shard and --checkpoint: save_checkpoint() returns once the state is copied "
-        "and writes it in the background (the next save, the cell's end and the stop button wait for it)",
-        group="training", switch=True)
-    activation_checkpointing: bool = option(
-        False, "--activation-checkpointing", "with --shard: recompute each block's activations in backward instead "
-        "of keeping them (less memory, more compute)", group="training", switch=True)
-    compile_fallback: bool = option(
-        False, "--compile-fallback", "with --compile: when compiling fails, say why and run the model uncompiled "
-        "instead of failing the cell", group="speed", switch=True)
-
-
 @dataclass(frozen=True)
 class PoolSpec:
     """What two runs must share to reuse the same warm processes."""
@@ -310,11 +265,16 @@ def _node_pool(request: LaunchRequest, placement: tuple[int, int, str, int], bac
     device_type = "cpu" if request.cpu else "cuda"
     if device_type == "cpu" and backend == "nccl":
         raise ConfigError("The nccl backend needs GPUs, but --cpu was given. Use --backend gloo (or leave --backend out).")
-    return PoolSpec(nprocs=nodes * per_node, backend=backend or ("gloo" if device_type == "cpu" else "nccl"),
-                    device_type=device_type, gpu_ids=(), timeout_s=float(request.timeout or DEFAULT_TIMEOUT_S),
-                    env=_parse_env(request.env), nodes=nodes, nproc_per_node=per_node, rdzv_host=host,
-                    hosts=hosts, ssh_options=ssh[0], remote_python=ssh[1], min_nodes=min_nodes,
-                    last_call_s=DEFAULT_LAST_CALL_S if request.last_call is None else float(request.last_call))
+    return _pool_spec(request, backend or ("gloo" if device_type == "cpu" else "nccl"), nprocs=nodes * per_node,
+                      device_type=device_type, gpu_ids=(), nodes=nodes, nproc_per_node=per_node, rdzv_host=host,
+                      hosts=hosts, ssh_options=ssh[0], remote_python=ssh[1], min_nodes=min_nodes,
+                      last_call_s=DEFAULT_LAST_CALL_S if request.last_call is None else float(request.last_call))
+
+
+def _pool_spec(request: LaunchRequest, backend: str, **where) -> PoolSpec:
+    """The one place a :class:`PoolSpec` is made: what every pool takes from the request, and where it runs."""
+    return PoolSpec(backend=backend, timeout_s=float(request.timeout or DEFAULT_TIMEOUT_S),
+                    env=_parse_env(request.env), **where)
 
 
 def _parse_session(name: str | None, max_restarts: int | None) -> str:
@@ -381,14 +341,8 @@ def resolve(request: LaunchRequest) -> LaunchConfig:
             f"{count('rank', nprocs)} on nccl need {count('GPU', nprocs)}, but only {len(gpus)} "
             f"({', '.join(str(g.index) for g in gpus)}) can be used. Run {count('rank', len(gpus))}, or use --backend gloo."
         )
-    pool = PoolSpec(
-        nprocs=nprocs,
-        backend=backend,
-        device_type="cuda" if gpus else "cpu",
-        gpu_ids=tuple(g.index for g in gpus),
-        timeout_s=float(request.timeout or DEFAULT_TIMEOUT_S),
-        env=_parse_env(request.env),
-    )
+    pool = _pool_spec(request, backend, nprocs=nprocs, device_type="cuda" if gpus else "cpu",
+                      gpu_ids=tuple(g.index for g in gpus))
     return _finish(request, pool, output, workdir, notes)
 
 
@@ -401,12 +355,7 @@ def _finish(request: LaunchRequest, pool: PoolSpec, output: str, workdir: Workdi
     if keep_alive < 0:
         raise ConfigError(f"--keep-alive must be 0 or more seconds (got {request.keep_alive}).")
     try:
-        train = parse_train_settings(request.amp, request.grad_accum, request.checkpoint, request.resume,
-                                     request.max_restarts, cwd=workdir.cwd, channels_last=request.channels_last,
-                                     compile=request.compile, compile_fallback=request.compile_fallback,
-                                     shard=request.shard, shard_offload=request.shard_offload,
-                                     activation_checkpointing=request.activation_checkpointing,
-                                     checkpoint_async=request.checkpoint_async)
+        train = parse_train_settings(request, cwd=workdir.cwd)
     except TrainSettingsError as exc:
         raise ConfigError(str(exc)) from None
     start_timeout = DEFAULT_START_TIMEOUT_S if request.start_timeout is None else float(request.start_timeout)
