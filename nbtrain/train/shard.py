@@ -337,7 +337,7 @@ def save_states(context: TrainContext, directory: str, done=None) -> tuple[list,
         done(f"{type(error).__name__}: {error}" if error is not None else None)
 
     future.add_done_callback(finished)
-    context.pending_save = future.result
+    context.save_in_background(future.result)
     return models, optimizers
 
 

@@ -78,6 +78,38 @@ class TrainContext:
     def __reduce__(self):
         raise TypeError("the training state belongs to its rank; bring back plain values (state.step, state.epoch)")
 
+    def count_step(self, skipped: bool) -> None:
+        """An accumulation window closed with an optimizer step (``skipped``: fp16 found inf/NaN gradients)."""
+        self.step += 1
+        self.steps_skipped += int(skipped)
+
+    def scaler_stepped(self) -> None:
+        """An optimizer stepped through the GradScaler: its update is due once the window's last one has."""
+        self.scaler_update_pending = True
+
+    def resume_from(self, state: dict, path: str) -> None:
+        """A checkpoint was loaded: where the run goes on (step, epoch), applied to objects as they are prepared."""
+        self.resume, self.resume_path = state, path
+        self.step = int(state["step"])
+        self.steps_skipped = int(state.get("steps_skipped", 0))
+        self.epoch = self.resume_epoch = int(state["epoch"])
+
+    def mark_resume_checked(self) -> None:
+        """The cell's checkpoint was looked for (loaded or not): the automatic resume does not look again."""
+        self.auto_resume_checked = True
+
+    def first_epoch(self) -> int:
+        """Where ``nbtrain.epochs()`` starts (the saved epoch once, when resuming; then 0)."""
+        start, self.resume_epoch = self.resume_epoch, 0
+        return start
+
+    def enter_epoch(self, epoch: int) -> None:
+        self.epoch, self.epochs_used = epoch, True
+
+    def save_in_background(self, wait: Callable[[], object]) -> None:
+        """--checkpoint-async: ``wait`` finishes the save in progress (the next save, the cell's end call it)."""
+        self.pending_save = wait
+
     def wait_for_save(self) -> None:
         """The background save of --checkpoint-async, finished (its error raised here)."""
         wait, self.pending_save = self.pending_save, None

@@ -32,7 +32,6 @@ import signal
 from dataclasses import dataclass, field
 
 from ...wire.protocol import Frame, RemoteError
-from ..observers.history import History
 
 # A traceback printed into text: a DataLoader worker's (torch re-raises it in the rank with the worker's
 # formatted traceback as the message), a chained cause's.
@@ -127,7 +126,6 @@ class RankFailedError(RuntimeError):
         self.stopped = stopped or []
         self.whereabouts = whereabouts or {}
         self.notes = notes or []  # what became of the run's session
-        self.history = History()  # what the ranks logged until the failure (set by the run)
         super().__init__(self.failures[0].summary())
 
     @property

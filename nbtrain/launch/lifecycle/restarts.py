@@ -32,7 +32,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from ...wire.settings import TrainSettings
 from ...words import checkpoint_position, count
@@ -41,8 +41,7 @@ from ..observers.events import FanOut
 
 
 class _Outcome(Protocol):
-    seconds: float
-    notes: list[str]
+    def finished_after(self, seconds: float, note: str) -> Any: ...  # the same type, again
 
 
 _R = TypeVar("_R", bound=_Outcome)
@@ -73,8 +72,8 @@ def run_with_restarts(attempt: Callable[[int, list], _R], settings: TrainSetting
                                 f"{_describe_checkpoint(settings.checkpoint_path or '')} (restart {restarts} of {settings.max_restarts}).\n")
                 continue
             if restarts:
-                result.seconds = time.monotonic() - started
-                result.notes.append(f"finished after {count('restart', restarts)} from the checkpoint")
+                result = result.finished_after(time.monotonic() - started,
+                                               f"finished after {count('restart', restarts)} from the checkpoint")
             return result
     finally:
         ending.announce()

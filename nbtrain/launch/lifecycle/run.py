@@ -23,7 +23,8 @@ before any process started (``run_source`` also calls it again for ``--max-resta
    re-raised.
 
 Nothing is assigned into the notebook unless the run succeeded; what the ranks logged is kept either way:
-a failure's or a stop's exception carries it as ``.history`` (the magic then sets the notebook's ``history``).
+the caller's :class:`~nbtrain.launch.observers.history.RunOutcome` receives it however the run ends (the magic
+then sets the notebook's ``history``).
 Output goes through :class:`~nbtrain.launch.relay.output.OutputRelay`, which writes whole lines.
 """
 
@@ -33,7 +34,7 @@ import atexit
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ...wire import protocol as P
 from ...wire.payload import Inputs, Results, unpack_results
@@ -82,6 +83,10 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
     profiles: dict[int, P.ProfileSummary] = field(default_factory=dict)  # --profile, by rank
     setup: dict[int, list[dict]] = field(default_factory=dict)  # per rank: what prepare() set up, model by model
+
+    def finished_after(self, seconds: float, note: str) -> RunResult:
+        """This result, timed from the first attempt, with a note on how it got there (restarts)."""
+        return replace(self, seconds=seconds, notes=[*self.notes, note])
 
 
 class PoolManager:
@@ -351,8 +356,7 @@ class _Run:
 
     def _fail(self, rank: int, cause: P.RemoteError | int, diagnosis: str | None = None) -> None:
         """Rank ``rank`` failed (an exception it reported, or its exit code): the pool is done for."""
-        failure = self.pool.failure(rank, cause, self.relay.tail(rank), diagnosis)
-        failure.order = len(self.failures)
+        failure = replace(self.pool.failure(rank, cause, self.relay.tail(rank), diagnosis), order=len(self.failures))
         self.failures.setdefault(rank, failure)
         self.first_failure_at = self.first_failure_at or time.monotonic()
         if not (self.job.session and rank in self.raised):  # a session's ranks that raised still serve it
@@ -440,10 +444,10 @@ def _run_and_bring_back(namespace, info, config, manager, inputs, result_prefix,
         run.notify("run_finished", RunState.FAILED, f"nbtrain failed: {exc!r}")
         raise
     finally:
-        outcome.history = run.history  # what was logged until here, however the run ends
+        outcome.record(run.history)  # what was logged until here, however the run ends
         inputs.arena.close()
     if session is not None:
-        session.history = run.history
+        session.carry(run.history)
     if run.failures:
         raise _failure(run, manager, info, code_name)
     manager.release(healthy=True, keep_alive_s=config.keep_alive_s)
@@ -475,7 +479,6 @@ def _failure(run: _Run, manager: PoolManager, info: CellInfo, code_name) -> Rank
     error = RankFailedError(list(run.failures.values()), cell_filename=job.filename, cell_source=info.source,
                             line_offset=info.line_offset, code_name=code_name, stopped=stopped,
                             whereabouts=where, notes=notes)
-    error.history = run.history
     run.notify("run_finished", RunState.FAILED, error.failures[0].summary())
     return error
 

@@ -61,6 +61,10 @@ class Session:
     seen: dict[str, object] = field(default_factory=dict)  # the notebook's objects for held names, after that cell
     history: History = field(default_factory=History)  # every series its cells logged, one curve across them
 
+    def carry(self, history: History) -> None:
+        """The series of the session's cells so far: its next cell's curves go on from them."""
+        self.history = history
+
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self.held)

@@ -121,3 +121,7 @@ class RunOutcome:
     the ranks logged until then. The caller passes one in (``run_source(..., outcome=...)``) and reads it after."""
 
     history: History = field(default_factory=History)
+
+    def record(self, history: History) -> None:
+        """What the run logged until it ended (the run calls it once, however it ends)."""
+        self.history = history
