@@ -70,7 +70,6 @@ class NodePool(GroupState):
                  ssh: SshNodes | None = None) -> None:
         super().__init__(spec)
         self._store = None  # the c10d store this pool's ranks bootstrap from, hosted here on --rdzv-host
-        self.requested = spec  # what the cell asked for; self.spec is the group as formed (elastic: its size)
         self.formation = Formation(spec.min_nodes or spec.nodes, spec.nodes, spec.last_call_s)
         self.hub = hub
         self.ssh = ssh  # with --hosts: the sessions that start the agents (the Cluster's, kept between pools)
@@ -92,7 +91,7 @@ class NodePool(GroupState):
 
     # ------------------------------------------------------------------------------- start
     def spawn(self) -> None:
-        spec = self.requested
+        spec = self.spec
         if spec.hosts and self.ssh is not None:  # first: the agents start while this kernel imports torch
             if len(self.hub.idle_nodes()) < spec.nodes:
                 started = self.ssh.start(spec.hosts, f"{self.hub.host}:{self.hub.port}", self.hub.valid_token(),
@@ -106,7 +105,7 @@ class NodePool(GroupState):
         self._start_if_joined()
 
     def _wanted(self) -> str:
-        spec = self.requested
+        spec = self.spec
         return f"{spec.min_nodes} to {spec.nodes}" if spec.min_nodes else str(spec.nodes)
 
     def _start_if_joined(self) -> None:
@@ -117,11 +116,11 @@ class NodePool(GroupState):
         if count == 0:
             return
         self.nodes = idle[:count]
-        if self.requested.min_nodes:  # elastic: the world size is decided now
-            self.spec = replace(self.requested, nodes=count, nprocs=count * self.requested.nproc_per_node)
-            self._say(self.formation.announce([n.name for n in self.nodes], self.requested.nproc_per_node))
+        if self.spec.min_nodes:  # elastic: the world size is decided now
+            self.formed(count * self.spec.nproc_per_node)
+            self._say(self.formation.announce([n.name for n in self.nodes], self.spec.nproc_per_node))
         assert self._store is not None
-        start = N.StartRanks(self.run_id, f"{self.spec.rdzv_host}:{self._store.port}", self.spec.nodes,
+        start = N.StartRanks(self.run_id, f"{self.spec.rdzv_host}:{self._store.port}", len(self.nodes),
                              self.spec.nproc_per_node, self.spec.backend, self.spec.device_type, self.spec.timeout_s,
                              self.spec.env, os.getpid())
         for group_rank, node in enumerate(self.nodes):
@@ -136,9 +135,9 @@ class NodePool(GroupState):
     def serves(self, spec: PoolSpec) -> bool:
         """Warm for ``spec`` while its nodes stay; an elastic group that formed below MAX re-forms when more have
         joined since (torch elastic's scale-up restarts the workers too)."""
-        if spec != self.requested:
+        if spec != self.spec:
             return False
-        return not (self.requested.min_nodes and self._started and self.spec.nodes < self.requested.nodes
+        return not (self.spec.min_nodes and self._started and len(self.nodes) < self.spec.nodes
                     and self.hub.idle_nodes())
 
     def start_hint(self) -> str:
@@ -163,7 +162,7 @@ class NodePool(GroupState):
         per-process telemetry must not read an unrelated local process)."""
         here = socket.gethostname()
         return [self._pids.get(rank, 0) if (node := self._rank_node.get(rank)) is not None and node.hello.host == here
-                else 0 for rank in range(self.spec.nprocs)]
+                else 0 for rank in range(self.world_size)]
 
     def rank_label(self, rank: int) -> str:
         node = self._rank_node.get(rank)

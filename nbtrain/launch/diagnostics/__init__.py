@@ -2,5 +2,6 @@
 (:mod:`.stacks`), uneven collectives (:mod:`.mismatch`), the bottleneck advisor (:mod:`.advisor`), what
 ``prepare()`` set up (:mod:`.setup_facts`) and the ``--profile`` table (:mod:`.profiling`).
 
-May import :mod:`..observers` (a failure carries the history so far), never the request, the ranks or the run.
+Only :mod:`nbtrain.launch.relay` and :mod:`nbtrain.launch.observers` sit below it: it reads what happened, and
+never imports the request, the ranks or the run.
 """

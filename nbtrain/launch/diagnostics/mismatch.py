@@ -83,7 +83,7 @@ class MismatchWatcher:
         self._suspect: dict[int, Position] | None = None
 
     def check(self, finished: set[int], now: float) -> Mismatch | None:
-        unfinished = [r for r in range(self.pool.spec.nprocs) if r not in finished]
+        unfinished = [r for r in range(self.pool.world_size) if r not in finished]
         if not finished or not unfinished:
             return None
         if self._next_look is None:

@@ -211,7 +211,7 @@ class _Run:
         self.history = History()
         self.displays = PendingDisplays(write)  # rank 0's figures and display() (nbtrain.worker.display)
         self._write = write
-        self._talk_to_ranks(pool.spec.nprocs)
+        self._talk_to_ranks(pool.world_size)
         self.sent = False
         self.loaded: set[int] = set()
         self.done: dict[int, P.Done] = {}
@@ -230,7 +230,7 @@ class _Run:
 
     @property
     def nprocs(self) -> int:
-        return self.pool.spec.nprocs  # an elastic --nodes MIN:MAX group decides its size when it forms
+        return self.pool.world_size  # an elastic --nodes MIN:MAX group decides its size when it forms
 
     def _talk_to_ranks(self, nprocs: int) -> None:
         """The relay of the ranks' output and prompts, which label ranks only when there are several."""
@@ -301,7 +301,7 @@ class _Run:
         spec, devices = self.pool.spec, self.pool.devices
         ranks = tuple(RankInfo(rank, pid, devices.get(rank), _physical_gpu(spec, devices.get(rank)))
                       for rank, pid in enumerate(self.pool.pids()))
-        return RunInfo(f"{self.pool.run_id}/{self.job.job_id}", spec.nprocs, spec.backend, spec.device_type,
+        return RunInfo(f"{self.pool.run_id}/{self.job.job_id}", self.pool.world_size, spec.backend, spec.device_type,
                        spec.gpu_ids, ranks, self.warm, self.pool.node_infos(), self.started)
 
     def _tell_nodes(self, now: float) -> None:
@@ -463,7 +463,7 @@ def _failure(run: _Run, manager: PoolManager, info: CellInfo, code_name) -> Rank
     """The error of a failed run, once its ranks are stopped — or, for a session that survives, left serving."""
     pool, job = run.pool, run.job
     kept = run.session_survives()
-    stopped = [] if kept else [r for r in range(pool.spec.nprocs) if r not in run.failures]
+    stopped = [] if kept else [r for r in range(pool.world_size) if r not in run.failures]
     unfinished = [r for r in stopped if r not in run.done]  # a rank that finished is in nbtrain's loop
     where = whereabouts(pool, job.filename, info.source, info.line_offset, 0.4, unfinished) if unfinished else {}
     if kept:

@@ -249,7 +249,7 @@ def session_lines(table: SessionTable) -> list[str]:
     for s in table.live.values():
         devices = sorted(set(s.pool.devices.values())) or ["?"]
         rss = ", ".join(_mib(memory_of(pid)) for pid in s.pool.pids())
-        lines.append(f"{s.name}: {count('rank', s.pool.spec.nprocs)} · {s.pool.spec.backend} · {', '.join(devices)} · "
+        lines.append(f"{s.name}: {count('rank', s.pool.world_size)} · {s.pool.spec.backend} · {', '.join(devices)} · "
                      f"{count('cell', s.cells)} · memory per rank {rss}"
                      + (f" · GPU tensors {', '.join(_mib(b) for _, b in sorted(s.gpu_bytes.items()))}" if s.gpu_bytes else ""))
         shown = [f"{n} ({kind})" for n, kind in s.held if kind != "module" and not n.startswith("_")]

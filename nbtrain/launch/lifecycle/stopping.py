@@ -104,7 +104,7 @@ def _await_reports(run, button: StopButton) -> None:
     """Until every rank said it was interrupted (or exited), :data:`REPORT_WAIT_S` passed, or stop is pressed again."""
     pool, reported = run.pool, set(run.done) | set(run.failures)
     deadline = time.monotonic() + REPORT_WAIT_S
-    while time.monotonic() < deadline and not button.escalated and len(reported) < pool.spec.nprocs:
+    while time.monotonic() < deadline and not button.escalated and len(reported) < pool.world_size:
         for event in pool.poll_events(0.05):
             if isinstance(event, Output) and event.stream == "stdout":
                 run.relay.feed(event.rank, event.stream, event.text)

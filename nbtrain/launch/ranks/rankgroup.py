@@ -31,7 +31,8 @@ class GroupState:
     """The state every rank group keeps, and the only code that writes it."""
 
     def __init__(self, spec: PoolSpec) -> None:
-        self.spec = spec
+        self.spec = spec  # what the cell asked for; never replaced
+        self._world_size = spec.nprocs  # an elastic group decides it when it forms (:meth:`formed`)
         self.pool_id = next(_group_ids)
         self.run_id = f"nbtrain-{os.getpid()}-{self.pool_id}"
         self._devices: dict[int, str] = {}
@@ -40,13 +41,22 @@ class GroupState:
         self._module_stamps: dict[str, tuple] = {}  # path -> stamp of the user's modules the ranks imported
         self._rank_path: tuple[str, ...] = ()  # the ranks' own sys.path (see nbtrain.launch.request.notebook_modules)
 
+    @property
+    def world_size(self) -> int:
+        """The ranks of this group: the spec's, or the size an elastic group formed with."""
+        return self._world_size
+
+    def formed(self, world_size: int) -> None:
+        """An elastic group formed with ``world_size`` ranks (from ``spec.min_nodes`` to ``spec.nodes`` nodes)."""
+        self._world_size = world_size
+
     def next_job_id(self) -> int:
         return next(self._job_ids)
 
     @property
     def ready(self) -> bool:
         """Every rank has joined the process group."""
-        return len(self._devices) == self.spec.nprocs
+        return len(self._devices) == self.world_size
 
     @property
     def devices(self) -> dict[int, str]:
@@ -59,7 +69,7 @@ class GroupState:
         return self.ready
 
     def not_ready(self) -> list[int]:
-        return [rank for rank in range(self.spec.nprocs) if rank not in self._devices]
+        return [rank for rank in range(self.world_size) if rank not in self._devices]
 
     @property
     def broken(self) -> bool:
@@ -98,6 +108,8 @@ class RankGroup(Protocol):
     def teardown(self, graceful: bool = True, grace: float = 1.0, drain: Callable[[], None] | None = None) -> None: ...
 
     # state (GroupState)
+    @property
+    def world_size(self) -> int: ...  # the ranks it runs: spec.nprocs, or what an elastic group formed with
     def next_job_id(self) -> int: ...
     @property
     def ready(self) -> bool: ...
