@@ -11,7 +11,7 @@ commit or on this checkout, so the machine's load is shared alike.
 
 1. **A training run with the dashboard.** A small MLP is trained by ``--nprocs`` gloo ranks for about
    ``--seconds``, logging ``loss`` every step and ``val_loss`` every 50 steps (and ``total_steps``),
-   through :func:`nbtrain.launch.api.run_source` with the widget dashboard attached (no front end:
+   through :func:`nbtrain.launch.lifecycle.entry.run_source` with the widget dashboard attached (no front end:
    ``display`` does nothing, the widgets' comm messages are counted instead of sent). Measured:
 
    * the CPU time of the dashboard's two threads (sampler, ticker; each thread's own CPU clock) plus the
@@ -108,8 +108,8 @@ def run_with_dashboard(seconds: float, nprocs: int) -> dict:
 
     from nbtrain.dashboard.observer import DashboardObserver
     from nbtrain.dashboard.widget import RunDashboard
-    from nbtrain.launch.api import run_source
-    from nbtrain.launch.config import LaunchRequest
+    from nbtrain.launch.lifecycle.entry import run_source
+    from nbtrain.launch.request.config import LaunchRequest
 
     messages = []  # (time, widget, binary payload bytes, set-up?): every comm message, state or custom
     original = ipywidgets.Widget._send

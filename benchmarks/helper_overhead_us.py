@@ -36,9 +36,8 @@ def main() -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import nbtrain
-    from nbtrain.train import state
+    from nbtrain.train import metrics, state
     from nbtrain.wire.settings import TrainSettings
-    from nbtrain.train import metrics
 
     torch.set_num_threads(1)
     store_file = tempfile.mktemp(prefix="nbtrain-bench-")
@@ -105,9 +104,8 @@ def _components(repeats: int, x, y) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import nbtrain
-    from nbtrain.train import state
+    from nbtrain.train import metrics, state
     from nbtrain.wire.settings import TrainSettings
-    from nbtrain.train import metrics
 
     state.begin(TrainSettings(amp="off"), torch.device("cpu"), 0, 1)
     metrics.start(0, lambda message: None)

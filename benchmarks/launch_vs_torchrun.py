@@ -28,9 +28,9 @@ import time
 
 import torch  # noqa: F401  (a notebook that trains has torch imported already)
 
-from nbtrain.launch.api import run_source
-from nbtrain.launch.config import LaunchRequest
-from nbtrain.launch.run import PoolManager
+from nbtrain.launch.lifecycle.entry import run_source
+from nbtrain.launch.lifecycle.run import PoolManager
+from nbtrain.launch.request.config import LaunchRequest
 
 TRAIN = """
 import time, torch

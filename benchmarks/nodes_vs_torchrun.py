@@ -28,12 +28,12 @@ import tempfile
 import time
 
 import torch  # noqa: F401  (a notebook that trains has torch imported already)
-
 from launch_vs_torchrun import SCRIPT_WRAPPER, cell_source, marks_reader
+
 from nbtrain.cluster import Cluster
-from nbtrain.launch.api import run_source
-from nbtrain.launch.config import LaunchRequest
-from nbtrain.launch.run import PoolManager
+from nbtrain.launch.lifecycle.entry import run_source
+from nbtrain.launch.lifecycle.run import PoolManager
+from nbtrain.launch.request.config import LaunchRequest
 
 ADDRESSES = ("127.0.0.2", "127.0.0.3")
 

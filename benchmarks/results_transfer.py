@@ -31,9 +31,9 @@ import time
 import psutil
 import torch
 
-from nbtrain.launch.api import run_source
-from nbtrain.launch.config import LaunchRequest
-from nbtrain.launch.run import PoolManager
+from nbtrain.launch.lifecycle.entry import run_source
+from nbtrain.launch.lifecycle.run import PoolManager
+from nbtrain.launch.request.config import LaunchRequest
 from nbtrain.wire.shm import owner_prefix
 
 

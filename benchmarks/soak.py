@@ -21,10 +21,10 @@ import time
 import psutil
 import torch
 
-from nbtrain.launch.api import run_source
-from nbtrain.launch.config import LaunchRequest
-from nbtrain.launch.errors import RankFailedError
-from nbtrain.launch.run import PoolManager
+from nbtrain.launch.diagnostics.failures import RankFailedError
+from nbtrain.launch.lifecycle.entry import run_source
+from nbtrain.launch.lifecycle.run import PoolManager
+from nbtrain.launch.request.config import LaunchRequest
 
 BOUNDS = {"children": 0, "fds": 8, "sockets": 2, "threads": 4, "shm_files": 0, "rss_mib": 150}
 

@@ -111,8 +111,8 @@ class KernelClock:
 
 
 def run_nbtrain(steps: int, gpu: bool, ranks: int, width: int, hidden: int, dashboard: bool) -> tuple[float, float, float]:
-    from nbtrain.launch.api import run_source
-    from nbtrain.launch.config import LaunchRequest
+    from nbtrain.launch.lifecycle.entry import run_source
+    from nbtrain.launch.request.config import LaunchRequest
 
     namespace: dict = {}
     cell = NBTRAIN_CELL.format(steps=steps, width=width, hidden=hidden)

@@ -95,7 +95,7 @@ def breakpoint(rank=0):
 def track(tracker):
     """Follow every later ``%%distributed`` cell of this kernel with ``tracker`` (an ``nbtrain.Tracker``: MLflow,
     W&B, …): it gets each run's start, every rank's logged series and the end. Returns it; see ``untrack``."""
-    from .launch.trackers import track as _track
+    from .launch.observers.trackers import track as _track
 
     return _track(tracker)
 
@@ -106,7 +106,7 @@ def runs():
     as a table; ``.to_dicts()`` and ``.to_csv(path)`` give the rows."""
     from IPython import get_ipython
 
-    from .launch.runlog import RunLog
+    from .launch.observers.runlog import RunLog
 
     magics = getattr(get_ipython(), "_nbtrain_magics", None)
     return (magics.pools.runs if magics is not None else RunLog()).table()
@@ -114,14 +114,14 @@ def runs():
 
 def untrack(tracker):
     """Stop following cells with a tracker given to ``nbtrain.track``."""
-    from .launch.trackers import untrack as _untrack
+    from .launch.observers.trackers import untrack as _untrack
 
     _untrack(tracker)
 
 
 def __getattr__(name):
     if name == "Tracker":  # the base class of experiment trackers, imported only when asked for
-        from .launch.trackers import Tracker
+        from .launch.observers.trackers import Tracker
 
         return Tracker
     raise AttributeError(f"module 'nbtrain' has no attribute {name!r}")
@@ -129,7 +129,7 @@ def __getattr__(name):
 
 def load_ipython_extension(ipython):
     from .cluster.tokens import sweep_tokens
-    from .launch.registry import sweep_records
+    from .launch.observers.registry import sweep_records
     from .leftovers import sweep_temp
     from .magics import DistributedMagics
     from .wire.shm import sweep_orphans

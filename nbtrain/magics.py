@@ -1,7 +1,7 @@
 """IPython magics: ``%%distributed``, ``%distributed_shutdown``, ``%distributed_nodes``, the session magics
 (``%distributed_sessions``, ``%distributed_pull``, ``%distributed_close``) and ``%gpus``: they parse their
 arguments, then call plain functions (:func:`distributed_cell` adds the dashboard, runs
-:func:`~.launch.api.run_source` and prints the summary; the session magics call :mod:`nbtrain.launch.api`'s
+:func:`~.launch.lifecycle.entry.run_source` and prints the summary; the session magics call :mod:`nbtrain.launch.lifecycle.entry`'s
 ``list_sessions``, ``pull`` and ``close``; ``%gpus`` is :func:`nbtrain.dashboard.show_gpus`).
 
 Each ``%%distributed`` option is declared once, as a field of :class:`~.launch.config.LaunchRequest` (how
@@ -13,8 +13,8 @@ dataclasses by field name, so adding an option means adding one field.
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
@@ -23,14 +23,14 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from . import dashboard
 from .cluster import Cluster
 from .cluster.tokens import parse_ttl
-from .launch import api
-from .launch.api import UserInputError, format_summary, run_source
-from .launch.config import LaunchRequest
-from .launch.hosts import parse_hosts, parse_remote_python, parse_slurm, parse_ssh_options
-from .launch.options import from_arguments, option, options_of
-from .launch.registry import RunRegistry
-from .launch.history import RunOutcome
-from .launch.run import PoolManager
+from .launch.lifecycle import entry
+from .launch.lifecycle.entry import UserInputError, format_summary, run_source
+from .launch.lifecycle.run import PoolManager
+from .launch.observers.history import RunOutcome
+from .launch.observers.registry import RunRegistry
+from .launch.request.config import LaunchRequest
+from .launch.request.hosts import parse_hosts, parse_remote_python, parse_slurm, parse_ssh_options
+from .wire.options import OptionEnvError, from_arguments, option, options_of, with_env_fallbacks
 
 
 @dataclass(frozen=True)
@@ -43,14 +43,31 @@ class CellDisplay:
                              group="display", switch=True)
 
 
-def option_group(cls, group: str):
-    """A decorator adding the options of ``group`` (fields of ``cls``) to a magic, in declaration order.
+@dataclass(frozen=True)
+class NodesCommand:
+    """The options only ``%distributed_nodes`` has; it shares the cell's node options by name (:data:`NODE_OPTIONS`)."""
 
-    The shared option groups of ipyparallel's magics, generated from :mod:`nbtrain.launch.options`.
+    emulate: int = option(0, "--emulate", "start N node agents on this machine, on 127.0.0.2, 127.0.0.3, … (with "
+                          "--rdzv-host 127.0.0.1): emulated nodes, to try --nodes without a cluster", group="nodes",
+                          type=int, metavar="N")
+    token_ttl: str | None = option(None, "--token-ttl", "a new join token, admitting nodes for this long (900, 30m, "
+                                   "2h; default 1h)", group="nodes", metavar="DURATION")
+    revoke: bool = option(False, "--revoke", "revoke the join token: a new one admits nodes from now on (joined "
+                          "nodes stay)", group="nodes", switch=True)
+
+
+NODE_OPTIONS = ("rdzv_host", "hosts", "ssh_option", "remote_python", "slurm", "nodes")  # LaunchRequest's, on %distributed_nodes too
+
+
+def option_group(cls, group: str | None = None, names: tuple[str, ...] = ()):
+    """A decorator adding options of ``cls`` to a magic, in declaration order: those of ``group``, or ``names``.
+
+    The shared option groups of ipyparallel's magics, generated from :mod:`nbtrain.wire.options`.
     """
-    specs = [spec.argparse_spec(f.name, f.default) for f, spec in options_of(cls) if spec.group == group]
+    specs = [spec.argparse_spec(f.name, f.default) for f, spec in options_of(cls)
+             if (spec.group == group if group else f.name in names)]
     if not specs:
-        raise ValueError(f"{cls.__name__} has no option in group {group!r}")
+        raise ValueError(f"{cls.__name__} has no option in group {group!r} or named {names}")
 
     def add_options(func):
         for names, kwargs in reversed(specs):  # IPython builds the parser from the last decorator applied
@@ -67,6 +84,20 @@ display_args = option_group(CellDisplay, "display")
 training_args = option_group(LaunchRequest, "training")
 tracking_args = option_group(LaunchRequest, "tracking")
 speed_args = option_group(LaunchRequest, "speed")
+node_args = option_group(LaunchRequest, names=NODE_OPTIONS)
+nodes_command_args = option_group(NodesCommand, "nodes")
+
+
+def node_options(args) -> LaunchRequest:
+    """``%distributed_nodes``'s shared options as a request, with the same environment fallbacks as a cell's."""
+    values = vars(args)
+    shared: dict[str, Any] = {name: tuple(values[name]) if isinstance(values[name], list) else values[name]
+                              for name in NODE_OPTIONS}
+    given = replace(LaunchRequest(), **shared)
+    try:
+        return with_env_fallbacks(given)
+    except OptionEnvError as exc:
+        raise UsageError(str(exc)) from None
 
 
 @magics_class
@@ -157,25 +188,8 @@ class DistributedMagics(Magics):
             print("nbtrain: the joined nodes were released; their agents exit.")
 
     @magic_arguments()
-    @argument("--rdzv-host", metavar="ADDRESS",
-              help="listen for nodes on this address now, before a --nodes cell runs (nodes may join early)")
-    @argument("--emulate", type=int, default=0, metavar="N",
-              help="start N node agents on this machine, on 127.0.0.2, 127.0.0.3, … (with --rdzv-host 127.0.0.1): "
-                   "emulated nodes, to try --nodes without a cluster")
-    @argument("--token-ttl", metavar="DURATION",
-              help="a new join token, admitting nodes for this long (900, 30m, 2h; default 1h)")
-    @argument("--revoke", action="store_true",
-              help="revoke the join token: a new one admits nodes from now on (joined nodes stay)")
-    @argument("--hosts", metavar="A,B", help="start a node agent on each of these hosts over ssh (with --rdzv-host)")
-    @argument("--ssh-option", action="append", default=[], metavar="KEY=VALUE",
-              help="with --hosts: an ssh option for the connections (repeatable), such as Port=2222")
-    @argument("--slurm", nargs="?", const="", metavar="ARGS",
-              help="start the node agents as a Slurm job (with --rdzv-host): sbatch ARGS, or an srun step inside an "
-                   "allocation (SLURM_JOB_ID set); such as --slurm \"-p gpu --time=2:00:00\"")
-    @argument("--nodes", type=int, default=1, metavar="N", help="with --slurm: how many nodes (default 1)")
-    @argument("--remote-python", metavar="COMMAND",
-              help="with --hosts or --slurm: the command that runs Python on the hosts (default: this kernel's Python where "
-                   "that path exists there, else python3)")
+    @node_args
+    @nodes_command_args
     @line_magic
     def distributed_nodes(self, line):
         """List the nodes joined for ``%%distributed --nodes N``: address, GPUs, state; and the command to join more.
@@ -183,59 +197,64 @@ class DistributedMagics(Magics):
         Examples: ``%distributed_nodes``, ``%distributed_nodes --rdzv-host 10.0.0.5`` (print the join command
         now), ``%distributed_nodes --rdzv-host 127.0.0.1 --emulate 2`` (two emulated nodes on this machine),
         ``%distributed_nodes --rdzv-host 10.0.0.5 --hosts gpu1,gpu2`` (start agents there over ssh),
-        ``%distributed_nodes --rdzv-host 10.0.0.5 --slurm "-p gpu" --nodes 2`` (start them as a Slurm job).
+        ``%distributed_nodes --rdzv-host 10.0.0.5 --slurm "-p gpu" --nodes 2`` (start them as a Slurm job now).
         """
         args = parse_argstring(self.distributed_nodes, line)
-        if args.revoke or args.token_ttl:
+        command, nodes = from_arguments(NodesCommand, args), node_options(args)
+        if command.revoke or command.token_ttl:
             try:
-                print(self.cluster.renew_token(args.rdzv_host, parse_ttl(args.token_ttl) if args.token_ttl else None,
-                                               args.revoke))
+                print(self.cluster.renew_token(nodes.rdzv_host, parse_ttl(command.token_ttl) if command.token_ttl
+                                               else None, command.revoke))
             except (ValueError, OSError) as exc:
                 raise UsageError(str(exc)) from None
-        if args.hosts is not None:
-            return self._start_hosts(args)
-        if args.slurm is not None:
-            return self._start_slurm(args)
-        if args.emulate and not args.rdzv_host:
+        if nodes.hosts is not None:
+            return self._start_hosts(nodes, command)
+        if args.slurm is not None:  # given here (NBTRAIN_SLURM is for --nodes cells): start the job now
+            return self._start_slurm(nodes, command)
+        if command.emulate and not nodes.rdzv_host:
             raise UsageError("--emulate needs --rdzv-host 127.0.0.1 (the address the emulated nodes join)")
-        if args.emulate < 0:
-            raise UsageError(f"--emulate {args.emulate}: give a number of nodes, 1 or more")
+        if command.emulate < 0:
+            raise UsageError(f"--emulate {command.emulate}: give a number of nodes, 1 or more")
         try:
-            if args.emulate:
-                started = self.cluster.emulate(args.rdzv_host, args.emulate)
+            if command.emulate and nodes.rdzv_host:
+                started = self.cluster.emulate(nodes.rdzv_host, command.emulate)
                 print(f"nbtrain: started {len(started)} emulated node agents on {', '.join(started)}; "
                       "they join in a few seconds")
-            elif args.rdzv_host:
-                self.cluster.hub(args.rdzv_host)
+            elif nodes.rdzv_host:
+                self.cluster.hub(nodes.rdzv_host)
         except (ValueError, OSError) as exc:
             raise UsageError(str(exc)) from None
         print("\n".join(self.cluster.describe()))
 
-    def _start_hosts(self, args) -> None:
+    def _start_hosts(self, nodes: LaunchRequest, command: NodesCommand) -> None:
         """``%distributed_nodes --hosts a,b``: checked first, then an ssh session per host."""
-        if not args.rdzv_host or args.emulate:
+        if not nodes.rdzv_host or command.emulate:
             raise UsageError("--hosts needs --rdzv-host ADDRESS (the kernel's address the hosts can reach), "
                              "and goes without --emulate")
         try:
-            hosts = parse_hosts(args.hosts)
-            options = parse_ssh_options(args.ssh_option or [o for o in [os.environ.get("NBTRAIN_SSH_OPTION")] if o])
-            python = parse_remote_python(args.remote_python or os.environ.get("NBTRAIN_REMOTE_PYTHON"))
-            started = self.cluster.start_hosts(args.rdzv_host, hosts, options, python)
+            hosts = parse_hosts(nodes.hosts or "")
+            options = parse_ssh_options(nodes.ssh_option)
+            python = parse_remote_python(nodes.remote_python)
+            started = self.cluster.start_hosts(nodes.rdzv_host, hosts, options, python)
         except (ValueError, OSError) as exc:
             raise UsageError(str(exc)) from None
         if started:
             print(f"nbtrain: starting node agents over ssh on {', '.join(started)}; they join in a few seconds")
         print("\n".join(self.cluster.describe()))
 
-    def _start_slurm(self, args) -> None:
+    def _start_slurm(self, nodes: LaunchRequest, command: NodesCommand) -> None:
         """``%distributed_nodes --slurm ARGS --nodes N``: checked first, then the job (or the step) is started."""
-        if not args.rdzv_host or args.emulate or args.nodes < 1:
+        counts = (nodes.nodes or "1").split(":")
+        if not nodes.rdzv_host or command.emulate or len(counts) > 2 or not all(c.strip().isdigit() and int(c) > 0
+                                                                                 for c in counts):
             raise UsageError("--slurm needs --rdzv-host ADDRESS (the kernel's address the nodes can reach) and "
-                             "--nodes N (1 or more), and goes without --emulate")
+                             "--nodes N or MIN:MAX (1 or more; default 1), and goes without --emulate")
+        low, high = int(counts[0]), int(counts[-1])
         try:
-            words = parse_slurm(args.slurm)
-            python = parse_remote_python(args.remote_python or os.environ.get("NBTRAIN_REMOTE_PYTHON"))
-            print(self.cluster.start_slurm(args.rdzv_host, args.nodes, words, python))
+            words = parse_slurm(nodes.slurm or "")
+            python = parse_remote_python(nodes.remote_python)
+            print(self.cluster.start_slurm(nodes.rdzv_host, max(low, high), words, python,
+                                           min(low, high) if low != high else 0))
         except (ValueError, OSError) as exc:
             raise UsageError(str(exc)) from None
         print("\n".join(self.cluster.describe()))
@@ -243,7 +262,7 @@ class DistributedMagics(Magics):
     @line_magic
     def distributed_sessions(self, line):
         """List the sessions (``%%distributed N --session NAME``): ranks, devices, memory, the names each holds."""
-        print("\n".join(api.list_sessions(self.pools)))
+        print("\n".join(entry.list_sessions(self.pools)))
 
     @magic_arguments()
     @argument("session", help="the session's name")
@@ -254,7 +273,7 @@ class DistributedMagics(Magics):
         args = parse_argstring(self.distributed_pull, line)
         names = [n for part in args.names for n in part.split(",") if n]
         try:
-            result = api.pull(self.pools, args.session, names, self.shell.user_ns if self.shell else {})
+            result = entry.pull(self.pools, args.session, names, self.shell.user_ns if self.shell else {})
         except UserInputError as exc:
             raise UsageError(str(exc)) from None
         print("\n".join(format_summary(result)))
@@ -266,7 +285,7 @@ class DistributedMagics(Magics):
         """End a session: its processes stop (unless another session lives on them: then they drop what it held)."""
         args = parse_argstring(self.distributed_close, line)
         try:
-            api.close(self.pools, args.session)
+            entry.close(self.pools, args.session)
         except UserInputError as exc:
             raise UsageError(str(exc)) from None
         print(f"nbtrain: session {args.session!r} ended.")

@@ -1,6 +1,6 @@
 """Signals to a group of rank processes and everything under them — the one copy both launchers use.
 
-The kernel's local pool (:mod:`nbtrain.launch.procs`) and a node agent (:mod:`nbtrain.node.ranks`) end their
+The kernel's local pool (:mod:`nbtrain.launch.ranks.procs`) and a node agent (:mod:`nbtrain.node.ranks`) end their
 ranks alike:
 
 * :func:`interrupt` — the stop button: exactly one SIGINT to each process, the ranks and their descendants

@@ -11,9 +11,7 @@ on a GPU server. tests/test_notebooks.py executes them through a real kernel.
 """
 
 from nbformat.v4 import new_code_cell, new_markdown_cell
-
 from notebook_cells import parameters, write
-
 
 # The training cell of the image classifier. It appears twice in the notebook: the second time shows what
 # running the same cell again does when its --checkpoint directory holds a checkpoint (it resumes).

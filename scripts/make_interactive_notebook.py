@@ -9,9 +9,7 @@ tests/test_notebooks.py executes it through a real kernel.
 """
 
 from nbformat.v4 import new_code_cell, new_markdown_cell
-
 from notebook_cells import NET_CLASS, parameters, write
-
 
 interactive = [
     new_markdown_cell(

@@ -11,7 +11,6 @@ Kubernetes Job or ssh (docs/clusters.md).
 
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
-
 from notebook_cells import KERNEL
 
 TRAINING = (

@@ -9,7 +9,6 @@ purpose are tagged ``raises-exception``, so the notebook still runs top to botto
 
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
-
 from notebook_cells import KERNEL, NET_CLASS, parameters
 
 

@@ -8,7 +8,6 @@ with ``DEVICE_OPTION = ''``; tests/test_notebooks.py executes it.
 """
 
 from nbformat.v4 import new_code_cell, new_markdown_cell
-
 from notebook_cells import parameters, write
 
 MODEL = (

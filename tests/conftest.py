@@ -12,7 +12,6 @@ import os
 import uuid
 
 import pytest
-
 from helpers.chartbuild import ensure_chart_bundle
 from helpers.workers import SESSION_VARIABLE, assert_no_workers
 
@@ -49,7 +48,7 @@ def _chart_where_it_is_loaded(request):
 
 @contextlib.contextmanager
 def _pool_manager():
-    from nbtrain.launch.run import PoolManager
+    from nbtrain.launch.lifecycle.run import PoolManager
 
     manager = PoolManager()
     try:

@@ -5,13 +5,13 @@ its hints where users see them: the summary after a run, the dashboard while it 
 from __future__ import annotations
 
 import pytest
-
 from helpers.runhelp import run_cell
 from helpers.telemetry_record import load, replay
+
 from nbtrain.dashboard.model import RunModel
 from nbtrain.dashboard.run_view import run_html
-from nbtrain.launch.advisor import advise
-from nbtrain.launch.api import format_summary
+from nbtrain.launch.diagnostics.advisor import advise
+from nbtrain.launch.lifecycle.entry import format_summary
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -105,7 +105,7 @@ def test_gpu_health_hints_quote_the_power_cap_a_narrow_link_and_new_ecc_errors()
     from nbtrain.gpu.devices import GpuStatus
     from nbtrain.gpu.health import GpuHealth
     from nbtrain.gpu.telemetry import Snapshot
-    from nbtrain.launch.advisor import Evidence
+    from nbtrain.launch.diagnostics.advisor import Evidence
 
     def gpu(index, slowed, ecc, width=16):
         health = GpuHealth(clock_reasons=("power cap",) if slowed else (), pcie_width=width, pcie_width_max=16,

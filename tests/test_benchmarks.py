@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers import fake_nvml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -6,9 +6,9 @@ import os
 
 import pytest
 import torch
-
-from nbtrain.launch.errors import RankFailedError
 from helpers.runhelp import Captured, run_cell
+
+from nbtrain.launch.diagnostics.failures import RankFailedError
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-
 from helpers.fake_nvml import FakeGpu, install
-from nbtrain.launch import config as config_module
-from nbtrain.launch.config import ConfigError, LaunchRequest, resolve
+
+from nbtrain.launch.request import config as config_module
+from nbtrain.launch.request.config import ConfigError, LaunchRequest, resolve
 
 
 def gpus(n):

@@ -13,7 +13,6 @@ import re
 import time
 
 import pytest
-
 from helpers.labhelp import CHROMIUM, LAUNCH_ARGS, JupyterLab, browser_or_skip, screenshot_path, write_notebook
 
 sync_api = browser_or_skip()

@@ -13,19 +13,20 @@ import comm
 import ipywidgets
 import pytest
 
+from helpers.chartbuild import node_join
+
 from nbtrain.dashboard import chart
 from nbtrain.dashboard.chart_feed import COLUMNS, ChartFeed, unpack
 from nbtrain.dashboard.metric_store import MetricStore
 from nbtrain.dashboard.series import BoundedSeries
 
 
-def joined(base: dict | None, tail: dict) -> dict:
-    """What the browser draws (labextension/chart/data.js joinSeries): the base's buckets, then the tail's."""
-    out = {}
-    for name, cols in tail["series"].items():
-        head = base["series"].get(name) if base and base["epoch"] == tail["epoch"] else None
-        out[name] = {key: (unpack(head[key]) if head else []) + unpack(cols[key]) for key in COLUMNS}
-    return out
+def as_lists(update: dict | None) -> dict | None:
+    """A base or tail as JSON can carry it: each column's bytes as a list of floats."""
+    if update is None:
+        return None
+    series = {name: {key: unpack(cols[key]) for key in COLUMNS} for name, cols in update["series"].items()}
+    return {**update, "series": series}
 
 
 def stored(store: MetricStore) -> dict:
@@ -56,7 +57,7 @@ def test_the_first_update_is_a_base_and_a_tail_then_only_news():
     assert len(unpack(news.tail["series"]["loss"]["step"])) == 6, "the tail holds the points after the base"
     assert len(unpack(news.tail["series"]["val_loss"]["mean"])) == 1
     assert news.tail["groups"] == [("loss", ["loss", "val_loss"])], "training and validation share a panel"
-    view = joined(last_base(first, second, news), news.tail)
+    [view] = node_join([(as_lists(last_base(first, second, news)), as_lists(news.tail))])
     assert view == stored(store)
     assert view["loss"]["time"][-1] == pytest.approx(1000.0 + 54 / 10), "the wall time of each point travels too"
 
@@ -73,7 +74,7 @@ def test_the_browsers_join_is_always_the_stores_series_through_merges_and_rebase
     feed = ChartFeed(store, rebase_after=16)
     base = None
     step = 0
-    sizes = []
+    sizes, pairs, expected = [], [], []
     for _ in range(300):
         count = random.randint(1, 30)
         store.add(random.choice([0, 1]), [(s, 1000.0 + s, {"loss": random.random()}) for s in range(step, step + count)])
@@ -81,8 +82,10 @@ def test_the_browsers_join_is_always_the_stores_series_through_merges_and_rebase
         update = feed.poll()
         assert update is not None
         base = update.base or base
-        assert joined(base, update.tail) == stored(store)
+        pairs.append((as_lists(base), as_lists(update.tail)))
+        expected.append(stored(store))
         sizes.append(len(unpack(update.tail["series"]["loss"]["step"])))
+    assert node_join(pairs) == expected  # the browser's own joinSeries, run by node
     series = store.series("loss")
     assert series is not None and series.merges >= 5, "the run was long enough to merge buckets several times"
     assert max(sizes) <= 16 + 30, "a tail never grows much past the rebase bound"

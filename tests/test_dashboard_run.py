@@ -13,9 +13,9 @@ import pytest
 from nbtrain.dashboard.observer import DashboardObserver
 from nbtrain.dashboard.text_status import TextStatus
 from nbtrain.dashboard.widget import RunDashboard
-from nbtrain.launch.api import run_source
-from nbtrain.launch.config import LaunchRequest
-from nbtrain.launch.observer import RunObserver
+from nbtrain.launch.lifecycle.entry import run_source
+from nbtrain.launch.observers.events import RunObserver
+from nbtrain.launch.request.config import LaunchRequest
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
 

@@ -13,12 +13,12 @@ from nbtrain.dashboard import chart
 from nbtrain.dashboard.devices_view import devices_html
 from nbtrain.dashboard.model import RunModel
 from nbtrain.dashboard.monitor import GpuMonitor, gpus_table
+from nbtrain.dashboard.observer import DashboardObserver
 from nbtrain.dashboard.widget import RunDashboard
 from nbtrain.gpu.devices import GpuProcess, GpuStatus
 from nbtrain.gpu.processes import HostStatus
 from nbtrain.gpu.telemetry import RankUsage, Snapshot
-from nbtrain.dashboard.observer import DashboardObserver
-from nbtrain.launch.observer import NodeGpu, NodeInfo, RankInfo, RunInfo
+from nbtrain.launch.observers.events import NodeGpu, NodeInfo, RankInfo, RunInfo
 
 PNG = b"\x89PNG\r\n\x1a\n"
 GiB = 2**30

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import base64
 
+from helpers.runhelp import Captured, run_cell
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook
 
+from nbtrain.launch.relay.displays import PendingDisplays
+from nbtrain.launch.relay.output import OutputRelay
 from nbtrain.wire import protocol as P
-from nbtrain.launch.displays import PendingDisplays
-from nbtrain.launch.output import OutputRelay
-from helpers.runhelp import Captured, run_cell
 
 PNG = b"\x89PNG\r\n\x1a\n"
 PNG_1PX = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 
 import pytest
-
-from nbtrain.launch.errors import RankFailedError
 from helpers.runhelp import Captured, run_cell
+
+from nbtrain.launch.diagnostics.failures import RankFailedError
 
 
 def test_a_warning_names_the_cell_line_as_the_traceback_does(pools):

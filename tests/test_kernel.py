@@ -8,12 +8,11 @@ import time
 
 import psutil
 import pytest
-from nbclient import NotebookClient
-from nbformat.v4 import new_code_cell, new_notebook
-
-from helpers.workers import assert_no_workers, nbtrain_workers
 from helpers.kernelhelp import Kernel
 from helpers.outputs import cell_text
+from helpers.workers import assert_no_workers, nbtrain_workers
+from nbclient import NotebookClient
+from nbformat.v4 import new_code_cell, new_notebook
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from helpers.kernelhelp import nbtrain_kernel
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")

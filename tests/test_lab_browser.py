@@ -16,10 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
-
-from helpers.workers import assert_no_workers
 from helpers.labhelp import CHROMIUM, LAUNCH_ARGS, JupyterLab, browser_or_skip, screenshot_path, write_notebook
 from helpers.serverhelp import ENDLESS_RUN
+from helpers.workers import assert_no_workers
 
 sync_api = browser_or_skip()
 

@@ -9,21 +9,21 @@ The TypeScript side is read by tests/helpers/tsinterfaces.py.
 
 from __future__ import annotations
 
-# pytest-jupyter's fixtures, for this module only (see test_server_routes.py for why they are imported).
-from pytest_jupyter.jupyter_server import *  # noqa: F403
-
 import json
 import os
 import re
 from pathlib import Path
 
 import pytest
-from tornado.httpclient import HTTPClientError
-
 from helpers import fake_nvml
-from nbtrain.server.handlers import ROUTES
 from helpers.serverhelp import ENDLESS_RUN, fetch_json, open_notebook_kernel, wait_for
 from helpers.tsinterfaces import literals, mismatches, parse_interfaces
+
+# pytest-jupyter's fixtures, for this module only (see test_server_routes.py for why they are imported).
+from pytest_jupyter.jupyter_server import *  # noqa: F403
+from tornado.httpclient import HTTPClientError
+
+from nbtrain.server.handlers import ROUTES
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
 
@@ -155,7 +155,7 @@ def test_package_scripts_use_only_tools_the_package_has():
 def test_run_and_node_states_have_the_same_names_in_python_and_types_ts():
     """One set of state names: the run registry writes RunState's values, the panel's types allow exactly them."""
     from nbtrain.cluster.hub import NodeState
-    from nbtrain.launch.observer import RunState
+    from nbtrain.launch.observers.events import RunState
 
     shapes = interfaces()
     assert literals(shapes, "RunState") == {state.value for state in RunState}

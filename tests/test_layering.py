@@ -11,7 +11,9 @@ package (``nbtrain/launch/*`` is ``launch``; a top-level module such as ``magics
 * the node side (``node``: the agent that runs a machine's ranks for a kernel elsewhere) imports neither the
   kernel side nor the rank side, and neither imports it — they meet only in ``wire``;
 * ``wire``, the format both sides share, imports neither side;
-* inside ``train/`` no two modules import each other, even through others.
+* inside ``train/`` no two modules import each other, even through others;
+* inside ``launch/`` every module lives in a sub-package, and a sub-package imports only those below it in
+  :data:`LAUNCH_LAYERS` (relay → observers → diagnostics → request → ranks → lifecycle).
 
 Each failure names the file, line and import that breaks the rule. The drawing of these layers in
 docs/architecture.md is checked to name only modules that exist.
@@ -27,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "nbtrain"
 KERNEL_SIDE = {"launch", "cluster", "dashboard", "server", "magics"}
 RANK_SIDE = {"worker", "train"}
+LAUNCH_LAYERS = ("relay", "observers", "diagnostics", "request", "ranks", "lifecycle")  # lowest first
 NODE_SIDE = {"node"}  # python -m nbtrain.node: the agent on another machine, between the kernel and its ranks
 
 
@@ -132,7 +135,7 @@ def explain(cycle: list[str], edges) -> str:
 
 def test_the_scan_sees_lazy_and_relative_imports(tmp_path):
     found = {(i.source, i.target) for i in all_imports()}
-    assert ("nbtrain.magics", "nbtrain.launch.api") in found  # from .launch.api import ...
+    assert ("nbtrain.magics", "nbtrain.launch.lifecycle.entry") in found  # from .launch.lifecycle import entry
     assert ("nbtrain.dashboard", "nbtrain.words") in found  # from .. import words
     assert ("nbtrain", "nbtrain.train.prepare") in found  # inside a function of the facade
     assert find_cycle({("a", "b"), ("b", "c"), ("c", "a")}) == ["a", "b", "c", "a"]
@@ -184,7 +187,29 @@ def test_no_module_cycle_inside_train():
 
 def test_the_architecture_page_names_modules_that_exist():
     page = (ROOT.parent / "docs" / "architecture.md").read_text()
-    named = set(re.findall(r"\b((?:launch|cluster|node|wire|worker|train|dashboard|server|gpu)/[a-z_]+\.py)\b", page))
-    assert {"wire/protocol.py", "launch/inputs.py", "train/state.py"} <= named
+    named = set(re.findall(r"\b((?:launch|cluster|node|wire|worker|train|dashboard|server|gpu)(?:/[a-z_]+)+\.py)\b", page))
+    assert {"wire/protocol.py", "launch/request/inputs.py", "train/state.py"} <= named
     missing = sorted(path for path in named if not (ROOT / path).is_file())
     assert not missing, f"docs/architecture.md names modules that do not exist: {', '.join(missing)}"
+
+
+def launch_layer(dotted: str) -> str:
+    """``relay`` for ``nbtrain.launch.relay.output``; ``""`` for ``nbtrain.launch`` itself."""
+    parts = dotted.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "launch" else ""
+
+
+def test_launch_is_split_into_its_sub_packages():
+    loose = sorted(p.name for p in (ROOT / "launch").glob("*.py") if p.name != "__init__.py")
+    assert not loose, f"modules directly in nbtrain/launch/ (put each in the sub-package it belongs to): {loose}"
+    subs = sorted(p.name for p in (ROOT / "launch").iterdir() if (p / "__init__.py").is_file())
+    assert subs == sorted(LAUNCH_LAYERS)
+
+
+def test_launch_sub_packages_import_only_those_below():
+    wrong = []
+    for imp in all_imports():
+        source, target = launch_layer(imp.source), launch_layer(imp.target)
+        if source and target and LAUNCH_LAYERS.index(target) > LAUNCH_LAYERS.index(source):
+            wrong.append(f"{imp} (launch.{source} sits below launch.{target})")
+    assert not wrong, "a launch sub-package imports one above it:\n" + "\n".join(wrong)

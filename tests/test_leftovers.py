@@ -18,10 +18,10 @@ import time
 
 import psutil
 import pytest
-
 from helpers.kernelhelp import Kernel
 from helpers.workers import assert_no_workers
-from nbtrain.launch.registry import runs_dir
+
+from nbtrain.launch.observers.registry import runs_dir
 from nbtrain.wire.shm import sweep_orphans
 
 NOBODY = 65534

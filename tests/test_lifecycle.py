@@ -10,11 +10,11 @@ from multiprocessing.connection import AuthenticationError, Client
 
 import psutil
 import pytest
-
-from nbtrain.launch.config import LaunchRequest, resolve
-from nbtrain.launch.errors import RankFailedError
-from nbtrain.launch.pool import WorkerPool
 from helpers.runhelp import run_cell
+
+from nbtrain.launch.diagnostics.failures import RankFailedError
+from nbtrain.launch.ranks.pool import WorkerPool
+from nbtrain.launch.request.config import LaunchRequest, resolve
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
 

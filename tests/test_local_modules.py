@@ -10,8 +10,14 @@ import pytest
 import torch  # noqa: F401  an installed package: its modules must not be stamped
 
 import nbtrain
-
-from nbtrain.launch.modules import Workdir, WorkdirGone, changed_files, fresh_ranks_note, notebook_workdir, stale_modules
+from nbtrain.launch.request.notebook_modules import (
+    Workdir,
+    WorkdirGone,
+    changed_files,
+    fresh_ranks_note,
+    notebook_workdir,
+    stale_modules,
+)
 from nbtrain.worker.modules import LocalModules
 
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import psutil
 import pytest
-from IPython.core.error import UsageError
-
 from helpers.workers import nbtrain_workers
+from IPython.core.error import UsageError
 
 
 def test_help_shows_options_and_examples(shell):

@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 
 import pytest
-
-from nbtrain.launch.errors import RankFailedError
 from helpers.runhelp import Captured, run_cell
+
+from nbtrain.launch.diagnostics.failures import RankFailedError
+
 
 def test_a_rank_slower_than_the_others_is_left_to_finish(pools):
     ns, result = run_cell(pools, """

@@ -30,10 +30,10 @@ from multiprocessing.connection import Client
 
 import psutil
 import pytest
-
 from helpers.kernelhelp import Kernel
 from helpers.nodehelp import Boom, join_command, start_agent, until
 from helpers.workers import assert_no_workers
+
 from nbtrain.cluster.hub import ADMIT_DEADLINE_S, MAX_ADMISSIONS, Hub
 from nbtrain.wire.link import JoinToken, LinkError, client_context, connect, handshake_client
 from nbtrain.wire.nodes import NodeHello

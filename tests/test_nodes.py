@@ -23,10 +23,10 @@ import time
 
 import psutil
 import pytest
-
 from helpers.kernelhelp import Kernel
 from helpers.nodehelp import Boom, join_command, start_agent, until
 from helpers.workers import assert_no_workers, nbtrain_workers
+
 from nbtrain.cluster.hub import Hub
 from nbtrain.wire.link import JoinToken, LinkError, client_context, connect
 from nbtrain.wire.nodes import NodeHello

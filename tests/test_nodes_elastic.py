@@ -11,15 +11,14 @@ the world size printed, and a group of one rank asked for ``input()`` as one ran
 
 from __future__ import annotations
 
-
 import pytest
-
 from helpers.nodehelp import Nodes
 from helpers.restart_cells import lost_node_cell
 from helpers.workers import nbtrain_workers
+
 from nbtrain.cluster.elastic import Formation
-from nbtrain.launch.api import run_source
-from nbtrain.launch.config import ConfigError, LaunchRequest, resolve
+from nbtrain.launch.lifecycle.entry import run_source
+from nbtrain.launch.request.config import ConfigError, LaunchRequest, resolve
 
 pytestmark = pytest.mark.timeout(400)
 

@@ -19,7 +19,6 @@ import time
 
 import psutil
 import pytest
-
 from helpers.kernelhelp import Kernel
 from helpers.nodehelp import join_command, start_agent
 from helpers.workers import assert_no_workers

@@ -14,12 +14,12 @@ import re
 import time
 
 import pytest
-
 from helpers.restart_cells import lost_node_cell
-from nbtrain.launch.api import run_source
-from nbtrain.launch.config import LaunchRequest
-from nbtrain.launch.errors import RankFailedError
-from nbtrain.launch.observer import RunObserver
+
+from nbtrain.launch.diagnostics.failures import RankFailedError
+from nbtrain.launch.lifecycle.entry import run_source
+from nbtrain.launch.observers.events import RunObserver
+from nbtrain.launch.request.config import LaunchRequest
 
 pytestmark = pytest.mark.timeout(400)
 

@@ -29,7 +29,7 @@ from helpers.slurmhelp import slurm_cluster  # noqa: F401  (the session's privat
 from helpers.workers import assert_no_workers
 from nbtrain.cluster.slurm import agent_command, batch_script, srun_argv
 from nbtrain.cluster.tokens import token_dir
-from nbtrain.launch.config import ConfigError, LaunchRequest, resolve
+from nbtrain.launch.request.config import ConfigError, LaunchRequest, resolve
 
 BASE = "%%distributed --nodes 2 --rdzv-host 127.0.0.1 --cpu --start-timeout 120"
 SUBMITTED = re.compile(r"submitted Slurm job (\d+)")

@@ -9,9 +9,9 @@ import re
 import nbformat
 import psutil
 import pytest
+from helpers.outputs import cell_text
 from nbclient import NotebookClient
 
-from helpers.outputs import cell_text
 from scripts.run_notebook import apply_parameters
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -8,11 +8,11 @@ import os
 import re
 
 import pytest
+from helpers.workers import assert_no_workers, nbtrain_workers
 from IPython.core.error import UsageError
 
-from helpers.workers import assert_no_workers, nbtrain_workers
-from nbtrain.launch.config import ConfigError, LaunchRequest, resolve
-from nbtrain.launch.options import OptionEnvError, from_arguments, option, options_of, with_env_fallbacks
+from nbtrain.launch.request.config import ConfigError, LaunchRequest, resolve
+from nbtrain.wire.options import OptionEnvError, from_arguments, option, options_of, with_env_fallbacks
 from nbtrain.magics import CellDisplay, DistributedMagics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -161,3 +161,40 @@ def test_the_user_guide_table_has_one_row_per_option_with_its_default_and_variab
             assert default_column.startswith(number.group(1)), f"{spec.flag}: help and user guide disagree"
         for choice in spec.choices or ():
             assert choice in row
+
+
+def test_a_rank_outside_a_cell_reads_the_training_options_through_the_same_declarations(tmp_path):
+    from nbtrain.wire.settings import TrainOptions, TrainSettingsError, parse_train_settings, settings_from_environment
+
+    given = {"amp": "bf16", "grad_accum": 3, "checkpoint": str(tmp_path / "run"), "channels_last": False,
+             "compile": "eager", "shard": "full"}
+    environ = {}
+    for f, spec in options_of(TrainOptions):
+        if f.name in given:
+            assert spec.env, f"{spec.flag} is read by ranks outside a cell, so it declares a variable"
+            value = given[f.name]
+            environ[spec.env] = "off" if value is False else str(value)
+    assert settings_from_environment(environ) == parse_train_settings(TrainOptions(**given))
+    with pytest.raises(OptionEnvError, match="NBTRAIN_GRAD_ACCUM must be a whole number"):
+        settings_from_environment({"NBTRAIN_GRAD_ACCUM": "two"})
+    with pytest.raises(TrainSettingsError, match="--grad-accum"):
+        settings_from_environment({"NBTRAIN_GRAD_ACCUM": "0"})
+    assert settings_from_environment({}) == parse_train_settings(TrainOptions())
+
+
+def test_distributed_nodes_shares_the_cells_node_options_and_their_variables(shell, monkeypatch):
+    from nbtrain.magics import NODE_OPTIONS, NodesCommand, node_options
+
+    parser = DistributedMagics.distributed_nodes.parser
+    helps = {a.dest: a.help for a in parser._actions if a.option_strings and "-h" not in a.option_strings}
+    shared = {f.name: spec.help_text() for f, spec in options_of(LaunchRequest) if f.name in NODE_OPTIONS}
+    own = {f.name: spec.help_text() for f, spec in options_of(NodesCommand)}
+    assert helps == {**shared, **own}  # generated from the declarations, none written again
+    monkeypatch.setenv("NBTRAIN_SSH_OPTION", "Port=2222")
+    monkeypatch.setenv("NBTRAIN_REMOTE_PYTHON", "python3.11")
+    nodes = node_options(parser.parse_argstring("--hosts a,b"))
+    assert (nodes.hosts, nodes.ssh_option, nodes.remote_python) == ("a,b", ("Port=2222",), "python3.11")
+    given = node_options(parser.parse_argstring("--ssh-option Port=22 --remote-python py"))
+    assert (given.ssh_option, given.remote_python) == (("Port=22",), "py")
+    with pytest.raises(UsageError, match="--hosts needs --rdzv-host"):
+        shell.run_line_magic("distributed_nodes", "--hosts a,b")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from helpers.runhelp import Captured
-from nbtrain.launch.output import HOLD_MAX, OutputRelay
+
+from nbtrain.launch.relay.output import HOLD_MAX, OutputRelay
 from nbtrain.wire.protocol import END_MARK
 
 

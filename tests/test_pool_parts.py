@@ -11,12 +11,12 @@ from multiprocessing.connection import AuthenticationError, Client, Connection
 
 import pytest
 
+from nbtrain.launch.diagnostics.failures import RankFailedError, order_failures, rank_failure
+from nbtrain.launch.ranks.channel import Channel, Message, admit, receive, send
+from nbtrain.launch.ranks.pool import WorkerPool
+from nbtrain.launch.ranks.procs import RankProcesses, error_file_path
+from nbtrain.launch.request.config import LaunchRequest, resolve
 from nbtrain.wire import protocol as P
-from nbtrain.launch.channel import Channel, Message, admit, receive, send
-from nbtrain.launch.config import LaunchRequest, resolve
-from nbtrain.launch.errors import RankFailedError, order_failures, rank_failure
-from nbtrain.launch.pool import WorkerPool
-from nbtrain.launch.procs import RankProcesses, error_file_path
 
 
 def _error(type_name: str, message: str) -> P.RemoteError:
@@ -138,7 +138,7 @@ def test_the_local_pool_and_the_node_pool_are_siblings_behind_one_protocol():
     """The run drives a RankGroup: both groups provide all of it, and the node group inherits nothing it does
     not use from the local one (only the state both keep)."""
     from nbtrain.cluster.group import NodePool
-    from nbtrain.launch.rankgroup import GroupState, RankGroup
+    from nbtrain.launch.ranks.rankgroup import GroupState, RankGroup
 
     wanted = {name for name in dir(RankGroup) if not name.startswith("_")} | set(RankGroup.__annotations__)
     for group in (WorkerPool, NodePool):

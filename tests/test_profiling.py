@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers.outputs import cell_text
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook
 
-from helpers.outputs import cell_text
-from nbtrain.launch.config import ConfigError, LaunchRequest, resolve
-from nbtrain.launch.profiling import parse_profile
+from nbtrain.launch.diagnostics.profiling import parse_profile
+from nbtrain.launch.request.config import ConfigError, LaunchRequest, resolve
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
 

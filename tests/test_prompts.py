@@ -5,16 +5,16 @@ from __future__ import annotations
 import time
 
 import pytest
+from helpers.kernelhelp import nbtrain_kernel
+from helpers.outputs import cell_text
+from helpers.runhelp import Captured
+from helpers.workers import assert_no_workers
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook
 
-from helpers.kernelhelp import nbtrain_kernel
-from helpers.workers import assert_no_workers
-from helpers.outputs import cell_text
-from nbtrain.launch.output import OutputRelay
-from nbtrain.launch.prompts import PendingPrompts
+from nbtrain.launch.relay.output import OutputRelay
+from nbtrain.launch.relay.stdin import PendingPrompts
 from nbtrain.wire import protocol as P
-from helpers.runhelp import Captured
 
 
 @pytest.fixture(scope="module")

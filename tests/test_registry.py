@@ -7,9 +7,9 @@ import os
 import time
 
 import pytest
-
 from helpers.runhelp import run_cell
-from nbtrain.launch.registry import RunRegistry, read_runs
+
+from nbtrain.launch.observers.registry import RunRegistry, read_runs
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from helpers.restart_cells import killed_rank_cell
 from helpers.runhelp import Captured, run_cell
-from nbtrain.launch.errors import RankFailedError
-from nbtrain.launch.observer import RunObserver
+
+from nbtrain.launch.diagnostics.failures import RankFailedError
+from nbtrain.launch.observers.events import RunObserver
 
 pytestmark = pytest.mark.timeout(240)
 

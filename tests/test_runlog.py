@@ -6,10 +6,10 @@ import csv
 import io
 
 import pytest
-
 from helpers.runhelp import run_cell
-from nbtrain.launch.errors import RankFailedError
-from nbtrain.launch.runlog import RunLog
+
+from nbtrain.launch.diagnostics.failures import RankFailedError
+from nbtrain.launch.observers.runlog import RunLog
 
 CELL = """
 import nbtrain
@@ -41,9 +41,9 @@ def test_each_run_is_a_row_with_its_options_state_and_series(pools, tmp_path):
 
 
 def test_a_mistake_before_anything_starts_is_no_run():
-    from nbtrain.launch.api import run_source
-    from nbtrain.launch.config import ConfigError, LaunchRequest
-    from nbtrain.launch.run import PoolManager
+    from nbtrain.launch.lifecycle.entry import run_source
+    from nbtrain.launch.lifecycle.run import PoolManager
+    from nbtrain.launch.request.config import ConfigError, LaunchRequest
 
     manager = PoolManager()
     with pytest.raises(ConfigError):

@@ -8,11 +8,6 @@ process tree.
 
 from __future__ import annotations
 
-# pytest-jupyter's fixtures (jp_fetch, jp_serverapp, ... and their autouse clean-ups), imported into this
-# module rather than registered as a plugin, so they apply to these tests only. Their coroutine-test hook
-# is not active here, which is why each test drives its scenario on jp_asyncio_loop itself.
-from pytest_jupyter.jupyter_server import *  # noqa: F403
-
 import json
 import os
 import subprocess
@@ -20,11 +15,16 @@ import time
 
 import psutil
 import pytest
+from helpers import fake_nvml
+from helpers.serverhelp import ENDLESS_RUN, fetch_json, open_notebook_kernel, wait_for
+
+# pytest-jupyter's fixtures (jp_fetch, jp_serverapp, ... and their autouse clean-ups), imported into this
+# module rather than registered as a plugin, so they apply to these tests only. Their coroutine-test hook
+# is not active here, which is why each test drives its scenario on jp_asyncio_loop itself.
+from pytest_jupyter.jupyter_server import *  # noqa: F403
 from tornado.httpclient import HTTPClientError
 
-from helpers import fake_nvml
 from nbtrain.server.handlers import ROUTES
-from helpers.serverhelp import ENDLESS_RUN, fetch_json, open_notebook_kernel, wait_for
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
 

@@ -10,14 +10,15 @@ and the error says so. The option checks need no process.
 from __future__ import annotations
 
 import re
+
 import pytest
+from helpers.outputs import cell_text
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook
 
-from helpers.outputs import cell_text
-from nbtrain.launch.api import run_source
-from nbtrain.launch.config import ConfigError, LaunchRequest, resolve
-from nbtrain.launch.run import PoolManager
+from nbtrain.launch.lifecycle.entry import run_source
+from nbtrain.launch.lifecycle.run import PoolManager
+from nbtrain.launch.request.config import ConfigError, LaunchRequest, resolve
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
 

@@ -8,13 +8,13 @@ import os
 
 import pytest
 import torch
-
 from helpers.runhelp import run_cell
 from helpers.sharding import CURVE, MODEL, train
-from nbtrain.launch import api
-from nbtrain.launch.api import format_summary
-from nbtrain.launch.config import ConfigError, LaunchRequest, resolve
-from nbtrain.launch.errors import RankFailedError
+
+from nbtrain.launch.diagnostics.failures import RankFailedError
+from nbtrain.launch.lifecycle import entry
+from nbtrain.launch.lifecycle.entry import format_summary
+from nbtrain.launch.request.config import ConfigError, LaunchRequest, resolve
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -53,10 +53,10 @@ losses.append(loss.item())   # kept by the session from the cell before
                         ns, out="losses,trained", session="big")
     assert len(later["losses"]) == 2 and later["losses"][1] < later["losses"][0]
     pulled: dict = {}
-    result = api.pull(pools, "big", ["model", "opt"], pulled)
+    result = entry.pull(pools, "big", ["model", "opt"], pulled)
     assert type(pulled["model"]).__name__ == "Net" and "opt" in result.skipped
     assert sum(float(p.detach().double().sum()) for p in pulled["model"].parameters()) == pytest.approx(later["trained"])
-    api.close(pools, "big")
+    entry.close(pools, "big")
 
 
 def test_a_sharded_model_over_the_out_limit_stays_on_the_ranks_and_says_so(pools, tmp_path):

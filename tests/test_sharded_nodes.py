@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from helpers.sharding import train
 
 pytestmark = pytest.mark.timeout(300)

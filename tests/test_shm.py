@@ -9,12 +9,12 @@ import signal
 import numpy as np
 import pytest
 import torch
+from helpers.runhelp import run_cell
 
-from nbtrain.launch.errors import RankFailedError
-from nbtrain.launch.inputs import pack_inputs
+from nbtrain.launch.diagnostics.failures import RankFailedError
+from nbtrain.launch.request.inputs import pack_inputs
 from nbtrain.wire.payload import load_inputs, pack_results, unpack_results
 from nbtrain.wire.shm import SharedArena, new_result_prefix, owner_prefix, shm_dir, sweep_orphans
-from helpers.runhelp import run_cell
 
 MB = 2**20
 

@@ -12,13 +12,12 @@ import time
 
 import psutil
 import pytest
-
-from helpers.workers import nbtrain_workers
 from helpers.kernelhelp import Kernel
+from helpers.workers import nbtrain_workers
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
 
-HOLD_A_FILE = ("import torch\nfrom nbtrain.launch.inputs import pack_inputs\n"
+HOLD_A_FILE = ("import torch\nfrom nbtrain.launch.request.inputs import pack_inputs\n"
                "held = pack_inputs({'t': torch.ones(8_000_000)}, ['t'])\nprint(len(held.arena.paths))")
 BIG_BOTH_WAYS = "%%distributed 2 --cpu --out big2\nbig2 = big * 2\n"
 

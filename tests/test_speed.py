@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers.runhelp import Captured, run_cell
 from IPython.core.error import UsageError
 
-from helpers.runhelp import Captured, run_cell
-from nbtrain.launch.api import format_summary
-from nbtrain.launch.config import ConfigError, LaunchRequest, resolve
-from nbtrain.launch.errors import RankFailedError
-from nbtrain.launch.setup_facts import compile_seconds, setup_words
+from nbtrain.launch.diagnostics.failures import RankFailedError
+from nbtrain.launch.diagnostics.setup_facts import compile_seconds, setup_words
+from nbtrain.launch.lifecycle.entry import format_summary
+from nbtrain.launch.request.config import ConfigError, LaunchRequest, resolve
 from nbtrain.magics import DistributedMagics
 from nbtrain.train import speed
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def parsed(line: str) -> LaunchRequest:
-    from nbtrain.launch.options import from_arguments
+    from nbtrain.wire.options import from_arguments
 
     return from_arguments(LaunchRequest, DistributedMagics.distributed.parser.parse_argstring(line))
 

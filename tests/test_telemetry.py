@@ -8,11 +8,11 @@ import time
 
 import psutil
 import pytest
-
 from helpers.workers import parent_and_child, parent_code
+
+from nbtrain.dashboard.threads import Sampler, check_interval
 from nbtrain.gpu import nvml
 from nbtrain.gpu.telemetry import NO_DRIVER, Telemetry, snapshot
-from nbtrain.dashboard.threads import Sampler, check_interval
 
 SPIN_30_S = "import time\nend = time.time() + 30\nwhile time.time() < end: pass"
 

@@ -13,9 +13,9 @@ import sys
 import time
 
 import pytest
-
 from helpers.fake_nvml import FakeGpu, install
 from helpers.workers import parent_and_child
+
 from nbtrain.gpu import nvml
 from nbtrain.gpu.devices import DeviceReader
 from nbtrain.gpu.telemetry import Telemetry

@@ -7,17 +7,17 @@ import os
 import sys
 
 import pytest
+from helpers.outputs import cell_text
+from helpers.restart_cells import killed_rank_cell
+from helpers.runhelp import run_cell
+from helpers.workers import nbtrain_workers
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import nbtrain
-from helpers.outputs import cell_text
-from helpers.restart_cells import killed_rank_cell
-from helpers.runhelp import run_cell
-from helpers.workers import nbtrain_workers
-from nbtrain.launch.api import run_source
-from nbtrain.launch.config import ConfigError, LaunchRequest, resolve
+from nbtrain.launch.lifecycle.entry import run_source
+from nbtrain.launch.request.config import ConfigError, LaunchRequest, resolve
 
 LOGGING_CELL = """
 import nbtrain

@@ -7,9 +7,9 @@ the ranks; the module's teardown stops it and checks that no rank is left.
 from __future__ import annotations
 
 import pytest
-
-from nbtrain.launch.errors import RankFailedError
 from helpers.runhelp import DTYPE_PROBE, run_cell
+
+from nbtrain.launch.diagnostics.failures import RankFailedError
 
 pytestmark = pytest.mark.timeout(240)
 

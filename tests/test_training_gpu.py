@@ -14,7 +14,6 @@ if not torch.cuda.is_available():
 
 from helpers.runhelp import DTYPE_PROBE, run_cell  # noqa: E402
 
-
 pytestmark = pytest.mark.timeout(300)
 NPROCS = min(2, torch.cuda.device_count())
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from helpers.workers import nbtrain_workers
 from IPython.core.error import UsageError
 
-from nbtrain.launch.config import ConfigError, LaunchRequest, resolve
-from helpers.workers import nbtrain_workers
+from nbtrain.launch.request.config import ConfigError, LaunchRequest, resolve
 
 pytestmark = pytest.mark.timeout(240)
 

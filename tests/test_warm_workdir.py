@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from helpers.kernelhelp import Kernel
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")

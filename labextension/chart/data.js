@@ -1,16 +1,32 @@
+// @ts-check
 // The chart's data, apart from drawing: the base and tail the kernel sends (nbtrain/dashboard/chart_feed.py),
-// joined into one set of columns per series, and the smoothing drawn over them.
+// joined into one set of columns per series, and the smoothing drawn over them. Typed with JSDoc, checked by
+// tsc (tsconfig.chart.json); tested by node's own test runner (chart/test/).
 
+/** One series' buckets: a column per key of COLUMNS, all of one length.
+ * @typedef {{step: Float64Array, time: Float64Array, mean: Float64Array, min: Float64Array, max: Float64Array}} Columns */
+/** @typedef {Record<string, Columns>} Series */
+/** A column as it arrives: ipywidgets' binary buffer (a DataView), raw bytes, or floats already.
+ * @typedef {DataView | ArrayBuffer | Float64Array | null | undefined} WireColumn */
+/** A base or a tail of the ``base`` / ``tail`` traits: its series' columns, the epoch it belongs to, the panels.
+ * @typedef {{epoch: number, series: Record<string, Record<string, WireColumn>>, groups?: [string, string[]][]}} Update */
+/** The kernel's rule for smoothing (nbtrain.dashboard.series.worth_smoothing), sent in the ``style`` trait.
+ * @typedef {{smooth_min_points: number, smooth_dense_share: number}} SmoothRule */
+
+/** @type {(keyof Columns)[]} */
 export const COLUMNS = ["step", "time", "mean", "min", "max"];
 
-// A column arrives as a DataView over little-endian float64 bytes (ipywidgets' binary buffers).
+/** A column as floats: it arrives as a DataView over little-endian float64 bytes (ipywidgets' binary buffers).
+ * @param {WireColumn} view
+ * @returns {Float64Array} */
 export function floats(view) {
   if (!view) return new Float64Array(0);
   if (view instanceof Float64Array) return view;
-  const bytes = view.buffer ? new Uint8Array(view.buffer, view.byteOffset, view.byteLength) : new Uint8Array(view);
+  const bytes = ArrayBuffer.isView(view) ? new Uint8Array(view.buffer, view.byteOffset, view.byteLength) : new Uint8Array(view);
   return new Float64Array(bytes.slice().buffer); // a copy: aligned, and ours to keep
 }
 
+/** @param {Float64Array} a @param {Float64Array} b @returns {Float64Array} */
 function concat(a, b) {
   if (!a.length) return b;
   if (!b.length) return a;
@@ -20,24 +36,31 @@ function concat(a, b) {
   return out;
 }
 
-// {name: {step, time, mean, min, max}}: the base's buckets then the tail's, when both are of one epoch.
+/** {name: {step, time, mean, min, max}}: the base's buckets then the tail's, when both are of one epoch.
+ * @param {Update | null | undefined} base
+ * @param {Update | null | undefined} tail
+ * @returns {Series} */
 export function joinSeries(base, tail) {
+  /** @type {Series} */
   const out = {};
   if (!tail || !tail.series) return out;
-  const sameEpoch = base && base.epoch === tail.epoch;
+  const head = base && base.epoch === tail.epoch && base.series ? base.series : {};
   for (const [name, cols] of Object.entries(tail.series)) {
-    const head = sameEpoch && base.series ? base.series[name] : undefined;
-    out[name] = {};
-    for (const key of COLUMNS) {
-      out[name][key] = concat(head ? floats(head[key]) : new Float64Array(0), floats(cols[key]));
-    }
+    const before = head[name];
+    const joined = /** @type {Columns} */ ({});
+    for (const key of COLUMNS) joined[key] = concat(before ? floats(before[key]) : new Float64Array(0), floats(cols[key]));
+    out[name] = joined;
   }
   return out;
 }
 
-// Exponential moving average with the start-up bias removed, as nbtrain.dashboard.series.smooth (TensorBoard).
+/** Exponential moving average with the start-up bias removed, as nbtrain.dashboard.series.smooth (TensorBoard).
+ * @param {ArrayLike<number>} values
+ * @param {number} weight 0 (none) to below 1
+ * @returns {number[]} */
 export function smooth(values, weight) {
   if (!(weight > 0)) return Array.from(values);
+  /** @type {number[]} */
   const out = new Array(values.length);
   let last = 0, debias = 1;
   for (let i = 0; i < values.length; i++) {
@@ -48,23 +71,29 @@ export function smooth(values, weight) {
   return out;
 }
 
-// Whether a series of ``points`` buckets is smoothed beside a longest one of ``mostPoints``: the kernel's rule
-// (nbtrain.dashboard.series.worth_smoothing), its numbers sent in the ``style`` trait.
+/** Whether a series of ``points`` buckets is smoothed beside a longest one of ``mostPoints``: the kernel's rule
+ * (nbtrain.dashboard.series.worth_smoothing), its numbers sent in the ``style`` trait.
+ * @param {number} points @param {number} mostPoints @param {SmoothRule} style @returns {boolean} */
 export function worthSmoothing(points, mostPoints, style) {
   return points > style.smooth_min_points && points >= mostPoints * style.smooth_dense_share;
 }
 
-// The most buckets of any series in ``names`` (the panels drawn).
+/** The most buckets of any series in ``names`` (the panels drawn).
+ * @param {Series} series @param {string[]} names @returns {number} */
 export function mostPoints(series, names) {
   return Math.max(0, ...names.map((name) => (series[name] ? series[name].mean.length : 0)));
 }
 
+/** The earliest wall time of any series (0 when none has a point): where the time axis starts.
+ * @param {Series} series @returns {number} */
 export function firstTime(series) {
   let t0 = Infinity;
   for (const cols of Object.values(series)) if (cols.time.length) t0 = Math.min(t0, cols.time[0]);
   return Number.isFinite(t0) ? t0 : 0;
 }
 
+/** Whether every bucket of ``names`` is above 0, so a log scale can show them (else asinh).
+ * @param {Series} series @param {string[]} names @returns {boolean} */
 export function allPositive(series, names) {
   return names.every((name) => !series[name] || series[name].min.every((v) => v > 0));
 }

@@ -1,3 +1,4 @@
+// @ts-check
 // The load panels: the machine's load over the run, beside the logged curves (kernel side:
 // nbtrain/dashboard/load_feed.py). Each update of the ``load`` trait carries only the telemetry samples that are
 // new; they are appended here. Past MAX_POINTS samples every other one is dropped, all along the run (the
@@ -8,46 +9,68 @@ import { floats } from "./data.js";
 
 export const MAX_POINTS = 3600;
 
-function thinned(values) {
+/** @typedef {"busy" | "memory"} LoadKey */
+/** A device's line, the final figure's own (theme.device_style in Python).
+ * @typedef {{color: string, width: number, dash: number[]}} DeviceStyle */
+/** One update of the ``load`` trait: the new samples only, a column per device and key.
+ * @typedef {{t: import("./data.js").WireColumn, devices: string[], titles: string[],
+ *            busy: Record<string, import("./data.js").WireColumn>, memory: Record<string, import("./data.js").WireColumn>,
+ *            styles: Record<string, DeviceStyle>}} LoadUpdate */
+
+/** Every other value, from the first: half the resolution, the same shape.
+ * @template T @param {T[]} values @returns {T[]} */
+export function thinned(values) {
   return values.filter((_, i) => i % 2 === 0);
 }
 
+/** @param {uPlot} u @param {number | null} v @returns {string} */
 function percentText(u, v) {
   return v == null || Number.isNaN(v) ? "–" : v.toFixed(0) + "%";
 }
 
 export class LoadPanels {
+  /** @param {HTMLElement} parent @param {number} width @param {number} height
+   * @param {(panels: LoadPanels, u: uPlot) => void} onDraw */
   constructor(parent, width, height, onDraw) {
     this.parent = parent;
     this.options = { width, height };
     this.onDraw = onDraw;
+    /** @type {number[]} */
     this.t = [];
+    /** @type {string[]} */
     this.devices = [];
+    /** @type {Record<LoadKey, Record<string, (number | null)[]>>} */
     this.columns = { busy: {}, memory: {} };
+    /** @type {string[] | null} */
     this.titles = null;
+    /** @type {Record<string, DeviceStyle>} */
     this.styles = {};
+    /** @type {uPlot[]} */
     this.plots = [];
     this.zoomed = false;
   }
 
-  // Append one update's samples (NaN = not known: drawn as a gap).
+  /** Append one update's samples (NaN = not known: drawn as a gap).
+   * @param {LoadUpdate | null | undefined} load */
   append(load) {
     if (!load || !load.t) return;
     const t = Array.from(floats(load.t));
     const start = this.t.length;
     this.t.push(...t);
+    /** @type {LoadKey[]} */
+    const keys = ["busy", "memory"];
     for (const device of load.devices) {
-      for (const key of ["busy", "memory"]) {
+      for (const key of keys) {
         const column = this.columns[key][device] || (this.columns[key][device] = new Array(start).fill(null));
         for (const v of floats(load[key][device])) column.push(Number.isNaN(v) ? null : v);
       }
     }
-    for (const key of ["busy", "memory"]) { // a device absent from this update: gaps, so columns stay aligned
+    for (const key of keys) { // a device absent from this update: gaps, so columns stay aligned
       for (const column of Object.values(this.columns[key])) while (column.length < this.t.length) column.push(null);
     }
     if (this.t.length > MAX_POINTS) {
       this.t = thinned(this.t);
-      for (const key of ["busy", "memory"]) {
+      for (const key of keys) {
         for (const device of Object.keys(this.columns[key])) this.columns[key][device] = thinned(this.columns[key][device]);
       }
     }
@@ -67,7 +90,11 @@ export class LoadPanels {
   build() {
     this.destroy();
     const { width, height } = this.options;
-    this.plots = ["busy", "memory"].map((key, k) => {
+    const titles = this.titles || [""];
+    /** @type {LoadKey[]} */
+    const keys = ["busy", "memory"];
+    this.plots = keys.map((key, k) => {
+      /** @type {uPlot.Series[]} */
       const series = [{ label: "seconds", value: (u, v) => (v == null ? "–" : v.toFixed(0) + " s") }];
       for (const device of this.devices) {
         const style = this.styles[device];
@@ -79,7 +106,7 @@ export class LoadPanels {
       this.parent.appendChild(cell);
       const panel = this;
       return new uPlot({
-        title: this.titles[k], width, height, series,
+        title: titles[k], width, height, series,
         scales: { x: { time: false }, y: { range: (u, min, max) => [0, Math.max(100, max || 0)] } },
         axes: [{ label: "seconds since the first sample" }, { size: 50 }],
         cursor: { drag: { x: true, y: false } },
@@ -93,14 +120,17 @@ export class LoadPanels {
     for (const plot of this.plots) plot.over.addEventListener("dblclick", () => { this.zoomed = false; });
   }
 
+  /** uPlot's columns of one panel: the times, then each device's values.
+   * @param {LoadKey} key @returns {uPlot.AlignedData} */
   data(key) {
-    return [this.t, ...this.devices.map((device) => this.columns[key][device])];
+    return /** @type {uPlot.AlignedData} */ ([this.t, ...this.devices.map((device) => this.columns[key][device])]);
   }
 
   draw() {
     this.plots.forEach((plot, k) => plot.setData(this.data(k === 0 ? "busy" : "memory"), !this.zoomed));
   }
 
+  /** @param {number} width */
   resize(width) {
     this.options.width = width;
     for (const plot of this.plots) plot.setSize({ width, height: this.options.height });

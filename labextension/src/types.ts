@@ -52,7 +52,7 @@ export interface INodeGpu {
 }
 
 /** A machine of a `--nodes` run: what its heartbeats say (telemetry null before the first one). */
-/** A run's state: nbtrain.launch.observer.RunState's values (tests/test_lab_contract.py checks they agree). */
+/** A run's state: nbtrain.launch.observers.events.RunState's values (tests/test_lab_contract.py checks they agree). */
 export type RunState = 'starting' | 'running' | 'finished' | 'failed' | 'interrupted';
 
 /** A joined node's state: nbtrain.cluster.hub.NodeState's values, or lost. */

@@ -3,10 +3,10 @@
 * :mod:`.tls` — the pool's self-signed certificate, pinned through the join token;
 * :mod:`.hub` — the TLS listener on ``--rdzv-host``, the join token, the registry of joined nodes, heartbeats;
 * :mod:`.group` — :class:`~.group.NodePool`, the pool implementation whose ranks run on the nodes under
-  torch elastic's agent; :mod:`nbtrain.launch.run` drives it like the local one.
+  torch elastic's agent; :mod:`nbtrain.launch.lifecycle.run` drives it like the local one.
 
-:class:`Cluster` is what the magics hold: it makes the hub on first use and hands :class:`~nbtrain.launch.run.PoolManager`
-a pool factory (:meth:`Cluster.make_pool`) that returns a local :class:`~nbtrain.launch.pool.WorkerPool` for a
+:class:`Cluster` is what the magics hold: it makes the hub on first use and hands :class:`~nbtrain.launch.lifecycle.run.PoolManager`
+a pool factory (:meth:`Cluster.make_pool`) that returns a local :class:`~nbtrain.launch.ranks.pool.WorkerPool` for a
 one-machine spec and a :class:`~.group.NodePool` for a multi-node one. Nodes stay joined between cells, while
 the hub lives: until ``%distributed_shutdown``, the extension's unloading or the kernel's exit.
 :mod:`.emulated` starts node agents on this machine's loopback addresses (``%distributed_nodes --emulate N``),
@@ -18,9 +18,9 @@ from __future__ import annotations
 import atexit
 import threading
 
-from ..launch.config import PoolSpec
-from ..launch.pool import WorkerPool
-from ..launch.rankgroup import RankGroup
+from ..launch.ranks.pool import WorkerPool
+from ..launch.ranks.rankgroup import RankGroup
+from ..launch.request.config import PoolSpec
 from .emulated import EmulatedNodes, check_loopback
 from .group import NodePool
 from .hub import Hub
@@ -65,13 +65,14 @@ class Cluster:
         hub = self.hub(host)
         return self.ssh.start(hosts, f"{hub.host}:{hub.port}", hub.valid_token(), options, python)
 
-    def start_slurm(self, host: str, nodes: int, args: tuple[str, ...], python: str = "") -> str:
-        """Listen on ``host`` and start ``nodes`` agents as a Slurm job, unless this kernel's job runs or waits."""
+    def start_slurm(self, host: str, nodes: int, args: tuple[str, ...], python: str = "", min_nodes: int = 0) -> str:
+        """Listen on ``host`` and start ``nodes`` agents (MIN to ``nodes`` with ``min_nodes``) as a Slurm job,
+        unless this kernel's job runs or waits."""
         hub = self.hub(host)
         if self.slurm.active():
             return f"nbtrain: Slurm job {self.slurm.job_id} runs the node agents already"
         hub.valid_token()
-        return self.slurm.start(nodes, 0, f"{hub.host}:{hub.port}", hub.token_file.path, args, python,
+        return self.slurm.start(nodes, min_nodes, f"{hub.host}:{hub.port}", hub.token_file.path, args, python,
                                 bool(loopback(hub.host)))
 
     def emulate(self, host: str, count: int) -> list[str]:

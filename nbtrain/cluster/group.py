@@ -1,8 +1,8 @@
 """NodePool: the second rank group — its ranks run on joined nodes, each under torch elastic's agent.
 
-:class:`NodePool` is a :class:`~nbtrain.launch.rankgroup.RankGroup` beside the local
-:class:`~nbtrain.launch.pool.WorkerPool` (it shares only :class:`~nbtrain.launch.rankgroup.GroupState`, the
-state both keep); :mod:`nbtrain.launch.run` drives it exactly as it drives local ranks and sees the same events (:class:`Message`, :class:`Output`, :class:`Exited`):
+:class:`NodePool` is a :class:`~nbtrain.launch.ranks.rankgroup.RankGroup` beside the local
+:class:`~nbtrain.launch.ranks.pool.WorkerPool` (it shares only :class:`~nbtrain.launch.ranks.rankgroup.GroupState`, the
+state both keep); :mod:`nbtrain.launch.lifecycle.run` drives it exactly as it drives local ranks and sees the same events (:class:`Message`, :class:`Output`, :class:`Exited`):
 
 * **start** (:meth:`NodePool.spawn`): the kernel hosts the c10d store on ``--rdzv-host``; once ``--nodes``
   nodes have joined the hub (:mod:`.hub`; the join command is printed once) — or, elastic ``--nodes MIN:MAX``,
@@ -36,13 +36,13 @@ import select
 import socket
 import sys
 import time
-from dataclasses import replace
 from collections.abc import Callable
+from dataclasses import replace
 
-from ..launch.config import PoolSpec
-from ..launch.errors import RankFailure, rank_failure
-from ..launch.pool import Exited, Message, Output, host_store
-from ..launch.rankgroup import GroupState
+from ..launch.diagnostics.failures import RankFailure, rank_failure
+from ..launch.ranks.pool import Exited, Message, Output, host_store
+from ..launch.ranks.rankgroup import GroupState
+from ..launch.request.config import PoolSpec
 from ..wire import nodes as N
 from ..wire import protocol as P
 from .elastic import Formation
@@ -64,14 +64,13 @@ def rank_span(ranks) -> str:
 
 
 class NodePool(GroupState):
-    """Ranks on ``spec.nodes`` joined nodes, a :class:`~nbtrain.launch.rankgroup.RankGroup` (see the module
+    """Ranks on ``spec.nodes`` joined nodes, a :class:`~nbtrain.launch.ranks.rankgroup.RankGroup` (see the module
     docstring)."""
 
     def __init__(self, spec: PoolSpec, hub: Hub, say: Callable[[str], None] | None = None,
                  ssh: SshNodes | None = None, slurm: SlurmNodes | None = None) -> None:
         super().__init__(spec)
         self._store = None  # the c10d store this pool's ranks bootstrap from, hosted here on --rdzv-host
-        self.requested = spec  # what the cell asked for; self.spec is the group as formed (elastic: its size)
         self.formation = Formation(spec.min_nodes or spec.nodes, spec.nodes, spec.last_call_s)
         self.hub = hub
         self.ssh = ssh  # with --hosts: the sessions that start the agents (the Cluster's, kept between pools)
@@ -94,7 +93,7 @@ class NodePool(GroupState):
 
     # ------------------------------------------------------------------------------- start
     def spawn(self) -> None:
-        spec = self.requested
+        spec = self.spec
         if spec.hosts and self.ssh is not None:  # first: the agents start while this kernel imports torch
             if len(self.hub.idle_nodes()) < spec.nodes:
                 started = self.ssh.start(spec.hosts, f"{self.hub.host}:{self.hub.port}", self.hub.valid_token(),
@@ -111,7 +110,7 @@ class NodePool(GroupState):
 
     def _start_slurm(self) -> None:
         """Submit the agents' job unless one runs or waits already (it was kept when a cell was stopped)."""
-        spec, hub = self.requested, self.hub
+        spec, hub = self.spec, self.hub
         assert self.slurm is not None and spec.slurm is not None
         if len(hub.idle_nodes()) >= spec.nodes:
             return
@@ -123,7 +122,7 @@ class NodePool(GroupState):
                                    spec.slurm, spec.remote_python, bool(loopback(hub.host))))
 
     def _wanted(self) -> str:
-        spec = self.requested
+        spec = self.spec
         return f"{spec.min_nodes} to {spec.nodes}" if spec.min_nodes else str(spec.nodes)
 
     def _start_if_joined(self) -> None:
@@ -134,11 +133,11 @@ class NodePool(GroupState):
         if count == 0:
             return
         self.nodes = idle[:count]
-        if self.requested.min_nodes:  # elastic: the world size is decided now
-            self.spec = replace(self.requested, nodes=count, nprocs=count * self.requested.nproc_per_node)
-            self._say(self.formation.announce([n.name for n in self.nodes], self.requested.nproc_per_node))
+        if self.spec.min_nodes:  # elastic: the world size is decided now
+            self.formed(count * self.spec.nproc_per_node)
+            self._say(self.formation.announce([n.name for n in self.nodes], self.spec.nproc_per_node))
         assert self._store is not None
-        start = N.StartRanks(self.run_id, f"{self.spec.rdzv_host}:{self._store.port}", self.spec.nodes,
+        start = N.StartRanks(self.run_id, f"{self.spec.rdzv_host}:{self._store.port}", len(self.nodes),
                              self.spec.nproc_per_node, self.spec.backend, self.spec.device_type, self.spec.timeout_s,
                              self.spec.env, os.getpid())
         for group_rank, node in enumerate(self.nodes):
@@ -153,9 +152,9 @@ class NodePool(GroupState):
     def serves(self, spec: PoolSpec) -> bool:
         """Warm for ``spec`` while its nodes stay; an elastic group that formed below MAX re-forms when more have
         joined since (torch elastic's scale-up restarts the workers too)."""
-        if spec != self.requested:
+        if spec != self.spec:
             return False
-        return not (self.requested.min_nodes and self._started and self.spec.nodes < self.requested.nodes
+        return not (self.spec.min_nodes and self._started and len(self.nodes) < self.spec.nodes
                     and self.hub.idle_nodes())
 
     def start_hint(self) -> str:
@@ -182,7 +181,7 @@ class NodePool(GroupState):
         per-process telemetry must not read an unrelated local process)."""
         here = socket.gethostname()
         return [self._pids.get(rank, 0) if (node := self._rank_node.get(rank)) is not None and node.hello.host == here
-                else 0 for rank in range(self.spec.nprocs)]
+                else 0 for rank in range(self.world_size)]
 
     def rank_label(self, rank: int) -> str:
         node = self._rank_node.get(rank)
@@ -275,7 +274,7 @@ class NodePool(GroupState):
             return []
         self._say(f"nbtrain: {why}")
         events: list = []
-        for rank in range(self.spec.nprocs):
+        for rank in range(self.world_size):
             if rank not in self._exited:
                 self._exited[rank], self._lost_account[rank] = 1, f"the node agents' {why}"
                 events.append(Exited(rank, 1))

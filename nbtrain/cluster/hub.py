@@ -30,7 +30,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..launch.observer import NamedState, NodeGpu, NodeInfo
+from ..launch.observers.events import NamedState, NodeGpu, NodeInfo
 from ..wire import nodes as N
 from ..wire.link import JoinToken, Link, LinkError, handshake_server, read_hello, send_welcome
 from .tls import make_certificate, server_context

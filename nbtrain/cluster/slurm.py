@@ -38,7 +38,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from ..launch.mistakes import UserInputError
+from ..launch.request.mistakes import UserInputError
 from .ssh import remote_command
 
 COMMAND_TIMEOUT_S = 30  # sbatch, scontrol, scancel: a controller that does not answer in this is said so

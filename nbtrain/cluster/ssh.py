@@ -10,7 +10,7 @@ no command line on either machine. A loopback host (``127.0.0.K``) is also the a
 from, so agents on one machine are told apart as emulated ones are.
 
 The options are checked with the cell's other options, before anything starts
-(:mod:`nbtrain.launch.hosts`). The ``ssh`` processes own the nodes: each lives as long as its agent. The agent leaves with the pool (Bye,
+(:mod:`nbtrain.launch.request.hosts`). The ``ssh`` processes own the nodes: each lives as long as its agent. The agent leaves with the pool (Bye,
 a broken link or a silent kernel); :meth:`SshNodes.close` then reaps the ``ssh`` processes, ending one that
 outlived that by :data:`EXIT_WAIT_S`. One that exits with an error before its node joined — host unreachable,
 authentication refused, nbtrain missing on the host — is reported by the waiting pool

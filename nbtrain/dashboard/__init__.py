@@ -81,7 +81,7 @@ def dashboard_mode(shell, environ=os.environ) -> str:
 def observer_for(shell, enabled: bool = True):
     """The observer that shows the dashboard for one run in ``shell``, or ``None`` when it is off.
 
-    Pass it to :func:`nbtrain.launch.api.run_source` as ``observers=[...]``; create one per run.
+    Pass it to :func:`nbtrain.launch.lifecycle.entry.run_source` as ``observers=[...]``; create one per run.
     """
     if not enabled:
         return None

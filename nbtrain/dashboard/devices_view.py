@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import html
 
+from ..gpu.health import describe as describe_health
 from ..gpu.telemetry import Snapshot
+from ..words import count
 from . import text, theme
 from .telemetry_series import MACHINE, DeviceKey
-from ..words import count
-from ..gpu.health import describe as describe_health
 
 _NO_SPARK: tuple[list, list] = ([], [])
 

@@ -10,12 +10,12 @@ it went, where each series started and ended, and how busy the devices were.
 
 from __future__ import annotations
 
+from ..words import count, plural
 from . import plotting, text, theme
 from .metric_store import MetricStore
 from .progress import Progress
 from .series import DEFAULT_SMOOTHING
 from .telemetry_series import DeviceKind, TelemetrySeries
-from ..words import count, plural
 
 WIDTH_IN, ROW_HEIGHT_IN, DPI = 10.0, 2.6, 90
 

@@ -4,7 +4,7 @@ Fed from two sides — the run's observer callbacks on the kernel's main thread 
 the end) and the telemetry sampler's thread (snapshots) — and read by whichever front end draws it
 (the widget, the terminal status line, the final figure, the ``%gpus`` monitor). Each part carries
 its own lock; the methods called from the run loop only append. Data only: nothing here imports a view.
-The same measurements feed the run's bottleneck :class:`~nbtrain.launch.advisor.Evidence`, so the views
+The same measurements feed the run's bottleneck :class:`~nbtrain.launch.diagnostics.advisor.Evidence`, so the views
 can show the advisor's hints live (:meth:`RunModel.hints`) and the summary can say them at the end.
 """
 
@@ -14,9 +14,9 @@ import threading
 import time
 
 from ..gpu.telemetry import Snapshot, Telemetry
-from ..launch.advisor import Evidence, Hint, advise
-from ..launch.setup_facts import setup_words
-from ..launch.observer import NodeInfo, RankInfo, RunInfo
+from ..launch.diagnostics.advisor import Evidence, Hint, advise
+from ..launch.diagnostics.setup_facts import setup_words
+from ..launch.observers.events import NodeInfo, RankInfo, RunInfo
 from .metric_store import MetricStore
 from .progress import Progress, progress
 from .series import DEFAULT_CAPACITY
@@ -65,7 +65,7 @@ class RunModel:
             self.evidence.add_setup(rank, facts)
 
     def hints(self) -> list[Hint]:
-        """What limited the run so far, from what was measured so far (:func:`~nbtrain.launch.advisor.advise`)."""
+        """What limited the run so far, from what was measured so far (:func:`~nbtrain.launch.diagnostics.advisor.advise`)."""
         with self._evidence_lock:
             return advise(self.evidence)
 

@@ -23,12 +23,12 @@ import psutil
 from ..gpu.devices import DeviceReader
 from ..gpu.health import describe as describe_health
 from ..gpu.telemetry import Snapshot, Telemetry
+from ..words import count
 from . import text, theme
 from .chart import ChartPanel
 from .devices_view import DevicePanel, devices_html
 from .model import RunModel
 from .threads import DEFAULT_INTERVAL_S, Sampler, Ticker, check_interval
-from ..words import count
 
 DEFAULT_DURATION_S = 600.0
 _live: list[GpuMonitor] = []

@@ -1,4 +1,4 @@
-"""DashboardObserver: follows one run (a :class:`~nbtrain.launch.observer.RunObserver`) and drives a front end.
+"""DashboardObserver: follows one run (a :class:`~nbtrain.launch.observers.events.RunObserver`) and drives a front end.
 
 The run calls it on the kernel's main thread; every callback only records and returns:
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from ..launch.observer import RunInfo, RunObserver
+from ..launch.observers.events import RunInfo, RunObserver
 from .model import RunModel
 from .threads import DEFAULT_INTERVAL_S, Sampler, Ticker, check_interval
 

@@ -8,7 +8,7 @@ Rank table: per rank its pid, device, memory (GPU memory of its process tree whe
 otherwise resident RAM), CPU % (100 = one core), its step and steps per second.
 
 Under the table: what ``prepare()`` set up (precision, channels_last, the compile time) and the bottleneck
-advisor's hints so far (:mod:`nbtrain.launch.advisor`; computed there, only shown here).
+advisor's hints so far (:mod:`nbtrain.launch.diagnostics.advisor`; computed there, only shown here).
 
 Node table (a ``--nodes`` run only): per machine its name, host and address, ranks, state, and the CPU, RAM
 and each GPU's load and memory that its last heartbeat reported (:func:`nodes_html`).

@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import threading
 
+from ..words import count
 from . import reopen
 from .chart import ChartPanel
 from .devices_view import DevicePanel
@@ -32,7 +33,6 @@ from .model import RunModel
 from .run_view import RunPanel
 from .series import DEFAULT_SMOOTHING
 from .text import markdown_literal
-from ..words import count
 
 
 class FinalFigure:

@@ -40,8 +40,8 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from . import nvml
 from .devices import DeviceReader, GpuProcess, GpuStatus

@@ -31,7 +31,6 @@ import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
-
 from .. import proctree
 from ..ranksocket import RankListener
 from ..wire import nodes as N

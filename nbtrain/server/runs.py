@@ -1,6 +1,6 @@
 """nbtrain runs and GPU processes as this server presents them, and which run a stop request may touch.
 
-Inputs are the run records kernels write (:mod:`nbtrain.launch.registry`), the server's kernels
+Inputs are the run records kernels write (:mod:`nbtrain.launch.observers.registry`), the server's kernels
 (:mod:`nbtrain.server.kernels`) and the GPUs' state (:func:`nbtrain.server.gpus.gpu_states`). Everything here reads
 ``/proc`` and files, so the handlers call it in a thread pool.
 

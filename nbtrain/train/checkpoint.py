@@ -48,8 +48,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ..words import checkpoint_position
 from ..pids import pid_alive
+from ..words import checkpoint_position
 from . import metrics, shard
 from .state import TrainContext, current
 
@@ -161,7 +161,7 @@ def _save_in_background(context: TrainContext, target: str, ranks: list, extra: 
         if failure:
             raise CheckpointError(f"the background save of {target} failed: {failure[0]}. The previous checkpoint "
                                   "there is unchanged.")
-    context.pending_save = wait
+    context.save_in_background(wait)
     return target
 
 
@@ -243,12 +243,12 @@ def load_checkpoint(path: str | None = None) -> Checkpoint | None:
             raise CheckpointError("load_checkpoint() needs a file: run the cell with --checkpoint DIR, or pass a path.")
         if not os.path.exists(default):
             return None
-        context.auto_resume_checked = True
+        context.mark_resume_checked()
         return load_for_resume(context, default, announce=True)
     target = _target(context, path)
     if not os.path.exists(target):
         raise CheckpointError(f"no checkpoint at {target}.")
-    context.auto_resume_checked = True
+    context.mark_resume_checked()
     return load_for_resume(context, target, announce=False)
 
 
@@ -256,7 +256,7 @@ def auto_resume(context: TrainContext) -> None:
     """With --checkpoint DIR holding a checkpoint, load it once (applied as objects are prepared)."""
     if context.auto_resume_checked:
         return
-    context.auto_resume_checked = True
+    context.mark_resume_checked()
     path = context.settings.checkpoint_path
     if context.settings.resume and path and os.path.exists(path) and context.resume is None:
         load_for_resume(context, path, announce=True)
@@ -270,10 +270,7 @@ def load_for_resume(context: TrainContext, path: str, announce: bool) -> Checkpo
                               "delete it or run with --no-resume.") from exc
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a checkpoint written by nbtrain.save_checkpoint().")
-    context.resume, context.resume_path = state, path
-    context.step = int(state["step"])
-    context.steps_skipped = int(state.get("steps_skipped", 0))
-    context.epoch = context.resume_epoch = int(state["epoch"])
+    context.resume_from(state, path)
     if context.scaler is not None and state.get("scaler"):
         context.scaler.load_state_dict(state["scaler"])
     ranks = state.get("ranks") or []
@@ -352,7 +349,6 @@ def epochs(total: int):
     """``for epoch in nbtrain.epochs(10):`` — range(10), starting at the saved epoch when the cell resumes."""
     context = current()
     auto_resume(context)
-    start, context.resume_epoch = context.resume_epoch, 0
-    for epoch in range(start, int(total)):
-        context.epoch, context.epochs_used = epoch, True
+    for epoch in range(context.first_epoch(), int(total)):
+        context.enter_epoch(epoch)
         yield epoch

@@ -18,7 +18,7 @@ paused for a collective already waiting. So the waiting ranks of :func:`breakpoi
 collective: they poll a key of the rendezvous store (``TCPStore.check``, a tenth of a second apart,
 interruptible by the stop button) that the debugged rank sets when it leaves pdb. No timeout runs while
 they wait, however long the human takes, and the kernel's uneven-collective detector
-(:mod:`nbtrain.launch.mismatch`) does not report them: it acts only when every unfinished rank sits in
+(:mod:`nbtrain.launch.diagnostics.mismatch`) does not report them: it acts only when every unfinished rank sits in
 a collective. Once every rank is past the breakpoint the collectives after it pair up as before.
 
 The builtin ``breakpoint()`` stops only the rank that calls it; the others run on, and if they reach a

@@ -77,6 +77,12 @@ class PreparedOptimizer(torch.optim.Optimizer):
         if self._context.accum.at_boundary():
             self.optimizer.zero_grad(set_to_none=set_to_none)
 
+    def unscale_once(self, scaler) -> None:
+        """GradScaler.unscale_ this window's gradients, once (before clipping them)."""
+        if not self.unscaled:
+            scaler.unscale_(self.optimizer)
+            self.unscaled = True
+
     def step(self, closure=None):
         context = self._context
         if not context.accum.at_boundary():
@@ -88,14 +94,13 @@ class PreparedOptimizer(torch.optim.Optimizer):
                                    "the loss must be scaled by the GradScaler before backward.")
             result = scaler.step(self.optimizer, *([closure] if closure is not None else []))
             self.step_was_skipped = _scaler_found_inf(scaler, self.optimizer)
-            context.scaler_update_pending = True
+            context.scaler_stepped()
         else:
             result = self.optimizer.step(closure) if closure is not None else self.optimizer.step()
             self.step_was_skipped = False
         self.unscaled = False
         if not context.accum.closing:  # the first optimizer to step closes the window
-            context.step += 1
-            context.steps_skipped += int(self.step_was_skipped)
+            context.count_step(self.step_was_skipped)
             context.accum.on_step()
         return result
 

@@ -11,7 +11,7 @@ When the recording ends, ``torch.profiler.tensorboard_trace_handler`` writes the
 ``chrome://tracing`` open, named as TensorBoard's profiler plugin reads it. When the cell ends, the rank
 sends a :class:`~nbtrain.wire.protocol.ProfileSummary`: its top operators by self time, and its time in
 communication (collectives: gloo, NCCL and c10d operators) against everything else, for the table the
-kernel prints (:mod:`nbtrain.launch.profiling`).
+kernel prints (:mod:`nbtrain.launch.diagnostics.profiling`).
 """
 
 from __future__ import annotations

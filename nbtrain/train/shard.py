@@ -337,7 +337,7 @@ def save_states(context: TrainContext, directory: str, done=None) -> tuple[list,
         done(f"{type(error).__name__}: {error}" if error is not None else None)
 
     future.add_done_callback(finished)
-    context.pending_save = future.result
+    context.save_in_background(future.result)
     return models, optimizers
 
 
@@ -363,8 +363,8 @@ def load_weights(model: nn.Module, folder: str) -> None:
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
     try:
-        from torch.distributed.checkpoint import HuggingFaceStorageReader
         import safetensors  # noqa: F401  (the reader imports it only when it reads)
+        from torch.distributed.checkpoint import HuggingFaceStorageReader
     except ImportError:
         raise PreparedError("prepare(..., weights=...) reads .safetensors files, which needs the safetensors "
                             "package on the ranks: pip install safetensors (or nbtrain[safetensors]).") from None
@@ -400,8 +400,11 @@ def load_model(model, saved, folder: str) -> None:
 
 def load_optimizer(context: TrainContext, optimizer, saved, folder: str) -> None:
     """A DCP entry, or an optimizer's own state dict (a DDP checkpoint), into ``optimizer``."""
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
-                                                         set_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
 
     owner = owner_of(context, optimizer)
     inner = getattr(optimizer, "optimizer", optimizer)

@@ -11,8 +11,10 @@ optim, checkpoint, steps — so none of them needs an import inside a function t
 What they share beyond the context lives here too (:class:`PreparedError`).
 
 Outside a ``%%distributed`` cell — a script started by ``torchrun`` — :func:`current` builds a context
-from the environment (``LOCAL_RANK``; ``NBTRAIN_AMP``, ``NBTRAIN_GRAD_ACCUM``, ``NBTRAIN_CHECKPOINT``,
-``NBTRAIN_CHANNELS_LAST``, ``NBTRAIN_COMPILE`` and ``NBTRAIN_SHARD`` in place of the magic's options), so the same training code runs in both places.
+from the environment (``LOCAL_RANK``, and in place of the magic's options the ``NBTRAIN_*`` variables that
+:class:`~nbtrain.wire.settings.TrainOptions` declares: ``NBTRAIN_AMP``, ``NBTRAIN_GRAD_ACCUM``,
+``NBTRAIN_CHECKPOINT``, ``NBTRAIN_CHANNELS_LAST``, ``NBTRAIN_COMPILE``, ``NBTRAIN_SHARD``), parsed by the
+same declarations as the cell's line, so the same training code runs in both places.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import os
 import weakref
 from collections.abc import Callable
 
-from ..wire.settings import TrainSettings, parse_train_settings
+from ..wire.settings import TrainSettings, settings_from_environment
 from . import amp
 from .accumulate import Accumulation
 
@@ -75,6 +77,38 @@ class TrainContext:
 
     def __reduce__(self):
         raise TypeError("the training state belongs to its rank; bring back plain values (state.step, state.epoch)")
+
+    def count_step(self, skipped: bool) -> None:
+        """An accumulation window closed with an optimizer step (``skipped``: fp16 found inf/NaN gradients)."""
+        self.step += 1
+        self.steps_skipped += int(skipped)
+
+    def scaler_stepped(self) -> None:
+        """An optimizer stepped through the GradScaler: its update is due once the window's last one has."""
+        self.scaler_update_pending = True
+
+    def resume_from(self, state: dict, path: str) -> None:
+        """A checkpoint was loaded: where the run goes on (step, epoch), applied to objects as they are prepared."""
+        self.resume, self.resume_path = state, path
+        self.step = int(state["step"])
+        self.steps_skipped = int(state.get("steps_skipped", 0))
+        self.epoch = self.resume_epoch = int(state["epoch"])
+
+    def mark_resume_checked(self) -> None:
+        """The cell's checkpoint was looked for (loaded or not): the automatic resume does not look again."""
+        self.auto_resume_checked = True
+
+    def first_epoch(self) -> int:
+        """Where ``nbtrain.epochs()`` starts (the saved epoch once, when resuming; then 0)."""
+        start, self.resume_epoch = self.resume_epoch, 0
+        return start
+
+    def enter_epoch(self, epoch: int) -> None:
+        self.epoch, self.epochs_used = epoch, True
+
+    def save_in_background(self, wait: Callable[[], object]) -> None:
+        """--checkpoint-async: ``wait`` finishes the save in progress (the next save, the cell's end call it)."""
+        self.pending_save = wait
 
     def wait_for_save(self) -> None:
         """The background save of --checkpoint-async, finished (its error raised here)."""
@@ -131,14 +165,5 @@ def _from_environment() -> TrainContext:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    accum = os.environ.get("NBTRAIN_GRAD_ACCUM")
-    try:
-        grad_accum = int(accum) if accum else None
-    except ValueError:
-        raise ValueError(f"NBTRAIN_GRAD_ACCUM must be a whole number (got {accum!r}).") from None
-    layout = os.environ.get("NBTRAIN_CHANNELS_LAST", "").strip().lower()
-    channels_last = None if layout in ("", "auto") else layout in ("1", "true", "yes", "on")
-    settings = parse_train_settings(os.environ.get("NBTRAIN_AMP"), grad_accum, os.environ.get("NBTRAIN_CHECKPOINT"),
-                                    channels_last=channels_last, compile=os.environ.get("NBTRAIN_COMPILE") or None,
-                                    shard=os.environ.get("NBTRAIN_SHARD") or None)
+    settings = settings_from_environment()
     return TrainContext(settings, device, rank, world)

@@ -35,9 +35,7 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0):
         return None
     if context.scaler is not None:
         for optimizer in context.optimizers:
-            if not optimizer.unscaled:
-                context.scaler.unscale_(optimizer.optimizer)
-                optimizer.unscaled = True
+            optimizer.unscale_once(context.scaler)
     if isinstance(parameters, torch.nn.Module):  # a prepared model: DDP's or sharded (DTensor) parameters alike
         parameters = parameters.parameters()
     return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)

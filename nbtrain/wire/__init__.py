@@ -10,7 +10,10 @@ nbtrain runs in two kinds of process, and each side imports this package, never 
 * :mod:`.protocol` — the messages on each rank's socket (``Hello`` … ``Job`` … ``Done`` / ``Failed``);
 * :mod:`.payload` — inputs pickled once for all ranks, rank 0's results back;
 * :mod:`.shm` — large tensors and arrays through ``/dev/shm`` files, both ways, never leaked;
-* :mod:`.settings` — :class:`~nbtrain.wire.settings.TrainSettings`, checked in the kernel, sent in each Job;
+* :mod:`.options` — how an option is declared once, on a dataclass field (flag, help, environment variable);
+* :mod:`.settings` — the training options (:class:`~nbtrain.wire.settings.TrainOptions`) and the
+  :class:`~nbtrain.wire.settings.TrainSettings` made from them: checked in the kernel, sent in each Job, and
+  read from ``NBTRAIN_*`` variables by a rank started outside a cell, through the same declarations;
 * :mod:`.names` — the names a rank provides to a cell (``rank``, ``world_size``, ``device`` …);
 * :mod:`.workdir` — how a rank builds its ``sys.path`` from the Job, a rule the kernel applies too.
 

@@ -27,9 +27,9 @@ Output does not travel here: each rank's stdout and stderr are pipes read by the
 output (NCCL warnings, a segfault message) is shown too. After a job a rank writes :data:`END_MARK` and
 the job id to both streams, so the kernel knows it has shown everything the job printed. After sending a
 :class:`Display` a rank writes :data:`DISPLAY_MARK` and its ``seq`` to stdout, so the kernel shows it at
-that place among the text (see :mod:`nbtrain.launch.displays`). After sending an :class:`InputRequest` a
+that place among the text (see :mod:`nbtrain.launch.relay.displays`). After sending an :class:`InputRequest` a
 rank writes :data:`INPUT_MARK` and its ``seq`` to stdout, so the kernel asks only once it has shown what
-the rank printed before the prompt (see :mod:`nbtrain.launch.prompts`).
+the rank printed before the prompt (see :mod:`nbtrain.launch.relay.stdin`).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class Job:
     out_names: tuple[str, ...]
     train: TrainSettings = TrainSettings()  # --amp, --grad-accum, --checkpoint
     cwd: str = ""  # the notebook's current directory: the rank runs the cell there
-    sys_path: tuple[str, ...] = ()  # the kernel's sys.path, absolute (see nbtrain.launch.modules)
+    sys_path: tuple[str, ...] = ()  # the kernel's sys.path, absolute (see nbtrain.launch.request.notebook_modules)
     result_prefix: str = ""  # rank 0 writes large results to /dev/shm files starting with this; "" = in the pickle
     shared_files: tuple[str, ...] = ()  # the /dev/shm files the inputs map: another machine gets their bytes
     session: str = ""  # run in this session's namespace, kept between jobs; "" = a fresh namespace

@@ -1,14 +1,19 @@
-"""TrainSettings: the per-cell training options of ``%%distributed``, checked in the kernel.
+"""The training options of ``%%distributed``, declared once, and the :class:`TrainSettings` checked from them.
 
 ``--amp``, ``--grad-accum``, ``--checkpoint``, ``--no-resume``, ``--max-restarts``, ``--channels-last`` /
 ``--no-channels-last``, ``--compile [MODE]``, ``--compile-fallback``, ``--shard [full|hybrid]``,
-``--shard-offload`` and ``--activation-checkpointing`` become one frozen :class:`TrainSettings`. It travels to the ranks inside each :class:`~nbtrain.wire.protocol.Job` — not in
+``--shard-offload``, ``--checkpoint-async`` and ``--activation-checkpointing`` are the fields of
+:class:`TrainOptions`, each declared with :func:`~nbtrain.wire.options.option` (flag, help, environment
+variable). The magic's request (:class:`~nbtrain.launch.request.config.LaunchRequest`) is a subclass, so the
+kernel parses them from the cell's line; a rank started outside a cell (a torchrun script calling
+``nbtrain.prepare()``) reads the same declarations' ``NBTRAIN_*`` variables (:func:`settings_from_environment`).
+Either way :func:`parse_train_settings` makes one frozen :class:`TrainSettings`. It travels to the ranks inside each :class:`~nbtrain.wire.protocol.Job` — not in
 the pool's environment, which decides whether warm processes can be reused: changing ``--amp`` between
 two cells must not cost a new pool.
 
 :func:`parse_train_settings` validates everything before any process starts and resolves a relative
 checkpoint directory against the notebook's current directory when the cell runs (``cwd``: the one
-:func:`~nbtrain.launch.config.resolve` captured, which the job also runs in) — one rule, whatever directory
+:func:`~nbtrain.launch.request.config.resolve` captured, which the job also runs in) — one rule, whatever directory
 the warm ranks were started from. Importing this module imports nothing heavy.
 """
 
@@ -16,7 +21,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from .options import option, with_env_fallbacks
 
 AMP_CHOICES = ("auto", "bf16", "fp16", "off")
 # torch.compile's modes, then two backends that trace without generating code (for finding what breaks a compile)
@@ -25,6 +33,51 @@ COMPILE_DEBUG_BACKENDS = ("aot_eager", "eager")
 COMPILE_CHOICES = COMPILE_MODES + COMPILE_DEBUG_BACKENDS
 CHECKPOINT_FILE = "checkpoint.pt"
 SHARD_CHOICES = ("full", "hybrid")  # FSDP2 over every rank; HSDP: replicated across nodes, sharded within one
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """The training options as given (the cell's line, or ``NBTRAIN_*`` variables): one field per option."""
+
+    amp: str | None = option(None, "--amp", "mixed precision for nbtrain.prepare()d models: bf16, fp16, off or auto "
+                             "(default: bf16 on GPUs that support it, fp16 on older GPUs, off on CPU)",
+                             group="training", metavar="MODE", env="NBTRAIN_AMP")
+    grad_accum: int | None = option(None, "--grad-accum", "micro-steps per optimizer step (gradient accumulation)",
+                                    group="training", type=int, metavar="K", env="NBTRAIN_GRAD_ACCUM")
+    checkpoint: str | None = option(
+        None, "--checkpoint", "directory for nbtrain.save_checkpoint(); the cell resumes from the checkpoint there "
+        "when one exists (relative to the notebook's current directory)", group="training", metavar="DIR",
+        env="NBTRAIN_CHECKPOINT")
+    resume: bool = option(True, "--no-resume", "with --checkpoint: start from scratch even if DIR holds a checkpoint",
+                          group="training", switch=True)
+    max_restarts: int | None = option(
+        None, "--max-restarts", "restart the ranks from the last checkpoint up to K times when a rank dies "
+        "(needs --checkpoint)", group="training", type=int, metavar="K")
+    channels_last: bool | None = option(
+        None, "--channels-last", "channels_last memory format for nbtrain.prepare()d models with convolutions, and "
+        "their 4-D inputs (default: on under AMP on GPUs; --no-channels-last turns it off)", group="speed",
+        switch=True, either_way=True, env="NBTRAIN_CHANNELS_LAST")
+    compile: str | None = option(
+        None, "--compile", "torch.compile nbtrain.prepare()d models; MODE is default (when left out), reduce-overhead, "
+        "max-autotune or max-autotune-no-cudagraphs (aot_eager or eager: trace only, to find what breaks)",
+        group="speed", metavar="MODE", choices=COMPILE_CHOICES, bare="default", env="NBTRAIN_COMPILE")
+    shard: str | None = option(
+        None, "--shard", "shard prepare()d models over the ranks with FSDP2 (parameters, gradients and optimizer "
+        "state: each rank holds 1/N); MODE is full (when left out) or hybrid (sharded within a node, replicated "
+        "across --nodes)", group="training", metavar="MODE", choices=SHARD_CHOICES, bare="full", env="NBTRAIN_SHARD")
+    shard_offload: bool = option(
+        False, "--shard-offload", "with --shard: keep the sharded parameters and optimizer state on the CPU",
+        group="training", switch=True)
+    checkpoint_async: bool = option(
+        False, "--checkpoint-async", "with --shard and --checkpoint: save_checkpoint() returns once the state is copied "
+        "and writes it in the background (the next save, the cell's end and the stop button wait for it)",
+        group="training", switch=True)
+    activation_checkpointing: bool = option(
+        False, "--activation-checkpointing", "with --shard: recompute each block's activations in backward instead "
+        "of keeping them (less memory, more compute)", group="training", switch=True)
+    compile_fallback: bool = option(
+        False, "--compile-fallback", "with --compile: when compiling fails, say why and run the model uncompiled "
+        "instead of failing the cell", group="speed", switch=True)
 
 
 @dataclass(frozen=True)
@@ -55,12 +108,13 @@ class TrainSettingsError(ValueError):
     """A training option is malformed; the message says how to write it."""
 
 
-def parse_train_settings(amp: str | None = None, grad_accum: int | None = None, checkpoint: str | None = None,
-                         resume: bool = True, max_restarts: int | None = None, cwd: str | None = None, *,
-                         channels_last: bool | None = None, compile: str | None = None,
-                         compile_fallback: bool = False, shard: str | None = None, shard_offload: bool = False,
-                         activation_checkpointing: bool = False, checkpoint_async: bool = False) -> TrainSettings:
-    """Check the options and build :class:`TrainSettings`; raise :class:`TrainSettingsError` if one is wrong."""
+def parse_train_settings(options: TrainOptions, cwd: str | None = None) -> TrainSettings:
+    """Check the options and build :class:`TrainSettings`; raise :class:`TrainSettingsError` if one is wrong.
+
+    A relative ``--checkpoint`` is resolved against ``cwd`` (the notebook's directory; default: this process's).
+    """
+    amp, grad_accum, checkpoint, max_restarts = options.amp, options.grad_accum, options.checkpoint, options.max_restarts
+    compile, compile_fallback, checkpoint_async = options.compile, options.compile_fallback, options.checkpoint_async
     amp_mode = (amp or "auto").strip().lower()
     if amp_mode in ("bfloat16",):
         amp_mode = "bf16"
@@ -97,18 +151,27 @@ def parse_train_settings(amp: str | None = None, grad_accum: int | None = None, 
     if compile_fallback and compile_mode is None:
         raise TrainSettingsError("--compile-fallback says what to do when torch.compile fails, so it needs --compile "
                                  "(such as --compile --compile-fallback).")
-    shard_mode = _shard_mode(shard, shard_offload, activation_checkpointing)
+    shard_mode = _shard_mode(options.shard, options.shard_offload, options.activation_checkpointing)
     if shard_mode and compile_fallback:
         raise TrainSettingsError("--compile-fallback does not go with --shard yet: a sharded model's blocks are compiled "
                                  "as they are sharded, with no uncompiled copy to fall back to. Leave it out.")
     if checkpoint_async and (shard_mode is None or checkpoint_dir is None):
         raise TrainSettingsError("--checkpoint-async writes sharded checkpoints in the background, so it needs --shard "
                                  "and --checkpoint DIR.")
-    return TrainSettings(amp_mode, grad_accum, checkpoint_dir, bool(resume), restarts,
-                         channels_last=channels_last, compile=compile_mode, compile_fallback=bool(compile_fallback),
-                         shard=shard_mode, shard_offload=bool(shard_offload),
-                         activation_checkpointing=bool(activation_checkpointing),
+    return TrainSettings(amp_mode, grad_accum, checkpoint_dir, bool(options.resume), restarts,
+                         channels_last=options.channels_last, compile=compile_mode,
+                         compile_fallback=bool(compile_fallback), shard=shard_mode,
+                         shard_offload=bool(options.shard_offload),
+                         activation_checkpointing=bool(options.activation_checkpointing),
                          checkpoint_async=bool(checkpoint_async))
+
+
+def settings_from_environment(environ: Mapping[str, str] | None = None) -> TrainSettings:
+    """A rank started outside a cell: the training options from their declared ``NBTRAIN_*`` variables.
+
+    :class:`~nbtrain.wire.options.OptionEnvError` or :class:`TrainSettingsError` (both ValueErrors) say which
+    variable is wrong and how to write it."""
+    return parse_train_settings(with_env_fallbacks(TrainOptions(), environ))
 
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}

@@ -20,7 +20,7 @@ does nothing and figures are closed without being rendered (N copies of one plot
 
 Order: the bundle travels on the rank's socket, its text on the stdout pipe — two channels. So after
 sending a bundle the rank writes :data:`~nbtrain.wire.protocol.DISPLAY_MARK` and the bundle's number
-to stdout; the kernel shows the bundle where the mark is in the text (:mod:`nbtrain.launch.displays`).
+to stdout; the kernel shows the bundle where the mark is in the text (:mod:`nbtrain.launch.relay.displays`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ _REPR_METHODS = (
     ("application/json", "_repr_json_"),
 )
 
-BACKEND = "module://nbtrain.worker.figures"  # MPLBACKEND in a rank (see nbtrain.launch.pool)
+BACKEND = "module://nbtrain.worker.figures"  # MPLBACKEND in a rank (see nbtrain.launch.ranks.pool)
 
 _state: dict = {"job": None, "rank": None, "send": None, "seq": 0}
 _formatter: dict = {}  # "formatter": IPython's DisplayFormatter (made on first use), or None without IPython

@@ -52,14 +52,12 @@ from multiprocessing.connection import Client
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from ..train import metrics, profile, shard
+from ..train import state as train_state
 from ..wire import protocol as P
 from ..wire.names import RUNTIME_NAMES
 from ..wire.payload import load_inputs, pack_results
 from ..wire.shm import abandon_and_sweep
-from ..train import metrics
-from ..train import profile
-from ..train import shard
-from ..train import state as train_state
 from . import cellcode, compat, display, ipython_display, prompts, stop
 from .modules import LocalModules
 from .session import RankSessions

@@ -1,4 +1,4 @@
-"""The notebook's working directory and modules, rank side (the kernel side is :mod:`nbtrain.launch.modules`).
+"""The notebook's working directory and modules, rank side (the kernel side is :mod:`nbtrain.launch.request.notebook_modules`).
 
 **Before each job** (:meth:`LocalModules.enter`): change into the notebook's current directory and make
 ``sys.path`` the same for a warm rank as for one started now — that directory first (``python -m`` puts

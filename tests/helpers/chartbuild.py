@@ -9,10 +9,13 @@ beside it) carries its bundle and is left alone.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 def _jlpm() -> str:
@@ -38,9 +41,27 @@ def ensure_chart_bundle() -> Path:
     newest = max(p.stat().st_mtime for p in chart_sources(checkout))
     if BUNDLE.exists() and BUNDLE.stat().st_mtime >= newest:
         return BUNDLE
-    if not (labextension / "node_modules" / "esbuild").is_dir():
-        subprocess.run([_jlpm(), "install"], cwd=labextension, check=True, capture_output=True)
+    ensure_node_modules(labextension)
     done = subprocess.run([_jlpm(), "build:chart"], cwd=labextension, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"jlpm build:chart failed in {labextension}:\n{done.stdout}\n{done.stderr}")
     return BUNDLE
+
+
+def ensure_node_modules(labextension: Path = CHECKOUT / "labextension") -> Path:
+    """``labextension/`` with its npm packages installed (esbuild, typescript, uPlot)."""
+    if not (labextension / "node_modules" / "esbuild").is_dir():
+        subprocess.run([_jlpm(), "install"], cwd=labextension, check=True, capture_output=True)
+    return labextension
+
+
+def node_join(pairs: list[tuple[dict | None, dict]]) -> list[dict]:
+    """The chart's own ``joinSeries`` (labextension/chart/data.js) run by node over ``(base, tail)`` pairs whose
+    columns are lists of floats: the series the browser would draw after each."""
+    ensure_node_modules()
+    lines = "".join(json.dumps(pair) + "\n" for pair in pairs)
+    done = subprocess.run(["node", str(Path(__file__).with_name("join_series.mjs"))], input=lines,
+                          capture_output=True, text=True, timeout=120)
+    if done.returncode:
+        raise RuntimeError(f"node could not join the series:\n{done.stderr}")
+    return [json.loads(line) for line in done.stdout.splitlines()]

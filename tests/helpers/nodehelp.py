@@ -11,7 +11,8 @@ import tempfile
 import time
 
 from nbtrain.cluster import Cluster
-from nbtrain.launch.run import PoolManager
+from nbtrain.launch.lifecycle.run import PoolManager
+
 
 class Boom:
     """Unpickling this creates a folder: proof that something was unpickled."""

@@ -1,0 +1,62 @@
+"""What ``nbtrain.prepare()`` set up on the ranks, in words: precision, memory format, compile time, sharding.
+
+The ranks send one :class:`~nbtrain.wire.protocol.Setup` per prepared model after its first forward
+(:mod:`nbtrain.train.speed`); the run keeps them per rank (``RunResult.setup``) and the observers get each
+as it comes. This module only reads them, for the summary's first line and the dashboard: rank 0's models
+speak for the run (every rank decides alike), the compile time is the slowest rank's, since the ranks wait
+for each other at their first all-reduce.
+"""
+
+from __future__ import annotations
+
+from ...words import count
+
+
+def setup_words(setup: dict[int, list[dict]]) -> list[str]:
+    """``["bf16", "channels_last", "compiled (default) in 41.2 s"]``; empty when nothing was prepared."""
+    models = [m for m in setup.get(0) or next(iter(setup.values()), []) if "shard_state" not in m]
+    if not models:
+        return []
+    words = []
+    amps = sorted({m.get("amp", "off") for m in models})
+    words.append("fp32" if amps == ["off"] else "/".join(a for a in amps if a != "off"))
+    layouts = [m.get("channels_last") for m in models]
+    if any(layouts):
+        words.append("channels_last" if all(layouts) else f"channels_last ({sum(map(bool, layouts))} of "
+                                                          f"{count('model', len(layouts))})")
+    compiled = compile_seconds(setup)
+    mode = next((m["compile"] for m in models if m.get("compile")), None)
+    if compiled is not None:
+        words.append(f"compiled ({mode}) in {compiled:.1f} s")
+    failed = next((m["compile_error"] for m in models if m.get("compile_error")), None)
+    if failed:
+        words.append("not compiled: torch.compile failed, see above")
+    return words + sharding_words(setup)
+
+
+def sharding_words(setup: dict[int, list[dict]]) -> list[str]:
+    """``["FSDP2 over 2 ranks (8 blocks)", "training state per rank 769 MiB (DDP: 1.5 GiB)"]``: what --shard did,
+    measured at the cell's end on each rank (the largest rank's; DDP would hold the unsharded state on each)."""
+    facts = [f for models in setup.values() for f in models]
+    plan = next((f for f in facts if "shard" in f), None)
+    if plan is None:
+        return []
+    words = [f"{plan['shard']} over {count('rank', plan['shard_ranks'])} ({count('block', plan['blocks'])})"]
+    held = [f["shard_state"] for f in facts if "shard_state" in f]
+    if held and max(held):
+        words.append(f"training state per rank {_size(max(held))} (DDP: {_size(max(held) * plan['shard_ranks'])})")
+    peaks = [f["peak"] for f in facts if f.get("peak")]
+    if peaks:
+        words.append(f"peak memory per rank {_size(max(peaks))}")
+    return words
+
+
+def _size(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.0f} MiB"
+
+
+def compile_seconds(setup: dict[int, list[dict]]) -> float | None:
+    """The slowest rank's compile time (its models' first forwards, summed), or None without --compile."""
+    per_rank = [sum(m["compile_s"] for m in models if "compile_s" in m)
+                for models in setup.values() if any("compile_s" in m for m in models)]
+    return max(per_rank) if per_rank else None

@@ -1,0 +1,167 @@
+"""The plain-Python entry point behind ``%%distributed``: check everything, then run.
+
+:func:`run_source` works without IPython (tests, scripts, other front ends)::
+
+    from nbtrain.launch.lifecycle.entry import run_source
+    from nbtrain.launch.request.config import LaunchRequest
+
+    ns = {"scale": 3}
+    result = run_source("y = scale * (rank + 1)", LaunchRequest(nprocs=2, cpu=True), ns)
+    ns["y"]   # 3: rank 0's y
+
+With ``--max-restarts K`` (``LaunchRequest.max_restarts``) a run whose rank dies is started again from
+its last checkpoint, up to K times (:mod:`nbtrain.launch.lifecycle.restarts`).
+
+Every user mistake raises a subclass of :class:`UserInputError` *before* any process starts: a bad
+option (:class:`~nbtrain.launch.request.config.ConfigError`), a syntax error in the cell (:class:`~nbtrain.launch.request.cell.CellSyntaxError`), a
+notebook variable that cannot be sent (:class:`~.payload.PayloadError`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from ...words import count
+from ..diagnostics.advisor import Hint, advise, evidence_from_history
+from ..diagnostics.profiling import format_profile
+from ..diagnostics.setup_facts import setup_words
+from ..observers.events import RunState
+from ..observers.history import RunOutcome
+from ..observers.trackers import trackers_for
+from ..relay.output import write_to_std_stream
+from ..request.cell import CellSyntaxError, analyse_cell, names_to_send
+from ..request.config import DEFAULT_KEEP_ALIVE_S, ConfigError, LaunchConfig, LaunchRequest, resolve
+from ..request.inputs import PayloadError, pack_inputs
+from ..request.mistakes import UserInputError
+from ..request.notebook_modules import WorkdirGone, notebook_workdir
+from ...wire.options import options_of
+from .restarts import run_with_restarts
+from .run import PoolManager, RunResult, run_cell
+from .sessions import SessionError, session_lines
+
+
+def run_source(source: str, request: LaunchRequest, namespace: dict, *, manager: PoolManager | None = None,
+               line_offset: int = 1, write: Callable[[str, str], None] | None = None, code_name=None,
+               observers=(), outcome: RunOutcome | None = None) -> RunResult:
+    """Run ``source`` as ``request.nprocs`` ranks; names rank 0 assigns are put into ``namespace``.
+
+    ``manager`` keeps the warm pool between calls; without one, the pool is stopped after the run. ``outcome``
+    (a :class:`~.run.RunOutcome`) receives what was logged however the run ends: a result, a failure, a stop.
+    """
+    config = resolve(request)
+    info = analyse_cell(source, line_offset)
+    outcome = outcome or RunOutcome()
+    started = time.time()
+    state: RunState | None = RunState.FAILED
+    try:
+        result = _run(source, config, info, namespace, manager, write, code_name, observers, outcome)
+        state = RunState.FINISHED
+        return result
+    except UserInputError:
+        state = None  # nothing ran: a mistake found before any process started
+        raise
+    except KeyboardInterrupt:
+        state = RunState.INTERRUPTED
+        raise
+    finally:
+        if manager is not None and state is not None and source.strip():  # nbtrain.runs(), however they ended
+            manager.runs.add(source, changed_options(request), started, config.pool.nprocs, outcome.history, state,
+                             config.train.checkpoint_dir)
+
+
+def changed_options(request: LaunchRequest) -> str:
+    """The options that differ from their defaults, as the magic's line writes them: ``--amp bf16 --fresh``."""
+    words = []
+    for f, spec in options_of(LaunchRequest):
+        value = getattr(request, f.name)
+        if value == f.default or spec.flag is None or value in (None, ()):
+            continue
+        shown = ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+        words.append(spec.flag if value is True else f"{spec.flag} {shown}")
+    return " ".join(words)
+
+
+def _run(source, config, info, namespace, manager, write, code_name, observers, outcome) -> RunResult:
+    observers = [*observers, *trackers_for(config.tensorboard)]  # --tensorboard, nbtrain.track()
+    if manager is None:
+        if config.session:
+            raise ConfigError("--session keeps variables on warm ranks between cells: pass the same manager= "
+                              "(a PoolManager) to every run_source call of the session.")
+        manager = PoolManager()
+        config = type(config)(**{**config.__dict__, "keep_alive_s": 0.0})
+    names = names_to_send(info, namespace)
+    if config.session:  # before anything is packed: the session's ranks must fit the cell
+        manager.sessions.check(config.session, config.pool, config.fresh)
+        names = manager.sessions.names_to_send(config.session, names, namespace)
+    inputs = _pack_or_explain_stop(namespace, names)
+    if not config.train.max_restarts:
+        return run_cell(namespace, info, config, manager, inputs, write=write, code_name=code_name, observers=observers,
+                        outcome=outcome)
+
+    def attempt(restart: int, followers: list) -> RunResult:  # a restart resumes from the checkpoint, with fresh inputs
+        again = replace(config, train=replace(config.train, resume=True, restart=restart)) if restart else config
+        packed = inputs if restart == 0 else pack_inputs(namespace, names)
+        return run_cell(namespace, info, again, manager, packed, write=write, code_name=code_name, observers=followers,
+                        outcome=outcome)
+
+    return run_with_restarts(attempt, config.train, write or write_to_std_stream, observers)
+
+
+def list_sessions(manager: PoolManager) -> list[str]:
+    """What ``%distributed_sessions`` prints: each session's ranks, devices, memory and the names it holds."""
+    return session_lines(manager.sessions)
+
+
+def pull(manager: PoolManager, session: str, names: list[str], namespace: dict, *, write=None) -> RunResult:
+    """Bring ``names`` that ``session`` holds on rank 0 into ``namespace`` (``%distributed_pull``)."""
+    spec = manager.sessions.spec_holding(session, names)  # the session's own ranks: no request to rebuild
+    try:
+        workdir = notebook_workdir()
+    except WorkdirGone as exc:
+        raise ConfigError(str(exc)) from None
+    config = LaunchConfig(spec, tuple(names), "all", DEFAULT_KEEP_ALIVE_S, False, workdir=workdir, session=session)
+    return _run("", config, analyse_cell("", 1), namespace, manager, write, None, (), RunOutcome())
+
+
+def close(manager: PoolManager, session: str) -> None:
+    """End ``session``: the ranks drop its namespace (``%distributed_close``)."""
+    manager.close_session(session)
+
+
+def _pack_or_explain_stop(namespace: dict, names):
+    try:
+        return pack_inputs(namespace, names)
+    except KeyboardInterrupt as exc:  # the stop button while big tensors were written: nothing started
+        # IPython shows the lines _render_traceback_() returns instead of a traceback (an untyped hook)
+        exc.with_traceback(None)._render_traceback_ = lambda: [  # type: ignore[attr-defined]
+            "KeyboardInterrupt: stopped by the user while the inputs were written to shared memory; "
+            "no rank was started and no file was left."]
+        raise exc from None
+
+
+def format_summary(result: RunResult, hints: list[Hint] | None = None) -> list[str]:
+    """The short lines the magic prints after a successful run, ending with the bottleneck advisor's hints
+    (``hints``: those of an observer that measured more, such as the dashboard's telemetry; left out:
+    what the run's own records support — its logged steps and what prepare() set up)."""
+    devices = sorted(set(result.devices.values()))
+    where = devices[0] if len(devices) == 1 else ", ".join(devices)
+    line = f"nbtrain: {count('rank', len(result.devices))} · {result.backend} · {where} · {result.seconds:.1f} s" + (" (warm)" if result.warm else "")
+    line += "".join(f" · {word}" for word in setup_words(result.setup))  # precision, memory format, compile time
+    if result.returned:
+        line += " · back in the notebook: " + ", ".join(result.returned)
+    lines = [line]
+    if len(result.history):
+        lines.append(f"nbtrain: logged series are in `history`: {', '.join(result.history.names)}")
+    lines += [f"nbtrain: {note}" for note in result.notes]
+    if result.moved_to_cpu:
+        lines.append(f"nbtrain: {', '.join(result.moved_to_cpu)} came back on the CPU (they were on a GPU in the ranks)")
+    lines += [f"nbtrain: skipped '{name}': {reason}" for name, reason in result.skipped.items()]
+    if hints is None:
+        hints = advise(evidence_from_history(result.history, result.setup))
+    lines += [f"nbtrain: hint: {hint.text}" for hint in hints]
+    return lines + format_profile(result.profiles)
+
+
+__all__ = ["UserInputError", "run_source", "format_summary", "list_sessions", "pull", "close", "SessionError", "ConfigError", "CellSyntaxError", "PayloadError"]

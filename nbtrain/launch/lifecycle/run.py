@@ -1,0 +1,500 @@
+"""One cell, run on a pool of ranks: the loop that turns the ranks' events into what the notebook sees.
+
+:func:`run_cell` runs a cell that :func:`~nbtrain.launch.lifecycle.entry.run_source` has already checked — syntax,
+configuration, and every notebook variable it reads packed into :class:`~nbtrain.wire.payload.Inputs` —
+before any process started (``run_source`` also calls it again for ``--max-restarts``). Then:
+
+1. :class:`PoolManager` hands out the warm pool if one with the same spec is alive and the user's modules it
+   imported are unchanged (:mod:`nbtrain.launch.request.notebook_modules`), else starts a fresh one;
+2. once every rank is connected, the job (cell source + inputs pickled once) goes to each;
+3. the loop relays output, records what the ranks log (:mod:`nbtrain.launch.observers.history`, and the observers: dashboard, run
+   registry, trackers), shows rank 0's displays, asks the notebook for a rank's ``input()`` / pdb line
+   (:mod:`nbtrain.launch.relay.stdin`), keeps each rank's ``--profile`` summary, notes each rank's Ready / Loaded / Done /
+   Failed and any process exit, and removes the shared-memory input files once every rank has loaded its inputs;
+4. success: the results rank 0 sent are unpickled into the notebook's namespace; the pool stays warm for
+   ``keep_alive_s``;
+5. a failure (exception, exit, signal): the other ranks get a moment (:data:`FAILURE_GRACE_S`) to report
+   the same error, the unfinished ones are asked where they are (:mod:`nbtrain.launch.diagnostics.stacks`), then the pool is torn
+   down — within 2 s, not at the collective timeout — and :class:`~nbtrain.launch.diagnostics.failures.RankFailedError` is raised;
+6. uneven collectives (some ranks finished the cell, the others wait in a collective for them): found
+   within a few seconds by :mod:`nbtrain.launch.diagnostics.mismatch` and reported as a failure naming the collective and line;
+7. the stop button (KeyboardInterrupt in the kernel): :mod:`.stopping` sends one SIGINT to each process of
+   the pool, then SIGTERM, then SIGKILL, well within 3 s; the pool is discarded and KeyboardInterrupt
+   re-raised.
+
+Nothing is assigned into the notebook unless the run succeeded; what the ranks logged is kept either way:
+the caller's :class:`~nbtrain.launch.observers.history.RunOutcome` receives it however the run ends (the magic
+then sets the notebook's ``history``).
+Output goes through :class:`~nbtrain.launch.relay.output.OutputRelay`, which writes whole lines.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+
+from ...wire import protocol as P
+from ...wire.payload import Inputs, Results, unpack_results
+from ...wire.shm import new_result_prefix, sweep_prefix
+from ...words import count
+from ..diagnostics.failures import RankFailedError, RankFailure, order_failures
+from ..diagnostics.mismatch import MismatchWatcher
+from ..diagnostics.stacks import whereabouts
+from ..observers.events import FanOut, RankInfo, RunInfo, RunObserver, RunState
+from ..observers.history import History, RunOutcome
+from ..observers.runlog import RunLog
+from ..ranks.pool import Exited, Message, Output, WorkerPool
+from ..ranks.rankgroup import RankGroup
+from ..relay.displays import PendingDisplays
+from ..relay.output import OutputRelay, write_to_std_stream
+from ..relay.stdin import PendingPrompts
+from ..request.cell import CELL_FILENAME, CellInfo, names_to_return
+from ..request.config import DEFAULT_KEEP_ALIVE_S, LaunchConfig, PoolSpec
+from ..request.notebook_modules import Workdir, fresh_ranks_note, notebook_workdir, stale_modules
+from .sessions import SESSION_FAILURE_GRACE_S, SessionTable, ended_sentence, kept_sentence, stale_note, stuck_sentence
+from .stopping import stop_button, stop_run
+from .waiting import WAITING_EVERY_S, start_timeout_account, waiting_line
+
+FAILURE_GRACE_S = 0.3  # let the other ranks report the same exception before they are stopped
+END_MARK_WAIT_S = 2.0  # after Done, wait at most this long for the last output
+TIMED_WAIT_S = 0.1  # the loop's wait while something is timed: start-up, a failure's grace, mismatches, the end
+STEADY_WAIT_S = 0.5  # every rank running the cell: output, messages and the stop button wake the loop at once;
+# only a rank whose children keep its pipes open after it died is seen on the timeout. Each wakeup is kernel
+# CPU, which with a rank on every core is taken from a rank.
+NODES_EVERY_S = 1.0  # how often observers hear of a --nodes run's machines (their heartbeats come each second)
+
+
+@dataclass
+class RunResult:
+    """What a successful run brought back, and how it went."""
+
+    returned: tuple[str, ...]
+    skipped: dict[str, str]
+    moved_to_cpu: tuple[str, ...]
+    seconds: float
+    rank_seconds: dict[int, float]
+    devices: dict[int, str]
+    warm: bool
+    backend: str
+    history: History = field(default_factory=History)
+    notes: list[str] = field(default_factory=list)
+    profiles: dict[int, P.ProfileSummary] = field(default_factory=dict)  # --profile, by rank
+    setup: dict[int, list[dict]] = field(default_factory=dict)  # per rank: what prepare() set up, model by model
+
+    def finished_after(self, seconds: float, note: str) -> RunResult:
+        """This result, timed from the first attempt, with a note on how it got there (restarts)."""
+        return replace(self, seconds=seconds, notes=[*self.notes, note])
+
+
+class PoolManager:
+    """One warm pool per kernel for plain cells, reused while its spec matches; stopped when idle or at exit.
+
+    Sessions (:mod:`.sessions`) pin the pool they live on: it is not stopped when idle or replaced, only
+    set aside (a plain cell with other options gets a pool of its own), until its last session ends.
+    """
+
+    def __init__(self, pool_factory: Callable[[PoolSpec], RankGroup] = WorkerPool) -> None:
+        self.runs = RunLog()  # nbtrain.runs(): every run of this kernel, one row each
+        self.pool: RankGroup | None = None
+        self.pool_factory = pool_factory  # a spec -> a pool (several machines: nbtrain.cluster.Cluster.make_pool)
+        self.sessions = SessionTable()
+        self._lock = threading.RLock()
+        self._idle_timer: threading.Timer | None = None
+        self._atexit = False
+        self._keep_alive_s = DEFAULT_KEEP_ALIVE_S
+
+    def acquire(self, spec: PoolSpec, fresh: bool, workdir: Workdir, session: str = "") -> tuple[RankGroup, bool, str]:
+        """The pool to run on, whether it is warm, and a note: why warm ranks were not reused, or a session ended."""
+        with self._lock:
+            self._cancel_timer()
+            held, note = self.sessions.pool_for(session) if session else (None, "")
+            if held is not None:  # a session keeps its ranks, even if a module changed since
+                changed, moved = stale_modules(held.module_stamps, workdir, held.rank_path)
+                return held, True, stale_note(session, changed + moved)
+            for pool in [self.pool, *self.sessions.pools()]:  # the plain pool first, then those sessions hold
+                if pool is not None and not fresh and pool.serves(spec) and pool.alive():
+                    changed, moved = stale_modules(pool.module_stamps, workdir, pool.rank_path)
+                    if not changed and not moved:  # warm ranks must not run an old version of the user's code
+                        if pool is not self.pool:
+                            self._set_aside()
+                            self.pool = pool
+                        return pool, True, note
+                    note = note or fresh_ranks_note(changed, moved, workdir.cwd)
+            self._set_aside()
+            if not self._atexit:
+                atexit.register(self.shutdown)
+                self._atexit = True
+            self.pool = self.pool_factory(spec)
+            return self.pool, False, note
+
+    def _set_aside(self) -> None:
+        """The plain pool is being replaced: stop it, unless sessions live on it."""
+        pool, self.pool = self.pool, None
+        if pool is not None and not self.sessions.on(pool):
+            pool.teardown(graceful=True)
+
+    def release(self, healthy: bool, keep_alive_s: float) -> None:
+        with self._lock:
+            self._keep_alive_s = keep_alive_s
+            if self.sessions.on(self.pool):
+                return  # its sessions keep it until they end
+            if not healthy or keep_alive_s <= 0:
+                self.shutdown(graceful=healthy)
+                return
+            self._idle_timer = threading.Timer(keep_alive_s, self._idle)
+            self._idle_timer.daemon = True
+            self._idle_timer.start()
+
+    def _idle(self) -> None:
+        with self._lock:
+            if not self.sessions.on(self.pool):  # a session opened since the timer started keeps it
+                self._set_aside()
+
+    def teardown(self, pool: RankGroup, *, grace: float, drain=None, why: str = "its ranks were stopped") -> list[str]:
+        """Forget ``pool`` and end it at once (a failure, the stop button); ``drain`` shows its last output.
+        Returns the sessions that ended with it."""
+        with self._lock:
+            if self.pool is pool:
+                self._cancel_timer()
+                self.pool = None
+            ended = self.sessions.end_pool(pool, why)
+        pool.teardown(graceful=False, grace=grace, drain=drain)
+        return ended
+
+    def close_session(self, name: str) -> None:
+        """End one session: its processes stop, unless another session lives on them (then only its namespace
+        is dropped). Plain cells that shared them start warm ranks of their own when they next run."""
+        with self._lock:
+            pool = self.sessions.remove(name).pool
+            if self.sessions.on(pool):
+                pool.send_all(P.CloseSession(name))
+                return
+            if pool is self.pool:
+                self._cancel_timer()
+                self.pool = None
+        pool.teardown(graceful=True)
+
+    def shutdown(self, graceful: bool = True) -> bool:
+        """Stop every pool: the warm one and those sessions hold (their sessions end)."""
+        with self._lock:
+            self._cancel_timer()
+            pools = [p for p in [self.pool, *self.sessions.pools()] if p is not None]
+            self.pool = None
+            for pool in pools:
+                self.sessions.end_pool(pool, "the ranks were shut down")
+        for pool in dict.fromkeys(pools):
+            pool.teardown(graceful=graceful)
+        return bool(pools)
+
+    def _cancel_timer(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+
+
+def _physical_gpu(spec: PoolSpec, device: str | None) -> int | None:
+    """The NVML index of a rank's ``cuda:k`` (k counts the GPUs made visible to the ranks)."""
+    return spec.gpu_ids[int(device.split(":")[1])] if device and device.startswith("cuda:") else None
+
+
+class _Run:
+    """The event loop of one cell on one pool."""
+
+    def __init__(self, pool: RankGroup, job: P.Job, inputs: Inputs, config: LaunchConfig, write,
+                 observers: Iterable[RunObserver], warm: bool, info: CellInfo, started: float = 0.0) -> None:
+        self.pool, self.job, self.inputs, self.config = pool, job, inputs, config
+        self.started = started  # unix time the cell began (the summary's time counts from it)
+        self.observers, self.warm = FanOut(observers), warm
+        self.history = History()
+        self.displays = PendingDisplays(write)  # rank 0's figures and display() (nbtrain.worker.display)
+        self._write = write
+        self._talk_to_ranks(pool.world_size)
+        self.sent = False
+        self.loaded: set[int] = set()
+        self.done: dict[int, P.Done] = {}
+        self.profiles: dict[int, P.ProfileSummary] = {}
+        self.setup: dict[int, list[dict]] = {}  # P.Setup facts per rank (nbtrain.train.speed)
+        self.failures: dict[int, RankFailure] = {}
+        self.raised: set[int] = set()  # ranks whose failure is an exception they reported (they still serve)
+        self.failure_grace = SESSION_FAILURE_GRACE_S if job.session else FAILURE_GRACE_S
+        self.first_failure_at: float | None = None
+        self.all_done_at: float | None = None
+        self.start_deadline = time.monotonic() + config.start_timeout_s
+        self.nodes_told_at = 0.0
+        self.nodes_told_states: tuple[str, ...] = ()
+        self.waiting_told_at = 0.0  # a restart waiting for nodes: when it last said so
+        self.mismatch = MismatchWatcher(pool, job.filename, info.source, info.line_offset)
+
+    @property
+    def nprocs(self) -> int:
+        return self.pool.world_size  # an elastic --nodes MIN:MAX group decides its size when it forms
+
+    def _talk_to_ranks(self, nprocs: int) -> None:
+        """The relay of the ranks' output and prompts, which label ranks only when there are several."""
+        self.prompts = PendingPrompts(self.pool.send_to, self._write, nprocs)  # input() and pdb in a rank
+        self.relay = OutputRelay(self._write, nprocs, shown=self.config.shown_rank, show_display=self.displays.show,
+                                 answer_prompt=self.prompts.answer, label=self.pool.rank_label)
+
+    def loop(self, stop_requested: threading.Event) -> None:
+        while True:
+            if stop_requested.is_set():  # SIGINT seen, even if something swallowed its KeyboardInterrupt
+                raise KeyboardInterrupt
+            for event in self.pool.poll_events(self._wait_s()):
+                self._handle(event)
+            self._send_job_when_connected()
+            now = time.monotonic()
+            self._tell_nodes(now)
+            if self.first_failure_at is not None:  # a rank failed
+                if now - self.first_failure_at >= self.failure_grace or len(self.failures) == self.nprocs:
+                    return
+                if self.job.session and len(self.done.keys() | self.raised) == self.nprocs:
+                    return  # every rank answered: the session survives the failure
+            elif len(self.done) == self.nprocs:
+                self.all_done_at = self.all_done_at or now
+                if all(self.relay.ended(r, self.job.job_id) for r in range(self.nprocs)) or now - self.all_done_at > END_MARK_WAIT_S:
+                    self.relay.flush()
+                    return
+            elif self.done and (mismatch := self.mismatch.check(set(self.done), now)) is not None:
+                self._fail(min(mismatch.waiting), mismatch.error(), diagnosis=mismatch.message())
+            elif not self.pool.ready and now > self.start_deadline:
+                self._start_timed_out()
+            elif not self.pool.ready:
+                self._tell_waiting(now)
+
+    def _start_timed_out(self) -> None:
+        """The ranks did not all join in --start-timeout: each waiting rank fails with nbtrain's account
+        (:mod:`.waiting`); those that had joined are stopped."""
+        text = start_timeout_account(self.pool, self.config.start_timeout_s, self.config.train.restart)
+        for rank in self.pool.not_ready():
+            self.failures.setdefault(rank, RankFailure(rank, starting=True, account=text, order=len(self.failures),
+                                                       label=self.pool.rank_label(rank)))
+        self.first_failure_at = self.first_failure_at or time.monotonic()
+        self.pool.mark_broken()
+
+    def _tell_waiting(self, now: float) -> None:
+        """A restart whose nodes are not all there: say at once what it waits for, then every WAITING_EVERY_S."""
+        if self.config.train.restart and now - self.waiting_told_at >= WAITING_EVERY_S:
+            line = waiting_line(self.pool, self.start_deadline - now, first=not self.waiting_told_at)
+            if line:
+                self.relay.write_direct("stderr", line)
+                self.waiting_told_at = now
+
+    def _wait_s(self) -> float:
+        """How long the loop may sleep when nothing arrives: long only when nothing is being timed."""
+        steady = self.sent and self.pool.ready and not self.done and self.first_failure_at is None
+        return STEADY_WAIT_S if steady else TIMED_WAIT_S
+
+    def _send_job_when_connected(self) -> None:
+        if not self.sent and self.pool.connected():
+            if self.nprocs == 1 != self.relay.nprocs:  # an elastic group formed with one rank: no labels
+                self._talk_to_ranks(1)
+            self.pool.send_all(self.job)
+            self.sent = True
+            self.notify("run_started", self.info())
+            if self.pool.ready:
+                self.notify("ranks_ready", self.info())
+
+    def info(self) -> RunInfo:
+        spec, devices = self.pool.spec, self.pool.devices
+        ranks = tuple(RankInfo(rank, pid, devices.get(rank), _physical_gpu(spec, devices.get(rank)))
+                      for rank, pid in enumerate(self.pool.pids()))
+        return RunInfo(f"{self.pool.run_id}/{self.job.job_id}", self.pool.world_size, spec.backend, spec.device_type,
+                       spec.gpu_ids, ranks, self.warm, self.pool.node_infos(), self.started)
+
+    def _tell_nodes(self, now: float) -> None:
+        """Once a second on a --nodes run: each machine's state and load, from its heartbeats, to the observers —
+        and at once when a node's state changed (a lost node is shown lost before the run stops the others)."""
+        if not self.sent or not (nodes := self.pool.node_infos()):
+            return
+        states = tuple(node.state for node in nodes)
+        if now - self.nodes_told_at >= NODES_EVERY_S or states != self.nodes_told_states:
+            self.nodes_told_at, self.nodes_told_states = now, states
+            self.notify("nodes_heard", nodes)
+
+    def notify(self, event: str, *args) -> None:
+        self.observers.notify(event, *args)
+
+    def _handle(self, event) -> None:
+        if isinstance(event, Output):
+            self.relay.feed(event.rank, event.stream, event.text)
+        elif isinstance(event, Exited):
+            if event.rank not in self.failures:  # in the loop every exit is real: nbtrain kills only after it
+                self._fail(event.rank, event.code)
+        elif isinstance(event, Message):
+            self._handle_message(event.rank, event.message)
+
+    def _handle_message(self, rank: int, msg) -> None:
+        if isinstance(msg, P.Metrics):
+            self.history.add(rank, msg.records)
+            if not (msg.restored and self.config.train.restart):  # a restart's dashboard has drawn them already
+                self.notify("metrics", rank, msg.records)
+        elif isinstance(msg, P.Setup):
+            self.setup.setdefault(rank, []).append(msg.facts)
+            self.notify("setup", rank, msg.facts)
+        elif isinstance(msg, P.Ready):
+            if self.pool.mark_ready(rank, msg.device) and self.sent:
+                self.notify("ranks_ready", self.info())
+        elif isinstance(msg, P.Loaded) and msg.job_id == self.job.job_id:
+            self.loaded.add(rank)
+            if len(self.loaded) == self.nprocs:
+                self.inputs.arena.unlink()
+        elif isinstance(msg, P.Display) and msg.job_id == self.job.job_id:
+            self.displays.add(msg, self.relay)
+        elif isinstance(msg, P.InputRequest) and msg.job_id == self.job.job_id:
+            self.prompts.add(msg, self.relay)
+        elif isinstance(msg, P.ProfileSummary) and msg.job_id == self.job.job_id:
+            self.profiles[rank] = msg
+        elif isinstance(msg, P.Done) and msg.job_id == self.job.job_id:
+            self.done[rank] = msg
+            self.pool.record_modules(msg.modules, msg.rank_path)
+        elif isinstance(msg, P.Failed) and msg.job_id == self.job.job_id:
+            self.raised.add(rank)
+            self._fail(rank, msg.error)
+
+    def _fail(self, rank: int, cause: P.RemoteError | int, diagnosis: str | None = None) -> None:
+        """Rank ``rank`` failed (an exception it reported, or its exit code): the pool is done for."""
+        failure = replace(self.pool.failure(rank, cause, self.relay.tail(rank), diagnosis), order=len(self.failures))
+        self.failures.setdefault(rank, failure)
+        self.first_failure_at = self.first_failure_at or time.monotonic()
+        if not (self.job.session and rank in self.raised):  # a session's ranks that raised still serve it
+            self.pool.mark_broken()
+
+    def session_survives(self) -> bool:
+        """A failed session cell leaves its ranks usable when each raised an exception or finished."""
+        return bool(self.job.session) and not self.pool.broken and len(self.done.keys() | self.raised) == self.nprocs
+
+    def finish_output(self) -> None:
+        """Ranks that go on serving: show their output up to the job's end mark (as after a success)."""
+        deadline = time.monotonic() + END_MARK_WAIT_S
+        while time.monotonic() < deadline and not all(self.relay.ended(r, self.job.job_id) for r in range(self.nprocs)):
+            for event in self.pool.poll_events(0.05):
+                self._handle(event)
+        self.relay.flush()
+
+    def drain(self, seconds: float, streams=("stdout", "stderr")) -> None:
+        """Show what the stopped ranks still had in their pipes (of ``streams``; the rest is read and dropped)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and self.pool.output_open():
+            for event in self.pool.poll_events(0.05):
+                self.take_late(event, streams)
+        self.relay.flush()
+
+    def take_late(self, event, streams=("stdout", "stderr")) -> None:
+        """An event of ranks being stopped: keep their output (of ``streams``) and what they logged, nothing else."""
+        if isinstance(event, Output):
+            if event.stream in streams:
+                self.relay.feed(event.rank, event.stream, event.text)
+        elif isinstance(event, Message) and isinstance(event.message, P.Metrics):
+            self.history.add(event.rank, event.message.records)
+
+
+def run_cell(namespace: dict, info: CellInfo, config: LaunchConfig, manager: PoolManager, inputs: Inputs,
+             *, write: Callable[[str, str], None] | None = None, code_name=None,
+             observers: Iterable[RunObserver] = (), outcome: RunOutcome | None = None) -> RunResult:
+    """Run a cell checked and packed by :func:`~nbtrain.launch.lifecycle.entry.run_source` on the ranks; bring rank 0's
+    results into ``namespace``. Raises RankFailedError, or KeyboardInterrupt after the stop button; either way
+    ``outcome`` holds what was logged."""
+    started = time.monotonic()
+    result_prefix = new_result_prefix()
+    try:
+        return _run_and_bring_back(namespace, info, config, manager, inputs, result_prefix, started,
+                                   write or write_to_std_stream, code_name, observers, outcome or RunOutcome())
+    finally:  # whatever happened: no input file, and no result file the kernel did not take
+        inputs.arena.close()
+        sweep_prefix(result_prefix)
+
+
+def _run_and_bring_back(namespace, info, config, manager, inputs, result_prefix, started, write, code_name,
+                        observers, outcome: RunOutcome) -> RunResult:
+    workdir = config.workdir or notebook_workdir()
+    pool, warm, stale_note = manager.acquire(config.pool, config.fresh, workdir, config.session)
+    session = manager.sessions.open(config.session, pool) if config.session else None
+    job = P.Job(pool.next_job_id(), info.source, f"{CELL_FILENAME[:-1]} {id(info):x}>", inputs.data,
+                names_to_return(info, config.out_names), train=config.train, cwd=workdir.cwd, sys_path=workdir.sys_path,
+                result_prefix=result_prefix, shared_files=tuple(inputs.arena.paths), session=config.session,
+                line_offset=info.line_offset)
+    sessions_here = manager.sessions.on(pool)
+    run = _Run(pool, job, inputs, config, write, observers, warm, info, time.time() - (time.monotonic() - started))
+    if session is not None:  # the session's series go on (its ranks continue their step counters)
+        run.history = session.history.copy()
+    if stale_note:
+        run.relay.write_direct("stdout", stale_note)
+    try:
+        with stop_button() as button:
+            try:
+                with button.deferred():
+                    if not warm:
+                        pool.spawn()
+                run.loop(button.requested)
+            except KeyboardInterrupt:
+                stop_run(run, manager, info, button)  # still under the button: a second press escalates it
+                run.notify("run_finished", RunState.INTERRUPTED, "interrupted: every rank was stopped")
+                raise
+    except KeyboardInterrupt as exc:
+        # IPython shows the lines _render_traceback_() returns instead of a traceback (an untyped hook)
+        exc.with_traceback(None)._render_traceback_ = lambda: [  # type: ignore[attr-defined]
+            "KeyboardInterrupt: stopped by the user; every rank and its child processes were ended."
+            + (f" {ended_sentence(sessions_here)}" if sessions_here else "")]
+        raise exc from None
+    except BaseException as exc:
+        manager.teardown(pool, grace=1.0, why=f"nbtrain failed: {exc!r}")
+        run.notify("run_finished", RunState.FAILED, f"nbtrain failed: {exc!r}")
+        raise
+    finally:
+        outcome.record(run.history)  # what was logged until here, however the run ends
+        inputs.arena.close()
+    if session is not None:
+        session.carry(run.history)
+    if run.failures:
+        raise _failure(run, manager, info, code_name)
+    manager.release(healthy=True, keep_alive_s=config.keep_alive_s)
+    deleted = info.deletes if config.out_names is None else ()  # the cell's own `del`: not worth a line
+    result = _bring_back(namespace, run, warm, time.monotonic() - started, deleted)
+    if config.session:
+        manager.sessions.record(config.session, pool, run.done, namespace)
+    run.notify("run_finished", RunState.FINISHED, f"{count('rank', len(result.devices))} finished in {result.seconds:.1f} s")
+    return result
+
+
+def _failure(run: _Run, manager: PoolManager, info: CellInfo, code_name) -> RankFailedError:
+    """The error of a failed run, once its ranks are stopped — or, for a session that survives, left serving."""
+    pool, job = run.pool, run.job
+    kept = run.session_survives()
+    stopped = [] if kept else [r for r in range(pool.world_size) if r not in run.failures]
+    unfinished = [r for r in stopped if r not in run.done]  # a rank that finished is in nbtrain's loop
+    where = whereabouts(pool, job.filename, info.source, info.line_offset, 0.4, unfinished) if unfinished else {}
+    if kept:
+        run.finish_output()
+        manager.release(healthy=True, keep_alive_s=run.config.keep_alive_s)
+        notes = [kept_sentence(job.session)]
+    else:
+        first = order_failures(list(run.failures.values()))[0]
+        ended = manager.teardown(pool, grace=0.5, drain=lambda: run.drain(0.5), why=first.summary())
+        notes = [ended_sentence(ended)] if ended else []
+        if ended and unfinished and set(run.failures) <= run.raised:  # the others were in the cell: say why it ended
+            notes.insert(0, stuck_sentence(sorted(run.raised), unfinished, pool.spec.backend))
+    error = RankFailedError(list(run.failures.values()), cell_filename=job.filename, cell_source=info.source,
+                            line_offset=info.line_offset, code_name=code_name, stopped=stopped,
+                            whereabouts=where, notes=notes)
+    run.notify("run_finished", RunState.FAILED, error.failures[0].summary())
+    return error
+
+
+def _bring_back(namespace: dict, run: _Run, warm: bool, seconds: float, deleted=()) -> RunResult:
+    results = next((d.results for d in run.done.values() if isinstance(d.results, Results)), None)
+    values, skipped = unpack_results(results, run.inputs.arena.originals) if results is not None else ({}, {})
+    if results is not None and results.missing:
+        skipped.update({name: "not defined on rank 0 when the cell ended" for name in results.missing
+                        if name not in deleted})
+    namespace.update(values)
+    return RunResult(
+        returned=tuple(values), skipped=skipped,
+        moved_to_cpu=tuple(results.moved_to_cpu) if results is not None else (),
+        seconds=seconds, rank_seconds={r: d.seconds for r, d in sorted(run.done.items())},
+        devices=run.pool.devices, warm=warm, backend=run.pool.spec.backend, history=run.history, notes=list(run.inputs.notes),
+        profiles=run.profiles,
+        setup=run.setup,
+    )

@@ -1,0 +1,141 @@
+"""This kernel's runs, one row each: ``nbtrain.runs()``.
+
+Every ``%%distributed`` cell the kernel runs — finished, failed or stopped — adds a :class:`RunRow` to the
+:class:`RunLog` its :class:`~nbtrain.launch.lifecycle.run.PoolManager` keeps: the cell's first line, the options that differed from the
+defaults (``--amp bf16 --grad-accum 2``), when it started and how long it took, the world size, the last logged
+step, the final and best value of each logged series (best: the largest for accuracy-like names — ``acc``,
+``score``, ``f1``, ``auc``, ``precision``, ``recall`` — the smallest for the rest, such as losses), its state
+and its checkpoint folder. :class:`RunsTable` shows them as a table (HTML in a notebook, text elsewhere) and
+gives them as a list of dicts or CSV. Rows live as long as the kernel (the last :data:`KEEP` of them); a run's
+series outlive it only in its checkpoint or its TensorBoard folder.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import html
+import io
+import re
+import time
+from dataclasses import dataclass, field
+
+from .history import History
+
+KEEP = 200
+_HIGHER_IS_BETTER = re.compile(r"acc|score|f1|auc|precision|recall", re.I)
+
+
+@dataclass(frozen=True)
+class RunRow:
+    number: int
+    cell: str  # its first line of code
+    options: str  # the options that differed from the defaults
+    started: float  # unix time
+    seconds: float
+    world_size: int
+    steps: int | None  # the last logged step, on rank 0
+    series: dict = field(default_factory=dict)  # name -> (final, best)
+    state: str = "finished"
+    checkpoint: str | None = None
+
+    def flat(self) -> dict:
+        """One flat dict: the fields, and ``<name> final`` / ``<name> best`` per series."""
+        row = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "series"}
+        row["started"] = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))
+        for name, (final, best) in self.series.items():
+            row[f"{name} final"], row[f"{name} best"] = final, best
+        return row
+
+
+def summarise(history: History) -> tuple[int | None, dict]:
+    """Rank 0's last logged step and, per series, its final and best value."""
+    steps: int | None = None
+    series = {}
+    for name in history.names:
+        values = history.series(name)
+        if not len(values):
+            continue
+        best = max(values.values) if _HIGHER_IS_BETTER.search(name) else min(values.values)
+        series[name] = (values.values[-1], best)
+        steps = max(steps or 0, values.steps[-1])
+    return steps, series
+
+
+class RunLog:
+    """This kernel's runs, in order; written only by :meth:`add`."""
+
+    def __init__(self) -> None:
+        self._rows: list[RunRow] = []
+        self._count = 0
+
+    def add(self, cell: str, options: str, started: float, world_size: int, history: History, state: str,
+            checkpoint: str | None) -> None:
+        self._count += 1
+        steps, series = summarise(history)
+        first = next((line.strip() for line in cell.splitlines() if line.strip()), "")
+        self._rows.append(RunRow(self._count, first[:80], options, started, time.time() - started, world_size,
+                                 steps, series, str(state), checkpoint))
+        del self._rows[:-KEEP]
+
+    def table(self) -> RunsTable:
+        return RunsTable(list(self._rows))
+
+
+class RunsTable:
+    """What ``nbtrain.runs()`` returns: a table in the notebook; ``to_dicts()`` and ``to_csv()`` for the rest."""
+
+    def __init__(self, rows: list[RunRow]) -> None:
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def to_dicts(self) -> list[dict]:
+        return [row.flat() for row in self.rows]
+
+    def to_csv(self, path: str | None = None) -> str:
+        """The table as CSV text; written to ``path`` too when given."""
+        dicts = self.to_dicts()
+        columns = list(dict.fromkeys(key for row in dicts for key in row))
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(dicts)
+        if path is not None:
+            with open(path, "w", newline="") as f:
+                f.write(out.getvalue())
+        return out.getvalue()
+
+    def _cells(self) -> tuple[list[str], list[list[str]]]:
+        dicts = self.to_dicts()
+        columns = list(dict.fromkeys(key for row in dicts for key in row))
+        return columns, [[_text(row.get(c)) for c in columns] for row in dicts]
+
+    def __str__(self) -> str:
+        if not self.rows:
+            return "nbtrain: no %%distributed run in this kernel yet."
+        columns, rows = self._cells()
+        widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
+        lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in rows]
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, printer, cycle) -> None:
+        printer.text(str(self))
+
+    def _repr_html_(self) -> str:
+        if not self.rows:
+            return f"<p>{html.escape(str(self))}</p>"
+        columns, rows = self._cells()
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in r) + "</tr>" for r in rows)
+        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _text(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
