@@ -73,7 +73,8 @@ class NodeConn:
         sample = beat.telemetry if beat is not None else {}
         gpus = tuple(NodeGpu(*gpu) for gpu in sample.get("gpus", []))
         return NodeInfo(self.name, self.hello.host, self.address, tuple(ranks), "lost" if lost else self.state.value,
-                        time.time() - self.silent_for(), sample.get("cpu_percent"), sample.get("ram_percent"), gpus)
+                        time.time() - self.silent_for(), sample.get("cpu_percent"), sample.get("ram_percent"), gpus,
+                        self.hello.cpus)
 
 
 class Hub:

@@ -20,6 +20,7 @@ from ..gpu import nvml
 from ..wire.settings import (COMPILE_CHOICES, SHARD_CHOICES, TrainSettings, TrainSettingsError, parse_size,
                              parse_train_settings)
 from ..words import count
+from .cost import PriceError, parse_price
 from .hosts import SshSetupError, parse_hosts, parse_remote_python, parse_ssh_options
 from .modules import Workdir, WorkdirGone, notebook_workdir
 from .options import OptionEnvError, option, with_env_fallbacks
@@ -144,6 +145,10 @@ class LaunchRequest:
     compile_fallback: bool = option(
         False, "--compile-fallback", "with --compile: when compiling fails, say why and run the model uncompiled "
         "instead of failing the cell", group="speed", switch=True)
+    price_per_gpu_hour: float | None = option(
+        None, "--price-per-gpu-hour", "the price of one GPU for an hour (of one core on the CPU): the run's "
+        "GPU-hours and cost are shown in the summary, the dashboard and nbtrain.runs()", group="tracking",
+        type=float, metavar="PRICE", env="NBTRAIN_PRICE_PER_GPU_HOUR")
 
 
 @dataclass(frozen=True)
@@ -184,6 +189,7 @@ class LaunchConfig:
     workdir: Workdir | None = None  # the notebook's directory and sys.path when the cell runs (each Job)
     tensorboard: str | None = None  # absolute --tensorboard DIR (see nbtrain.launch.trackers)
     session: str = ""  # --session: the namespace kept on the ranks that the cell runs in; "" = a fresh one
+    price_per_hour: float | None = None  # --price-per-gpu-hour (per core-hour on the CPU; nbtrain.launch.cost)
 
     @property
     def shown_rank(self) -> int | None:
@@ -427,9 +433,13 @@ def _finish(request: LaunchRequest, pool: PoolSpec, output: str, workdir: Workdi
         raise ConfigError("--shard hybrid replicates the model across nodes and shards it within each, so it needs "
                           "--nodes N (on one machine, use --shard).")
     session = _parse_session(request.session, request.max_restarts)
+    try:
+        price = parse_price(request.price_per_gpu_hour)
+    except PriceError as exc:
+        raise ConfigError(str(exc)) from None
     if session and request.nodes is not None:
         raise ConfigError("--session keeps variables on this machine's warm ranks; it does not go with --nodes yet. "
                           "Leave out one of them.")
     return LaunchConfig(pool, _parse_names(request.out), output, keep_alive, request.fresh,
                         start_timeout_s=start_timeout, notes=tuple(notes), train=train, workdir=workdir,
-                        tensorboard=tensorboard, session=session)
+                        tensorboard=tensorboard, session=session, price_per_hour=price)

@@ -16,6 +16,8 @@ import sys
 from dataclasses import dataclass
 from enum import Enum
 
+from .cost import Metering
+
 
 class NamedState(str, Enum):
     """A state whose members are their names in records and JSON: printed and formatted as ``"finished"``,
@@ -68,6 +70,7 @@ class NodeInfo:
     cpu_percent: float | None
     ram_percent: float | None
     gpus: tuple[NodeGpu, ...]
+    cpus: int | None = None  # the machine's cores, as its agent said when it joined
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,7 @@ class RunInfo:
     warm: bool
     nodes: tuple[NodeInfo, ...] = ()  # a --nodes run's machines; () on one machine
     started: float = 0.0  # unix time the cell began, before its ranks started (0: not known)
+    metering: Metering | None = None  # the GPUs or cores the run holds, and their price (nbtrain.launch.cost)
 
 
 class RunObserver:

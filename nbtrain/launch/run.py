@@ -39,6 +39,7 @@ from ..wire import protocol as P
 from .cell import CELL_FILENAME, CellInfo, names_to_return
 from .config import DEFAULT_KEEP_ALIVE_S, LaunchConfig, PoolSpec
 from .displays import PendingDisplays
+from .cost import Metering, metering_for
 from .errors import RankFailedError, RankFailure, order_failures
 from .history import History, RunOutcome
 from .modules import Workdir, fresh_ranks_note, notebook_workdir, stale_modules
@@ -83,6 +84,7 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
     profiles: dict[int, P.ProfileSummary] = field(default_factory=dict)  # --profile, by rank
     setup: dict[int, list[dict]] = field(default_factory=dict)  # per rank: what prepare() set up, model by model
+    metering: Metering | None = None  # what the run held: GPUs or cores, and their price (nbtrain.launch.cost)
 
 
 class PoolManager:
@@ -298,7 +300,8 @@ class _Run:
         ranks = tuple(RankInfo(rank, pid, devices.get(rank), _physical_gpu(spec, devices.get(rank)))
                       for rank, pid in enumerate(self.pool.pids()))
         return RunInfo(f"{self.pool.run_id}/{self.job.job_id}", spec.nprocs, spec.backend, spec.device_type,
-                       spec.gpu_ids, ranks, self.warm, self.pool.node_infos(), self.started)
+                       spec.gpu_ids, ranks, self.warm, nodes := self.pool.node_infos(), self.started,
+                       metering_for(spec, nodes, self.config.price_per_hour))
 
     def _tell_nodes(self, now: float) -> None:
         """Once a second on a --nodes run: each machine's state and load, from its heartbeats, to the observers —
@@ -493,6 +496,4 @@ def _bring_back(namespace: dict, run: _Run, warm: bool, seconds: float, deleted=
         moved_to_cpu=tuple(results.moved_to_cpu) if results is not None else (),
         seconds=seconds, rank_seconds={r: d.seconds for r, d in sorted(run.done.items())},
         devices=run.pool.devices, warm=warm, backend=run.pool.spec.backend, history=run.history, notes=list(run.inputs.notes),
-        profiles=run.profiles,
-        setup=run.setup,
-    )
+        profiles=run.profiles, setup=run.setup, metering=metering_for(run.pool.spec, run.pool.node_infos(), run.config.price_per_hour))

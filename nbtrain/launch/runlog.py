@@ -5,7 +5,8 @@ Every ``%%distributed`` cell the kernel runs — finished, failed or stopped —
 defaults (``--amp bf16 --grad-accum 2``), when it started and how long it took, the world size, the last logged
 step, the final and best value of each logged series (best: the largest for accuracy-like names — ``acc``,
 ``score``, ``f1``, ``auc``, ``precision``, ``recall`` — the smallest for the rest, such as losses), its state
-and its checkpoint folder. :class:`RunsTable` shows them as a table (HTML in a notebook, text elsewhere) and
+its checkpoint folder, and its GPU-hours (core-hours on the CPU) and their cost at ``--price-per-gpu-hour``
+(:mod:`.cost`). :class:`RunsTable` shows them as a table (HTML in a notebook, text elsewhere) and
 gives them as a list of dicts or CSV. Rows live as long as the kernel (the last :data:`KEEP` of them); a run's
 series outlive it only in its checkpoint or its TensorBoard folder.
 """
@@ -20,6 +21,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from .cost import Metering
 from .history import History
 
 KEEP = 200
@@ -38,6 +40,9 @@ class RunRow:
     series: dict = field(default_factory=dict)  # name -> (final, best)
     state: str = "finished"
     checkpoint: str | None = None
+    gpu_hours: float | None = None  # GPUs held × hours; None on the CPU
+    core_hours: float | None = None  # on the CPU: the ranks' cores × hours
+    cost: float | None = None  # the hours × --price-per-gpu-hour; None without a price
 
     def flat(self) -> dict:
         """One flat dict: the fields, and ``<name> final`` / ``<name> best`` per series."""
@@ -70,12 +75,16 @@ class RunLog:
         self._count = 0
 
     def add(self, cell: str, options: str, started: float, world_size: int, history: History, state: str,
-            checkpoint: str | None) -> None:
+            checkpoint: str | None, metering: Metering | None = None) -> None:
         self._count += 1
         steps, series = summarise(history)
         first = next((line.strip() for line in cell.splitlines() if line.strip()), "")
-        self._rows.append(RunRow(self._count, first[:80], options, started, time.time() - started, world_size,
-                                 steps, series, str(state), checkpoint))
+        seconds = time.time() - started
+        hours = metering.hours(seconds) if metering else None
+        on_gpus = metering is not None and metering.unit == "GPU"
+        self._rows.append(RunRow(self._count, first[:80], options, started, seconds, world_size, steps, series,
+                                 str(state), checkpoint, hours if on_gpus else None, None if on_gpus else hours,
+                                 metering.cost(seconds) if metering else None))
         del self._rows[:-KEEP]
 
     def table(self) -> RunsTable:
