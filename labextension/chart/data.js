@@ -68,3 +68,16 @@ export function firstTime(series) {
 export function allPositive(series, names) {
   return names.every((name) => !series[name] || series[name].min.every((v) => v > 0));
 }
+
+// The earlier runs the kernel sent once (nbtrain/dashboard/chart_feed.py overlays_of), their columns as floats:
+// [{number, label, series: {name: {step, time, mean}}}].
+export function overlayRuns(overlays) {
+  if (!overlays || !overlays.runs) return [];
+  return overlays.runs.map((run) => {
+    const series = {};
+    for (const [name, cols] of Object.entries(run.series || {})) {
+      series[name] = { step: floats(cols.step), time: floats(cols.time), mean: floats(cols.mean) };
+    }
+    return { number: run.number, label: run.label, series };
+  });
+}

@@ -36,6 +36,7 @@ class RunModel:
         self.ended: float | None = None
         self.status: str | None = None  # a RunState's value ("finished", "failed", "interrupted") once finished
         self.detail = ""
+        self.earlier: tuple = ()  # the kernel's earlier runs, to draw beside this one (launch.runlog.EarlierRun)
         self.evidence = Evidence()  # what the advisor reads; fed from both threads, so under a lock
         self._evidence_lock = threading.Lock()
 

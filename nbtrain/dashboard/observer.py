@@ -2,6 +2,7 @@
 
 The run calls it on the kernel's main thread; every callback only records and returns:
 
+* ``earlier_runs`` — the kernel's earlier runs, which the chart draws beside this one, go to the model;
 * ``run_started`` / ``ranks_ready`` — the ranks' pids and devices go to the model and the telemetry;
   on the first one the front end is shown and the two background threads start: the telemetry
   :class:`~nbtrain.dashboard.threads.Sampler` (every ``interval`` seconds) and the
@@ -48,6 +49,9 @@ class DashboardObserver(RunObserver):
         self.front: Front | None = None
         self.sampler: Sampler | None = None
         self.ticker: Ticker | None = None
+
+    def earlier_runs(self, runs: tuple) -> None:
+        self.model.earlier = tuple(runs)
 
     def run_started(self, info: RunInfo) -> None:
         self.model.set_info(info)

@@ -32,7 +32,7 @@ from .inputs import PayloadError, pack_inputs
 from .output import write_to_std_stream
 from .restarts import run_with_restarts
 from .cost import metering_for
-from .observer import RunObserver, RunState
+from .observer import FanOut, RunObserver, RunState
 from .options import options_of
 from .history import RunOutcome
 from .run import PoolManager, RunResult, run_cell
@@ -58,6 +58,7 @@ def run_source(source: str, request: LaunchRequest, namespace: dict, *, manager:
     started = time.time()
     state: RunState | None = RunState.FAILED
     meter = _Meter(config)
+    FanOut(observers).earlier_runs(manager.runs.earlier(source, changed_options(request)) if manager else ())
     try:
         result = _run(source, request, config, info, namespace, manager, write, code_name, [*observers, meter],
                       outcome)

@@ -88,6 +88,10 @@ class RunInfo:
 
 
 class RunObserver:
+    def earlier_runs(self, runs: tuple) -> None:
+        """Before the ranks start: this kernel's last runs that logged series (:class:`~.runlog.EarlierRun`, oldest
+        first), each labelled with what differed from this run — for a chart to draw beside it."""
+
     def run_started(self, info: RunInfo) -> None:
         """The job was sent; ``info.ranks`` may update again in :meth:`ranks_ready`."""
 
