@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 
+from ..gpu.devices import DeviceReader
 from ..gpu.telemetry import Snapshot, Telemetry
 from ..launch.advisor import Evidence, Hint, advise
 from ..launch.setup_facts import setup_words
@@ -27,7 +28,8 @@ class RunModel:
     def __init__(self, capacity: int = DEFAULT_CAPACITY, telemetry_source: Telemetry | None = None) -> None:
         self.store = MetricStore(capacity)  # what the ranks logged (the notebook's ``history`` has it all)
         self.telemetry = TelemetrySeries()  # the devices' samples over time
-        self.telemetry_source = telemetry_source or Telemetry()  # what the sampler thread reads them from
+        # what the sampler thread reads them from; a run's watches Xid errors from its first sample to its end
+        self.telemetry_source = telemetry_source or Telemetry(reader=DeviceReader(xid_events=True))
         self.info: RunInfo | None = None
         self.ranks: tuple[RankInfo, ...] = ()
         self.nodes: tuple[NodeInfo, ...] = ()  # a --nodes run's machines, as their last heartbeats said

@@ -90,3 +90,6 @@ class DashboardObserver(RunObserver):
         for thread in (self.sampler, self.ticker):
             if thread is not None:
                 thread.stop()
+        close = getattr(self.model.telemetry_source, "close", None)
+        if close is not None:  # the Xid watcher's thread
+            close()

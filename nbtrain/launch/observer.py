@@ -55,6 +55,7 @@ class NodeGpu:
     utilization: float | None  # percent
     memory_used: int | None  # bytes
     memory_total: int | None
+    health: str = ""  # its health line (gpu.health.describe: clocks, PCIe, NVLink, ECC, Xid), as the node read it
 
 
 @dataclass(frozen=True)
