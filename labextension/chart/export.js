@@ -1,17 +1,23 @@
+// @ts-check
 // The chart's toolbar exports, made in the browser from what it holds (the kernel is busy with the cell):
 // CSV of every series drawn — one row per bucket: series, step, time (unix seconds), mean, min, max — and a PNG
 // of the panels as they are shown (zoom, scale and hidden series included), titles above their plots.
 
+/** A CSV field, quoted when it holds a comma, a quote or a line break.
+ * @param {string} text @returns {string} */
 function csvField(text) {
   const s = String(text);
   return /[",\n\r]/.test(s) ? `"${s.replace(/"/g, '""')}"` : s;
 }
 
+/** @param {number} v @returns {string} */
 function number(v) {
   return Number.isFinite(v) ? String(v) : "";
 }
 
-// ``series``: data.joinSeries's {name: {step, time, mean, min, max}}, in ``names`` order.
+/** The CSV of ``series`` (data.joinSeries's columns), in ``names`` order: one row per bucket.
+ * @param {Record<string, Record<"step" | "time" | "mean" | "min" | "max", Float64Array>>} series
+ * @param {string[]} names @returns {string} */
 export function seriesCsv(series, names) {
   const lines = ["series,step,time,mean,min,max"];
   for (const name of names) {
@@ -27,7 +33,11 @@ export function seriesCsv(series, names) {
 
 const TITLE_PX = 18;
 
-// One canvas of the panels' plots (uPlot instances), laid out as on the page, each under its title.
+/** What of a uPlot instance the picture needs: its root element and its canvas.
+ * @typedef {{root: HTMLElement, ctx: CanvasRenderingContext2D}} Plot */
+
+/** One canvas of the panels' plots, laid out as on the page, each under its title.
+ * @param {Plot[]} plots @returns {HTMLCanvasElement} */
 export function panelsCanvas(plots) {
   const ratio = window.devicePixelRatio || 1;
   const boxes = plots.map((u) => u.root.getBoundingClientRect());
@@ -37,7 +47,7 @@ export function panelsCanvas(plots) {
   const out = document.createElement("canvas");
   out.width = Math.ceil((right - left) * ratio);
   out.height = Math.ceil((bottom - top) * ratio);
-  const ctx = out.getContext("2d");
+  const ctx = /** @type {CanvasRenderingContext2D} */ (out.getContext("2d"));
   ctx.fillStyle = "#fff";
   ctx.fillRect(0, 0, out.width, out.height);
   plots.forEach((u, i) => {
@@ -54,6 +64,8 @@ export function panelsCanvas(plots) {
   return out;
 }
 
+/** Save ``blob`` as ``filename``, as a download link the page clicks.
+ * @param {Blob} blob @param {string} filename */
 export function download(blob, filename) {
   const url = URL.createObjectURL(blob);
   const link = document.createElement("a");

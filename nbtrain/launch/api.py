@@ -62,6 +62,7 @@ def run_source(source: str, request: LaunchRequest, namespace: dict, *, manager:
     try:
         result = _run(source, request, config, info, namespace, manager, write, code_name, [*observers, meter],
                       outcome)
+        result.metering = meter.metering  # for the summary line
         state = RunState.FINISHED
         return result
     except UserInputError:

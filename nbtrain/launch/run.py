@@ -84,7 +84,7 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
     profiles: dict[int, P.ProfileSummary] = field(default_factory=dict)  # --profile, by rank
     setup: dict[int, list[dict]] = field(default_factory=dict)  # per rank: what prepare() set up, model by model
-    metering: Metering | None = None  # what the run held: GPUs or cores, and their price (nbtrain.launch.cost)
+    metering: Metering | None = None  # what the run held: GPUs or cores, and their price (set by api.run_source)
 
 
 class PoolManager:
@@ -496,4 +496,4 @@ def _bring_back(namespace: dict, run: _Run, warm: bool, seconds: float, deleted=
         moved_to_cpu=tuple(results.moved_to_cpu) if results is not None else (),
         seconds=seconds, rank_seconds={r: d.seconds for r, d in sorted(run.done.items())},
         devices=run.pool.devices, warm=warm, backend=run.pool.spec.backend, history=run.history, notes=list(run.inputs.notes),
-        profiles=run.profiles, setup=run.setup, metering=metering_for(run.pool.spec, run.pool.node_infos(), run.config.price_per_hour))
+        profiles=run.profiles, setup=run.setup)
