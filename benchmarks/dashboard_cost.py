@@ -23,6 +23,11 @@ commit or on this checkout, so the machine's load is shared alike.
      between two (the chart's module, sent once, and messages with telemetry samples alone do not count);
    * the final picture's CPU time (once, at the end).
 
+   With ``--stand-in-gpus N`` the kernel's NVML is the tests' stand-in (``tests/helpers/fake_nvml.py``) with N
+   boards of 18 NVLink links each, in the kernel only (the ranks train on the CPU): the sampler then reads
+   every GPU's fields, health, NVLink counters and Xid events as on an 8-GPU machine; its own thread's share
+   of a core is reported apart (goal: at most 1 %).
+
 2. **10^6 logged steps.** The kernel side of a million steps (2 ranks, ``loss`` every step) is fed
    into the dashboard's store in batches as the ranks send them, the chart's feed polled after every batch
    as the widget would; reported: the retained size of the store's series (deep size), the process's RSS
@@ -101,11 +106,22 @@ def _widget_tree(widget) -> set:
     return found
 
 
-def run_with_dashboard(seconds: float, nprocs: int) -> dict:
+def install_stand_in_gpus(count: int) -> None:
+    """The tests' stand-in NVML with ``count`` NVLink boards, for this process (the kernel) only."""
+    sys.path.insert(0, os.path.join(CHECKOUT, "tests"))
+    from helpers.fake_nvml import FakeGpu, make_module
+
+    sys.modules["pynvml"] = make_module([FakeGpu(util=90, nvlinks=(1,) * 18, nvlink_kib_s=(2_000_000, 2_000_000))
+                                         for _ in range(count)])
+
+
+def run_with_dashboard(seconds: float, nprocs: int, stand_in_gpus: int = 0) -> dict:
     """One run with the widget dashboard of whichever nbtrain is first on the path; returns its costs."""
     import IPython.display
     import ipywidgets
 
+    if stand_in_gpus:
+        install_stand_in_gpus(stand_in_gpus)
     from nbtrain.dashboard.observer import DashboardObserver
     from nbtrain.dashboard.widget import RunDashboard
     from nbtrain.launch.lifecycle.entry import run_source
@@ -134,6 +150,7 @@ def run_with_dashboard(seconds: float, nprocs: int) -> dict:
         observer.stop()
         assert observer.sampler is not None and observer.ticker is not None  # started with the run
         finish["threads"] = observer.sampler.cpu_seconds + observer.ticker.cpu_seconds
+        finish["sampler"] = observer.sampler.cpu_seconds
         finish["ticker"] = observer.ticker.cpu_seconds
         finish["live_end"] = time.monotonic()
         started = time.thread_time()
@@ -162,6 +179,7 @@ def run_with_dashboard(seconds: float, nprocs: int) -> dict:
         "wall_s": time.monotonic() - started, "live_s": live_seconds, "steps": len(result.history["loss"]),
         "threads_cpu_s": finish["threads"], "main_thread_cpu_s": main_thread, "ticker_cpu_s": finish["ticker"],
         "cpu_share": (finish["threads"] + main_thread) / live_seconds,
+        "sampler_share": finish["sampler"] / live_seconds, "gpus": len(getattr(observer.model.telemetry.latest, "gpus", ())),
         "messages": len(in_live), "messages_per_s": len(in_live) / live_seconds,
         "curve_messages_per_s": len(curves) / live_seconds,
         "curve_kib_per_s": sum(m[2] for m in curves) / 1024 / live_seconds,
@@ -206,11 +224,12 @@ def million_steps(steps: int = 10**6, ranks: int = 2, batch: int = 250) -> dict:
             "feed_us_per_record": 1e6 * feed_cpu / (steps * ranks), "bases": feed.bases, "tails": feed.tails}
 
 
-def measure_in_process(root: str, seconds: float, nprocs: int) -> dict:
+def measure_in_process(root: str, seconds: float, nprocs: int, stand_in_gpus: int = 0) -> dict:
     """:func:`run_with_dashboard` in a fresh interpreter whose ``nbtrain`` (and its ranks') comes from ``root``."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
     done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--seconds", str(seconds),
-                           "--nprocs", str(nprocs)], env=env, cwd=root, capture_output=True, text=True)
+                           "--nprocs", str(nprocs), "--stand-in-gpus", str(stand_in_gpus)], env=env, cwd=root,
+                          capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"the measurement with nbtrain from {root} failed:\n{done.stderr[-3000:]}")
     run = json.loads(done.stdout.strip().splitlines()[-1])
@@ -224,7 +243,8 @@ def describe(label: str, run: dict) -> str:
             f"+ {run['main_thread_cpu_s']:.3f} s main thread over {run['live_s']:.1f} s = {100 * run['cpu_share']:.2f} % "
             f"of one core; messages {run['messages_per_s']:.2f}/s (curves {run['curve_messages_per_s']:.2f}/s, "
             f"{run['curve_kib_per_s']:.1f} KiB/s; {run['curve_updates']} updates, {run['curve_updates_per_s_arriving']:.2f}/s while values arrive, longest gap {run['curve_longest_gap_s']:.2f} s); "
-            f"final picture {run['final_cpu_s']:.2f} s; {run['steps']} steps")
+            f"final picture {run['final_cpu_s']:.2f} s; {run['steps']} steps; the sampler alone "
+            f"{100 * run.get('sampler_share', 0):.2f} % of one core with {run.get('gpus', 0)} GPUs")
 
 
 def main() -> None:
@@ -233,12 +253,15 @@ def main() -> None:
     parser.add_argument("--nprocs", type=int, default=2)
     parser.add_argument("--baseline", metavar="REF", help="also measure this git commit's dashboard, interleaved")
     parser.add_argument("--rounds", type=int, default=1, help="measurements of each version")
+    parser.add_argument("--stand-in-gpus", type=int, default=0, metavar="N",
+                        help="the kernel reads N stand-in GPUs (tests/helpers/fake_nvml.py) instead of the driver")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:  # one measurement, for measure_in_process: nbtrain from PYTHONPATH, not from this checkout
         import nbtrain
 
-        print(json.dumps(dict(run_with_dashboard(args.seconds, args.nprocs), nbtrain=nbtrain.__file__)))
+        run = run_with_dashboard(args.seconds, args.nprocs, args.stand_in_gpus)
+        print(json.dumps(dict(run, nbtrain=nbtrain.__file__)))
         return
     sys.path.insert(0, CHECKOUT)
     print(f"# nbtrain dashboard cost — {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
@@ -257,15 +280,17 @@ def main() -> None:
         results: dict[str, list[dict]] = {}
         for round_ in range(args.rounds):
             for label, root in versions:
-                run = measure_in_process(root, args.seconds, args.nprocs)
+                run = measure_in_process(root, args.seconds, args.nprocs, args.stand_in_gpus)
                 results.setdefault(label, []).append(run)
                 print(describe(f"{label.split()[0]} {round_ + 1}", run), flush=True)
         for label, runs in results.items():
             share = statistics.median(r["cpu_share"] for r in runs)
             rate = statistics.median(r["messages_per_s"] for r in runs)
             ticker = statistics.median(r["ticker_cpu_s"] / r["live_s"] for r in runs)
+            sampler = statistics.median(r.get("sampler_share", 0) for r in runs)
             updates = statistics.median(r["curve_updates_per_s_arriving"] for r in runs)
-            print(f"median {label}: {100 * share:.2f} % of one core (drawing/sending {100 * ticker:.2f} %), "
+            print(f"median {label}: {100 * share:.2f} % of one core (drawing/sending {100 * ticker:.2f} %, sampling "
+                  f"{100 * sampler:.2f} %), "
                   f"{rate:.2f} messages/s, curve updates {updates:.2f}/s while values arrive")
     big = million_steps()
     print("\n## 10^6 logged steps x 2 ranks into the dashboard's store (current)")

@@ -102,8 +102,9 @@ def track(tracker):
 
 def runs():
     """This kernel's ``%%distributed`` runs, one row each: the cell, the options that differed, start, duration,
-    world size, steps, the final and best value of each logged series, how it ended and its checkpoint. Shows
-    as a table; ``.to_dicts()`` and ``.to_csv(path)`` give the rows."""
+    world size, steps, the final and best value of each logged series, how it ended, its checkpoint, its GPU-hours
+    (core-hours on the CPU) and their cost at ``--price-per-gpu-hour``. Shows as a table; ``.to_dicts()`` and
+    ``.to_csv(path)`` give the rows."""
     from IPython import get_ipython
 
     from .launch.observers.runlog import RunLog

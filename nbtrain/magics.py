@@ -5,7 +5,7 @@ arguments, then call plain functions (:func:`distributed_cell` adds the dashboar
 ``list_sessions``, ``pull`` and ``close``; ``%gpus`` is :func:`nbtrain.dashboard.show_gpus`).
 
 Each ``%%distributed`` option is declared once, as a field of :class:`~.launch.config.LaunchRequest` (how
-the cell runs) or of :class:`CellDisplay` (what the notebook shows), with :func:`~.launch.options.option`.
+the cell runs) or of :class:`CellDisplay` (what the notebook shows), with :func:`~nbtrain.wire.options.option`.
 The magic's arguments are generated from those fields, in groups added as decorators (``placement_args``,
 ``training_args``, … as ipyparallel's magics share theirs), and the parsed arguments become the two
 dataclasses by field name, so adding an option means adding one field.

@@ -32,11 +32,12 @@ for step in range(300):
 """
 
 
-def _in_lab(tmp_path, second_cell: str, check) -> None:
-    """Open a notebook of ``%load_ext nbtrain`` and ``second_cell`` in JupyterLab, run the first cell, start the
-    second (Ctrl+Enter), then ``check(page, lab, cells)``; on failure, a screenshot and the server's log."""
+def _in_lab(tmp_path, second_cell: str, check, more_cells: tuple[str, ...] = ()) -> None:
+    """Open a notebook of ``%load_ext nbtrain``, ``second_cell`` and ``more_cells`` in JupyterLab, run the first
+    cell, start the second (Ctrl+Enter), then ``check(page, lab, cells)``; on failure, a screenshot and the
+    server's log."""
     lab = JupyterLab(tmp_path, extension_under_test=True)
-    write_notebook(lab.notebooks / "dash.ipynb", ["%load_ext nbtrain", second_cell])
+    write_notebook(lab.notebooks / "dash.ipynb", ["%load_ext nbtrain", second_cell, *more_cells])
     lab.start()
     lab.start_session("dash.ipynb")
     try:
@@ -234,3 +235,80 @@ def _check_controls(chart) -> None:
         re.compile(r"^\d"), timeout=5000)
     print(f"chart: {chart.get_attribute('data-points')} points; last update {chart.get_attribute('data-prepare-ms')} ms "
           f"to prepare, {chart.get_attribute('data-draw-ms')} ms to draw")
+
+
+EARLIER = """%%distributed 2 --cpu --keep-alive 0
+import time, nbtrain
+for step in range(40):
+    nbtrain.log(loss=3.0 / (step + 1), step=step)
+    time.sleep(0.02)
+"""
+LATER = EARLIER.replace("--keep-alive 0", "--keep-alive 0 --grad-accum 2").replace("range(40)", "range(400)")
+
+
+def _run_and_wait(page, cell) -> None:
+    """Start ``cell`` once the one before it has finished, then wait for its live chart."""
+    cell.locator(".jp-InputArea-editor").click()
+    page.keyboard.press("Control+Enter")
+    sync_api.expect(cell.locator(".nbt-chart[data-points]")).to_have_count(1, timeout=60_000)
+
+
+def test_earlier_runs_are_drawn_faded_labelled_and_hidden_from_the_legend(tmp_path):
+    """Two runs in one kernel: the second's chart draws the first's loss faded and dashed beside its own, labelled
+    with the option it lacked; a click on that legend row hides it, another shows it again."""
+    def check(page, lab, cells) -> None:
+        sync_api.expect(cells.nth(1).locator(".jp-OutputArea img")).to_have_count(1, timeout=90_000)  # run 1 ended
+        _run_and_wait(page, cells.nth(2))
+        chart = cells.nth(2).locator(".nbt-chart[data-points]")
+        sync_api.expect(chart).to_have_attribute("data-overlays", "1", timeout=10_000)
+        sync_api.expect(chart).to_have_attribute("data-overlays-shown", "1")
+        row = chart.locator(".u-legend .u-series.nbt-overlay")
+        sync_api.expect(row).to_contain_text("loss · run 1: no --grad-accum")
+        border = row.locator(".u-marker").evaluate("m => getComputedStyle(m).borderTopColor")
+        assert border.startswith("rgba(") and border.endswith(", 0.4)"), f"not faded: {border}"
+        row.locator(".u-label").click()
+        sync_api.expect(chart).to_have_attribute("data-overlays-shown", "0", timeout=5000)
+        chart.locator("button.nbt-log").click()  # a rebuilt panel keeps it hidden
+        sync_api.expect(chart).to_have_attribute("data-distr", "3", timeout=5000)
+        sync_api.expect(chart).to_have_attribute("data-overlays-shown", "0")
+        chart.locator(".u-legend .u-series.nbt-overlay .u-label").click()
+        sync_api.expect(chart).to_have_attribute("data-overlays-shown", "1", timeout=5000)
+
+    _in_lab(tmp_path, EARLIER, check, (LATER,))
+
+
+def test_the_toolbar_downloads_the_series_as_csv_and_the_panels_as_png(tmp_path):
+    """CSV: one row per bucket drawn (series, step, time, mean, min, max); PNG: the panels as shown, in colour."""
+    import csv
+    import io
+
+    import numpy
+    from PIL import Image
+
+    def check(page, lab, cells) -> None:
+        chart = cells.nth(1).locator(".nbt-chart[data-points]")
+        sync_api.expect(chart).to_have_count(1, timeout=60_000)
+        page.wait_for_function("el => Number(el.dataset.points) >= 40", arg=chart.element_handle(), timeout=30_000)
+        with page.expect_download() as info:
+            chart.locator("button.nbt-export-csv").click()
+        assert info.value.suggested_filename == "nbtrain-chart.csv"
+        points = int(chart.get_attribute("data-points"))
+        rows = list(csv.DictReader(io.StringIO(open(info.value.path(), encoding="utf-8").read())))
+        assert list(rows[0]) == ["series", "step", "time", "mean", "min", "max"]
+        names = {row["series"] for row in rows}
+        assert names == {"loss", "val_loss"} and points <= len(rows) <= points + 4, (names, len(rows), points)
+        first = next(row for row in rows if row["series"] == "loss")
+        assert float(first["step"]) == 0 and float(first["time"]) > 1e9  # unix seconds
+        with page.expect_download() as info:
+            chart.locator("button.nbt-export-png").click()
+        assert info.value.suggested_filename == "nbtrain-chart.png"
+        image = Image.open(info.value.path()).convert("RGB")
+        box = chart.locator(".nbt-chart-grid").bounding_box()
+        assert image.width >= box["width"] * 0.9 and image.height >= 200, (image.size, box)
+        red, green, blue = image.getpixel((0, 0))
+        assert (red, green, blue) == (255, 255, 255)
+        pixels = numpy.asarray(image, dtype=int)
+        colored = int(((abs(pixels[..., 0] - pixels[..., 1]) > 60) | (abs(pixels[..., 1] - pixels[..., 2]) > 60)).sum())
+        assert colored > 100, "the curves are drawn in colour"
+
+    _in_lab(tmp_path, TRAINING, check)

@@ -150,6 +150,21 @@ def test_warm_rerun_and_node_list(cluster):
     assert re.search(r"CPU \d+%, RAM \d+%", listing), listing  # each node's heartbeats carry its machine's load
 
 
+def test_a_priced_run_on_nodes_counts_every_nodes_cores(cluster):
+    """--price-per-gpu-hour on --nodes --cpu: the core-hours of every node's ranks' cores, as each agent reported
+    its cores when it joined (here 2 emulated nodes of this machine's cores, 2 ranks each)."""
+    out = cluster.kernel.run(CELL.replace("--cpu", "--cpu --price-per-gpu-hour 3600") + "x = 1\n", timeout=60)
+    cpus = os.cpu_count() or 1
+    cores = 2 * min(cpus, 2 * max(1, cpus // 2))
+    seconds = float(re.search(r"· ([\d.]+) s", out).group(1))
+    shown = re.search(r"· [\d.]+ core-hours · cost ([\d.,]+)", out)
+    assert shown and float(shown.group(1).replace(",", "")) == pytest.approx(cores * seconds, rel=0.06), out
+    row = cluster.kernel.run("import nbtrain\nrow = nbtrain.runs().to_dicts()[-1]\n"
+                             "print('row', row['core_hours'] * 3600 / row['seconds'], row['gpu_hours'])")
+    held, gpu_hours = re.search(r"row (\S+) (\S+)", row).groups()
+    assert float(held) == pytest.approx(cores) and gpu_hours == "None", row
+
+
 def test_input_on_a_rank_of_the_second_node_is_answered_in_the_notebook(cluster):
     reply, out, prompts = cluster.kernel.execute_answering(
         CELL + "answer = input('your name? ') if rank == 3 else None\nif rank == 3:\n    print('got', answer)\n",

@@ -97,3 +97,21 @@ export function firstTime(series) {
 export function allPositive(series, names) {
   return names.every((name) => !series[name] || series[name].min.every((v) => v > 0));
 }
+
+/** An earlier run of the kernel, drawn beside this one: rank 0's reduced series and what differed.
+ * @typedef {{number: number, label: string, series: Record<string, {step: Float64Array, time: Float64Array, mean: Float64Array}>}} OverlayRun */
+
+/** The earlier runs the kernel sent once (nbtrain/dashboard/chart_feed.py overlays_of), their columns as floats.
+ * @param {{runs?: {number: number, label: string, series?: Record<string, Record<string, any>>}[]} | null | undefined} overlays
+ * @returns {OverlayRun[]} */
+export function overlayRuns(overlays) {
+  if (!overlays || !overlays.runs) return [];
+  return overlays.runs.map((run) => {
+    /** @type {OverlayRun["series"]} */
+    const series = {};
+    for (const [name, cols] of Object.entries(run.series || {})) {
+      series[name] = { step: floats(cols.step), time: floats(cols.time), mean: floats(cols.mean) };
+    }
+    return { number: run.number, label: run.label, series };
+  });
+}

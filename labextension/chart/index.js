@@ -5,9 +5,12 @@
 // data-smooth-gap (how far the smoothed curves are from the raw ones, summed), data-x (step or time),
 // data-zoomed (a panel keeps a zoomed x range while new points arrive), data-prepare-ms and data-draw-ms
 // (the browser's time for the last update: preparing the columns, then uPlot's drawing), data-load-points
-// (telemetry samples held by the load panels: GPU or CPU load over the run, see loads.js).
+// (telemetry samples held by the load panels: GPU or CPU load over the run, see loads.js), data-overlays (earlier
+// runs' series drawn beside this run's, all panels) and data-overlays-shown (those not hidden from the legend).
+// The toolbar's CSV and PNG buttons download the series and the panels (export.js).
 import uplotCss from "uplot/dist/uPlot.min.css";
-import { joinSeries, firstTime, mostPoints } from "./data.js";
+import { joinSeries, firstTime, mostPoints, overlayRuns } from "./data.js";
+import { download, panelsCanvas, seriesCsv } from "./export.js";
 import { LoadPanels } from "./loads.js";
 import { Panel } from "./panel.js";
 
@@ -16,6 +19,7 @@ const CSS = `
 .nbt-chart-controls { display: flex; gap: 14px; align-items: center; margin: 4px 0; flex-wrap: wrap; }
 .nbt-chart-controls label { display: inline-flex; gap: 4px; align-items: center; }
 .nbt-chart-toggle button { border: 1px solid #999; background: #fff; padding: 1px 8px; margin: 0; cursor: pointer; }
+.nbt-chart-export button { border: 1px solid #999; background: #fff; padding: 1px 8px; margin: 0 2px; cursor: pointer; }
 .nbt-chart-toggle button[aria-pressed="true"] { background: #1f77b4; border-color: #1f77b4; color: #fff; }
 .nbt-chart-grid { display: grid; gap: 4px 10px; }
 .nbt-chart-loads { display: grid; grid-template-columns: repeat(2, max-content); gap: 4px 10px; margin-top: 6px; }
@@ -55,7 +59,8 @@ function toggle(labels, onPick) {
 function render({ model, el }) {
   const style = control("style", {}, uplotCss + CSS);
   const root = control("div", { className: "nbt-chart" });
-  const state = { log: false, xKey: "step", weight: model.get("smoothing") || 0, panels: new Map(), draws: 0 };
+  const state = { log: false, xKey: "step", weight: model.get("smoothing") || 0, panels: new Map(), draws: 0,
+                  runs: overlayRuns(model.get("overlays")), hidden: new Set() };
   const slider = control("input", { type: "range", min: "0", max: "0.99", step: "0.01", value: String(state.weight),
                                     className: "nbt-smoothing" });
   const weightText = control("span", {}, state.weight.toFixed(2));
@@ -64,7 +69,8 @@ function render({ model, el }) {
   const controls = control("div", { className: "nbt-chart-controls" });
   controls.append(toggle(["linear", "log"], (v) => { state.log = v === "log"; rebuild(); }),
                   toggle(["step", "wall time"], (v) => { state.xKey = v === "step" ? "step" : "time"; rebuild(); }),
-                  smoothing, control("span", { className: "nbt-chart-hint" }, "drag to zoom, double-click to unzoom"));
+                  smoothing, exports(),
+                  control("span", { className: "nbt-chart-hint" }, "drag to zoom, double-click to unzoom"));
   const hint = control("div", { className: "nbt-chart-hint" }, "nothing logged yet: call nbtrain.log(loss=...) in the cell");
   const grid = control("div", { className: "nbt-chart-grid" });
   const loadGrid = control("div", { className: "nbt-chart-loads" });
@@ -77,6 +83,25 @@ function render({ model, el }) {
   const loadWidth = () => Math.max(240, Math.floor(((root.clientWidth || 900) - 10) / 2));
   const loads = new LoadPanels(loadGrid, loadWidth(), LOAD_HEIGHT, () => { root.dataset.loadPoints = loads.points; });
 
+  // The toolbar's downloads: CSV of the series as drawn (every bucket), PNG of the panels as shown.
+  function exports() {
+    const wrap = control("span", { className: "nbt-chart-export" });
+    const csv = control("button", { type: "button", className: "nbt-export-csv", title: "download the series as CSV" },
+                        "CSV");
+    const png = control("button", { type: "button", className: "nbt-export-png", title: "download the chart as PNG" },
+                        "PNG");
+    csv.addEventListener("click", () => {
+      const names = [...state.panels.values()].flatMap((p) => p.names);
+      download(new Blob([seriesCsv(state.series || {}, names)], { type: "text/csv" }), "nbtrain-chart.csv");
+    });
+    png.addEventListener("click", () => {
+      const plots = [...state.panels.values()].map((p) => p.plot).filter(Boolean);
+      if (plots.length) panelsCanvas(plots).toBlob((blob) => download(blob, "nbtrain-chart.png"), "image/png");
+    });
+    wrap.append(csv, png);
+    return wrap;
+  }
+
   function width() {
     const cols = columnsFor(state.panels.size || 1);
     return Math.max(240, Math.floor(((root.clientWidth || 900) - 10 * (cols - 1)) / cols));
@@ -88,8 +113,10 @@ function render({ model, el }) {
     let points = 0, gap = 0;
     for (const p of state.panels.values()) { points += p.points || 0; gap += p.smoothGap || 0; }
     const zoomed = [...state.panels.values()].some((p) => p.zoomed);
+    let overlaysShown = 0, overlays = 0;
+    for (const p of state.panels.values()) { const [s, d] = p.overlayCounts(); overlaysShown += s; overlays += d; }
     Object.assign(root.dataset, { points, draws: state.draws, distr: u.scales.y.distr, smoothing: state.weight,
-                                  smoothGap: gap.toPrecision(6), x: state.xKey, zoomed });
+                                  smoothGap: gap.toPrecision(6), x: state.xKey, zoomed, overlays, overlaysShown });
   }
 
   function draw() {
@@ -98,6 +125,7 @@ function render({ model, el }) {
     if (!groups.length) return;
     hint.style.display = "none";
     const series = joinSeries(model.get("base"), tail);
+    state.series = series; // what the CSV export writes
     const t0 = firstTime(series);
     const keys = new Set(groups.map(([key]) => key));
     for (const [key, panel] of state.panels) if (!keys.has(key)) { panel.destroy(); state.panels.delete(key); }
@@ -108,7 +136,7 @@ function render({ model, el }) {
         const cell = control("div", {});
         grid.appendChild(cell);
         panel = new Panel(cell, key, names, { log: state.log, xKey: state.xKey, width: 300, height: HEIGHT,
-                                              style: model.get("style") }, onDraw);
+                                              style: model.get("style"), hidden: state.hidden }, onDraw);
         state.panels.set(key, panel);
       }
     }
@@ -118,7 +146,7 @@ function render({ model, el }) {
     const most = mostPoints(series, groups.flatMap(([, names]) => names));
     for (const panel of state.panels.values()) {
       if (panel.options.width !== w) panel.resize(w);
-      panel.draw(series, state.weight, t0, most);
+      panel.draw(series, state.weight, t0, most, state.runs);
     }
     root.dataset.prepareMs = (performance.now() - began).toFixed(2); // join, smooth, setData (drawing follows)
   }
@@ -144,6 +172,8 @@ function render({ model, el }) {
   };
   model.on("change:tail", onChange);
   model.on("change:base", onChange);
+  const onOverlays = () => { state.runs = overlayRuns(model.get("overlays")); onChange(); };
+  model.on("change:overlays", onOverlays);
   const onLoad = () => loads.append(model.get("load")); // new samples only: each message appended once
   model.on("change:load", onLoad);
   const resize = new ResizeObserver(() => {
@@ -157,6 +187,7 @@ function render({ model, el }) {
     resize.disconnect();
     model.off("change:tail", onChange);
     model.off("change:base", onChange);
+    model.off("change:overlays", onOverlays);
     model.off("change:load", onLoad);
     for (const panel of state.panels.values()) panel.destroy();
     loads.destroy();

@@ -1,6 +1,9 @@
 // One uPlot chart: a panel of the dashboard, for a training value and its validation twin.
 // Per name four uPlot series: the buckets' min and max (drawn as a band, no line), the raw mean (light) and
 // the smoothed mean (bold). Series logged at different steps share the x axis through uPlot.join.
+// Then one series per earlier run of the kernel that logged one of the panel's names (``overlays``): its mean,
+// smoothed as this run's, faded and dashed, labelled with what differed; a click on its legend row hides it
+// (``options.hidden`` keeps that across rebuilds: log scale, wall time).
 // Colours, widths and which series are smoothed come from the kernel (the ``style`` trait, theme.chart_style in
 // Python), the final figure's own: this file holds none.
 import uPlot from "uplot";
@@ -24,7 +27,8 @@ export class Panel {
     this.parent = parent;
     this.title = title;
     this.names = names;
-    this.options = options; // {log, xKey, width, height, style}
+    this.options = options; // {log, xKey, width, height, style, hidden: Set of overlay labels the user hid}
+    this.overlays = []; // [{run, name, label}]: the earlier runs' series drawn here, after the names' own
     this.onDraw = onDraw;
     this.zoomed = false;
     this.plot = null;
@@ -46,6 +50,12 @@ export class Panel {
       series.push({ label: name, stroke: color, width: style.curve_width, spanGaps: true, value: (u, v) => shortNumber(v) });
       bands.push({ series: [at + 1, at], fill: alpha(color, style.band_alpha) });
     });
+    const hidden = this.options.hidden || new Set();
+    for (const { name, label } of this.overlays) {
+      const color = style.series_colors[this.names.indexOf(name) % style.series_colors.length];
+      series.push({ label, stroke: alpha(color, style.overlay_alpha), width: style.curve_width, dash: style.overlay_dash,
+                    spanGaps: true, show: !hidden.has(label), value: (u, v) => shortNumber(v) });
+    }
     const y = distr === 1 ? { distr: 1 } : distr === 3 ? { distr: 3, log: 10 } : { distr: 4, asinh: 1e-3 };
     const panel = this;
     this.plot = new uPlot({
@@ -57,19 +67,59 @@ export class Panel {
       hooks: {
         setSelect: [(u) => { if (u.select.width > 0) panel.zoomed = true; }],
         draw: [(u) => panel.onDraw(panel, u)],
+        setSeries: [(u, i) => panel.toggled(u, i)],
       },
     }, this.columns || [[]], this.parent);
     // Only the raw and smoothed means get a legend row: the band's edges are read from the hover anyway.
+    const own = 1 + this.names.length * PER_NAME;
     this.plot.root.querySelectorAll(".u-legend .u-series").forEach((row, i) => {
-      if (i > 0 && (i - 1) % PER_NAME < 2) row.style.display = "none";
+      if (i > 0 && i < own && (i - 1) % PER_NAME < 2) row.style.display = "none";
+      if (i >= own) row.classList.add("nbt-overlay");
     });
     this.plot.over.addEventListener("dblclick", () => { panel.zoomed = false; });
     this.distrKey = distr;
   }
 
+  // An overlay's legend row was clicked: remember whether it is hidden, for the next rebuild.
+  toggled(u, i) {
+    const at = i - 1 - this.names.length * PER_NAME;
+    if (at < 0 || !this.options.hidden) return;
+    const { label } = this.overlays[at];
+    if (u.series[i].show) this.options.hidden.delete(label);
+    else this.options.hidden.add(label);
+    this.onDraw(this, u);
+  }
+
+  // [shown, drawn]: how many earlier runs' series this panel draws, and how many of them are not hidden.
+  overlayCounts() {
+    if (!this.plot) return [0, 0];
+    const drawn = this.plot.series.slice(1 + this.names.length * PER_NAME);
+    return [drawn.filter((s) => s.show).length, drawn.length];
+  }
+
+  // The earlier runs' tables (x, mean smoothed as this run's) of the names this panel draws.
+  overlayTables(runs, weight, mostPoints) {
+    const { xKey, style } = this.options;
+    const tables = [];
+    this.overlays = [];
+    for (const run of runs || []) {
+      for (const name of this.names) {
+        const cols = run.series[name];
+        if (!cols || !cols.mean.length) continue;
+        const t0 = cols.time[0];
+        const xs = xKey === "time" ? Array.from(cols.time, (t) => t - t0) : Array.from(cols.step);
+        const ys = worthSmoothing(cols.mean.length, mostPoints, style) ? smooth(cols.mean, weight) : Array.from(cols.mean);
+        tables.push([xs, ys]);
+        this.overlays.push({ run: run.number, name, label: `${name} · run ${run.number}: ${run.label}` });
+      }
+    }
+    return tables;
+  }
+
   // Redraw from ``series`` (data.joinSeries), smoothed with ``weight`` where the series is dense enough beside the
-  // longest one drawn (``mostPoints`` buckets); rebuilds the chart if the scale changed.
-  draw(series, weight, t0, mostPoints) {
+  // longest one drawn (``mostPoints`` buckets), with the earlier ``runs`` (data.overlayRuns) beside it; rebuilds
+  // the chart if the scale or the overlays changed.
+  draw(series, weight, t0, mostPoints, runs) {
     const { xKey, log, style } = this.options;
     const tables = [];
     this.points = 0;
@@ -84,10 +134,13 @@ export class Panel {
       this.points += cols.mean.length;
     }
     if (tables.length !== this.names.length) return; // a name of this panel not sent yet
+    const before = this.overlays.map((o) => o.label).join("\n");
+    tables.push(...this.overlayTables(runs, weight, mostPoints));
+    const overlaysChanged = this.overlays.map((o) => o.label).join("\n") !== before;
     this.columns = tables.length === 1 ? tables[0] : uPlot.join(tables);
     const distr = !log ? 1 : allPositive(series, this.names) ? 3 : 4;
     this.drawStarted = performance.now();
-    if (!this.plot || distr !== this.distrKey) this.build(distr);
+    if (!this.plot || distr !== this.distrKey || overlaysChanged) this.build(distr);
     else this.plot.setData(this.columns, !this.zoomed);
   }
 

@@ -49,6 +49,7 @@ export interface INodeGpu {
   utilization: number | null;
   memory_used: number | null;
   memory_total: number | null;
+  health: string; // its health line as the node read it (clocks, PCIe, NVLink, ECC, Xid); "" from older agents
 }
 
 /** A machine of a `--nodes` run: what its heartbeats say (telemetry null before the first one). */
@@ -68,6 +69,7 @@ export interface INode {
   cpu_percent: number | null;
   ram_percent: number | null;
   gpus: INodeGpu[];
+  cpus: number | null; // the machine's cores, as its agent said when it joined
 }
 
 export interface IRun {

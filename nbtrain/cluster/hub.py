@@ -71,9 +71,16 @@ class NodeConn:
         """What observers (the dashboard, the run registry) are told of this node: from its last heartbeat."""
         beat = self.link.last_heartbeat
         sample = beat.telemetry if beat is not None else {}
-        gpus = tuple(NodeGpu(*gpu) for gpu in sample.get("gpus", []))
+        gpus = heartbeat_gpus(sample)
         return NodeInfo(self.name, self.hello.host, self.address, tuple(ranks), "lost" if lost else self.state.value,
-                        time.time() - self.silent_for(), sample.get("cpu_percent"), sample.get("ram_percent"), gpus)
+                        time.time() - self.silent_for(), sample.get("cpu_percent"), sample.get("ram_percent"), gpus,
+                        self.hello.cpus)
+
+
+def heartbeat_gpus(sample: dict) -> tuple[NodeGpu, ...]:
+    """A heartbeat's GPUs (:func:`nbtrain.node.main.telemetry`): index, load, memory and, from newer agents, the
+    health line."""
+    return tuple(NodeGpu(*gpu) for gpu in sample.get("gpus", []))
 
 
 class Hub:

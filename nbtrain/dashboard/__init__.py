@@ -46,14 +46,21 @@ from .series import DEFAULT_SMOOTHING
 from .threads import DEFAULT_INTERVAL_S, check_interval
 
 MODES = ("auto", "widget", "text", "off")
-_settings = {"interval": DEFAULT_INTERVAL_S, "text_every": 10.0, "smoothing": DEFAULT_SMOOTHING}
+_settings = {"interval": DEFAULT_INTERVAL_S, "text_every": 10.0, "smoothing": DEFAULT_SMOOTHING, "compare": 3}
+MAX_COMPARE = 10  # the runs the kernel keeps series of (nbtrain.launch.observers.runlog.KEEP_SERIES)
 
 
-def configure(interval: float | None = None, text_every: float | None = None, smoothing: float | None = None) -> dict:
+def configure(interval: float | None = None, text_every: float | None = None, smoothing: float | None = None,
+              compare: int | None = None) -> dict:
     """Change the dashboard of the next cells: ``interval`` between telemetry samples in seconds (0.25–5,
     default 1); ``text_every``, how often the terminal status line is printed (seconds, default 10);
     ``smoothing``, the weight of the moving average drawn over each curve (0 = none, up to 0.99;
-    default 0.6): where the live chart's slider starts, and what the final figure uses. Returns the settings now in force."""
+    default 0.6): where the live chart's slider starts, and what the final figure uses; ``compare``, how many
+    of the kernel's last runs the live chart draws beside each run (0–10, default 3). Returns the settings now in force."""
+    if compare is not None:
+        if not isinstance(compare, int) or isinstance(compare, bool) or not 0 <= compare <= MAX_COMPARE:
+            raise ValueError(f"compare is a number of earlier runs from 0 to {MAX_COMPARE} (got {compare!r})")
+        _settings["compare"] = compare
     if interval is not None:
         _settings["interval"] = check_interval(interval)
     if smoothing is not None:
@@ -93,7 +100,7 @@ def observer_for(shell, enabled: bool = True):
     if mode == "widget":
         from .widget import RunDashboard
 
-        return DashboardObserver(lambda model: RunDashboard(model, _settings["smoothing"]),
+        return DashboardObserver(lambda model: RunDashboard(model, _settings["smoothing"], int(_settings["compare"])),
                                  interval=_settings["interval"])
     from .text_status import TextStatus
 

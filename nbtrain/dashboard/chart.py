@@ -9,6 +9,9 @@ reads no widget events until the run is over:
 
 * a panel per logged name, a training value and its validation twin together (``loss`` with
   ``val_loss``), each series drawn raw (light), with the min–max band of its buckets, and smoothed;
+* earlier runs of the kernel (the last 3 by default: ``nbtrain.dashboard.configure(compare=N)``), each drawn
+  faded and dashed in its panel, labelled in the legend with what differed in its cell and options — a click
+  on its legend row hides it (sent once, in the ``overlays`` trait; see :mod:`~nbtrain.dashboard.chart_feed`);
 * a smoothing slider, linear/log (log becomes ``asinh`` when a series has values ≤ 0), step or wall
   time on the x axis, hover to read every series' value, drag to zoom (double-click to unzoom).
 
@@ -62,6 +65,7 @@ def _chart_class() -> type:
             base = traitlets.Dict().tag(sync=True)  # see chart_feed: closed buckets, per epoch
             tail = traitlets.Dict().tag(sync=True)  # the buckets after the base's
             load = traitlets.Dict().tag(sync=True)  # see load_feed: the telemetry samples new since the last
+            overlays = traitlets.Dict().tag(sync=True)  # earlier runs to draw faded (chart_feed.overlays_of), once
             smoothing = traitlets.Float(DEFAULT_SMOOTHING).tag(sync=True)  # the slider's start; the browser's then
             curves = traitlets.Bool(True).tag(sync=True)  # False: the load panels alone (``%gpus``)
             style = traitlets.Dict().tag(sync=True)  # theme.chart_style(): the chart has no palette of its own
@@ -81,10 +85,11 @@ def live_chart(smoothing: float = DEFAULT_SMOOTHING, curves: bool = True):
 class ChartPanel:
     """The dashboard's chart panel: ``.widget`` and ``.update(model)``, like the other panels."""
 
-    def __init__(self, store: MetricStore | None, smoothing: float = DEFAULT_SMOOTHING, telemetry: TelemetrySeries | None = None) -> None:
+    def __init__(self, store: MetricStore | None, smoothing: float = DEFAULT_SMOOTHING, telemetry: TelemetrySeries | None = None,
+                 earlier=()) -> None:
         """``store``: the logged series (``None``: the load panels alone, as ``%gpus`` shows them);
-        ``telemetry``: the samples of the load panels (``None``: none)."""
-        self.feed = ChartFeed(store) if store is not None else None
+        ``telemetry``: the samples of the load panels (``None``: none); ``earlier``: runs to draw beside this one."""
+        self.feed = ChartFeed(store, earlier=earlier) if store is not None else None
         self.loads = LoadFeed(telemetry) if telemetry is not None else None
         self.smoothing = smoothing
         self.widget = live_chart(smoothing, curves=store is not None)
@@ -102,6 +107,8 @@ class ChartPanel:
             return False
         with self.widget.hold_sync():  # base, tail and load in one message
             if news is not None:
+                if news.overlays is not None:
+                    self.widget.overlays = news.overlays
                 if news.base is not None:
                     self.widget.base = news.base
                 self.widget.tail = news.tail

@@ -14,6 +14,11 @@ The browser draws ``base + tail``. An update is one message with the new tail, w
 every bucket: the run doubled in length), or when a new name was logged, the base is sent again with the
 next epoch. For a run of 10^6 steps that is a few dozen bases in all; everything else is small tails.
 
+Earlier runs of the kernel (:meth:`~nbtrain.launch.observers.runlog.RunLog.earlier`), which the chart draws faded beside
+this one, travel once, with the first update (:attr:`Update.overlays`): rank 0's series of each, reduced to
+at most :data:`OVERLAY_POINTS` means per series (their steps and times too), and the words that say what
+differed from this run.
+
 Columns travel as little-endian float64 bytes (ipywidgets sends ``bytes`` as binary buffers: no JSON
 number formatting in the kernel, a ``Float64Array`` view in the browser). This module knows nothing of
 widgets: :meth:`ChartFeed.poll` returns plain dicts, so it is tested without a kernel.
@@ -21,8 +26,10 @@ widgets: :meth:`ChartFeed.poll` returns plain dicts, so it is tested without a k
 
 from __future__ import annotations
 
+import math
 import sys
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .metric_store import MetricStore
@@ -30,6 +37,7 @@ from .plotting import group_names
 
 REBASE_AFTER = 256  # buckets in one series' tail before its base is sent again
 COLUMNS = ("step", "time", "mean", "min", "max")
+OVERLAY_POINTS = 500  # means per series of an earlier run: its shape, at a fixed cost
 
 
 def pack(values) -> bytes:
@@ -54,11 +62,37 @@ class Update:
 
     tail: dict
     base: dict | None = None
+    overlays: dict | None = None  # with the first update only: the earlier runs to draw beside this one
+
+
+def reduced(steps: Sequence[float], values: Sequence[float], times: Sequence[float],
+            points: int = OVERLAY_POINTS) -> dict:
+    """A series as at most ``points`` means of consecutive finite values (with their mean step and time), packed."""
+    finite = [(s, v, t) for s, v, t in zip(steps, values, times, strict=True) if math.isfinite(v)]
+    width = max(1, math.ceil(len(finite) / points))
+    columns: dict[str, list[float]] = {"step": [], "time": [], "mean": []}
+    for start in range(0, len(finite), width):
+        chunk = finite[start:start + width]
+        for key, column in zip(("step", "mean", "time"), zip(*chunk, strict=True), strict=True):
+            columns[key].append(sum(column) / len(chunk))
+    return {key: pack(column) for key, column in columns.items()}
+
+
+def overlays_of(earlier) -> dict:
+    """What the chart needs of the earlier runs (:class:`~nbtrain.launch.observers.runlog.EarlierRun`): rank 0's series."""
+    runs = []
+    for run in earlier:
+        history = run.history
+        series = {name: reduced(s.steps, s.values, s.times or [0.0] * len(s.steps))
+                  for name in history.names if len(s := history.series(name))}
+        runs.append({"number": run.number, "label": run.label, "series": series})
+    return {"runs": runs}
 
 
 class ChartFeed:
-    def __init__(self, store: MetricStore, rebase_after: int = REBASE_AFTER) -> None:
+    def __init__(self, store: MetricStore, rebase_after: int = REBASE_AFTER, earlier: Sequence = ()) -> None:
         self.store = store
+        self.earlier = tuple(earlier)  # earlier runs to draw beside this one; sent with the first update
         self.rebase_after = rebase_after
         self.epoch = 0
         self._based: dict[str, tuple[int, int]] = {}  # name -> (merges, buckets in the base)
@@ -83,8 +117,9 @@ class ChartFeed:
             skip = self._based[name][1] - start  # buckets the browser has in its base already
             series[name] = {key: pack(col[skip:]) for key, col in zip(COLUMNS, cols, strict=True)}
         tail = {"epoch": self.epoch, "groups": group_names(columns), "series": series}
+        overlays = overlays_of(self.earlier) if self.earlier and self.tails == 0 else None
         self.tails += 1
-        return Update(tail, base)
+        return Update(tail, base, overlays)
 
     def _rebase_due(self, columns: dict) -> bool:
         """A new name, merged buckets, or a tail grown past :attr:`rebase_after`."""

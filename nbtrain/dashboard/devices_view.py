@@ -4,6 +4,10 @@ Each row is a utilisation bar with a sparkline of the last minute, and a memory 
 bar is split by owner — each rank's share (its process and children, from NVML) in the rank's colour,
 other processes in grey — so "which rank uses how much" is visible at a glance.
 
+A ``--nodes`` run shows its machines instead, grouped by node, from their last heartbeats
+(:class:`~nbtrain.launch.observers.events.NodeInfo`): each node's state, CPU and RAM, then each of its GPUs' load,
+memory and health line as the node read them.
+
 :func:`devices_html` is a pure function of a snapshot (tested without a browser); :class:`DevicePanel`
 is the widget, a single ``ipywidgets.HTML`` so one refresh is one message.
 """
@@ -55,8 +59,18 @@ def _gpu_rows(snap: Snapshot, sparks) -> list[str]:
         health = describe_health(gpu.health)
         rows.append(f'<div class="nbt-row">{head}</div><div class="nbt-row">&nbsp;&nbsp;{util}</div>'
                     f'<div class="nbt-row">&nbsp;&nbsp;{memory}</div>'
-                    + (f'<div class="nbt-row">&nbsp;&nbsp;{html.escape(health)}</div>' if health else ""))
+                    + (f'<div class="nbt-row">&nbsp;&nbsp;{html.escape(health)}</div>' if health else "")
+                    + "".join(_mig_row(device, snap.ranks) for device in gpu.mig_devices))
     return rows
+
+
+def _mig_row(device, ranks) -> str:
+    """A MIG instance as a device of its own: its UUID, its memory, the ranks whose processes run on it."""
+    share = device.memory_used / device.memory_total if device.memory_used is not None and device.memory_total else 0
+    on_it = " ".join(f"{theme.swatch(r.rank)} rank {r.rank}" for r in ranks if r.mig_uuid == device.uuid)
+    return (f'<div class="nbt-row">&nbsp;&nbsp;MIG {device.index} {html.escape(device.uuid)} · mem '
+            f'{_bar([(share, theme.ACCENT)])}{text.size(device.memory_used)} / {text.size(device.memory_total)}'
+            + (f" · {on_it}" if on_it else "") + "</div>")
 
 
 def _cpu_rows(snap: Snapshot, sparks) -> list[str]:
@@ -76,7 +90,28 @@ def _cpu_rows(snap: Snapshot, sparks) -> list[str]:
     return rows
 
 
-def devices_html(snap: Snapshot | None, sparks: dict[DeviceKey, tuple[list, list]] | None = None) -> str:
+def _node_rows(nodes) -> list[str]:
+    """A --nodes run's GPUs grouped by node, from the heartbeats."""
+    rows = []
+    for node in nodes:
+        rows.append(f'<div class="nbt-row"><b>node {html.escape(node.name)}</b> {html.escape(node.host)} · '
+                    f'{html.escape(node.state)} · CPU {text.percent(node.cpu_percent)} · RAM {text.percent(node.ram_percent)}'
+                    + ("" if node.gpus else " · no GPU") + "</div>")
+        for gpu in node.gpus:
+            used = gpu.memory_used / gpu.memory_total if gpu.memory_used is not None and gpu.memory_total else 0
+            rows.append(f'<div class="nbt-row">&nbsp;&nbsp;GPU {gpu.index} util '
+                        f'{_bar([((gpu.utilization or 0) / 100, theme.busy_color(gpu.utilization))])}'
+                        f'{text.percent(gpu.utilization):>4} · mem {_bar([(used, theme.ACCENT)])}'
+                        f'{text.size(gpu.memory_used)} / {text.size(gpu.memory_total)}</div>'
+                        + (f'<div class="nbt-row">&nbsp;&nbsp;&nbsp;&nbsp;{html.escape(gpu.health)}</div>'
+                           if gpu.health else ""))
+    return rows
+
+
+def devices_html(snap: Snapshot | None, sparks: dict[DeviceKey, tuple[list, list]] | None = None, nodes=()) -> str:
+    """The panel from a snapshot of this machine, or, for a --nodes run, from its ``nodes``' heartbeats."""
+    if nodes:
+        return theme.STYLE + "".join(_node_rows(nodes))
     if snap is None:
         return theme.STYLE + '<div class="nbt-note">waiting for the first sample…</div>'
     sparks = sparks or {}
@@ -95,11 +130,12 @@ class DevicePanel:
         import ipywidgets as W
 
         self.widget = W.HTML(devices_html(None))
-        self._shown_version = -1
+        self._shown_version: tuple = ()
 
     def update(self, model) -> None:
         """``model``: a :class:`~nbtrain.dashboard.model.RunModel` (the run's, or the ``%gpus`` monitor's)."""
         telemetry = model.telemetry
-        if telemetry.version != self._shown_version:
-            self._shown_version = telemetry.version
-            self.widget.value = devices_html(telemetry.latest, telemetry.sparks())  # equal text: nothing is sent
+        version = (telemetry.version, model.nodes_version)
+        if version != self._shown_version:
+            self._shown_version = version
+            self.widget.value = devices_html(telemetry.latest, telemetry.sparks(), model.nodes)  # equal: nothing sent

@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 
+from ..gpu.devices import DeviceReader
 from ..gpu.telemetry import Snapshot, Telemetry
 from ..launch.diagnostics.advisor import Evidence, Hint, advise
 from ..launch.diagnostics.setup_facts import setup_words
@@ -27,7 +28,8 @@ class RunModel:
     def __init__(self, capacity: int = DEFAULT_CAPACITY, telemetry_source: Telemetry | None = None) -> None:
         self.store = MetricStore(capacity)  # what the ranks logged (the notebook's ``history`` has it all)
         self.telemetry = TelemetrySeries()  # the devices' samples over time
-        self.telemetry_source = telemetry_source or Telemetry()  # what the sampler thread reads them from
+        # what the sampler thread reads them from; a run's watches Xid errors from its first sample to its end
+        self.telemetry_source = telemetry_source or Telemetry(reader=DeviceReader(xid_events=True))
         self.info: RunInfo | None = None
         self.ranks: tuple[RankInfo, ...] = ()
         self.nodes: tuple[NodeInfo, ...] = ()  # a --nodes run's machines, as their last heartbeats said
@@ -36,6 +38,7 @@ class RunModel:
         self.ended: float | None = None
         self.status: str | None = None  # a RunState's value ("finished", "failed", "interrupted") once finished
         self.detail = ""
+        self.earlier: tuple = ()  # the kernel's earlier runs, to draw beside this one (launch.observers.runlog.EarlierRun)
         self.evidence = Evidence()  # what the advisor reads; fed from both threads, so under a lock
         self._evidence_lock = threading.Lock()
 
@@ -45,6 +48,10 @@ class RunModel:
         self.telemetry_source.set_ranks(info.ranks)
         if info.nodes:
             self.set_nodes(info.nodes)
+
+    def set_earlier(self, runs) -> None:
+        """The kernel's earlier runs, drawn faded beside this one."""
+        self.earlier = tuple(runs)
 
     def set_nodes(self, nodes: tuple[NodeInfo, ...]) -> None:
         self.nodes = tuple(nodes)

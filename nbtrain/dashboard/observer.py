@@ -2,6 +2,7 @@
 
 The run calls it on the kernel's main thread; every callback only records and returns:
 
+* ``earlier_runs`` — the kernel's earlier runs, which the chart draws beside this one, go to the model;
 * ``run_started`` / ``ranks_ready`` — the ranks' pids and devices go to the model and the telemetry;
   on the first one the front end is shown and the two background threads start: the telemetry
   :class:`~nbtrain.dashboard.threads.Sampler` (every ``interval`` seconds) and the
@@ -49,6 +50,9 @@ class DashboardObserver(RunObserver):
         self.sampler: Sampler | None = None
         self.ticker: Ticker | None = None
 
+    def earlier_runs(self, runs: tuple) -> None:
+        self.model.set_earlier(runs)
+
     def run_started(self, info: RunInfo) -> None:
         self.model.set_info(info)
         if self.front is None:
@@ -86,3 +90,6 @@ class DashboardObserver(RunObserver):
         for thread in (self.sampler, self.ticker):
             if thread is not None:
                 thread.stop()
+        close = getattr(self.model.telemetry_source, "close", None)
+        if close is not None:  # the Xid watcher's thread
+            close()

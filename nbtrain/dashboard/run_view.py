@@ -2,7 +2,8 @@
 
 Progress line: time since the cell started; the step of rank 0 (``step / total`` and a bar when the
 cell logged ``total_steps``); steps per second (rank 0's, measured over the last seconds); the time
-left at that speed; and the run's state once it ended.
+left at that speed; with ``--price-per-gpu-hour``, the GPU-hours (core-hours on the CPU) held so far and their
+cost (:mod:`nbtrain.launch.observers.cost`); and the run's state once it ended.
 
 Rank table: per rank its pid, device, memory (GPU memory of its process tree when NVML can tell,
 otherwise resident RAM), CPU % (100 = one core), its step and steps per second.
@@ -31,8 +32,10 @@ from .progress import Progress, progress
 STALL_S = 1.5  # no sample for this long (a slow sampler, a long --interval): the elapsed time moves anyway
 
 
-def progress_text(p: Progress, status: str | None = None) -> str:
+def progress_text(p: Progress, status: str | None = None, metering=None) -> str:
     parts = [f"elapsed {text.duration(p.elapsed)}"]
+    if metering is not None and metering.price is not None:
+        parts.append(metering.words(p.elapsed))
     if p.step is not None:
         parts.append(f"step {p.step}" + (f" / {p.total} ({100 * p.fraction:.0f}%)" if p.fraction is not None else ""))
     if p.steps_per_second is not None:
@@ -76,7 +79,7 @@ def nodes_html(nodes) -> str:
 
 
 def run_html(store: MetricStore, snap: Snapshot | None, rank_infos, elapsed: float, status: str | None = None,
-             setup: Sequence[str] = (), hints: Sequence = (), nodes=()) -> str:
+             setup: Sequence[str] = (), hints: Sequence = (), nodes=(), metering=None) -> str:
     p = progress(store, elapsed)
     bar = ""
     if p.fraction is not None:
@@ -102,7 +105,7 @@ def run_html(store: MetricStore, snap: Snapshot | None, rank_infos, elapsed: flo
     if setup:
         extra += f'<div class="nbt-row">prepared: {html.escape(" · ".join(setup))}</div>'
     extra += "".join(f'<div class="nbt-row">💡 {html.escape(h.text)}</div>' for h in hints)
-    return (f'{theme.STYLE}<div class="nbt-row"><b>nbtrain</b> · {html.escape(progress_text(p, status))}{bar}</div>'
+    return (f'{theme.STYLE}<div class="nbt-row"><b>nbtrain</b> · {html.escape(progress_text(p, status, metering))}{bar}</div>'
             f'{table}{nodes_html(nodes)}{extra}')
 
 
@@ -126,4 +129,5 @@ class RunPanel:
         if shown != self._shown or stalled:
             self._shown, self._drawn_at = shown, elapsed
             self.widget.value = run_html(model.store, model.telemetry.latest, model.ranks, elapsed, status,
-                                         model.setup_words(), model.hints(), model.nodes)
+                                         model.setup_words(), model.hints(), model.nodes,
+                                         model.info.metering if model.info else None)

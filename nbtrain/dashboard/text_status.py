@@ -21,7 +21,8 @@ DEFAULT_EVERY_S = 10.0
 
 
 def status_line(model: RunModel) -> str:
-    parts = [progress_text(model.progress(), model.status_text()), *model.setup_words()]
+    parts = [progress_text(model.progress(), model.status_text(), model.info.metering if model.info else None),
+             *model.setup_words()]
     for name in model.store.names[:3]:
         series = model.store.series(name)
         if series is not None and series.last_value is not None:

@@ -86,6 +86,7 @@ RAW_ALPHA, RAW_WIDTH = 0.3, 1.0  # the unsmoothed values, drawn light under the 
 CURVE_WIDTH = 2.0
 MARKER_SIZE = 3
 BAND_ALPHA = 0.12  # the min–max band of downsampled buckets
+OVERLAY_ALPHA, OVERLAY_DASH = 0.4, (6, 4)  # an earlier run of the kernel, drawn faded and dashed beside this one
 
 
 def style_axes(ax, title: str) -> None:
@@ -98,5 +99,6 @@ def style_axes(ax, title: str) -> None:
 def chart_style() -> dict:
     """What the browser chart draws with (see the module docstring): the same numbers as the final figure."""
     return {"series_colors": list(RANK_COLORS), "raw_alpha": RAW_ALPHA, "raw_width": RAW_WIDTH,
-            "curve_width": CURVE_WIDTH, "band_alpha": BAND_ALPHA,
+            "curve_width": CURVE_WIDTH, "band_alpha": BAND_ALPHA, "overlay_alpha": OVERLAY_ALPHA,
+            "overlay_dash": list(OVERLAY_DASH),
             "smooth_min_points": SMOOTH_MIN_POINTS, "smooth_dense_share": SMOOTH_DENSE_SHARE}

@@ -34,6 +34,8 @@ from .run_view import RunPanel
 from .series import DEFAULT_SMOOTHING
 from .text import markdown_literal
 
+DEFAULT_COMPARE = 3  # earlier runs drawn beside a run (nbtrain.dashboard.configure(compare=N))
+
 
 class FinalFigure:
     """The end-of-run picture as a display object: PNG for front ends, the summary as its text."""
@@ -56,13 +58,15 @@ class Summary:
 
 
 class RunDashboard:
-    def __init__(self, model: RunModel, smoothing: float = DEFAULT_SMOOTHING) -> None:
+    def __init__(self, model: RunModel, smoothing: float = DEFAULT_SMOOTHING, compare: int = DEFAULT_COMPARE) -> None:
+        """``compare``: how many of the kernel's last runs the chart draws beside this one."""
         import ipywidgets as W
 
         self.model = model
         self.run_panel = RunPanel()
         self.devices = DevicePanel()
-        self.chart = ChartPanel(model.store, smoothing, model.telemetry)
+        earlier = model.earlier[-compare:] if compare > 0 else ()
+        self.chart = ChartPanel(model.store, smoothing, model.telemetry, earlier)
         self.panels = (self.run_panel, self.devices, self.chart)  # each: .widget and .update(model)
         self.widget = W.VBox([panel.widget for panel in self.panels])
         self.handle = None

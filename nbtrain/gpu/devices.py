@@ -17,7 +17,9 @@ import time
 from dataclasses import dataclass
 
 from . import nvml
+from .fabric import MigDevice, MigSlot, NvLinkRates, mig_slots, nvlink_links, read_mig_devices
 from .health import GpuHealth, read_health, read_throughput
+from .xid import XidWatcher
 
 # More than this in use on a GPU whose driver lists no process: the driver hides them (VMs, some containers).
 # An idle board reads a few hundred MiB (the driver's own reservation), a CUDA context alone ~0.5 GiB.
@@ -49,6 +51,7 @@ class GpuStatus:
     processes: tuple[GpuProcess, ...] | None  # None: NVML could not list them
     mig: bool = False  # MIG mode is on: utilisation and per-process memory are not reported
     health: GpuHealth | None = None  # clocks and what holds them down, the PCIe link, ECC errors (gpu/health.py)
+    mig_devices: tuple[MigDevice, ...] = ()  # in MIG mode: each instance, its memory and processes (gpu/fabric.py)
 
     @property
     def processes_hidden(self) -> bool:
@@ -72,11 +75,20 @@ class DeviceReader:
 
     The PCIe throughput is read only with ``pcie_throughput`` (``%gpus --once``), at most every
     :data:`THROUGHPUT_EVERY_S`: NVML samples it, and on an H200 one call took 62 ms — the live sampler, which
-    reads every GPU every second, leaves it out (its other health fields together take about 0.1 ms)."""
+    reads every GPU every second, leaves it out (its other health fields together take about 0.1 ms).
 
-    def __init__(self, pcie_throughput: bool = False) -> None:
+    With ``xid_events`` (a run's dashboard) it also counts each GPU's Xid errors from its first read on, on a
+    thread of its own (:class:`~nbtrain.gpu.xid.XidWatcher`), until :meth:`close`. The NVLink links and MIG
+    instances are enumerated on the first read of each GPU (:mod:`nbtrain.gpu.fabric`)."""
+
+    def __init__(self, pcie_throughput: bool = False, xid_events: bool = False) -> None:
         self._with_throughput = pcie_throughput
         self._throughput: dict[int, tuple[float, tuple[int | None, int | None]]] = {}  # index -> (when, rx/tx)
+        self._xid_events = xid_events
+        self._xid: XidWatcher | None = None
+        self._links: dict[int, tuple[int | None, str | None]] = {}  # index -> (links up, why N/A)
+        self._nvlink: dict[int, NvLinkRates] = {}
+        self._mig: dict[int, tuple[MigSlot, ...]] = {}
 
     def available(self) -> bool:
         return nvml.library() is not None
@@ -85,7 +97,15 @@ class DeviceReader:
         lib = nvml.library()
         if lib is None:
             return []
-        return [self._read_one(lib, gpu) for gpu in nvml.all_gpus()]
+        gpus = nvml.all_gpus()
+        if self._xid_events and self._xid is None:
+            self._xid = XidWatcher(lib, gpus)
+        return [self._read_one(lib, gpu) for gpu in gpus]
+
+    def close(self) -> None:
+        """Stop watching for Xid errors (nothing else is held)."""
+        if self._xid is not None:
+            self._xid.close()
 
     def _read_one(self, lib, gpu: nvml.GpuInfo) -> GpuStatus:
         handle = gpu.handle
@@ -104,8 +124,37 @@ class DeviceReader:
             power_limit=gpu.power_limit,
             processes=self._processes(lib, handle),
             mig=gpu.mig,
-            health=read_health(lib, gpu, self._pcie(lib, gpu)),
+            health=read_health(lib, gpu, self._pcie(lib, gpu), **self._fabric_and_xid(lib, gpu)),
+            mig_devices=self._mig_devices(lib, gpu),
         )
+
+    def _fabric_and_xid(self, lib, gpu: nvml.GpuInfo) -> dict:
+        """The NVLink and Xid fields of :class:`~nbtrain.gpu.health.GpuHealth`, with why each reads N/A."""
+        if gpu.index not in self._links:
+            self._links[gpu.index] = nvlink_links(lib, gpu.handle)
+        links, why = self._links[gpu.index]
+        unread: list[str] = []
+        fields: dict = {"nvlinks": links}
+        if why:
+            unread.append(f"NVLink: {why}")
+        elif links:
+            rates = self._nvlink.setdefault(gpu.index, NvLinkRates())
+            fields["nvlink_rx"], fields["nvlink_tx"] = rates.read(lib, gpu.handle)
+            if rates.reason:
+                unread.append(f"NVLink traffic: {rates.reason}")
+        if self._xid is not None:
+            fields["xid_errors"], fields["xid_last"], why = self._xid.read(gpu.index)
+            if why:
+                unread.append(f"Xid: {why}")
+        fields["unread"] = tuple(unread)
+        return fields
+
+    def _mig_devices(self, lib, gpu: nvml.GpuInfo) -> tuple[MigDevice, ...]:
+        if not gpu.mig:
+            return ()
+        if gpu.index not in self._mig:
+            self._mig[gpu.index] = mig_slots(lib, gpu.handle)
+        return read_mig_devices(lib, self._mig[gpu.index])
 
     def _pcie(self, lib, gpu: nvml.GpuInfo) -> tuple[int | None, int | None]:
         if not self._with_throughput:

@@ -6,7 +6,10 @@ boost, …: why the clock is below its maximum), the PCIe link's generation and 
 (a link trained at x4 of x16 starves the GPU) and its rx/tx throughput, and the volatile ECC error counts
 (corrected; uncorrected ones mean the results may be wrong). Each value the driver cannot give is ``None``
 (shown as N/A), never an error: consumer boards have no ECC, MIG instances no clocks of their own, some
-drivers no PCIe counters. The maxima never change and are read once per GPU, with the GPU's other fixed
+drivers no PCIe counters. What the reader of the GPU learnt about a field it could not read travels in
+:attr:`GpuHealth.unread` (said once under the panel, as a note). The reader (:class:`~nbtrain.gpu.devices.DeviceReader`)
+adds the NVLink links and traffic (:mod:`nbtrain.gpu.fabric`) and, where it watches them, the Xid errors
+since it started (:mod:`nbtrain.gpu.xid`). The maxima never change and are read once per GPU, with the GPU's other fixed
 facts (:class:`~nbtrain.gpu.nvml.GpuInfo`); the PCIe throughput, which NVML samples (62 ms a call on an
 H200), only where the caller asks for it (:class:`~nbtrain.gpu.devices.DeviceReader`).
 """
@@ -46,6 +49,12 @@ class GpuHealth:
     pcie_tx: int | None = None  # bytes/s sent
     ecc_corrected: int | None = None  # volatile: since the driver loaded
     ecc_uncorrected: int | None = None
+    nvlinks: int | None = None  # NVLink links up; None: no NVLink on the board (or not readable: see unread)
+    nvlink_rx: int | None = None  # bytes/s over all links (None on the first sample: no baseline yet)
+    nvlink_tx: int | None = None
+    xid_errors: int | None = None  # Xid errors since the watcher started; None: not watched, or not readable
+    xid_last: int | None = None  # the last Xid code
+    unread: tuple[str, ...] = ()  # why fields read N/A, such as "NVLink: no NVLink (Not Supported)"
 
     @property
     def slowed_by(self) -> tuple[str, ...]:
@@ -65,9 +74,11 @@ def reasons(mask: int | None) -> tuple[str, ...] | None:
     return tuple(name for bit, name in CLOCK_EVENT_REASONS.items() if mask & bit)
 
 
-def read_health(lib, gpu: nvml.GpuInfo, throughput: tuple[int | None, int | None] | None = None) -> GpuHealth:
+def read_health(lib, gpu: nvml.GpuInfo, throughput: tuple[int | None, int | None] | None = None,
+                **read_elsewhere) -> GpuHealth:
     """What the driver says now about ``gpu``'s clocks, link and ECC; ``None`` for what it cannot say.
-    ``throughput``: the PCIe (rx, tx) to report instead of asking (NVML samples it for about 20 ms)."""
+    ``throughput``: the PCIe (rx, tx) to report instead of asking (NVML samples it for about 20 ms);
+    ``read_elsewhere``: the NVLink, Xid and ``unread`` fields, as the reader found them."""
     handle = gpu.handle
     event_reasons = getattr(lib, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
         getattr(lib, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
@@ -84,6 +95,7 @@ def read_health(lib, gpu: nvml.GpuInfo, throughput: tuple[int | None, int | None
         pcie_tx=tx,
         ecc_corrected=nvml.optional(lib, "nvmlDeviceGetTotalEccErrors", handle, _CORRECTED, _VOLATILE),
         ecc_uncorrected=nvml.optional(lib, "nvmlDeviceGetTotalEccErrors", handle, _UNCORRECTED, _VOLATILE),
+        **read_elsewhere,
     )
 
 
@@ -98,7 +110,8 @@ def _kib(value) -> int | None:
 
 
 def describe(health: GpuHealth | None) -> str:
-    """One line: ``SM 1980/1980 MHz · PCIe 5 x16/16 · ↓1.2 GB/s ↑0.1 GB/s · ECC 0/0 · slowed by power cap``."""
+    """One line: ``SM 1980/1980 MHz · PCIe 5 x16/16 · in 1.20 GB/s out 0.10 GB/s · NVLink 18 up, in 12.00 GB/s out
+    11.00 GB/s · ECC 0 corrected, 0 uncorrected · Xid 0 · slowed by power cap``."""
     if health is None:
         return ""
     h, na = health, "N/A"
@@ -107,7 +120,15 @@ def describe(health: GpuHealth | None) -> str:
              + (" (narrower than the board's)" if h.pcie_degraded else "")]
     if h.pcie_rx is not None or h.pcie_tx is not None:
         parts.append(f"in {_rate(h.pcie_rx)} out {_rate(h.pcie_tx)}")
+    if h.nvlinks is not None:
+        parts.append(f"NVLink {h.nvlinks} up, in {_rate(h.nvlink_rx)} out {_rate(h.nvlink_tx)}")
+    else:
+        parts.append("NVLink N/A" if any(r.startswith("NVLink") for r in h.unread) else "no NVLink")
     parts.append(f"ECC {_or(h.ecc_corrected, na)} corrected, {_or(h.ecc_uncorrected, na)} uncorrected")
+    if h.xid_errors is not None:
+        parts.append(f"Xid {h.xid_errors}" + (f" (last {h.xid_last})" if h.xid_errors else ""))
+    elif any(reason.startswith("Xid") for reason in h.unread):
+        parts.append("Xid N/A")
     if h.slowed_by:
         parts.append("slowed by " + ", ".join(h.slowed_by))
     return " · ".join(parts)

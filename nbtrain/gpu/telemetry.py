@@ -62,6 +62,7 @@ class RankUsage:
     cpu_percent: float | None  # 100 = one core, at most cores × 100; None on the first sample (no baseline)
     rss: int | None  # bytes
     alive: bool = True
+    mig_uuid: str | None = None  # the MIG instance its processes run on (NVML lists them there), by its UUID
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,10 @@ class Telemetry:
         self._host_cpu = HostCpu()
         self.set_ranks(ranks)
 
+    def close(self) -> None:
+        """Stop what the reader watches in the background (a run's Xid events)."""
+        self._reader.close()
+
     def set_ranks(self, ranks: Iterable) -> None:
         """Follow these ranks: RankInfo objects, or ``(rank, pid[, device, gpu_index])`` tuples."""
         with self._lock:
@@ -127,8 +132,9 @@ class Telemetry:
         gpu = next((g for g in gpus if g.index == rank.gpu_index), None)
         if gpu is not None and tree.alive:
             gpu_memory = _tree_gpu_memory(gpu, tree.pids, notes)
+        instance = next((d.uuid for d in gpu.mig_devices if tree.pids & set(d.pids)), None) if gpu else None
         return RankUsage(rank.rank, rank.pid, rank.device, rank.gpu_index, gpu_memory, tree.cpu_percent,
-                         tree.rss, tree.alive)
+                         tree.rss, tree.alive, instance)
 
 
 def _tree_gpu_memory(gpu: GpuStatus, pids: frozenset[int], notes: list[str]) -> int | None:
@@ -159,14 +165,20 @@ def hidden_processes_note(gpu: GpuStatus) -> str:
 
 def _gpu_notes(gpus) -> list[str]:
     notes = []
+    unread: dict[str, list[int]] = {}  # why a health field reads N/A -> the GPUs it holds for: one note each
     for gpu in gpus:
+        for reason in gpu.health.unread if gpu.health else ():
+            unread.setdefault(reason, []).append(gpu.index)
         if gpu.processes_hidden:
             notes.append(hidden_processes_note(gpu))
         if gpu.mig:
             notes.append(f"GPU {gpu.index} is in MIG mode: the driver reports no utilisation or per-process "
-                         "memory for MIG instances; memory is the whole board's")
+                         "memory for MIG instances; each instance is shown with its own memory")
         elif gpu.utilization is None:
             notes.append(f"GPU {gpu.index}: utilisation not reported by the driver")
+    for reason, indices in unread.items():
+        field_name, _, why = reason.partition(": ")
+        notes.append(f"{'GPU' if len(indices) == 1 else 'GPUs'} {', '.join(map(str, indices))}: {field_name} N/A — {why}")
     return notes
 
 

@@ -130,10 +130,14 @@ def _handle(message, ranks: LocalRanks, link: Link, address: str | None) -> None
 
 
 def telemetry(reader) -> dict:
-    """This machine now, sent with each heartbeat: CPU and RAM use, and each GPU's load and memory (NVML)."""
+    """This machine now, sent with each heartbeat: CPU and RAM use, and each GPU's load, memory and health line
+    (NVML: clocks, PCIe, NVLink, ECC, and the Xid errors since the agent started)."""
+    from ..gpu.health import describe
+
     sample: dict = {"cpu_percent": psutil.cpu_percent(None), "ram_percent": psutil.virtual_memory().percent}
     try:
-        sample["gpus"] = [(g.index, g.utilization, g.memory_used, g.memory_total) for g in reader.read()]
+        sample["gpus"] = [(g.index, g.utilization, g.memory_used, g.memory_total, describe(g.health))
+                          for g in reader.read()]
     except Exception:  # a driver hiccup must not stop the heartbeats
         sample["gpus"] = []
     return sample
@@ -142,10 +146,13 @@ def telemetry(reader) -> dict:
 def _heartbeats(link: Link, stop: threading.Event) -> None:
     from ..gpu.devices import DeviceReader
 
-    reader = DeviceReader()
+    reader = DeviceReader(xid_events=True)  # Xid errors counted from the agent's start, on a thread of their own
     psutil.cpu_percent(None)  # the first call only starts the measurement
-    while not stop.wait(HEARTBEAT_S):
-        link.send(N.Heartbeat(time.time(), telemetry(reader)))
+    try:
+        while not stop.wait(HEARTBEAT_S):
+            link.send(N.Heartbeat(time.time(), telemetry(reader)))
+    finally:
+        reader.close()
 
 
 def _preload() -> None:

@@ -1,7 +1,9 @@
 """A stand-in for NVIDIA's ``pynvml`` module (nvidia-ml-py), for testing the NVML path on machines without a GPU.
 
 It answers the calls nbtrain makes with a small, configurable set of boards, counts the calls (to check
-what is cached) and raises NVML's "Not Supported" where a board lacks a field (MIG, some VMs). It is not
+what is cached) and raises NVML's "Not Supported" where a board lacks a field (MIG, some VMs). Most readings
+are one row of :data:`READINGS` (a board's field, and which item of it); NVLink counters, MIG instances and
+Xid events (``module.xid(gpu, code)`` raises one) have a few lines each. It is not
 NVML: it only lets the tests check what nbtrain does with NVML's answers and errors. The real library
 is checked on a GPU machine (docs/gpu-verification.md).
 
@@ -11,7 +13,9 @@ keeps of the previous driver's answers.
 
 from __future__ import annotations
 
+import queue
 import sys
+import time
 import types
 from collections import Counter
 from dataclasses import dataclass, field
@@ -27,6 +31,16 @@ class NVMLError(Exception):
 class NVMLError_NotSupported(NVMLError):
     def __str__(self):
         return "Not Supported"
+
+
+class NVMLError_NotFound(NVMLError):
+    def __str__(self):
+        return "Not Found"
+
+
+class NVMLError_Timeout(NVMLError):
+    def __str__(self):
+        return "Timeout"
 
 
 @dataclass
@@ -48,6 +62,23 @@ class FakeGpu:
     pcie: tuple | None = (5, 5, 16, 16)  # generation, its maximum, width, its maximum
     pcie_kb: tuple | None = (1000, 500)  # rx, tx in KB/s
     ecc: tuple | None = (0, 0)  # volatile corrected, uncorrected; None: no ECC (consumer boards)
+    nvlinks: tuple | None = None  # each link's state (1 up, 0 down); None: no NVLink (PCIe boards)
+    nvlink_kib_s: tuple | None = (0, 0)  # NVLink rx, tx KiB/s: the counters grow so with time; None: not counted
+    mig_devices: list | None = None  # with mig: its instances (FakeGpu each, with a "MIG-…" uuid)
+    xid_events: bool = True  # False: registering for Xid events is not supported
+
+
+# NVML function -> (FakeGpu field, the item of it answered or None for all of it); a None field: Not Supported
+READINGS = {
+    "nvmlDeviceGetPowerUsage": ("power_mw", None),
+    "nvmlDeviceGetClockInfo": ("sm_clock", None),
+    "nvmlDeviceGetMaxClockInfo": ("sm_clock_max", None),
+    "nvmlDeviceGetCurrentClocksEventReasons": ("clock_reasons", None),
+    "nvmlDeviceGetCurrPcieLinkGeneration": ("pcie", 0),
+    "nvmlDeviceGetMaxPcieLinkGeneration": ("pcie", 1),
+    "nvmlDeviceGetCurrPcieLinkWidth": ("pcie", 2),
+    "nvmlDeviceGetMaxPcieLinkWidth": ("pcie", 3),
+}
 
 
 def make_module(gpus: list[FakeGpu]) -> types.ModuleType:
@@ -59,6 +90,10 @@ def make_module(gpus: list[FakeGpu]) -> types.ModuleType:
     mod.gpus = gpus
     mod.NVMLError = NVMLError
     mod.NVMLError_NotSupported = NVMLError_NotSupported
+    mod.NVMLError_NotFound = NVMLError_NotFound
+    mod.NVMLError_Timeout = NVMLError_Timeout
+    mod.nvmlEventTypeXidCriticalError = 0x8
+    mod.NVML_NVLINK_MAX_LINKS = 18
     mod.NVML_TEMPERATURE_GPU = NVML_TEMPERATURE_GPU
     mod.NVML_DEVICE_MIG_ENABLE = NVML_DEVICE_MIG_ENABLE
 
@@ -115,10 +150,6 @@ def make_module(gpus: list[FakeGpu]) -> types.ModuleType:
         return gpu.temperature
 
     @counted
-    def nvmlDeviceGetPowerUsage(gpu):
-        return unsupported_unless(gpu.power_mw)
-
-    @counted
     def nvmlDeviceGetEnforcedPowerLimit(gpu):
         return gpu.limit_mw
 
@@ -137,34 +168,6 @@ def make_module(gpus: list[FakeGpu]) -> types.ModuleType:
         return []
 
     @counted
-    def nvmlDeviceGetClockInfo(gpu, clock):
-        return unsupported_unless(gpu.sm_clock)
-
-    @counted
-    def nvmlDeviceGetMaxClockInfo(gpu, clock):
-        return unsupported_unless(gpu.sm_clock_max)
-
-    @counted
-    def nvmlDeviceGetCurrentClocksEventReasons(gpu):
-        return unsupported_unless(gpu.clock_reasons)
-
-    @counted
-    def nvmlDeviceGetCurrPcieLinkGeneration(gpu):
-        return unsupported_unless(gpu.pcie)[0]
-
-    @counted
-    def nvmlDeviceGetMaxPcieLinkGeneration(gpu):
-        return unsupported_unless(gpu.pcie)[1]
-
-    @counted
-    def nvmlDeviceGetCurrPcieLinkWidth(gpu):
-        return unsupported_unless(gpu.pcie)[2]
-
-    @counted
-    def nvmlDeviceGetMaxPcieLinkWidth(gpu):
-        return unsupported_unless(gpu.pcie)[3]
-
-    @counted
     def nvmlDeviceGetPcieThroughput(gpu, counter):
         return unsupported_unless(gpu.pcie_kb)[1 - counter]  # NVML_PCIE_UTIL_TX_BYTES = 0, RX_BYTES = 1
 
@@ -172,6 +175,73 @@ def make_module(gpus: list[FakeGpu]) -> types.ModuleType:
     def nvmlDeviceGetTotalEccErrors(gpu, error_type, counter):
         return unsupported_unless(gpu.ecc)[error_type]
 
+    for name, (attribute, item) in READINGS.items():
+        def reading(gpu, *args, attribute=attribute, item=item):
+            value = unsupported_unless(getattr(gpu, attribute))
+            return value if item is None else value[item]
+        reading.__name__ = name
+        counted(reading)
+
+    @counted
+    def nvmlDeviceGetNvLinkState(gpu, link):
+        states = unsupported_unless(gpu.nvlinks)
+        if link >= len(states):
+            raise NVMLError("Invalid Argument")
+        return states[link]
+
+    @counted
+    def nvmlDeviceGetFieldValues(gpu, field_ids):
+        rx, tx = unsupported_unless(gpu.nvlink_kib_s)
+        when = time.time()
+        counters = {139: int(rx * when), 138: int(tx * when)}  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX / _TX
+        return [types.SimpleNamespace(nvmlReturn=0, timestamp=int(when * 1e6),
+                                      value=types.SimpleNamespace(ullVal=counters[field_id]))
+                for field_id, _ in field_ids]
+
+    @counted
+    def nvmlDeviceGetMaxMigDeviceCount(gpu):
+        unsupported_unless(gpu.mig_devices)
+        return 7  # an H100's slots
+
+    @counted
+    def nvmlDeviceGetMigDeviceHandleByIndex(gpu, index):
+        if index >= len(gpu.mig_devices):
+            raise NVMLError_NotFound()
+        return gpu.mig_devices[index]
+
+    event_sets: list = []
+
+    @counted
+    def nvmlEventSetCreate():
+        event_set = types.SimpleNamespace(gpus=[], events=queue.Queue())
+        event_sets.append(event_set)
+        return event_set
+
+    @counted
+    def nvmlDeviceRegisterEvents(gpu, kinds, event_set):
+        if not gpu.xid_events or kinds != mod.nvmlEventTypeXidCriticalError:
+            raise NVMLError_NotSupported()
+        event_set.gpus.append(gpu)
+
+    def nvmlEventSetWait_v2(event_set, timeout_ms):  # not counted: it waits on its own thread
+        try:
+            return event_set.events.get(timeout=timeout_ms / 1000)
+        except queue.Empty:
+            raise NVMLError_Timeout() from None
+
+    mod.nvmlEventSetWait_v2 = nvmlEventSetWait_v2
+
+    @counted
+    def nvmlEventSetFree(event_set):
+        event_sets.remove(event_set)
+
+    def xid(gpu, code):
+        """The driver reports Xid ``code`` on ``gpu`` (to every event set it is registered in)."""
+        for event_set in event_sets:
+            if gpu in event_set.gpus:
+                event_set.events.put(types.SimpleNamespace(device=gpu, eventType=0x8, eventData=code))
+
+    mod.xid = xid
     return mod
 
 

@@ -18,7 +18,8 @@ Each rule fires only on its own measurement, and its hint quotes it:
   median, or (ranks kept in step by DDP) whose GPU is much busier than the others', which then wait for it;
 * **GPU health** (:mod:`nbtrain.gpu.health`) — a busy GPU slowed (power cap, thermal, …) in at least
   :data:`SLOWED_FRACTION` of its samples; a PCIe link narrower than the board's; uncorrected ECC errors
-  counted during the run.
+  counted during the run; any Xid error the driver reported for it while the dashboard watched (from the run's
+  first sample on: :mod:`nbtrain.gpu.xid`), with the count and the last Xid code.
 
 Telemetry taken before the first logged step is left out when the run logs steps (start-up is not
 training). Too few samples (:data:`MIN_SAMPLES`) or steps (:data:`MIN_STEPS`): no hint rather than a guess.
@@ -62,11 +63,15 @@ class _Health:
     narrow_link: tuple[int, int] | None = None  # (lanes, the board's lanes) when narrower
     ecc_first: int | None = None  # volatile uncorrected ECC count at the first sample, and now
     ecc_last: int | None = None
+    xid_errors: int = 0  # Xid errors since the watcher started, and the last code
+    xid_last: int | None = None
 
     def add(self, gpu) -> None:
         health = gpu.health
         if health is None:
             return
+        if health.xid_errors:
+            self.xid_errors, self.xid_last = max(self.xid_errors, health.xid_errors), health.xid_last
         if (gpu.utilization or 0) >= IDLE_GPU_PCT:
             self.busy += 1
             for reason in health.slowed_by:
@@ -159,6 +164,12 @@ def advise(evidence: Evidence) -> list[Hint]:
 def _gpu_health(evidence: Evidence) -> list[Hint]:
     hints = []
     for index, health in sorted(evidence.gpu_health.items()):
+        if health.xid_errors:
+            hints.append(Hint("xid", f"GPU {index} reported {health.xid_errors} Xid error"
+                                     f"{'s' if health.xid_errors != 1 else ''} during the run (the last: Xid "
+                                     f"{health.xid_last}) — the driver saw the GPU fault, so results may be wrong; "
+                                     "look the code up in NVIDIA's Xid table, check dmesg (NVRM: Xid) and "
+                                     "nvidia-smi -q, and run again elsewhere if it repeats."))
         errors = (health.ecc_last or 0) - (health.ecc_first or 0)
         if errors > 0:
             hints.append(Hint("ecc", f"GPU {index} reported {errors} uncorrected ECC "

@@ -27,7 +27,8 @@ from ...words import count
 from ..diagnostics.advisor import Hint, advise, evidence_from_history
 from ..diagnostics.profiling import format_profile
 from ..diagnostics.setup_facts import setup_words
-from ..observers.events import RunState
+from ..observers.cost import metering_for
+from ..observers.events import FanOut, RunObserver, RunState
 from ..observers.history import RunOutcome
 from ..observers.trackers import trackers_for
 from ..relay.output import write_to_std_stream
@@ -55,8 +56,11 @@ def run_source(source: str, request: LaunchRequest, namespace: dict, *, manager:
     outcome = outcome or RunOutcome()
     started = time.time()
     state: RunState | None = RunState.FAILED
+    meter = _Meter(config)
+    FanOut(observers).earlier_runs(manager.runs.earlier(source, changed_options(request)) if manager else ())
     try:
-        result = _run(source, config, info, namespace, manager, write, code_name, observers, outcome)
+        result = _run(source, config, info, namespace, manager, write, code_name, [*observers, meter], outcome)
+        result = replace(result, metering=meter.metering)  # for the summary line
         state = RunState.FINISHED
         return result
     except UserInputError:
@@ -68,7 +72,20 @@ def run_source(source: str, request: LaunchRequest, namespace: dict, *, manager:
     finally:
         if manager is not None and state is not None and source.strip():  # nbtrain.runs(), however they ended
             manager.runs.add(source, changed_options(request), started, config.pool.nprocs, outcome.history, state,
-                             config.train.checkpoint_dir)
+                             config.train.checkpoint_dir, meter.metering)
+
+
+class _Meter(RunObserver):
+    """What the run holds, as its last :class:`~.observer.RunInfo` said (an elastic group's size, the nodes' cores
+    are known once the ranks start); until then, as the pool spec says."""
+
+    def __init__(self, config) -> None:
+        self.metering = metering_for(config.pool, (), config.price_per_hour)
+
+    def run_started(self, info) -> None:
+        self.metering = info.metering or self.metering
+
+    ranks_ready = run_started
 
 
 def changed_options(request: LaunchRequest) -> str:
@@ -149,6 +166,8 @@ def format_summary(result: RunResult, hints: list[Hint] | None = None) -> list[s
     where = devices[0] if len(devices) == 1 else ", ".join(devices)
     line = f"nbtrain: {count('rank', len(result.devices))} · {result.backend} · {where} · {result.seconds:.1f} s" + (" (warm)" if result.warm else "")
     line += "".join(f" · {word}" for word in setup_words(result.setup))  # precision, memory format, compile time
+    if result.metering is not None and result.metering.price is not None:  # --price-per-gpu-hour
+        line += f" · {result.metering.words(result.seconds)}"
     if result.returned:
         line += " · back in the notebook: " + ", ".join(result.returned)
     lines = [line]

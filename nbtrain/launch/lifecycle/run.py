@@ -43,6 +43,7 @@ from ...words import count
 from ..diagnostics.failures import RankFailedError, RankFailure, order_failures
 from ..diagnostics.mismatch import MismatchWatcher
 from ..diagnostics.stacks import whereabouts
+from ..observers.cost import Metering, metering_for
 from ..observers.events import FanOut, RankInfo, RunInfo, RunObserver, RunState
 from ..observers.history import History, RunOutcome
 from ..observers.runlog import RunLog
@@ -83,6 +84,7 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
     profiles: dict[int, P.ProfileSummary] = field(default_factory=dict)  # --profile, by rank
     setup: dict[int, list[dict]] = field(default_factory=dict)  # per rank: what prepare() set up, model by model
+    metering: Metering | None = None  # what the run held: GPUs or cores, and their price (set by api.run_source)
 
     def finished_after(self, seconds: float, note: str) -> RunResult:
         """This result, timed from the first attempt, with a note on how it got there (restarts)."""
@@ -302,7 +304,8 @@ class _Run:
         ranks = tuple(RankInfo(rank, pid, devices.get(rank), _physical_gpu(spec, devices.get(rank)))
                       for rank, pid in enumerate(self.pool.pids()))
         return RunInfo(f"{self.pool.run_id}/{self.job.job_id}", self.pool.world_size, spec.backend, spec.device_type,
-                       spec.gpu_ids, ranks, self.warm, self.pool.node_infos(), self.started)
+                       spec.gpu_ids, ranks, self.warm, nodes := self.pool.node_infos(), self.started,
+                       metering_for(spec, nodes, self.config.price_per_hour, self.pool.world_size))
 
     def _tell_nodes(self, now: float) -> None:
         """Once a second on a --nodes run: each machine's state and load, from its heartbeats, to the observers —
@@ -495,6 +498,4 @@ def _bring_back(namespace: dict, run: _Run, warm: bool, seconds: float, deleted=
         moved_to_cpu=tuple(results.moved_to_cpu) if results is not None else (),
         seconds=seconds, rank_seconds={r: d.seconds for r, d in sorted(run.done.items())},
         devices=run.pool.devices, warm=warm, backend=run.pool.spec.backend, history=run.history, notes=list(run.inputs.notes),
-        profiles=run.profiles,
-        setup=run.setup,
-    )
+        profiles=run.profiles, setup=run.setup)

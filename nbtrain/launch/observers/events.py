@@ -16,6 +16,8 @@ import sys
 from dataclasses import dataclass
 from enum import Enum
 
+from .cost import Metering
+
 
 class NamedState(str, Enum):
     """A state whose members are their names in records and JSON: printed and formatted as ``"finished"``,
@@ -53,6 +55,7 @@ class NodeGpu:
     utilization: float | None  # percent
     memory_used: int | None  # bytes
     memory_total: int | None
+    health: str = ""  # its health line (gpu.health.describe: clocks, PCIe, NVLink, ECC, Xid), as the node read it
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,7 @@ class NodeInfo:
     cpu_percent: float | None
     ram_percent: float | None
     gpus: tuple[NodeGpu, ...]
+    cpus: int | None = None  # the machine's cores, as its agent said when it joined
 
 
 @dataclass(frozen=True)
@@ -81,9 +85,14 @@ class RunInfo:
     warm: bool
     nodes: tuple[NodeInfo, ...] = ()  # a --nodes run's machines; () on one machine
     started: float = 0.0  # unix time the cell began, before its ranks started (0: not known)
+    metering: Metering | None = None  # the GPUs or cores the run holds, and their price (nbtrain.launch.observers.cost)
 
 
 class RunObserver:
+    def earlier_runs(self, runs: tuple) -> None:
+        """Before the ranks start: this kernel's last runs that logged series (:class:`~.runlog.EarlierRun`, oldest
+        first), each labelled with what differed from this run — for a chart to draw beside it."""
+
     def run_started(self, info: RunInfo) -> None:
         """The job was sent; ``info.ranks`` may update again in :meth:`ranks_ready`."""
 

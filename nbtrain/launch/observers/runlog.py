@@ -5,24 +5,33 @@ Every ``%%distributed`` cell the kernel runs — finished, failed or stopped —
 defaults (``--amp bf16 --grad-accum 2``), when it started and how long it took, the world size, the last logged
 step, the final and best value of each logged series (best: the largest for accuracy-like names — ``acc``,
 ``score``, ``f1``, ``auc``, ``precision``, ``recall`` — the smallest for the rest, such as losses), its state
-and its checkpoint folder. :class:`RunsTable` shows them as a table (HTML in a notebook, text elsewhere) and
+its checkpoint folder, and its GPU-hours (core-hours on the CPU) and their cost at ``--price-per-gpu-hour``
+(:mod:`.cost`). :class:`RunsTable` shows them as a table (HTML in a notebook, text elsewhere) and
 gives them as a list of dicts or CSV. Rows live as long as the kernel (the last :data:`KEEP` of them); a run's
 series outlive it only in its checkpoint or its TensorBoard folder.
+
+The last :data:`KEEP_SERIES` runs that logged anything also keep their cell and their :class:`~.history.History`
+(the same object the notebook got as ``history``): :meth:`RunLog.earlier` hands them to the next run's dashboard,
+which draws them faded beside it, each labelled with what differed — :func:`differences` between its cell and
+options and the new run's.
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import difflib
 import html
 import io
 import re
 import time
 from dataclasses import dataclass, field
 
+from .cost import Metering
 from .history import History
 
 KEEP = 200
+KEEP_SERIES = 10  # runs whose series are kept for the next runs' charts to compare with
 _HIGHER_IS_BETTER = re.compile(r"acc|score|f1|auc|precision|recall", re.I)
 
 
@@ -38,6 +47,9 @@ class RunRow:
     series: dict = field(default_factory=dict)  # name -> (final, best)
     state: str = "finished"
     checkpoint: str | None = None
+    gpu_hours: float | None = None  # GPUs held × hours; None on the CPU
+    core_hours: float | None = None  # on the CPU: the ranks' cores × hours
+    cost: float | None = None  # the hours × --price-per-gpu-hour; None without a price
 
     def flat(self) -> dict:
         """One flat dict: the fields, and ``<name> final`` / ``<name> best`` per series."""
@@ -62,21 +74,75 @@ def summarise(history: History) -> tuple[int | None, dict]:
     return steps, series
 
 
+@dataclass(frozen=True)
+class EarlierRun:
+    """A run of this kernel that logged series, for a later run to be compared with."""
+
+    number: int  # its row's number in nbtrain.runs()
+    cell: str
+    options: str
+    history: History
+    label: str = ""  # what differed from the run it is compared with (:func:`differences`)
+
+
+def _option_words(options: str) -> dict[str, str]:
+    """``--amp bf16 --fresh`` as ``{"--amp": "bf16", "--fresh": ""}``."""
+    words: dict[str, str] = {}
+    flag = ""
+    for word in options.split():
+        if word.startswith("--"):
+            flag = word
+            words[flag] = ""
+        elif flag:
+            words[flag] = f"{words[flag]} {word}".strip()
+    return words
+
+
+def differences(cell: str, options: str, now_cell: str, now_options: str) -> str:
+    """What an earlier run had that the run now does not, in a few words: ``--grad-accum 2 · no --fresh · cell line
+    3: lr = 0.1`` (its options' values, the options it lacked, the first line of its cell that differs)."""
+    before, now = _option_words(options), _option_words(now_options)
+    parts = [f"{flag} {value}".strip() for flag, value in before.items() if now.get(flag) != value]
+    parts += [f"no {flag}" for flag in now if flag not in before]
+    old_lines, new_lines = cell.splitlines(), now_cell.splitlines()
+    for tag, i1, i2, j1, _ in difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False).get_opcodes():
+        if tag != "equal":
+            line = old_lines[i1].strip() if i1 < i2 else "(no line here)"
+            parts.append(f"cell line {(i1 if i1 < i2 else j1) + 2}: {line[:40]}")  # the magic's line is line 1
+            break
+    return " · ".join(parts) or "the same cell and options"
+
+
 class RunLog:
     """This kernel's runs, in order; written only by :meth:`add`."""
 
     def __init__(self) -> None:
         self._rows: list[RunRow] = []
         self._count = 0
+        self._series: list[EarlierRun] = []  # the last KEEP_SERIES runs that logged anything
 
     def add(self, cell: str, options: str, started: float, world_size: int, history: History, state: str,
-            checkpoint: str | None) -> None:
+            checkpoint: str | None, metering: Metering | None = None) -> None:
         self._count += 1
         steps, series = summarise(history)
         first = next((line.strip() for line in cell.splitlines() if line.strip()), "")
-        self._rows.append(RunRow(self._count, first[:80], options, started, time.time() - started, world_size,
-                                 steps, series, str(state), checkpoint))
+        seconds = time.time() - started
+        hours = metering.hours(seconds) if metering else None
+        on_gpus = metering is not None and metering.unit == "GPU"
+        self._rows.append(RunRow(self._count, first[:80], options, started, seconds, world_size, steps, series,
+                                 str(state), checkpoint, hours if on_gpus else None, None if on_gpus else hours,
+                                 metering.cost(seconds) if metering else None))
         del self._rows[:-KEEP]
+        if len(history):
+            self._series.append(EarlierRun(self._count, cell, options, history))
+            del self._series[:-KEEP_SERIES]
+
+    def earlier(self, cell: str, options: str, count: int = KEEP_SERIES) -> tuple[EarlierRun, ...]:
+        """The last ``count`` runs that logged series, oldest first, each labelled with what differed from a run
+        of ``cell`` with ``options`` (:func:`differences`)."""
+        chosen = self._series[-count:] if count > 0 else []
+        return tuple(dataclasses.replace(run, label=differences(run.cell, run.options, cell, options))
+                     for run in chosen)
 
     def table(self) -> RunsTable:
         return RunsTable(list(self._rows))

@@ -23,6 +23,7 @@ from ...words import count
 from ..diagnostics.profiling import ProfileOptionError, parse_profile, profile_dir
 from ..observers.trackers import TrackerSetupError, tensorboard_dir
 from .hosts import SshSetupError, parse_hosts, parse_remote_python, parse_slurm, parse_ssh_options
+from ..observers.cost import PriceError, parse_price
 from .mistakes import UserInputError
 from .notebook_modules import Workdir, WorkdirGone, notebook_workdir
 from ...wire.options import OptionEnvError, option, with_env_fallbacks
@@ -112,6 +113,10 @@ class LaunchRequest(TrainOptions):
         None, "--profile", "record a torch.profiler trace of STEPS optimizer steps on every rank (after 1 skipped "
         "and 1 warm-up step; or WAIT,WARMUP,ACTIVE) and show the top operators and the communication time",
         group="tracking", metavar="STEPS")
+    price_per_gpu_hour: float | None = option(
+        None, "--price-per-gpu-hour", "the price of one GPU for an hour (of one core on the CPU): the run's "
+        "GPU-hours and cost are shown in the summary, the dashboard and nbtrain.runs()", group="tracking",
+        type=float, metavar="PRICE", env="NBTRAIN_PRICE_PER_GPU_HOUR")
 @dataclass(frozen=True)
 class PoolSpec:
     """What two runs must share to reuse the same warm processes."""
@@ -151,6 +156,7 @@ class LaunchConfig:
     workdir: Workdir | None = None  # the notebook's directory and sys.path when the cell runs (each Job)
     tensorboard: str | None = None  # absolute --tensorboard DIR (see nbtrain.launch.observers.trackers)
     session: str = ""  # --session: the namespace kept on the ranks that the cell runs in; "" = a fresh one
+    price_per_hour: float | None = None  # --price-per-gpu-hour (per core-hour on the CPU; nbtrain.launch.observers.cost)
 
     @property
     def shown_rank(self) -> int | None:
@@ -396,9 +402,13 @@ def _finish(request: LaunchRequest, pool: PoolSpec, output: str, workdir: Workdi
         raise ConfigError("--shard hybrid replicates the model across nodes and shards it within each, so it needs "
                           "--nodes N (on one machine, use --shard).")
     session = _parse_session(request.session, request.max_restarts)
+    try:
+        price = parse_price(request.price_per_gpu_hour)
+    except PriceError as exc:
+        raise ConfigError(str(exc)) from None
     if session and request.nodes is not None:
         raise ConfigError("--session keeps variables on this machine's warm ranks; it does not go with --nodes yet. "
                           "Leave out one of them.")
     return LaunchConfig(pool, _parse_names(request.out), output, keep_alive, request.fresh,
                         start_timeout_s=start_timeout, notes=tuple(notes), train=train, workdir=workdir,
-                        tensorboard=tensorboard, session=session)
+                        tensorboard=tensorboard, session=session, price_per_hour=price)

@@ -1,0 +1,99 @@
+"""Earlier runs in the chart: the kernel keeps the last runs' series, labels each with what differed from the run
+now, and sends them to the chart once, reduced, through the chart's feed."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from helpers.runhelp import run_cell
+from nbtrain.dashboard import configure
+from nbtrain.dashboard.chart_feed import OVERLAY_POINTS, ChartFeed, reduced, unpack
+from nbtrain.dashboard.metric_store import MetricStore
+from nbtrain.launch.observers.history import History
+from nbtrain.launch.observers.events import RunObserver
+from nbtrain.launch.observers.runlog import KEEP_SERIES, EarlierRun, RunLog, differences
+
+CELL = "import nbtrain\nfor step in range(4):\n    nbtrain.log(loss=LR / (step + 1))\n"
+
+
+@pytest.mark.parametrize("before, now, said", [
+    (("a = 1\nb = 2\n", "--amp bf16"), ("a = 1\nb = 2\n", "--amp off"), "--amp bf16"),
+    (("a = 1\n", "--grad-accum 2 --fresh"), ("a = 1\n", "--fresh"), "--grad-accum 2"),
+    (("a = 1\n", ""), ("a = 1\n", "--fresh"), "no --fresh"),
+    (("a = 1\nlr = 0.1\nb = 2\n", ""), ("a = 1\nlr = 0.3\nb = 2\n", ""), "cell line 3: lr = 0.1"),
+    (("a = 1\n", ""), ("a = 1\nb = 2\n", ""), "cell line 3: (no line here)"),
+    (("a = 1\n", "--amp bf16"), ("a = 2\n", ""), "--amp bf16 · cell line 2: a = 1"),
+    (("a = 1\n", "--amp bf16"), ("a = 1\n", "--amp bf16"), "the same cell and options"),
+])
+def test_an_earlier_run_is_labelled_with_what_differed(before, now, said):
+    assert differences(*before, *now) == said
+
+
+def history(*values: float) -> History:
+    h = History()
+    h.add(0, [(step, 1000.0 + step, {"loss": v}) for step, v in enumerate(values)])
+    h.add(1, [(0, 1000.0, {"loss": 99.0})])
+    return h
+
+
+def test_the_log_keeps_the_series_of_its_last_runs_that_logged_anything():
+    log = RunLog()
+    for number in range(KEEP_SERIES + 2):
+        log.add(f"x = {number}\n", "", 0.0, 2, history(float(number)), "finished", None)
+    log.add("pass\n", "", 0.0, 2, History(), "finished", None)  # nothing logged: nothing to compare with
+    earlier = log.earlier("x = 11\n", "--fresh", count=3)
+    assert [run.number for run in earlier] == [10, 11, 12]
+    assert [run.label for run in earlier] == ["no --fresh · cell line 2: x = 9", "no --fresh · cell line 2: x = 10",
+                                              "no --fresh"]
+    assert len(log.earlier("", "")) == KEEP_SERIES and log.earlier("", "", count=0) == ()
+
+
+def test_a_long_series_is_reduced_to_its_shape_and_its_non_finite_values_left_out():
+    steps = list(range(10_000))
+    values = [float("nan") if s == 7 else float(s) for s in steps]
+    cols = {key: unpack(col) for key, col in reduced(steps, values, [2000.0 + s for s in steps]).items()}
+    assert len(cols["mean"]) == OVERLAY_POINTS and all(math.isfinite(v) for v in cols["mean"])
+    assert cols["step"][-1] == cols["mean"][-1] == 9990.0  # the last 19 finite steps, 9981 to 9999
+    assert cols["time"][0] - cols["step"][0] == pytest.approx(2000.0)
+
+
+def test_the_earlier_runs_travel_once_with_the_first_update():
+    earlier = (EarlierRun(4, "x = 1", "", history(3.0, 2.0, 1.0), "--amp bf16"),)
+    store = MetricStore()
+    feed = ChartFeed(store, earlier=earlier)
+    assert feed.poll() is None  # nothing logged by this run yet: nothing to draw beside
+    store.add(0, [(0, 1.0, {"loss": 5.0})])
+    first = feed.poll()
+    assert first is not None and first.overlays is not None
+    [run] = first.overlays["runs"]
+    assert (run["number"], run["label"]) == (4, "--amp bf16")
+    assert unpack(run["series"]["loss"]["mean"]) == [3.0, 2.0, 1.0]  # rank 0's series
+    store.add(0, [(1, 2.0, {"loss": 4.0})])
+    assert feed.poll().overlays is None
+
+
+class Heard(RunObserver):
+    def __init__(self) -> None:
+        self.earlier: tuple = ()
+
+    def earlier_runs(self, runs) -> None:
+        self.earlier = runs
+
+
+def test_real_runs_hand_the_next_run_their_series_and_what_differed(fresh_pools):
+    run_cell(fresh_pools, CELL, {"LR": 1.0})
+    heard = Heard()
+    run_cell(fresh_pools, CELL, {"LR": 2.0}, observers=[heard], grad_accum=2)
+    [first] = heard.earlier
+    assert first.label == "no --grad-accum" and list(first.history["loss"]) == [1.0, 0.5, 1 / 3, 0.25]
+
+
+def test_how_many_runs_are_compared_is_a_setting():
+    try:
+        assert configure(compare=1)["compare"] == 1
+        with pytest.raises(ValueError, match="compare is a number of earlier runs from 0 to 10"):
+            configure(compare=11)
+    finally:
+        configure(compare=3)
