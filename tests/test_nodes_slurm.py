@@ -117,7 +117,8 @@ def test_a_two_node_cell_runs_as_a_slurm_job(slurm_cluster, kernel):  # noqa: F8
     assert [f"{job}|RUNNING|None"] == slurm.jobs()
     token = _token()
     assert not [p.pid for p in psutil.process_iter(["cmdline"]) if token in " ".join(p.info["cmdline"] or [])]
-    agents = [p for p in psutil.process_iter(["cmdline", "environ"]) if "nbtrain.node" in (p.info["cmdline"] or [])]
+    agents = [p for p in psutil.process_iter(["cmdline", "environ"]) if "nbtrain.node" in (p.info["cmdline"] or [])
+              and (p.info["environ"] or {}).get("SLURM_JOB_ID") == job]  # this job's, not other tests' agents
     assert len(agents) == 2 and not [p.pid for p in agents if token in str(p.info["environ"])], agents
     script = slurm.run("scontrol", "write", "batch_script", job, "-")
     assert "--token-file" in script and token not in script, script
