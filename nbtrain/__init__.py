@@ -144,11 +144,13 @@ def load_ipython_extension(ipython):
     magics = DistributedMagics(ipython)
     ipython.register_magics(magics)
     ipython._nbtrain_magics = magics
+    magics.pools.starter.start_zygote()  # in the background: the first cell's ranks are forked, torch imported
 
 
 def unload_ipython_extension(ipython):
     magics = getattr(ipython, "_nbtrain_magics", None)
     if magics is not None:
         magics.pools.shutdown()
+        magics.pools.starter.close()
         magics.cluster.close()  # joined nodes: their agents exit
         del ipython._nbtrain_magics

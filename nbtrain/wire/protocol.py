@@ -7,7 +7,7 @@ in its environment or command line). Nothing is unpickled before the HMAC challe
 A conversation::
 
     rank   -> Hello(rank, pid)                       right after connecting
-    rank   -> Ready(rank, device)                    process group initialised
+    rank   -> Ready(rank, device, times)             process group initialised (times: the cold start's split)
     kernel -> Job(...)                               one per cell; the same bytes for every rank
     rank   -> Loaded(job_id, rank)                   inputs unpickled: shared-memory files may go
     rank   -> Metrics(rank, records)                 what nbtrain.log() buffered, a few times a second
@@ -16,7 +16,7 @@ A conversation::
     rank   -> InputRequest(job_id, rank, seq, prompt) input(), sys.stdin, pdb: a line from the notebook
     kernel -> InputReply(seq, text)                  the notebook's answer (None: no input can be given)
     rank   -> ProfileSummary(job_id, rank, ...)      --profile: top operators, communication time
-    rank   -> Done(job_id, rank, results, modules) | Failed(job_id, rank, error)
+    rank   -> Done(job_id, rank, results, modules, first_step) | Failed(job_id, rank, error)
     kernel -> CloseSession(name)                     drop a session's namespace (no reply)
     kernel -> Shutdown()                             barrier, destroy the group, exit 0
 
@@ -51,9 +51,20 @@ class Hello:
 
 
 @dataclass(frozen=True)
+class StartTimes:
+    """When a starting rank passed each step (``time.time()`` of its machine): the cold start's split."""
+
+    launched: float  # its process ran its first line of Python (spawned) or was forked (zygote)
+    imported: float  # torch and the rank's code imported
+    joined: float  # rendezvous: connected to the kernel's store
+    built: float  # communicator set up: the default process group initialised
+
+
+@dataclass(frozen=True)
 class Ready:
     rank: int
     device: str
+    times: StartTimes | None = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +122,7 @@ class Done:
     rank_path: tuple = ()  # the rank's own sys.path entries, without its start-up directory
     held: tuple = ()  # a session's job: (name, type name) of every name the session now holds
     gpu_bytes: int | None = None  # a session's job: memory the rank's tensors hold on its GPU (None: no CUDA)
+    first_step: float | None = None  # time.time() the cell's first optimizer step ended (None: it took none)
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ import traceback
 import types
 from datetime import timedelta
 from multiprocessing.connection import Client
+from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -143,13 +144,23 @@ def _select_device():
     return torch.device("cpu")
 
 
-def _init_process_group(device) -> None:
+def _init_process_group(device) -> tuple[float, float]:
+    """Join the kernel's store (rendezvous), then build the default group (communicator set-up); when each ended.
+
+    This is ``init_process_group(init_method="env://")`` in its two halves, timed apart. With NCCL the group is
+    given its device (``device_id``), so the communicator is built now, not at the cell's first collective."""
     import torch.distributed as dist
 
     backend = os.environ["NBTRAIN_BACKEND"]
     timeout = timedelta(seconds=float(os.environ.get("NBTRAIN_TIMEOUT", "600")))
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store, rank, world_size = next(dist.rendezvous("env://", rank, world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    joined = time.time()
     kwargs = {"device_id": device} if backend == "nccl" else {}
-    dist.init_process_group(backend, init_method="env://", timeout=timeout, **kwargs)
+    dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store), rank=rank, world_size=world_size,
+                            timeout=timeout, **kwargs)
+    return joined, time.time()
 
 
 class Rank:
@@ -269,8 +280,9 @@ class Rank:
         self.send(P.Loaded(job.job_id, self.rank))
         lines = job.source.splitlines(keepends=True)
         linecache.cache[job.filename] = (len(job.source), None, lines, job.filename)
+        first_step = FirstStep()
         try:
-            with stop.interruptible(), cellcode.cell_warnings(job.filename, job.line_offset):
+            with first_step, stop.interruptible(), cellcode.cell_warnings(job.filename, job.line_offset):
                 cellcode.run(job.source, job.filename, ns)  # SIGINT raises only in here (see .stop)
         except SystemExit as exc:
             if exc.code not in (None, 0):
@@ -289,7 +301,8 @@ class Rank:
             except BaseException as exc:
                 return P.Failed(job.job_id, self.rank, describe(exc, stage="results"))
         return P.Done(job.job_id, self.rank, results, time.perf_counter() - started,
-                      modules=self.local_modules.stamps(), rank_path=self.local_modules.baseline)
+                      modules=self.local_modules.stamps(), rank_path=self.local_modules.baseline,
+                      first_step=first_step.at)
 
     @staticmethod
     def _flush_and_mark(job_id: int) -> None:
@@ -300,6 +313,29 @@ class Rank:
                 stream.flush()
             except Exception:
                 pass
+
+
+class FirstStep:
+    """When the cell's first optimizer step ended, for the cold start's split: a global post-step hook, there
+    only while the cell runs."""
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+        self._handle: Any = None
+
+    def _seen(self, optimizer, args, kwargs) -> None:
+        if self.at is None:
+            self.at = time.time()
+
+    def __enter__(self) -> FirstStep:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self._handle = register_optimizer_step_post_hook(self._seen)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._handle is not None:
+            self._handle.remove()
 
 
 _INTERNAL = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -321,7 +357,11 @@ def describe(exc: BaseException, stage: str = "cell") -> P.RemoteError:
 
 
 @record
-def main() -> None:
+def main(launched: float | None = None) -> None:
+    """A rank's life; ``launched``: when its process started running Python (spawned: its first line; forked:
+    the fork), for the cold start's split (:class:`~nbtrain.wire.protocol.Ready`)."""
+    launched = launched or time.time()
+    imported = time.time()
     # several ranks of a node share one environment: the file is named by the local rank there
     stack_file = open(os.environ["NBTRAIN_STACK_FILE"].replace("{local_rank}", os.environ["LOCAL_RANK"]), "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)  # "where are you?" from the kernel
@@ -333,8 +373,8 @@ def main() -> None:
     rank = int(os.environ["RANK"])
     conn.send(P.Hello(rank, os.getpid()))
     device = _select_device()
-    _init_process_group(device)
-    conn.send(P.Ready(rank, str(device)))
+    joined, built = _init_process_group(device)
+    conn.send(P.Ready(rank, str(device), P.StartTimes(launched, imported, joined, built)))
     ipython_display.route_ipython_display()  # IPython's display() shows in the cell, as the cell's own does
     gc.collect()
     gc.freeze()  # torch & co. live as long as the rank: the collection before each reply skips them (~50 ms → ~0)

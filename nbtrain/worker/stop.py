@@ -38,6 +38,12 @@ def install() -> None:
     signal.signal(signal.SIGINT, _on_sigint)
 
 
+def reset() -> None:
+    """A rank forked from the zygote starts with no stop noted (the zygote's own SIGINTs are not its)."""
+    global _requested, _in_cell
+    _requested = _in_cell = False
+
+
 @contextlib.contextmanager
 def interruptible() -> Iterator[None]:
     """The one place a SIGINT raises KeyboardInterrupt: the cell's code."""

@@ -174,6 +174,8 @@ def format_summary(result: RunResult, hints: list[Hint] | None = None) -> list[s
     if len(result.history):
         lines.append(f"nbtrain: logged series are in `history`: {', '.join(result.history.names)}")
     lines += [f"nbtrain: {note}" for note in result.notes]
+    if result.cold_start is not None:
+        lines.append(f"nbtrain: {result.cold_start.line()}")
     if result.moved_to_cpu:
         lines.append(f"nbtrain: {', '.join(result.moved_to_cpu)} came back on the CPU (they were on a GPU in the ranks)")
     lines += [f"nbtrain: skipped '{name}': {reason}" for name, reason in result.skipped.items()]

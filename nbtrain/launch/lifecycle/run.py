@@ -34,7 +34,7 @@ import atexit
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from ...wire import protocol as P
 from ...wire.payload import Inputs, Results, unpack_results
@@ -43,12 +43,14 @@ from ...words import count
 from ..diagnostics.failures import RankFailedError, RankFailure, order_failures
 from ..diagnostics.mismatch import MismatchWatcher
 from ..diagnostics.stacks import whereabouts
-from ..observers.cost import Metering, metering_for
+from ..observers.cost import metering_for
 from ..observers.events import FanOut, RankInfo, RunInfo, RunObserver, RunState
-from ..observers.history import History, RunOutcome
+from ..observers.coldstart import ColdStart, StartMarks
+from ..observers.history import History, RunOutcome, RunResult
 from ..observers.runlog import RunLog
 from ..ranks.pool import Exited, Message, Output, WorkerPool
 from ..ranks.rankgroup import RankGroup
+from ..ranks.starter import RankStarter
 from ..relay.displays import PendingDisplays
 from ..relay.output import OutputRelay, write_to_std_stream
 from ..relay.stdin import PendingPrompts
@@ -68,29 +70,6 @@ STEADY_WAIT_S = 0.5  # every rank running the cell: output, messages and the sto
 NODES_EVERY_S = 1.0  # how often observers hear of a --nodes run's machines (their heartbeats come each second)
 
 
-@dataclass
-class RunResult:
-    """What a successful run brought back, and how it went."""
-
-    returned: tuple[str, ...]
-    skipped: dict[str, str]
-    moved_to_cpu: tuple[str, ...]
-    seconds: float
-    rank_seconds: dict[int, float]
-    devices: dict[int, str]
-    warm: bool
-    backend: str
-    history: History = field(default_factory=History)
-    notes: list[str] = field(default_factory=list)
-    profiles: dict[int, P.ProfileSummary] = field(default_factory=dict)  # --profile, by rank
-    setup: dict[int, list[dict]] = field(default_factory=dict)  # per rank: what prepare() set up, model by model
-    metering: Metering | None = None  # what the run held: GPUs or cores, and their price (set by api.run_source)
-
-    def finished_after(self, seconds: float, note: str) -> RunResult:
-        """This result, timed from the first attempt, with a note on how it got there (restarts)."""
-        return replace(self, seconds=seconds, notes=[*self.notes, note])
-
-
 class PoolManager:
     """One warm pool per kernel for plain cells, reused while its spec matches; stopped when idle or at exit.
 
@@ -102,6 +81,7 @@ class PoolManager:
         self.runs = RunLog()  # nbtrain.runs(): every run of this kernel, one row each
         self.pool: RankGroup | None = None
         self.pool_factory = pool_factory  # a spec -> a pool (several machines: nbtrain.cluster.Cluster.make_pool)
+        self.starter = RankStarter()  # new ranks: forked from the kernel's zygote, or spawned
         self.sessions = SessionTable()
         self._lock = threading.RLock()
         self._idle_timer: threading.Timer | None = None
@@ -211,6 +191,7 @@ class _Run:
         self.started = started  # unix time the cell began (the summary's time counts from it)
         self.observers, self.warm = FanOut(observers), warm
         self.history = History()
+        self.marks = StartMarks()  # the cold start's split (nbtrain.launch.observers.coldstart)
         self.displays = PendingDisplays(write)  # rank 0's figures and display() (nbtrain.worker.display)
         self._write = write
         self._talk_to_ranks(pool.world_size)
@@ -338,10 +319,12 @@ class _Run:
             self.setup.setdefault(rank, []).append(msg.facts)
             self.notify("setup", rank, msg.facts)
         elif isinstance(msg, P.Ready):
+            self.marks.on_ready(rank, msg.times)
             if self.pool.mark_ready(rank, msg.device) and self.sent:
                 self.notify("ranks_ready", self.info())
         elif isinstance(msg, P.Loaded) and msg.job_id == self.job.job_id:
             self.loaded.add(rank)
+            self.marks.on_loaded(rank)
             if len(self.loaded) == self.nprocs:
                 self.inputs.arena.unlink()
         elif isinstance(msg, P.Display) and msg.job_id == self.job.job_id:
@@ -352,6 +335,7 @@ class _Run:
             self.profiles[rank] = msg
         elif isinstance(msg, P.Done) and msg.job_id == self.job.job_id:
             self.done[rank] = msg
+            self.marks.on_done(rank, msg.first_step)
             self.pool.record_modules(msg.modules, msg.rank_path)
         elif isinstance(msg, P.Failed) and msg.job_id == self.job.job_id:
             self.raised.add(rank)
@@ -429,8 +413,8 @@ def _run_and_bring_back(namespace, info, config, manager, inputs, result_prefix,
         with stop_button() as button:
             try:
                 with button.deferred():
-                    if not warm:
-                        pool.spawn()
+                    if not warm and (why := manager.starter.start(pool, config.spawn)):
+                        run.relay.write_direct("stdout", why)
                 run.loop(button.requested)
             except KeyboardInterrupt:
                 stop_run(run, manager, info, button)  # still under the button: a second press escalates it
@@ -498,4 +482,9 @@ def _bring_back(namespace: dict, run: _Run, warm: bool, seconds: float, deleted=
         moved_to_cpu=tuple(results.moved_to_cpu) if results is not None else (),
         seconds=seconds, rank_seconds={r: d.seconds for r, d in sorted(run.done.items())},
         devices=run.pool.devices, warm=warm, backend=run.pool.spec.backend, history=run.history, notes=list(run.inputs.notes),
-        profiles=run.profiles, setup=run.setup)
+        profiles=run.profiles, setup=run.setup, cold_start=None if warm else _cold_start(run))
+
+
+def _cold_start(run: _Run) -> ColdStart | None:
+    procs = getattr(run.pool, "procs", None)  # ranks on this machine only (one clock)
+    return None if procs is None else run.marks.split(procs.started_at, procs.forked, run.nprocs)

@@ -17,7 +17,11 @@ the history keeps it as :attr:`History.total_steps`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+from ...wire.protocol import ProfileSummary
+from .coldstart import ColdStart
+from .cost import Metering
 
 
 @dataclass
@@ -125,3 +129,27 @@ class RunOutcome:
     def record(self, history: History) -> None:
         """What the run logged until it ended (the run calls it once, however it ends)."""
         self.history = history
+
+
+@dataclass
+class RunResult:
+    """What a successful run brought back, and how it went."""
+
+    returned: tuple[str, ...]
+    skipped: dict[str, str]
+    moved_to_cpu: tuple[str, ...]
+    seconds: float
+    rank_seconds: dict[int, float]
+    devices: dict[int, str]
+    warm: bool
+    backend: str
+    history: History = field(default_factory=History)
+    notes: list[str] = field(default_factory=list)
+    profiles: dict[int, ProfileSummary] = field(default_factory=dict)  # --profile, by rank
+    setup: dict[int, list[dict]] = field(default_factory=dict)  # per rank: what prepare() set up, model by model
+    metering: Metering | None = None  # what the run held: GPUs or cores, and their price (set by api.run_source)
+    cold_start: ColdStart | None = None  # new ranks on this machine: where the time to the first step went
+
+    def finished_after(self, seconds: float, note: str) -> RunResult:
+        """This result, timed from the first attempt, with a note on how it got there (restarts)."""
+        return replace(self, seconds=seconds, notes=[*self.notes, note])

@@ -49,6 +49,7 @@ from ..request.config import PoolSpec
 from .channel import Channel, Message
 from .procs import Exited, Output, RankProcesses, stack_file_path, worker_env
 from .rankgroup import GroupState
+from .zygote import Zygote
 
 __all__ = ["WorkerPool", "Message", "Output", "Exited"]
 
@@ -75,12 +76,13 @@ class WorkerPool(GroupState):
         self.procs = RankProcesses(self._dir)
         self._store = None
 
-    def spawn(self) -> None:
-        """Start the ranks; they connect and rendezvous in the background (see :meth:`poll_events`)."""
+    def spawn(self, zygote: Zygote | None = None) -> None:
+        """Start the ranks (forked from ``zygote`` where it can); they connect and rendezvous in the background
+        (see :meth:`poll_events`)."""
         self.channel.listen(self.spec.nprocs)
         self._store = store = host_store()
         self.procs.start([worker_env(self.spec, rank, store.port, self.channel.address, self.run_id, self._dir)
-                          for rank in range(self.spec.nprocs)], self.channel.key)
+                          for rank in range(self.spec.nprocs)], self.channel.key, zygote)
         self.channel.accept(self.procs.pids())
 
     # ---------------------------------------------------------------------------------- state

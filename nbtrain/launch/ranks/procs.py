@@ -2,11 +2,12 @@
 
 :class:`RankProcesses` is the half of the pool that knows about processes and nothing about messages:
 
-* **start** — each rank is ``python -m nbtrain.worker`` through :mod:`subprocess`, a fresh interpreter,
-  never a fork of the kernel, in its own session (process group), so a signal reaches it and its
+* **start** — each rank is forked by the kernel's zygote (:mod:`.zygote`: torch already imported, never the
+  kernel itself) or, where it cannot be, is ``python -m nbtrain.worker`` through :mod:`subprocess`, a fresh
+  interpreter; either way in its own session (process group), so a signal reaches it and its
   DataLoader workers together; the environment is the one torchrun gives its workers
-  (:func:`worker_env`); stdin, stdout and stderr are pipes. The channel's key goes down stdin, and the
-  rank treats stdin's end as the kernel's death;
+  (:func:`worker_env`); stdin, stdout and stderr are pipes the kernel reads. The channel's key goes down
+  stdin, and the rank treats stdin's end as the kernel's death;
 * **poll** — the stdout/stderr pipes are read without blocking and decoded incrementally (a UTF-8
   character split between two reads stays whole) into :class:`Output` events; a process that ended is
   an :class:`Exited` event, after everything still in its pipes (its last words are often the cause);
@@ -35,6 +36,8 @@ import psutil
 
 from ... import proctree
 from ..request.config import PoolSpec
+from .interpreter import interpreter_env
+from .zygote import ForkedRank, ForkRefused, Zygote
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,7 @@ class Exited:
 @dataclass
 class _Proc:
     rank: int
-    popen: subprocess.Popen
+    popen: subprocess.Popen | ForkedRank
     decoders: dict = field(default_factory=lambda: {s: codecs.getincrementaldecoder("utf-8")("replace")
                                                     for s in ("stdout", "stderr")})
     open_streams: set = field(default_factory=lambda: {"stdout", "stderr"})
@@ -78,11 +81,8 @@ def worker_env(spec: PoolSpec, rank: int, store_port: int, socket_path: str, run
     if "lo" in psutil.net_if_addrs():  # one machine: keep gloo's and NCCL's sockets off the network
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         env.setdefault("NCCL_SOCKET_IFNAME", "lo")
-    # The kernel's own package path first, so ranks import the same nbtrain as the notebook.
-    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-    env["MPLBACKEND"] = "module://nbtrain.worker.figures"  # the kernel's inline one needs IPython; --env wins
-    env.update(dict(spec.env))
+    env = interpreter_env(env)
+    env.update(dict(spec.env))  # --env wins
     return env
 
 
@@ -100,11 +100,17 @@ class RankProcesses:
     def __init__(self, workdir: str) -> None:
         self.workdir = workdir  # private (0700): error files and stack dumps live here
         self._procs: list[_Proc] = []
+        self.started_at = 0.0  # time.time() the start began (the cold start's split counts from it)
+        self.forked: dict[int, float] = {}  # rank -> seconds the zygote spent importing for it, for forked ranks
+        self.spawn_reason = ""  # why ranks were spawned although a zygote was offered
 
-    def start(self, envs: list[dict], key: bytes) -> None:
-        """Start one rank per environment and hand each the channel's key on its stdin."""
+    def start(self, envs: list[dict], key: bytes, zygote: Zygote | None = None) -> None:
+        """Start one rank per environment — forked from ``zygote`` where it can, else spawned — and hand each the
+        channel's key on its stdin."""
+        self.started_at = time.time()
         for rank, env in enumerate(envs):
-            popen = subprocess.Popen(
+            forked = self._fork(zygote, rank, env) if zygote is not None and not self.spawn_reason else None
+            popen = forked or subprocess.Popen(
                 [sys.executable, "-m", "nbtrain.worker"], env=env, stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
             )
@@ -114,6 +120,15 @@ class RankProcesses:
             for stream in ("stdout", "stderr"):
                 os.set_blocking(getattr(popen, stream).fileno(), False)
             self._procs.append(_Proc(rank, popen))
+
+    def _fork(self, zygote: Zygote, rank: int, env: dict) -> ForkedRank | None:
+        try:
+            forked = zygote.fork(env, os.getcwd())
+        except ForkRefused as exc:
+            self.spawn_reason = str(exc)
+            return None
+        self.forked[rank] = forked.imports_s
+        return forked
 
     # ---------------------------------------------------------------------------------- poll
     def pids(self) -> list[int]:
@@ -153,10 +168,10 @@ class RankProcesses:
         """Exits not reported yet, each after what its process still had in its pipes."""
         events: list = []
         for p in self._procs:
-            if p.exit_code is None and p.popen.poll() is not None:
-                p.exit_code = p.popen.returncode
+            if p.exit_code is None and (code := p.popen.poll()) is not None:
+                p.exit_code = code
                 events.extend(self._drain(p))
-                events.append(Exited(p.rank, p.exit_code))
+                events.append(Exited(p.rank, code))
         return events
 
     def _drain(self, p: _Proc) -> list:

@@ -99,6 +99,9 @@ class LaunchRequest(TrainOptions):
         "(default 900; 0 stops them)", group="warm ranks", type=float, metavar="SECONDS")
     fresh: bool = option(False, "--fresh", "start new rank processes instead of reusing warm ones",
                          group="warm ranks", switch=True)
+    spawn: bool = option(False, "--spawn", "start each rank as a new Python process instead of forking it from the "
+                         "zygote (a process with torch imported that the extension starts)", group="warm ranks",
+                         switch=True)
     env: tuple[str, ...] = option((), "--env", "environment variable for the ranks (repeatable)",
                                   group="warm ranks", metavar="NAME=VALUE", repeat=True)
     session: str | None = option(
@@ -157,6 +160,7 @@ class LaunchConfig:
     tensorboard: str | None = None  # absolute --tensorboard DIR (see nbtrain.launch.observers.trackers)
     session: str = ""  # --session: the namespace kept on the ranks that the cell runs in; "" = a fresh one
     price_per_hour: float | None = None  # --price-per-gpu-hour (per core-hour on the CPU; nbtrain.launch.observers.cost)
+    spawn: bool = False  # --spawn: new ranks are new interpreters, not forks of the zygote
 
     @property
     def shown_rank(self) -> int | None:
@@ -411,4 +415,4 @@ def _finish(request: LaunchRequest, pool: PoolSpec, output: str, workdir: Workdi
                           "Leave out one of them.")
     return LaunchConfig(pool, _parse_names(request.out), output, keep_alive, request.fresh,
                         start_timeout_s=start_timeout, notes=tuple(notes), train=train, workdir=workdir,
-                        tensorboard=tensorboard, session=session, price_per_hour=price)
+                        tensorboard=tensorboard, session=session, price_per_hour=price, spawn=request.spawn)

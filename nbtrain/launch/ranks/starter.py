@@ -1,0 +1,43 @@
+"""How a new pool's ranks start: forked from the kernel's zygote (:mod:`.zygote`) where it can, else spawned.
+
+One :class:`RankStarter` per kernel (the :class:`~nbtrain.launch.lifecycle.run.PoolManager`'s) owns the zygote:
+started when the extension loads (:meth:`RankStarter.start_zygote`), replaced by a new one if it died (the cell
+that found it dead spawns its ranks), closed with the kernel. Ranks on joined nodes (``--nodes``) are started by
+the nodes' agents under torch elastic, as before; ``--spawn`` spawns them here too.
+"""
+
+from __future__ import annotations
+
+from .pool import WorkerPool
+from .rankgroup import RankGroup
+from .zygote import Zygote
+
+
+class RankStarter:
+    def __init__(self) -> None:
+        self.zygote: Zygote | None = None
+
+    def start_zygote(self) -> None:
+        """Start the zygote in the background, once (importing torch there takes seconds: nobody waits for it)."""
+        if self.zygote is None:
+            self.zygote = Zygote.start()
+
+    def start(self, pool: RankGroup, spawn: bool = False) -> str:
+        """Start ``pool``'s ranks; a line for the cell when they were spawned although a zygote was there, or ""."""
+        zygote = None if spawn or not isinstance(pool, WorkerPool) else self.zygote
+        if zygote is None:
+            pool.spawn()
+            return ""
+        assert isinstance(pool, WorkerPool)
+        pool.spawn(zygote)
+        why = pool.procs.spawn_reason
+        if why and "zygote process ended" in zygote.why_not():  # a new one for the next cell
+            zygote.close()
+            self.zygote = Zygote.start()
+            why += "; a new zygote is starting for the next cells"
+        return f"nbtrain: ranks started as new processes, not forked from the zygote: {why}.\n" if why else ""
+
+    def close(self) -> None:
+        zygote, self.zygote = self.zygote, None
+        if zygote is not None:
+            zygote.close()
