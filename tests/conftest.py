@@ -46,11 +46,34 @@ def _chart_where_it_is_loaded(request):
         request.getfixturevalue("chart_bundle")
 
 
+_ZYGOTE: list = []  # the test run's zygote, shared by the pool fixtures as a kernel's pools share the kernel's
+
+
+def shared_zygote():
+    """The zygote the pool fixtures fork ranks from, started once per test run (NBTRAIN_TEST_SPAWN=1: none, every
+    rank spawned); a kernel has one from ``%load_ext nbtrain``."""
+    from nbtrain.launch.ranks.zygote import Zygote
+
+    if os.environ.get("NBTRAIN_TEST_SPAWN") == "1":
+        return None
+    if not _ZYGOTE or _ZYGOTE[0].why_not():  # none yet, or it died
+        _ZYGOTE[:] = [Zygote.start()]
+    return _ZYGOTE[0]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _close_test_zygote():
+    yield
+    for zygote in _ZYGOTE:
+        zygote.close()
+
+
 @contextlib.contextmanager
 def _pool_manager():
     from nbtrain.launch.lifecycle.run import PoolManager
+    from nbtrain.launch.ranks.starter import RankStarter
 
-    manager = PoolManager()
+    manager = PoolManager(starter=RankStarter(shared_zygote()))
     try:
         yield manager
     finally:

@@ -155,6 +155,7 @@ def _become_rank(request: dict, fds: list[int], closing: tuple[int, ...], start_
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     os.setsid()  # its own session, as spawned ranks: the stop button's signals reach it and its children
+    name_process(b"nbtrain-rank")  # its command line stays the zygote's: ps and top show this name
     for fd in closing:
         with contextlib.suppress(OSError):
             os.close(fd)
@@ -174,6 +175,14 @@ def _become_rank(request: dict, fds: list[int], closing: tuple[int, ...], start_
         import torch
 
         torch.set_num_threads(int(threads))
+
+
+def name_process(name: bytes) -> None:
+    """This process's name (``/proc/PID/comm``, what ps and top show), where the platform lets one set it."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, name, 0, 0, 0)  # PR_SET_NAME
 
 
 def _reseed() -> None:
@@ -219,6 +228,7 @@ def _close_all(fds) -> None:
 
 def main() -> None:
     stop.install()  # the ranks it forks defer SIGINT from their first instruction, as spawned ones do
+    name_process(b"nbtrain-zygote")
     started = time.perf_counter()
     sock = socket.socket(fileno=int(os.environ.pop(forking.ZYGOTE_FD_ENV)))
     import torch  # noqa: F401  (what every rank needs, loaded once)

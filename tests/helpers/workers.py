@@ -17,16 +17,18 @@ from collections.abc import Iterator
 import psutil
 
 SESSION_VARIABLE = "NBTRAIN_TEST_SESSION"
+FORKED_RANK_NAME = "nbtrain-rank"  # a rank forked by the zygote keeps the zygote's command line, not its name
 
 
 def nbtrain_workers() -> list[psutil.Process]:
     """Every live rank process started by this test run, orphaned or not."""
     mark = os.environ.get(SESSION_VARIABLE)
     found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
+    for proc in psutil.process_iter(["cmdline", "status", "name"]):
         try:
             cmd = proc.info["cmdline"] or []
-            if ("nbtrain.worker" in cmd and proc.info["status"] != psutil.STATUS_ZOMBIE
+            rank = "nbtrain.worker" in cmd or proc.info["name"] == FORKED_RANK_NAME  # spawned, or forked by a zygote
+            if (rank and proc.info["status"] != psutil.STATUS_ZOMBIE
                     and proc.environ().get(SESSION_VARIABLE) == mark):
                 found.append(proc)
         except psutil.Error:

@@ -77,11 +77,11 @@ class PoolManager:
     set aside (a plain cell with other options gets a pool of its own), until its last session ends.
     """
 
-    def __init__(self, pool_factory: Callable[[PoolSpec], RankGroup] = WorkerPool) -> None:
+    def __init__(self, pool_factory: Callable[[PoolSpec], RankGroup] = WorkerPool, starter: RankStarter | None = None) -> None:
         self.runs = RunLog()  # nbtrain.runs(): every run of this kernel, one row each
         self.pool: RankGroup | None = None
         self.pool_factory = pool_factory  # a spec -> a pool (several machines: nbtrain.cluster.Cluster.make_pool)
-        self.starter = RankStarter()  # new ranks: forked from the kernel's zygote, or spawned
+        self.starter = starter or RankStarter()  # new ranks: forked from the kernel's zygote, or spawned
         self.sessions = SessionTable()
         self._lock = threading.RLock()
         self._idle_timer: threading.Timer | None = None

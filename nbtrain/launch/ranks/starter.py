@@ -14,8 +14,9 @@ from .zygote import Zygote
 
 
 class RankStarter:
-    def __init__(self) -> None:
-        self.zygote: Zygote | None = None
+    def __init__(self, zygote: Zygote | None = None) -> None:
+        self.zygote = zygote  # given: one that another starter may share (it is then not this one's to close)
+        self._owned = zygote is None
 
     def start_zygote(self) -> None:
         """Start the zygote in the background, once (importing torch there takes seconds: nobody waits for it)."""
@@ -32,12 +33,13 @@ class RankStarter:
         pool.spawn(zygote)
         why = pool.procs.spawn_reason
         if why and "zygote process ended" in zygote.why_not():  # a new one for the next cell
-            zygote.close()
-            self.zygote = Zygote.start()
+            if self._owned:
+                zygote.close()
+            self.zygote, self._owned = Zygote.start(), True
             why += "; a new zygote is starting for the next cells"
         return f"nbtrain: ranks started as new processes, not forked from the zygote: {why}.\n" if why else ""
 
     def close(self) -> None:
         zygote, self.zygote = self.zygote, None
-        if zygote is not None:
+        if zygote is not None and self._owned:
             zygote.close()

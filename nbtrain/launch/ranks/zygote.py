@@ -166,11 +166,17 @@ class Zygote:
                 self._popen.kill()
                 self._popen.wait()
 
+    def wait_ready(self, timeout: float = READY_WAIT_S) -> bool:
+        """Until the zygote has imported what it imports at start (at most ``timeout`` s); whether it may fork."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while not self._ready and not self._gone and time.monotonic() < deadline:
+                self._pump(min(0.5, max(0.0, deadline - time.monotonic())))
+        return self._ready and not self.why_not()
+
     # ------------------------------------------------------------------------ messages
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + READY_WAIT_S
-        while not self._ready and not self._gone and time.monotonic() < deadline:
-            self._pump(min(0.5, max(0.0, deadline - time.monotonic())))
+        self.wait_ready()
         if not self._ready:
             raise ForkRefused(self._gone or f"the zygote was not ready after {READY_WAIT_S:.0f} s")
         if self._unsafe:

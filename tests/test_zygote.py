@@ -1,0 +1,177 @@
+"""Ranks forked from the kernel's zygote (nbtrain.launch.ranks.zygote, nbtrain.worker.zygote), on real processes.
+
+The pool fixtures fork their ranks from the test run's zygote (conftest), so every run test exercises forked
+ranks; here: what is the zygote's own — the packages the notebook imported since it started, the refusal when
+it saw CUDA initialised, random streams, memory shared copy-on-write, the zygote's end with the kernel's, and
+the cold start's split.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+from helpers.kernelhelp import Kernel
+from helpers.runhelp import Captured, run_cell
+from helpers.workers import assert_no_workers
+
+from nbtrain.launch.lifecycle.run import PoolManager
+from nbtrain.launch.ranks.starter import RankStarter
+from nbtrain.launch.ranks.zygote import Zygote
+
+pytestmark = pytest.mark.slow
+
+PARENTS = "import os\nparent, session = os.getppid(), os.getsid(0) == os.getpid()\n"
+
+
+@pytest.fixture
+def own_zygote():
+    """A pool manager with a zygote of its own (one a test may make unusable)."""
+    manager = PoolManager(starter=RankStarter())
+    manager.starter.start_zygote()
+    try:
+        yield manager
+    finally:
+        manager.shutdown()
+        manager.starter.close()
+    assert_no_workers()
+
+
+def installed_module(tmp_path, name: str, body: str) -> str:
+    """A module in a site-packages folder on this process's path, as a package installed with pip."""
+    site = tmp_path / "site-packages"
+    site.mkdir(exist_ok=True)
+    (site / f"{name}.py").write_text(textwrap.dedent(body))
+    sys.path.append(str(site))
+    return str(site)
+
+
+def test_ranks_are_forked_by_the_zygote_in_sessions_of_their_own_and_spawned_with_spawn(fresh_pools):
+    zygote = fresh_pools.starter.zygote
+    ns, result = run_cell(fresh_pools, PARENTS, out="parent,session", fresh=True)
+    assert ns["parent"] == zygote.pid and ns["session"]
+    assert result.cold_start is not None and result.cold_start.how == "forked"
+    assert zygote.why_not() == "", "the zygote never initialises CUDA nor starts a thread"
+    ns, result = run_cell(fresh_pools, PARENTS, out="parent,session", fresh=True, spawn=True)
+    assert ns["parent"] == os.getpid() and ns["session"] and result.cold_start.how == "spawned"
+
+
+def test_a_package_the_notebook_imported_since_is_imported_by_the_zygote_before_it_forks(fresh_pools, tmp_path):
+    site = installed_module(tmp_path, "nbtrain_probe_lib", "import os\nimported_by = os.getpid()\n")
+    try:
+        import nbtrain_probe_lib  # noqa: F401  (the notebook imports a library after %load_ext)
+
+        cell = "import sys\nhad = 'nbtrain_probe_lib' in sys.modules\nimport nbtrain_probe_lib\nby = nbtrain_probe_lib.imported_by\n"
+        ns, _ = run_cell(fresh_pools, cell, out="had,by", fresh=True)
+        assert ns["had"] and ns["by"] == fresh_pools.starter.zygote.pid
+    finally:
+        sys.path.remove(site)
+        sys.modules.pop("nbtrain_probe_lib", None)
+
+
+def test_a_zygote_that_saw_cuda_initialised_forks_no_more_and_the_cell_says_why(own_zygote, tmp_path):
+    # No GPU here: the library stands in for one that initialises CUDA when imported (in the zygote only).
+    site = installed_module(tmp_path, "nbtrain_cuda_lib", """
+        import sys, torch
+        if getattr(sys.modules["__main__"].__spec__, "name", "") == "nbtrain.worker.zygote":
+            torch.cuda.is_initialized = lambda: True
+    """)
+    try:
+        import nbtrain_cuda_lib  # noqa: F401
+
+        out = Captured()
+        ns, result = run_cell(own_zygote, PARENTS, out="parent", write=out, fresh=True)
+        assert ns["parent"] == os.getpid(), "spawned by the kernel"
+        assert result.cold_start.how == "spawned"
+        said = out.text()
+        assert said.count("not forked from the zygote") == 1 and "saw CUDA initialised" in said, said
+    finally:
+        sys.path.remove(site)
+        sys.modules.pop("nbtrain_cuda_lib", None)
+
+
+RANDOM = """
+import random, numpy, torch
+values = (random.random(), float(numpy.random.rand()), torch.rand(1).item())
+random.seed(7); numpy.random.seed(7); torch.manual_seed(7)
+seeded = (random.random(), float(numpy.random.rand()), torch.rand(1).item())
+both = [None, None]
+import torch.distributed as dist
+dist.all_gather_object(both, values)
+"""
+
+
+def test_random_streams_differ_per_forked_rank_and_seeded_ones_equal_a_spawned_ranks(fresh_pools):
+    import numpy  # noqa: F401  (imported in the notebook: the zygote has it too, and must reseed it)
+
+    forked, _ = run_cell(fresh_pools, RANDOM, out="both,seeded", fresh=True)
+    rank0, rank1 = forked["both"]
+    assert all(a != b for a, b in zip(rank0, rank1, strict=True)), forked["both"]
+    spawned, _ = run_cell(fresh_pools, RANDOM, out="both,seeded", fresh=True, spawn=True)
+    assert forked["seeded"] == spawned["seeded"]
+    assert rank0 not in spawned["both"], "a fork does not replay the zygote's streams"
+
+
+def test_forked_ranks_share_the_zygotes_memory(fresh_pools):
+    def pss_mib() -> list[float]:
+        return [psutil.Process(pid).memory_full_info().pss / 2**20 for pid in fresh_pools.pool.pids()]
+
+    run_cell(fresh_pools, "import torch\nx = torch.ones(4)\n", out="-", fresh=True)
+    forked = pss_mib()
+    run_cell(fresh_pools, "import torch\nx = torch.ones(4)\n", out="-", fresh=True, spawn=True)
+    spawned = pss_mib()
+    assert max(forked) < 0.6 * min(spawned), f"PSS forked {forked} MiB, spawned {spawned} MiB"
+
+
+def test_the_zygote_and_its_ranks_end_when_the_kernel_is_killed():
+    kernel = Kernel()
+    try:
+        kernel.run("%load_ext nbtrain")
+        zygote = int(kernel.run("print(get_ipython()._nbtrain_magics.pools.starter.zygote.pid)").strip())
+        msg_id = kernel.start("%%distributed 2 --cpu\nimport os, time\nprint('up', os.getppid(), flush=True)\n"
+                              "time.sleep(600)\n")
+        out = kernel.collect(msg_id, 90, until=lambda out: out.count("up ") >= 2)[1]
+        assert f"up {zygote}" in out, out
+        ranks = psutil.Process(zygote).children()
+        assert len(ranks) == 2
+        os.kill(kernel.pid(), signal.SIGKILL)
+        gone, alive = psutil.wait_procs([psutil.Process(zygote), *ranks], timeout=5)
+        assert not alive, f"still alive after the kernel died: {[p.pid for p in alive]}"
+    finally:
+        kernel.shutdown()
+    assert_no_workers()
+
+
+def test_the_summary_splits_the_cold_start(fresh_pools):
+    cell = ("import torch\nm = torch.nn.Linear(2, 2)\nopt = torch.optim.SGD(m.parameters(), 0.1)\n"
+            "m(torch.ones(2)).sum().backward()\nopt.step()\n")
+    started = time.time()
+    _, result = run_cell(fresh_pools, cell, out="-", fresh=True)
+    split = result.cold_start
+    names = [name for name, _ in split.phases]
+    assert names == ["process start", "imports", "rendezvous", "communicator", "names arrive", "first step"]
+    assert split.stepped and 0 < split.total_s < time.time() - started
+    assert abs(sum(s for _, s in split.phases) - split.total_s) < 0.01
+    from nbtrain.launch.lifecycle.entry import format_summary
+
+    assert any(line.startswith("nbtrain: cold start ") and "forked" in line for line in format_summary(result))
+    _, warm = run_cell(fresh_pools, cell, out="-")
+    assert warm.cold_start is None, "a warm run has no cold start"
+
+
+def test_a_zygote_that_died_is_replaced_and_its_cell_spawns(own_zygote):
+    first = own_zygote.starter.zygote
+    os.kill(first.pid, signal.SIGKILL)
+    psutil.Process(first.pid).wait(5)
+    out = Captured()
+    ns, _ = run_cell(own_zygote, PARENTS, out="parent", write=out, fresh=True)
+    assert ns["parent"] == os.getpid() and "the zygote process ended" in out.text(), out.text()
+    second = own_zygote.starter.zygote
+    assert second is not first and isinstance(second, Zygote)
+    ns, _ = run_cell(own_zygote, PARENTS, out="parent", fresh=True)
+    assert ns["parent"] == second.pid
