@@ -100,7 +100,8 @@ def test_stop_while_the_ranks_start_says_so_and_nothing_else():
     kernel = Kernel()
     try:
         kernel.execute("%load_ext nbtrain")
-        msg_id = kernel.start("%%distributed 2 --cpu\nprint('never')\n")
+        # spawned: ranks forked from the zygote are through their start before a person could press stop
+        msg_id = kernel.start("%%distributed 2 --cpu --spawn\nprint('never')\n")
         deadline = time.monotonic() + 30
         while len(nbtrain_workers()) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -17,6 +17,7 @@ import time
 import psutil
 import pytest
 from helpers.kernelhelp import Kernel
+from helpers.restart_cells import killed_rank_cell
 from helpers.runhelp import Captured, run_cell
 from helpers.workers import assert_no_workers
 
@@ -175,3 +176,12 @@ def test_a_zygote_that_died_is_replaced_and_its_cell_spawns(own_zygote):
     assert second is not first and isinstance(second, Zygote)
     ns, _ = run_cell(own_zygote, PARENTS, out="parent", fresh=True)
     assert ns["parent"] == second.pid
+
+
+def test_a_restart_after_a_lost_rank_forks_its_new_ranks(fresh_pools, tmp_path):
+    cell = killed_rank_cell(tmp_path / "killed-once", epoch=1) + "parent = os.getppid()\n"
+    out = Captured()
+    ns, result = run_cell(fresh_pools, cell, write=out, checkpoint=str(tmp_path / "ckpt"), max_restarts=1,
+                          out="parent,restart_count")
+    assert "rank 1 was killed by SIGKILL" in out.text() and ns["restart_count"] == 1
+    assert ns["parent"] == fresh_pools.starter.zygote.pid and result.cold_start.how == "forked"
