@@ -8,7 +8,9 @@ For each rank count it measures, on the CPU (gloo):
   nbtrain pool (``--fresh``, keep-alive 0), its ranks forked from the zygote as in a notebook (started when the
   extension loaded, so ready by the first cell), against ``torchrun --standalone`` starting the same code as a
   script, and against accelerate's ``notebook_launcher`` (which forks the calling process: a notebook that
-  touched CUDA cannot use it) running the same code in a process that has torch imported. The notebook side has
+  touched CUDA cannot use it) running the same code in a process that has torch imported — and again in one
+  that has also imported what the zygote imports (``torch._dynamo``, which building an optimizer imports: a
+  notebook that built one before has it), the like-for-like comparison. The notebook side has
   torch imported already, as a notebook that defines a model has. nbtrain's cold start is also split into its
   phases (:mod:`nbtrain.launch.observers.coldstart`), the median of each phase over the repeats.
 * **warm re-run** — the same, on nbtrain's warm pool (torchrun has no such thing: it pays a cold start).
@@ -17,7 +19,8 @@ For each rank count it measures, on the CPU (gloo):
 
 accelerate is not one of nbtrain's dependencies: install it outside the environment
 (``pip install --no-deps --target /tmp/accel accelerate``) and name that folder with ``--accelerate``; it is put
-on the path of the accelerate runs only. Without it that column is left out.
+on the path of the accelerate runs only (or set ``NBTRAIN_BENCH_ACCELERATE``, as ``benchmarks/run_all.py`` runs it).
+Without it those columns are left out.
 
 Prints each number and the ratios (goals: cold ≤ 1.0× accelerate and ≤ 0.5× torchrun, warm ≤ 0.5 s,
 throughput ≥ 0.98×).
@@ -41,6 +44,7 @@ from nbtrain.launch.lifecycle.run import PoolManager
 from nbtrain.launch.observers.coldstart import PHASES
 from nbtrain.launch.ranks.starter import RankStarter
 from nbtrain.launch.request.config import LaunchRequest
+from nbtrain.worker.zygote import WARM_IMPORTS
 
 TRAIN = """
 import time, torch
@@ -94,9 +98,11 @@ def marks_reader(seen: dict[str, float]):
 
 
 ACCELERATE_SCRIPT = """
-import socket, sys, time
+import importlib, socket, sys, time
 import torch  # the notebook has it imported
 from accelerate import notebook_launcher
+for name in {preloaded!r}:  # like-for-like: what the zygote has imported, the forked notebook has too
+    importlib.import_module(name)
 
 BODY = {body!r}
 
@@ -127,11 +133,12 @@ def run_nbtrain(ranks: int, steps: int, manager: PoolManager, fresh: bool) -> tu
     return seen["first"] - started, seen["rate"], split
 
 
-def run_accelerate(ranks: int, steps: int, path: str) -> float:
-    """Cold start to first step under accelerate's notebook_launcher, in a process with torch imported."""
+def run_accelerate(ranks: int, steps: int, path: str, preloaded: tuple[str, ...] = ()) -> float:
+    """Cold start to first step under accelerate's notebook_launcher, in a process with torch imported (and the
+    modules ``preloaded``: a notebook that built a model and an optimizer before has them)."""
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // ranks)),
            "PYTHONPATH": os.pathsep.join(p for p in (path, os.environ.get("PYTHONPATH")) if p)}
-    script = ACCELERATE_SCRIPT.format(body=cell_source(steps), ranks=ranks)
+    script = ACCELERATE_SCRIPT.format(body=cell_source(steps), ranks=ranks, preloaded=preloaded)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True).stdout
     started = next(float(s.split()[1]) for s in out.splitlines() if s.startswith("STARTED"))
     first = next(float(s.split()[1]) for s in out.splitlines() if s.startswith("FIRST_STEP"))
@@ -152,7 +159,7 @@ def run_torchrun(ranks: int, steps: int, workdir: str) -> tuple[float, float]:
 
 
 def measure(ranks: int, repeats: int, steps: int, starter: RankStarter, accelerate: str | None) -> dict:
-    cold_nb, cold_tr, cold_acc, warm_nb, rate_nb, rate_tr, splits = [], [], [], [], [], [], []
+    cold_nb, cold_tr, cold_acc, cold_acc_warm, warm_nb, rate_nb, rate_tr, splits = [], [], [], [], [], [], [], []
     with tempfile.TemporaryDirectory() as workdir:
         for _ in range(repeats):
             manager = PoolManager(starter=starter)
@@ -171,12 +178,15 @@ def measure(ranks: int, repeats: int, steps: int, starter: RankStarter, accelera
             rate_tr.append(rate)
             if accelerate:
                 cold_acc.append(run_accelerate(ranks, steps, accelerate))
+                cold_acc_warm.append(run_accelerate(ranks, steps, accelerate, WARM_IMPORTS))
     med = statistics.median
     return {
         "ranks": ranks,
         "cold_nbtrain_s": med(cold_nb), "cold_torchrun_s": med(cold_tr), "cold_ratio": med(cold_nb) / med(cold_tr),
         "cold_accelerate_s": med(cold_acc) if cold_acc else None,
         "cold_accelerate_ratio": med(cold_nb) / med(cold_acc) if cold_acc else None,
+        "cold_accelerate_preloaded_s": med(cold_acc_warm) if cold_acc_warm else None,
+        "cold_accelerate_preloaded_ratio": med(cold_nb) / med(cold_acc_warm) if cold_acc_warm else None,
         "cold_split_s": {p: med(s.get(p, 0.0) for s in splits) for p in PHASES},
         "cold_how": sorted({s.get("how", "?") for s in splits}),
         "warm_nbtrain_s": med(warm_nb),
@@ -188,7 +198,10 @@ def measure(ranks: int, repeats: int, steps: int, starter: RankStarter, accelera
 def report(row: dict, repeats: int) -> str:
     split = " · ".join(f"{phase} {seconds:.2f} s" for phase, seconds in row["cold_split_s"].items())
     acc = (f"\n  cold start vs accelerate  nbtrain {row['cold_nbtrain_s']:.2f} s  accelerate {row['cold_accelerate_s']:.2f} s"
-           f"  ratio {row['cold_accelerate_ratio']:.2f}x (goal <= 1.0x)" if row["cold_accelerate_s"] is not None else "")
+           f"  ratio {row['cold_accelerate_ratio']:.2f}x (goal <= 1.0x)\n"
+           f"  cold start vs accelerate, its notebook with the zygote's imports  nbtrain {row['cold_nbtrain_s']:.2f} s"
+           f"  accelerate {row['cold_accelerate_preloaded_s']:.2f} s  ratio {row['cold_accelerate_preloaded_ratio']:.2f}x"
+           if row["cold_accelerate_s"] is not None else "")
     return (f"{row['ranks']} ranks (median of {repeats}):{acc}\n"
             f"  cold start vs torchrun    nbtrain {row['cold_nbtrain_s']:.2f} s  torchrun {row['cold_torchrun_s']:.2f} s"
             f"  ratio {row['cold_ratio']:.2f}x (goal <= 0.5x)\n"
@@ -203,7 +216,8 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--accelerate", metavar="DIR", help="a folder accelerate is installed in (pip --target)")
+    parser.add_argument("--accelerate", metavar="DIR", default=os.environ.get("NBTRAIN_BENCH_ACCELERATE"),
+                        help="a folder accelerate is installed in (pip --target); default $NBTRAIN_BENCH_ACCELERATE")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     starter = RankStarter()

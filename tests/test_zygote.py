@@ -185,3 +185,12 @@ def test_a_restart_after_a_lost_rank_forks_its_new_ranks(fresh_pools, tmp_path):
                           out="parent,restart_count")
     assert "rank 1 was killed by SIGKILL" in out.text() and ns["restart_count"] == 1
     assert ns["parent"] == fresh_pools.starter.zygote.pid and result.cold_start.how == "forked"
+
+
+def test_an_env_read_when_an_interpreter_starts_gets_spawned_ranks_and_says_so(fresh_pools, tmp_path):
+    out = Captured()
+    ns, _ = run_cell(fresh_pools, PARENTS + "import sys\nfound = sys.path\n", out="parent,found", write=out,
+                     fresh=True, env=(f"PYTHONPATH={tmp_path}",))
+    assert ns["parent"] == os.getpid() and str(tmp_path) in ns["found"]
+    assert "PYTHONPATH differs from the zygote's, and an interpreter reads it when it starts" in out.text(), out.text()
+    assert fresh_pools.starter.zygote.why_not() == "", "the next cell without it forks again"

@@ -109,7 +109,9 @@ class Zygote:
         changed = [] if env is None else sorted(k for k in set(env) | set(self._env)
                                                 if k.startswith(START_TIME_KEYS) and env.get(k) != self._env.get(k))
         if changed:
-            return f"{', '.join(changed)} differ from the zygote's, and an interpreter reads them when it starts"
+            them = "it" if len(changed) == 1 else "them"
+            return (f"{', '.join(changed)} {'differs' if len(changed) == 1 else 'differ'} from the zygote's, and an "
+                    f"interpreter reads {them} when it starts")
         return ""
 
     def fork(self, env: dict[str, str], cwd: str) -> ForkedRank:
@@ -217,6 +219,8 @@ class Zygote:
         elif op == "unsafe":
             self._unsafe = str(message.get("reason"))
         elif op in ("forked", "refused"):
+            if op == "forked":  # a pid used again: an earlier rank's exit with it (reported before) is not this one's
+                self._exits.pop(int(message["pid"]), None)
             self._replies[int(message["id"])] = message
 
 
