@@ -59,11 +59,13 @@ def _series_sentence(store: MetricStore, name: str) -> str | None:
 
 
 def summary_paragraph(store: MetricStore, telemetry: TelemetrySeries, status: str, detail: str,
-                      nprocs: int, where: str, p: Progress) -> str:
-    """The run in one paragraph of plain sentences."""
+                      nprocs: int, where: str, p: Progress, cold_start: str = "") -> str:
+    """The run in one paragraph of plain sentences (``cold_start``: new ranks' time to the first step, split)."""
     ended = f"{plural('was', nprocs)} interrupted" if status == "interrupted" else status
     parts = [f"{count('rank', nprocs)} on {where} {ended} after {text.duration(p.elapsed)}"
              + (f" ({detail})" if status != "finished" and detail else "") + "."]
+    if cold_start:
+        parts.append(cold_start[:1].upper() + cold_start[1:] + ".")
     if p.step is not None:
         speed = f" at {p.steps_per_second:.1f} steps/s" if p.steps_per_second else ""
         parts.append(f"Rank 0 reached step {p.step}" + (f" of {p.total}" if p.total else "") + f"{speed}.")

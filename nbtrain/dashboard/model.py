@@ -39,6 +39,7 @@ class RunModel:
         self.status: str | None = None  # a RunState's value ("finished", "failed", "interrupted") once finished
         self.detail = ""
         self.earlier: tuple = ()  # the kernel's earlier runs, to draw beside this one (launch.observers.runlog.EarlierRun)
+        self.cold_start = ""  # new ranks: "cold start 0.17 s to the first step, forked: …"
         self.evidence = Evidence()  # what the advisor reads; fed from both threads, so under a lock
         self._evidence_lock = threading.Lock()
 
@@ -80,6 +81,10 @@ class RunModel:
         """Precision, memory format and compile time, as the ranks reported them."""
         with self._evidence_lock:
             return setup_words(self.evidence.setup)
+
+    def set_cold_start(self, line: str) -> None:
+        """Where the time to the first step went, for the summary (new ranks only)."""
+        self.cold_start = line
 
     def finish(self, status: str, detail: str) -> None:
         self.ended = time.monotonic()

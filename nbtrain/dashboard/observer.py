@@ -77,6 +77,9 @@ class DashboardObserver(RunObserver):
     def nodes_heard(self, nodes) -> None:
         self.model.set_nodes(nodes)
 
+    def cold_start(self, split) -> None:
+        self.model.set_cold_start(split.line())
+
     def run_finished(self, status: str, summary: str) -> None:
         self.stop()
         self.model.finish(status, summary)

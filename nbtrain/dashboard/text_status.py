@@ -64,4 +64,4 @@ class TextStatus:
     def finish(self) -> None:
         model = self.model
         self._write("nbtrain ▸ " + summary_paragraph(model.store, model.telemetry, model.status or "finished", model.detail,
-                                                     len(model.ranks), model.where, model.progress()))
+                                                     len(model.ranks), model.where, model.progress(), model.cold_start))

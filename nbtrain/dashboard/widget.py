@@ -107,7 +107,7 @@ class RunDashboard:
         self.chart.update(model, force=True)  # the last points, drawn live before the picture replaces the chart
         progress = model.progress()
         paragraph = summary_paragraph(model.store, model.telemetry, model.status or "finished", model.detail,
-                                      len(model.ranks), model.where, progress)
+                                      len(model.ranks), model.where, progress, model.cold_start)
         title = f"nbtrain · {count('rank', len(model.ranks))} · {model.where} · {model.status_text() or ''}"
         figure = FinalFigure(final_png(model.store, model.telemetry, title, self.chart.smoothing), paragraph)
         from IPython.display import display

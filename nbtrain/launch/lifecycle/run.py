@@ -442,6 +442,8 @@ def _run_and_bring_back(namespace, info, config, manager, inputs, result_prefix,
     result = _bring_back(namespace, run, warm, time.monotonic() - started, deleted)
     if config.session:
         manager.sessions.record(config.session, pool, run.done, namespace)
+    if result.cold_start is not None:
+        run.notify("cold_start", result.cold_start)
     run.notify("run_finished", RunState.FINISHED, f"{count('rank', len(result.devices))} finished in {result.seconds:.1f} s")
     return result
 

@@ -109,6 +109,10 @@ class RunObserver:
     def nodes_heard(self, nodes: tuple[NodeInfo, ...]) -> None:
         """A ``--nodes`` run's machines, about once a second, with what their heartbeats said (CPU, RAM, GPUs)."""
 
+    def cold_start(self, split) -> None:
+        """New ranks on this machine reached the cell's first step: where the time went
+        (a :class:`~nbtrain.launch.observers.coldstart.ColdStart`); before :meth:`run_finished`."""
+
     def run_finished(self, status: RunState, summary: str) -> None:
         """``status``: :attr:`RunState.FINISHED`, ``FAILED`` or ``INTERRUPTED``; ``summary``: one line for people."""
 
