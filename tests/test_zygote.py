@@ -194,3 +194,20 @@ def test_an_env_read_when_an_interpreter_starts_gets_spawned_ranks_and_says_so(f
     assert ns["parent"] == os.getpid() and str(tmp_path) in ns["found"]
     assert "PYTHONPATH differs from the zygote's, and an interpreter reads it when it starts" in out.text(), out.text()
     assert fresh_pools.starter.zygote.why_not() == "", "the next cell without it forks again"
+
+
+THREADS = """
+import ctypes, numpy, torch
+path = next(line.split()[-1] for line in open("/proc/self/maps") if "openblas" in line.rsplit("/", 1)[-1])
+lib = ctypes.CDLL(path)
+getter = next(getattr(lib, n) for n in ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads") if hasattr(lib, n))
+threads = (torch.get_num_threads(), getter())
+"""
+
+
+def test_forked_ranks_size_their_thread_pools_as_spawned_ones(fresh_pools):
+    import numpy  # noqa: F401  (the zygote loads its OpenBLAS, sized for the zygote's environment)
+
+    forked, _ = run_cell(fresh_pools, THREADS, out="threads", fresh=True, env=("OMP_NUM_THREADS=1",))
+    spawned, _ = run_cell(fresh_pools, THREADS, out="threads", fresh=True, spawn=True, env=("OMP_NUM_THREADS=1",))
+    assert forked["threads"] == spawned["threads"] == (1, 1)

@@ -20,8 +20,8 @@ loads) and asks it for ranks. The zygote:
 A forked rank (:func:`_become_rank`) becomes what a spawned rank is: its own session, the stdin/stdout/stderr
 pipes the kernel made for it (the channel's key arrives on stdin, exactly as for a spawned rank — never in
 the request or the environment), the environment a spawned rank gets, the kernel's directory, random
-generators seeded from the system as a fresh interpreter seeds them, the intra-op thread count its
-``OMP_NUM_THREADS`` asks for, none of the zygote's descriptors or signal handlers; then it runs the same
+generators seeded from the system as a fresh interpreter seeds them, the intra-op thread counts (torch's, and
+numpy's OpenBLAS) its ``OMP_NUM_THREADS`` asks for, none of the zygote's descriptors or signal handlers; then it runs the same
 :func:`nbtrain.worker.main.main`, and its exit (atexit handlers, flushed streams) is a normal interpreter's.
 """
 
@@ -170,11 +170,41 @@ def _become_rank(request: dict, fds: list[int], closing: tuple[int, ...], start_
     sys.argv = [_MAIN_FILE]
     stop.reset()
     _reseed()
-    threads = os.environ.get("OMP_NUM_THREADS", "")
-    if threads.isdigit() and int(threads) > 0:
-        import torch
+    _thread_counts(os.environ)
 
+
+def _thread_counts(env) -> None:
+    """The intra-op threads a fresh interpreter would start with: libraries the zygote loaded sized their pools
+    from its environment, a spawned rank's from ``OMP_NUM_THREADS`` (torch; numpy's OpenBLAS reads its own
+    variables first)."""
+    import torch
+
+    threads = env.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
         torch.set_num_threads(int(threads))
+    blas = env.get("OPENBLAS_NUM_THREADS") or env.get("GOTO_NUM_THREADS") or threads
+    if blas.isdigit() and int(blas) > 0 and "numpy" in sys.modules:
+        for setter in _openblas_setters():
+            with contextlib.suppress(Exception):
+                setter(int(blas))
+
+
+def _openblas_setters() -> list:
+    """``openblas_set_num_threads`` of each OpenBLAS this process has loaded (numpy's and scipy's bundle one)."""
+    import ctypes
+
+    found = []
+    with open("/proc/self/maps") as maps:
+        paths = {line.split()[-1] for line in maps if "openblas" in line.rsplit("/", 1)[-1]}
+    for path in sorted(paths):
+        with contextlib.suppress(OSError):
+            lib = ctypes.CDLL(path)
+            for name in ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
+                         "openblas_set_num_threads64_", "openblas_set_num_threads"):
+                if hasattr(lib, name):
+                    found.append(getattr(lib, name))
+                    break
+    return found
 
 
 def name_process(name: bytes) -> None:
