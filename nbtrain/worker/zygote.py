@@ -224,7 +224,7 @@ def _reseed() -> None:
     import torch
 
     random.seed()
-    torch.seed()
+    torch.default_generator.seed()  # the CPU's; CUDA's are untouched, as in a fresh interpreter (seeded when used)
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed()
