@@ -31,6 +31,7 @@ NOT_NBTRAINS = {
     ("nbtrain/worker/cellcode.py", "sys.displayhook"): "the interpreter's hook, set for the cell and restored",
     ("nbtrain/worker/cellcode.py", "warnings.formatwarning"): "the interpreter's hook, set for the cell and restored",
     ("nbtrain/worker/main.py", "sys.stdin"): "the rank process's own stdin",
+    ("nbtrain/worker/zygote.py", "sys.argv"): "a rank forked from the zygote: its own command line, as a spawned one's",
     ("nbtrain/worker/prompts.py", "builtins.input"): "the interpreter's hook, set for the cell and restored",
     ("nbtrain/worker/prompts.py", "sys.stdin"): "the interpreter's hook, set for the cell and restored",
     ("nbtrain/worker/prompts.py", "sys.breakpointhook"): "the interpreter's hook, set for the cell and restored",
