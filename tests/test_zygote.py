@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import textwrap
 import time
@@ -24,8 +25,10 @@ from helpers.workers import assert_no_workers
 from nbtrain.launch.lifecycle.run import PoolManager
 from nbtrain.launch.ranks.starter import RankStarter
 from nbtrain.launch.ranks.zygote import Zygote
+from nbtrain.wire import forking
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.environ.get("NBTRAIN_TEST_SPAWN") == "1",
+                                                 reason="NBTRAIN_TEST_SPAWN=1: the pool fixtures have no zygote")]
 
 PARENTS = "import os\nparent, session = os.getppid(), os.getsid(0) == os.getpid()\n"
 
@@ -211,3 +214,11 @@ def test_forked_ranks_size_their_thread_pools_as_spawned_ones(fresh_pools):
     forked, _ = run_cell(fresh_pools, THREADS, out="threads", fresh=True, env=("OMP_NUM_THREADS=1",))
     spawned, _ = run_cell(fresh_pools, THREADS, out="threads", fresh=True, spawn=True, env=("OMP_NUM_THREADS=1",))
     assert forked["threads"] == spawned["threads"] == (1, 1)
+
+
+def test_the_zygote_listens_nowhere_and_hears_only_json(fresh_pools):
+    zygote = fresh_pools.starter.zygote
+    assert zygote.wait_ready()
+    sockets = psutil.Process(zygote.pid).net_connections(kind="all")
+    assert sockets and all(s.family == socket.AF_UNIX and not s.laddr for s in sockets), sockets  # the socketpair only
+    assert psutil.Process(zygote.pid).environ()[forking.ZYGOTE_FD_ENV].isdigit()  # a descriptor's number, no secret
