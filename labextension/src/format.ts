@@ -70,7 +70,8 @@ export function nodeText(node: INode): string {
     parts.push(`CPU ${percent(node.cpu_percent)}`, `RAM ${percent(node.ram_percent)}`);
   }
   for (const gpu of node.gpus) {
-    parts.push(`GPU${gpu.index} ${percent(gpu.utilization)} ${gib(gpu.memory_used)}/${gib(gpu.memory_total)} GiB`);
+    const health = gpu.health ? ` (${gpu.health})` : ''; // clocks, PCIe, NVLink, ECC, Xid: the node's own reading
+    parts.push(`GPU${gpu.index} ${percent(gpu.utilization)} ${gib(gpu.memory_used)}/${gib(gpu.memory_total)} GiB${health}`);
   }
   return parts.join(' · ');
 }

@@ -52,13 +52,13 @@ export interface INodeGpu {
   health: string; // its health line as the node read it (clocks, PCIe, NVLink, ECC, Xid); "" from older agents
 }
 
-/** A machine of a `--nodes` run: what its heartbeats say (telemetry null before the first one). */
 /** A run's state: nbtrain.launch.observers.events.RunState's values (tests/test_lab_contract.py checks they agree). */
 export type RunState = 'starting' | 'running' | 'finished' | 'failed' | 'interrupted';
 
 /** A joined node's state: nbtrain.cluster.hub.NodeState's values, or lost. */
 export type NodeState = 'idle' | 'running' | 'lost';
 
+/** A machine of a `--nodes` run: what its heartbeats say (telemetry null before the first one). */
 export interface INode {
   name: string;
   host: string;
