@@ -106,7 +106,7 @@ def test_a_cpu_run_with_a_price_carries_its_core_hours_in_the_summary_and_runs(s
     import nbtrain
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    shell.run_cell("%%distributed 2 --cpu --no-dashboard --price-per-gpu-hour 3600\nimport time\ntime.sleep(0.5)\n"
+    shell.run_cell("%%distributed 2 --cpu --no-dashboard --price-per-gpu-hour 3600\nimport time\ntime.sleep(2.0)\n"
                    ).raise_error()
     summary = capsys.readouterr().out
     cores = metering_for(spec(nprocs=2)).count

@@ -16,8 +16,8 @@ zygote, which reaps its children). Signals go to the pid and its session, as for
 A fork is refused, and the rank spawned instead with the reason in the cell, when the zygote cannot fork soundly
 (:meth:`Zygote.why_not`): no ``fork`` on this platform, the zygote died or never started, it saw CUDA
 initialised or a thread started by a library it imported for the notebook, or the rank's environment differs
-from the zygote's in what an interpreter reads when it starts (``PYTHON*``, ``LD_*``, ``TORCH_*``,
-``MPLBACKEND``: ``--env`` or the notebook changed it).
+from the zygote's in what an interpreter, its C library or torch reads when it starts (``PYTHON*``, ``LD_*``,
+``TORCH_*``, ``MPLBACKEND``, ``MALLOC_*``, ``GLIBC_TUNABLES``: ``--env`` or the notebook changed it).
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ from .interpreter import interpreter_env
 
 READY_WAIT_S = 60.0  # a first cell right after %load_ext waits this long at most for torch's import
 REPLY_WAIT_S = 30.0  # a fork request's answer (it includes importing the notebook's new packages)
-START_TIME_KEYS = ("PYTHON", "LD_", "TORCH_", "MPLBACKEND")  # read when an interpreter (or torch) starts
+# read when an interpreter, its C library (malloc's tunables) or torch starts: a forked rank would ignore them
+START_TIME_KEYS = ("PYTHON", "LD_", "TORCH_", "MPLBACKEND", "MALLOC_", "GLIBC_TUNABLES")
 KERNEL_MACHINERY = frozenset({  # what the kernel imports to be a kernel, not for the notebook's code
     "IPython", "ipykernel", "ipywidgets", "ipython_genutils", "jupyter_client", "jupyter_core", "zmq", "tornado",
     "traitlets", "debugpy", "comm", "matplotlib_inline", "jedi", "parso", "prompt_toolkit", "pygments", "pexpect",
