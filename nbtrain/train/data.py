@@ -9,6 +9,9 @@ The epoch advances by itself: each time the loader is iterated again it calls ``
 number, so every epoch has a new order (the forgotten ``set_epoch`` call that makes every epoch identical
 cannot happen). ``loader.epoch`` is the epoch of the pass in progress (or the next one).
 
+Before it hands out a batch with no accumulation window open, it is where a preemption notice's checkpoint is
+saved (:mod:`nbtrain.train.preemption`): the previous step and what was logged for it are done.
+
 While it is iterated, the loader knows which batch is its last, so a gradient-accumulation window never
 spans two epochs (:mod:`nbtrain.train.accumulate`). Its position (epoch, batches read) is saved in
 checkpoints; a loader resumed mid-epoch skips the batches already seen by index, without loading them.
@@ -28,6 +31,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
+from . import preemption
 from .checkpoint import restore_loader
 from .state import PreparedError, TrainContext, unwrapped
 
@@ -81,6 +85,8 @@ class PreparedLoader(DataLoader):
         try:
             current = next(iterator, _END)
             while current is not _END:
+                if self._context is not None and accum is not None and (accum.closing or not accum.backward_used):
+                    preemption.at_boundary(self._context)  # a notice: the checkpoint goes here (train/preemption.py)
                 following = next(iterator, _END)
                 self.at_last_batch = following is _END
                 self.batches_read += 1

@@ -28,6 +28,7 @@ import weakref
 
 import torch
 
+from . import preemption
 from .checkpoint import restore_optimizer, restore_scheduler
 from .state import TrainContext, unwrapped
 
@@ -97,6 +98,8 @@ class PreparedOptimizer(torch.optim.Optimizer):
             context.step += 1
             context.steps_skipped += int(self.step_was_skipped)
             context.accum.on_step()
+            if not context.accum.active_loaders:  # no prepared loader to save before its next batch
+                preemption.at_boundary(context)
         return result
 
     def __reduce__(self):  # pickled (brought back to the notebook): the plain optimizer travels

@@ -18,9 +18,9 @@ before any process started (``run_source`` also calls it again for ``--max-resta
    down — within 2 s, not at the collective timeout — and :class:`~nbtrain.launch.diagnostics.failures.RankFailedError` is raised;
 6. uneven collectives (some ranks finished the cell, the others wait in a collective for them): found
    within a few seconds by :mod:`nbtrain.launch.diagnostics.mismatch` and reported as a failure naming the collective and line;
-7. the stop button (KeyboardInterrupt in the kernel): :mod:`.stopping` sends one SIGINT to each process of
-   the pool, then SIGTERM, then SIGKILL, well within 3 s; the pool is discarded and KeyboardInterrupt
-   re-raised.
+7. a preemption notice: :mod:`.preemption` has every rank save a checkpoint at its next step, then lets it go;
+8. the stop button (KeyboardInterrupt in the kernel): :mod:`.stopping` sends one SIGINT to each process of
+   the pool, then SIGTERM, then SIGKILL, well within 3 s; the pool is discarded, KeyboardInterrupt re-raised.
 
 Nothing is assigned into the notebook unless the run succeeded; what the ranks logged is kept either way:
 a failure's or a stop's exception carries it as ``.history`` (the magic then sets the notebook's ``history``).
@@ -53,6 +53,7 @@ from ..relay.stdin import PendingPrompts
 from ..request.cell import CELL_FILENAME, CellInfo, names_to_return
 from ..request.config import DEFAULT_KEEP_ALIVE_S, LaunchConfig, PoolSpec
 from ..request.notebook_modules import Workdir, fresh_ranks_note, notebook_workdir, stale_modules
+from .preemption import PreemptionWatch
 from .sessions import SESSION_FAILURE_GRACE_S, SessionTable, ended_sentence, kept_sentence, stale_note, stuck_sentence
 from .stopping import stop_button, stop_run
 from .waiting import WAITING_EVERY_S, start_timeout_account, waiting_line
@@ -222,6 +223,7 @@ class _Run:
         self.nodes_told_states: tuple[str, ...] = ()
         self.waiting_told_at = 0.0  # a restart waiting for nodes: when it last said so
         self.mismatch = MismatchWatcher(pool, job.filename, info.source, info.line_offset)
+        self.preemption = PreemptionWatch(self)  # a machine about to go: a checkpoint first (.preemption)
 
     @property
     def nprocs(self) -> int:
@@ -242,6 +244,7 @@ class _Run:
             self._send_job_when_connected()
             now = time.monotonic()
             self._tell_nodes(now)
+            self.preemption.tick(now)
             if self.first_failure_at is not None:  # a rank failed
                 if now - self.first_failure_at >= self.failure_grace or len(self.failures) == self.nprocs:
                     return
@@ -348,6 +351,8 @@ class _Run:
         elif isinstance(msg, P.Failed) and msg.job_id == self.job.job_id:
             self.raised.add(rank)
             self._fail(rank, msg.error)
+        elif isinstance(msg, (P.PreemptNotice, P.PreemptSaved)):
+            self.preemption.hear(rank, msg)
 
     def _fail(self, rank: int, cause: P.RemoteError | int, diagnosis: str | None = None) -> None:
         """Rank ``rank`` failed (an exception it reported, or its exit code): the pool is done for."""
@@ -491,7 +496,5 @@ def _bring_back(namespace: dict, run: _Run, warm: bool, seconds: float, deleted=
         returned=tuple(values), skipped=skipped,
         moved_to_cpu=tuple(results.moved_to_cpu) if results is not None else (),
         seconds=seconds, rank_seconds={r: d.seconds for r, d in sorted(run.done.items())},
-        devices=run.pool.devices, warm=warm, backend=run.pool.spec.backend, history=run.history, notes=list(run.inputs.notes),
-        profiles=run.profiles,
-        setup=run.setup,
-    )
+        devices=run.pool.devices, warm=warm, backend=run.pool.spec.backend, history=run.history,
+        notes=list(run.inputs.notes), profiles=run.profiles, setup=run.setup)

@@ -37,6 +37,7 @@ DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_START_TIMEOUT_S = 180.0
 DEFAULT_LAST_CALL_S = 3.0  # --nodes MIN:MAX: once MIN nodes joined, how long more may join (torch elastic: last_call_timeout)
 DEFAULT_KEEP_ALIVE_S = 900.0
+DEFAULT_PREEMPTION_GRACE_S = 25.0  # a preemption notice: how long the ranks have to save (AWS gives 120 s, GCP 30 s)
 SESSION_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 
 
@@ -117,6 +118,10 @@ class LaunchRequest:
     max_restarts: int | None = option(
         None, "--max-restarts", "restart the ranks from the last checkpoint up to K times when a rank dies "
         "(needs --checkpoint)", group="training", type=int, metavar="K")
+    preemption_grace: float | None = option(
+        None, "--preemption-grace", "after a preemption notice (SIGTERM, a cloud's reclaim notice), how long the ranks "
+        "have to save a checkpoint at their next step before the machine is let go (default 25)", group="training",
+        type=float, metavar="SECONDS", env="NBTRAIN_PREEMPTION_GRACE")
     tensorboard: str | None = option(
         None, "--tensorboard", "write every nbtrain.log() series as TensorBoard events, each rank's in DIR/rank<k> "
         "(relative to the notebook's current directory; needs the tensorboard package)", group="tracking",
@@ -190,6 +195,7 @@ class LaunchConfig:
     workdir: Workdir | None = None  # the notebook's directory and sys.path when the cell runs (each Job)
     tensorboard: str | None = None  # absolute --tensorboard DIR (see nbtrain.launch.observers.trackers)
     session: str = ""  # --session: the namespace kept on the ranks that the cell runs in; "" = a fresh one
+    preemption_grace_s: float = DEFAULT_PREEMPTION_GRACE_S  # a notice's checkpoint must be written within this
 
     @property
     def shown_rank(self) -> int | None:
@@ -410,6 +416,9 @@ def _finish(request: LaunchRequest, pool: PoolSpec, output: str, workdir: Workdi
     except TrainSettingsError as exc:
         raise ConfigError(str(exc)) from None
     start_timeout = DEFAULT_START_TIMEOUT_S if request.start_timeout is None else float(request.start_timeout)
+    grace = DEFAULT_PREEMPTION_GRACE_S if request.preemption_grace is None else float(request.preemption_grace)
+    if grace <= 0:
+        raise ConfigError(f"--preemption-grace must be a positive number of seconds (got {request.preemption_grace}).")
     try:
         tensorboard = tensorboard_dir(request.tensorboard, workdir.cwd) if request.tensorboard is not None else None
     except TrackerSetupError as exc:
@@ -438,4 +447,4 @@ def _finish(request: LaunchRequest, pool: PoolSpec, output: str, workdir: Workdi
                           "Leave out one of them.")
     return LaunchConfig(pool, _parse_names(request.out), output, keep_alive, request.fresh,
                         start_timeout_s=start_timeout, notes=tuple(notes), train=train, workdir=workdir,
-                        tensorboard=tensorboard, session=session)
+                        tensorboard=tensorboard, session=session, preemption_grace_s=grace)

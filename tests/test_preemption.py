@@ -1,0 +1,119 @@
+"""Preemption notices: a checkpoint at the next step, then the machine goes — and the run goes on from there.
+
+On one machine (2 CPU ranks, gloo): SIGTERM to a rank from outside (a container stopping) makes every rank save
+at the next step boundary and the cell end saying why; running the cell again resumes, and the whole curve is
+the uninterrupted run's. Without ``--checkpoint`` the notice is said at once with how to set one; a notice during
+a checkpoint write leaves that checkpoint whole. The node agent's metadata poller reads the three clouds' formats
+from an HTTP server on 127.0.0.1; emulated nodes (``tests/test_preemption_nodes.py``) carry the rest.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+
+import pytest
+import torch
+from helpers.preempt_cells import progress, signal_at_step, training_cell
+from helpers.runhelp import Captured, run_cell
+
+from nbtrain.launch.diagnostics.failures import RankFailedError
+from nbtrain.launch.request.config import ConfigError, LaunchRequest, resolve
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _checkpoint_step(path) -> int:
+    return torch.load(path, map_location="cpu", weights_only=False)["step"]
+
+
+def test_preempt_sigterm_to_a_rank_saves_at_the_next_step_and_the_cell_ends_saying_why(fresh_pools, tmp_path):
+    marks, ckpt = tmp_path / "marks", tmp_path / "ckpt"
+    cell = training_cell(marks, epochs=3, samples=64)  # 8 steps an epoch per rank, 24 in all
+    sent = signal_at_step(marks, rank=1, step=11)  # mid-epoch 1: its end-of-epoch save is not the one
+    output = Captured()
+    with pytest.raises(RankFailedError) as failed:
+        run_cell(fresh_pools, cell, write=output, checkpoint=str(ckpt))
+    text, report = output.text(), str(failed.value)
+    assert re.search(r"nbtrain: rank 1 got SIGTERM from outside at \d\d:\d\d:\d\d \(the container or job is being "
+                     r"stopped\); saving a checkpoint at the next step \(within 25 s, --preemption-grace\)", text), text
+    saved = _checkpoint_step(ckpt / "checkpoint.pt")
+    assert sent["step"] <= saved <= sent["step"] + 2, (sent, saved)  # the next step (the signal lands in a sleep)
+    assert re.search(rf"checkpoint at step {saved} saved in \d+\.\d s \(\d+\.\d s after the notice\); the ranks were "
+                     rf"stopped; run the cell again to resume from {re.escape(str(ckpt / 'checkpoint.pt'))}", report), report
+    assert progress(marks, 0)[1] == saved and progress(marks, 1)[1] == saved  # no step after the checkpoint
+
+    # again, as the message says: the run resumes there, and the curve is the uninterrupted run's
+    ns, resumed = run_cell(fresh_pools, cell, checkpoint=str(ckpt), out="steps")
+    ns_whole, whole = run_cell(fresh_pools, cell, checkpoint=str(tmp_path / "whole"), out="steps")
+    assert ns["steps"] == ns_whole["steps"] == 24
+    curve, expected = resumed.history.series("loss", rank=0), whole.history.series("loss", rank=0)
+    assert curve.steps == list(range(24))  # no step repeated, none missing
+    assert curve.values == pytest.approx(expected.values, abs=1e-6)
+
+
+def test_preempt_without_a_checkpoint_says_so_at_once_with_how_to_set_one(fresh_pools, tmp_path):
+    marks = tmp_path / "marks"
+    signal_at_step(marks, rank=1, step=3)
+    output = Captured()
+    said: list[float] = []
+
+    def write(stream: str, text: str) -> None:
+        output(stream, text)
+        if "nothing can be saved" in text:
+            said.append(time.monotonic())
+
+    ns, _ = run_cell(fresh_pools, training_cell(marks, epochs=2, samples=32, save=False), write=write, out="steps")
+    text = output.text()
+    assert re.search(r"rank 1 got SIGTERM from outside at \d\d:\d\d:\d\d \(the container or job is being stopped\); "
+                     r"nothing can be saved: this cell has no --checkpoint\. Run it with --checkpoint DIR", text), text
+    assert ns["steps"] == 8  # nothing else changes: the machine goes when it goes
+
+
+def test_preempt_during_a_checkpoint_write_leaves_it_whole(fresh_pools, tmp_path):
+    """SIGTERM lands on rank 0 while it writes an epoch's checkpoint (to a folder of its own, with a 64 MB value
+    that makes the write last): that write finishes whole, and the notice's checkpoint follows at the next step."""
+    marks, ckpt, epochs = tmp_path / "marks", tmp_path / "ckpt", tmp_path / "epochs"
+    cell = training_cell(marks, epochs=3, samples=64, extra=f"{str(epochs)!r}, blob=torch.ones(16 * 2**20)")
+    hit: list[str] = []
+
+    def sigterm_mid_write() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not hit:
+            writing = list(epochs.glob(".checkpoint.pt.tmp-*")) if epochs.exists() else []
+            if writing and (seen := progress(marks, 0)) is not None:
+                os.kill(seen[0], signal.SIGTERM)
+                hit.append(writing[0].name)
+            time.sleep(0.002)
+
+    epochs.mkdir()
+    threading.Thread(target=sigterm_mid_write, daemon=True).start()
+    with pytest.raises(RankFailedError) as failed:
+        run_cell(fresh_pools, cell, checkpoint=str(ckpt))
+    assert hit, "the write was never caught in progress"
+    written = torch.load(epochs / "checkpoint.pt", map_location="cpu", weights_only=False)
+    assert written["step"] == 8 and written["extra"]["blob"].numel() == 16 * 2**20  # whole
+    assert not list(epochs.glob(".checkpoint.pt.tmp-*"))
+    assert _checkpoint_step(ckpt / "checkpoint.pt") == 9  # then the notice's, at the next step
+    assert "checkpoint at step 9 saved" in str(failed.value), str(failed.value)
+
+
+def test_preempt_grace_is_checked_before_anything_starts():
+    with pytest.raises(ConfigError, match=r"--preemption-grace must be a positive number of seconds \(got 0.0\)"):
+        resolve(LaunchRequest(nprocs=2, cpu=True, preemption_grace=0.0))
+    assert resolve(LaunchRequest(nprocs=2, cpu=True, preemption_grace=60)).preemption_grace_s == 60.0
+    assert resolve(LaunchRequest(nprocs=2, cpu=True)).preemption_grace_s == 25.0
+
+
+def test_preempt_the_kernels_own_sigterm_is_no_notice(fresh_pools, tmp_path):
+    """A failed rank's pool is torn down with SIGTERM; the others go at once, without a notice's line."""
+    output = Captured()
+    started = time.monotonic()
+    with pytest.raises(RankFailedError):
+        run_cell(fresh_pools, "import time\nif rank == 1:\n    raise ValueError('boom')\ntime.sleep(60)\n",
+                 write=output, checkpoint=str(tmp_path / "ckpt"))
+    assert time.monotonic() - started < 20
+    assert "SIGTERM" not in output.text(), output.text()
