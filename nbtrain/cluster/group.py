@@ -153,6 +153,8 @@ class NodePool(GroupState):
         if self._started:
             return ""
         joined = self.hub.idle_nodes()
+        if self.requested.min_nodes and len(joined) >= self.requested.min_nodes:
+            return ""  # elastic, enough there: the group forms after the last call, no node is missing
         have = ", ".join(f"{n.name} from {n.address}" for n in joined) or "none"
         return f"{len(joined)} of {self._wanted()} nodes joined ({have})"
 

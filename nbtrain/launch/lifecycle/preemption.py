@@ -35,6 +35,10 @@ def _clock(unix: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(unix))
 
 
+def _seconds(value: float) -> str:
+    return f"{value:.2f} s" if value < 1 else f"{value:.1f} s"
+
+
 def notice_text(notice: P.PreemptNotice, label: str) -> str:
     """``node b: spot reclaim notice at 12:03:41 (AWS, the machine goes at 12:05:41)``."""
     ends = f", the machine goes at {_clock(notice.ends_at)}" if notice.ends_at else ""
@@ -63,8 +67,8 @@ class PreemptionWatch:
             self._notice(rank, message)
         elif isinstance(message, P.PreemptSaved) and message.job_id == self.run.job.job_id and self.first:
             elapsed = time.monotonic() - self.first[1]
-            self._let_go(f"checkpoint at step {message.step} saved in {message.seconds:.1f} s "
-                         f"({elapsed:.1f} s after the notice)", message.path)
+            self._let_go(f"checkpoint at step {message.step} saved in {_seconds(message.seconds)} "
+                         f"({_seconds(elapsed)} after the notice)", message.path)
 
     def _notice(self, rank: int, notice: P.PreemptNotice) -> None:
         if notice.node and notice.node not in self.nodes:
@@ -94,14 +98,23 @@ class PreemptionWatch:
             self._let_go(f"no checkpoint within {self.run.config.preemption_grace_s:.0f} s (--preemption-grace): "
                          "the ranks reached no step of a prepared DataLoader or optimizer", None)
 
+    def finished(self) -> None:
+        """The cell ended before the ranks' next step: nothing to save; noticed nodes leave all the same."""
+        if self.first is None or self.done:
+            return
+        self.done = True
+        release = getattr(self.run.pool, "release_node", None)
+        self._say(f"{self.first[0]}; the cell ended before its next step" + (f"; {self._leaving()}" if release else ""))
+        for name in self.nodes if release is not None else ():
+            release(name, self.first[0])
+
     def _let_go(self, saved: str, path: str | None) -> None:
         assert self.first is not None
         self.done = True
         account = f"{self.first[0]}; {saved}"
         release = getattr(self.run.pool, "release_node", None)
         if self.nodes and release is not None:
-            self._say(f"{account}; {'nodes' if len(self.nodes) > 1 else 'node'} {', '.join(self.nodes)} "
-                      f"{'leave' if len(self.nodes) > 1 else 'leaves'}")
+            self._say(f"{account}; {self._leaving()}")
             for name in self.nodes:
                 for event in release(name, account):
                     self.run._handle(event)
@@ -113,6 +126,10 @@ class PreemptionWatch:
         self.run.failures.setdefault(rank, failure)
         self.run.first_failure_at = self.run.first_failure_at or time.monotonic()
         self.run.pool.mark_broken()
+
+    def _leaving(self) -> str:
+        many = len(self.nodes) > 1
+        return f"{'nodes' if many else 'node'} {', '.join(self.nodes)} {'leave' if many else 'leaves'}"
 
     def _say(self, text: str) -> None:
         self.run.relay.write_direct("stderr", f"nbtrain: {text}\n")

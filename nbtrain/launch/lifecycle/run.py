@@ -253,8 +253,8 @@ class _Run:
             elif len(self.done) == self.nprocs:
                 self.all_done_at = self.all_done_at or now
                 if all(self.relay.ended(r, self.job.job_id) for r in range(self.nprocs)) or now - self.all_done_at > END_MARK_WAIT_S:
-                    self.relay.flush()
-                    return
+                    self.preemption.finished()
+                    return self.relay.flush()
             elif self.done and (mismatch := self.mismatch.check(set(self.done), now)) is not None:
                 self._fail(min(mismatch.waiting), mismatch.error(), diagnosis=mismatch.message())
             elif not self.pool.ready and now > self.start_deadline:

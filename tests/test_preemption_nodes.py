@@ -1,0 +1,113 @@
+"""Spot reclaims on emulated nodes: the noticed node's ranks save, it leaves, the group re-forms and resumes.
+
+Node agents on 127.0.0.2, .3, .4 (1 rank each, gloo), the training cell of ``helpers/preempt_cells.py``:
+
+* SIGTERM to one of three agents mid-training (``--nodes 2:3 --max-restarts 1``): every rank saves at the next
+  step, the cell says when the notice came and the checkpoint's step and time, the node leaves, the group
+  re-forms with the two that are left and resumes — one curve, no step repeated or missing;
+* a cloud's notice (AWS's format, from an HTTP server on 127.0.0.1) to one of two agents polling it
+  (``--nodes 2``): the same, with a replacement node joining; the world size stays 2, so the curve is the
+  uninterrupted run's, value for value.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import subprocess
+import threading
+import time
+
+import pytest
+import torch
+from helpers.metadata import MetadataServer
+from helpers.preempt_cells import progress, signal_at_step, training_cell
+from helpers.runhelp import Captured
+
+from nbtrain.launch.lifecycle.entry import run_source
+from nbtrain.launch.request.config import LaunchRequest
+
+pytestmark = pytest.mark.timeout(400)
+
+
+def _request(tmp_path, nodes: str, **options) -> LaunchRequest:
+    options.setdefault("last_call", 1.0 if ":" in nodes else None)
+    return LaunchRequest(nodes=nodes, nproc_per_node=1, rdzv_host="127.0.0.1", cpu=True, start_timeout=120,
+                         checkpoint=str(tmp_path / "ckpt"), out="steps,world", **options)
+
+
+def test_preempt_sigterm_to_one_of_three_agents_re_forms_with_two_and_resumes(nodes, tmp_path, capsys):
+    for address in ("127.0.0.2", "127.0.0.3", "127.0.0.4"):
+        nodes.start(address)
+    nodes.wait_joined(3)
+    marks = tmp_path / "marks"
+    cell = training_cell(marks, epochs=2, samples=48, step_s=0.5)  # 3 ranks: 4 steps an epoch; then 2 ranks: 6
+    sent = signal_at_step(marks, rank=1, step=2, to_parent=True)  # the agent: SIGTERM, as a cloud or Slurm sends
+    output, ns = Captured(), {}
+    result = run_source(cell, _request(tmp_path, "2:3", max_restarts=1), ns, manager=nodes.manager, write=output)
+    text = capsys.readouterr().out + output.text()
+    notice = re.search(r"nbtrain: node (\w): SIGTERM at (\d\d:\d\d:\d\d) \(the machine is being stopped: a "
+                       r"preemption, Slurm, Kubernetes\); saving a checkpoint at the next step", text)
+    assert notice, text
+    saved = re.search(rf"nbtrain: node {notice.group(1)}: SIGTERM at {notice.group(2)} \(.*?\); checkpoint at step "
+                      rf"(\d+) saved in \d+\.\d+ s \(\d+\.\d+ s after the notice\); node {notice.group(1)} leaves", text)
+    assert saved, text
+    step = int(saved.group(1))
+    assert sent["step"] <= step <= sent["step"] + 1, (sent, step)  # within one step of the notice
+    assert "lost" not in text, text  # it left on purpose
+    assert "the group forms with 2 nodes of 2–3" in text and "(restart 1 of 1)" in text, text
+    assert ns["world"] == 2
+    curve = result.history.series("loss", rank=0)
+    assert curve.steps == list(range(ns["steps"])), curve.steps  # one curve: nothing repeated, nothing missing
+    assert len(nodes.hub.live_nodes()) == 2  # the noticed agent left with its ranks
+
+
+def test_preempt_an_aws_notice_to_a_polling_agent_resumes_on_a_replacement_as_if_uninterrupted(nodes, tmp_path, capsys):
+    server = MetadataServer("AWS")
+    try:
+        env_url = {"NBTRAIN_PREEMPTION_URL": server.url, "NBTRAIN_PREEMPTION_POLL_S": "0.1"}
+        nodes.start("127.0.0.2")
+        agent = nodes.start("127.0.0.3", env_url)
+        nodes.wait_joined(2)
+        marks = tmp_path / "marks"
+        cell = training_cell(marks, epochs=2, samples=32, step_s=0.3)  # 2 ranks: 4 steps an epoch, 8 in all
+        restarted: list[bool] = []
+
+        def write(stream: str, text: str) -> None:
+            output(stream, text)
+            if "restarting the ranks" in text and not restarted:
+                restarted.append(True)
+                nodes.start("127.0.0.4")  # the replacement machine joins
+
+        output, ns = Captured(), {}
+        _announce_at_step(server, marks, step=5)
+        result = run_source(cell, _request(tmp_path, "2", max_restarts=1), ns, manager=nodes.manager, write=write)
+        text = capsys.readouterr().out + output.text()
+        assert re.search(r"nbtrain: node \w: spot reclaim notice at \d\d:\d\d:\d\d \(AWS, the machine goes at "
+                         r"\d\d:\d\d:\d\d\); saving a checkpoint at the next step", text), text
+        assert re.search(r"checkpoint at step \d saved in .*; node \w leaves", text) and "(restart 1 of 1)" in text, text
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            agent.wait(30)
+        assert agent.returncode == 0, (text, nodes.consoles())  # it left when the kernel said so
+        whole_ns: dict = {}
+        whole = run_source(cell.replace("time.sleep(0.3)", "time.sleep(0.01)"), _request(tmp_path / "whole", "2"), whole_ns, manager=nodes.manager, write=Captured())
+        assert ns["steps"] == whole_ns["steps"] == 8 and ns["world"] == 2
+        curve, expected = result.history.series("loss", rank=0), whole.history.series("loss", rank=0)
+        assert curve.steps == list(range(8))
+        assert curve.values == pytest.approx(expected.values, abs=1e-6)
+        assert torch.load(tmp_path / "ckpt" / "checkpoint.pt", weights_only=False)["step"] == 8
+    finally:
+        server.close()
+
+
+def _announce_at_step(server: MetadataServer, marks, step: int) -> None:
+    def watch() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            seen = progress(marks, 1)
+            if seen is not None and seen[1] >= step:
+                server.announce()
+                return
+            time.sleep(0.01)
+
+    threading.Thread(target=watch, daemon=True).start()
