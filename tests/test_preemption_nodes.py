@@ -20,6 +20,7 @@ import time
 
 import pytest
 import torch
+from helpers.kernelhelp import nbtrain_kernel
 from helpers.metadata import MetadataServer
 from helpers.preempt_cells import progress, signal_at_step, training_cell
 from helpers.runhelp import Captured
@@ -36,30 +37,31 @@ def _request(tmp_path, nodes: str, **options) -> LaunchRequest:
                          checkpoint=str(tmp_path / "ckpt"), out="steps,world", **options)
 
 
-def test_preempt_sigterm_to_one_of_three_agents_re_forms_with_two_and_resumes(nodes, tmp_path, capsys):
-    for address in ("127.0.0.2", "127.0.0.3", "127.0.0.4"):
-        nodes.start(address)
-    nodes.wait_joined(3)
-    marks = tmp_path / "marks"
+def test_preempt_sigterm_to_one_of_three_agents_re_forms_with_two_and_resumes(tmp_path):
+    """Through a kernel (nbclient), three emulated nodes: the cell's own output says it all."""
+    marks, ckpt = tmp_path / "marks", tmp_path / "ckpt"
     cell = training_cell(marks, epochs=2, samples=48, step_s=0.5)  # 3 ranks: 4 steps an epoch; then 2 ranks: 6
-    sent = signal_at_step(marks, rank=1, step=2, to_parent=True)  # the agent: SIGTERM, as a cloud or Slurm sends
-    output, ns = Captured(), {}
-    result = run_source(cell, _request(tmp_path, "2:3", max_restarts=1), ns, manager=nodes.manager, write=output)
-    text = capsys.readouterr().out + output.text()
-    notice = re.search(r"nbtrain: node (\w): SIGTERM at (\d\d:\d\d:\d\d) \(the machine is being stopped: a "
-                       r"preemption, Slurm, Kubernetes\); saving a checkpoint at the next step", text)
-    assert notice, text
-    saved = re.search(rf"nbtrain: node {notice.group(1)}: SIGTERM at {notice.group(2)} \(.*?\); checkpoint at step "
-                      rf"(\d+) saved in \d+\.\d+ s \(\d+\.\d+ s after the notice\); node {notice.group(1)} leaves", text)
-    assert saved, text
-    step = int(saved.group(1))
-    assert sent["step"] <= step <= sent["step"] + 1, (sent, step)  # within one step of the notice
-    assert "lost" not in text, text  # it left on purpose
-    assert "the group forms with 2 nodes of 2–3" in text and "(restart 1 of 1)" in text, text
-    assert ns["world"] == 2
-    curve = result.history.series("loss", rank=0)
-    assert curve.steps == list(range(ns["steps"])), curve.steps  # one curve: nothing repeated, nothing missing
-    assert len(nodes.hub.live_nodes()) == 2  # the noticed agent left with its ranks
+    with nbtrain_kernel() as kernel:
+        kernel.run("%distributed_nodes --rdzv-host 127.0.0.1 --emulate 3", timeout=120)
+        sent = signal_at_step(marks, rank=1, step=2, to_parent=True)  # the agent: SIGTERM, as a cloud or Slurm sends
+        reply, text = kernel.execute(f"%%distributed --nodes 2:3 --rdzv-host 127.0.0.1 --cpu --last-call 1 "
+                                     f"--start-timeout 120 --checkpoint {ckpt} --max-restarts 1\n{cell}", timeout=300)
+        assert reply["status"] == "ok", text
+        notice = re.search(r"nbtrain: node (\w): SIGTERM at (\d\d:\d\d:\d\d) \(the machine is being stopped: a "
+                           r"preemption, Slurm, Kubernetes\); saving a checkpoint at the next step", text)
+        assert notice, text
+        saved = re.search(rf"nbtrain: node {notice.group(1)}: SIGTERM at {notice.group(2)} \(.*?\); checkpoint at "
+                          rf"step (\d+) saved in \d+\.\d+ s \(\d+\.\d+ s after the notice\); node {notice.group(1)} "
+                          r"leaves", text)
+        assert saved, text
+        step = int(saved.group(1))
+        assert sent["step"] <= step <= sent["step"] + 1, (sent, step)  # within one step of the notice
+        assert "lost" not in text and "replace" not in text, text  # it left on purpose; 2 are enough
+        assert "the group forms with 2 nodes of 2–3" in text and "(restart 1 of 1)" in text, text
+        checks = kernel.run("print(world, history['loss'].steps == list(range(steps)), steps)")
+        assert checks.split() == ["2", "True", "12"], checks  # epoch 0 goes on at its batch, over 6 a rank now
+        nodes = kernel.run("%distributed_nodes")
+        assert len(re.findall(r"^node \w:", nodes, re.M)) == 2, nodes  # the noticed agent left with its ranks
 
 
 def test_preempt_an_aws_notice_to_a_polling_agent_resumes_on_a_replacement_as_if_uninterrupted(nodes, tmp_path, capsys):
