@@ -104,8 +104,10 @@ class PreemptionWatch:
             return
         self.done = True
         release = getattr(self.run.pool, "release_node", None)
-        self._say(f"{self.first[0]}; the cell ended before its next step" + (f"; {self._leaving()}" if release else ""))
-        for name in self.nodes if release is not None else ():
+        if release is None or not self.nodes:
+            return self._say(f"{self.first[0]}; the cell ended before its next step")
+        self._say(f"{self.first[0]}; the cell ended before its next step; {self._leaving()}")
+        for name in self.nodes:
             release(name, self.first[0])
 
     def _let_go(self, saved: str, path: str | None) -> None:
