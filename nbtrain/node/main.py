@@ -46,6 +46,7 @@ from .token import read_token
 
 HEARTBEAT_S = 1.0
 KERNEL_SILENT_S = 5.0
+NOTICE_CHECK_S = 0.05  # how soon a SIGTERM goes to the kernel (a signal handler cannot use the link's locks)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -95,7 +96,7 @@ def serve(link: Link, name: str, address: str | None, notices: Notices | None = 
     try:
         while True:
             try:
-                message = link.incoming.get(timeout=0.2)
+                message = link.incoming.get(timeout=NOTICE_CHECK_S)
             except queue.Empty:
                 message = ...
             why = _preemption(notices, ranks, link)

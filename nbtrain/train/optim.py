@@ -94,7 +94,8 @@ class PreparedOptimizer(torch.optim.Optimizer):
             result = self.optimizer.step(closure) if closure is not None else self.optimizer.step()
             self.step_was_skipped = False
         self.unscaled = False
-        if not context.accum.closing:  # the first optimizer to step closes the window
+        if not context.accum.closing or not context.accum.backward_used:  # the first optimizer to step closes the
+            # window; without nbtrain.backward() (no --grad-accum) every step is one
             context.step += 1
             context.steps_skipped += int(self.step_was_skipped)
             context.accum.on_step()

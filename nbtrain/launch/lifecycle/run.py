@@ -11,8 +11,7 @@ before any process started (``run_source`` also calls it again for ``--max-resta
    registry, trackers), shows rank 0's displays, asks the notebook for a rank's ``input()`` / pdb line
    (:mod:`nbtrain.launch.relay.stdin`), keeps each rank's ``--profile`` summary, notes each rank's Ready / Loaded / Done /
    Failed and any process exit, and removes the shared-memory input files once every rank has loaded its inputs;
-4. success: the results rank 0 sent are unpickled into the notebook's namespace; the pool stays warm for
-   ``keep_alive_s``;
+4. success: the results rank 0 sent are unpickled into the notebook's namespace; the pool stays warm (``keep_alive_s``);
 5. a failure (exception, exit, signal): the other ranks get a moment (:data:`FAILURE_GRACE_S`) to report
    the same error, the unfinished ones are asked where they are (:mod:`nbtrain.launch.diagnostics.stacks`), then the pool is torn
    down — within 2 s, not at the collective timeout — and :class:`~nbtrain.launch.diagnostics.failures.RankFailedError` is raised;
@@ -22,9 +21,9 @@ before any process started (``run_source`` also calls it again for ``--max-resta
 8. the stop button (KeyboardInterrupt in the kernel): :mod:`.stopping` sends one SIGINT to each process of
    the pool, then SIGTERM, then SIGKILL, well within 3 s; the pool is discarded, KeyboardInterrupt re-raised.
 
-Nothing is assigned into the notebook unless the run succeeded; what the ranks logged is kept either way:
-a failure's or a stop's exception carries it as ``.history`` (the magic then sets the notebook's ``history``).
-Output goes through :class:`~nbtrain.launch.relay.output.OutputRelay`, which writes whole lines.
+Nothing is assigned into the notebook unless the run succeeded; what the ranks logged is kept either way: a
+failure's or a stop's exception carries it as ``.history`` (the magic then sets the notebook's ``history``). Output
+goes through :class:`~nbtrain.launch.relay.output.OutputRelay`, which writes whole lines.
 """
 
 from __future__ import annotations
@@ -466,7 +465,8 @@ def _failure(run: _Run, manager: PoolManager, info: CellInfo, code_name) -> Rank
     kept = run.session_survives()
     stopped = [] if kept else [r for r in range(pool.spec.nprocs) if r not in run.failures]
     unfinished = [r for r in stopped if r not in run.done]  # a rank that finished is in nbtrain's loop
-    where = whereabouts(pool, job.filename, info.source, info.line_offset, 0.4, unfinished) if unfinished else {}
+    stuck = [] if run.preemption.done else unfinished  # after a preemption's checkpoint they wait, as they should
+    where = whereabouts(pool, job.filename, info.source, info.line_offset, 0.4, stuck) if stuck else {}
     if kept:
         run.finish_output()
         manager.release(healthy=True, keep_alive_s=run.config.keep_alive_s)
