@@ -64,6 +64,7 @@ class Lines:
 
     def __init__(self) -> None:
         self.saved_at: float | None = None
+        self.restarting_at = 0.0  # the old group is stopped: the restart begins
         self.saved = ""
         self.steps: dict[int, list[tuple[int, float]]] = {0: [], 1: []}
         self.step_reached = threading.Event()
@@ -80,6 +81,8 @@ class Lines:
                     self.step_reached.set()
             elif "saved in" in line and self.saved_at is None:
                 self.saved_at, self.saved = now, line
+            elif "restarting the ranks" in line:
+                self.restarting_at = now
 
 
 def one_round(manager: PoolManager, hub, agents: dict, args, workdir: str) -> dict:
@@ -108,7 +111,7 @@ def one_round(manager: PoolManager, hub, agents: dict, args, workdir: str) -> di
     step_s = statistics.median(b[1] - a[1] for a, b in zip(first[1:], first[2:]))
     assert lines.saved_at is not None
     return {"cold": first[0][1] - started, "notice_to_saved": lines.saved_at - sent["at"], "write": write_s,
-            "step": step_s, "reform": second[0][1] - lines.saved_at,
+            "step": step_s, "reform": second[0][1] - lines.saved_at, "stop": lines.restarting_at - lines.saved_at,
             "lost": max(s for s, _ in first) - saved_step, "notice_step": args.notice_step, "saved_step": saved_step}
 
 
@@ -156,7 +159,7 @@ def _report(results: list[dict], args) -> None:
           f"  checkpoint at step            {', '.join(str(r['saved_step']) for r in results)} "
           f"(notice sent after step {args.notice_step})\n"
           f"  re-form -> first step         {med('reform'):.2f} s  cold start -> first step {med('cold'):.2f} s  "
-          f"ratio {med('reform') / med('cold'):.2f}x (goal <= 1.5x)\n"
+          f"ratio {med('reform') / med('cold'):.2f}x (goal <= 1.5x); of it, stopping the old group {med('stop'):.2f} s\n"
           f"  steps lost per reclaim        {max(r['lost'] for r in results)} (goal 0)")
 
 
