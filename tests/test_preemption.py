@@ -45,7 +45,7 @@ def test_preempt_sigterm_to_a_rank_saves_at_the_next_step_and_the_cell_ends_sayi
     assert re.search(r"nbtrain: rank 1 got SIGTERM from outside at \d\d:\d\d:\d\d \(the container or job is being "
                      r"stopped\); saving a checkpoint at the next step \(within 25 s, --preemption-grace\)", text), text
     saved = _checkpoint_step(ckpt / "checkpoint.pt")
-    assert sent["step"] <= saved <= sent["step"] + 1, (sent, saved)  # the next step (the signal lands in a sleep)
+    assert sent["step"] <= saved <= sent["after"] + 2, (sent, saved)  # the step in progress, or the next
     assert re.search(rf"checkpoint at step {saved} saved in \d+\.\d+ s \(\d+\.\d+ s after the notice\); the ranks were "
                      rf"stopped; run the cell again to resume from {re.escape(str(ckpt / 'checkpoint.pt'))}", report), report
     assert progress(marks, 0)[1] == saved and progress(marks, 1)[1] == saved  # no step after the checkpoint

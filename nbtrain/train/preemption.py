@@ -17,8 +17,9 @@ of the notice at its own moment. The first rank that has heard it at a boundary 
 the process group's store (``compare_set``: the first proposal wins), and every rank reads the store at each
 boundary of a cell that has ``--checkpoint``. DDP and FSDP keep the ranks within one step of each other (a
 step's gradient collective needs them all), so no rank can be past step s + 1 before the rank at step s has
-proposed: all of them save at the same step. One store read per optimizer step is the price (about
-0.1 ms, see docs/benchmarks.md); without ``--checkpoint``, or on one rank, there is no read.
+proposed: all of them save at the same step — the end of the step in progress when the first rank heard of the
+notice, or of the next one. One store read per optimizer step is the price; without ``--checkpoint``, or on one
+rank, there is no read.
 
 **After.** Rank 0 tells the kernel (:class:`~nbtrain.wire.protocol.PreemptSaved`, with the step and how long the
 write took); every rank then waits for the kernel to stop it — no step after the checkpoint is taken, so none is

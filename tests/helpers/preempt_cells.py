@@ -6,7 +6,9 @@ each rank writing ``rank<k>`` in ``marks`` — its pid, its step and its parent'
 Rank 0 assigns ``steps`` (the training state's step at the end) and ``world`` (the world size).
 
 :func:`signal_at_step` waits (in a thread) until a rank has written step ``step`` and sends its process (or
-its parent, a node's agent) a signal: a preemption from outside, at a known point of the run.
+its parent, a node's agent) a signal: a preemption from outside, at a known point of the run. A notice that
+comes while step k is in progress (k - 1 done) is saved at the end of step k + 1 at the latest: the first rank to
+hear it proposes the step after its next boundary (train/preemption.py), so ``after + 2`` bounds the saved step.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def progress(marks: Path, rank: int) -> tuple[int, int, int] | None:
 def signal_at_step(marks: Path, rank: int, step: int, *, to_parent: bool = False,
                    sig: int = signal.SIGTERM) -> dict:
     """From a thread: once ``rank`` reached ``step``, send ``sig`` to it (or its parent). The dict gets ``step``
-    (the rank's step then) and ``at`` (time.time())."""
+    (the rank's step then), ``after`` (its step once the signal was sent) and ``at`` (time.time())."""
     sent: dict = {}
 
     def watch() -> None:
@@ -70,6 +72,7 @@ def signal_at_step(marks: Path, rank: int, step: int, *, to_parent: bool = False
             if seen is not None and seen[1] >= step:
                 sent.update(step=seen[1], at=time.time())
                 os.kill(seen[2] if to_parent else seen[0], sig)
+                sent["after"] = progress(marks, rank)[1]  # the steps done when it was sent, at most
                 return
             time.sleep(0.01)
 
