@@ -20,6 +20,8 @@ reclaim, Slurm's or Kubernetes' SIGTERM. Measured, from the cell's own lines (ra
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import re
 import signal
@@ -106,7 +108,8 @@ def one_round(manager: PoolManager, hub, agents: dict, args, workdir: str) -> di
 
     threading.Thread(target=reclaim, daemon=True).start()
     started = time.time()
-    run_source(cell, request, {}, manager=manager, write=lines)
+    with contextlib.redirect_stdout(io.StringIO()):  # the pool's own lines (the group forms, …): not the report's
+        run_source(cell, request, {}, manager=manager, write=lines)
     first, second = lines.steps[0], lines.steps[1]
     saved_step = int(re.search(r"checkpoint at step (\d+)", lines.saved).group(1))
     write_s = float(re.search(r"saved in ([\d.]+) s", lines.saved).group(1))
