@@ -111,9 +111,10 @@ def one_round(manager: PoolManager, hub, agents: dict, args, workdir: str) -> di
     with contextlib.redirect_stdout(io.StringIO()):  # the pool's own lines (the group forms, …): not the report's
         run_source(cell, request, {}, manager=manager, write=lines)
     first, second = lines.steps[0], lines.steps[1]
-    saved_step = int(re.search(r"checkpoint at step (\d+)", lines.saved).group(1))
-    write_s = float(re.search(r"saved in ([\d.]+) s", lines.saved).group(1))
-    step_s = statistics.median(b[1] - a[1] for a, b in zip(first[1:], first[2:]))
+    saved = re.search(r"checkpoint at step (\d+) saved in ([\d.]+) s", lines.saved)
+    assert saved is not None, "no checkpoint was saved after the notice"
+    saved_step, write_s = int(saved.group(1)), float(saved.group(2))
+    step_s = statistics.median(b[1] - a[1] for a, b in zip(first[1:-1], first[2:], strict=True))
     assert lines.saved_at is not None
     return {"cold": first[0][1] - started, "notice_to_saved": lines.saved_at - sent["at"], "write": write_s,
             "step": step_s, "reform": second[0][1] - lines.saved_at, "stop": lines.restarting_at - lines.saved_at,
