@@ -20,7 +20,7 @@ from datetime import datetime
 import pytest
 import torch
 from helpers.metadata import MetadataServer
-from helpers.preempt_cells import progress, signal_at_step, training_cell
+from helpers.preempt_cells import BLOCKS, progress, signal_at_step, training_cell
 from helpers.runhelp import Captured, run_cell
 
 from nbtrain.launch.diagnostics.failures import RankFailedError
@@ -58,6 +58,23 @@ def test_preempt_sigterm_to_a_rank_saves_at_the_next_step_and_the_cell_ends_sayi
     curve, expected = resumed.history.series("loss", rank=0), whole.history.series("loss", rank=0)
     assert curve.steps == list(range(24))  # no step repeated, none missing
     assert curve.values == pytest.approx(expected.values, abs=1e-6)
+
+
+def test_preempt_a_sharded_run_saves_its_shards_at_the_next_step_and_resumes_from_them(fresh_pools, tmp_path):
+    """--shard (FSDP2 on gloo): the notice's checkpoint is the sharded DCP one, and the cell resumes from it."""
+    marks, ckpt = tmp_path / "marks", tmp_path / "ckpt"
+    cell = training_cell(marks, epochs=2, samples=32, step_s=0.2, model=BLOCKS)  # 4 steps an epoch per rank
+    sent = signal_at_step(marks, rank=1, step=5)
+    with pytest.raises(RankFailedError) as failed:
+        run_cell(fresh_pools, cell, checkpoint=str(ckpt), shard="full")
+    state = torch.load(ckpt / "checkpoint.pt", map_location="cpu", weights_only=False)
+    saved = state["step"]
+    assert sent["step"] <= saved <= sent["after"] + 2, (sent, saved)
+    assert list(ckpt.glob(f"checkpoint.pt.shards-{saved}-*")), list(ckpt.iterdir())  # each rank's shards
+    assert f"checkpoint at step {saved} saved" in str(failed.value)
+    quick = cell.replace("time.sleep(0.2)", "time.sleep(0.01)")
+    ns, resumed = run_cell(fresh_pools, quick, checkpoint=str(ckpt), shard="full", out="steps")
+    assert ns["steps"] == 8 and resumed.history.series("loss", rank=0).steps == list(range(8))
 
 
 def test_preempt_without_a_checkpoint_says_so_at_once_with_how_to_set_one(fresh_pools, tmp_path):

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 torch.manual_seed(0)
 data = TensorDataset(torch.randn({samples}, 4), torch.randint(0, 2, ({samples},)))
-net = torch.nn.Linear(4, 2)
+net = {model}
 model, opt, loader = nbtrain.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1),
                                      DataLoader(data, batch_size=4, shuffle=True))
 for epoch in nbtrain.epochs({epochs}):
@@ -42,12 +42,15 @@ for epoch in nbtrain.epochs({epochs}):
 """
 
 
+BLOCKS = "torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))"  # blocks to shard
+
+
 def training_cell(marks: Path, epochs: int = 3, samples: int = 64, step_s: float = 0.05, save: bool = True,
-                  extra: str = "") -> str:
-    """The cell (see the module docstring); ``extra`` goes into each epoch's end checkpoint as a value."""
+                  extra: str = "", model: str = "torch.nn.Linear(4, 2)") -> str:
+    """The cell (see the module docstring); ``extra`` goes into each epoch's end checkpoint's arguments."""
     marks.mkdir(parents=True, exist_ok=True)
     saving = f"    nbtrain.save_checkpoint({extra})\n" if save else ""
-    return _CELL.format(samples=samples, epochs=epochs, marks=str(marks), step_s=step_s, save=saving)
+    return _CELL.format(samples=samples, epochs=epochs, marks=str(marks), step_s=step_s, save=saving, model=model)
 
 
 def progress(marks: Path, rank: int) -> tuple[int, int, int] | None:
