@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -22,6 +23,7 @@ import pytest
 import torch
 from helpers.kernelhelp import nbtrain_kernel
 from helpers.metadata import MetadataServer
+from helpers.nodehelp import until
 from helpers.preempt_cells import progress, signal_at_step, training_cell
 from helpers.runhelp import Captured
 
@@ -33,8 +35,9 @@ pytestmark = pytest.mark.timeout(400)
 
 def _request(tmp_path, nodes: str, **options) -> LaunchRequest:
     options.setdefault("last_call", 1.0 if ":" in nodes else None)
+    options.setdefault("out", "steps,world")
     return LaunchRequest(nodes=nodes, nproc_per_node=1, rdzv_host="127.0.0.1", cpu=True, start_timeout=120,
-                         checkpoint=str(tmp_path / "ckpt"), out="steps,world", **options)
+                         checkpoint=str(tmp_path / "ckpt"), **options)
 
 
 def test_preempt_sigterm_to_one_of_three_agents_re_forms_with_two_and_resumes(tmp_path):
@@ -113,3 +116,24 @@ def _announce_at_step(server: MetadataServer, marks, step: int) -> None:
             time.sleep(0.01)
 
     threading.Thread(target=watch, daemon=True).start()
+
+
+def test_preempt_an_idle_agent_leaves_at_once_and_one_noticed_after_the_last_step_leaves_with_the_cell(nodes, tmp_path,
+                                                                                                       capsys):
+    idle = nodes.start("127.0.0.4")
+    nodes.wait_joined(1)
+    idle.send_signal(signal.SIGTERM)  # no ranks to save: nothing to wait for
+    assert idle.wait(20) == 0
+    assert "leaving: a preemption notice (SIGTERM) with no ranks running" in nodes.consoles()["127.0.0.4"]
+
+    busy = [nodes.start("127.0.0.2"), nodes.start("127.0.0.3")]
+    nodes.wait_joined(2)
+    cell = ("import os, signal, time\nif rank == 1:\n    os.kill(os.getppid(), signal.SIGTERM)\n    time.sleep(2)\n"
+            "done = True\n")  # the notice comes after the last step: nothing more to save
+    ns, output = {}, Captured()
+    run_source(cell, _request(tmp_path, "1:2", out="done"), ns, manager=nodes.manager, write=output)
+    text = capsys.readouterr().out + output.text()
+    assert ns["done"] and re.search(r"node (\w): SIGTERM at .*; the cell ended before its next step; node \1 leaves",
+                                    text), text
+    until(lambda: any(agent.poll() is not None for agent in busy), 20, "the noticed agent to leave")
+    assert sum(agent.poll() is not None for agent in busy) == 1, text  # it, and not the other
