@@ -77,6 +77,19 @@ def test_preempt_a_sharded_run_saves_its_shards_at_the_next_step_and_resumes_fro
     assert ns["steps"] == 8 and resumed.history.series("loss", rank=0).steps == list(range(8))
 
 
+def test_preempt_sigterm_to_a_ranks_whole_process_group_with_dataloader_workers_still_saves(fresh_pools, tmp_path):
+    """Slurm signals every process of a job step: the rank's DataLoader workers get SIGTERM too, and must not die of
+    it before the rank has saved (its loader would fail first)."""
+    marks, ckpt = tmp_path / "marks", tmp_path / "ckpt"
+    cell = training_cell(marks, epochs=2, samples=32, step_s=0.2, workers=1)
+    sent = signal_at_step(marks, rank=1, step=5, group=True)
+    with pytest.raises(RankFailedError) as failed:
+        run_cell(fresh_pools, cell, checkpoint=str(ckpt))
+    saved = _checkpoint_step(ckpt / "checkpoint.pt")
+    assert sent["step"] <= saved <= sent["after"] + 2, (sent, saved, str(failed.value))
+    assert f"checkpoint at step {saved} saved" in str(failed.value), str(failed.value)
+
+
 def test_preempt_without_a_checkpoint_says_so_at_once_with_how_to_set_one(fresh_pools, tmp_path):
     marks = tmp_path / "marks"
     signal_at_step(marks, rank=1, step=3)

@@ -124,7 +124,7 @@ def prepare_loader(context: TrainContext, loader: DataLoader) -> PreparedLoader:
     options = dict(
         batch_size=loader.batch_size, sampler=sampler, num_workers=loader.num_workers,
         collate_fn=loader.collate_fn, pin_memory=loader.pin_memory or context.device.type == "cuda",
-        drop_last=loader.drop_last, timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
+        drop_last=loader.drop_last, timeout=loader.timeout, worker_init_fn=_worker_init(context, loader),
         multiprocessing_context=loader.multiprocessing_context, generator=loader.generator or torch.Generator(),
         persistent_workers=loader.persistent_workers,
     )
@@ -141,6 +141,14 @@ def prepare_loader(context: TrainContext, loader: DataLoader) -> PreparedLoader:
         restore_loader(context, prepared, len(context.loaders))
     context.loaders.append(prepared)
     return prepared
+
+
+def _worker_init(context: TrainContext, loader: DataLoader):
+    """The loader's worker_init_fn; in a ``--checkpoint`` cell its workers outlive an outside SIGTERM, so the rank
+    can save a preemption notice's checkpoint (:func:`nbtrain.train.preemption.loader_worker_init`)."""
+    if context.settings.checkpoint_path is None or loader.num_workers == 0:
+        return loader.worker_init_fn
+    return preemption.loader_worker_init(loader.worker_init_fn)
 
 
 def _check_shardable(loader: DataLoader) -> bool:

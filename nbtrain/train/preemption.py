@@ -29,6 +29,9 @@ machine goes first, the previous checkpoint stays: the write is atomic).
 
 from __future__ import annotations
 
+import functools
+import os
+import signal
 import threading
 import time
 
@@ -128,3 +131,34 @@ def _save_and_wait(cell: _Cell, context: TrainContext) -> None:
         cell.send(P.PreemptSaved(cell.job_id, context.rank, context.step, time.perf_counter() - started, path))
     while True:  # the kernel stops the ranks now (the stop button still raises KeyboardInterrupt here)
         time.sleep(0.5)
+
+
+def loader_worker_init(worker_init_fn=None):
+    """A prepared DataLoader's ``worker_init_fn`` in a ``--checkpoint`` cell: its workers outlive a SIGTERM from
+    outside the pool. Slurm signals every process of a job step, a container runtime may signal them all; torch's
+    own handler ends a worker at once, and the rank's loader would then fail before the notice's checkpoint. The
+    worker ends as before when its rank (torch's shutdown) or the kernel or node agent above it sends the SIGTERM."""
+    return functools.partial(_outlive_outside_sigterm, worker_init_fn)
+
+
+def _outlive_outside_sigterm(worker_init_fn, worker_id: int) -> None:
+    rank, above = os.getppid(), _parent_of(os.getppid())
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # the thread below takes it, with its sender
+
+    def watch() -> None:
+        while True:
+            info = signal.sigwaitinfo({signal.SIGTERM})
+            if info.si_pid in (rank, above):
+                os._exit(0)  # as torch's handler does for its parent's SIGTERM
+
+    threading.Thread(target=watch, name="nbtrain-loader-sigterm", daemon=True).start()
+    if worker_init_fn is not None:
+        worker_init_fn(worker_id)
+
+
+def _parent_of(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1

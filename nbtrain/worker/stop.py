@@ -19,8 +19,8 @@ KeyboardInterrupt, which their loop catches quietly, as it does for Ctrl-C in a 
 runtime, Slurm or Kubernetes announce that the machine is going. The kernel says :class:`~nbtrain.wire.protocol.Stopping`
 on the channel before its own SIGTERM; a SIGTERM without it, while a cell runs, is a preemption notice
 (:mod:`nbtrain.train.preemption`): the rank goes on to its next step boundary, saves and tells the kernel. A
-second one, one between cells, or one in a process forked from the rank (a DataLoader worker) ends the
-process as SIGTERM always did.
+second one, one between cells, or one in a process forked from the rank ends the process as SIGTERM always did
+(a prepared DataLoader's workers have their own rule: :func:`nbtrain.train.preemption.loader_worker_init`).
 """
 
 from __future__ import annotations

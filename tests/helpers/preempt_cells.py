@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -28,7 +29,7 @@ torch.manual_seed(0)
 data = TensorDataset(torch.randn({samples}, 4), torch.randint(0, 2, ({samples},)))
 net = {model}
 model, opt, loader = nbtrain.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1),
-                                     DataLoader(data, batch_size=4, shuffle=True))
+                                     DataLoader(data, batch_size=4, shuffle=True, num_workers={workers}))
 for epoch in nbtrain.epochs({epochs}):
     for x, y in loader:
         loss = F.cross_entropy(model(x), y)
@@ -46,11 +47,12 @@ BLOCKS = "torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.L
 
 
 def training_cell(marks: Path, epochs: int = 3, samples: int = 64, step_s: float = 0.05, save: bool = True,
-                  extra: str = "", model: str = "torch.nn.Linear(4, 2)") -> str:
+                  extra: str = "", model: str = "torch.nn.Linear(4, 2)", workers: int = 0) -> str:
     """The cell (see the module docstring); ``extra`` goes into each epoch's end checkpoint's arguments."""
     marks.mkdir(parents=True, exist_ok=True)
     saving = f"    nbtrain.save_checkpoint({extra})\n" if save else ""
-    return _CELL.format(samples=samples, epochs=epochs, marks=str(marks), step_s=step_s, save=saving, model=model)
+    return _CELL.format(samples=samples, epochs=epochs, marks=str(marks), step_s=step_s, save=saving, model=model,
+                        workers=workers)
 
 
 def progress(marks: Path, rank: int) -> tuple[int, int, int] | None:
@@ -62,7 +64,7 @@ def progress(marks: Path, rank: int) -> tuple[int, int, int] | None:
     return pid, step, parent
 
 
-def signal_at_step(marks: Path, rank: int, step: int, *, to_parent: bool = False,
+def signal_at_step(marks: Path, rank: int, step: int, *, to_parent: bool = False, group: bool = False,
                    sig: int = signal.SIGTERM) -> dict:
     """From a thread: once ``rank`` reached ``step``, send ``sig`` to it (or its parent). The dict gets ``step``
     (the rank's step then), ``after`` (its step once the signal was sent) and ``at`` (time.time())."""
@@ -74,7 +76,12 @@ def signal_at_step(marks: Path, rank: int, step: int, *, to_parent: bool = False
             seen = progress(marks, rank)
             if seen is not None and seen[1] >= step:
                 sent.update(step=seen[1], at=time.time())
-                os.kill(seen[2] if to_parent else seen[0], sig)
+                if group:  # the rank's process group — itself and its DataLoader workers, as Slurm signals a step —
+                    # from a process of its own: this one is the kernel, whose SIGTERMs stop ranks
+                    subprocess.run(["kill", "-s", signal.Signals(sig).name[3:], "--", f"-{os.getpgid(seen[0])}"],
+                                   check=True)
+                else:
+                    os.kill(seen[2] if to_parent else seen[0], sig)
                 sent["after"] = progress(marks, rank)[1]  # the steps done when it was sent, at most
                 return
             time.sleep(0.01)
