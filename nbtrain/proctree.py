@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 
 import psutil
 
@@ -49,7 +50,16 @@ def stop(pids, grace: float) -> None:
         for proc in members:
             with contextlib.suppress(psutil.Error):
                 proc.send_signal(sig)
-        psutil.wait_procs(alive(members), timeout=grace)
+        _wait_gone(members, grace)
+
+
+def _wait_gone(members: list[psutil.Process], grace: float) -> None:
+    """Until none of ``members`` runs (a zombie counts as gone), at most ``grace`` seconds — without reaping: a
+    child's exit status stays for its owner's ``Popen`` (``psutil.wait_procs`` would reap it, and the owner's poll
+    would then read 0: torch elastic took a rank SIGTERM ended for a success and waited at its exit barrier)."""
+    deadline = time.monotonic() + grace
+    while alive(members) and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def alive(procs: list[psutil.Process]) -> list[psutil.Process]:

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from multiprocessing.connection import AuthenticationError, Client, Connection
 
 import pytest
 
+from nbtrain import proctree
 from nbtrain.launch.diagnostics.failures import RankFailedError, order_failures, rank_failure
 from nbtrain.launch.ranks.channel import Channel, Message, admit, receive, send
 from nbtrain.launch.ranks.pool import WorkerPool
@@ -146,3 +149,11 @@ def test_the_local_pool_and_the_node_pool_are_siblings_behind_one_protocol():
         missing = [name for name in wanted if not hasattr(group, name) and name not in ("spec", "pool_id", "run_id")]
         assert not missing, (group.__name__, missing)
     assert not issubclass(NodePool, WorkerPool)
+
+
+def test_stopping_leaves_a_childs_exit_status_to_its_owner():
+    """proctree.stop does not reap: the Popen that owns a rank reads SIGTERM, not 0 (torch elastic's agent on a
+    node would take 0 for a success and wait seconds at its exit barrier before the group could re-form)."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    proctree.stop([child.pid], grace=5.0)
+    assert child.wait(5) == -15

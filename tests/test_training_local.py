@@ -79,3 +79,17 @@ def test_an_optimizer_of_another_model_instance_is_refused():
     # an optimizer of the model plus other tensors, or prepared in a call of its own, is fine
     nbtrain.prepare(net, torch.optim.SGD([*net.parameters(), extra], lr=0.1))
     nbtrain.prepare(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1))
+
+
+def test_each_optimizer_step_counts_without_nbtrain_backward():
+    """``loss.backward()`` and a prepared optimizer (no --grad-accum): every step() is one step — the step a
+    checkpoint records and a preemption notice's checkpoint is agreed on (nbtrain.train.preemption)."""
+    net = torch.nn.Linear(3, 1)
+    model, opt = nbtrain.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    steps = []
+    for _ in range(3):
+        torch.nn.functional.mse_loss(model(torch.randn(2, 3)), torch.randn(2, 1)).backward()
+        opt.step()
+        opt.zero_grad()
+        steps.append(nbtrain.training_state().step)
+    assert steps == [1, 2, 3]

@@ -55,8 +55,8 @@ export interface INodeGpu {
 /** A run's state: nbtrain.launch.observers.events.RunState's values (tests/test_lab_contract.py checks they agree). */
 export type RunState = 'starting' | 'running' | 'finished' | 'failed' | 'interrupted';
 
-/** A joined node's state: nbtrain.cluster.hub.NodeState's values, or lost. */
-export type NodeState = 'idle' | 'running' | 'lost';
+/** A joined node's state: nbtrain.cluster.hub.NodeState's values (leaving: preempted, told to go), or lost. */
+export type NodeState = 'idle' | 'running' | 'leaving' | 'lost';
 
 /** A machine of a `--nodes` run: what its heartbeats say (telemetry null before the first one). */
 export interface INode {

@@ -19,7 +19,9 @@ state both keep); :mod:`nbtrain.launch.lifecycle.run` drives it exactly as it dr
 * **events**: each node's link queues what its ranks said, printed and how they ended; a node silent for
   :data:`~.hub.LOST_AFTER_S` (or whose link broke) is *lost*: each of its ranks becomes an exit whose
   failure reads "node b (ranks 2–3) lost: no heartbeat for 5 s", and the run stops the others as for any
-  failed rank;
+  failed rank; a node with a preemption notice (its agent got SIGTERM or the cloud's notice) is said as a
+  :class:`~nbtrain.wire.protocol.PreemptNotice` of its first rank, and let go (:meth:`release_node`) once the
+  checkpoint is written (:mod:`nbtrain.launch.lifecycle.preemption`);
 * **stop** (:meth:`interrupt`, :meth:`teardown`): one SIGINT through each node to its ranks, then
   :class:`~nbtrain.wire.nodes.StopRanks` (SIGTERM → SIGKILL on the node); the nodes stay joined, warm for the
   next pool.
@@ -33,6 +35,7 @@ from __future__ import annotations
 import os
 import pickle
 import select
+import signal
 import socket
 import sys
 import time
@@ -168,6 +171,8 @@ class NodePool(GroupState):
         if self._started:
             return ""
         joined = self.hub.idle_nodes()
+        if self.spec.min_nodes and len(joined) >= self.spec.min_nodes:
+            return ""  # elastic, enough there: the group forms after the last call, no node is missing
         have = ", ".join(f"{n.name} from {n.address}" for n in joined) or "none"
         return f"{len(joined)} of {self._wanted()} nodes joined ({have})"
 
@@ -293,7 +298,14 @@ class NodePool(GroupState):
         if isinstance(message, N.RankOutput):
             return [Output(message.rank, message.stream, message.text)]
         if isinstance(message, N.RankMessage):
-            return [Message(message.rank, pickle.loads(message.data))]  # from an authenticated node
+            said = pickle.loads(message.data)  # from an authenticated node
+            if isinstance(said, P.PreemptNotice):  # a rank got SIGTERM (Slurm signals the whole job step)
+                said = replace(said, node=node.name)
+            return [Message(message.rank, said)]
+        if isinstance(message, N.PreemptionNotice):  # the run's loop has every rank save, then releases the node
+            first = min(self._node_ranks(node))
+            return [Message(first, P.PreemptNotice(first, message.source, message.noticed_at, message.ends_at,
+                                                   node.name))]
         if isinstance(message, N.RankExited):
             self._exited[message.rank] = message.code
             if message.error:
@@ -332,6 +344,15 @@ class NodePool(GroupState):
                 self._lost_account[rank] = text
                 events.append(Exited(rank, code))
         return events
+
+    def release_node(self, name: str, account: str) -> list:
+        """A preempted node whose checkpoint is written (or whose grace ran out): its agent leaves now, its ranks
+        end the run with ``account``, and the next group forms without it."""
+        node = next(n for n in self.nodes if n.name == name)
+        self._lost.add(name)  # gone on purpose: not reported lost
+        self.hub.mark_leaving(node)
+        node.link.send(N.Bye(f"preempted: {account}"))
+        return self._node_failed(node, account, -signal.SIGTERM)
 
     def _check_lost(self) -> list:
         now = time.monotonic()

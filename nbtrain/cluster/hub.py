@@ -48,6 +48,7 @@ class NodeState(NamedState):
 
     IDLE = "idle"
     RUNNING = "running"
+    LEAVING = "leaving"  # preempted: its agent was told to leave; no group takes it again
 
 
 @dataclass
@@ -151,7 +152,11 @@ class Hub:
         node.state = NodeState.RUNNING
 
     def mark_idle(self, node: NodeConn) -> None:
-        node.state = NodeState.IDLE
+        if node.state is not NodeState.LEAVING:
+            node.state = NodeState.IDLE
+
+    def mark_leaving(self, node: NodeConn) -> None:
+        node.state = NodeState.LEAVING
 
     def live_nodes(self) -> list[NodeConn]:
         with self._lock:

@@ -10,6 +10,10 @@
    elastic's agent for this node's ranks (:mod:`.agent`), ``Deliver``, ``Interrupt`` and ``StopRanks`` go to
    the local ranks (:mod:`.ranks`);
    Its terminal shows a line per event; torch's stack traces go to the agent's log file (:mod:`.console`).
+   A preemption notice — SIGTERM to the agent, or the cloud's metadata service with ``--preemption-url``
+   (:mod:`.preemption`) — goes to the kernel at once; the agent stays until the kernel has had the
+   checkpoint written and says :class:`~nbtrain.wire.nodes.Bye` (a notice with no ranks running, or a
+   second SIGTERM, ends it at once).
 3. **leave** — on :class:`~nbtrain.wire.nodes.Bye` (the pool ended), when the link breaks, or when the kernel
    has been silent for :data:`KERNEL_SILENT_S`: the ranks are stopped (SIGTERM → SIGKILL), the node's
    shared-memory files and private directory removed, and the agent exits. It never outlives its pool.
@@ -36,11 +40,13 @@ from ..wire.link import JoinToken, Link, LinkError, connect
 from ..wire.shm import sweep_orphans
 from .agent import run_ranks
 from .console import route_output, say
+from .preemption import Notices, PreemptionURLError, check_url
 from .ranks import LocalRanks
 from .token import read_token
 
 HEARTBEAT_S = 1.0
 KERNEL_SILENT_S = 5.0
+NOTICE_CHECK_S = 0.05  # how soon a SIGTERM goes to the kernel (a signal handler cannot use the link's locks)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -53,6 +59,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--token-file", metavar="PATH",
                         help="a file of mode 0600 holding the join token (the notebook prints its path)")
     parser.add_argument("--address", default=None, help="this node's address to connect from (default: the OS picks)")
+    parser.add_argument("--preemption-url", metavar="URL", default=os.environ.get("NBTRAIN_PREEMPTION_URL"),
+                        help="the cloud's metadata URL that announces a spot reclaim or preemption (AWS spot/"
+                             "instance-action, GCP instance/preempted, Azure scheduledevents), polled every few "
+                             "seconds [env: NBTRAIN_PREEMPTION_URL]")
     return parser.parse_args(argv)
 
 
@@ -74,8 +84,9 @@ def join(args: argparse.Namespace, text: str) -> tuple[Link, str]:
     return connect(token, hello, args.address)
 
 
-def serve(link: Link, name: str, address: str | None) -> str:
+def serve(link: Link, name: str, address: str | None, notices: Notices | None = None) -> str:
     """Until the pool ends; returns why it ended."""
+    notices = notices or Notices()
     sweep_dead_agents()
     directory = tempfile.mkdtemp(prefix=f"nbtrain-node-{os.getpid()}-")
     os.chmod(directory, 0o700)
@@ -85,9 +96,12 @@ def serve(link: Link, name: str, address: str | None) -> str:
     try:
         while True:
             try:
-                message = link.incoming.get(timeout=0.5)
+                message = link.incoming.get(timeout=NOTICE_CHECK_S)
             except queue.Empty:
                 message = ...
+            why = _preemption(notices, ranks, link)
+            if why:
+                return why
             if message is None:
                 return "the connection to the kernel broke"
             if time.monotonic() - link.last_heard > KERNEL_SILENT_S:
@@ -103,6 +117,20 @@ def serve(link: Link, name: str, address: str | None) -> str:
         link.close()
         link.join(2.0)
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def _preemption(notices: Notices, ranks: LocalRanks, link: Link) -> str:
+    """A notice goes to the kernel, which has the ranks save and then says Bye; "" while the agent stays."""
+    if notices.sigterms > 1:
+        return "a second SIGTERM"
+    notice = notices.take()
+    if notice is None:
+        return ""
+    if not ranks.running():
+        return f"a preemption notice ({notice.source}) with no ranks running"
+    link.send(notice)
+    say(f"preemption notice ({notice.source}): the ranks save a checkpoint at their next step, then this node leaves")
+    return ""
 
 
 def sweep_dead_agents() -> None:
@@ -167,7 +195,9 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     try:
         text = read_token(args.token, args.token_file, sys.stdin)
-    except ValueError as exc:
+        if args.preemption_url:
+            check_url(args.preemption_url)
+    except (ValueError, PreemptionURLError) as exc:
         sys.exit(f"nbtrain.node: {exc}")
     _preload()
     try:
@@ -176,6 +206,10 @@ def main(argv=None) -> None:
         sys.exit(f"nbtrain.node: cannot join: {exc}")
     log = route_output()  # from here torch's tracebacks go to the log, a line each to the terminal
     say(f"joined as node {name} (log: {log})")
-    why = serve(link, name, args.address)
+    notices = Notices()
+    notices.install()  # SIGTERM: a preemption notice from here on (before, it ends the agent as usual)
+    if args.preemption_url:
+        notices.poll(args.preemption_url, say)
+    why = serve(link, name, args.address, notices)
     say(f"leaving: {why}")
     os._exit(0)  # torch elastic's threads (rendezvous keep-alive, log tails) must not keep a finished node alive

@@ -202,7 +202,13 @@ class LocalRanks:
         proctree.interrupt(self.pids())
 
     def stop(self, grace: float = STOP_GRACE_S) -> None:
-        """SIGTERM, then SIGKILL, to every rank's session and descendants (:func:`nbtrain.proctree.stop`)."""
+        """SIGTERM, then SIGKILL, to every rank's session and descendants (:func:`nbtrain.proctree.stop`), announced
+        first on their channel: this SIGTERM is no preemption notice (:mod:`nbtrain.worker.stop`)."""
+        stopping = pickle.dumps(P.Stopping(), protocol=pickle.HIGHEST_PROTOCOL)
+        with self._lock:
+            conns = list(self._conns.values())
+        for conn in conns:
+            _send_bytes(conn, stopping)
         proctree.stop(self.pids(), grace)
 
     def running(self) -> bool:

@@ -7,6 +7,7 @@ way, from the floor up::
     settings (wire) · amp · accumulate · reduce
     state (the cell's TrainContext: begin, end, current) · metrics (nbtrain.log)
     checkpoint · steps (nbtrain.backward, clip_grad_norm_, autocast)
+    preemption (a notice's checkpoint at the next step boundary)
     data · optim
     prepare
 

@@ -9,6 +9,9 @@ The epoch advances by itself: each time the loader is iterated again it calls ``
 number, so every epoch has a new order (the forgotten ``set_epoch`` call that makes every epoch identical
 cannot happen). ``loader.epoch`` is the epoch of the pass in progress (or the next one).
 
+Before it hands out a batch with no accumulation window open, it is where a preemption notice's checkpoint is
+saved (:mod:`nbtrain.train.preemption`): the previous step and what was logged for it are done.
+
 While it is iterated, the loader knows which batch is its last, so a gradient-accumulation window never
 spans two epochs (:mod:`nbtrain.train.accumulate`). Its position (epoch, batches read) is saved in
 checkpoints; a loader resumed mid-epoch skips the batches already seen by index, without loading them.
@@ -28,6 +31,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
+from . import preemption
 from .checkpoint import restore_loader
 from .state import PreparedError, TrainContext, unwrapped
 
@@ -81,6 +85,8 @@ class PreparedLoader(DataLoader):
         try:
             current = next(iterator, _END)
             while current is not _END:
+                if self._context is not None and accum is not None and (accum.closing or not accum.backward_used):
+                    preemption.at_boundary(self._context)  # a notice: the checkpoint goes here (train/preemption.py)
                 following = next(iterator, _END)
                 self.at_last_batch = following is _END
                 self.batches_read += 1
@@ -118,7 +124,7 @@ def prepare_loader(context: TrainContext, loader: DataLoader) -> PreparedLoader:
     options = dict(
         batch_size=loader.batch_size, sampler=sampler, num_workers=loader.num_workers,
         collate_fn=loader.collate_fn, pin_memory=loader.pin_memory or context.device.type == "cuda",
-        drop_last=loader.drop_last, timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
+        drop_last=loader.drop_last, timeout=loader.timeout, worker_init_fn=_worker_init(context, loader),
         multiprocessing_context=loader.multiprocessing_context, generator=loader.generator or torch.Generator(),
         persistent_workers=loader.persistent_workers,
     )
@@ -135,6 +141,14 @@ def prepare_loader(context: TrainContext, loader: DataLoader) -> PreparedLoader:
         restore_loader(context, prepared, len(context.loaders))
     context.loaders.append(prepared)
     return prepared
+
+
+def _worker_init(context: TrainContext, loader: DataLoader):
+    """The loader's worker_init_fn; in a ``--checkpoint`` cell its workers outlive an outside SIGTERM, so the rank
+    can save a preemption notice's checkpoint (:func:`nbtrain.train.preemption.loader_worker_init`)."""
+    if context.settings.checkpoint_path is None or loader.num_workers == 0:
+        return loader.worker_init_fn
+    return preemption.loader_worker_init(loader.worker_init_fn)
 
 
 def _check_shardable(loader: DataLoader) -> bool:

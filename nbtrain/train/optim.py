@@ -28,6 +28,7 @@ import weakref
 
 import torch
 
+from . import preemption
 from .checkpoint import restore_optimizer, restore_scheduler
 from .state import TrainContext, unwrapped
 
@@ -99,9 +100,12 @@ class PreparedOptimizer(torch.optim.Optimizer):
             result = self.optimizer.step(closure) if closure is not None else self.optimizer.step()
             self.step_was_skipped = False
         self.unscaled = False
-        if not context.accum.closing:  # the first optimizer to step closes the window
+        if not context.accum.closing or not context.accum.backward_used:  # the first optimizer to step closes the
+            # window; without nbtrain.backward() (no --grad-accum) every step is one
             context.count_step(self.step_was_skipped)
             context.accum.on_step()
+            if not context.accum.active_loaders:  # no prepared loader to save before its next batch
+                preemption.at_boundary(context)
         return result
 
     def __reduce__(self):  # pickled (brought back to the notebook): the plain optimizer travels

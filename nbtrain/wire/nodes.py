@@ -17,6 +17,7 @@ A node's conversation (:mod:`nbtrain.wire.link` frames, authenticated both ways 
     kernel -> StopRanks()                           SIGTERM → SIGKILL the ranks; the node stays joined
     node   -> RanksStopped()                        every rank of the node has ended
     node   -> NodeError(text)                       the agent could not start the ranks (rendezvous failed, …)
+    node   -> PreemptionNotice(source, at, ends_at) the machine is about to go: SIGTERM, or the cloud's notice
     kernel -> Bye(reason)                           the pool ends: the agent exits
 
 Rank messages travel as the bytes the rank pickled: the node relays them without looking inside (it reads only
@@ -130,3 +131,12 @@ class NodeError:
 @dataclass(frozen=True)
 class Bye:
     reason: str
+
+
+@dataclass(frozen=True)
+class PreemptionNotice:
+    """The node is about to be reclaimed: the agent got SIGTERM, or the cloud's metadata service said so."""
+
+    source: str  # "SIGTERM", "AWS", "GCP", "Azure"
+    noticed_at: float  # unix time
+    ends_at: float | None = None  # when the machine goes, where the notice says

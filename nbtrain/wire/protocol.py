@@ -18,6 +18,10 @@ A conversation::
     rank   -> ProfileSummary(job_id, rank, ...)      --profile: top operators, communication time
     rank   -> Done(job_id, rank, results, modules, first_step) | Failed(job_id, rank, error)
     kernel -> CloseSession(name)                     drop a session's namespace (no reply)
+    rank   -> PreemptNotice(rank, source, at)        SIGTERM from outside the pool (a container, a job stopping)
+    kernel -> Preempt(job_id, grace)                 a notice: save a checkpoint at the next optimizer step
+    rank   -> PreemptSaved(job_id, rank, step, ...)  rank 0: that checkpoint is written
+    kernel -> Stopping()                             the SIGTERM that follows is the kernel's own (no notice)
     kernel -> Shutdown()                             barrier, destroy the group, exit 0
 
 A ``Job`` with a ``session`` name runs in the namespace that session keeps on each rank instead of a fresh
@@ -207,3 +211,38 @@ class CloseSession:
 @dataclass(frozen=True)
 class Shutdown:
     pass
+
+
+@dataclass(frozen=True)
+class PreemptNotice:
+    """This rank got SIGTERM from outside nbtrain (a container or job being stopped): a preemption notice."""
+
+    rank: int
+    source: str  # "SIGTERM"; on a node the agent's sources too (nbtrain.wire.nodes.PreemptionNotice)
+    noticed_at: float  # unix time
+    ends_at: float | None = None  # when the machine goes, where the notice says
+    node: str = ""  # the node it came from, filled in by the kernel's node pool
+
+
+@dataclass(frozen=True)
+class Preempt:
+    """The machine (or one of the nodes) is about to go: save a checkpoint at the next optimizer-step boundary."""
+
+    job_id: int
+    grace: float
+
+
+@dataclass(frozen=True)
+class PreemptSaved:
+    """Rank 0: the checkpoint a :class:`Preempt` asked for is written."""
+
+    job_id: int
+    rank: int
+    step: int
+    seconds: float  # the write itself
+    path: str
+
+
+@dataclass(frozen=True)
+class Stopping:
+    """The kernel (or the node's agent) stops this rank now: its SIGTERM is no preemption notice."""

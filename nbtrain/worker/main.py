@@ -28,7 +28,9 @@ The cell's training settings (``--amp``, ``--grad-accum``, ``--checkpoint``) are
 :mod:`nbtrain.train.state` context for the cell and closed after it. Failures are reported as
 :class:`Failed` with the traceback's frames, which the kernel maps to the cell's lines. The stop
 button's SIGINT raises KeyboardInterrupt only while the cell's code runs (:mod:`.stop`): the reporting,
-flushing and cleanup around it always complete.
+flushing and cleanup around it always complete. A SIGTERM from outside the pool while a cell runs is a
+preemption notice (:mod:`.stop`, :mod:`nbtrain.train.preemption`); a thread reads the channel all the time, so
+the kernel's notices (:class:`Preempt`) reach a rank in the middle of a cell.
 
 Errors outside a job (bad environment, rendezvous failure) are written to torch elastic's error file
 (``TORCHELASTIC_ERROR_FILE``) through ``@record``, where the kernel reads them like torchrun's agent.
@@ -41,6 +43,7 @@ import faulthandler
 import gc
 import linecache
 import os
+import queue
 import signal
 import sys
 import threading
@@ -53,7 +56,7 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ..train import metrics, profile, shard
+from ..train import metrics, preemption, profile, shard
 from ..train import state as train_state
 from ..wire import protocol as P
 from ..wire.names import RUNTIME_NAMES
@@ -175,16 +178,39 @@ class Rank:
         self.real_main = sys.modules["__main__"]
         self.local_modules = LocalModules()
         self.sessions = RankSessions()  # --session: namespaces kept between jobs
+        self.inbox: queue.Queue = queue.Queue()  # the kernel's messages but those the reader acts on at once
+        threading.Thread(target=self._read_loop, name="nbtrain-channel-reader", daemon=True).start()
 
     def send(self, message) -> None:
         with self._send_lock:
             self.conn.send(message)
 
-    def serve(self) -> None:
+    def _read_loop(self) -> None:
+        """Read the channel all the time, also while a cell runs: a preemption notice must reach a busy rank."""
         while True:
             try:
                 msg = self.conn.recv()
             except (EOFError, OSError):
+                self.inbox.put(None)
+                return
+            if isinstance(msg, P.Preempt):
+                preemption.notice()
+            elif isinstance(msg, P.Stopping):
+                preemption.stopping()
+            else:
+                self.inbox.put(msg)
+
+    def receive(self):
+        msg = self.inbox.get()
+        if msg is None:
+            raise EOFError("the kernel's channel closed")
+        return msg
+
+    def serve(self) -> None:
+        while True:
+            try:
+                msg = self.receive()
+            except EOFError:
                 return
             if isinstance(msg, P.Shutdown):
                 return
@@ -216,14 +242,16 @@ class Rank:
         os.environ["TORCHELASTIC_MAX_RESTARTS"] = str(job.train.max_restarts)
         metrics.start(self.rank, self.send).restore_step_counters(self.sessions.step_counters(job))
         display.begin(job.job_id, self.rank, RESULT_RANK, self.send)
-        prompts.begin(job.job_id, self.rank, self.send, self.conn.recv)  # input(), stdin, pdb: asked in the notebook
+        prompts.begin(job.job_id, self.rank, self.send, self.receive)  # input(), stdin, pdb: asked in the notebook
         train_state.begin(job.train, self.device, self.rank, int(os.environ["WORLD_SIZE"]))
         profile.begin(job.train.profile, job.train.profile_dir, self.rank, self.device)
+        preemption.begin(job.job_id, self.rank, self.send)
         try:
             reply = self._execute(job, main.__dict__, started)
             reply = self.sessions.leave(job, main, reply, self.torch)  # a failed session cell: bindings restored
         finally:
             self._send_profile(job.job_id)
+            preemption.end()
             train_state.end()  # prepared models and loaders do not outlive their cell
             prompts.end()
             self._end_display()
@@ -365,6 +393,7 @@ def main(launched: float | None = None) -> None:
     # several ranks of a node share one environment: the file is named by the local rank there
     stack_file = open(os.environ["NBTRAIN_STACK_FILE"].replace("{local_rank}", os.environ["LOCAL_RANK"]), "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)  # "where are you?" from the kernel
+    stop.install_sigterm(preemption.in_cell, preemption.kernel_stops, preemption.sigterm_notice)
     key = _lifeline()
     for stream in (sys.stdout, sys.stderr):
         # whole lines, live: ranks' lines do not interleave (the interpreter's streams are io.TextIOWrapper)

@@ -14,12 +14,21 @@ start, so the cell never runs after the button was pressed.
 
 DataLoader workers forked from the rank inherit the handler and the flag: in the cell they raise
 KeyboardInterrupt, which their loop catches quietly, as it does for Ctrl-C in a terminal.
+
+**SIGTERM** (:func:`install_sigterm`) is how the kernel and a node agent end ranks — and how a container
+runtime, Slurm or Kubernetes announce that the machine is going. The kernel says :class:`~nbtrain.wire.protocol.Stopping`
+on the channel before its own SIGTERM; a SIGTERM without it, while a cell runs, is a preemption notice
+(:mod:`nbtrain.train.preemption`): the rank goes on to its next step boundary, saves and tells the kernel. A
+second one, one between cells, or one in a process forked from the rank ends the process as SIGTERM always did
+(a prepared DataLoader's workers have their own rule: :func:`nbtrain.train.preemption.loader_worker_init`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import threading
 from collections.abc import Iterator
 
 _in_cell = False
@@ -55,3 +64,30 @@ def interruptible() -> Iterator[None]:
         yield
     finally:
         _in_cell = False
+
+
+KERNEL_STOP_WAIT_S = 0.3  # the kernel's Stopping is sent before its SIGTERM; this covers the two crossing
+_sigterm: dict = {}
+
+
+def install_sigterm(in_cell, kernel_stops, notice) -> None:
+    """SIGTERM from outside during a cell calls ``notice()`` (in a thread: a handler must not take locks)."""
+    wake_r, wake_w = os.pipe()
+    _sigterm.update(owner=os.getpid(), in_cell=in_cell, kernel_stops=kernel_stops, wake=wake_w, noticed=False)
+
+    def relay() -> None:
+        while os.read(wake_r, 1):
+            notice()
+
+    threading.Thread(target=relay, name="nbtrain-sigterm", daemon=True).start()
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _on_sigterm(signum, frame) -> None:
+    s = _sigterm
+    if os.getpid() != s["owner"] or s["noticed"] or not s["in_cell"]() or s["kernel_stops"](KERNEL_STOP_WAIT_S):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    s["noticed"] = True
+    os.write(s["wake"], b"t")

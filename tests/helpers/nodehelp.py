@@ -63,10 +63,13 @@ class Nodes:
         self.agents: list[subprocess.Popen] = []
         self._consoles = tempfile.mkdtemp(prefix="nbtrain-test-consoles-")
 
-    def start(self, address: str) -> None:
+    def start(self, address: str, env: dict | None = None) -> subprocess.Popen:
+        """An agent joining from ``address``; ``env``: variables of its own (NBTRAIN_PREEMPTION_URL, …)."""
         with open(os.path.join(self._consoles, address), "wb") as console:  # the agent's terminal
-            self.agents.append(subprocess.Popen([sys.executable, *self.hub.join_command().split()[1:],
-                                                 "--address", address], stdout=console, stderr=subprocess.STDOUT))
+            agent = subprocess.Popen([sys.executable, *self.hub.join_command().split()[1:], "--address", address],
+                                     stdout=console, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        self.agents.append(agent)
+        return agent
 
     def consoles(self) -> dict[str, str]:
         """What each agent printed on its terminal so far, by address."""

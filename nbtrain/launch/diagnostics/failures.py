@@ -65,6 +65,7 @@ class RankFailure:
     diagnosis: str | None = None  # nbtrain's own account of a program error (uneven collectives)
     label: str | None = None  # how the rank is named where that says more: "node b rank 3" on several machines
     account: str | None = None  # how an exit came about, where nbtrain knows better than the code: a machine lost
+    machine_stopping: bool = False  # SIGTERM from outside on this machine: it is going, a restart here would not help
 
     @property
     def who(self) -> str:

@@ -11,6 +11,7 @@ It does not restart when:
 * a rank raised a Python exception in the cell: the same code would raise it again (fix the cell);
 * the ranks called different collectives (:mod:`nbtrain.launch.diagnostics.mismatch`): a program error too;
 * DIR holds no checkpoint yet: there is nothing to resume from, and the message says so;
+* the machine itself is being stopped (SIGTERM from outside on one machine: :mod:`.preemption`);
 * K restarts were used;
 * the ranks did not start within ``--start-timeout`` (a restart after a lost node waits that long for a
   replacement node, and says so at once: how many nodes joined, the command that joins one, the time left;
@@ -114,6 +115,8 @@ def _why_not_restart(error: RankFailedError, settings: TrainSettings, restarts: 
     first = error.failures[0]
     if first.error is None and first.exit_code is None:  # --start-timeout: no rank died (no node came, say)
         return _NEVER_STARTED
+    if first.machine_stopping:  # said in full by the failure: what was saved, how to resume
+        return "this machine is being stopped"
     if first.diagnosis is not None:  # a program error nbtrain diagnosed (uneven collectives)
         return "the ranks call different collectives, which a restart would repeat"
     if first.error is not None and not first.secondary:

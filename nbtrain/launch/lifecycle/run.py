@@ -7,20 +7,18 @@ before any process started (``run_source`` also calls it again for ``--max-resta
 1. :class:`PoolManager` hands out the warm pool if one with the same spec is alive and the user's modules it
    imported are unchanged (:mod:`nbtrain.launch.request.notebook_modules`), else starts a fresh one;
 2. once every rank is connected, the job (cell source + inputs pickled once) goes to each;
-3. the loop relays output, records what the ranks log (:mod:`nbtrain.launch.observers.history`, and the observers: dashboard, run
-   registry, trackers), shows rank 0's displays, asks the notebook for a rank's ``input()`` / pdb line
-   (:mod:`nbtrain.launch.relay.stdin`), keeps each rank's ``--profile`` summary, notes each rank's Ready / Loaded / Done /
-   Failed and any process exit, and removes the shared-memory input files once every rank has loaded its inputs;
-4. success: the results rank 0 sent are unpickled into the notebook's namespace; the pool stays warm for
-   ``keep_alive_s``;
+3. the loop relays output, records what the ranks log (``observers.history``; the observers), shows rank 0's
+   displays, asks the notebook for a rank's ``input()`` (``relay.stdin``), notes each rank's Ready / Loaded /
+   Done / Failed and exit, and removes the shared-memory input files once every rank has loaded its inputs;
+4. success: the results rank 0 sent are unpickled into the notebook's namespace; the pool stays warm (``keep_alive_s``);
 5. a failure (exception, exit, signal): the other ranks get a moment (:data:`FAILURE_GRACE_S`) to report
    the same error, the unfinished ones are asked where they are (:mod:`nbtrain.launch.diagnostics.stacks`), then the pool is torn
    down — within 2 s, not at the collective timeout — and :class:`~nbtrain.launch.diagnostics.failures.RankFailedError` is raised;
 6. uneven collectives (some ranks finished the cell, the others wait in a collective for them): found
    within a few seconds by :mod:`nbtrain.launch.diagnostics.mismatch` and reported as a failure naming the collective and line;
-7. the stop button (KeyboardInterrupt in the kernel): :mod:`.stopping` sends one SIGINT to each process of
-   the pool, then SIGTERM, then SIGKILL, well within 3 s; the pool is discarded and KeyboardInterrupt
-   re-raised.
+7. a preemption notice: :mod:`.preemption` has every rank save a checkpoint at its next step, then lets it go;
+8. the stop button (KeyboardInterrupt in the kernel): :mod:`.stopping` sends one SIGINT to each process of
+   the pool, then SIGTERM, then SIGKILL, well within 3 s; the pool is discarded, KeyboardInterrupt re-raised.
 
 Nothing is assigned into the notebook unless the run succeeded; what the ranks logged is kept either way:
 the caller's :class:`~nbtrain.launch.observers.history.RunOutcome` receives it however the run ends (the magic
@@ -57,6 +55,7 @@ from ..relay.stdin import PendingPrompts
 from ..request.cell import CELL_FILENAME, CellInfo, names_to_return
 from ..request.config import DEFAULT_KEEP_ALIVE_S, LaunchConfig, PoolSpec
 from ..request.notebook_modules import Workdir, fresh_ranks_note, notebook_workdir, stale_modules
+from .preemption import PreemptionWatch
 from .sessions import SESSION_FAILURE_GRACE_S, SessionTable, ended_sentence, kept_sentence, stale_note, stuck_sentence
 from .stopping import stop_button, stop_run
 from .waiting import WAITING_EVERY_S, start_timeout_account, waiting_line
@@ -210,6 +209,7 @@ class _Run:
         self.nodes_told_states: tuple[str, ...] = ()
         self.waiting_told_at = 0.0  # a restart waiting for nodes: when it last said so
         self.mismatch = MismatchWatcher(pool, job.filename, info.source, info.line_offset)
+        self.preemption = PreemptionWatch(self)  # a machine about to go: a checkpoint first (.preemption)
 
     @property
     def nprocs(self) -> int:
@@ -230,6 +230,7 @@ class _Run:
             self._send_job_when_connected()
             now = time.monotonic()
             self._tell_nodes(now)
+            self.preemption.tick(now)
             if self.first_failure_at is not None:  # a rank failed
                 if now - self.first_failure_at >= self.failure_grace or len(self.failures) == self.nprocs:
                     return
@@ -238,8 +239,8 @@ class _Run:
             elif len(self.done) == self.nprocs:
                 self.all_done_at = self.all_done_at or now
                 if all(self.relay.ended(r, self.job.job_id) for r in range(self.nprocs)) or now - self.all_done_at > END_MARK_WAIT_S:
-                    self.relay.flush()
-                    return
+                    self.preemption.finished()
+                    return self.relay.flush()
             elif self.done and (mismatch := self.mismatch.check(set(self.done), now)) is not None:
                 self._fail(min(mismatch.waiting), mismatch.error(), diagnosis=mismatch.message())
             elif not self.pool.ready and now > self.start_deadline:
@@ -340,14 +341,20 @@ class _Run:
         elif isinstance(msg, P.Failed) and msg.job_id == self.job.job_id:
             self.raised.add(rank)
             self._fail(rank, msg.error)
+        elif isinstance(msg, (P.PreemptNotice, P.PreemptSaved)):
+            self.preemption.hear(rank, msg)
 
     def _fail(self, rank: int, cause: P.RemoteError | int, diagnosis: str | None = None) -> None:
         """Rank ``rank`` failed (an exception it reported, or its exit code): the pool is done for."""
-        failure = replace(self.pool.failure(rank, cause, self.relay.tail(rank), diagnosis), order=len(self.failures))
-        self.failures.setdefault(rank, failure)
-        self.first_failure_at = self.first_failure_at or time.monotonic()
+        self.record_failure(replace(self.pool.failure(rank, cause, self.relay.tail(rank), diagnosis),
+                                    order=len(self.failures)))
         if not (self.job.session and rank in self.raised):  # a session's ranks that raised still serve it
             self.pool.mark_broken()
+
+    def record_failure(self, failure: RankFailure) -> None:
+        """A rank's failure (its first one counts); the run ends a moment after the first of all."""
+        self.failures.setdefault(failure.rank, failure)
+        self.first_failure_at = self.first_failure_at or time.monotonic()
 
     def session_survives(self) -> bool:
         """A failed session cell leaves its ranks usable when each raised an exception or finished."""
@@ -454,7 +461,8 @@ def _failure(run: _Run, manager: PoolManager, info: CellInfo, code_name) -> Rank
     kept = run.session_survives()
     stopped = [] if kept else [r for r in range(pool.world_size) if r not in run.failures]
     unfinished = [r for r in stopped if r not in run.done]  # a rank that finished is in nbtrain's loop
-    where = whereabouts(pool, job.filename, info.source, info.line_offset, 0.4, unfinished) if unfinished else {}
+    stuck = [] if run.preemption.done else unfinished  # after a preemption's checkpoint they wait, as they should
+    where = whereabouts(pool, job.filename, info.source, info.line_offset, 0.4, stuck) if stuck else {}
     if kept:
         run.finish_output()
         manager.release(healthy=True, keep_alive_s=run.config.keep_alive_s)

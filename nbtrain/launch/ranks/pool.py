@@ -174,6 +174,8 @@ class WorkerPool(GroupState):
             with contextlib.suppress(OSError):
                 self.channel.send_all(P.Shutdown())
                 self.procs.wait_exit(grace * 2)
+        with contextlib.suppress(OSError):
+            self.channel.send_all(P.Stopping())  # its SIGTERM is no preemption notice (nbtrain.worker.stop)
         try:
             self.procs.stop(grace)
             if drain is not None:

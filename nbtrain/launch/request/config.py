@@ -32,6 +32,7 @@ DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_START_TIMEOUT_S = 180.0
 DEFAULT_LAST_CALL_S = 3.0  # --nodes MIN:MAX: once MIN nodes joined, how long more may join (torch elastic: last_call_timeout)
 DEFAULT_KEEP_ALIVE_S = 900.0
+DEFAULT_PREEMPTION_GRACE_S = 25.0  # a preemption notice: how long the ranks have to save (AWS gives 120 s, GCP 30 s)
 SESSION_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 
 
@@ -108,6 +109,10 @@ class LaunchRequest(TrainOptions):
         None, "--session", "run in the namespace session NAME keeps on the ranks: its variables stay there "
         "between cells (the distributed_sessions, distributed_pull and distributed_close magics list, fetch, end)", group="warm ranks",
         metavar="NAME")
+    preemption_grace: float | None = option(
+        None, "--preemption-grace", "after a preemption notice (SIGTERM, a cloud's reclaim notice), how long the ranks "
+        "have to save a checkpoint at their next step before the machine is let go (default 25)", group="training",
+        type=float, metavar="SECONDS", env="NBTRAIN_PREEMPTION_GRACE")
     tensorboard: str | None = option(
         None, "--tensorboard", "write every nbtrain.log() series as TensorBoard events, each rank's in DIR/rank<k> "
         "(relative to the notebook's current directory; needs the tensorboard package)", group="tracking",
@@ -161,6 +166,7 @@ class LaunchConfig:
     session: str = ""  # --session: the namespace kept on the ranks that the cell runs in; "" = a fresh one
     price_per_hour: float | None = None  # --price-per-gpu-hour (per core-hour on the CPU; nbtrain.launch.observers.cost)
     spawn: bool = False  # --spawn: new ranks are new interpreters, not forks of the zygote
+    preemption_grace_s: float = DEFAULT_PREEMPTION_GRACE_S  # a notice's checkpoint must be written within this
 
     @property
     def shown_rank(self) -> int | None:
@@ -383,6 +389,9 @@ def _finish(request: LaunchRequest, pool: PoolSpec, output: str, workdir: Workdi
     except TrainSettingsError as exc:
         raise ConfigError(str(exc)) from None
     start_timeout = DEFAULT_START_TIMEOUT_S if request.start_timeout is None else float(request.start_timeout)
+    grace = DEFAULT_PREEMPTION_GRACE_S if request.preemption_grace is None else float(request.preemption_grace)
+    if grace <= 0:
+        raise ConfigError(f"--preemption-grace must be a positive number of seconds (got {request.preemption_grace}).")
     try:
         tensorboard = tensorboard_dir(request.tensorboard, workdir.cwd) if request.tensorboard is not None else None
     except TrackerSetupError as exc:
@@ -415,4 +424,5 @@ def _finish(request: LaunchRequest, pool: PoolSpec, output: str, workdir: Workdi
                           "Leave out one of them.")
     return LaunchConfig(pool, _parse_names(request.out), output, keep_alive, request.fresh,
                         start_timeout_s=start_timeout, notes=tuple(notes), train=train, workdir=workdir,
-                        tensorboard=tensorboard, session=session, price_per_hour=price, spawn=request.spawn)
+                        tensorboard=tensorboard, session=session, price_per_hour=price, spawn=request.spawn,
+                        preemption_grace_s=grace)

@@ -1,0 +1,139 @@
+"""Spot reclaims on emulated nodes: the noticed node's ranks save, it leaves, the group re-forms and resumes.
+
+Node agents on 127.0.0.2, .3, .4 (1 rank each, gloo), the training cell of ``helpers/preempt_cells.py``:
+
+* SIGTERM to one of three agents mid-training (``--nodes 2:3 --max-restarts 1``): every rank saves at the next
+  step, the cell says when the notice came and the checkpoint's step and time, the node leaves, the group
+  re-forms with the two that are left and resumes — one curve, no step repeated or missing;
+* a cloud's notice (AWS's format, from an HTTP server on 127.0.0.1) to one of two agents polling it
+  (``--nodes 2``): the same, with a replacement node joining; the world size stays 2, so the curve is the
+  uninterrupted run's, value for value.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+import torch
+from helpers.kernelhelp import nbtrain_kernel
+from helpers.metadata import MetadataServer
+from helpers.nodehelp import until
+from helpers.preempt_cells import progress, signal_at_step, training_cell
+from helpers.runhelp import Captured
+
+from nbtrain.launch.lifecycle.entry import run_source
+from nbtrain.launch.request.config import LaunchRequest
+
+pytestmark = pytest.mark.timeout(400)
+
+
+def _request(tmp_path, nodes: str, **options) -> LaunchRequest:
+    options.setdefault("last_call", 1.0 if ":" in nodes else None)
+    options.setdefault("out", "steps,world")
+    return LaunchRequest(nodes=nodes, nproc_per_node=1, rdzv_host="127.0.0.1", cpu=True, start_timeout=120,
+                         checkpoint=str(tmp_path / "ckpt"), **options)
+
+
+def test_preempt_sigterm_to_one_of_three_agents_re_forms_with_two_and_resumes(tmp_path):
+    """Through a kernel (nbclient), three emulated nodes: the cell's own output says it all."""
+    marks, ckpt = tmp_path / "marks", tmp_path / "ckpt"
+    cell = training_cell(marks, epochs=2, samples=48, step_s=0.5)  # 3 ranks: 4 steps an epoch; then 2 ranks: 6
+    with nbtrain_kernel() as kernel:
+        kernel.run("%distributed_nodes --rdzv-host 127.0.0.1 --emulate 3", timeout=120)
+        sent = signal_at_step(marks, rank=1, step=2, to_parent=True)  # the agent: SIGTERM, as a cloud or Slurm sends
+        reply, text = kernel.execute(f"%%distributed --nodes 2:3 --rdzv-host 127.0.0.1 --cpu --last-call 1 "
+                                     f"--start-timeout 120 --checkpoint {ckpt} --max-restarts 1\n{cell}", timeout=300)
+        assert reply["status"] == "ok", text
+        notice = re.search(r"nbtrain: node (\w): SIGTERM at (\d\d:\d\d:\d\d) \(the machine is being stopped: a "
+                           r"preemption, Slurm, Kubernetes\); saving a checkpoint at the next step", text)
+        assert notice, text
+        saved = re.search(rf"nbtrain: node {notice.group(1)}: SIGTERM at {notice.group(2)} \(.*?\); checkpoint at "
+                          rf"step (\d+) saved in \d+\.\d+ s \(\d+\.\d+ s after the notice\); node {notice.group(1)} "
+                          r"leaves", text)
+        assert saved, text
+        step = int(saved.group(1))
+        assert sent["step"] <= step <= sent["after"] + 2, (sent, step)  # the step in progress, or the next
+        assert "lost" not in text and "replace" not in text, text  # it left on purpose; 2 are enough
+        assert "the group forms with 2 nodes of 2–3" in text and "(restart 1 of 1)" in text, text
+        checks = kernel.run("print(world, history['loss'].steps == list(range(steps)), steps)")
+        assert checks.split() == ["2", "True", "12"], checks  # epoch 0 goes on at its batch, over 6 a rank now
+        nodes = kernel.run("%distributed_nodes")
+        assert len(re.findall(r"^node \w:", nodes, re.M)) == 2, nodes  # the noticed agent left with its ranks
+
+
+def test_preempt_an_aws_notice_to_a_polling_agent_resumes_on_a_replacement_as_if_uninterrupted(nodes, tmp_path, capsys):
+    server = MetadataServer("AWS")
+    try:
+        env_url = {"NBTRAIN_PREEMPTION_URL": server.url, "NBTRAIN_PREEMPTION_POLL_S": "0.1"}
+        nodes.start("127.0.0.2")
+        agent = nodes.start("127.0.0.3", env_url)
+        nodes.wait_joined(2)
+        marks = tmp_path / "marks"
+        cell = training_cell(marks, epochs=2, samples=32, step_s=0.3)  # 2 ranks: 4 steps an epoch, 8 in all
+        restarted: list[bool] = []
+
+        def write(stream: str, text: str) -> None:
+            output(stream, text)
+            if "restarting the ranks" in text and not restarted:
+                restarted.append(True)
+                nodes.start("127.0.0.4")  # the replacement machine joins
+
+        output, ns = Captured(), {}
+        _announce_at_step(server, marks, step=5)
+        result = run_source(cell, _request(tmp_path, "2", max_restarts=1), ns, manager=nodes.manager, write=write)
+        text = capsys.readouterr().out + output.text()
+        assert re.search(r"nbtrain: node \w: spot reclaim notice at \d\d:\d\d:\d\d \(AWS, the machine goes at "
+                         r"\d\d:\d\d:\d\d\); saving a checkpoint at the next step", text), text
+        assert re.search(r"checkpoint at step \d saved in .*; node \w leaves", text) and "(restart 1 of 1)" in text, text
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            agent.wait(30)
+        assert agent.returncode == 0, (text, nodes.consoles())  # it left when the kernel said so
+        whole_ns: dict = {}
+        whole = run_source(cell.replace("time.sleep(0.3)", "time.sleep(0.01)"), _request(tmp_path / "whole", "2"), whole_ns, manager=nodes.manager, write=Captured())
+        assert ns["steps"] == whole_ns["steps"] == 8 and ns["world"] == 2
+        curve, expected = result.history.series("loss", rank=0), whole.history.series("loss", rank=0)
+        assert curve.steps == list(range(8))
+        assert curve.values == pytest.approx(expected.values, abs=1e-6)
+        assert torch.load(tmp_path / "ckpt" / "checkpoint.pt", weights_only=False)["step"] == 8
+    finally:
+        server.close()
+
+
+def _announce_at_step(server: MetadataServer, marks, step: int) -> None:
+    def watch() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            seen = progress(marks, 1)
+            if seen is not None and seen[1] >= step:
+                server.announce()
+                return
+            time.sleep(0.01)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def test_preempt_an_idle_agent_leaves_at_once_and_one_noticed_after_the_last_step_leaves_with_the_cell(nodes, tmp_path,
+                                                                                                       capsys):
+    idle = nodes.start("127.0.0.4")
+    nodes.wait_joined(1)
+    idle.send_signal(signal.SIGTERM)  # no ranks to save: nothing to wait for
+    assert idle.wait(20) == 0
+    assert "leaving: a preemption notice (SIGTERM) with no ranks running" in nodes.consoles()["127.0.0.4"]
+
+    busy = [nodes.start("127.0.0.2"), nodes.start("127.0.0.3")]
+    nodes.wait_joined(2)
+    cell = ("import os, signal, time\nif rank == 1:\n    os.kill(os.getppid(), signal.SIGTERM)\n    time.sleep(2)\n"
+            "done = True\n")  # the notice comes after the last step: nothing more to save
+    ns, output = {}, Captured()
+    run_source(cell, _request(tmp_path, "1:2", out="done"), ns, manager=nodes.manager, write=output)
+    text = capsys.readouterr().out + output.text()
+    assert ns["done"] and re.search(r"node (\w): SIGTERM at .*; the cell ended before its next step; node \1 leaves",
+                                    text), text
+    until(lambda: any(agent.poll() is not None for agent in busy), 20, "the noticed agent to leave")
+    assert sum(agent.poll() is not None for agent in busy) == 1, text  # it, and not the other
