@@ -135,6 +135,8 @@ class NodePool(GroupState):
         count = self.formation.size(len(idle), time.monotonic())
         if count == 0:
             return
+        if self.slurm is not None and (news := self.slurm.news(ask_now=True)):  # nodes joined before a poll saw it run
+            self._say(news)
         self.nodes = idle[:count]
         if self.spec.min_nodes:  # elastic: the world size is decided now
             self.formed(count * self.spec.nproc_per_node)

@@ -213,12 +213,12 @@ class SlurmNodes:
             self.state = query(self.job_id) or self.state
         return self.state
 
-    def news(self, again: bool = False) -> str:
-        """A line when the job's state changed since the last one (asked every :data:`POLL_EVERY_S`), else "";
-        ``again``: the state now, said or not (a new cell waits for the job)."""
+    def news(self, again: bool = False, ask_now: bool = False) -> str:
+        """A line when the job's state changed since the last one (asked every :data:`POLL_EVERY_S`, or now with
+        ``ask_now``), else ""; ``again``: the state now, said or not (a new cell waits for the job)."""
         if not self.job_id or self.step is not None:
             return ""
-        state = self._ask(force=again)
+        state = self._ask(force=again or ask_now)
         if state is None or not state.active or (str(state) == self._said and not again):
             return ""
         self._said = str(state)

@@ -66,7 +66,8 @@ def interruptible() -> Iterator[None]:
         _in_cell = False
 
 
-KERNEL_STOP_WAIT_S = 0.3  # the kernel's Stopping is sent before its SIGTERM; this covers the two crossing
+KERNEL_STOP_WAIT_S = 1.0  # the kernel's Stopping is sent before its SIGTERM; its reader thread may be slow to run on a
+# loaded machine, and a notice waiting this long still has most of its grace (25 s; AWS gives 120, GCP 30)
 _sigterm: dict = {}
 
 
