@@ -153,7 +153,8 @@ def test_warm_rerun_and_node_list(cluster):
 def test_a_priced_run_on_nodes_counts_every_nodes_cores(cluster):
     """--price-per-gpu-hour on --nodes --cpu: the core-hours of every node's ranks' cores, as each agent reported
     its cores when it joined (here 2 emulated nodes of this machine's cores, 2 ranks each)."""
-    out = cluster.kernel.run(CELL.replace("--cpu", "--cpu --price-per-gpu-hour 3600") + "x = 1\n", timeout=60)
+    out = cluster.kernel.run(CELL.replace("--cpu", "--cpu --price-per-gpu-hour 3600")  # 2 s: the summary's 0.1 s
+                             + "import time\ntime.sleep(2.0)\nx = 1\n", timeout=60)  # rounding stays small
     cpus = os.cpu_count() or 1
     cores = 2 * min(cpus, 2 * max(1, cpus // 2))
     seconds = float(re.search(r"· ([\d.]+) s", out).group(1))
