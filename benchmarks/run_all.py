@@ -78,6 +78,9 @@ BENCHMARKS = (
               "training state per rank ≤ 1/N of DDP's + 10 %; steps/s ≥ 0.98× torchrun FSDP2",
               ("sharded_memory.py", "--gpu", "--rounds", "3", "--steps", "20"),
               ("sharded_memory.py", "--gpu", "--rounds", "1", "--steps", "10"), gpu=True),
+    Benchmark("nccl-eager", "NCCL's communicator built at start (device_id) against at the first collective",
+              "init + first all-reduce no slower than the lazy communicator's",
+              ("nccl_first_collective.py", "--repeats", "5"), ("nccl_first_collective.py", "--repeats", "3"), gpu=True),
     Benchmark("logging-gpu", "Logging every step on GPUs", "nbtrain.log ≤ 1 % cost",
               ("log_overhead.py", "--gpu"), ("log_overhead.py", "--gpu", "--blocks", "3"), gpu=True),
 )

@@ -16,7 +16,10 @@ Checks, through a real IPython shell with ``%load_ext nbtrain``:
 7. ``nbtrain.prepare`` on a GPU with its defaults: a convolutional model runs under bf16 autocast (fp16
    where the GPU has no bf16) in channels_last, and its output comes back in float32;
 8. the dashboard chart's load panels read the GPUs: titles "GPU utilisation %" and "GPU memory %", a
-   line per GPU, numbers (not NaN) from NVML.
+   line per GPU, numbers (not NaN) from NVML;
+9. the ranks were forked from the kernel's zygote, which stays CUDA-clean on a GPU machine (no driver library
+   mapped, no context on any GPU) while the forked rank initialised CUDA on its own device; the first
+   all-reduce's latency is printed (NCCL's communicator is built at start, ``init_process_group(device_id=…)``).
 
 Record the command and its output in docs/gpu-verification.md.
 """
@@ -84,6 +87,25 @@ def prepared_defaults(shell) -> list[bool]:
                   f"inside {inside} (wanted {wanted}), output {out}")]
 
 
+def forked_ranks(shell) -> list[bool]:
+    """Check 9: the rank's parent is the zygote, which holds no CUDA although its child used a GPU."""
+    from nbtrain.gpu import nvml
+
+    zygote = shell._nbtrain_magics.pools.starter.zygote  # set by nbtrain.load_ipython_extension
+    pid = zygote.pid if zygote is not None else None
+    results = [check("the rank was forked from the kernel's zygote", pid is not None and shell.user_ns["parent"] == pid,
+                     f"rank's parent {shell.user_ns['parent']}, zygote {pid}")]
+    if pid is None:
+        return results
+    with open(f"/proc/{pid}/maps") as f:
+        mapped = sorted({line.split()[-1] for line in f if "libcuda.so" in line})
+    lib = nvml.library()
+    on_gpu = [g.index for g in nvml.all_gpus()
+              if pid in [p.pid for p in lib.nvmlDeviceGetComputeRunningProcesses(lib.nvmlDeviceGetHandleByIndex(g.index))]]
+    return results + [check("the zygote never loaded the CUDA driver", not mapped, f"libcuda mapped: {mapped or 'no'}"),
+                      check("the zygote holds no context on a GPU", not on_gpu, f"listed on GPUs {on_gpu or 'none'}")]
+
+
 def load_panels() -> list[bool]:
     """Check 8: the chart's load panels from two real telemetry samples."""
     from nbtrain.dashboard.load_feed import GPU_TITLES, LoadFeed
@@ -121,8 +143,10 @@ def main() -> int:
         "%%distributed 1\n"
         "import torch.distributed as dist\n"
         "from torch.nn.parallel import DistributedDataParallel as DDP\n"
-        "backend, where = dist.get_backend(), str(device)\n"
-        "t = torch.ones(1, device=device); dist.all_reduce(t); reduced = t.item()\n"
+        "import os, time\n"
+        "backend, where, parent = dist.get_backend(), str(device), os.getppid()\n"
+        "t = torch.ones(1, device=device); started = time.perf_counter(); dist.all_reduce(t); torch.cuda.synchronize()\n"
+        "first_ms = (time.perf_counter() - started) * 1000; reduced = t.item()\n"
         "net = DDP(nn.Linear(32, 1).to(device))\n"
         "opt = torch.optim.SGD(net.parameters(), lr=0.01)\n"
         "x, y = X.to(device), Y.to(device)\n"
@@ -133,7 +157,7 @@ def main() -> int:
     results.append(check("%%distributed 1 ran", result.success, f"{time.monotonic() - started:.1f} s cold"))
     if result.success:
         results.append(check("NCCL on cuda:0", ns["backend"] == "nccl" and ns["where"] == "cuda:0", f"{ns['backend']} on {ns['where']}"))
-        results.append(check("all_reduce on NCCL", ns["reduced"] == 1.0))
+        results.append(check("all_reduce on NCCL", ns["reduced"] == 1.0, f"the first took {ns['first_ms']:.2f} ms"))
         weight = ns["net"].weight
         results.append(check("model came back on the CPU", type(ns["net"]).__name__ == "Linear" and weight.device.type == "cpu",
                              f"{type(ns['net']).__name__} on {weight.device}, peak {ns['peak_mib']:.0f} MiB in the rank"))
@@ -147,6 +171,7 @@ def main() -> int:
                              f"memory.used right after the cell, MiB above the level before it: {grown}"))
     if result.success:
         results += prepared_defaults(shell)
+        results += forked_ranks(shell)
     results += load_panels()
     import torch
 

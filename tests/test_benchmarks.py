@@ -89,3 +89,14 @@ def test_gpu_speed_runs_its_whole_path_on_cpu_ranks():
     nbtrain, torchrun = (float(v) for v in row.split()[2:4])
     assert nbtrain > 0 and torchrun > 0
     assert "CPU smoke run, not a measurement" in done.stdout
+
+
+def test_the_nccl_comparison_runs_on_gloo_and_refuses_without_a_gpu():
+    script = os.path.join(ROOT, "benchmarks", "nccl_first_collective.py")
+    done = subprocess.run([sys.executable, script, "--cpu", "--repeats", "1"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {line[:22].strip(): line.split()[-4:] for line in done.stdout.splitlines()[1:3]}
+    assert set(rows) == {"at start (device_id)", "at first collective"}
+    assert all(float(value) > 0 for row in rows.values() for value in row)
+    refused = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "no CUDA GPU here" in refused.stderr
