@@ -19,7 +19,10 @@ Checks, through a real IPython shell with ``%load_ext nbtrain``:
    line per GPU, numbers (not NaN) from NVML;
 9. the ranks were forked from the kernel's zygote, which stays CUDA-clean on a GPU machine (no driver library
    mapped, no context on any GPU) while the forked rank initialised CUDA on its own device; the first
-   all-reduce's latency is printed (NCCL's communicator is built at start, ``init_process_group(device_id=…)``).
+   all-reduce's latency is printed (NCCL's communicator is built at start, ``init_process_group(device_id=…)``);
+10. in a fresh process with the zygote's imports, neither torch nor the driver is initialised (the driver library
+   may be mapped), and the zygote's check before a fork refuses once CUDA is initialised through torch or
+   through the driver's ``cuInit`` directly, as CuPy and JAX do.
 
 Record the command and its output in docs/gpu-verification.md.
 """
@@ -88,22 +91,65 @@ def prepared_defaults(shell) -> list[bool]:
 
 
 def forked_ranks(shell) -> list[bool]:
-    """Check 9: the rank's parent is the zygote, which holds no CUDA although its child used a GPU."""
+    """Check 9: the rank's parent is the zygote, which holds no context on a GPU although its child used one."""
     from nbtrain.gpu import nvml
 
     zygote = shell._nbtrain_magics.pools.starter.zygote  # set by nbtrain.load_ipython_extension
     pid = zygote.pid if zygote is not None else None
-    results = [check("the rank was forked from the kernel's zygote", pid is not None and shell.user_ns["parent"] == pid,
-                     f"rank's parent {shell.user_ns['parent']}, zygote {pid}")]
     if pid is None:
-        return results
+        return [check("the rank was forked from the kernel's zygote", False, "no zygote")]
     with open(f"/proc/{pid}/maps") as f:
-        mapped = sorted({line.split()[-1] for line in f if "libcuda.so" in line})
+        mapped = "libcuda.so" in f.read()
     lib = nvml.library()
     on_gpu = [g.index for g in nvml.all_gpus()
               if pid in [p.pid for p in lib.nvmlDeviceGetComputeRunningProcesses(lib.nvmlDeviceGetHandleByIndex(g.index))]]
-    return results + [check("the zygote never loaded the CUDA driver", not mapped, f"libcuda mapped: {mapped or 'no'}"),
-                      check("the zygote holds no context on a GPU", not on_gpu, f"listed on GPUs {on_gpu or 'none'}")]
+    return [check("the rank was forked from the kernel's zygote", shell.user_ns["parent"] == pid,
+                  f"rank's parent {shell.user_ns['parent']}, zygote {pid}; the driver library is "
+                  f"{'mapped' if mapped else 'not mapped'} in the zygote"),
+            check("the zygote holds no context on a GPU", not on_gpu, f"listed on GPUs {on_gpu or 'none'}")]
+
+
+DRIVER_PROBE = """
+import ctypes, importlib, json, sys
+from nbtrain.worker.zygote import WARM_IMPORTS, cuda_driver_initialised, unsafe_to_fork
+def mapped():
+    with open("/proc/self/maps") as f:
+        return "libcuda.so" in f.read()
+seen = {}
+for name in ("torch", "nbtrain.worker.main", *WARM_IMPORTS):
+    importlib.import_module(name)
+    seen[name] = mapped()
+import torch
+seen["ready"] = [torch.cuda.is_initialized(), cuda_driver_initialised(), unsafe_to_fork()]
+if sys.argv[1] == "torch":
+    torch.cuda.init()
+else:
+    ctypes.CDLL("libcuda.so.1").cuInit(0)
+seen["after"] = [torch.cuda.is_initialized(), cuda_driver_initialised(), unsafe_to_fork()]
+print(json.dumps(seen))
+"""
+
+
+def zygote_driver_checks() -> list[bool]:
+    """Check 10: the zygote's imports leave the driver uninitialised, and its check before each fork catches CUDA
+    initialised through torch or through the driver's cuInit directly (as CuPy and JAX do)."""
+    import json
+    import subprocess
+
+    results = []
+    for how in ("torch", "cuInit"):
+        done = subprocess.run([sys.executable, "-c", DRIVER_PROBE, how], capture_output=True, text=True, timeout=120)
+        if done.returncode:
+            results.append(check(f"zygote's imports, then CUDA initialised through {how}", False, done.stderr[-500:]))
+            continue
+        seen = json.loads(done.stdout.strip().splitlines()[-1])
+        first_mapped = next((name for name, on in seen.items() if on is True), None)
+        results.append(check(f"zygote's imports leave CUDA uninitialised ({how} run)", seen["ready"] == [False, False, ""],
+                             f"torch initialised, driver initialised, refusal: {seen['ready']}; the driver library "
+                             f"is first mapped after importing {first_mapped}"))
+        results.append(check(f"the zygote refuses to fork once CUDA is initialised through {how}",
+                             bool(seen["after"][2]) and seen["after"][1], f"{seen['after']}"))
+    return results
 
 
 def load_panels() -> list[bool]:
@@ -172,6 +218,7 @@ def main() -> int:
     if result.success:
         results += prepared_defaults(shell)
         results += forked_ranks(shell)
+        results += zygote_driver_checks()
     results += load_panels()
     import torch
 

@@ -9,8 +9,10 @@ the cold start's split.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
+import subprocess
 import sys
 import textwrap
 import time
@@ -222,3 +224,50 @@ def test_the_zygote_listens_nowhere_and_hears_only_json(fresh_pools):
     sockets = psutil.Process(zygote.pid).net_connections(kind="all")
     assert sockets and all(s.family == socket.AF_UNIX and not s.laddr for s in sockets), sockets  # the socketpair only
     assert psutil.Process(zygote.pid).environ()[forking.ZYGOTE_FD_ENV].isdigit()  # a descriptor's number, no secret
+
+
+STAND_IN_DRIVER = """
+static int initialised = 0;
+int cuInit(unsigned int flags) { initialised = 1; return 0; }
+int cuDeviceGetCount(int *count) { if (!initialised) return 3; *count = 1; return 0; }
+"""
+
+
+@pytest.fixture
+def stand_in_driver(tmp_path):
+    """A ``libcuda.so.1`` answering as the driver does before and after ``cuInit`` (no GPU here)."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to build the stand-in CUDA driver")
+    (tmp_path / "driver.c").write_text(STAND_IN_DRIVER)
+    library = tmp_path / "libcuda.so.1"
+    subprocess.run([compiler, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(library),
+                    str(tmp_path / "driver.c")], check=True)
+    return library
+
+
+@pytest.mark.parametrize("initialise", [False, True])
+def test_a_zygote_forks_with_the_driver_loaded_but_not_after_a_library_called_cuinit(own_zygote, tmp_path,
+                                                                                     stand_in_driver, initialise):
+    # Importing torch may map libcuda without initialising it (an H200 showed it): that must not stop forks;
+    # a library that calls cuInit itself (CuPy, JAX) must.
+    site = installed_module(tmp_path, "nbtrain_driver_lib", f"""
+        import ctypes, sys
+        if getattr(sys.modules["__main__"].__spec__, "name", "") == "nbtrain.worker.zygote":
+            driver = ctypes.CDLL({str(stand_in_driver)!r})
+            if {initialise}:
+                driver.cuInit(0)
+    """)
+    try:
+        import nbtrain_driver_lib  # noqa: F401
+
+        out = Captured()
+        ns, result = run_cell(own_zygote, PARENTS, out="parent", write=out, fresh=True)
+        if initialise:
+            assert result.cold_start.how == "spawned" and ns["parent"] == os.getpid()
+            assert "saw the CUDA driver initialised" in out.text(), out.text()
+        else:
+            assert result.cold_start.how == "forked" and ns["parent"] == own_zygote.starter.zygote.pid
+    finally:
+        sys.path.remove(site)
+        sys.modules.pop("nbtrain_driver_lib", None)

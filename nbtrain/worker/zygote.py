@@ -9,8 +9,8 @@ loads) and asks it for ranks. The zygote:
 * imports torch, :mod:`nbtrain.worker.main` and what a training cell's first lines import lazily
   (:data:`WARM_IMPORTS`: building an optimizer imports ``torch._dynamo``, seconds), freezes them out of the
   garbage collector (``gc.freeze``: a rank's collections neither walk them nor copy their pages), then waits; it **never initialises CUDA** and starts no thread,
-  and it checks both before every fork (a library that initialised CUDA when imported makes it refuse: the
-  kernel then spawns);
+  and it checks both before every fork (a library that initialised CUDA when imported — through torch, or the
+  driver's ``cuInit`` directly — makes it refuse: the kernel then spawns);
 * reads requests only from its end of a socketpair the kernel passed it (:mod:`nbtrain.wire.forking`: JSON,
   nothing unpickled); end-of-file there means the kernel is gone, and the zygote exits;
 * before a fork, imports the installed packages the notebook imported since (the request names them), so a
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import gc
 import importlib
 import os
@@ -138,16 +139,35 @@ class Zygote:
             os._exit(code)
 
 
+CUDA_SUCCESS = 0
+
+
 def unsafe_to_fork() -> str:
     """Why a fork of this process would not be a sound rank, or ""."""
     import torch
 
     if torch.cuda.is_initialized():
         return "the zygote saw CUDA initialised (a library imported for the notebook started it)"
+    if cuda_driver_initialised():
+        return "the zygote saw the CUDA driver initialised (a library imported for the notebook called cuInit)"
     if threading.active_count() > 1:
         names = ", ".join(t.name for t in threading.enumerate() if t is not threading.main_thread())
         return f"a library imported for the notebook started a thread in the zygote ({names})"
     return ""
+
+
+def cuda_driver_initialised() -> bool:
+    """Whether something in this process called ``cuInit`` behind torch's back (CuPy, JAX and Numba do).
+
+    Only asked where the driver library is already loaded: importing torch or Triton may map it without
+    initialising it (seen on an H200), and loading it is not ours to do. Before ``cuInit`` every driver call
+    answers CUDA_ERROR_NOT_INITIALIZED, so a successful ``cuDeviceGetCount`` means it ran."""
+    try:
+        driver = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+    except OSError:  # not loaded: nothing here initialised it
+        return False
+    count = ctypes.c_int(0)
+    return driver.cuDeviceGetCount(ctypes.byref(count)) == CUDA_SUCCESS
 
 
 def _become_rank(request: dict, fds: list[int], closing: tuple[int, ...], start_dir: str) -> None:
