@@ -16,8 +16,9 @@ H200), only where the caller asks for it (:class:`~nbtrain.gpu.devices.DeviceRea
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
+from . import jsonfields as J
 from . import nvml
 
 # nvmlClocksEventReason* (formerly nvmlClocksThrottleReason*): bit -> what it means, in words.
@@ -66,6 +67,22 @@ class GpuHealth:
         """The link runs narrower or at an older generation than the board's (an idle link may drop its
         generation to save power, so only the width counts alone)."""
         return bool(self.pcie_width and self.pcie_width_max and self.pcie_width < self.pcie_width_max)
+
+    def to_json(self) -> dict:
+        """Every field, JSON-safe (tuples as lists, None kept): how a node's heartbeat carries it."""
+        return J.plain(self)
+
+    @classmethod
+    def from_json(cls, data) -> GpuHealth | None:
+        """What :meth:`to_json` made, each field checked: one of the wrong type or size is None (N/A), a missing
+        one None, an unknown one ignored (a newer agent's); None when ``data`` is no dict."""
+        if not isinstance(data, dict):
+            return None
+        counts = {f.name: J.whole(data.get(f.name)) for f in fields(cls) if f.name not in _TEXTS}
+        return cls(**counts, clock_reasons=J.texts(data.get("clock_reasons")), unread=J.texts(data.get("unread")) or ())
+
+
+_TEXTS = ("clock_reasons", "unread")  # GpuHealth's fields that are lists of words; the others are counts
 
 
 def reasons(mask: int | None) -> tuple[str, ...] | None:
