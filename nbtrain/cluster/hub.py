@@ -17,6 +17,11 @@ next cell's ranks start without anyone pasting a command again. The hub's heartb
 a :class:`~nbtrain.wire.nodes.Heartbeat` every :data:`HEARTBEAT_S` and forgets a node that has been silent
 for :data:`LOST_AFTER_S` (its agent gives up on a silent kernel the same way). :meth:`Hub.close` says
 :class:`~nbtrain.wire.nodes.Bye` to every node: their agents exit with the pool.
+
+A node's heartbeat carries its machine's load and each GPU as plain JSON values (:func:`nbtrain.node.main.telemetry`);
+:func:`heartbeat_gpus` reads them back field by field (:meth:`~nbtrain.gpu.devices.GpuStatus.from_json`), so a
+node that sends junk — the wrong types, huge numbers or lists, nesting — gets N/A where it lied, never an exception
+here, and an older agent's ``(index, load, used, total, health line)`` still reads.
 """
 
 from __future__ import annotations

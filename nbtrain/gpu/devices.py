@@ -9,6 +9,10 @@ milliseconds and none of them change while a kernel lives.
 Everything goes through :func:`nbtrain.gpu.nvml.query` with ``quiet=True``: a field the driver cannot
 report (MIG instances have no utilisation counter; some boards have no power sensor) is ``None`` and the
 telemetry says so in its notes, rather than a warning every second.
+
+:meth:`GpuStatus.to_json` and :meth:`GpuStatus.from_json` are how a node agent's heartbeat carries a GPU to the
+kernel: plain JSON values (the health and MIG instances by their own ``to_json``), each checked on the way back in
+(:mod:`nbtrain.gpu.jsonfields`).
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ boost, …: why the clock is below its maximum), the PCIe link's generation and 
 drivers no PCIe counters. What the reader of the GPU learnt about a field it could not read travels in
 :attr:`GpuHealth.unread` (said once under the panel, as a note). The reader (:class:`~nbtrain.gpu.devices.DeviceReader`)
 adds the NVLink links and traffic (:mod:`nbtrain.gpu.fabric`) and, where it watches them, the Xid errors
-since it started (:mod:`nbtrain.gpu.xid`). The maxima never change and are read once per GPU, with the GPU's other fixed
+since it started (:mod:`nbtrain.gpu.xid`). :meth:`GpuHealth.to_json` / :meth:`GpuHealth.from_json` carry it in a
+node's heartbeat, every field. The maxima never change and are read once per GPU, with the GPU's other fixed
 facts (:class:`~nbtrain.gpu.nvml.GpuInfo`); the PCIe throughput, which NVML samples (62 ms a call on an
 H200), only where the caller asks for it (:class:`~nbtrain.gpu.devices.DeviceReader`).
 """
