@@ -106,7 +106,7 @@ def test_a_node_runs_panel_lists_its_nodes_and_redraws_when_they_report():
     board.tick()
     assert "<th" in board.run_panel.widget.value and ">node<" not in board.run_panel.widget.value  # one machine
     nodes = (NodeInfo("a", "gpu1", "10.0.0.7", (0, 1), "running", time.time(), 35.0, 41.0,
-                      (NodeGpu(0, 97.0, 12 * GiB, 80 * GiB),)),
+                      (NodeGpu(GpuStatus(0, "NVIDIA H100", "GPU-0", 97, 12 * GiB, 80 * GiB, 50, 300.0, 700.0, None)),)),
              NodeInfo("b", "gpu2", "10.0.0.8", (2, 3), "lost", time.time() - 6, None, None, ()))
     observer.nodes_heard(nodes)  # what the run loop calls once a second on a --nodes run
     board.tick()  # the shown second did not move: only the node report can redraw the panel

@@ -3,6 +3,7 @@ thread into the run's model, and shown in the device panel; the advisor's Xid hi
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
@@ -97,27 +98,37 @@ def test_each_mig_instance_is_a_device_with_its_memory_and_its_ranks(monkeypatch
     assert "rank 0" in next(r for r in rows if "MIG-1c9e-a" in r) and "rank" not in next(r for r in rows if "MIG-1c9e-b" in r)
 
 
-def test_heartbeats_carry_each_gpus_health_and_the_panel_groups_gpus_by_node(monkeypatch):
+def test_heartbeats_carry_each_gpu_as_plain_json_and_the_panel_draws_node_gpus_as_local_ones(monkeypatch):
     from nbtrain.cluster.hub import heartbeat_gpus
     from nbtrain.gpu.devices import DeviceReader
     from nbtrain.launch.observers.events import NodeInfo
     from nbtrain.node.main import telemetry
 
-    module = install(monkeypatch, [FakeGpu(nvlinks=(1,) * 18), FakeGpu(util=None)])
+    instance = FakeGpu(uuid="MIG-1c9e-a", total=10 * GIB, used=3 * GIB)
+    module = install(monkeypatch, [FakeGpu(nvlinks=(1,) * 18, clock_reasons=0x4, util=95),
+                                   FakeGpu(mig=True, processes=None, mig_devices=[instance])])
     reader = DeviceReader(xid_events=True)  # as the node agent's heartbeat thread reads
     try:
         telemetry(reader)
         module.xid(module.gpus[1], 79)
         deadline = time.monotonic() + 5
-        while "Xid 1" not in str(sample := telemetry(reader)) and time.monotonic() < deadline:
+        while "'xid_errors': 1" not in str(sample := telemetry(reader)) and time.monotonic() < deadline:
             time.sleep(0.05)
+        local = reader.read()
     finally:
         reader.close()
-    first, second = heartbeat_gpus(sample)
-    assert "NVLink 18 up" in first.health and "Xid 0" in first.health and "Xid 1 (last 79)" in second.health
+    first, second = heartbeat_gpus(json.loads(json.dumps(sample, allow_nan=False)))  # plain JSON values only
+    assert first.status.health.nvlinks == 18 and first.status.health.clock_reasons == ("power cap",)
+    assert (first.status.power, first.status.power_limit, first.status.utilization) == (200.0, 700.0, 95)
+    assert second.status.health.xid_errors == 1 and second.status.health.xid_last == 79 and second.status.mig
+    assert second.status.mig_devices == local[1].mig_devices and first.status.health.unread == ()
+    assert first.status.health == local[0].health  # every field, as the node read it
     nodes = (NodeInfo("a", "gpu1", "10.0.0.7", (0, 1), "running", time.time(), 35.0, 41.0, (first, second), 64),
              NodeInfo("b", "gpu2", "10.0.0.8", (2, 3), "lost", time.time() - 6, None, None, ()))
     shown = devices_html(None, None, nodes)
     node_a, node_b = shown.index("<b>node a</b> gpu1 · running · CPU 35%"), shown.index("<b>node b</b> gpu2 · lost")
     assert node_a < shown.index("Xid 1 (last 79)") < node_b and "no GPU" in shown[node_b:]
-    assert shown.count("GPU 0 util") == 1 and "GPU 1 util" in shown and "N/A" in shown  # GPU 1's utilisation
+    assert "NVLink 18 up" in shown and "slowed by power cap" in shown and "50°C · 200/700 W" in shown
+    assert "MIG 0 MIG-1c9e-a · mem" in shown and "3.0 GiB / 10.0 GiB" in shown and " · MIG" in shown
+    assert "node a, GPU 1 is in MIG mode" in shown  # the notes a local GPU gets, named by node
+    assert shown.count("<b>GPU 0</b> NVIDIA H100") == 1 and "<b>GPU 1</b>" in shown

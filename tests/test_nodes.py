@@ -12,6 +12,7 @@ kernel's death, which ends every node and its ranks.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import re
@@ -29,7 +30,7 @@ from helpers.workers import assert_no_workers, nbtrain_workers
 
 from nbtrain.cluster.hub import Hub
 from nbtrain.wire.link import JoinToken, LinkError, client_context, connect
-from nbtrain.wire.nodes import NodeHello
+from nbtrain.wire.nodes import Heartbeat, NodeHello
 
 NODE_ADDRESSES = ("127.0.0.2", "127.0.0.3")
 HELLO = NodeHello("tester", os.getpid(), 0, 1)
@@ -85,6 +86,74 @@ def test_a_node_refuses_a_kernel_whose_certificate_is_not_pinned(hub):
     with pytest.raises(LinkError, match="certificate"):
         connect(wrong, HELLO)
     assert hub.nodes == []
+
+
+def _heard(hub: Hub, link, telemetry: dict):
+    """``telemetry`` sent as a heartbeat over ``link``: the joined node's info once the hub has it."""
+    sent = time.time()
+    link.send(Heartbeat(sent, telemetry))
+    [node] = until(hub.live_nodes, 10, "the node to join")
+    until(lambda: getattr(node.link.last_heartbeat, "time", None) == sent, 10, "the heartbeat")
+    return node.info((0,), lost=False)
+
+
+HOSTILE_GPU = {
+    "index": 0, "name": 7, "utilization": "97", "memory_used": 2**70, "memory_total": [1], "temperature": {"x": 1},
+    "power": float("nan"), "power_limit": True, "mig": "yes", "future_field": [[[]]],
+    "health": {"sm_clock": "1980", "clock_reasons": ["power cap", {"x": 1}], "unread": ["N/A"] * 100_000,
+               "nvlinks": 18, "xid_errors": 10**400, "ecc_uncorrected": -0.5, "pcie_width": None, "later": {}},
+    "mig_devices": [{"index": "0", "uuid": "MIG-a"}, {"index": 1, "uuid": "MIG-b", "pids": [1, "2"], "x": 1}, 5],
+}
+
+
+def test_a_hostile_heartbeat_is_read_field_by_field_and_never_raises(hub):
+    from nbtrain.dashboard.devices_view import devices_html
+    from nbtrain.launch.diagnostics.advisor import Evidence, advise
+
+    link, _ = connect(hub.token, HELLO)
+    try:
+        junk = [{"index": "1"}, {"no": "index"}, [0, 50, None], "junk", None, 12, [[[]]], {"index": 2, "health": [1]}]
+        info = _heard(hub, link, {"cpu_percent": "lots", "ram_percent": float("inf"), "gpus": [HOSTILE_GPU, *junk]})
+        assert (info.cpu_percent, info.ram_percent) == (None, None)
+        [gpu, plain] = [g.status for g in info.gpus]
+        assert (gpu.index, gpu.name, gpu.utilization, gpu.memory_used, gpu.memory_total) == (0, "", None, None, None)
+        assert (gpu.temperature, gpu.power, gpu.power_limit, gpu.mig, gpu.processes) == (None, None, None, False, None)
+        h = gpu.health
+        assert (h.sm_clock, h.clock_reasons, h.unread, h.nvlinks, h.xid_errors, h.ecc_uncorrected) == \
+            (None, None, (), 18, None, None)
+        assert [(d.index, d.uuid, d.pids) for d in gpu.mig_devices] == [(1, "MIG-b", ())]
+        assert plain.index == 2 and plain.health is None and plain.mig_devices == ()
+        shown = devices_html(None, None, (info,))  # drawn, listed, judged: N/A where a field did not read
+        assert "NVLink 18 up" in shown and "SM N/A/N/A MHz" in shown and "MIG 1 MIG-b" in shown
+        assert "CPU N/A, RAM N/A, GPU 0 N/A memory N/A" in hub.describe()[0]
+        json.dumps(info.record(), allow_nan=False)
+        evidence = Evidence()
+        evidence.add_nodes((info,))
+        assert advise(evidence) == []
+        flood = _heard(hub, link, {"gpus": [{"index": i} for i in range(100_000)]})
+        assert flood.gpus == ()  # more GPUs than a machine has: not read
+    finally:
+        link.close()
+
+
+def test_an_older_agents_heartbeat_with_gpus_as_tuples_and_a_health_line_still_reads(hub):
+    from nbtrain.dashboard.devices_view import devices_html
+
+    line = "SM 1410/1980 MHz · PCIe 5 x16/16 · no NVLink · ECC 0 corrected, 0 uncorrected · slowed by power cap"
+    link, _ = connect(hub.token, HELLO)
+    try:
+        info = _heard(hub, link, {"cpu_percent": 12.0, "ram_percent": 40.0,
+                                  "gpus": [(0, 97, 2**30, 80 * 2**30, line), (1, None, None, 80 * 2**30)]})
+        first, second = info.gpus
+        assert (first.status.index, first.status.utilization, first.status.memory_used) == (0, 97, 2**30)
+        assert first.status.health is None and first.health_text == line and second.health_text == ""
+        assert info.record()["gpus"][0] == {"index": 0, "utilization": 97, "memory_used": 2**30,
+                                            "memory_total": 80 * 2**30, "health": line}
+        shown = devices_html(None, None, (info,))
+        assert line in shown and "<b>GPU 1</b>" in shown and "97%" in shown
+        assert "CPU 12%, RAM 40%, GPU 0 97% 1.0/80 GiB, GPU 1 N/A memory N/A" in hub.describe()[0]
+    finally:
+        link.close()
 
 
 # ---------------------------------------------------------------------------- a kernel and two nodes

@@ -70,7 +70,7 @@ export function nodeText(node: INode): string {
     parts.push(`CPU ${percent(node.cpu_percent)}`, `RAM ${percent(node.ram_percent)}`);
   }
   for (const gpu of node.gpus) {
-    const health = gpu.health ? ` (${gpu.health})` : ''; // clocks, PCIe, NVLink, ECC, Xid: the node's own reading
+    const health = gpu.health ? ` (${gpu.health})` : ''; // clocks, PCIe, NVLink, ECC, Xid: from the node's readings
     parts.push(`GPU${gpu.index} ${percent(gpu.utilization)} ${gib(gpu.memory_used)}/${gib(gpu.memory_total)} GiB${health}`);
   }
   return parts.join(' · ');

@@ -49,7 +49,7 @@ export interface INodeGpu {
   utilization: number | null;
   memory_used: number | null;
   memory_total: number | null;
-  health: string; // its health line as the node read it (clocks, PCIe, NVLink, ECC, Xid); "" from older agents
+  health: string; // its health line (clocks, PCIe, NVLink, ECC, Xid), written by the kernel from the node's readings
 }
 
 /** A run's state: nbtrain.launch.observers.events.RunState's values (tests/test_lab_contract.py checks they agree). */

@@ -17,6 +17,11 @@ next cell's ranks start without anyone pasting a command again. The hub's heartb
 a :class:`~nbtrain.wire.nodes.Heartbeat` every :data:`HEARTBEAT_S` and forgets a node that has been silent
 for :data:`LOST_AFTER_S` (its agent gives up on a silent kernel the same way). :meth:`Hub.close` says
 :class:`~nbtrain.wire.nodes.Bye` to every node: their agents exit with the pool.
+
+A node's heartbeat carries its machine's load and each GPU as plain JSON values (:func:`nbtrain.node.main.telemetry`);
+:func:`heartbeat_gpus` reads them back field by field (:meth:`~nbtrain.gpu.devices.GpuStatus.from_json`), so a
+node that sends junk — the wrong types, huge numbers or lists, nesting — gets N/A where it lied, never an exception
+here, and an older agent's ``(index, load, used, total, health line)`` still reads.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from ..gpu import jsonfields as J
+from ..gpu.devices import GpuStatus
 from ..launch.observers.events import NamedState, NodeGpu, NodeInfo
 from ..wire import nodes as N
 from ..wire.link import JoinToken, Link, LinkError, handshake_server, read_hello, send_welcome
@@ -40,6 +47,7 @@ HEARTBEAT_S = 1.0
 LOST_AFTER_S = 5.0
 ADMIT_DEADLINE_S = 5.0  # TLS, handshake and hello together, however slowly the peer sends
 MAX_ADMISSIONS = 8  # connections being admitted at once; more are closed at once
+MAX_GPUS = 64  # GPUs a heartbeat may list; a longer list is not read
 
 
 class NodeState(NamedState):
@@ -72,16 +80,35 @@ class NodeConn:
         """What observers (the dashboard, the run registry) are told of this node: from its last heartbeat."""
         beat = self.link.last_heartbeat
         sample = beat.telemetry if beat is not None else {}
-        gpus = heartbeat_gpus(sample)
         return NodeInfo(self.name, self.hello.host, self.address, tuple(ranks), "lost" if lost else self.state.value,
-                        time.time() - self.silent_for(), sample.get("cpu_percent"), sample.get("ram_percent"), gpus,
-                        self.hello.cpus)
+                        time.time() - self.silent_for(), *heartbeat_load(sample), heartbeat_gpus(sample), self.hello.cpus)
 
 
-def heartbeat_gpus(sample: dict) -> tuple[NodeGpu, ...]:
-    """A heartbeat's GPUs (:func:`nbtrain.node.main.telemetry`): index, load, memory and, from newer agents, the
-    health line."""
-    return tuple(NodeGpu(*gpu) for gpu in sample.get("gpus", []))
+def heartbeat_gpus(sample) -> tuple[NodeGpu, ...]:
+    """A heartbeat's GPUs (:func:`nbtrain.node.main.telemetry`), each a dict checked field by field
+    (:meth:`~nbtrain.gpu.devices.GpuStatus.from_json`), or, from older agents, ``(index, load, used, total[,
+    health line])``. What does not read as a GPU is left out and a field that does not read is N/A: whatever a
+    node sends, this never raises."""
+    entries = J.items(sample.get("gpus") if isinstance(sample, dict) else None, MAX_GPUS) or []
+    return tuple(gpu for gpu in map(_node_gpu, entries) if gpu is not None)
+
+
+def _node_gpu(entry) -> NodeGpu | None:
+    if isinstance(entry, dict):
+        status = GpuStatus.from_json(entry)
+        return None if status is None else NodeGpu(status)
+    old = J.items(entry, 5)
+    if old is None or len(old) < 4 or J.whole(old[0]) is None:
+        return None
+    index, load, used, total, *line = old
+    return NodeGpu(GpuStatus(index, "", "", J.whole(load), J.whole(used), J.whole(total), None, None, None, None),
+                   (J.text(line[0]) if line else None) or "")
+
+
+def heartbeat_load(sample) -> tuple[float | None, float | None]:
+    """A heartbeat's CPU and RAM use, percent (N/A when not a number)."""
+    sample = sample if isinstance(sample, dict) else {}
+    return J.number(sample.get("cpu_percent")), J.number(sample.get("ram_percent"))
 
 
 class Hub:
@@ -277,11 +304,17 @@ def _load(beat: N.Heartbeat | None) -> str:
     sample = beat.telemetry if beat is not None else {}
     if not sample:
         return ""
-    text = f"; CPU {sample.get('cpu_percent', 0):.0f}%, RAM {sample.get('ram_percent', 0):.0f}%"
-    for index, load, used, total in sample.get("gpus", []):
-        memory = f"{used / 2**30:.1f}/{total / 2**30:.0f} GiB" if used is not None and total else "memory N/A"
-        text += f", GPU {index} {load if load is not None else 'N/A'}% {memory}"
+    cpu, ram = heartbeat_load(sample)
+    text = f"; CPU {_percent(cpu)}, RAM {_percent(ram)}"
+    for gpu in heartbeat_gpus(sample):
+        g = gpu.status
+        memory = f"{g.memory_used / 2**30:.1f}/{g.memory_total / 2**30:.0f} GiB" if g.memory_used is not None and g.memory_total else "memory N/A"
+        text += f", GPU {g.index} {_percent(g.utilization)} {memory}"
     return text
+
+
+def _percent(value: float | None) -> str:
+    return "N/A" if value is None else f"{value:.0f}%"
 
 
 def _duration(seconds: float) -> str:

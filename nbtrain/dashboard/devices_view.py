@@ -5,8 +5,10 @@ bar is split by owner — each rank's share (its process and children, from NVML
 other processes in grey — so "which rank uses how much" is visible at a glance.
 
 A ``--nodes`` run shows its machines instead, grouped by node, from their last heartbeats
-(:class:`~nbtrain.launch.observers.events.NodeInfo`): each node's state, CPU and RAM, then each of its GPUs' load,
-memory and health line as the node read them.
+(:class:`~nbtrain.launch.observers.events.NodeInfo`): each node's state, CPU and RAM, then each of its GPUs drawn
+as this machine's are (one renderer, :func:`_gpu_row`): name, temperature and power, load, memory, the health line
+(written here from the structured health the heartbeat carried) and its MIG instances. Who holds a node GPU's
+memory is not sent (PIDs mean nothing off their machine), so its memory bar is all grey (not a rank's).
 
 :func:`devices_html` is a pure function of a snapshot (tested without a browser); :class:`DevicePanel`
 is the widget, a single ``ipywidgets.HTML`` so one refresh is one message.
@@ -17,7 +19,7 @@ from __future__ import annotations
 import html
 
 from ..gpu.health import describe as describe_health
-from ..gpu.telemetry import Snapshot
+from ..gpu.telemetry import Snapshot, gpu_notes
 from ..words import count
 from . import text, theme
 from .telemetry_series import MACHINE, DeviceKey
@@ -32,43 +34,47 @@ def _bar(segments: list[tuple[float, str]], title: str = "") -> str:
 
 
 def _gpu_rows(snap: Snapshot, sparks) -> list[str]:
-    rows = []
-    for gpu in snap.gpus:
-        key = DeviceKey.gpu(gpu.index)
-        busy_spark = text.sparkline(sparks.get(key, _NO_SPARK)[0])
-        head = (f"<b>{key.label}</b> {html.escape(gpu.name)} · {text.NA if gpu.temperature is None else f'{gpu.temperature}°C'}"
-                f" · {text.NA if gpu.power is None else f'{gpu.power:.0f}'}/"
-                f"{text.NA if gpu.power_limit is None else f'{gpu.power_limit:.0f}'} W" + (" · MIG" if gpu.mig else ""))
-        busy = (gpu.utilization or 0) / 100
-        util = f"util {_bar([(busy, theme.busy_color(gpu.utilization))])}{text.percent(gpu.utilization):>4} {busy_spark}"
-        segments, legend, owned = [], [], 0
-        total = gpu.memory_total or 0
-        for r in snap.ranks:
-            if r.gpu_index != gpu.index:
-                continue
-            if r.gpu_memory is None:  # unknown (see the notes): counted in the total
-                legend.append(f'{theme.swatch(r.rank)} rank {r.rank} {text.NA}')
-            elif total:
-                segments.append((r.gpu_memory / total, theme.rank_color(r.rank)))
-                legend.append(f'{theme.swatch(r.rank)} rank {r.rank} {text.size(r.gpu_memory)}')
-                owned += r.gpu_memory
-        if gpu.memory_used is not None and total:
-            segments.append(((gpu.memory_used - owned) / total, theme.OTHER_COLOR))
-        memory = (f"mem {_bar(segments)}{text.size(gpu.memory_used)} / {text.size(gpu.memory_total)}"
-                  + (" · " + " ".join(legend) if legend else ""))
-        health = describe_health(gpu.health)
-        rows.append(f'<div class="nbt-row">{head}</div><div class="nbt-row">&nbsp;&nbsp;{util}</div>'
-                    f'<div class="nbt-row">&nbsp;&nbsp;{memory}</div>'
-                    + (f'<div class="nbt-row">&nbsp;&nbsp;{html.escape(health)}</div>' if health else "")
-                    + "".join(_mig_row(device, snap.ranks) for device in gpu.mig_devices))
-    return rows
+    return [_gpu_row(gpu, snap.ranks, text.sparkline(sparks.get(DeviceKey.gpu(gpu.index), _NO_SPARK)[0]),
+                     describe_health(gpu.health)) for gpu in snap.gpus]
 
 
-def _mig_row(device, ranks) -> str:
+def _gpu_row(gpu, ranks, busy_spark: str, health: str, pad: str = "") -> str:
+    """One GPU (a :class:`~nbtrain.gpu.devices.GpuStatus`, of this machine or as a node's heartbeat carried it):
+    name, temperature, power; load; memory split by the ``ranks`` on it (the rest in grey); its health line; its MIG
+    instances. ``pad`` indents every row."""
+    head = (f"<b>{DeviceKey.gpu(gpu.index).label}</b> {html.escape(gpu.name)} · "
+            f"{text.NA if gpu.temperature is None else f'{gpu.temperature}°C'}"
+            f" · {text.NA if gpu.power is None else f'{gpu.power:.0f}'}/"
+            f"{text.NA if gpu.power_limit is None else f'{gpu.power_limit:.0f}'} W" + (" · MIG" if gpu.mig else ""))
+    busy = (gpu.utilization or 0) / 100
+    util = f"util {_bar([(busy, theme.busy_color(gpu.utilization))])}{text.percent(gpu.utilization):>4} {busy_spark}"
+    segments, legend, owned = [], [], 0
+    total = gpu.memory_total or 0
+    for r in ranks:
+        if r.gpu_index != gpu.index:
+            continue
+        if r.gpu_memory is None:  # unknown (see the notes): counted in the total
+            legend.append(f'{theme.swatch(r.rank)} rank {r.rank} {text.NA}')
+        elif total:
+            segments.append((r.gpu_memory / total, theme.rank_color(r.rank)))
+            legend.append(f'{theme.swatch(r.rank)} rank {r.rank} {text.size(r.gpu_memory)}')
+            owned += r.gpu_memory
+    if gpu.memory_used is not None and total:
+        segments.append(((gpu.memory_used - owned) / total, theme.OTHER_COLOR))
+    memory = (f"mem {_bar(segments)}{text.size(gpu.memory_used)} / {text.size(gpu.memory_total)}"
+              + (" · " + " ".join(legend) if legend else ""))
+    rows = [head, f"&nbsp;&nbsp;{util}", f"&nbsp;&nbsp;{memory}"]
+    if health:
+        rows.append(f"&nbsp;&nbsp;{html.escape(health)}")
+    return ("".join(f'<div class="nbt-row">{pad}{row}</div>' for row in rows)
+            + "".join(_mig_row(device, ranks, pad) for device in gpu.mig_devices))
+
+
+def _mig_row(device, ranks, pad: str = "") -> str:
     """A MIG instance as a device of its own: its UUID, its memory, the ranks whose processes run on it."""
     share = device.memory_used / device.memory_total if device.memory_used is not None and device.memory_total else 0
     on_it = " ".join(f"{theme.swatch(r.rank)} rank {r.rank}" for r in ranks if r.mig_uuid == device.uuid)
-    return (f'<div class="nbt-row">&nbsp;&nbsp;MIG {device.index} {html.escape(device.uuid)} · mem '
+    return (f'<div class="nbt-row">{pad}&nbsp;&nbsp;MIG {device.index} {html.escape(device.uuid)} · mem '
             f'{_bar([(share, theme.ACCENT)])}{text.size(device.memory_used)} / {text.size(device.memory_total)}'
             + (f" · {on_it}" if on_it else "") + "</div>")
 
@@ -97,14 +103,9 @@ def _node_rows(nodes) -> list[str]:
         rows.append(f'<div class="nbt-row"><b>node {html.escape(node.name)}</b> {html.escape(node.host)} · '
                     f'{html.escape(node.state)} · CPU {text.percent(node.cpu_percent)} · RAM {text.percent(node.ram_percent)}'
                     + ("" if node.gpus else " · no GPU") + "</div>")
-        for gpu in node.gpus:
-            used = gpu.memory_used / gpu.memory_total if gpu.memory_used is not None and gpu.memory_total else 0
-            rows.append(f'<div class="nbt-row">&nbsp;&nbsp;GPU {gpu.index} util '
-                        f'{_bar([((gpu.utilization or 0) / 100, theme.busy_color(gpu.utilization))])}'
-                        f'{text.percent(gpu.utilization):>4} · mem {_bar([(used, theme.ACCENT)])}'
-                        f'{text.size(gpu.memory_used)} / {text.size(gpu.memory_total)}</div>'
-                        + (f'<div class="nbt-row">&nbsp;&nbsp;&nbsp;&nbsp;{html.escape(gpu.health)}</div>'
-                           if gpu.health else ""))
+        rows.extend(_gpu_row(gpu.status, (), "", gpu.health_text, pad="&nbsp;&nbsp;") for gpu in node.gpus)
+        rows.extend(f'<div class="nbt-note">node {html.escape(node.name)}, {html.escape(note)}</div>'
+                    for note in gpu_notes([gpu.status for gpu in node.gpus]))
     return rows
 
 

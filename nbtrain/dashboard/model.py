@@ -55,8 +55,11 @@ class RunModel:
         self.earlier = tuple(runs)
 
     def set_nodes(self, nodes: tuple[NodeInfo, ...]) -> None:
+        """A --nodes run's machines (about once a second): for the panels, and their GPUs' health for the advisor."""
         self.nodes = tuple(nodes)
         self.nodes_version += 1
+        with self._evidence_lock:
+            self.evidence.add_nodes(self.nodes)
 
     def add_metrics(self, rank: int, records) -> None:
         self.store.add(rank, records)

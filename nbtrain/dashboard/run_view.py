@@ -60,7 +60,7 @@ def _memory(usage) -> str:
 def node_gpus_text(gpus) -> str:
     """``GPU 0 97% 1.2 GiB/80.0 GiB, GPU 1 …`` from a heartbeat's GPUs; ``–`` for a node without one."""
     return ", ".join(f"GPU {g.index} {text.percent(g.utilization)} {text.size(g.memory_used)}/{text.size(g.memory_total)}"
-                     for g in gpus) or "–"
+                     for g in (gpu.status for gpu in gpus)) or "–"
 
 
 def nodes_html(nodes) -> str:

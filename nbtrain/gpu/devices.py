@@ -9,6 +9,10 @@ milliseconds and none of them change while a kernel lives.
 Everything goes through :func:`nbtrain.gpu.nvml.query` with ``quiet=True``: a field the driver cannot
 report (MIG instances have no utilisation counter; some boards have no power sensor) is ``None`` and the
 telemetry says so in its notes, rather than a warning every second.
+
+:meth:`GpuStatus.to_json` and :meth:`GpuStatus.from_json` are how a node agent's heartbeat carries a GPU to the
+kernel: plain JSON values (the health and MIG instances by their own ``to_json``), each checked on the way back in
+(:mod:`nbtrain.gpu.jsonfields`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from . import jsonfields as J
 from . import nvml
 from .fabric import MigDevice, MigSlot, NvLinkRates, mig_slots, nvlink_links, read_mig_devices
 from .health import GpuHealth, read_health, read_throughput
@@ -25,6 +30,7 @@ from .xid import XidWatcher
 # An idle board reads a few hundred MiB (the driver's own reservation), a CUDA context alone ~0.5 GiB.
 HIDDEN_PROCESSES_FLOOR = 1 << 30
 THROUGHPUT_EVERY_S = 10.0
+MAX_MIG_DEVICES = 16  # instances of one GPU a heartbeat may list (an H100 has 7 slots)
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,30 @@ class GpuStatus:
         if self.memory_used is None or not self.memory_total:
             return None
         return self.memory_used / self.memory_total
+
+    def to_json(self) -> dict:
+        """This GPU as a node's heartbeat carries it: JSON-safe, its health and MIG instances as dicts of their
+        own; its processes stay on the node (their PIDs mean nothing elsewhere)."""
+        return {"index": self.index, "name": self.name, "uuid": self.uuid, "utilization": self.utilization,
+                "memory_used": self.memory_used, "memory_total": self.memory_total, "temperature": self.temperature,
+                "power": self.power, "power_limit": self.power_limit, "mig": self.mig,
+                "health": None if self.health is None else self.health.to_json(),
+                "mig_devices": [device.to_json() for device in self.mig_devices]}
+
+    @classmethod
+    def from_json(cls, data) -> GpuStatus | None:
+        """What :meth:`to_json` made, each field checked: one of the wrong type or size reads N/A, a missing one
+        too, an unknown one is ignored (a newer agent's); None without an index (or when ``data`` is no dict).
+        ``processes`` is None: not known here."""
+        if not isinstance(data, dict) or (index := J.whole(data.get("index"))) is None:
+            return None
+        devices = J.items(data.get("mig_devices"), MAX_MIG_DEVICES) or []
+        return cls(index=index, name=J.text(data.get("name")) or "", uuid=J.text(data.get("uuid")) or "",
+                   utilization=J.whole(data.get("utilization")), memory_used=J.whole(data.get("memory_used")),
+                   memory_total=J.whole(data.get("memory_total")), temperature=J.whole(data.get("temperature")),
+                   power=J.number(data.get("power")), power_limit=J.number(data.get("power_limit")), processes=None,
+                   mig=data.get("mig") is True, health=GpuHealth.from_json(data.get("health")),
+                   mig_devices=tuple(d for d in map(MigDevice.from_json, devices) if d is not None))
 
 
 class DeviceReader:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import jsonfields as J
 from . import nvml
 
 NVLINK_RX, NVLINK_TX = 139, 138  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX / _TX, in KiB
@@ -85,6 +86,22 @@ class MigDevice:
     memory_used: int | None
     memory_total: int | None
     pids: tuple[int, ...] = ()
+
+    def to_json(self) -> dict:
+        """Its fields, JSON-safe: how a node's heartbeat carries it."""
+        return J.plain(self)
+
+    @classmethod
+    def from_json(cls, data) -> MigDevice | None:
+        """What :meth:`to_json` made, each field checked (a wrong one reads N/A); None without a slot and a UUID,
+        which tell an instance apart."""
+        if not isinstance(data, dict):
+            return None
+        index, uuid = J.whole(data.get("index")), J.text(data.get("uuid"))
+        if index is None or uuid is None:
+            return None
+        return cls(index, uuid, J.whole(data.get("memory_used")), J.whole(data.get("memory_total")),
+                   J.wholes(data.get("pids")) or ())
 
 
 def mig_slots(lib, handle) -> tuple[MigSlot, ...]:

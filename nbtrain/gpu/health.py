@@ -9,15 +9,17 @@ boost, …: why the clock is below its maximum), the PCIe link's generation and 
 drivers no PCIe counters. What the reader of the GPU learnt about a field it could not read travels in
 :attr:`GpuHealth.unread` (said once under the panel, as a note). The reader (:class:`~nbtrain.gpu.devices.DeviceReader`)
 adds the NVLink links and traffic (:mod:`nbtrain.gpu.fabric`) and, where it watches them, the Xid errors
-since it started (:mod:`nbtrain.gpu.xid`). The maxima never change and are read once per GPU, with the GPU's other fixed
+since it started (:mod:`nbtrain.gpu.xid`). :meth:`GpuHealth.to_json` / :meth:`GpuHealth.from_json` carry it in a
+node's heartbeat, every field. The maxima never change and are read once per GPU, with the GPU's other fixed
 facts (:class:`~nbtrain.gpu.nvml.GpuInfo`); the PCIe throughput, which NVML samples (62 ms a call on an
 H200), only where the caller asks for it (:class:`~nbtrain.gpu.devices.DeviceReader`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
+from . import jsonfields as J
 from . import nvml
 
 # nvmlClocksEventReason* (formerly nvmlClocksThrottleReason*): bit -> what it means, in words.
@@ -66,6 +68,22 @@ class GpuHealth:
         """The link runs narrower or at an older generation than the board's (an idle link may drop its
         generation to save power, so only the width counts alone)."""
         return bool(self.pcie_width and self.pcie_width_max and self.pcie_width < self.pcie_width_max)
+
+    def to_json(self) -> dict:
+        """Every field, JSON-safe (tuples as lists, None kept): how a node's heartbeat carries it."""
+        return J.plain(self)
+
+    @classmethod
+    def from_json(cls, data) -> GpuHealth | None:
+        """What :meth:`to_json` made, each field checked: one of the wrong type or size is None (N/A), a missing
+        one None, an unknown one ignored (a newer agent's); None when ``data`` is no dict."""
+        if not isinstance(data, dict):
+            return None
+        counts = {f.name: J.whole(data.get(f.name)) for f in fields(cls) if f.name not in _TEXTS}
+        return cls(**counts, clock_reasons=J.texts(data.get("clock_reasons")), unread=J.texts(data.get("unread")) or ())
+
+
+_TEXTS = ("clock_reasons", "unread")  # GpuHealth's fields that are lists of words; the others are counts
 
 
 def reasons(mask: int | None) -> tuple[str, ...] | None:

@@ -123,7 +123,7 @@ class Telemetry:
             notes.append("the NVIDIA driver is loaded but lists no GPU")
         trees = {r.rank: self._trees.usage(r.pid) for r in ranks}
         usages = tuple(self._rank_usage(r, trees[r.rank], gpus, notes) for r in ranks)
-        notes += _gpu_notes(gpus)
+        notes += gpu_notes(gpus)
         self._trees.forget_except({r.pid for r in ranks}, {p for t in trees.values() for p in t.pids})
         return Snapshot(time.time(), gpus, usages, host_status(self._host_cpu), reason, tuple(dict.fromkeys(notes)))
 
@@ -163,7 +163,8 @@ def hidden_processes_note(gpu: GpuStatus) -> str:
             f"and per-rank memory is unknown (N/A); memory.used ({used}) shows what is in use")
 
 
-def _gpu_notes(gpus) -> list[str]:
+def gpu_notes(gpus) -> list[str]:
+    """What the panel says under these GPUs: why fields read N/A (once per reason), hidden processes, MIG mode."""
     notes = []
     unread: dict[str, list[int]] = {}  # why a health field reads N/A -> the GPUs it holds for: one note each
     for gpu in gpus:
@@ -208,4 +209,4 @@ def snapshot(ranks: Iterable | None = None) -> Snapshot:
 
 
 __all__ = ["Telemetry", "Snapshot", "RankUsage", "GpuStatus", "GpuProcess", "HostStatus", "snapshot", "NO_DRIVER",
-           "hidden_processes_note"]
+           "hidden_processes_note", "gpu_notes"]

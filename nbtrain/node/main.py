@@ -158,14 +158,12 @@ def _handle(message, ranks: LocalRanks, link: Link, address: str | None) -> None
 
 
 def telemetry(reader) -> dict:
-    """This machine now, sent with each heartbeat: CPU and RAM use, and each GPU's load, memory and health line
-    (NVML: clocks, PCIe, NVLink, ECC, and the Xid errors since the agent started)."""
-    from ..gpu.health import describe
-
+    """This machine now, sent with each heartbeat: CPU and RAM use, and each GPU as plain JSON values
+    (:meth:`~nbtrain.gpu.devices.GpuStatus.to_json`: load, memory, temperature, power, its health — clocks and
+    what holds them down, PCIe, NVLink, ECC, the Xid errors since the agent started — and its MIG instances)."""
     sample: dict = {"cpu_percent": psutil.cpu_percent(None), "ram_percent": psutil.virtual_memory().percent}
     try:
-        sample["gpus"] = [(g.index, g.utilization, g.memory_used, g.memory_total, describe(g.health))
-                          for g in reader.read()]
+        sample["gpus"] = [gpu.to_json() for gpu in reader.read()]
     except Exception:  # a driver hiccup must not stop the heartbeats
         sample["gpus"] = []
     return sample

@@ -4,7 +4,8 @@ A node's conversation (:mod:`nbtrain.wire.link` frames, authenticated both ways 
 
     node   -> NodeHello(host, pid, gpus, cpus)      once, right after the handshake, in raw bytes (link.read_hello)
     kernel -> the node's name in this pool: a, b, c, …  raw bytes too; only then do frames (pickles) start
-    either -> Heartbeat(time)                       about every second; 5 s of silence = lost
+    either -> Heartbeat(time, telemetry)            about every second; 5 s of silence = lost; the node's telemetry is
+                                                    plain JSON values (node.main.telemetry), read field by field
     kernel -> StartRanks(...)                       run torch elastic's agent for this node's ranks
     node   -> RanksStarted(ranks)                   after the c10d rendezvous: global rank -> (local rank, pid)
     kernel -> Deliver(job, files)                   a cell's Job, once per node, with its shared-memory files
@@ -41,7 +42,7 @@ class NodeHello:
 @dataclass(frozen=True)
 class Heartbeat:
     time: float
-    telemetry: dict = field(default_factory=dict)
+    telemetry: dict = field(default_factory=dict)  # the node's: only str, numbers, None, lists, dicts (see above)
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,15 @@ NVML: it only lets the tests check what nbtrain does with NVML's answers and err
 is checked on a GPU machine (docs/gpu-verification.md).
 
 ``install`` is the way in: it makes ``import pynvml`` return the stand-in and resets every cache nbtrain
-keeps of the previous driver's answers.
+keeps of the previous driver's answers. Another process (a node agent) gets it with :func:`process_env`: its
+``import pynvml`` finds ``helpers/nvml_process/pynvml.py``, which builds the stand-in over the boards the
+environment describes (:func:`from_table`).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import queue
 import sys
 import time
@@ -256,3 +260,19 @@ def install(monkeypatch, gpus: list[FakeGpu]) -> types.ModuleType:
     monkeypatch.setattr(telemetry, "_default", None)
     monkeypatch.setattr(server_gpus, "_last", None)  # the server's last snapshot, of the previous driver
     return module
+
+
+def from_table(rows: list[dict]) -> list[FakeGpu]:
+    """Boards from plain dicts of :class:`FakeGpu`'s fields (a MIG board's ``mig_devices`` as dicts too)."""
+    return [FakeGpu(**{**row, "mig_devices": from_table(row["mig_devices"]) if row.get("mig_devices") else None})
+            for row in rows]
+
+
+TABLE_VARIABLE = "NBTRAIN_TEST_FAKE_GPUS"
+
+
+def process_env(rows: list[dict]) -> dict:
+    """Variables that make a child process's ``import pynvml`` the stand-in over the boards ``rows`` describe."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.pathsep.join([os.path.join(here, "nvml_process"), os.path.dirname(here), os.environ.get("PYTHONPATH", "")])
+    return {"PYTHONPATH": path, TABLE_VARIABLE: json.dumps(rows)}

@@ -19,7 +19,8 @@ Each rule fires only on its own measurement, and its hint quotes it:
 * **GPU health** (:mod:`nbtrain.gpu.health`) — a busy GPU slowed (power cap, thermal, …) in at least
   :data:`SLOWED_FRACTION` of its samples; a PCIe link narrower than the board's; uncorrected ECC errors
   counted during the run; any Xid error the driver reported for it while the dashboard watched (from the run's
-  first sample on: :mod:`nbtrain.gpu.xid`), with the count and the last Xid code.
+  first sample on: :mod:`nbtrain.gpu.xid`), with the count and the last Xid code. On a ``--nodes`` run the
+  nodes' GPUs are judged alike, from their heartbeats (:meth:`Evidence.add_nodes`), and named ``node b GPU 1``.
 
 Telemetry taken before the first logged step is left out when the run logs steps (start-up is not
 training). Too few samples (:data:`MIN_SAMPLES`) or steps (:data:`MIN_STEPS`): no hint rather than a guess.
@@ -96,14 +97,14 @@ class Evidence:
     steps: dict[int, dict[str, _Steps]] = field(default_factory=dict)  # rank → metric name → its steps
     setup: dict[int, list[dict]] = field(default_factory=dict)  # rank → prepare()'s facts, model by model
     training_from: float | None = None  # unix time of the first logged step
-    gpu_health: dict[int, _Health] = field(default_factory=dict)  # GPU index → its health over the run
+    gpu_health: dict[tuple[str, int], _Health] = field(default_factory=dict)  # (node, GPU index) → its health
 
     def add_snapshot(self, snap) -> None:
         """A :class:`~nbtrain.gpu.telemetry.Snapshot`; samples before the first logged step are skipped."""
         if self.training_from is not None and snap.time < self.training_from:
             return
         for gpu in snap.gpus:
-            self.gpu_health.setdefault(gpu.index, _Health()).add(gpu)
+            self.gpu_health.setdefault(("", gpu.index), _Health()).add(gpu)
             if gpu.utilization is not None:
                 self.gpu_busy.setdefault(gpu.index, []).append(float(gpu.utilization))
             if gpu.memory_used is not None and gpu.memory_total:
@@ -114,6 +115,16 @@ class Evidence:
                 self.rank_gpu[rank.rank] = rank.gpu_index
             if rank.cpu_percent is not None and rank.alive:
                 self.rank_cpu.setdefault(rank.rank, []).append(float(rank.cpu_percent))
+
+    def add_nodes(self, nodes) -> None:
+        """A ``--nodes`` run's machines as their last heartbeats said (:class:`~nbtrain.launch.observers.events.NodeInfo`,
+        about once a second): each GPU's health is judged as this machine's are, under ``node b GPU 1``. A node
+        heard before the first logged step, or lost, adds nothing."""
+        for node in nodes:
+            if node.state == "lost" or (self.training_from is not None and node.last_heard < self.training_from):
+                continue
+            for gpu in node.gpus:
+                self.gpu_health.setdefault((node.name, gpu.status.index), _Health()).add(gpu.status)
 
     def add_metrics(self, rank: int, records) -> None:
         """``(step, unix_time, {name: value})`` records as ``nbtrain.log`` sent them."""
@@ -163,16 +174,17 @@ def advise(evidence: Evidence) -> list[Hint]:
 
 def _gpu_health(evidence: Evidence) -> list[Hint]:
     hints = []
-    for index, health in sorted(evidence.gpu_health.items()):
+    for (node, index), health in sorted(evidence.gpu_health.items()):
+        gpu = f"node {node} GPU {index}" if node else f"GPU {index}"
         if health.xid_errors:
-            hints.append(Hint("xid", f"GPU {index} reported {health.xid_errors} Xid error"
+            hints.append(Hint("xid", f"{gpu} reported {health.xid_errors} Xid error"
                                      f"{'s' if health.xid_errors != 1 else ''} during the run (the last: Xid "
                                      f"{health.xid_last}) — the driver saw the GPU fault, so results may be wrong; "
                                      "look the code up in NVIDIA's Xid table, check dmesg (NVRM: Xid) and "
                                      "nvidia-smi -q, and run again elsewhere if it repeats."))
         errors = (health.ecc_last or 0) - (health.ecc_first or 0)
         if errors > 0:
-            hints.append(Hint("ecc", f"GPU {index} reported {errors} uncorrected ECC "
+            hints.append(Hint("ecc", f"{gpu} reported {errors} uncorrected ECC "
                                      f"error{'s' if errors != 1 else ''} during the run — results from this run may be "
                                      "wrong; check the GPU (nvidia-smi -q -d ECC) and run again elsewhere."))
         if health.busy >= MIN_SAMPLES and health.slowed:
@@ -182,11 +194,11 @@ def _gpu_health(evidence: Evidence) -> list[Hint]:
                 if reason == "power cap" and health.power:
                     draw = statistics.fmean(p for p, _ in health.power)
                     power = f" ({draw:.0f} of {health.power[-1][1]:.0f} W)"
-                hints.append(Hint("gpu-slowed", f"GPU {index} spent {100 * samples / health.busy:.0f} % of the run "
+                hints.append(Hint("gpu-slowed", f"{gpu} spent {100 * samples / health.busy:.0f} % of the run "
                                                 f"slowed by its {reason}{power}."))
         if health.narrow_link is not None:
             lanes, full = health.narrow_link
-            hints.append(Hint("pcie", f"GPU {index}'s PCIe link runs at x{lanes} (x{full} possible): data loading "
+            hints.append(Hint("pcie", f"{gpu}'s PCIe link runs at x{lanes} (x{full} possible): data loading "
                                       "through it is limited (reseat the card, or check the slot and the BIOS)."))
     return hints
 

@@ -13,9 +13,11 @@ class), so an event added there reaches every observer through every path.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from enum import Enum
 
+from ...gpu.devices import GpuStatus
+from ...gpu.health import describe
 from .cost import Metering
 
 
@@ -51,11 +53,23 @@ class RankInfo:
 
 @dataclass(frozen=True)
 class NodeGpu:
-    index: int
-    utilization: float | None  # percent
-    memory_used: int | None  # bytes
-    memory_total: int | None
-    health: str = ""  # its health line (gpu.health.describe: clocks, PCIe, NVLink, ECC, Xid), as the node read it
+    """One GPU of a node, as its last heartbeat described it: the node's own reading, decoded and checked
+    (:meth:`~nbtrain.gpu.devices.GpuStatus.from_json`; its processes stay on the node), and, from agents that
+    send the older form, their health line instead of the structured health."""
+
+    status: GpuStatus
+    health_line: str = ""  # an older agent's describe() of its health; "" from newer ones (status.health)
+
+    @property
+    def health_text(self) -> str:
+        """The health line (clocks, PCIe, NVLink, ECC, Xid), written here from the structured health."""
+        return describe(self.status.health) if self.status.health is not None else self.health_line
+
+    def record(self) -> dict:
+        """As the run registry lists it (the JupyterLab panel's ``INodeGpu``)."""
+        s = self.status
+        return {"index": s.index, "utilization": s.utilization, "memory_used": s.memory_used,
+                "memory_total": s.memory_total, "health": self.health_text}
 
 
 @dataclass(frozen=True)
@@ -72,6 +86,11 @@ class NodeInfo:
     ram_percent: float | None
     gpus: tuple[NodeGpu, ...]
     cpus: int | None = None  # the machine's cores, as its agent said when it joined
+
+    def record(self) -> dict:
+        """As the run registry lists it: plain values, each GPU as :meth:`NodeGpu.record`."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "ranks": list(self.ranks),
+                "gpus": [gpu.record() for gpu in self.gpus]}
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ Record (JSON)::
      "summary": "2 ranks finished in 41.0 s" | null,
      "nodes": [{"name": "a", "host": "gpu1", "address": "10.0.0.7", "ranks": [0, 1], "state": "running",
                 "last_heard": 1760000003.0, "cpu_percent": 12.0, "ram_percent": 40.0,
-                "gpus": [{"index": 0, "utilization": 97.0, "memory_used": 1234, "memory_total": 81559}]}, …]}
+                "gpus": [{"index": 0, "utilization": 97, "memory_used": 1234, "memory_total": 81559,
+                          "health": "SM 1980/1980 MHz · PCIe 5 x16/16 · … · slowed by power cap"}]}, …]}
 
 ``started`` is when the cell began (its ranks' start-up included; a ``--max-restarts`` run's first attempt), as
 the summary's time counts. ``metrics`` are the series' last values; ``nbtrain.log(total_steps=N)`` is not one of
@@ -129,7 +130,7 @@ class RunRegistry(RunObserver):
             self._write()
 
     def nodes_heard(self, nodes) -> None:
-        self.record["nodes"] = [asdict(n) for n in nodes]
+        self.record["nodes"] = [n.record() for n in nodes]
         if time.monotonic() - self._last_write >= WRITE_INTERVAL_S:
             self._write()
 
@@ -141,7 +142,7 @@ class RunRegistry(RunObserver):
     def _layout(info: RunInfo) -> dict:
         return {"backend": info.backend, "device_type": info.device_type, "gpu_ids": list(info.gpu_ids),
                 "nprocs": info.nprocs, "ranks": [asdict(r) for r in info.ranks],
-                "nodes": [asdict(n) for n in info.nodes]}
+                "nodes": [n.record() for n in info.nodes]}
 
     def _write(self) -> None:
         self.record["updated"] = time.time()
