@@ -9,7 +9,7 @@
 2. The Xid watcher registers for the GPU's events (or says why not) and counts 0 on a healthy GPU.
 3. What one sample costs, as the live sampler reads it (no PCIe throughput; NVLink and Xid included).
 4. A 1-rank run under a bf16 matrix-product load, observed by the dashboard: the advisor's hints, the device
-   panel's HTML from the run's last sample (written to ``DIR/device_panel.html``: docs/device-panel.png is
+   panel's HTML while the GPU was busy (written to ``DIR/device_panel.html``: docs/device-panel.png is
    rendered from it) and the heartbeat a node agent sends now (``DIR/heartbeat.json``).
 
 Prints PASS / FAIL / INFO lines and the raw ``nvidia-smi -q`` to ``DIR``; exits non-zero on a FAIL.
@@ -23,6 +23,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 import xml.etree.ElementTree as ET
 
@@ -141,6 +142,7 @@ def observed_run(seconds: float, out: str, cpu: bool) -> None:
     import IPython.display
 
     import torch
+    from nbtrain.cluster.hub import heartbeat_gpus
     from nbtrain.dashboard.devices_view import devices_html
     from nbtrain.dashboard.observer import DashboardObserver
     from nbtrain.dashboard.widget import RunDashboard
@@ -151,16 +153,33 @@ def observed_run(seconds: float, out: str, cpu: bool) -> None:
     shown: list = []
     IPython.display.display = lambda obj, **kw: shown.append(obj)  # no frontend: keep what the cell would show
     dashboard = DashboardObserver(RunDashboard, interval=0.25)
+    model = dashboard.model
+    busy_panel: list[str] = []
+    done = threading.Event()
+
+    def keep_busy_panel() -> None:  # the panel as the cell showed it while the GPU worked (the ranks alive)
+        while not done.wait(0.5):
+            latest = model.telemetry.latest
+            if latest is not None and latest.ranks and any((g.utilization or 0) >= 50 for g in latest.gpus):
+                busy_panel[:] = [devices_html(latest, model.telemetry.sparks())]
+
+    watcher = threading.Thread(target=keep_busy_panel, daemon=True)
+    watcher.start()
     started = time.monotonic()
     names = {"torch": torch, "SECONDS": seconds, "SIZE": 256 if cpu else 8192}
-    run_source(LOAD_CELL, LaunchRequest(nprocs=1, cpu=cpu), names, observers=[dashboard])
-    model = dashboard.model
+    try:
+        run_source(LOAD_CELL, LaunchRequest(nprocs=1, cpu=cpu), names, observers=[dashboard])
+    finally:
+        done.set()
+        watcher.join()
     report("PASS" if model.status == "finished" else "FAIL", "1-rank bf16 load run",
            f"{model.status} in {time.monotonic() - started:.1f} s, {model.telemetry.latest and len(model.telemetry.latest.gpus)} GPU(s)")
     for hint in model.hints():
         report("INFO", f"advisor: {hint.rule}", hint.text)
+    report("PASS" if busy_panel or cpu else "FAIL", "the device panel drawn while the GPU was busy",
+           f"written to {os.path.join(out, 'device_panel.html')}" if busy_panel else "no busy sample")
     with open(os.path.join(out, "device_panel.html"), "w") as f:
-        f.write(devices_html(model.telemetry.latest, model.telemetry.sparks()))
+        f.write(busy_panel[0] if busy_panel else devices_html(model.telemetry.latest, model.telemetry.sparks()))
     print("summary:", getattr(shown[-1], "text", shown[-1]) if shown else "(none)")
     reader = DeviceReader(xid_events=True)
     try:
@@ -170,6 +189,9 @@ def observed_run(seconds: float, out: str, cpu: bool) -> None:
     with open(os.path.join(out, "heartbeat.json"), "w") as f:
         json.dump(beat, f, indent=1)
     report("INFO", "a node agent's heartbeat now", json.dumps(beat)[:600])
+    decoded = [gpu.status.to_json() for gpu in heartbeat_gpus(json.loads(json.dumps(beat)))]
+    report("PASS" if decoded == beat["gpus"] else "FAIL", "the kernel reads the heartbeat's GPUs back field for field",
+           f"{len(decoded)} GPU(s)")
     report("PASS" if not torch.cuda.is_initialized() else "FAIL", "this process never initialised CUDA")
 
 
