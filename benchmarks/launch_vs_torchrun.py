@@ -40,7 +40,7 @@ import time
 import torch  # noqa: F401  (a notebook that trains has torch imported already)
 
 from nbtrain.launch.lifecycle.entry import run_source
-from nbtrain.launch.lifecycle.run import PoolManager
+from nbtrain.launch.lifecycle.pools import PoolManager
 from nbtrain.launch.observers.coldstart import PHASES
 from nbtrain.launch.ranks.starter import RankStarter
 from nbtrain.launch.request.config import LaunchRequest

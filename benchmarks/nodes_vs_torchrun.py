@@ -32,7 +32,7 @@ from launch_vs_torchrun import SCRIPT_WRAPPER, cell_source, marks_reader
 
 from nbtrain.cluster import Cluster
 from nbtrain.launch.lifecycle.entry import run_source
-from nbtrain.launch.lifecycle.run import PoolManager
+from nbtrain.launch.lifecycle.pools import PoolManager
 from nbtrain.launch.request.config import LaunchRequest
 
 ADDRESSES = ("127.0.0.2", "127.0.0.3")

@@ -36,7 +36,7 @@ import torch  # noqa: F401  (a notebook that trains has torch imported already)
 
 from nbtrain.cluster import Cluster
 from nbtrain.launch.lifecycle.entry import run_source
-from nbtrain.launch.lifecycle.run import PoolManager
+from nbtrain.launch.lifecycle.pools import PoolManager
 from nbtrain.launch.request.config import LaunchRequest
 
 ADDRESSES = ("127.0.0.2", "127.0.0.3", "127.0.0.4")

@@ -32,7 +32,7 @@ import psutil
 import torch
 
 from nbtrain.launch.lifecycle.entry import run_source
-from nbtrain.launch.lifecycle.run import PoolManager
+from nbtrain.launch.lifecycle.pools import PoolManager
 from nbtrain.launch.request.config import LaunchRequest
 from nbtrain.wire.shm import owner_prefix
 

@@ -23,7 +23,7 @@ import torch
 
 from nbtrain.launch.diagnostics.failures import RankFailedError
 from nbtrain.launch.lifecycle.entry import run_source
-from nbtrain.launch.lifecycle.run import PoolManager
+from nbtrain.launch.lifecycle.pools import PoolManager
 from nbtrain.launch.request.config import LaunchRequest
 
 BOUNDS = {"children": 0, "fds": 8, "sockets": 2, "threads": 4, "shm_files": 0, "rss_mib": 150}

@@ -25,7 +25,7 @@ from .cluster import Cluster
 from .cluster.tokens import parse_ttl
 from .launch.lifecycle import entry
 from .launch.lifecycle.entry import UserInputError, format_summary, run_source
-from .launch.lifecycle.run import PoolManager
+from .launch.lifecycle.pools import PoolManager
 from .launch.observers.history import RunOutcome
 from .launch.observers.registry import RunRegistry
 from .launch.request.config import LaunchRequest

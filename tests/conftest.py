@@ -70,7 +70,7 @@ def _close_test_zygote():
 
 @contextlib.contextmanager
 def _pool_manager():
-    from nbtrain.launch.lifecycle.run import PoolManager
+    from nbtrain.launch.lifecycle.pools import PoolManager
     from nbtrain.launch.ranks.starter import RankStarter
 
     manager = PoolManager(starter=RankStarter(shared_zygote()))

@@ -42,7 +42,7 @@ def test_each_run_is_a_row_with_its_options_state_and_series(pools, tmp_path):
 
 def test_a_mistake_before_anything_starts_is_no_run():
     from nbtrain.launch.lifecycle.entry import run_source
-    from nbtrain.launch.lifecycle.run import PoolManager
+    from nbtrain.launch.lifecycle.pools import PoolManager
     from nbtrain.launch.request.config import ConfigError, LaunchRequest
 
     manager = PoolManager()

@@ -17,7 +17,7 @@ from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook
 
 from nbtrain.launch.lifecycle.entry import run_source
-from nbtrain.launch.lifecycle.run import PoolManager
+from nbtrain.launch.lifecycle.pools import PoolManager
 from nbtrain.launch.request.config import ConfigError, LaunchRequest, resolve
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")

@@ -25,7 +25,7 @@ NOT_NBTRAINS = {
     ("nbtrain/wire/link.py", "context.minimum_version"): "an ssl.SSLContext being configured",
     ("nbtrain/launch/lifecycle/entry.py", "exc.with_traceback(None)._render_traceback_"): "IPython's hook on an exception",
     ("nbtrain/launch/lifecycle/run.py", "exc.with_traceback(None)._render_traceback_"): "IPython's hook on an exception",
-    ("nbtrain/launch/lifecycle/run.py", "self._idle_timer.daemon"): "a threading.Timer before it starts",
+    ("nbtrain/launch/lifecycle/pools.py", "self._idle_timer.daemon"): "a threading.Timer before it starts",
     ("nbtrain/launch/observers/events.py", "forward.__name__"): "a function's own metadata (as functools.wraps)",
     ("nbtrain/launch/observers/events.py", "forward.__qualname__"): "a function's own metadata (as functools.wraps)",
     ("nbtrain/worker/cellcode.py", "sys.displayhook"): "the interpreter's hook, set for the cell and restored",

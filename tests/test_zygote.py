@@ -24,7 +24,7 @@ from helpers.restart_cells import killed_rank_cell
 from helpers.runhelp import Captured, run_cell
 from helpers.workers import assert_no_workers
 
-from nbtrain.launch.lifecycle.run import PoolManager
+from nbtrain.launch.lifecycle.pools import PoolManager
 from nbtrain.launch.ranks.starter import RankStarter
 from nbtrain.launch.ranks.zygote import Zygote
 from nbtrain.wire import forking

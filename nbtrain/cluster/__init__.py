@@ -5,7 +5,7 @@
 * :mod:`.group` — :class:`~.group.NodePool`, the pool implementation whose ranks run on the nodes under
   torch elastic's agent; :mod:`nbtrain.launch.lifecycle.run` drives it like the local one.
 
-:class:`Cluster` is what the magics hold: it makes the hub on first use and hands :class:`~nbtrain.launch.lifecycle.run.PoolManager`
+:class:`Cluster` is what the magics hold: it makes the hub on first use and hands :class:`~nbtrain.launch.lifecycle.pools.PoolManager`
 a pool factory (:meth:`Cluster.make_pool`) that returns a local :class:`~nbtrain.launch.ranks.pool.WorkerPool` for a
 one-machine spec and a :class:`~.group.NodePool` for a multi-node one. Nodes stay joined between cells, while
 the hub lives: until ``%distributed_shutdown``, the extension's unloading or the kernel's exit.

@@ -11,7 +11,7 @@ import tempfile
 import time
 
 from nbtrain.cluster import Cluster
-from nbtrain.launch.lifecycle.run import PoolManager
+from nbtrain.launch.lifecycle.pools import PoolManager
 
 
 class Boom:

@@ -39,7 +39,8 @@ from ..request.mistakes import UserInputError
 from ..request.notebook_modules import WorkdirGone, notebook_workdir
 from ...wire.options import options_of
 from .restarts import run_with_restarts
-from .run import PoolManager, RunResult, run_cell
+from .pools import PoolManager
+from .run import RunResult, run_cell
 from .sessions import SessionError, session_lines
 
 

@@ -4,7 +4,7 @@
 configuration, and every notebook variable it reads packed into :class:`~nbtrain.wire.payload.Inputs` —
 before any process started (``run_source`` also calls it again for ``--max-restarts``). Then:
 
-1. :class:`PoolManager` hands out the warm pool if one with the same spec is alive and the user's modules it
+1. :class:`~.pools.PoolManager` hands out the warm pool if one with the same spec is alive and the user's modules it
    imported are unchanged (:mod:`nbtrain.launch.request.notebook_modules`), else starts a fresh one;
 2. once every rank is connected, the job (cell source + inputs pickled once) goes to each;
 3. the loop relays output, records what the ranks log (``observers.history``; the observers), shows rank 0's
@@ -28,7 +28,6 @@ Output goes through :class:`~nbtrain.launch.relay.output.OutputRelay`, which wri
 
 from __future__ import annotations
 
-import atexit
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -45,18 +44,17 @@ from ..observers.cost import metering_for
 from ..observers.events import FanOut, RankInfo, RunInfo, RunObserver, RunState
 from ..observers.coldstart import ColdStart, StartMarks
 from ..observers.history import History, RunOutcome, RunResult
-from ..observers.runlog import RunLog
-from ..ranks.pool import Exited, Message, Output, WorkerPool
+from ..ranks.pool import Exited, Message, Output
 from ..ranks.rankgroup import RankGroup
-from ..ranks.starter import RankStarter
 from ..relay.displays import PendingDisplays
 from ..relay.output import OutputRelay, write_to_std_stream
 from ..relay.stdin import PendingPrompts
 from ..request.cell import CELL_FILENAME, CellInfo, names_to_return
-from ..request.config import DEFAULT_KEEP_ALIVE_S, LaunchConfig, PoolSpec
-from ..request.notebook_modules import Workdir, fresh_ranks_note, notebook_workdir, stale_modules
+from ..request.config import LaunchConfig, PoolSpec
+from ..request.notebook_modules import notebook_workdir
+from .pools import PoolManager
 from .preemption import PreemptionWatch
-from .sessions import SESSION_FAILURE_GRACE_S, SessionTable, ended_sentence, kept_sentence, stale_note, stuck_sentence
+from .sessions import SESSION_FAILURE_GRACE_S, ended_sentence, kept_sentence, stuck_sentence
 from .stopping import stop_button, stop_run
 from .waiting import WAITING_EVERY_S, start_timeout_account, waiting_line
 
@@ -67,113 +65,6 @@ STEADY_WAIT_S = 0.5  # every rank running the cell: output, messages and the sto
 # only a rank whose children keep its pipes open after it died is seen on the timeout. Each wakeup is kernel
 # CPU, which with a rank on every core is taken from a rank.
 NODES_EVERY_S = 1.0  # how often observers hear of a --nodes run's machines (their heartbeats come each second)
-
-
-class PoolManager:
-    """One warm pool per kernel for plain cells, reused while its spec matches; stopped when idle or at exit.
-
-    Sessions (:mod:`.sessions`) pin the pool they live on: it is not stopped when idle or replaced, only
-    set aside (a plain cell with other options gets a pool of its own), until its last session ends.
-    """
-
-    def __init__(self, pool_factory: Callable[[PoolSpec], RankGroup] = WorkerPool, starter: RankStarter | None = None) -> None:
-        self.runs = RunLog()  # nbtrain.runs(): every run of this kernel, one row each
-        self.pool: RankGroup | None = None
-        self.pool_factory = pool_factory  # a spec -> a pool (several machines: nbtrain.cluster.Cluster.make_pool)
-        self.starter = starter or RankStarter()  # new ranks: forked from the kernel's zygote, or spawned
-        self.sessions = SessionTable()
-        self._lock = threading.RLock()
-        self._idle_timer: threading.Timer | None = None
-        self._atexit = False
-        self._keep_alive_s = DEFAULT_KEEP_ALIVE_S
-
-    def acquire(self, spec: PoolSpec, fresh: bool, workdir: Workdir, session: str = "") -> tuple[RankGroup, bool, str]:
-        """The pool to run on, whether it is warm, and a note: why warm ranks were not reused, or a session ended."""
-        with self._lock:
-            self._cancel_timer()
-            held, note = self.sessions.pool_for(session) if session else (None, "")
-            if held is not None:  # a session keeps its ranks, even if a module changed since
-                changed, moved = stale_modules(held.module_stamps, workdir, held.rank_path)
-                return held, True, stale_note(session, changed + moved)
-            for pool in [self.pool, *self.sessions.pools()]:  # the plain pool first, then those sessions hold
-                if pool is not None and not fresh and pool.serves(spec) and pool.alive():
-                    changed, moved = stale_modules(pool.module_stamps, workdir, pool.rank_path)
-                    if not changed and not moved:  # warm ranks must not run an old version of the user's code
-                        if pool is not self.pool:
-                            self._set_aside()
-                            self.pool = pool
-                        return pool, True, note
-                    note = note or fresh_ranks_note(changed, moved, workdir.cwd)
-            self._set_aside()
-            if not self._atexit:
-                atexit.register(self.shutdown)
-                self._atexit = True
-            self.pool = self.pool_factory(spec)
-            return self.pool, False, note
-
-    def _set_aside(self) -> None:
-        """The plain pool is being replaced: stop it, unless sessions live on it."""
-        pool, self.pool = self.pool, None
-        if pool is not None and not self.sessions.on(pool):
-            pool.teardown(graceful=True)
-
-    def release(self, healthy: bool, keep_alive_s: float) -> None:
-        with self._lock:
-            self._keep_alive_s = keep_alive_s
-            if self.sessions.on(self.pool):
-                return  # its sessions keep it until they end
-            if not healthy or keep_alive_s <= 0:
-                self.shutdown(graceful=healthy)
-                return
-            self._idle_timer = threading.Timer(keep_alive_s, self._idle)
-            self._idle_timer.daemon = True
-            self._idle_timer.start()
-
-    def _idle(self) -> None:
-        with self._lock:
-            if not self.sessions.on(self.pool):  # a session opened since the timer started keeps it
-                self._set_aside()
-
-    def teardown(self, pool: RankGroup, *, grace: float, drain=None, why: str = "its ranks were stopped") -> list[str]:
-        """Forget ``pool`` and end it at once (a failure, the stop button); ``drain`` shows its last output.
-        Returns the sessions that ended with it."""
-        with self._lock:
-            if self.pool is pool:
-                self._cancel_timer()
-                self.pool = None
-            ended = self.sessions.end_pool(pool, why)
-        pool.teardown(graceful=False, grace=grace, drain=drain)
-        return ended
-
-    def close_session(self, name: str) -> None:
-        """End one session: its processes stop, unless another session lives on them (then only its namespace
-        is dropped). Plain cells that shared them start warm ranks of their own when they next run."""
-        with self._lock:
-            pool = self.sessions.remove(name).pool
-            if self.sessions.on(pool):
-                pool.send_all(P.CloseSession(name))
-                return
-            if pool is self.pool:
-                self._cancel_timer()
-                self.pool = None
-        pool.teardown(graceful=True)
-
-    def shutdown(self, graceful: bool = True) -> bool:
-        """Stop every pool: the warm one and those sessions hold (their sessions end)."""
-        with self._lock:
-            self._cancel_timer()
-            pools = [p for p in [self.pool, *self.sessions.pools()] if p is not None]
-            self.pool = None
-            for pool in pools:
-                self.sessions.end_pool(pool, "the ranks were shut down")
-        for pool in dict.fromkeys(pools):
-            pool.teardown(graceful=graceful)
-        return bool(pools)
-
-    def _cancel_timer(self) -> None:
-        if self._idle_timer is not None:
-            self._idle_timer.cancel()
-            self._idle_timer = None
 
 
 def _physical_gpu(spec: PoolSpec, device: str | None) -> int | None:

@@ -1,7 +1,7 @@
 """This kernel's runs, one row each: ``nbtrain.runs()``.
 
 Every ``%%distributed`` cell the kernel runs — finished, failed or stopped — adds a :class:`RunRow` to the
-:class:`RunLog` its :class:`~nbtrain.launch.lifecycle.run.PoolManager` keeps: the cell's first line, the options that differed from the
+:class:`RunLog` its :class:`~nbtrain.launch.lifecycle.pools.PoolManager` keeps: the cell's first line, the options that differed from the
 defaults (``--amp bf16 --grad-accum 2``), when it started and how long it took, the world size, the last logged
 step, the final and best value of each logged series (best: the largest for accuracy-like names — ``acc``,
 ``score``, ``f1``, ``auc``, ``precision``, ``recall`` — the smallest for the rest, such as losses), its state

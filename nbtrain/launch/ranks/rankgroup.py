@@ -7,7 +7,7 @@ Two implementations stand side by side, neither inheriting the other's parts:
 * :class:`~nbtrain.cluster.group.NodePool` — ranks on joined nodes, each under torch elastic's agent, reached
   through the nodes' authenticated links.
 
-:mod:`nbtrain.launch.lifecycle.run` and :class:`~nbtrain.launch.lifecycle.run.PoolManager` know only this protocol.
+:mod:`nbtrain.launch.lifecycle.run` and :class:`~nbtrain.launch.lifecycle.pools.PoolManager` know only this protocol.
 :class:`GroupState` is the state both keep alike, written only through its methods: each rank's device once
 it is ready, whether the group is broken (a failure, a stop: never reused), the user's modules its ranks
 imported, and the job ids.

@@ -1,6 +1,6 @@
 """How a new pool's ranks start: forked from the kernel's zygote (:mod:`.zygote`) where it can, else spawned.
 
-One :class:`RankStarter` per kernel (the :class:`~nbtrain.launch.lifecycle.run.PoolManager`'s) owns the zygote:
+One :class:`RankStarter` per kernel (the :class:`~nbtrain.launch.lifecycle.pools.PoolManager`'s) owns the zygote:
 started when the extension loads (:meth:`RankStarter.start_zygote`), replaced by a new one if it died (the cell
 that found it dead spawns its ranks), closed with the kernel. Ranks on joined nodes (``--nodes``) are started by
 the nodes' agents under torch elastic, as before; ``--spawn`` spawns them here too.
