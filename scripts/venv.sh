@@ -3,8 +3,8 @@
 #
 # The environment lives outside the clone, under ${NBTRAIN_VENV_ROOT:-~/.cache/nbtrain/venvs}, in a
 # folder named by a hash of the dependency spec (pyproject.toml's requirements and the Python version), so a warm machine reuses it and a
-# change of dependencies builds a fresh one. nbtrain itself is installed editable, so the same
-# environment serves every checkout with the same dependencies.
+# change of dependencies builds a fresh one. The same environment serves every checkout with the same
+# dependencies: the scripts that run code put their own checkout first on PYTHONPATH (see the end of this file).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 root=${NBTRAIN_VENV_ROOT:-$HOME/.cache/nbtrain/venvs}
@@ -26,8 +26,21 @@ if [ ! -x "$venv/bin/python" ] || [ ! -f "$venv/.complete" ]; then
     "$venv/bin/python" -m pip install -q -e "$here[test]" >&2
     touch "$venv/.complete"
 fi
-# Point the environment's editable install at this checkout (a cached env may come from another clone).
-# The environment's bin/ goes first on PATH: the build hook runs its jlpm to build the JupyterLab extension.
-PATH="$venv/bin:$PATH" "$venv/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$here" >&2 2>/dev/null \
-    || "$venv/bin/python" -m pip install -q --no-deps -e "$here" >&2
+# Build this checkout's JavaScript (the JupyterLab extension, the dashboard's chart) when its sources are newer
+# than its last build, as the editable install's build hook does. The environment's own editable nbtrain is
+# never re-pointed at this checkout: scripts/test.sh and scripts/quickstart.sh put the checkout first on
+# PYTHONPATH, which the kernels, ranks and agents they start inherit, so two checkouts can share one environment
+# at the same time and each runs its own code. The environment's bin/ goes first on PATH for the builder's jlpm.
+PATH="$venv/bin:$PATH" "$venv/bin/python" - "$here" >&2 <<'PY'
+import pathlib
+import sys
+import tomllib
+
+from hatch_jupyter_builder import npm_builder
+
+root = pathlib.Path(sys.argv[1])
+hook = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["hooks"]["jupyter-builder"]
+folders = ("path", "source_dir", "build_dir")
+npm_builder("wheel", "editable", **{k: str(root / v) if k in folders else v for k, v in hook["build-kwargs"].items()})
+PY
 echo "$venv"
