@@ -7,7 +7,10 @@ from __future__ import annotations
 import shutil
 import subprocess
 
+import pytest
 from helpers.chartbuild import ensure_node_modules
+
+pytestmark = pytest.mark.slow  # compiles with tsc and runs node: seconds, not the unit loop's milliseconds
 
 
 def test_the_labs_pure_typescript_passes_its_unit_tests(tmp_path):
