@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 import uuid
 
 import pytest
+from helpers import tiers
 from helpers.chartbuild import ensure_chart_bundle
 from helpers.workers import SESSION_VARIABLE, assert_no_workers
 
@@ -26,6 +28,24 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """Unmarked tests are held to the fast tier's limit (tests/helpers/tiers.py): a helper that starts a kernel,
+    nodes or a server fails them at once, and one that ran too long fails after it."""
+    slow = item.get_closest_marker("slow") is not None
+    tiers.entering(slow)
+    limit, started = tiers.fast_limit(), time.monotonic()
+    try:
+        result = yield
+    finally:
+        tiers.entering(True)
+    took = time.monotonic() - started
+    if not slow and took > limit:
+        pytest.fail(f"an unmarked test took {took:.1f} s, over the fast tier's {limit:.1f} s: make it faster "
+                    "or mark it slow", pytrace=False)
+    return result
 
 
 # Ranks (and kernels started by tests) inherit this, so a check only sees this test run's processes.

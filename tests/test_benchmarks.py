@@ -91,6 +91,7 @@ def test_gpu_speed_runs_its_whole_path_on_cpu_ranks():
     assert "CPU smoke run, not a measurement" in done.stdout
 
 
+@pytest.mark.slow
 def test_the_nccl_comparison_runs_on_gloo_and_refuses_without_a_gpu():
     script = os.path.join(ROOT, "benchmarks", "nccl_first_collective.py")
     done = subprocess.run([sys.executable, script, "--cpu", "--repeats", "1"], capture_output=True, text=True, timeout=120)

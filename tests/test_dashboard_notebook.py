@@ -90,6 +90,7 @@ def test_gpus_stopped_by_gpus_stop_leaves_a_static_table(kernel_name, tmp_path):
     assert "nbt-row" in data[0]["text/html"]
 
 
+@pytest.mark.slow
 def test_gpus_ending_after_its_duration_replaces_its_widget_by_a_table():
     """--for: the monitor stops on its own thread and still replaces its display in place."""
     from helpers.kernelhelp import Kernel

@@ -31,6 +31,7 @@ def test_ruff_finds_nothing():
     assert done.returncode == 0, f"ruff check found problems:\n{done.stdout}{done.stderr}"
 
 
+@pytest.mark.slow
 def test_mypy_finds_no_type_errors():
     # The paths come from [tool.mypy] files; --config-file makes that table the one used.
     done = run_tool("mypy", "--config-file", str(ROOT / "pyproject.toml"), "--no-color-output")

@@ -125,6 +125,7 @@ def _assert_quiet(consoles: dict[str, str]) -> None:
         assert len(lines) <= 8 and all(len(line) < 300 for line in lines), console
 
 
+@pytest.mark.slow
 def test_in_a_notebook_a_group_of_one_says_its_world_size_and_asks_without_rank_labels():
     """Through a kernel: an emulated node, ``--nodes 1:2``; the group's size is printed and ``input()`` on its one
     rank is asked as on one rank (no ``[rank 0]``: the run counts the ranks that formed, not MAX)."""

@@ -40,6 +40,7 @@ def _request(tmp_path, nodes: str, **options) -> LaunchRequest:
                          checkpoint=str(tmp_path / "ckpt"), **options)
 
 
+@pytest.mark.slow
 def test_preempt_sigterm_to_one_of_three_agents_re_forms_with_two_and_resumes(tmp_path):
     """Through a kernel (nbclient), three emulated nodes: the cell's own output says it all."""
     marks, ckpt = tmp_path / "marks", tmp_path / "ckpt"

@@ -33,6 +33,7 @@ def scalars(directory: str) -> dict[str, list[tuple[int, float]]]:
     return {tag: [(e.step, round(e.value, 6)) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
+@pytest.mark.slow
 def test_the_notebook_writes_each_ranks_series_as_tensorboard_events(tmp_path):
     nb = new_notebook(cells=[new_code_cell(c) for c in [
         "%load_ext nbtrain",

@@ -1,3 +1,4 @@
+// @ts-check
 // The dashboard's live chart (an anywidget module; nbtrain/dashboard/chart.py is its kernel side).
 // The kernel only sends data (traits ``base`` and ``tail``); every control works in the browser alone, since
 // the kernel is busy running the cell. The root element carries what was drawn, for tests and curious users:
@@ -30,10 +31,22 @@ const CSS = `
 const HEIGHT = 220;
 const LOAD_HEIGHT = 170;
 
+/** The widget's model as anywidget hands it to ``render``: the kernel's traits, and their change events.
+ * @typedef {{get(name: string): any, on(event: string, callback: () => void): void,
+ *            off(event: string, callback: () => void): void}} Model */
+/** What the chart holds between draws.
+ * @typedef {{log: boolean, xKey: string, weight: number, panels: Map<string, Panel>, draws: number,
+ *            runs: import("./data.js").OverlayRun[], hidden: Set<string>,
+ *            series?: import("./data.js").Series}} ChartState */
+
+/** @param {number} count panels @returns {number} columns of the grid */
 function columnsFor(count) {
   return count <= 1 ? 1 : count <= 4 ? 2 : 3;
 }
 
+/** @template {keyof HTMLElementTagNameMap} K
+ * @param {K} tag @param {Partial<HTMLElementTagNameMap[K]>} attrs @param {string} [text]
+ * @returns {HTMLElementTagNameMap[K]} */
 function control(tag, attrs, text) {
   const node = document.createElement(tag);
   Object.assign(node, attrs);
@@ -41,6 +54,7 @@ function control(tag, attrs, text) {
   return node;
 }
 
+/** Buttons of which one is pressed. @param {string[]} labels @param {(label: string) => void} onPick */
 function toggle(labels, onPick) {
   const wrap = control("span", { className: "nbt-chart-toggle" });
   const buttons = labels.map((label, i) => {
@@ -56,9 +70,11 @@ function toggle(labels, onPick) {
   return wrap;
 }
 
+/** @param {{model: Model, el: HTMLElement}} widget */
 function render({ model, el }) {
   const style = control("style", {}, uplotCss + CSS);
   const root = control("div", { className: "nbt-chart" });
+  /** @type {ChartState} */
   const state = { log: false, xKey: "step", weight: model.get("smoothing") || 0, panels: new Map(), draws: 0,
                   runs: overlayRuns(model.get("overlays")), hidden: new Set() };
   const slider = control("input", { type: "range", min: "0", max: "0.99", step: "0.01", value: String(state.weight),
@@ -81,7 +97,7 @@ function render({ model, el }) {
   }
   el.appendChild(root);
   const loadWidth = () => Math.max(240, Math.floor(((root.clientWidth || 900) - 10) / 2));
-  const loads = new LoadPanels(loadGrid, loadWidth(), LOAD_HEIGHT, () => { root.dataset.loadPoints = loads.points; });
+  const loads = new LoadPanels(loadGrid, loadWidth(), LOAD_HEIGHT, () => { root.dataset.loadPoints = String(loads.points); });
 
   // The toolbar's downloads: CSV of the series as drawn (every bucket), PNG of the panels as shown.
   function exports() {
@@ -95,8 +111,10 @@ function render({ model, el }) {
       download(new Blob([seriesCsv(state.series || {}, names)], { type: "text/csv" }), "nbtrain-chart.csv");
     });
     png.addEventListener("click", () => {
-      const plots = [...state.panels.values()].map((p) => p.plot).filter(Boolean);
-      if (plots.length) panelsCanvas(plots).toBlob((blob) => download(blob, "nbtrain-chart.png"), "image/png");
+      const plots = [...state.panels.values()].flatMap((p) => (p.plot ? [p.plot] : []));
+      if (plots.length) {
+        panelsCanvas(plots).toBlob((blob) => { if (blob) download(blob, "nbtrain-chart.png"); }, "image/png");
+      }
     });
     wrap.append(csv, png);
     return wrap;
@@ -107,6 +125,7 @@ function render({ model, el }) {
     return Math.max(240, Math.floor(((root.clientWidth || 900) - 10 * (cols - 1)) / cols));
   }
 
+  /** @param {Panel} panel @param {uPlot} u */
   function onDraw(panel, u) {
     state.draws += 1;
     root.dataset.drawMs = (performance.now() - panel.drawStarted).toFixed(2);
@@ -121,6 +140,7 @@ function render({ model, el }) {
 
   function draw() {
     const tail = model.get("tail");
+    /** @type {[string, string[]][]} panel key, its names */
     const groups = (tail && tail.groups) || [];
     if (!groups.length) return;
     hint.style.display = "none";

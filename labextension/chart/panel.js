@@ -1,3 +1,4 @@
+// @ts-check
 // One uPlot chart: a panel of the dashboard, for a training value and its validation twin.
 // Per name four uPlot series: the buckets' min and max (drawn as a band, no line), the raw mean (light) and
 // the smoothed mean (bold). Series logged at different steps share the x axis through uPlot.join.
@@ -11,34 +12,61 @@ import { smooth, allPositive, worthSmoothing } from "./data.js";
 
 const PER_NAME = 4; // min, max, raw, smoothed
 
+/** What the kernel draws with (theme.chart_style in Python), the final figure's own.
+ * @typedef {import("./data.js").SmoothRule & {series_colors: string[], raw_alpha: number, raw_width: number,
+ *           curve_width: number, band_alpha: number, overlay_alpha: number, overlay_dash: number[]}} ChartStyle */
+/** How a panel draws: scale, x, size, style, and the overlay labels the user hid (kept across rebuilds).
+ * @typedef {{log: boolean, xKey: string, width: number, height: number, style: ChartStyle,
+ *            hidden?: Set<string>}} PanelOptions */
+/** An earlier run's series drawn in a panel, after the panel's own names.
+ * @typedef {{run: number, name: string, label: string}} Overlay */
+
+/** @param {string} color "#rrggbb" @param {number} a @returns {string} */
 function alpha(color, a) {
   const n = parseInt(color.slice(1), 16);
   return `rgba(${n >> 16}, ${(n >> 8) & 255}, ${n & 255}, ${a})`;
 }
 
+/** @param {number | null | undefined} v @returns {string} */
 function shortNumber(v) {
   if (v == null || Number.isNaN(v)) return "–";
   const a = Math.abs(v);
   return a !== 0 && (a < 1e-3 || a >= 1e5) ? v.toExponential(3) : +v.toPrecision(5) + "";
 }
 
+/** @param {uPlot} u @param {number | null} v @returns {string} */
+const valueText = (u, v) => shortNumber(v);
+
 export class Panel {
+  /** @param {HTMLElement} parent @param {string} title @param {string[]} names @param {PanelOptions} options
+   * @param {(panel: Panel, u: uPlot) => void} onDraw */
   constructor(parent, title, names, options, onDraw) {
     this.parent = parent;
     this.title = title;
     this.names = names;
     this.options = options; // {log, xKey, width, height, style, hidden: Set of overlay labels the user hid}
-    this.overlays = []; // [{run, name, label}]: the earlier runs' series drawn here, after the names' own
+    /** @type {Overlay[]} the earlier runs' series drawn here, after the names' own */
+    this.overlays = [];
     this.onDraw = onDraw;
     this.zoomed = false;
+    /** @type {uPlot | null} */
     this.plot = null;
+    /** @type {number | null} */
     this.distrKey = null;
+    /** @type {uPlot.AlignedData | null} */
+    this.columns = null;
+    this.points = 0; // buckets drawn by the last draw
+    this.smoothGap = 0; // how far the smoothed curves are from the raw ones, summed
+    this.drawStarted = 0;
   }
 
+  /** @param {number} distr uPlot's y distribution: 1 linear, 3 log, 4 asinh */
   build(distr) {
     if (this.plot) this.plot.destroy();
     const { xKey, width, height, style } = this.options;
-    const series = [{ label: xKey === "time" ? "seconds" : "step", value: (u, v) => shortNumber(v) }];
+    /** @type {uPlot.Series[]} */
+    const series = [{ label: xKey === "time" ? "seconds" : "step", value: valueText }];
+    /** @type {uPlot.Band[]} */
     const bands = [];
     this.names.forEach((name, i) => {
       const color = style.series_colors[i % style.series_colors.length];
@@ -46,16 +74,17 @@ export class Panel {
       series.push({ label: `${name} min`, stroke: "transparent", width: 0, points: { show: false }, spanGaps: true });
       series.push({ label: `${name} max`, stroke: "transparent", width: 0, points: { show: false }, spanGaps: true });
       series.push({ label: `${name} raw`, stroke: alpha(color, style.raw_alpha), width: style.raw_width, spanGaps: true,
-                    value: (u, v) => shortNumber(v) });
-      series.push({ label: name, stroke: color, width: style.curve_width, spanGaps: true, value: (u, v) => shortNumber(v) });
+                    value: valueText });
+      series.push({ label: name, stroke: color, width: style.curve_width, spanGaps: true, value: valueText });
       bands.push({ series: [at + 1, at], fill: alpha(color, style.band_alpha) });
     });
     const hidden = this.options.hidden || new Set();
     for (const { name, label } of this.overlays) {
       const color = style.series_colors[this.names.indexOf(name) % style.series_colors.length];
       series.push({ label, stroke: alpha(color, style.overlay_alpha), width: style.curve_width, dash: style.overlay_dash,
-                    spanGaps: true, show: !hidden.has(label), value: (u, v) => shortNumber(v) });
+                    spanGaps: true, show: !hidden.has(label), value: valueText });
     }
+    /** @type {uPlot.Scale} */
     const y = distr === 1 ? { distr: 1 } : distr === 3 ? { distr: 3, log: 10 } : { distr: 4, asinh: 1e-3 };
     const panel = this;
     this.plot = new uPlot({
@@ -72,7 +101,8 @@ export class Panel {
     }, this.columns || [[]], this.parent);
     // Only the raw and smoothed means get a legend row: the band's edges are read from the hover anyway.
     const own = 1 + this.names.length * PER_NAME;
-    this.plot.root.querySelectorAll(".u-legend .u-series").forEach((row, i) => {
+    this.plot.root.querySelectorAll(".u-legend .u-series").forEach((element, i) => {
+      const row = /** @type {HTMLElement} */ (element);
       if (i > 0 && i < own && (i - 1) % PER_NAME < 2) row.style.display = "none";
       if (i >= own) row.classList.add("nbt-overlay");
     });
@@ -80,8 +110,10 @@ export class Panel {
     this.distrKey = distr;
   }
 
-  // An overlay's legend row was clicked: remember whether it is hidden, for the next rebuild.
+  /** An overlay's legend row was clicked: remember whether it is hidden, for the next rebuild.
+   * @param {uPlot} u @param {number | null} i */
   toggled(u, i) {
+    if (i == null) return;
     const at = i - 1 - this.names.length * PER_NAME;
     if (at < 0 || !this.options.hidden) return;
     const { label } = this.overlays[at];
@@ -90,16 +122,20 @@ export class Panel {
     this.onDraw(this, u);
   }
 
-  // [shown, drawn]: how many earlier runs' series this panel draws, and how many of them are not hidden.
+  /** [shown, drawn]: how many earlier runs' series this panel draws, and how many of them are not hidden.
+   * @returns {[number, number]} */
   overlayCounts() {
     if (!this.plot) return [0, 0];
     const drawn = this.plot.series.slice(1 + this.names.length * PER_NAME);
     return [drawn.filter((s) => s.show).length, drawn.length];
   }
 
-  // The earlier runs' tables (x, mean smoothed as this run's) of the names this panel draws.
+  /** The earlier runs' tables (x, mean smoothed as this run's) of the names this panel draws.
+   * @param {import("./data.js").OverlayRun[] | undefined} runs @param {number} weight @param {number} mostPoints
+   * @returns {uPlot.AlignedData[]} */
   overlayTables(runs, weight, mostPoints) {
     const { xKey, style } = this.options;
+    /** @type {uPlot.AlignedData[]} */
     const tables = [];
     this.overlays = [];
     for (const run of runs || []) {
@@ -116,11 +152,14 @@ export class Panel {
     return tables;
   }
 
-  // Redraw from ``series`` (data.joinSeries), smoothed with ``weight`` where the series is dense enough beside the
-  // longest one drawn (``mostPoints`` buckets), with the earlier ``runs`` (data.overlayRuns) beside it; rebuilds
-  // the chart if the scale or the overlays changed.
+  /** Redraw from ``series`` (data.joinSeries), smoothed with ``weight`` where the series is dense enough beside the
+   * longest one drawn (``mostPoints`` buckets), with the earlier ``runs`` (data.overlayRuns) beside it; rebuilds
+   * the chart if the scale or the overlays changed.
+   * @param {import("./data.js").Series} series @param {number} weight @param {number} t0 @param {number} mostPoints
+   * @param {import("./data.js").OverlayRun[]} [runs] */
   draw(series, weight, t0, mostPoints, runs) {
     const { xKey, log, style } = this.options;
+    /** @type {uPlot.AlignedData[]} */
     const tables = [];
     this.points = 0;
     this.smoothGap = 0;
@@ -144,6 +183,7 @@ export class Panel {
     else this.plot.setData(this.columns, !this.zoomed);
   }
 
+  /** @param {number} width */
   resize(width) {
     this.options.width = width;
     if (this.plot) this.plot.setSize({ width, height: this.options.height });

@@ -9,12 +9,14 @@ from collections.abc import Iterator
 
 from jupyter_client.manager import start_new_kernel
 
+from helpers import tiers
 from helpers.outputs import output_text
 
 
 class Kernel:
     def __init__(self, cwd: str | None = None) -> None:
         """A kernel started in ``cwd`` (default: this process's directory), as Jupyter starts one in the notebook's folder."""
+        tiers.starts("a Jupyter kernel")
         self.km, self.kc = start_new_kernel(kernel_name="python3", **({"cwd": cwd} if cwd else {}))
 
     def execute(self, code: str, timeout: float = 120.0) -> tuple[dict, str]:

@@ -19,6 +19,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from helpers import tiers
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -51,6 +53,7 @@ class JupyterLab:
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout: float = 90) -> None:
+        tiers.starts("a JupyterLab server")
         args = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
                 f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
                 f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.notebooks}",

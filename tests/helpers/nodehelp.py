@@ -10,6 +10,7 @@ import sys
 import tempfile
 import time
 
+from helpers import tiers
 from nbtrain.cluster import Cluster
 from nbtrain.launch.lifecycle.pools import PoolManager
 
@@ -48,6 +49,7 @@ def join_command(text: str) -> str:
 def start_agent(command: str, address: str, prefix=()) -> subprocess.Popen:
     """Run ``command`` (``python -m nbtrain.node --join … --token-file …``) from ``address``; ``prefix`` runs it
     through another command (``ip netns exec NAME``, which execs it: the pid is the agent's)."""
+    tiers.starts("a node agent")
     args = command.split()[1:]
     return subprocess.Popen([*prefix, sys.executable, *args, "--address", address],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -65,6 +67,7 @@ class Nodes:
 
     def start(self, address: str, env: dict | None = None) -> subprocess.Popen:
         """An agent joining from ``address``; ``env``: variables of its own (NBTRAIN_PREEMPTION_URL, …)."""
+        tiers.starts("a node agent")
         with open(os.path.join(self._consoles, address), "wb") as console:  # the agent's terminal
             agent = subprocess.Popen([sys.executable, *self.hub.join_command().split()[1:], "--address", address],
                                      stdout=console, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
