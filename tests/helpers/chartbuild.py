@@ -49,8 +49,11 @@ def ensure_chart_bundle() -> Path:
 
 
 def ensure_node_modules(labextension: Path = CHECKOUT / "labextension") -> Path:
-    """``labextension/`` with its npm packages installed (esbuild, typescript, uPlot)."""
-    if not (labextension / "node_modules" / "esbuild").is_dir():
+    """``labextension/`` with its npm packages installed (esbuild, typescript, uPlot, linkedom, …): installed again
+    when one that package.json names is missing (a checkout whose node_modules predates a new one)."""
+    spec = json.loads((labextension / "package.json").read_text())
+    wanted = {**spec.get("dependencies", {}), **spec.get("devDependencies", {})}
+    if not all((labextension / "node_modules" / name).is_dir() for name in wanted):
         subprocess.run([_jlpm(), "install"], cwd=labextension, check=True, capture_output=True)
     return labextension
 
