@@ -258,3 +258,70 @@ def test_run_records_and_tokens_of_no_pid_are_swept_and_never_listed(victim):
         tokens.remove()
         for path in (*records, forged, os.path.join(runs_dir(), f"kernel-{dead}.json")):
             _remove_any(path)
+
+
+@pytest.mark.slow  # a real kernel and its ranks
+@needs_attacker
+def test_load_ext_and_a_cell_work_whatever_was_planted_in_tmp_and_dev_shm(victim):
+    dead = _dead_pid()
+    temp = Planted(tempfile.gettempdir(), _temp_name, victim, dead)
+    shm = Planted("/dev/shm", _shm_name, victim, dead)
+    kernel = Kernel()
+    try:
+        kernel.run("%load_ext nbtrain")
+        assert "total 6" in kernel.run("%%distributed 2 --cpu --keep-alive 0\nimport torch\n"
+                                       "print('total', int(torch.tensor(3.0) * world_size))", timeout=240)
+        _assert_swept(temp, victim)
+        _assert_swept(shm, victim, folders_stay=True)
+    finally:
+        kernel.shutdown()
+        temp.remove(), shm.remove()
+
+
+@pytest.mark.slow  # a node agent
+@needs_attacker
+def test_a_node_agent_joins_and_stays_whatever_was_planted_in_tmp_and_dev_shm(victim):
+    dead = _dead_pid()
+    temp = Planted(tempfile.gettempdir(), _temp_name, victim, dead)
+    shm = Planted("/dev/shm", _shm_name, victim, dead)
+    nodes = Nodes()
+    try:
+        agent = nodes.start("127.0.0.1")
+        nodes.wait_joined(1)
+        time.sleep(3)  # an agent serves once joined: its sweep comes first
+        assert agent.poll() is None, nodes.consoles()
+        assert len(nodes.hub.live_nodes()) == 1
+        _assert_swept(temp, victim)
+        _assert_swept(shm, victim, folders_stay=True)
+    finally:
+        nodes.close()
+        temp.remove(), shm.remove()
+
+
+@needs_attacker
+def test_a_save_into_a_shared_folder_neither_fails_nor_hands_the_checkpoint_to_whoever_planted_a_temporary(victim):
+    """``--checkpoint /tmp/run`` in a folder others can write: names the save clears or writes are predictable."""
+    shared = tempfile.mkdtemp(prefix="nbtrain-test-shared-")
+    os.chmod(shared, 0o1777)
+    dead, path = _dead_pid(), os.path.join(shared, "checkpoint.pt")
+    stale = lambda pid: os.path.join(shared, f".checkpoint.pt.tmp-{pid}")  # noqa: E731  a save's temporary
+    theirs = [("file", stale(os.getpid()), ""), ("file", stale(NOT_PIDS[0]), ""), ("link", stale(dead), victim)]
+    mine = [("file", stale(NOT_PIDS[0] + "0"), ""), ("file", stale(_dead_pid()), ""),
+            ("file", stale(f"0badc0de-{_dead_pid()}"), "")]
+    try:
+        _plant(theirs, as_attacker=True)
+        _plant(mine, as_attacker=False)
+        write_atomic({"weights": [1.0, 2.0]}, path)
+        assert os.stat(path).st_uid == os.geteuid(), "the checkpoint is this user's file"
+        assert torch_load(path) == {"weights": [1.0, 2.0]}
+        assert all(os.path.lexists(p) for _k, p, _t in theirs) and os.path.getsize(stale(os.getpid())) == 0
+        assert open(victim).read() == "mine"
+        assert not [p for _k, p, _t in mine if os.path.lexists(p)], "this user's temporaries of no live save go"
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def torch_load(path: str):
+    import torch
+
+    return torch.load(path, weights_only=False)
