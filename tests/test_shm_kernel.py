@@ -12,6 +12,7 @@ import time
 
 import psutil
 import pytest
+from helpers.attacker import needs_root, plant
 from helpers.kernelhelp import Kernel
 from helpers.workers import nbtrain_workers
 
@@ -133,12 +134,15 @@ def zygote_of(kernel: Kernel) -> psutil.Process:
 
 
 def sizes_of(pid: int) -> list[int]:
+    """The sizes of the kernel ``pid``'s files (this user's: another's under its prefix is not the kernel's)."""
     found = []
     for name in files_of(pid):
         try:
-            found.append(os.stat(f"/dev/shm/{name}").st_size)
+            facts = os.lstat(f"/dev/shm/{name}")
         except FileNotFoundError:
-            pass
+            continue
+        if facts.st_uid == os.geteuid():
+            found.append(facts.st_size)
     return found
 
 
@@ -151,10 +155,12 @@ MOMENTS = {
 }
 
 
+@needs_root  # another user's file under the kernel's prefix is theirs: it stays
 @pytest.mark.parametrize("moment", MOMENTS)
 def test_a_kernel_killed_while_sending_a_big_tensor_leaves_no_shared_memory(moment):
     kernel = Kernel()
     pid = kernel.pid()
+    theirs = plant(f"/dev/shm/nbtrain-{pid}-theirs")
     try:
         kernel.run("%load_ext nbtrain")
         zygote = zygote_of(kernel)
@@ -168,6 +174,8 @@ def test_a_kernel_killed_while_sending_a_big_tensor_leaves_no_shared_memory(mome
         left = [zygote, *zygote.children()]
         _gone, alive = psutil.wait_procs(left, timeout=15)
         assert not alive, "the zygote and the ranks exit with their kernel"
-        assert files_of(pid) == set(), f"{sizes_of(pid)} bytes of shared memory outlived the kernel"
+        assert sizes_of(pid) == [], f"{sizes_of(pid)} bytes of shared memory outlived the kernel"
+        assert os.path.exists(theirs), "another user's file under the kernel's prefix is theirs"
     finally:
         kernel.shutdown()
+        os.unlink(theirs)
