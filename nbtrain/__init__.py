@@ -131,15 +131,11 @@ def __getattr__(name):
 def load_ipython_extension(ipython):
     from .cluster.tokens import sweep_tokens
     from .launch.observers.registry import sweep_records
-    from .leftovers import sweep_temp
+    from .leftovers import sweep_quietly, sweep_temp
     from .magics import DistributedMagics
     from .wire.shm import sweep_orphans
 
-    for sweep in (sweep_orphans, sweep_temp, sweep_records, sweep_tokens):  # what killed kernels and agents left behind
-        try:
-            sweep()
-        except OSError:
-            pass
+    sweep_quietly(sweep_orphans, sweep_temp, sweep_records, sweep_tokens)  # what killed kernels and agents left behind
 
     magics = DistributedMagics(ipython)
     ipython.register_magics(magics)

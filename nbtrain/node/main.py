@@ -34,7 +34,7 @@ import time
 
 import psutil
 
-from ..leftovers import sweep_temp
+from ..leftovers import sweep_quietly, sweep_temp
 from ..wire import nodes as N
 from ..wire.link import JoinToken, Link, LinkError, connect
 from ..wire.shm import sweep_orphans
@@ -135,8 +135,7 @@ def _preemption(notices: Notices, ranks: LocalRanks, link: Link) -> str:
 
 def sweep_dead_agents() -> None:
     """What agents killed on this machine left (SIGKILL runs no cleanup): their folders and /dev/shm files."""
-    sweep_temp()
-    sweep_orphans()
+    sweep_quietly(sweep_temp, sweep_orphans)  # whatever another user planted under those names, this agent serves
 
 
 def _handle(message, ranks: LocalRanks, link: Link, address: str | None) -> None:

@@ -37,6 +37,7 @@ import contextlib
 import glob
 import os
 import random
+import re
 import secrets
 import shutil
 import sys
@@ -48,7 +49,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ..pids import pid_alive
+from ..leftovers import sweep_dead, sweep_quietly
 from ..words import checkpoint_position
 from . import metrics, shard
 from .state import TrainContext, current
@@ -199,9 +200,12 @@ def write_atomic(state: dict, path: str) -> None:
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
     _remove_stale_temporaries(path)
-    temporary = f"{os.path.join(directory, '.' + os.path.basename(path))}.tmp-{os.getpid()}"
+    temporary = f"{os.path.join(directory, '.' + os.path.basename(path))}.tmp-{secrets.token_hex(4)}-{os.getpid()}"
+    # A new file of this user's, under a name nobody can guess: in a shared folder another user may have planted a
+    # file or a link at a predictable name, and renaming theirs into place would hand them the checkpoint.
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
     try:
-        with open(temporary, "wb") as file:
+        with os.fdopen(descriptor, "wb") as file:
             torch.save(state, file)
             file.flush()
             os.fsync(file.fileno())
@@ -220,15 +224,12 @@ def write_atomic(state: dict, path: str) -> None:
 
 
 def _remove_stale_temporaries(path: str) -> None:
-    """Temporary files of saves whose process died (a killed rank) are left behind; clear them."""
-    pattern = f"{os.path.join(os.path.dirname(path) or '.', '.' + os.path.basename(path))}.tmp-*"
-    for leftover in glob.glob(pattern):
-        pid = leftover.rsplit("-", 1)[-1]
-        if pid.isdigit() and not pid_alive(int(pid)):
-            try:
-                os.unlink(leftover)
-            except OSError:
-                pass
+    """Temporary files of saves whose process died (a killed rank) are left behind; clear this user's. The folder
+    may be shared (``--checkpoint /tmp/run``): an entry another user made there is theirs, whatever its name says,
+    and nothing found there stops the save."""
+    folder, name = os.path.split(path)
+    stale = re.compile(re.escape(f".{name}.tmp-") + r"(?:[0-9a-f]+-)?(\d+)$")  # group 1: the saving process
+    sweep_quietly(lambda: sweep_dead(folder or ".", stale))
 
 
 # ------------------------------------------------------------------------------------------ loading

@@ -7,7 +7,8 @@ message; a ``fork`` request carries the rank's stdin, stdout and stderr pipe end
 
 Messages (``op``):
 
-* kernel → zygote: ``fork`` (``id``, ``env``, ``cwd``, ``modules``, ``sys_path``; fds stdin/stdout/stderr);
+* kernel → zygote: ``fork`` (``id``, ``env``, ``cwd``, ``modules``, ``sys_path``; fds stdin/stdout/stderr), ``close``
+  (the kernel ends the zygote and lives on; an end that closes without it is the kernel's death);
 * zygote → kernel: ``ready`` (``pid``, ``imports_s``), ``forked`` (``id``, ``pid``, ``imports_s``), ``refused``
   (``id``, ``reason``), ``exited`` (``pid``, ``code``: as :attr:`subprocess.Popen.returncode`, negative for a
   signal), ``unsafe`` (``reason``: the zygote will fork no more).
@@ -22,6 +23,7 @@ import socket
 MAX_PACKET = 1 << 20  # the environment of a rank is a few KiB; a request is far below this
 MAX_FDS = 3
 ZYGOTE_FD_ENV = "NBTRAIN_ZYGOTE_FD"  # the zygote's end of the socketpair (a descriptor number, not a secret)
+KERNEL_PID_ENV = "NBTRAIN_KERNEL_PID"  # the kernel that started the zygote: whose shared memory it removes if it dies
 
 
 def pair() -> tuple[socket.socket, socket.socket]:

@@ -34,6 +34,9 @@ import threading
 import weakref
 from dataclasses import dataclass
 
+from ..leftovers import my_entries
+from ..pids import as_pid
+
 SHARE_THRESHOLD_BYTES = 256 * 1024
 CHUNK_BYTES = 64 * 1024 * 1024
 _NAME = re.compile(r"nbtrain-(\d+)-")
@@ -294,21 +297,9 @@ def rebuild_input_view(ref: InputView, originals: dict):
 
 
 def sweep_prefix(prefix: str) -> int:
-    """Remove every file whose path starts with ``prefix``; how many were removed."""
+    """Remove this user's files whose path starts with ``prefix``; how many were removed."""
     folder, start = os.path.split(prefix)
-    removed = 0
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return 0
-    for name in names:
-        if name.startswith(start):
-            try:
-                _remove(os.path.join(folder, name))
-            except OSError:
-                continue
-            removed += 1
-    return removed
+    return sum(_unlink(path) for path, _ in my_entries(folder, re.compile(re.escape(start))))
 
 
 def abandon_and_sweep(kernel_pid: int, wait_s: float = 5.0) -> None:
@@ -320,32 +311,38 @@ def abandon_and_sweep(kernel_pid: int, wait_s: float = 5.0) -> None:
 
 def sweep_orphans() -> int:
     """Remove this user's shared-memory files of kernels that are no longer running; how many were removed."""
+    removed = 0
+    for path, match in my_entries(shm_dir(), _NAME):  # /dev/shm is shared: another user's file (planted or not) is theirs
+        pid = as_pid(match.group(1))
+        if pid != os.getpid() and not _kernel_alive(pid, path):
+            removed += _unlink(path)
+    return removed
+
+
+def _kernel_alive(pid: int | None, path: str) -> bool:
+    """Whether the kernel ``pid`` that named ``path`` still runs: not a zombie, nor a later process that reuses
+    its pid (started after the file was written). A name with no pid in it has no kernel."""
     import psutil
 
-    folder, removed = shm_dir(), 0
-    for name in os.listdir(folder):
-        match = _NAME.match(name)
-        if match is None or int(match.group(1)) == os.getpid():
-            continue
-        path = os.path.join(folder, name)
-        try:
-            stat = os.lstat(path)
-            if stat.st_uid != os.geteuid():
-                continue  # /dev/shm is shared: another user's file (planted or not) is theirs
-            written = stat.st_mtime
-            owner = psutil.Process(int(match.group(1)))
-            if owner.status() != psutil.STATUS_ZOMBIE and owner.create_time() <= written + 1:
-                continue  # its kernel is alive (a later process with a reused pid started after the file)
-        except psutil.NoSuchProcess:
-            pass
-        except (OSError, psutil.Error):
-            continue
-        try:
-            _remove(path)
-        except OSError:  # one that cannot be removed (a folder of that name, …) leaves the others to sweep
-            continue
-        removed += 1
-    return removed
+    if pid is None:
+        return False
+    try:
+        written = os.lstat(path).st_mtime
+        owner = psutil.Process(pid)
+        return owner.status() != psutil.STATUS_ZOMBIE and owner.create_time() <= written + 1
+    except psutil.NoSuchProcess:
+        return False
+    except (OSError, psutil.Error):
+        return True  # cannot tell: leave the file to a later sweep
+
+
+def _unlink(path: str) -> bool:
+    """Whether ``path`` went: one that cannot be removed (a folder of that name, …) leaves the others to sweep."""
+    try:
+        os.unlink(path)
+        return True
+    except OSError:
+        return False
 
 
 __all__ = ["SHARE_THRESHOLD_BYTES", "SharedArena", "SharedFile", "InputView", "owner_prefix", "new_result_prefix",

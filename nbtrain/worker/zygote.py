@@ -12,7 +12,9 @@ loads) and asks it for ranks. The zygote:
   and it checks both before every fork (a library that initialised CUDA when imported — through torch, or the
   driver's ``cuInit`` directly — makes it refuse: the kernel then spawns);
 * reads requests only from its end of a socketpair the kernel passed it (:mod:`nbtrain.wire.forking`: JSON,
-  nothing unpickled); end-of-file there means the kernel is gone, and the zygote exits;
+  nothing unpickled); end-of-file there without a ``close`` means the kernel is gone, and the zygote removes the
+  kernel's shared-memory files before it exits (:func:`remove_dead_kernels_files`) — a kernel killed while it
+  wrote a notebook tensor there has no rank yet that would;
 * before a fork, imports the installed packages the notebook imported since (the request names them), so a
   rank finds them loaded as the notebook has them;
 * reaps its children and reports each exit code (SIGCHLD wakes it through a pipe).
@@ -42,6 +44,7 @@ import time
 import traceback
 
 from ..wire import forking
+from ..wire.shm import owner_prefix, sweep_prefix
 from . import stop
 
 # What a training cell's first lines import lazily: constructing any optimizer imports torch._dynamo (seconds)
@@ -49,15 +52,19 @@ WARM_IMPORTS = ("torch._dynamo", "torch.optim", "torch.nn.parallel", "torch.util
 _MAIN_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__main__.py")
 
 
+KERNEL_EXIT_WAIT_S = 5.0  # from the kernel's end closing to its exit (its descriptors close first, then it is reaped)
+
+
 class Zygote:
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, kernel_pid: int) -> None:
         self.sock = sock
+        self.kernel_pid = kernel_pid
         self.wake_r, self.wake_w = os.pipe()
         self.unsafe = ""  # why this zygote forks no more ("": it forks)
         self.start_dir = sys.path[0] if sys.path else ""
 
     def serve(self) -> None:
-        """Answer requests until the kernel's end closes."""
+        """Answer requests until the kernel says ``close`` or its end closes (it died: its files are removed)."""
         for fd in (self.wake_r, self.wake_w):
             os.set_blocking(fd, False)
         signal.set_wakeup_fd(self.wake_w)
@@ -71,6 +78,9 @@ class Zygote:
             if self.sock.fileno() in ready:
                 message, fds = forking.receive(self.sock)
                 if message is None:
+                    remove_dead_kernels_files(self.kernel_pid)
+                    return
+                if message.get("op") == "close":
                     return
                 if message.get("op") == "fork":
                     self._fork(message, fds)
@@ -137,6 +147,19 @@ class Zygote:
                 sys.stdout.flush()
                 sys.stderr.flush()
             os._exit(code)
+
+
+def remove_dead_kernels_files(kernel_pid: int, wait_s: float = KERNEL_EXIT_WAIT_S) -> None:
+    """The kernel's shared-memory files, once the kernel is gone for sure: this process, its child, was handed to
+    another parent. The kernel's descriptors close before that, so no write of its can follow the sweep; a kernel
+    still there after ``wait_s`` keeps its files."""
+    deadline = time.monotonic() + wait_s
+    while os.getppid() == kernel_pid:
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.01)
+    with contextlib.suppress(Exception):  # a sweep only tidies: the zygote exits all the same
+        sweep_prefix(owner_prefix(kernel_pid))
 
 
 CUDA_SUCCESS = 0
@@ -281,6 +304,7 @@ def main() -> None:
     name_process(b"nbtrain-zygote")
     started = time.perf_counter()
     sock = socket.socket(fileno=int(os.environ.pop(forking.ZYGOTE_FD_ENV)))
+    kernel_pid = int(os.environ.pop(forking.KERNEL_PID_ENV))
     import torch  # noqa: F401  (what every rank needs, loaded once)
 
     from . import main as rank_main  # noqa: F401
@@ -291,11 +315,14 @@ def main() -> None:
     gc.collect()
     gc.freeze()  # what the ranks inherit is never traversed by their collections: fast, and pages stay shared
 
-    zygote = Zygote(sock)
+    zygote = Zygote(sock, kernel_pid)
     zygote.unsafe = unsafe_to_fork()
-    forking.send(sock, {"op": "ready", "pid": os.getpid(), "imports_s": time.perf_counter() - started,
-                        "unsafe": zygote.unsafe})
-    zygote.serve()
+    try:
+        forking.send(sock, {"op": "ready", "pid": os.getpid(), "imports_s": time.perf_counter() - started,
+                            "unsafe": zygote.unsafe})
+        zygote.serve()
+    except OSError:  # the kernel's end closed while this one spoke: it died
+        remove_dead_kernels_files(kernel_pid)
 
 
 if __name__ == "__main__":

@@ -80,6 +80,7 @@ class Zygote:
         kernel_end, zygote_end = forking.pair()
         env = interpreter_env(dict(os.environ))
         env[forking.ZYGOTE_FD_ENV] = str(zygote_end.fileno())
+        env[forking.KERNEL_PID_ENV] = str(os.getpid())
         try:
             zygote._popen = subprocess.Popen(
                 [sys.executable, "-m", "nbtrain.worker.zygote"], env=env, pass_fds=[zygote_end.fileno()],
@@ -90,7 +91,7 @@ class Zygote:
             return cls(f"the zygote could not start ({exc})")
         finally:
             zygote_end.close()
-        del env[forking.ZYGOTE_FD_ENV]
+        del env[forking.ZYGOTE_FD_ENV], env[forking.KERNEL_PID_ENV]
         zygote._sock, zygote._env = kernel_end, env
         zygote._baseline = frozenset(_top_level(sys.modules))
         return zygote
@@ -156,10 +157,12 @@ class Zygote:
             return self._exits.pop(pid, None)
 
     def close(self) -> None:
-        """End the zygote (its end of the socketpair closes: it exits); ranks it forked live on."""
+        """End the zygote (``close``, then its end of the socketpair closes: it exits); ranks it forked live on."""
         with self._lock:
             self._gone = self._gone or "the zygote was closed"
             if self._sock is not None:
+                with contextlib.suppress(OSError):  # said, so the zygote leaves this live kernel's shared memory
+                    forking.send(self._sock, {"op": "close"})
                 self._sock.close()
                 self._sock = None
         if self._popen is not None:
