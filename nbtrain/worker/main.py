@@ -194,7 +194,11 @@ class Rank:
                 self.inbox.put(None)
                 return
             if isinstance(msg, P.Preempt):
-                preemption.notice()
+                preemption.notice(msg)
+            elif isinstance(msg, P.PreemptAt):
+                preemption.target_heard(msg)
+            elif isinstance(msg, P.PreemptAgreed):
+                preemption.agreed(msg)
             elif isinstance(msg, P.Stopping):
                 preemption.stopping()
             else:

@@ -232,7 +232,7 @@ class _Run:
         elif isinstance(msg, P.Failed) and msg.job_id == self.job.job_id:
             self.raised.add(rank)
             self._fail(rank, msg.error)
-        elif isinstance(msg, (P.PreemptNotice, P.PreemptSaved)):
+        elif isinstance(msg, (P.PreemptNotice, P.PreemptPropose, P.PreemptHeard, P.PreemptSaved)):
             self.preemption.hear(rank, msg)
 
     def _fail(self, rank: int, cause: P.RemoteError | int, diagnosis: str | None = None) -> None:
