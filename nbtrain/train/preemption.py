@@ -9,8 +9,10 @@ being stopped: :mod:`nbtrain.worker.stop`), which also tells the kernel, so ever
 accumulation window open — the previous step's ``optimizer.step()`` and everything the loop logged after it
 are done, so the checkpoint holds the step's metrics and the loader's position is exactly the batches
 consumed (a resumed run repeats no step and skips none). A cell without a prepared loader saves right after
-the prepared optimizer's step instead (the values it logs after ``step()`` for that step are then the
-resumed run's first).
+the prepared optimizer's step instead — or, when it loops over ``nbtrain.epochs()``, at the end of the epoch
+(before the next one is entered: a checkpoint without a loader's position ends its epoch, so the values the
+epoch's body logs after its last ``step()`` must be in it, or neither the stopped run nor the resumed one would
+have them).
 
 **Agreement.** ``save_checkpoint()`` is a collective: every rank must save at the same step, though each hears
 of the notice at its own moment. The agreement travels on the authenticated channel, never through the process
@@ -126,7 +128,19 @@ def kernel_stops(wait: float) -> bool:
 
 
 def at_boundary(context: TrainContext) -> None:
-    """An optimizer-step boundary (a prepared loader's next batch, or after the step): save here if it is agreed."""
+    """An optimizer-step boundary (a prepared loader's next batch, or after the step): save here if it is agreed
+    (after the step of a cell looping over ``nbtrain.epochs()`` without a loader: agree only, save at the epoch's
+    end)."""
+    _boundary(context, save=bool(context.loaders) or not context.epochs_used)
+
+
+def at_epoch_end(context: TrainContext) -> None:
+    """``nbtrain.epochs()`` between two epochs of a cell without a prepared loader: save here if it is agreed."""
+    if not context.loaders:
+        _boundary(context, save=True)
+
+
+def _boundary(context: TrainContext, save: bool) -> None:
     cell = _cell
     if cell is None or context.settings.checkpoint_path is None:
         return
@@ -135,7 +149,7 @@ def at_boundary(context: TrainContext) -> None:
             _propose(cell, context.step)
     elif cell.noticed.is_set():
         cell.target = context.step
-    if cell.target is not None and context.step >= cell.target:
+    if save and cell.target is not None and context.step >= cell.target:
         _save_and_wait(cell, context)
 
 

@@ -397,7 +397,8 @@ def main(launched: float | None = None) -> None:
     # several ranks of a node share one environment: the file is named by the local rank there
     stack_file = open(os.environ["NBTRAIN_STACK_FILE"].replace("{local_rank}", os.environ["LOCAL_RANK"]), "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)  # "where are you?" from the kernel
-    stop.install_sigterm(preemption.in_cell, preemption.kernel_stops, preemption.sigterm_notice)
+    stop.install_sigterm(preemption.in_cell, preemption.kernel_stops, preemption.sigterm_notice,
+                        metrics.flush_before_exit)
     key = _lifeline()
     for stream in (sys.stdout, sys.stderr):
         # whole lines, live: ranks' lines do not interleave (the interpreter's streams are io.TextIOWrapper)
