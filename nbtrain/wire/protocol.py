@@ -25,6 +25,8 @@ A conversation::
     rank   -> PreemptHeard(job_id, rank)             this rank knows that step
     kernel -> PreemptAgreed(job_id)                  every rank knows it: a proposer waiting at its boundary goes on
     rank   -> PreemptSaved(job_id, rank, step, ...)  rank 0: that checkpoint is written
+    rank   -> BreakpointLeft(job_id, call)           nbtrain.breakpoint(rank=k): rank k left the debugger
+    kernel -> BreakpointRelease(job_id, call)        to every rank: the ranks waiting at that breakpoint go on
     kernel -> Stopping()                             the SIGTERM that follows is the kernel's own (no notice)
     kernel -> Shutdown()                             barrier, destroy the group, exit 0
 
@@ -277,6 +279,22 @@ class PreemptSaved:
     step: int
     seconds: float  # the write itself
     path: str
+
+
+@dataclass(frozen=True)
+class BreakpointLeft:
+    """The rank that ``nbtrain.breakpoint(rank=k)`` stopped has left the debugger (its ``call``-th of the cell)."""
+
+    job_id: int
+    call: int
+
+
+@dataclass(frozen=True)
+class BreakpointRelease:
+    """The kernel, to every rank: the ranks waiting at the cell's ``call``-th ``nbtrain.breakpoint()`` go on."""
+
+    job_id: int
+    call: int
 
 
 @dataclass(frozen=True)

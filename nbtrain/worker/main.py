@@ -56,7 +56,7 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ..train import metrics, preemption, profile, shard
+from ..train import debug, metrics, preemption, profile, shard
 from ..train import state as train_state
 from ..wire import protocol as P
 from ..wire.names import RUNTIME_NAMES
@@ -199,6 +199,8 @@ class Rank:
                 preemption.target_heard(msg)
             elif isinstance(msg, P.PreemptAgreed):
                 preemption.agreed(msg)
+            elif isinstance(msg, P.BreakpointRelease):
+                debug.released(msg)
             elif isinstance(msg, P.Stopping):
                 preemption.stopping()
             else:
