@@ -12,9 +12,10 @@ reclaim, Slurm's or Kubernetes' SIGTERM. Measured, from the cell's own lines (ra
   the step time and the write time the rank reports (goal: one step plus the write);
 * **re-form → first step**: from that line (the node leaves) to rank 0's first step of the re-formed group,
   against the same cell's cold start on a fresh pool, from the call to its first step (goal ≤ 1.5×);
-* **steps lost**: steps the first group took after the checkpoint (the re-formed group takes them again; goal 0);
-* **the price while nothing happens**: the store read each rank of a ``--checkpoint`` cell makes per optimizer
-  step (``check`` on a TCPStore over loopback, as the ranks read the kernel's).
+* **steps lost**: steps the first group took after the checkpoint (the re-formed group takes them again; goal 0).
+
+Nothing is paid while nothing happens: before a notice no rank asks anything at a step boundary (the step is
+agreed over the ranks' channels once a notice has come, never read from the store).
 """
 
 from __future__ import annotations
@@ -155,22 +156,6 @@ def main() -> None:
     _report(results, args)
 
 
-def store_read_us(reads: int = 2000) -> float:
-    """One step's store read (train/preemption.py), over loopback."""
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    server = dist.TCPStore("127.0.0.1", 0, 2, True, timedelta(seconds=10), wait_for_workers=False)
-    store = dist.PrefixStore("default_pg", dist.TCPStore("127.0.0.1", server.port, 2, False, timedelta(seconds=10)))
-    for _ in range(100):
-        store.check(["nbtrain/preempt/1"])
-    started = time.perf_counter()
-    for _ in range(reads):
-        store.check(["nbtrain/preempt/1"])
-    return (time.perf_counter() - started) / reads * 1e6
-
-
 def _report(results: list[dict], args) -> None:
     med = lambda key: statistics.median(r[key] for r in results)  # noqa: E731
     mb = 4 * 4 * args.width * (args.width + 1) * 2 / 2**20  # parameters + momentum, float32
@@ -182,8 +167,7 @@ def _report(results: list[dict], args) -> None:
           f"(notice sent after step {args.notice_step})\n"
           f"  re-form -> first step         {med('reform'):.2f} s  cold start -> first step {med('cold'):.2f} s  "
           f"ratio {med('reform') / med('cold'):.2f}x (goal <= 1.5x); of it, stopping the old group {med('stop'):.2f} s\n"
-          f"  steps lost per reclaim        {max(r['lost'] for r in results)} (goal 0)\n"
-          f"  store read per step           {store_read_us():.0f} us (loopback; a --checkpoint cell's ranks, always)")
+          f"  steps lost per reclaim        {max(r['lost'] for r in results)} (goal 0)")
 
 
 if __name__ == "__main__":

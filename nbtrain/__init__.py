@@ -73,8 +73,9 @@ def load_checkpoint(path=None):
 def epochs(total):
     """``for epoch in nbtrain.epochs(10):`` — like range(10), but starts at the saved epoch when the cell resumes."""
     from .train.checkpoint import epochs as _epochs
+    from .train.preemption import at_epoch_end
 
-    return _epochs(total)
+    return _epochs(total, between=at_epoch_end)
 
 
 def training_state():

@@ -73,14 +73,17 @@ def test_different_options_start_a_new_pool_and_stop_the_old(fresh_pools):
 
 def test_every_socket_of_a_run_is_on_loopback_or_a_private_unix_socket(fresh_pools):
     ns, _ = run_cell(fresh_pools, """
-        import psutil, torch.distributed as dist
+        import os, psutil, torch.distributed as dist
         t = torch.ones(1); dist.all_reduce(t)
         mine = [c for c in psutil.Process().net_connections(kind="inet")]
         addresses = sorted({c.laddr.ip for c in mine})
-    """, {"torch": __import__("torch")}, out="addresses")
+        port = int(os.environ["MASTER_PORT"])
+    """, {"torch": __import__("torch")}, out="addresses,port")
     kernel = [c.laddr.ip for c in psutil.Process().net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+    store = [c for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN and c.laddr.port == ns["port"]]
     assert ns["addresses"] and all(_loopback(a) for a in ns["addresses"]), ns["addresses"]
-    assert kernel and all(_loopback(a) for a in kernel), kernel
+    assert kernel == []  # the store is hosted by a process of its own (launch/ranks/storehost.py)
+    assert store and all(_loopback(c.laddr.ip) for c in store) and all(c.pid != os.getpid() for c in store), store
 
 
 def _loopback(address: str) -> bool:

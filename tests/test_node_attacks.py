@@ -43,7 +43,10 @@ CELL = "%%distributed --nodes 2 --nproc-per-node 1 --rdzv-host 127.0.0.1 --cpu -
 
 
 def _listening_ports(pid: int) -> set[int]:
-    return {c.laddr.port for c in psutil.Process(pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+    """What ``pid`` and its descendants listen on (the pool's store is a process the kernel's zygote forked)."""
+    kernel = psutil.Process(pid)
+    return {c.laddr.port for p in (kernel, *kernel.children(recursive=True)) for c in p.net_connections("tcp")
+            if c.status == psutil.CONN_LISTEN}
 
 
 def _plant(port: int, keys: list[str], value: bytes) -> bool:

@@ -8,6 +8,7 @@ import pytest
 from helpers.kernelhelp import nbtrain_kernel
 from helpers.outputs import cell_text
 from helpers.runhelp import Captured
+from helpers.storepeer import STORE_PORT, plant
 from helpers.workers import assert_no_workers
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook
@@ -93,6 +94,32 @@ def test_nbtrain_breakpoint_holds_the_other_ranks_past_the_collective_timeout(ke
     assert prompts == ["[rank 1] (Pdb) "] * 2
     assert time.monotonic() - started > TIMEOUT_S + 1
     assert kernel.run("print(result)").strip() == "42"
+
+
+def test_a_release_planted_in_the_store_lets_no_rank_past_nbtrain_breakpoint(kernel):
+    """The store has no authentication: keys planted there for the next cells' breakpoints (a network peer's) must
+    not let rank 0 run on into the broadcast — where it would time out while rank 1 is still in pdb."""
+    cell_options = f"%%distributed 2 --cpu --no-dashboard --timeout {TIMEOUT_S} --output rank0"
+    kernel.run(f"{cell_options} --out port\n{STORE_PORT}", timeout=120)  # the same warm pool as the cell below
+    port = int(kernel.run("print(port)"))
+    keys = ("default_pg/0//nbtrain/breakpoint/{job}/{call}", "nbtrain/breakpoint/{job}/{call}")
+    assert plant(port, [(k.format(job=job, call=call), "1") for k in keys for job in range(1, 31) for call in (1, 2)])[
+        "error"] is None
+
+    def slow_human(prompt: str) -> str:
+        time.sleep(TIMEOUT_S + 1)
+        return "value = 7"
+
+    reply, out, _prompts = kernel.execute_answering(
+        f"{cell_options}\n"
+        "import nbtrain, torch, torch.distributed as dist\n"
+        "value = 0\n"
+        "nbtrain.breakpoint(rank=1)\n"
+        "t = torch.tensor([value])\n"
+        "dist.broadcast(t, src=1)\n"
+        "result = int(t)\n", [slow_human, "c"])
+    assert reply["status"] == "ok", out
+    assert kernel.run("print(result)").strip() == "7"
 
 
 def test_a_front_end_without_stdin_gives_the_rank_an_eof_error_that_says_so(kernel):

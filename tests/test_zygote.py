@@ -134,7 +134,7 @@ def test_forked_ranks_share_the_zygotes_memory(fresh_pools):
     assert max(forked) < 0.6 * min(spawned), f"PSS forked {forked} MiB, spawned {spawned} MiB"
 
 
-def test_the_zygote_and_its_ranks_end_when_the_kernel_is_killed():
+def test_the_zygote_its_ranks_and_the_store_end_when_the_kernel_is_killed():
     kernel = Kernel()
     try:
         kernel.run("%load_ext nbtrain")
@@ -143,10 +143,11 @@ def test_the_zygote_and_its_ranks_end_when_the_kernel_is_killed():
                               "time.sleep(600)\n")
         out = kernel.collect(msg_id, 90, until=lambda out: out.count("up ") >= 2)[1]
         assert f"up {zygote}" in out, out
-        ranks = psutil.Process(zygote).children()
-        assert len(ranks) == 2
+        children = psutil.Process(zygote).children()
+        ranks = [p for p in children if p.name() == "nbtrain-rank"]
+        assert len(ranks) == 2 and [p.name() for p in children if p not in ranks] == ["nbtrain-store"]  # the pool's store
         os.kill(kernel.pid(), signal.SIGKILL)
-        gone, alive = psutil.wait_procs([psutil.Process(zygote), *ranks], timeout=5)
+        gone, alive = psutil.wait_procs([psutil.Process(zygote), *children], timeout=5)
         assert not alive, f"still alive after the kernel died: {[p.pid for p in alive]}"
     finally:
         kernel.shutdown()

@@ -4,7 +4,8 @@
 :class:`~nbtrain.launch.ranks.pool.WorkerPool` (it shares only :class:`~nbtrain.launch.ranks.rankgroup.GroupState`, the
 state both keep); :mod:`nbtrain.launch.lifecycle.run` drives it exactly as it drives local ranks and sees the same events (:class:`Message`, :class:`Output`, :class:`Exited`):
 
-* **start** (:meth:`NodePool.spawn`): the kernel hosts the c10d store on ``--rdzv-host``; once ``--nodes``
+* **start** (:meth:`NodePool.spawn`): the c10d store listens on ``--rdzv-host``, hosted by a process of its own
+  with a memory limit (:mod:`~nbtrain.launch.ranks.storehost`), never by the kernel; once ``--nodes``
   nodes have joined the hub (:mod:`.hub`; the join command is printed once) — or, elastic ``--nodes MIN:MAX``,
   once MIN have and the last call for more is over (:mod:`.elastic`; ``spec`` then becomes the group's size
   and the job is sent only now, so the run knows its world size) — each gets
@@ -43,7 +44,9 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from ..launch.diagnostics.failures import RankFailure, rank_failure
-from ..launch.ranks.pool import Exited, Message, Output, host_store
+from ..launch.ranks.pool import Exited, Message, Output
+from ..launch.ranks.storehost import StoreHost
+from ..launch.ranks.zygote import Zygote
 from ..launch.ranks.rankgroup import GroupState
 from ..launch.request.config import PoolSpec
 from ..wire import nodes as N
@@ -73,7 +76,7 @@ class NodePool(GroupState):
     def __init__(self, spec: PoolSpec, hub: Hub, say: Callable[[str], None] | None = None,
                  ssh: SshNodes | None = None, slurm: SlurmNodes | None = None) -> None:
         super().__init__(spec)
-        self._store = None  # the c10d store this pool's ranks bootstrap from, hosted here on --rdzv-host
+        self._store: StoreHost | None = None  # the c10d store this pool's ranks bootstrap from, on --rdzv-host
         self.formation = Formation(spec.min_nodes or spec.nodes, spec.nodes, spec.last_call_s)
         self.hub = hub
         self.ssh = ssh  # with --hosts: the sessions that start the agents (the Cluster's, kept between pools)
@@ -95,7 +98,8 @@ class NodePool(GroupState):
         self._stacks: dict[int, str] = {}
 
     # ------------------------------------------------------------------------------- start
-    def spawn(self) -> None:
+    def spawn(self, zygote: Zygote | None = None) -> None:
+        """Start the agents (or wait for them) and the pool's store (forked by ``zygote`` where it can)."""
         spec = self.spec
         if spec.hosts and self.ssh is not None:  # first: the agents start while this kernel imports torch
             if len(self.hub.idle_nodes()) < spec.nodes:
@@ -108,7 +112,7 @@ class NodePool(GroupState):
         elif len(self.hub.idle_nodes()) < spec.nodes and self.hub.announce():
             self._say(f"nbtrain: waiting for {self._wanted()} nodes; on each node run:\n  {self.hub.join_command()}\n"
                       f"{self.hub.join_help()}")
-        self._store = host_store(spec.rdzv_host)
+        self._store = StoreHost(spec.rdzv_host, zygote)
         self._start_if_joined()
 
     def _start_slurm(self) -> None:
@@ -399,6 +403,8 @@ class NodePool(GroupState):
                 if node.name in self._lost:
                     node.link.close()
                 self.hub.mark_idle(node)  # a node slow to confirm still ends its ranks; the next pool may use it
+            if self._store is not None:
+                self._store.close()
             self._store = None
 
     def _wait_stopped(self, seconds: float) -> None:

@@ -44,6 +44,7 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -346,10 +347,15 @@ def _set_rng_state(state: dict, device) -> None:
         torch.cuda.set_rng_state(state["cuda"].cpu(), device)
 
 
-def epochs(total: int):
-    """``for epoch in nbtrain.epochs(10):`` — range(10), starting at the saved epoch when the cell resumes."""
+def epochs(total: int, between: Callable[[TrainContext], None] | None = None):
+    """``for epoch in nbtrain.epochs(10):`` — range(10), starting at the saved epoch when the cell resumes.
+
+    ``between(context)`` runs after each epoch's body, before the next epoch is entered: a save there ends the
+    epoch, everything its body logged included (a preemption's boundary, :mod:`nbtrain.train.preemption`)."""
     context = current()
     auto_resume(context)
     for epoch in range(context.first_epoch(), int(total)):
+        if between is not None and context.epochs_used:
+            between(context)
         context.enter_epoch(epoch)
         yield epoch

@@ -15,9 +15,10 @@ output, its ``(Pdb)`` prompt is an input box under the cell. This module adds th
 **The collective timeout while a human debugs.** A collective gives up after the process group's timeout
 (``--timeout``, 600 s by default) — gloo raises, NCCL's watchdog aborts — and a timeout cannot be
 paused for a collective already waiting. So the waiting ranks of :func:`breakpoint` are not in a
-collective: they poll a key of the rendezvous store (``TCPStore.check``, a tenth of a second apart,
-interruptible by the stop button) that the debugged rank sets when it leaves pdb. No timeout runs while
-they wait, however long the human takes, and the kernel's uneven-collective detector
+collective: they wait (a tenth of a second at a time, interruptible by the stop button) for the kernel's
+:class:`~nbtrain.wire.protocol.BreakpointRelease`, which it sends every rank when the debugged rank says it left
+pdb — on their authenticated channels, never through the rendezvous store, where anyone who reaches its port
+could release them early. No timeout runs while they wait, however long the human takes, and the kernel's uneven-collective detector
 (:mod:`nbtrain.launch.diagnostics.mismatch`) does not report them: it acts only when every unfinished rank sits in
 a collective. Once every rank is past the breakpoint the collectives after it pair up as before.
 
@@ -35,10 +36,13 @@ import sys
 import time
 from collections.abc import Callable
 
-POLL_S = 0.1  # the waiting ranks look at the store this often
+from ..wire import protocol as P
+
+POLL_S = 0.1  # the waiting ranks look for the release this often (the stop button lands in between)
 SKIP = ("nbtrain", "nbtrain.*")  # frames pdb does not stop in: nbtrain's own code around the cell
 
-_job: dict = {"id": None, "calls": 0, "release": []}
+_job: dict = {"id": None, "calls": 0, "release": [], "send": None}
+_released: set[tuple[int, int]] = set()  # (job, call) the kernel released: the channel's thread adds to it
 
 
 class RankPdb(pdb.Pdb):
@@ -82,9 +86,16 @@ def _caller():
     return frame
 
 
-def begin(job_id: int) -> None:
-    """A cell starts: breakpoints are counted from 1 again (each rank counts its calls the same way)."""
-    _job.update(id=job_id, calls=0, release=[])
+def begin(job_id: int, send: Callable[[object], None] | None = None) -> None:
+    """A cell starts: breakpoints are counted from 1 again (each rank counts its calls the same way); ``send``
+    tells the kernel this rank left the debugger."""
+    _job.update(id=job_id, calls=0, release=[], send=send)
+    _released.clear()
+
+
+def released(message: P.BreakpointRelease) -> None:
+    """The kernel's :class:`~nbtrain.wire.protocol.BreakpointRelease` (on the channel's thread)."""
+    _released.add((message.job_id, message.call))
 
 
 def end() -> None:
@@ -114,17 +125,17 @@ def breakpoint(rank: int = 0) -> None:
     if not 0 <= rank < dist.get_world_size():
         raise ValueError(f"nbtrain.breakpoint(rank={rank}): this run's ranks are 0 to {dist.get_world_size() - 1}")
     _job["calls"] += 1
-    key = f"nbtrain/breakpoint/{_job['id']}/{_job['calls']}"
-    store = dist.distributed_c10d._get_default_store()
+    call, send = (_job["id"], _job["calls"]), _job["send"]
     if dist.get_rank() != rank:
-        while not store.check([key]):
+        while call not in _released:
             time.sleep(POLL_S)
         return
 
     def release() -> None:
         if release in _job["release"]:
             _job["release"].remove(release)
-            store.set(key, "1")
+            if send is not None:
+                send(P.BreakpointLeft(*call))
 
     _job["release"].append(release)
     print(f"nbtrain: rank {rank} stopped in the debugger; the other ranks wait (n: next line, c: continue)")

@@ -15,6 +15,9 @@ asynchronous all-reduce (:mod:`nbtrain.train.reduce`) that the sending thread wa
 loop does not wait for the GPU or the network.
 
 Flushes are serialised, so records reach the kernel in the order they were logged, the last ones included.
+A rank the kernel stops in the middle of a cell (another rank failed, a preemption's checkpoint is written, the
+stop button escalated) sends what it buffered before it goes (:func:`flush_before_exit`, from its SIGTERM
+handler), so the kernel's ``history`` ends where the rank's logging ended.
 
 Each rank also keeps, compactly (:class:`LoggedSeries`), every value it has sent in this cell:
 ``nbtrain.save_checkpoint()`` stores it (:func:`logged_history`), and a run resumed from that checkpoint
@@ -33,6 +36,7 @@ from ..wire.protocol import Metrics, Setup
 from .reduce import reduce_values
 
 FLUSH_INTERVAL_S = 0.25
+LAST_FLUSH_WAIT_S = 0.5  # a rank being stopped waits at most this long for its last flush
 
 _sink: MetricsBuffer | None = None
 
@@ -189,6 +193,25 @@ def stop() -> None:
     sink, _sink = _sink, None
     if sink is not None:
         sink.close()
+
+
+def flush_before_exit(wait: float = LAST_FLUSH_WAIT_S) -> None:
+    """The kernel stops this rank now: send what is buffered, within ``wait``. Called from the SIGTERM handler,
+    which may have interrupted ``log()`` or a send holding a lock: the flush runs in a thread the handler waits
+    for at most ``wait``, so the rank still goes if it cannot."""
+    sink = _sink
+    if sink is None:
+        return
+    sending = threading.Thread(target=_flush_quietly, args=(sink,), name="nbtrain-last-metrics", daemon=True)
+    sending.start()
+    sending.join(wait)
+
+
+def _flush_quietly(sink: MetricsBuffer) -> None:
+    try:
+        sink.flush()
+    except Exception:
+        pass  # the kernel's connection is gone: nobody to tell
 
 
 def send_setup(facts: dict) -> None:

@@ -9,22 +9,30 @@ being stopped: :mod:`nbtrain.worker.stop`), which also tells the kernel, so ever
 accumulation window open — the previous step's ``optimizer.step()`` and everything the loop logged after it
 are done, so the checkpoint holds the step's metrics and the loader's position is exactly the batches
 consumed (a resumed run repeats no step and skips none). A cell without a prepared loader saves right after
-the prepared optimizer's step instead (the values it logs after ``step()`` for that step are then the
-resumed run's first).
+the prepared optimizer's step instead — or, when it loops over ``nbtrain.epochs()``, at the end of the epoch
+(before the next one is entered: a checkpoint without a loader's position ends its epoch, so the values the
+epoch's body logs after its last ``step()`` must be in it, or neither the stopped run nor the resumed one would
+have them).
 
 **Agreement.** ``save_checkpoint()`` is a collective: every rank must save at the same step, though each hears
-of the notice at its own moment. The first rank that has heard it at a boundary proposes *its step + 1* in
-the process group's store (``compare_set``: the first proposal wins), and every rank reads the store at each
-boundary of a cell that has ``--checkpoint``. DDP and FSDP keep the ranks within one step of each other (a
-step's gradient collective needs them all), so no rank can be past step s + 1 before the rank at step s has
-proposed: all of them save at the same step — the end of the step in progress when the first rank heard of the
-notice, or of the next one. One store read per optimizer step is the price; without ``--checkpoint``, or on one
-rank, there is no read.
+of the notice at its own moment. The agreement travels on the authenticated channel, never through the process
+group's store, which anyone who reaches its port may write (a value planted there would make the ranks save and
+stop at a step of someone else's choosing, or fail). The first rank that has heard the notice at a boundary
+proposes *its step + 1* to the kernel (:class:`~nbtrain.wire.protocol.PreemptPropose`) and waits there; the kernel
+takes the first proposal of the cell and sends it to every rank (``PreemptAt``), each rank's channel thread
+notes it and answers (``PreemptHeard``), and once every rank has, the kernel releases the proposer
+(``PreemptAgreed``). DDP and FSDP keep the ranks within one step of each other (a step's gradient collective
+needs them all), so while the proposer waits at step s no rank can pass boundary s + 1, and when it goes on every
+rank knows the step: all of them save at the same step — the end of the step in progress when the first rank
+heard of the notice, or of the next one. Nothing is asked at a boundary before a notice; without
+``--checkpoint``, or on one rank, there is no agreement at all.
 
 **After.** Rank 0 tells the kernel (:class:`~nbtrain.wire.protocol.PreemptSaved`, with the step and how long the
 write took); every rank then waits for the kernel to stop it — no step after the checkpoint is taken, so none is
 lost. A notice while a checkpoint is being written changes nothing about that write: it finishes (or, if the
-machine goes first, the previous checkpoint stays: the write is atomic).
+machine goes first, the previous checkpoint stays: the write is atomic). A rank that is not stopped within the
+notice's grace (``--preemption-grace``) after its checkpoint, or whose proposal gets no agreement in that time,
+fails the cell with what happened instead of waiting for ever.
 """
 
 from __future__ import annotations
@@ -39,7 +47,11 @@ from ..wire import protocol as P
 from .checkpoint import save_checkpoint
 from .state import TrainContext
 
-_STORE_KEY = "nbtrain/preempt/{job}"
+DEFAULT_GRACE_S = 25.0  # a SIGTERM heard before the kernel's Preempt (which carries --preemption-grace)
+
+
+class PreemptionStalled(RuntimeError):
+    """The kernel did not answer a rank waiting at a preemption's step: the cell fails saying so."""
 
 
 class _Cell:
@@ -48,8 +60,10 @@ class _Cell:
     def __init__(self, job_id: int, rank: int, send) -> None:
         self.job_id, self.rank, self.send = job_id, rank, send
         self.noticed = threading.Event()
+        self.grace = DEFAULT_GRACE_S
         self.proposed = False
-        self.target: int | None = None  # the step every rank saves at, once agreed
+        self.target: int | None = None  # the step every rank saves at: the kernel's PreemptAt
+        self.agreed = threading.Event()  # every rank has heard the target (the kernel's PreemptAgreed)
 
 
 _cell: _Cell | None = None
@@ -72,11 +86,28 @@ def in_cell() -> bool:
     return _cell is not None
 
 
-def notice() -> None:
-    """The kernel's :class:`~nbtrain.wire.protocol.Preempt`, or SIGTERM from outside: save at the next boundary."""
+def notice(message: P.Preempt) -> None:
+    """The kernel's :class:`~nbtrain.wire.protocol.Preempt`: save at the next boundary."""
     cell = _cell
-    if cell is not None:
+    if cell is not None and message.job_id == cell.job_id:
+        cell.grace = message.grace
         cell.noticed.set()
+
+
+def target_heard(message: P.PreemptAt) -> None:
+    """The kernel's :class:`~nbtrain.wire.protocol.PreemptAt` (on the channel's thread): note it, then say so."""
+    cell = _cell
+    if cell is not None and message.job_id == cell.job_id and cell.target is None:
+        cell.target = message.step
+        cell.noticed.set()
+        cell.send(P.PreemptHeard(cell.job_id, cell.rank))
+
+
+def agreed(message: P.PreemptAgreed) -> None:
+    """The kernel's :class:`~nbtrain.wire.protocol.PreemptAgreed`: every rank knows the step."""
+    cell = _cell
+    if cell is not None and message.job_id == cell.job_id:
+        cell.agreed.set()
 
 
 def sigterm_notice() -> None:
@@ -97,30 +128,41 @@ def kernel_stops(wait: float) -> bool:
 
 
 def at_boundary(context: TrainContext) -> None:
-    """An optimizer-step boundary (a prepared loader's next batch, or after the step): save here if it is agreed."""
+    """An optimizer-step boundary (a prepared loader's next batch, or after the step): save here if it is agreed
+    (after the step of a cell looping over ``nbtrain.epochs()`` without a loader: agree only, save at the epoch's
+    end)."""
+    _boundary(context, save=bool(context.loaders) or not context.epochs_used)
+
+
+def at_epoch_end(context: TrainContext) -> None:
+    """``nbtrain.epochs()`` between two epochs of a cell without a prepared loader: save here if it is agreed."""
+    if not context.loaders:
+        _boundary(context, save=True)
+
+
+def _boundary(context: TrainContext, save: bool) -> None:
     cell = _cell
     if cell is None or context.settings.checkpoint_path is None:
         return
     if context.distributed and context.world_size > 1:
-        if cell.target is None:
-            cell.target = _agreed_step(cell, context.step)
+        if cell.target is None and cell.noticed.is_set():
+            _propose(cell, context.step)
     elif cell.noticed.is_set():
         cell.target = context.step
-    if cell.target is not None and context.step >= cell.target:
+    if save and cell.target is not None and context.step >= cell.target:
         _save_and_wait(cell, context)
 
 
-def _agreed_step(cell: _Cell, step: int) -> int | None:
-    import torch.distributed.distributed_c10d as c10d
-
-    store = c10d._get_default_store()
-    key = _STORE_KEY.format(job=cell.job_id)
-    if cell.noticed.is_set() and not cell.proposed:
+def _propose(cell: _Cell, step: int) -> None:
+    """Propose the next step to the kernel and wait here until every rank knows the agreed one (the module
+    docstring says why no rank can pass it meanwhile)."""
+    if not cell.proposed:
         cell.proposed = True
-        return int(store.compare_set(key, "", str(step + 1)))  # the first proposal wins; this returns it
-    if store.check([key]):
-        return int(store.get(key))
-    return None
+        cell.send(P.PreemptPropose(cell.job_id, cell.rank, step + 1))
+    if not cell.agreed.wait(cell.grace):
+        raise PreemptionStalled(f"nbtrain: rank {cell.rank} heard a preemption notice at step {step} but the ranks "
+                                f"did not agree on a step to save at within {cell.grace:.0f} s (--preemption-grace): "
+                                "the kernel or another rank did not answer")
 
 
 def _save_and_wait(cell: _Cell, context: TrainContext) -> None:
@@ -129,8 +171,12 @@ def _save_and_wait(cell: _Cell, context: TrainContext) -> None:
     context.wait_for_save()  # --checkpoint-async: written, not only copied
     if context.rank == 0:
         cell.send(P.PreemptSaved(cell.job_id, context.rank, context.step, time.perf_counter() - started, path))
-    while True:  # the kernel stops the ranks now (the stop button still raises KeyboardInterrupt here)
+    deadline = time.monotonic() + cell.grace
+    while time.monotonic() < deadline:  # the kernel stops the ranks now (the stop button still raises here)
         time.sleep(0.5)
+    raise PreemptionStalled(f"nbtrain: the preemption's checkpoint at step {context.step} is saved ({path}), but "
+                            f"rank {context.rank} was not stopped within {cell.grace:.0f} s (--preemption-grace); "
+                            "run the cell again to resume from it")
 
 
 def loader_worker_init(worker_init_fn=None):

@@ -7,8 +7,9 @@ message; a ``fork`` request carries the rank's stdin, stdout and stderr pipe end
 
 Messages (``op``):
 
-* kernel → zygote: ``fork`` (``id``, ``env``, ``cwd``, ``modules``, ``sys_path``; fds stdin/stdout/stderr), ``close``
-  (the kernel ends the zygote and lives on; an end that closes without it is the kernel's death);
+* kernel → zygote: ``fork`` (``id``, ``env``, ``cwd``, ``modules``, ``sys_path``; fds stdin/stdout/stderr);
+  ``store`` (``id``; fds: the store's listening socket and the read end of its lifeline pipe), answered as a
+  ``fork``; ``close`` (the kernel ends the zygote and lives on; an end that closes without it is the kernel's death);
 * zygote → kernel: ``ready`` (``pid``, ``imports_s``), ``forked`` (``id``, ``pid``, ``imports_s``), ``refused``
   (``id``, ``reason``), ``exited`` (``pid``, ``code``: as :attr:`subprocess.Popen.returncode`, negative for a
   signal), ``unsafe`` (``reason``: the zygote will fork no more).

@@ -20,7 +20,13 @@ A conversation::
     kernel -> CloseSession(name)                     drop a session's namespace (no reply)
     rank   -> PreemptNotice(rank, source, at)        SIGTERM from outside the pool (a container, a job stopping)
     kernel -> Preempt(job_id, grace)                 a notice: save a checkpoint at the next optimizer step
+    rank   -> PreemptPropose(job_id, rank, step)     a rank that heard it, at a step boundary: save at this step
+    kernel -> PreemptAt(job_id, step)                the first proposal, to every rank: the step they all save at
+    rank   -> PreemptHeard(job_id, rank)             this rank knows that step
+    kernel -> PreemptAgreed(job_id)                  every rank knows it: a proposer waiting at its boundary goes on
     rank   -> PreemptSaved(job_id, rank, step, ...)  rank 0: that checkpoint is written
+    rank   -> BreakpointLeft(job_id, call)           nbtrain.breakpoint(rank=k): rank k left the debugger
+    kernel -> BreakpointRelease(job_id, call)        to every rank: the ranks waiting at that breakpoint go on
     kernel -> Stopping()                             the SIGTERM that follows is the kernel's own (no notice)
     kernel -> Shutdown()                             barrier, destroy the group, exit 0
 
@@ -233,6 +239,38 @@ class Preempt:
 
 
 @dataclass(frozen=True)
+class PreemptPropose:
+    """A rank that heard a notice, at an optimizer-step boundary: every rank could save at ``step`` (its step + 1)."""
+
+    job_id: int
+    rank: int
+    step: int
+
+
+@dataclass(frozen=True)
+class PreemptAt:
+    """The kernel, to every rank: the first proposal, the step at which every rank saves the notice's checkpoint."""
+
+    job_id: int
+    step: int
+
+
+@dataclass(frozen=True)
+class PreemptHeard:
+    """A rank's channel thread has the :class:`PreemptAt`: the rank saves there at the latest."""
+
+    job_id: int
+    rank: int
+
+
+@dataclass(frozen=True)
+class PreemptAgreed:
+    """The kernel, to every rank: each one has heard the :class:`PreemptAt` (a waiting proposer may go on)."""
+
+    job_id: int
+
+
+@dataclass(frozen=True)
 class PreemptSaved:
     """Rank 0: the checkpoint a :class:`Preempt` asked for is written."""
 
@@ -241,6 +279,22 @@ class PreemptSaved:
     step: int
     seconds: float  # the write itself
     path: str
+
+
+@dataclass(frozen=True)
+class BreakpointLeft:
+    """The rank that ``nbtrain.breakpoint(rank=k)`` stopped has left the debugger (its ``call``-th of the cell)."""
+
+    job_id: int
+    call: int
+
+
+@dataclass(frozen=True)
+class BreakpointRelease:
+    """The kernel, to every rank: the ranks waiting at the cell's ``call``-th ``nbtrain.breakpoint()`` go on."""
+
+    job_id: int
+    call: int
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ..train import metrics, preemption, profile, shard
+from ..train import debug, metrics, preemption, profile, shard
 from ..train import state as train_state
 from ..wire import protocol as P
 from ..wire.names import RUNTIME_NAMES
@@ -194,7 +194,13 @@ class Rank:
                 self.inbox.put(None)
                 return
             if isinstance(msg, P.Preempt):
-                preemption.notice()
+                preemption.notice(msg)
+            elif isinstance(msg, P.PreemptAt):
+                preemption.target_heard(msg)
+            elif isinstance(msg, P.PreemptAgreed):
+                preemption.agreed(msg)
+            elif isinstance(msg, P.BreakpointRelease):
+                debug.released(msg)
             elif isinstance(msg, P.Stopping):
                 preemption.stopping()
             else:
@@ -393,7 +399,8 @@ def main(launched: float | None = None) -> None:
     # several ranks of a node share one environment: the file is named by the local rank there
     stack_file = open(os.environ["NBTRAIN_STACK_FILE"].replace("{local_rank}", os.environ["LOCAL_RANK"]), "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)  # "where are you?" from the kernel
-    stop.install_sigterm(preemption.in_cell, preemption.kernel_stops, preemption.sigterm_notice)
+    stop.install_sigterm(preemption.in_cell, preemption.kernel_stops, preemption.sigterm_notice,
+                        metrics.flush_before_exit)
     key = _lifeline()
     for stream in (sys.stdout, sys.stderr):
         # whole lines, live: ranks' lines do not interleave (the interpreter's streams are io.TextIOWrapper)

@@ -39,7 +39,7 @@ def begin(job_id: int, rank: int, send: Callable[[object], None], receive: Calla
     builtins.input = rank_input
     sys.stdin = RankStdin()
     sys.breakpointhook = debug.breakpointhook
-    debug.begin(job_id)
+    debug.begin(job_id, send)
 
 
 def end() -> None:

@@ -71,10 +71,12 @@ KERNEL_STOP_WAIT_S = 1.0  # the kernel's Stopping is sent before its SIGTERM; it
 _sigterm: dict = {}
 
 
-def install_sigterm(in_cell, kernel_stops, notice) -> None:
-    """SIGTERM from outside during a cell calls ``notice()`` (in a thread: a handler must not take locks)."""
+def install_sigterm(in_cell, kernel_stops, notice, last_words) -> None:
+    """SIGTERM from outside during a cell calls ``notice()`` (in a thread: a handler must not take locks); the
+    kernel's own SIGTERM during a cell calls ``last_words()`` (the logged values not sent yet) before the rank goes."""
     wake_r, wake_w = os.pipe()
-    _sigterm.update(owner=os.getpid(), in_cell=in_cell, kernel_stops=kernel_stops, wake=wake_w, noticed=False)
+    _sigterm.update(owner=os.getpid(), in_cell=in_cell, kernel_stops=kernel_stops, last_words=last_words,
+                    wake=wake_w, noticed=False)
 
     def relay() -> None:
         while os.read(wake_r, 1):
@@ -87,6 +89,8 @@ def install_sigterm(in_cell, kernel_stops, notice) -> None:
 def _on_sigterm(signum, frame) -> None:
     s = _sigterm
     if os.getpid() != s["owner"] or s["noticed"] or not s["in_cell"]() or s["kernel_stops"](KERNEL_STOP_WAIT_S):
+        if os.getpid() == s["owner"] and s["in_cell"]():
+            s["last_words"]()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
         return

@@ -17,7 +17,9 @@ loads) and asks it for ranks. The zygote:
   wrote a notebook tensor there has no rank yet that would;
 * before a fork, imports the installed packages the notebook imported since (the request names them), so a
   rank finds them loaded as the notebook has them;
-* reaps its children and reports each exit code (SIGCHLD wakes it through a pipe).
+* reaps its children and reports each exit code (SIGCHLD wakes it through a pipe);
+* forks, on a ``store`` request, the process that hosts a pool's c10d store (:mod:`.storehost`), which the
+  kernel does not host itself: a flood of writes to the store must not grow the notebook's kernel.
 
 A forked rank (:func:`_become_rank`) becomes what a spawned rank is: its own session, the stdin/stdout/stderr
 pipes the kernel made for it (the channel's key arrives on stdin, exactly as for a spawned rank — never in
@@ -45,7 +47,7 @@ import traceback
 
 from ..wire import forking
 from ..wire.shm import owner_prefix, sweep_prefix
-from . import stop
+from . import stop, storehost
 
 # What a training cell's first lines import lazily: constructing any optimizer imports torch._dynamo (seconds)
 WARM_IMPORTS = ("torch._dynamo", "torch.optim", "torch.nn.parallel", "torch.utils.data", "torch.distributed.fsdp")
@@ -84,6 +86,8 @@ class Zygote:
                     return
                 if message.get("op") == "fork":
                     self._fork(message, fds)
+                elif message.get("op") == "store":
+                    self._fork_store(message, fds)
                 else:
                     _close_all(fds)
 
@@ -112,6 +116,31 @@ class Zygote:
             self._child(request, fds)  # never returns
         _close_all(fds)  # the rank's ends: its pipes close when it exits, not when the zygote does
         forking.send(self.sock, {"op": "forked", "id": request["id"], "pid": pid, "imports_s": imports_s})
+
+    def _fork_store(self, request: dict, fds: list[int]) -> None:
+        """A pool's store host (:mod:`.storehost`): the listening socket and the lifeline came with the request."""
+        if self.unsafe or len(fds) != 2:
+            _close_all(fds)
+            forking.send(self.sock, {"op": "refused", "id": request["id"], "reason": self.unsafe or "no socket came"})
+            return
+        pid = os.fork()
+        if pid == 0:
+            self._store_child(fds)  # never returns
+        _close_all(fds)
+        forking.send(self.sock, {"op": "forked", "id": request["id"], "pid": pid, "imports_s": 0.0})
+
+    def _store_child(self, fds: list[int]) -> None:
+        code = 1
+        try:
+            _leave_zygote(closing=(self.sock.detach(), self.wake_r, self.wake_w))
+            name_process(b"nbtrain-store")
+            storehost.serve(*fds)
+            code = 0
+        except BaseException:
+            with contextlib.suppress(Exception):
+                traceback.print_exc()
+        finally:
+            os._exit(code)
 
     def _import(self, modules: list[str], sys_path: list[str]) -> str:
         """Import what the notebook imported since the zygote started; why forking is no longer safe, or ""."""
@@ -193,15 +222,21 @@ def cuda_driver_initialised() -> bool:
     return driver.cuDeviceGetCount(ctypes.byref(count)) == CUDA_SUCCESS
 
 
-def _become_rank(request: dict, fds: list[int], closing: tuple[int, ...], start_dir: str) -> None:
-    """Turn this fresh fork into the process a spawned rank is, up to the rank's own ``main``."""
+def _leave_zygote(closing: tuple[int, ...]) -> None:
+    """A fresh fork: none of the zygote's signal handling or descriptors, a session of its own (as a spawned
+    process: the signals sent to a rank's session reach it and its children, and nothing else)."""
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    os.setsid()  # its own session, as spawned ranks: the stop button's signals reach it and its children
-    name_process(b"nbtrain-rank")  # its command line stays the zygote's: ps and top show this name
+    os.setsid()
     for fd in closing:
         with contextlib.suppress(OSError):
             os.close(fd)
+
+
+def _become_rank(request: dict, fds: list[int], closing: tuple[int, ...], start_dir: str) -> None:
+    """Turn this fresh fork into the process a spawned rank is, up to the rank's own ``main``."""
+    _leave_zygote(closing)
+    name_process(b"nbtrain-rank")  # its command line stays the zygote's: ps and top show this name
     for target, fd in zip((0, 1, 2), fds, strict=True):
         os.dup2(fd, target)
         os.close(fd)

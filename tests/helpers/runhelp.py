@@ -43,17 +43,18 @@ class Captured:
         return shown
 
 
-def run_cell(pools, source: str, ns: dict | None = None, *, write=None, observers=(), **options):
+def run_cell(pools, source: str, ns: dict | None = None, *, write=None, observers=(), outcome=None, **options):
     """Run ``source`` (dedented) with the pool manager ``pools``; returns ``(namespace, result)``.
 
     ``options`` are LaunchRequest's (default: 2 ranks on the CPU); the ranks' output goes to ``write``
-    (a ``Captured``, or any ``(stream, text)`` callable), and is dropped without one.
+    (a ``Captured``, or any ``(stream, text)`` callable), and is dropped without one; ``outcome`` (a
+    ``RunOutcome``) gets what was logged however the run ends.
     """
     options.setdefault("nprocs", 2)
     options.setdefault("cpu", True)
     ns = {} if ns is None else ns
     result = run_source(textwrap.dedent(source).lstrip("\n"), LaunchRequest(**options), ns, manager=pools,
-                        write=write or Captured(), observers=observers)
+                        write=write or Captured(), observers=observers, outcome=outcome)
     return ns, result
 
 

@@ -8,7 +8,9 @@ first of a run is said in the cell at once, with its time; then:
 * **no ``--checkpoint``**: nothing can be saved — the line says so and how to set one; the run goes on until
   the machine goes (a lost node, as without a notice);
 * **with ``--checkpoint``**: :class:`~nbtrain.wire.protocol.Preempt` goes to every rank, which save at their next
-  optimizer-step boundary (:mod:`nbtrain.train.preemption`); rank 0 says when it is written
+  optimizer-step boundary (:mod:`nbtrain.train.preemption`): the kernel passes the first rank's proposed step to
+  every rank and releases the proposer once each has heard it, so they agree over their authenticated channels
+  (never through the unauthenticated store); rank 0 says when it is written
   (:class:`~nbtrain.wire.protocol.PreemptSaved`). Then on nodes every noticed node is let go (its agent leaves;
   its ranks become the run's failure, whose account names the notice and the checkpoint): with ``--max-restarts``
   the group re-forms without it (:mod:`.restarts`, elastic ``--nodes MIN:MAX`` or a replacement within
@@ -61,10 +63,16 @@ class PreemptionWatch:
         self.nodes: list[str] = []  # the nodes noticed; they leave once the checkpoint is written
         self.local_rank: int | None = None  # one machine: the rank that got SIGTERM
         self.done = False
+        self.target: int | None = None  # the step every rank saves at: the first proposal
+        self.heard: set[int] = set()  # the ranks that know it
 
     def hear(self, rank: int, message) -> None:
         if isinstance(message, P.PreemptNotice):
             self._notice(rank, message)
+        elif isinstance(message, P.PreemptPropose) and message.job_id == self.run.job.job_id:
+            self._propose(message.step)
+        elif isinstance(message, P.PreemptHeard) and message.job_id == self.run.job.job_id:
+            self._heard(rank)
         elif isinstance(message, P.PreemptSaved) and message.job_id == self.run.job.job_id and self.first:
             elapsed = time.monotonic() - self.first[1]
             self._let_go(f"checkpoint at step {message.step} saved in {_seconds(message.seconds)} "
@@ -89,8 +97,22 @@ class PreemptionWatch:
             return
         grace = self.run.config.preemption_grace_s
         self._say(f"{text}; saving a checkpoint at the next step (within {grace:.0f} s, --preemption-grace)")
+        self._tell_every_rank(P.Preempt(self.run.job.job_id, grace))
+
+    def _propose(self, step: int) -> None:
+        """A rank's proposal: the first one is the step of every rank (later ones are the same notice, heard again)."""
+        if self.target is None:
+            self.target = step
+            self._tell_every_rank(P.PreemptAt(self.run.job.job_id, step))
+
+    def _heard(self, rank: int) -> None:
+        self.heard.add(rank)
+        if len(self.heard) == self.run.nprocs:
+            self._tell_every_rank(P.PreemptAgreed(self.run.job.job_id))
+
+    def _tell_every_rank(self, message) -> None:
         for target in range(self.run.nprocs):
-            self.run.pool.send_to(target, P.Preempt(self.run.job.job_id, grace))
+            self.run.pool.send_to(target, message)
 
     def tick(self, now: float) -> None:
         """Called by the run's loop: past the grace with no checkpoint, the machine is let go all the same."""

@@ -232,8 +232,11 @@ class _Run:
         elif isinstance(msg, P.Failed) and msg.job_id == self.job.job_id:
             self.raised.add(rank)
             self._fail(rank, msg.error)
-        elif isinstance(msg, (P.PreemptNotice, P.PreemptSaved)):
+        elif isinstance(msg, (P.PreemptNotice, P.PreemptPropose, P.PreemptHeard, P.PreemptSaved)):
             self.preemption.hear(rank, msg)
+        elif isinstance(msg, P.BreakpointLeft) and msg.job_id == self.job.job_id:
+            for target in range(self.nprocs):  # nbtrain.breakpoint(): the ranks waiting for the debugged one go on
+                self.pool.send_to(target, P.BreakpointRelease(msg.job_id, msg.call))
 
     def _fail(self, rank: int, cause: P.RemoteError | int, diagnosis: str | None = None) -> None:
         """Rank ``rank`` failed (an exception it reported, or its exit code): the pool is done for."""

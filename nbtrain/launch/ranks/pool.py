@@ -7,9 +7,10 @@ The pool is a small composition, split along torch elastic's lines:
   to end them) and reads torch elastic's error files;
 * the **channel** (:mod:`.channel`): the authenticated UNIX socket each rank connects to, and the
   messages on it (:mod:`.protocol`);
-* the **rendezvous store**: a c10d ``TCPStore`` the kernel hosts on 127.0.0.1, port chosen by the OS —
-  never a fixed 29500 that another notebook may hold. The ranks join it as torchrun's ranks join the
-  agent's store (``TORCHELASTIC_USE_AGENT_STORE=True``, ``init_method="env://"``);
+* the **rendezvous store**: a c10d ``TCPStore`` on 127.0.0.1, port chosen by the OS — never a fixed 29500 that
+  another notebook may hold — hosted by a process of its own with a memory limit, not by the kernel
+  (:mod:`.storehost`: a flood of writes must not grow the notebook's kernel). The ranks join it as torchrun's
+  ranks join the agent's store (``TORCHELASTIC_USE_AGENT_STORE=True``, ``init_method="env://"``);
 * and the pool's own state (:class:`~.rankgroup.GroupState`, written only through its methods): each rank's
   device once it is ready, whether the pool is broken (a failure, a stop — never reused), the user's modules
   the ranks imported.
@@ -28,7 +29,7 @@ they mean; :meth:`WorkerPool.failure` is the one place a rank's error or exit be
 Teardown (:meth:`WorkerPool.teardown`, the only way a pool ends): a polite Shutdown (barrier, destroy the
 group) when the pool is healthy and the caller is not in a hurry; then SIGTERM → SIGKILL to everything
 left; then what the ranks still had in their pipes (the caller's ``drain``); then the pipes, the socket,
-the store and the directory go.
+the store's process and the directory go.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import tempfile
 import time
 from collections.abc import Callable
@@ -49,21 +49,10 @@ from ..request.config import PoolSpec
 from .channel import Channel, Message
 from .procs import Exited, Output, RankProcesses, stack_file_path, worker_env
 from .rankgroup import GroupState
+from .storehost import StoreHost
 from .zygote import Zygote
 
 __all__ = ["WorkerPool", "Message", "Output", "Exited"]
-
-def host_store(host: str = "127.0.0.1"):
-    """The rendezvous store, on ``host`` only (loopback for one machine), on a port the OS picks."""
-    import torch.distributed as dist  # the kernel imports torch, never initialises CUDA
-
-    # Bind the store's socket ourselves: given a host, TCPStore still listens on every interface.
-    # The store takes the descriptor over (and closes it when it goes).
-    listening = socket.create_server((host, 0), backlog=128)
-    port = listening.getsockname()[1]
-    return dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
-                         master_listen_fd=listening.detach())
-
 
 class WorkerPool(GroupState):
     """Ranks on this machine (a :class:`~.rankgroup.RankGroup`; see the module docstring)."""
@@ -74,20 +63,22 @@ class WorkerPool(GroupState):
         os.chmod(self._dir, 0o700)
         self.channel = Channel(self._dir)
         self.procs = RankProcesses(self._dir)
-        self._store = None
+        self._store: StoreHost | None = None
 
-    def spawn(self, zygote: Zygote | None = None) -> None:
-        """Start the ranks (forked from ``zygote`` where it can); they connect and rendezvous in the background
-        (see :meth:`poll_events`)."""
+    def spawn(self, zygote: Zygote | None = None, fork_ranks: bool = True) -> None:
+        """Start the store's process and the ranks (forked from ``zygote`` where it can; ``fork_ranks=False``:
+        only the store); the ranks connect and rendezvous in the background (see :meth:`poll_events`)."""
         self.channel.listen(self.spec.nprocs)
-        self._store = store = host_store()
+        self._store = store = StoreHost("127.0.0.1", zygote)
         self.procs.start([worker_env(self.spec, rank, store.port, self.channel.address, self.run_id, self._dir)
-                          for rank in range(self.spec.nprocs)], self.channel.key, zygote)
+                          for rank in range(self.spec.nprocs)], self.channel.key, zygote if fork_ranks else None)
         self.channel.accept(self.procs.pids())
 
     # ---------------------------------------------------------------------------------- state
     def alive(self) -> bool:
-        return self.ready and not self._broken and self.procs.all_running()
+        """Ready, not broken, every rank running, and their store too (a flood may have ended its process)."""
+        store = self._store
+        return self.ready and not self._broken and self.procs.all_running() and store is not None and store.alive()
 
     def serves(self, spec: PoolSpec) -> bool:
         """Whether a cell asking for ``spec`` may run on these warm ranks (if they are alive)."""
@@ -183,5 +174,7 @@ class WorkerPool(GroupState):
         finally:
             self.procs.close()
             self.channel.close()
+            if self._store is not None:
+                self._store.close()
             self._store = None
             shutil.rmtree(self._dir, ignore_errors=True)

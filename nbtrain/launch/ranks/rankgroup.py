@@ -23,6 +23,7 @@ from typing import Protocol
 from ...wire import protocol as P
 from ..diagnostics.failures import RankFailure
 from ..request.config import PoolSpec
+from .zygote import Zygote
 
 _group_ids = itertools.count(1)
 
@@ -101,7 +102,7 @@ class RankGroup(Protocol):
     run_id: str
 
     # lifecycle
-    def spawn(self) -> None: ...
+    def spawn(self, zygote: Zygote | None = None) -> None: ...
     def serves(self, spec: PoolSpec) -> bool: ...
     def alive(self) -> bool: ...
     def interrupt(self) -> None: ...

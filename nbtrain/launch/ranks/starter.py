@@ -25,11 +25,13 @@ class RankStarter:
 
     def start(self, pool: RankGroup, spawn: bool = False) -> str:
         """Start ``pool``'s ranks; a line for the cell when they were spawned although a zygote was there, or ""."""
-        zygote = None if spawn or not isinstance(pool, WorkerPool) else self.zygote
-        if zygote is None:
-            pool.spawn()
+        zygote = self.zygote
+        if not isinstance(pool, WorkerPool):
+            pool.spawn(zygote)  # ranks on nodes: the zygote forks only the pool's store
             return ""
-        assert isinstance(pool, WorkerPool)
+        if spawn or zygote is None:
+            pool.spawn(zygote, fork_ranks=False)  # the store is still forked where it can be
+            return ""
         pool.spawn(zygote)
         why = pool.procs.spawn_reason
         if why and "zygote process ended" in zygote.why_not():  # a new one for the next cell

@@ -124,25 +124,41 @@ class Zygote:
         ends = [os.pipe() for _ in range(3)]  # stdin, stdout, stderr: (read, write) each
         theirs = (ends[0][0], ends[1][1], ends[2][1])
         ours = (ends[0][1], ends[1][0], ends[2][0])
+        try:
+            reply = self._ask({"op": "fork", "env": env, "cwd": cwd, "modules": new_imports(self._baseline),
+                               "sys_path": list(sys.path)}, theirs)
+        except ForkRefused:
+            _close(ours)
+            raise
+        finally:
+            _close(theirs)  # the rank's ends: its pipes close when it exits, not when the kernel does
+        return ForkedRank(self, int(reply["pid"]), ours, float(reply.get("imports_s", 0.0)))
+
+    def fork_store(self, listening: int, lifeline: int) -> int:
+        """The process that hosts a pool's store (:mod:`nbtrain.worker.storehost`) on the socket ``listening``
+        until ``lifeline``'s write end closes: its pid (its exit: :meth:`exit_code`); :class:`ForkRefused` if it
+        cannot be forked. The descriptors stay the caller's to close."""
+        why = self.why_not()
+        if why:
+            raise ForkRefused(why)
+        return int(self._ask({"op": "store"}, (listening, lifeline))["pid"])
+
+    def _ask(self, request: dict, fds: tuple[int, ...]) -> dict:
+        """Send a request with ``fds`` beside it (the caller closes them) and wait for the zygote's ``forked``;
+        :class:`ForkRefused` otherwise."""
         request_id = next(self._ids)
-        request = {"op": "fork", "id": request_id, "env": env, "cwd": cwd, "modules": new_imports(self._baseline),
-                   "sys_path": list(sys.path)}
         try:
             with self._lock:
                 self._wait_ready()
                 assert self._sock is not None
-                forking.send(self._sock, request, theirs)
+                forking.send(self._sock, {**request, "id": request_id}, fds)
         except (OSError, ForkRefused) as exc:
-            _close(ours)
             raise ForkRefused(str(exc) if isinstance(exc, ForkRefused) else
                               f"the zygote cannot be reached ({exc})") from None
-        finally:
-            _close(theirs)
         reply = self._reply(request_id)
         if reply.get("op") != "forked":
-            _close(ours)
             raise ForkRefused(reply.get("reason", "the zygote refused"))
-        return ForkedRank(self, int(reply["pid"]), ours, float(reply.get("imports_s", 0.0)))
+        return reply
 
     def exit_code(self, pid: int) -> int | None:
         """``pid``'s exit code once the zygote reported it (a rank that has just ended: waited for briefly)."""
