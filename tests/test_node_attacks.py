@@ -4,7 +4,8 @@
   while a ``--nodes`` cell starts runs nothing: the kernel hands each node its place over the link;
 * the join token is in no command line, no process environment and no cell output; its file is 0600; it
   expires, and ``--revoke`` stops it admitting nodes;
-* an agent refuses a token in its command line and a token file others can read;
+* an agent refuses a token in its command line and a token file others can read; a token given in its
+  environment is not left in its ``/proc/<pid>/environ``;
 * a token holder whose hello is a pickle is dropped without it being unpickled; one who says nothing, or
   trickles bytes, is cut at one admission deadline; a flood of connections holds at most the cap (each address
   its share: ``tests/test_node_admission.py``), the rest told busy.
@@ -36,7 +37,8 @@ from helpers.nodehelp import Boom, join_command, start_agent, until
 from helpers.workers import assert_no_workers
 
 from nbtrain.cluster.hub import ADMIT_DEADLINE_S, MAX_ADMISSIONS, MAX_ADMISSIONS_PER_ADDRESS, Hub
-from nbtrain.wire.link import HUB_BUSY, HUB_READY, JoinToken, LinkError, connect, handshake_client, open_tls
+from nbtrain.wire.link import (HUB_BUSY, HUB_READY, TOKEN_ENV, JoinToken, LinkError, connect, handshake_client,
+                               open_tls)
 from nbtrain.wire.nodes import NodeHello
 
 HELLO = NodeHello("tester", os.getpid(), 0, 1)
@@ -174,6 +176,27 @@ def test_an_agent_refuses_a_token_in_its_command_line_and_a_token_file_others_ca
     assert refused.returncode != 0 and f"chmod 600 {loose}" in refused.stderr
     none = _agent()
     assert none.returncode != 0 and "no join token" in none.stderr
+
+
+def test_a_token_given_in_the_environment_is_not_in_the_agents_proc_environ(tmp_path):
+    """The kernel keeps a process's first environment in /proc/<pid>/environ, whatever it unsets later: the agent
+    runs itself again (same pid) without the variable."""
+    hub = Hub("127.0.0.1", token_dir=str(tmp_path / "tokens"))
+    agent = None
+    try:
+        env = {**os.environ, TOKEN_ENV: hub.token.encode()}
+        agent = subprocess.Popen([sys.executable, "-m", "nbtrain.node", "--join", f"127.0.0.1:{hub.port}",
+                                  "--address", "127.0.0.2"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        [node] = until(lambda: hub.live_nodes() or agent.poll() is not None, 90, "the agent to join")
+        assert node.hello.pid == agent.pid  # the process started, joined with the token it was given
+        with open(f"/proc/{agent.pid}/environ", "rb") as f:
+            environ = f.read()
+        assert hub.token.secret.encode() not in environ and TOKEN_ENV.encode() + b"=" not in environ
+        assert hub.token.secret not in "".join(psutil.Process(agent.pid).environ().values())
+    finally:
+        hub.close()
+        if agent is not None:
+            agent.wait(20)
 
 
 # ------------------------------------------------------------------------------------ the hub's admission

@@ -45,7 +45,7 @@ from .agent import run_ranks
 from .console import route_output, say
 from .preemption import Notices, PreemptionURLError, check_url
 from .ranks import LocalRanks
-from .token import read_token
+from .token import read_token, reexec_without_token
 
 HEARTBEAT_S = 1.0
 KERNEL_SILENT_S = 5.0
@@ -228,6 +228,11 @@ def _preload() -> None:
 
 
 def main(argv=None) -> None:
+    try:
+        if argv is None:  # run as a program (python -m nbtrain.node), not called from another one
+            reexec_without_token()
+    except ValueError as exc:
+        sys.exit(f"nbtrain.node: {exc}")
     args = parse_args(argv)
     try:
         text = read_token(args.token, args.token_file, sys.stdin)
