@@ -219,6 +219,15 @@ def _heartbeats(link: Link, stop: threading.Event) -> None:
         reader.close()
 
 
+def _everywhere(link: Link):
+    """``say`` for what the user must see wherever they look: the agent's terminal, its log file and the cell."""
+    def tell(text: str) -> None:
+        say(text)
+        print(f"nbtrain.node: {text}", file=sys.stderr, flush=True)  # fd 2 is the log file (console.route_output)
+        link.send(N.NodeNote(text))
+    return tell
+
+
 def _preload() -> None:
     """Import torch elastic before joining: loading libtorch holds the GIL for seconds, which would silence the
     heartbeats of a node already joined (and it makes the first pool start sooner)."""
@@ -250,7 +259,7 @@ def main(argv=None) -> None:
     notices = Notices()
     notices.install()  # SIGTERM: a preemption notice from here on (before, it ends the agent as usual)
     if args.preemption_url:
-        notices.poll(args.preemption_url, say)
+        notices.poll(args.preemption_url, _everywhere(link))
     why = serve(link, name, args.address, notices)
     say(f"leaving: {why}")
     os._exit(0)  # torch elastic's threads (rendezvous keep-alive, log tails) must not keep a finished node alive
