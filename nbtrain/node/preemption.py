@@ -182,9 +182,8 @@ class _Deadline:
         self.passed = False
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
-        self._timer = threading.Timer(seconds, self._cut)
-        self._timer.daemon = True
-        self._timer.start()
+        self._over = threading.Event()  # the request ended first
+        threading.Thread(target=self._wait, args=(seconds,), name="nbtrain-node-read-deadline", daemon=True).start()
 
     def watch(self, sock: socket.socket) -> None:
         with self._lock:
@@ -193,9 +192,11 @@ class _Deadline:
                 _shut(sock)
 
     def cancel(self) -> None:
-        self._timer.cancel()
+        self._over.set()
 
-    def _cut(self) -> None:
+    def _wait(self, seconds: float) -> None:
+        if self._over.wait(seconds):
+            return
         with self._lock:
             self.passed = True
             for sock in self._sockets:
