@@ -120,7 +120,7 @@ def test_an_agent_told_busy_tries_again_with_growing_pauses_until_its_start_time
     assert "gave up trying again: --start-timeout 4 s passed" in done.stderr, done.stderr
     pauses = [b - a for a, b in zip(tries, tries[1:], strict=False)]
     assert 4 <= len(tries) <= 12, tries  # 0.2 s, doubling with jitter, up to 5 s: not a tight loop
-    assert pauses[-1] > pauses[0], pauses
+    assert max(pauses[:-1]) > 3 * pauses[0], pauses  # the last is cut short by the timeout
 
 
 def test_an_agent_started_while_every_slot_is_held_joins_when_they_free_up(hub, tmp_path):
