@@ -292,11 +292,15 @@ class Link:
 
 def open_tls(host: str, port: int, source_address: str | None = None, timeout: float = 10.0) -> ssl.SSLSocket:
     """Node side: TCP, the kernel's greeting, TLS (the certificate not checked yet: :func:`check_fingerprint`).
-    :class:`LinkRetry` for what may pass — busy, unreachable, cut before TLS was up."""
+    :class:`LinkRetry` for what may pass — busy, unreachable, cut before TLS was up; :class:`LinkError` when
+    nothing listens there (a kernel's hub never refuses a connection: it answers busy)."""
     try:
         raw = socket.create_connection((host, port), timeout=timeout,
                                        source_address=(source_address, 0) if source_address else None)
-    except OSError as exc:
+    except ConnectionRefusedError:  # nothing listens: the hub has closed (its pool ended) or the address is wrong
+        raise LinkError(f"nothing listens at {host}:{port}: the notebook's pool has ended, or this is not its "
+                        "address; take the join command the notebook prints now") from None
+    except OSError as exc:  # a timeout, a network unreachable for now
         raise LinkRetry(f"cannot reach the kernel at {host}:{port} ({exc})") from None
     try:
         greeting = _greeting(raw)
