@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -143,3 +144,10 @@ def test_an_agent_started_while_every_slot_is_held_joins_when_they_free_up(hub, 
         if user is not None:
             user.wait(20)
         console.close()
+
+
+def test_an_agent_refuses_a_start_timeout_that_is_not_a_positive_number():
+    for options, env in [(["--start-timeout", "0"], {}), ([], {"NBTRAIN_START_TIMEOUT": "soon"})]:
+        done = subprocess.run([sys.executable, "-m", "nbtrain.node", "--join", "127.0.0.1:9", "--token", "-", *options],
+                              input="", capture_output=True, text=True, timeout=60, env={**os.environ, **env})
+        assert done.returncode == 2 and "a positive number of seconds, such as 180" in done.stderr, done.stderr

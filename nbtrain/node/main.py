@@ -82,7 +82,8 @@ def _seconds(text) -> float:
     except ValueError:
         value = -1.0
     if not value > 0:
-        raise argparse.ArgumentTypeError(f"a positive number of seconds, such as 180 (got {text!r})")
+        raise argparse.ArgumentTypeError(f"a positive number of seconds, such as 180 (got {text!r}, from "
+                                         "--start-timeout or NBTRAIN_START_TIMEOUT)")
     return value
 
 
