@@ -108,7 +108,7 @@ def _json_object(body: str) -> dict:
     except RecursionError:
         raise ValueError("its JSON is nested too deep") from None
     if not isinstance(data, dict):
-        raise ValueError(f"its JSON is {type(data).__name__}, not an object")
+        raise ValueError(f"its JSON is {'null' if data is None else type(data).__name__}, not an object")
     return data
 
 
