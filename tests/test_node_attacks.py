@@ -4,9 +4,11 @@
   while a ``--nodes`` cell starts runs nothing: the kernel hands each node its place over the link;
 * the join token is in no command line, no process environment and no cell output; its file is 0600; it
   expires, and ``--revoke`` stops it admitting nodes;
-* an agent refuses a token in its command line and a token file others can read;
+* an agent refuses a token in its command line and a token file others can read; a token given in its
+  environment is not left in its ``/proc/<pid>/environ``;
 * a token holder whose hello is a pickle is dropped without it being unpickled; one who says nothing, or
-  trickles bytes, is cut at one admission deadline; a flood of connections holds at most the cap.
+  trickles bytes, is cut at one admission deadline; a flood of connections holds at most the cap (each address
+  its share: ``tests/test_node_admission.py``), the rest told busy.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ from helpers.kernelhelp import Kernel
 from helpers.nodehelp import Boom, join_command, start_agent, until
 from helpers.workers import assert_no_workers
 
-from nbtrain.cluster.hub import ADMIT_DEADLINE_S, MAX_ADMISSIONS, Hub
-from nbtrain.wire.link import JoinToken, LinkError, client_context, connect, handshake_client
+from nbtrain.cluster.hub import ADMIT_DEADLINE_S, MAX_ADMISSIONS, MAX_ADMISSIONS_PER_ADDRESS, Hub
+from nbtrain.wire.link import (HUB_BUSY, HUB_READY, TOKEN_ENV, JoinToken, LinkError, connect, handshake_client,
+                               open_tls)
 from nbtrain.wire.nodes import NodeHello
 
 HELLO = NodeHello("tester", os.getpid(), 0, 1)
@@ -178,6 +181,27 @@ def test_an_agent_refuses_a_token_in_its_command_line_and_a_token_file_others_ca
     assert none.returncode != 0 and "no join token" in none.stderr
 
 
+def test_a_token_given_in_the_environment_is_not_in_the_agents_proc_environ(tmp_path):
+    """The kernel keeps a process's first environment in /proc/<pid>/environ, whatever it unsets later: the agent
+    runs itself again (same pid) without the variable."""
+    hub = Hub("127.0.0.1", token_dir=str(tmp_path / "tokens"))
+    agent = None
+    try:
+        env = {**os.environ, TOKEN_ENV: hub.token.encode()}
+        agent = subprocess.Popen([sys.executable, "-m", "nbtrain.node", "--join", f"127.0.0.1:{hub.port}",
+                                  "--address", "127.0.0.2"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        [node] = until(lambda: hub.live_nodes() or agent.poll() is not None, 90, "the agent to join")
+        assert node.hello.pid == agent.pid  # the process started, joined with the token it was given
+        with open(f"/proc/{agent.pid}/environ", "rb") as f:
+            environ = f.read()
+        assert hub.token.secret.encode() not in environ and TOKEN_ENV.encode() + b"=" not in environ
+        assert hub.token.secret not in "".join(psutil.Process(agent.pid).environ().values())
+    finally:
+        hub.close()
+        if agent is not None:
+            agent.wait(20)
+
+
 # ------------------------------------------------------------------------------------ the hub's admission
 @pytest.fixture
 def hub(tmp_path):
@@ -188,7 +212,7 @@ def hub(tmp_path):
 
 def _authenticated(hub: Hub):
     """A token holder: TLS and the handshake passed, nothing said yet."""
-    sock = client_context().wrap_socket(socket.create_connection(("127.0.0.1", hub.port), timeout=10))
+    sock = open_tls("127.0.0.1", hub.port)
     handshake_client(sock, hub.token)
     return sock
 
@@ -243,15 +267,26 @@ def test_a_peer_trickling_bytes_is_cut_at_one_deadline(hub):
 
 
 def test_a_flood_of_connections_holds_at_most_the_cap_and_a_node_joins_after(hub):
-    flood = [socket.create_connection(("127.0.0.1", hub.port)) for _ in range(MAX_ADMISSIONS + 12)]
+    sources = [f"127.0.0.{10 + k}" for k in range(MAX_ADMISSIONS // MAX_ADMISSIONS_PER_ADDRESS + 1)]
+    flood = [socket.create_connection(("127.0.0.1", hub.port), source_address=(source, 0))
+             for source in sources for _ in range(MAX_ADMISSIONS_PER_ADDRESS + 3)]
     time.sleep(0.5)
     assert _admitting() <= MAX_ADMISSIONS
-    assert sum(_closed_by_peer(s, 1.0) for s in flood[MAX_ADMISSIONS:]) >= 12  # closed at once, no thread each
+    greetings = [_greeting(s) for s in flood]
+    assert greetings.count(HUB_READY) == MAX_ADMISSIONS  # each address its share, up to the cap in all
+    assert greetings.count(HUB_BUSY) == len(flood) - MAX_ADMISSIONS
+    busy = [s for s, said in zip(flood, greetings, strict=True) if said == HUB_BUSY]
+    assert all(_closed_by_peer(s, 1.0) for s in busy)  # told busy and closed at once, no thread each
     for sock in flood:
         sock.close()
     link, name = until(lambda: _try_join(hub), ADMIT_DEADLINE_S + 5, "a node to join after the flood")
     assert name == "a"
     link.close()
+
+
+def _greeting(sock) -> bytes:
+    sock.settimeout(5)
+    return sock.recv(len(HUB_READY))
 
 
 def _try_join(hub: Hub):

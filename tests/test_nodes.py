@@ -17,7 +17,6 @@ import os
 import pickle
 import re
 import signal
-import socket
 import struct
 import subprocess
 import time
@@ -29,7 +28,7 @@ from helpers.nodehelp import Boom, join_command, start_agent, until
 from helpers.workers import assert_no_workers, nbtrain_workers
 
 from nbtrain.cluster.hub import Hub
-from nbtrain.wire.link import JoinToken, LinkError, client_context, connect
+from nbtrain.wire.link import JoinToken, LinkError, connect, open_tls
 from nbtrain.wire.nodes import Heartbeat, NodeHello
 
 NODE_ADDRESSES = ("127.0.0.2", "127.0.0.3")
@@ -46,7 +45,7 @@ def hub():
 
 
 def _raw_tls(hub: Hub):
-    return client_context().wrap_socket(socket.create_connection(("127.0.0.1", hub.port), timeout=5))
+    return open_tls("127.0.0.1", hub.port, timeout=5)
 
 
 def test_a_peer_without_the_secret_is_refused_before_anything_is_unpickled(hub, tmp_path):

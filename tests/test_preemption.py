@@ -9,6 +9,7 @@ from an HTTP server on 127.0.0.1; emulated nodes (``tests/test_preemption_nodes.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -19,13 +20,13 @@ from datetime import datetime
 
 import pytest
 import torch
-from helpers.metadata import MetadataServer
+from helpers.metadata import PATHS, MetadataServer, ScriptedServer
 from helpers.preempt_cells import BLOCKS, progress, signal_at_step, training_cell
 from helpers.runhelp import Captured, run_cell
 
 from nbtrain.launch.diagnostics.failures import RankFailedError
 from nbtrain.launch.request.config import ConfigError, LaunchRequest, resolve
-from nbtrain.node.preemption import Notices, PreemptionURLError, check_url, cloud_of, read_once
+from nbtrain.node.preemption import READ_DEADLINE_S, Notices, PreemptionURLError, check_url, cloud_of, read_once
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -213,3 +214,32 @@ def test_preempt_poller_says_once_when_the_url_cannot_be_read_and_bad_urls_are_r
         check_url("169.254.169.254/latest/meta-data/spot/instance-action")
     assert [cloud_of(u, b) for u, b in [("http://h/x", "TRUE"), ("http://h/x", '{"Events": []}'),
                                         ("http://h/x", '{"action": "stop"}')]] == ["GCP", "Azure", "AWS"]
+
+
+def test_preempt_poller_outlives_hostile_answers_and_still_hears_the_next_notice():
+    """[1], null, JSON nested 20 000 deep, events that are not objects, 1 MiB, headers and a body trickled a byte
+    every 1.5 s: each read ends by its deadline, the poller says so once and goes on, and hears the notice after."""
+    notice = json.dumps({"Events": [{"EventType": "Preempt", "NotBefore": "Thu, 26 Nov 2026 12:05:41 GMT"}]})
+    hostile = ["[1]", "null", "[" * 20_000 + "]" * 20_000, '{"Events": [1]}', "x" * (1 << 20),
+               ("trickle", "headers"), ("trickle", "body")]
+    server = ScriptedServer(PATHS["Azure"], [*hostile, notice])
+    notices, said = Notices(), []
+    try:
+        thread = notices.poll(server.url, said.append, interval=0.05)
+        deadline = time.monotonic() + 60
+        while (heard := notices.take()) is None and thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        server.close()
+    assert heard is not None and heard.source == "Azure", said
+    assert len(said) == 1 and said[0].startswith("cannot read the preemption notice URL"), said
+    assert "its JSON is list, not an object" in said[0], said
+    for where in ("headers", "body"):  # each read alone, timed here: one deadline for the whole of it
+        trickle = ScriptedServer(PATHS["Azure"], [("trickle", where)])
+        started = time.monotonic()
+        try:
+            with pytest.raises(TimeoutError, match="no whole answer within"):
+                read_once(trickle.url)
+        finally:
+            trickle.close()
+        assert time.monotonic() - started < READ_DEADLINE_S + 1.0

@@ -7,7 +7,8 @@ Node agents on 127.0.0.2, .3, .4 (1 rank each, gloo), the training cell of ``hel
   re-forms with the two that are left and resumes — one curve, no step repeated or missing;
 * a cloud's notice (AWS's format, from an HTTP server on 127.0.0.1) to one of two agents polling it
   (``--nodes 2``): the same, with a replacement node joining; the world size stays 2, so the curve is the
-  uninterrupted run's, value for value.
+  uninterrupted run's, value for value;
+* a notice URL that answers what no cloud does is said once — in the cell, on the agent's terminal and in its log.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 import pytest
 import torch
 from helpers.kernelhelp import nbtrain_kernel
-from helpers.metadata import MetadataServer
+from helpers.metadata import PATHS, MetadataServer, ScriptedServer
 from helpers.nodehelp import until
 from helpers.preempt_cells import progress, signal_at_step, training_cell
 from helpers.runhelp import Captured
@@ -138,3 +139,26 @@ def test_preempt_an_idle_agent_leaves_at_once_and_one_noticed_after_the_last_ste
                                     text), text
     until(lambda: any(agent.poll() is not None for agent in busy), 20, "the noticed agent to leave")
     assert sum(agent.poll() is not None for agent in busy) == 1, text  # it, and not the other
+
+
+def test_preempt_a_notice_url_answering_junk_is_said_once_in_the_cell_and_on_the_agents_terminal_and_log(
+        nodes, tmp_path, capsys):
+    server = ScriptedServer(PATHS["Azure"], ["[1]"])
+    try:
+        agent = nodes.start("127.0.0.2", {"NBTRAIN_PREEMPTION_URL": server.url, "NBTRAIN_PREEMPTION_POLL_S": "0.1"})
+        nodes.wait_joined(1)
+        until(lambda: "cannot read the preemption notice URL" in nodes.consoles()["127.0.0.2"], 60, "the agent to say so")
+        output, ns = Captured(), {}
+        run_source("ok = 1\n", _request(tmp_path, "1", out="ok"), ns, manager=nodes.manager, write=output)
+        text = capsys.readouterr().out + output.text()
+        assert ns["ok"] == 1 and agent.poll() is None, text  # the agent polls on
+        said = re.findall(r"nbtrain: node a: cannot read the preemption notice URL \S+ \(its JSON is list, not an "
+                          r"object\); trying again every 0\.1 s", text)
+        assert len(said) == 1, text
+        console = nodes.consoles()["127.0.0.2"]
+        assert console.count("cannot read the preemption notice URL") == 1, console
+        log = re.search(r"\(log: (\S+)\)", console).group(1)
+        with open(log) as f:
+            assert f.read().count("cannot read the preemption notice URL") == 1
+    finally:
+        server.close()

@@ -150,8 +150,8 @@ class NodePool(GroupState):
                              self.spec.nproc_per_node, self.spec.backend, self.spec.device_type, self.spec.timeout_s,
                              self.spec.env, os.getpid())
         for group_rank, node in enumerate(self.nodes):
-            while not node.link.incoming.empty():  # what an earlier pool's ranks said last
-                node.link.incoming.get_nowait()
+            while not node.link.incoming.empty():  # what an earlier pool's ranks said last; the agent's notes are said
+                self._note(node, node.link.incoming.get_nowait())
             self.hub.mark_running(node)
             node.link.send(replace(start, group_rank=group_rank))  # the rendezvous, decided here (node/rendezvous.py)
             for deliver in self._pending:
@@ -326,11 +326,18 @@ class NodePool(GroupState):
         elif isinstance(message, N.Stacks):
             self._stacks.update(message.stacks)
             self._awaiting_stacks.discard(node.name)
+        elif isinstance(message, N.NodeNote):
+            self._note(node, message)
         elif isinstance(message, N.NodeError):  # said now, as a lost node is: stopping the others takes seconds
             text = f"node {node.name} could not start its ranks: {message.text}"
             self._say(f"nbtrain: {text}")
             return self._node_failed(node, text, 1)
         return []
+
+    def _note(self, node: NodeConn, message) -> None:
+        """An agent's note (:class:`~nbtrain.wire.nodes.NodeNote`), said in the cell; other messages are dropped."""
+        if isinstance(message, N.NodeNote):
+            self._say(f"nbtrain: node {node.name}: {message.text}")
 
     def node_infos(self) -> tuple:
         return tuple(node.info(self._node_ranks(node), node.name in self._lost or node.lost()) for node in self.nodes)

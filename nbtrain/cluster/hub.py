@@ -6,7 +6,9 @@ connection becomes a node only after TLS, the token's pool and secret checked in
 (:func:`nbtrain.wire.link.handshake_server`) and a hello in a fixed raw layout
 (:func:`nbtrain.wire.link.read_hello`); a connection that fails any step is closed without anything of it
 having been unpickled. Admission is bounded: one deadline (:data:`ADMIT_DEADLINE_S`) for all of it, however
-slowly a peer sends, and at most :data:`MAX_ADMISSIONS` at once (more are closed at once).
+slowly a peer sends, and at most :data:`MAX_ADMISSIONS` at once, :data:`MAX_ADMISSIONS_PER_ADDRESS` of them from
+one address, so a flood from one peer leaves the slots for the others. A connection over either cap is told
+:data:`~nbtrain.wire.link.HUB_BUSY` and closed at once (no thread held); agents try again with a backoff.
 
 The token (:mod:`.tokens`) lives in a 0600 file, never in what the cell prints; it admits nodes until it
 expires (:data:`~.tokens.DEFAULT_TTL_S`, ``--token-ttl``) or is revoked (:meth:`Hub.issue_token`), and an
@@ -39,14 +41,15 @@ from ..gpu import jsonfields as J
 from ..gpu.devices import GpuStatus
 from ..launch.observers.events import NamedState, NodeGpu, NodeInfo
 from ..wire import nodes as N
-from ..wire.link import JoinToken, Link, LinkError, handshake_server, read_hello, send_welcome
+from ..wire.link import HUB_BUSY, HUB_READY, JoinToken, Link, LinkError, handshake_server, read_hello, send_welcome
 from .tls import make_certificate, server_context
 from .tokens import DEFAULT_TTL_S, TokenFile
 
 HEARTBEAT_S = 1.0
 LOST_AFTER_S = 5.0
 ADMIT_DEADLINE_S = 5.0  # TLS, handshake and hello together, however slowly the peer sends
-MAX_ADMISSIONS = 8  # connections being admitted at once; more are closed at once
+MAX_ADMISSIONS = 8  # connections being admitted at once; more are told busy and closed at once
+MAX_ADMISSIONS_PER_ADDRESS = 2  # of those, from one address: an agent needs one; a flood gets no more
 MAX_GPUS = 64  # GPUs a heartbeat may list; a longer list is not read
 
 
@@ -134,7 +137,7 @@ class Hub:
         self.wake_r, self.wake_w = os.pipe()  # written when a node sends something (the run's loop waits on it)
         os.set_blocking(self.wake_r, False)
         self._lock = threading.Lock()
-        self._admitting = threading.BoundedSemaphore(MAX_ADMISSIONS)
+        self._admitting: dict[str, int] = {}  # address -> its connections being admitted now
         self._deadlines: dict[int, float] = {}  # socket fd being admitted -> when its admission must be over
         self._names = iter(string.ascii_lowercase)
         self._closed = threading.Event()
@@ -199,10 +202,12 @@ class Hub:
                 raw, peer = self._listener.accept()
             except OSError:
                 return
-            if not self._admitting.acquire(blocking=False):  # a flood of connections holds no more threads
+            if not self._take_slot(peer[0]):  # a flood of connections holds no more threads
                 self.refused += 1
+                _answer(raw, HUB_BUSY)
                 raw.close()
                 continue
+            _answer(raw, HUB_READY)
             threading.Thread(target=self._admit, args=(raw, peer[0]), name="nbtrain-hub-admit", daemon=True).start()
 
     def _admit(self, raw: socket.socket, address: str) -> None:
@@ -224,7 +229,7 @@ class Hub:
             (sock or raw).close()
             return
         finally:
-            self._admitting.release()
+            self._free_slot(address)
         with self._lock:
             self._deadlines.pop(fd, None)
             name = next(self._names, f"n{len(self.nodes)}")
@@ -238,6 +243,21 @@ class Hub:
         with self._lock:
             self.nodes.append(NodeConn(name, hello, link, address))
         self.poke()
+
+    def _take_slot(self, address: str) -> bool:
+        """An admission slot for a connection from ``address``; False over either cap."""
+        with self._lock:
+            held = self._admitting.get(address, 0)
+            if held >= MAX_ADMISSIONS_PER_ADDRESS or sum(self._admitting.values()) >= MAX_ADMISSIONS:
+                return False
+            self._admitting[address] = held + 1
+            return True
+
+    def _free_slot(self, address: str) -> None:
+        with self._lock:
+            left = self._admitting.pop(address) - 1
+            if left:
+                self._admitting[address] = left
 
     def _end_overdue_admissions(self) -> None:
         """A peer that trickles bytes passes every per-read timeout: its admission ends at one deadline."""
@@ -297,6 +317,14 @@ class Hub:
             lines.append(f"node {node.name}: {h.host} ({node.address}), pid {h.pid}, {gpus}, {h.cpus} CPUs, {node.state.value}, "
                          f"heard {node.silent_for():.1f} s ago{_load(node.link.last_heartbeat)}")
         return lines
+
+
+def _answer(raw: socket.socket, greeting: bytes) -> None:
+    """The greeting before TLS, without waiting: a fresh socket's buffer takes 4 bytes, or the peer is gone."""
+    with contextlib.suppress(OSError):
+        raw.setblocking(False)
+        raw.send(greeting)
+        raw.setblocking(True)
 
 
 def _load(beat: N.Heartbeat | None) -> str:

@@ -5,7 +5,9 @@
    ``--join`` must agree),
    connect from ``--address`` if given (emulated nodes on 127.0.0.2, 127.0.0.3, …), TLS with the pinned
    certificate, the mutual handshake, then :class:`~nbtrain.wire.nodes.NodeHello` in its fixed raw layout; the
-   kernel answers with the node's name;
+   kernel answers with the node's name. A kernel busy admitting other connections, or not reachable yet, is
+   tried again with a growing pause (:func:`join`) until ``--start-timeout`` or the token's expiry: the agents
+   of a Slurm job are not lost to a moment of contention;
 2. **serve** — heartbeats every second both ways (the node's carry its CPU, RAM and GPU use: :func:`telemetry`); :class:`~nbtrain.wire.nodes.StartRanks` runs torch
    elastic's agent for this node's ranks (:mod:`.agent`), ``Deliver``, ``Interrupt`` and ``StopRanks`` go to
    the local ranks (:mod:`.ranks`);
@@ -25,6 +27,7 @@ import argparse
 import importlib
 import os
 import queue
+import random
 import shutil
 import socket
 import sys
@@ -36,17 +39,20 @@ import psutil
 
 from ..leftovers import sweep_quietly, sweep_temp
 from ..wire import nodes as N
-from ..wire.link import JoinToken, Link, LinkError, connect
+from ..wire.link import JoinToken, Link, LinkError, LinkRetry, connect
 from ..wire.shm import sweep_orphans
 from .agent import run_ranks
 from .console import route_output, say
 from .preemption import Notices, PreemptionURLError, check_url
 from .ranks import LocalRanks
-from .token import read_token
+from .token import read_token, reexec_without_token
 
 HEARTBEAT_S = 1.0
 KERNEL_SILENT_S = 5.0
 NOTICE_CHECK_S = 0.05  # how soon a SIGTERM goes to the kernel (a signal handler cannot use the link's locks)
+START_TIMEOUT_S = 180.0  # how long a join is tried again: the cell's default --start-timeout
+RETRY_FIRST_S = 0.2  # the first pause before trying again; it doubles, up to RETRY_MAX_S
+RETRY_MAX_S = 5.0
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -63,7 +69,22 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="the cloud's metadata URL that announces a spot reclaim or preemption (AWS spot/"
                              "instance-action, GCP instance/preempted, Azure scheduledevents), polled every few "
                              "seconds [env: NBTRAIN_PREEMPTION_URL]")
+    parser.add_argument("--start-timeout", metavar="SECONDS", type=_seconds,
+                        default=os.environ.get("NBTRAIN_START_TIMEOUT", START_TIMEOUT_S),
+                        help="how long to keep trying to join a kernel that is busy or not reachable yet, at most "
+                             f"until the token expires (default {START_TIMEOUT_S:.0f}) [env: NBTRAIN_START_TIMEOUT]")
     return parser.parse_args(argv)
+
+
+def _seconds(text) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"a positive number of seconds, such as 180 (got {text!r}, from "
+                                         "--start-timeout or NBTRAIN_START_TIMEOUT)")
+    return value
 
 
 def _gpu_count() -> int:
@@ -76,12 +97,30 @@ def _gpu_count() -> int:
 
 
 def join(args: argparse.Namespace, text: str) -> tuple[Link, str]:
+    """Join the kernel the token names; a busy or unreachable kernel is tried again until ``--start-timeout``
+    or the token's expiry, whichever comes first, the pause doubling (with jitter, so a Slurm job's agents do
+    not come back all at once). The first refusal is said on the terminal."""
     token = JoinToken.decode(text)
     host, _, port = args.join.rpartition(":")
     if (host.strip("[]"), port) != (token.host, str(token.port)):
         raise LinkError(f"--join {args.join} is not the address in the token ({token.host}:{token.port})")
     hello = N.NodeHello(socket.gethostname(), os.getpid(), _gpu_count(), os.cpu_count() or 1, args.address or "")
-    return connect(token, hello, args.address)
+    by_timeout = time.monotonic() + args.start_timeout
+    by_expiry = time.monotonic() + token.expires - time.time()
+    pause, told = RETRY_FIRST_S, False
+    while True:
+        try:
+            return connect(token, hello, args.address)
+        except LinkRetry as exc:
+            left = min(by_timeout, by_expiry) - time.monotonic()
+            if left <= 0:
+                why = "the token expired" if by_expiry < by_timeout else f"--start-timeout {args.start_timeout:g} s passed"
+                raise LinkError(f"{exc}; gave up trying again: {why}") from None
+            if not told:
+                say(f"{exc}; trying again for up to {left:.0f} s")
+                told = True
+            time.sleep(min(left, pause * random.uniform(0.5, 1.0)))
+            pause = min(RETRY_MAX_S, pause * 2)
 
 
 def serve(link: Link, name: str, address: str | None, notices: Notices | None = None) -> str:
@@ -180,6 +219,15 @@ def _heartbeats(link: Link, stop: threading.Event) -> None:
         reader.close()
 
 
+def _everywhere(link: Link):
+    """``say`` for what the user must see wherever they look: the agent's terminal, its log file and the cell."""
+    def tell(text: str) -> None:
+        say(text)
+        print(f"nbtrain.node: {text}", file=sys.stderr, flush=True)  # fd 2 is the log file (console.route_output)
+        link.send(N.NodeNote(text))
+    return tell
+
+
 def _preload() -> None:
     """Import torch elastic before joining: loading libtorch holds the GIL for seconds, which would silence the
     heartbeats of a node already joined (and it makes the first pool start sooner)."""
@@ -189,6 +237,11 @@ def _preload() -> None:
 
 
 def main(argv=None) -> None:
+    try:
+        if argv is None:  # run as a program (python -m nbtrain.node), not called from another one
+            reexec_without_token()
+    except ValueError as exc:
+        sys.exit(f"nbtrain.node: {exc}")
     args = parse_args(argv)
     try:
         text = read_token(args.token, args.token_file, sys.stdin)
@@ -206,7 +259,7 @@ def main(argv=None) -> None:
     notices = Notices()
     notices.install()  # SIGTERM: a preemption notice from here on (before, it ends the agent as usual)
     if args.preemption_url:
-        notices.poll(args.preemption_url, say)
+        notices.poll(args.preemption_url, _everywhere(link))
     why = serve(link, name, args.address, notices)
     say(f"leaving: {why}")
     os._exit(0)  # torch elastic's threads (rendezvous keep-alive, log tails) must not keep a finished node alive

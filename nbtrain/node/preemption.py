@@ -20,25 +20,35 @@ A machine about to be taken away says so in one of two ways, and the agent hears
 
 Each notice becomes a :class:`~nbtrain.wire.nodes.PreemptionNotice` on the kernel's link (typed, after the
 link's authentication). What the metadata service answers is parsed as text or JSON, never unpickled.
+
+Whatever the service answers, the poller goes on: each read has one deadline, :data:`READ_DEADLINE_S`, for the
+connection, the headers and the body together (a reply trickled a byte at a time passes any per-read timeout,
+not this), a reply over :data:`MAX_REPLY` bytes is not read, and an answer of the wrong shape (JSON that is not
+an object, ``null``, events that are not objects, nesting too deep to parse) is no notice. The first such
+failure is said once — on the agent's terminal and log, and in the cell (:func:`poll`'s ``say``) — and later
+notices are still heard.
 """
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
 import os
 import signal
+import socket
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from datetime import datetime
 from email.utils import parsedate_to_datetime
 
 from ..wire import nodes as N
 
 POLL_S = 5.0
-READ_TIMEOUT_S = 2.0
+READ_TIMEOUT_S = 2.0  # to connect
+READ_DEADLINE_S = 3.0  # one read, whole: connection, headers and body, however slowly they come
+MAX_REPLY = 1 << 16  # a notice is a few hundred bytes
 _HEADERS = {"Metadata-Flavor": "Google", "Metadata": "true"}  # GCP's and Azure's; harmless to the others
 
 
@@ -70,20 +80,36 @@ def cloud_of(url: str, body: str = "") -> str:
 
 
 def parse_notice(cloud: str, status: int, body: str, now: float) -> N.PreemptionNotice | None:
-    """One answer of the metadata service: the notice it holds, or None."""
+    """One answer of the metadata service: the notice it holds, or None; :class:`ValueError` for an answer that
+    is not of the shape the cloud documents."""
     if status == 404 or status >= 400:
         return None  # AWS: no notice yet
     if cloud == "GCP":
         return N.PreemptionNotice("GCP", now) if body.strip().upper() == "TRUE" else None
-    data = json.loads(body) if body.strip() else {}
+    data = _json_object(body)
     if cloud == "Azure":
-        events = [e for e in data.get("Events", []) if e.get("EventType") in ("Preempt", "Terminate")]
+        events = data.get("Events", [])
+        if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
+            raise ValueError("its Events are not a list of objects")
+        events = [e for e in events if e.get("EventType") in ("Preempt", "Terminate")]
         if not events:
             return None
         return N.PreemptionNotice("Azure", now, _time(events[0].get("NotBefore")))
     if data.get("action") in ("terminate", "stop", "hibernate"):
         return N.PreemptionNotice("AWS", now, _time(data.get("time")))
     return None
+
+
+def _json_object(body: str) -> dict:
+    if not body.strip():
+        return {}
+    try:
+        data = json.loads(body)
+    except RecursionError:
+        raise ValueError("its JSON is nested too deep") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"its JSON is {'null' if data is None else type(data).__name__}, not an object")
+    return data
 
 
 def _time(text) -> float | None:
@@ -101,29 +127,104 @@ def _time(text) -> float | None:
 
 
 def read_once(url: str) -> N.PreemptionNotice | None:
-    """Ask the metadata service once (raises OSError when it cannot be reached)."""
+    """Ask the metadata service once, within :data:`READ_DEADLINE_S` (OSError when it cannot be reached or
+    does not answer in time, ValueError when the answer is not a notice's shape)."""
     headers = dict(_HEADERS)
     token = _aws_token(url) if cloud_of(url) == "AWS" else None
     if token:
         headers["X-aws-ec2-metadata-token"] = token
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=READ_TIMEOUT_S) as reply:
-            status, body = reply.status, reply.read(1 << 16).decode("utf-8", "replace")
-    except urllib.error.HTTPError as exc:
-        status, body = exc.code, ""
+    status, body = _request("GET", url, headers)
     return parse_notice(cloud_of(url, body), status, body, time.time())
 
 
 def _aws_token(url: str) -> str | None:
     """IMDSv2's session token (``PUT /latest/api/token``); None where the service has none (IMDSv1)."""
-    parsed = urllib.parse.urlparse(url)
-    request = urllib.request.Request(f"{parsed.scheme}://{parsed.netloc}/latest/api/token", method="PUT",
-                                     headers={"X-aws-ec2-metadata-token-ttl-seconds": "300"})
+    parsed = urllib.parse.urlsplit(url)
     try:
-        with urllib.request.urlopen(request, timeout=READ_TIMEOUT_S) as reply:
-            return reply.read(4096).decode().strip() or None
+        status, body = _request("PUT", f"{parsed.scheme}://{parsed.netloc}/latest/api/token",
+                                {"X-aws-ec2-metadata-token-ttl-seconds": "300"})
     except (OSError, ValueError):
         return None
+    return (body.strip() or None) if status == 200 else None
+
+
+def _request(method: str, url: str, headers: dict) -> tuple[int, str]:
+    """One HTTP request, its status and body, bounded as a whole by :data:`READ_DEADLINE_S` and
+    :data:`MAX_REPLY`: :class:`TimeoutError` past the deadline, :class:`ValueError` for a longer reply."""
+    parsed = urllib.parse.urlsplit(url)
+    kind = _WatchedHTTPS if parsed.scheme == "https" else _WatchedHTTP
+    deadline = _Deadline(READ_DEADLINE_S)
+    connection = kind(parsed.hostname or "", parsed.port, timeout=READ_TIMEOUT_S).bound(deadline)
+    try:
+        connection.request(method, (parsed.path or "/") + (f"?{parsed.query}" if parsed.query else ""),
+                           headers=headers)
+        reply = connection.getresponse()
+        body = reply.read(MAX_REPLY + 1)
+    except (OSError, http.client.HTTPException) as exc:
+        if deadline.passed:
+            raise TimeoutError(f"no whole answer within {READ_DEADLINE_S:g} s") from None
+        raise OSError(f"{type(exc).__name__}: {exc}") from None
+    finally:
+        deadline.cancel()
+        connection.close()
+    if deadline.passed:
+        raise TimeoutError(f"no whole answer within {READ_DEADLINE_S:g} s")
+    if len(body) > MAX_REPLY:
+        raise ValueError(f"an answer over {MAX_REPLY // 1024} KiB")
+    return reply.status, body.decode("utf-8", "replace")
+
+
+class _Deadline:
+    """One request's time, whole: at its end the sockets it watches are shut down, which ends any read or
+    handshake blocked on them (a peer sending a byte now and then passes every per-read timeout, not this)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.passed = False
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._over = threading.Event()  # the request ended first
+        threading.Thread(target=self._wait, args=(seconds,), name="nbtrain-node-read-deadline", daemon=True).start()
+
+    def watch(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.append(sock)
+            if self.passed:
+                _shut(sock)
+
+    def cancel(self) -> None:
+        self._over.set()
+
+    def _wait(self, seconds: float) -> None:
+        if self._over.wait(seconds):
+            return
+        with self._lock:
+            self.passed = True
+            for sock in self._sockets:
+                _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+class _WatchedHTTP(http.client.HTTPConnection):
+    """An HTTP connection whose TCP socket a :class:`_Deadline` watches from the moment it exists."""
+
+    _deadline: _Deadline
+
+    def bound(self, deadline: _Deadline) -> _WatchedHTTP:
+        self._deadline = deadline
+        return self
+
+    def connect(self) -> None:
+        super().connect()  # http.client's: the TCP socket, self.sock
+        self._deadline.watch(self.sock)
+
+
+class _WatchedHTTPS(http.client.HTTPSConnection, _WatchedHTTP):
+    """HTTPS: ``HTTPSConnection.connect`` calls the next ``connect`` in this order — :class:`_WatchedHTTP`'s — for
+    the TCP socket, then does the TLS handshake on it, so the deadline covers the handshake too."""
 
 
 class Notices:
@@ -157,9 +258,9 @@ class Notices:
             while not self._heard:
                 try:
                     notice = read_once(url)
-                except (OSError, ValueError) as exc:  # unreachable, or not the JSON expected: said once
+                except Exception as exc:  # unreachable, too slow, or not a notice's shape: this thread must go on
                     if not complained:
-                        say(f"cannot read the preemption notice URL {url} ({exc}); trying every {every:.0f} s")
+                        say(f"cannot read the preemption notice URL {url} ({exc}); trying again every {every:g} s")
                         complained = True
                     notice = None
                 if notice is not None:

@@ -5,6 +5,9 @@ This is the channel that leaves loopback, so it is built for a network:
 * **Join token** (:class:`JoinToken`): the kernel's address, the pool's id, a random 32-byte secret, the
   SHA-256 fingerprint of the pool's self-signed certificate and an expiry time, as one printable string
   (``nbt1.<base64url JSON>``). Whoever holds it can join that pool until it expires; it names no other pool.
+* **Greeting** (:func:`open_tls`): before TLS the kernel says, in 4 raw bytes, whether it admits the connection
+  now (:data:`HUB_READY`) or is busy admitting others (:data:`HUB_BUSY`, then it hangs up): a node told it is
+  busy tries again (:class:`LinkRetry`), where a bare hang-up would look like a broken TLS handshake.
 * **TLS**: the node does not trust any CA; it accepts exactly the certificate whose fingerprint the token
   pins (:func:`check_fingerprint`), so a man in the middle cannot read or alter the traffic.
 * **Mutual authentication before any unpickling** (:func:`handshake_server` / :func:`handshake_client`):
@@ -48,11 +51,18 @@ TOKEN_ENV = "NBTRAIN_JOIN_TOKEN"  # where a node agent may find the token (never
 _NONCE = 32
 _MAX_HELLO = 4096
 _HELLO_FIELDS = {"host": str, "pid": int, "gpus": int, "cpus": int, "address": str}
+HUB_READY = b"NBT+"  # the kernel's greeting, before TLS: go on
+HUB_BUSY = b"NBT-"  # too many admissions at once (from this address, or in all): try again shortly
 _MAX_FRAME = 1 << 34  # 16 GiB: a notebook's inputs, never a length an attacker chose (we are past the HMAC)
 
 
 class LinkError(ConnectionError):
     """The link could not be established or authenticated; the message says why."""
+
+
+class LinkRetry(LinkError):
+    """The link could not be established yet, before any secret was shown: the kernel was busy admitting other
+    connections, unreachable, or the connection broke before TLS was up. Trying again later may succeed."""
 
 
 @dataclass(frozen=True)
@@ -280,18 +290,51 @@ class Link:
                 os.write(fd, b"x")
 
 
+def open_tls(host: str, port: int, source_address: str | None = None, timeout: float = 10.0) -> ssl.SSLSocket:
+    """Node side: TCP, the kernel's greeting, TLS (the certificate not checked yet: :func:`check_fingerprint`).
+    :class:`LinkRetry` for what may pass — busy, unreachable, cut before TLS was up; :class:`LinkError` when
+    nothing listens there (a kernel's hub never refuses a connection: it answers busy)."""
+    try:
+        raw = socket.create_connection((host, port), timeout=timeout,
+                                       source_address=(source_address, 0) if source_address else None)
+    except ConnectionRefusedError:  # nothing listens: the hub has closed (its pool ended) or the address is wrong
+        raise LinkError(f"nothing listens at {host}:{port}: the notebook's pool has ended, or this is not its "
+                        "address; take the join command the notebook prints now") from None
+    except OSError as exc:  # a timeout, a network unreachable for now
+        raise LinkRetry(f"cannot reach the kernel at {host}:{port} ({exc})") from None
+    try:
+        greeting = _greeting(raw)
+        if greeting in (HUB_BUSY, b""):  # b"": hung up at once (a kernel cut off, or over an older cap)
+            raise LinkRetry(f"the kernel at {host}:{port} is busy admitting other connections")
+        if greeting != HUB_READY:
+            raise LinkError(f"{host}:{port} is not an nbtrain kernel's node link (it said {greeting!r})")
+        return client_context().wrap_socket(raw)
+    except LinkError:
+        raw.close()
+        raise
+    except OSError as exc:
+        raw.close()
+        raise LinkRetry(f"the connection to the kernel at {host}:{port} broke before TLS was up ({exc})") from None
+
+
+def _greeting(raw: socket.socket) -> bytes:
+    """The kernel's 4 raw bytes before TLS; fewer if it hung up first."""
+    data = b""
+    while len(data) < len(HUB_READY):
+        chunk = raw.recv(len(HUB_READY) - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
 def connect(token: JoinToken, hello: NodeHello, source_address: str | None = None,
             timeout: float = 10.0) -> tuple[Link, str]:
-    """Node side: TCP, TLS with the pinned certificate, the handshake, the hello; a started :class:`Link` and
-    the node's name in the pool."""
+    """Node side: the greeting, TLS with the pinned certificate, the handshake, the hello; a started
+    :class:`Link` and the node's name in the pool."""
     if token.expired():
         raise LinkError("the join token has expired; run the cell again for a fresh one")
-    try:
-        raw = socket.create_connection((token.host, token.port), timeout=timeout,
-                                       source_address=(source_address, 0) if source_address else None)
-    except OSError as exc:
-        raise LinkError(f"cannot reach the kernel at {token.host}:{token.port} ({exc})") from None
-    sock = client_context().wrap_socket(raw)
+    sock = open_tls(token.host, token.port, source_address, timeout)
     try:
         check_fingerprint(sock, token.fingerprint)
         handshake_client(sock, token)

@@ -19,6 +19,7 @@ A node's conversation (:mod:`nbtrain.wire.link` frames, authenticated both ways 
     node   -> RanksStopped()                        every rank of the node has ended
     node   -> NodeError(text)                       the agent could not start the ranks (rendezvous failed, …)
     node   -> PreemptionNotice(source, at, ends_at) the machine is about to go: SIGTERM, or the cloud's notice
+    node   -> NodeNote(text)                        something the user should know (the notice URL cannot be read)
     kernel -> Bye(reason)                           the pool ends: the agent exits
 
 Rank messages travel as the bytes the rank pickled: the node relays them without looking inside (it reads only
@@ -126,6 +127,13 @@ class RanksStopped:
 
 @dataclass(frozen=True)
 class NodeError:
+    text: str
+
+
+@dataclass(frozen=True)
+class NodeNote:
+    """A line for the cell, said once by the agent: the kernel shows it in the running cell, or the next one."""
+
     text: str
 
 

@@ -76,3 +76,57 @@ class MetadataServer:
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+class ScriptedServer:
+    """A metadata service gone wrong, on 127.0.0.1 (raw sockets): each read gets the next of ``answers``, the last
+    one for ever after. An answer is a body (sent whole, HTTP/1.0, status 200) or ``("trickle", where)``: a
+    byte every 1.5 s of the headers (``where="headers"``) or of a long body (``"body"``) until the reader hangs up."""
+
+    TRICKLE_S = 1.5
+
+    def __init__(self, path: str, answers: list) -> None:
+        import socket
+
+        self.answers = list(answers)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}{path}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+            threading.Thread(target=self._serve, args=(conn, answer), daemon=True).start()
+
+    def _serve(self, conn, answer) -> None:
+        import time
+
+        try:
+            request = b""
+            while b"\r\n\r\n" not in request:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    return
+                request += chunk
+            if isinstance(answer, tuple):
+                data = b"HTTP/1.0 200 OK\r\nContent-Length: 100000\r\n\r\n"
+                if answer[1] == "body":
+                    conn.sendall(data)
+                    data = b"[" * 100000
+                for byte in data:
+                    conn.sendall(bytes([byte]))
+                    time.sleep(self.TRICKLE_S)
+            else:
+                body = answer.encode()
+                conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        self._listener.close()
