@@ -48,6 +48,7 @@ from ..launch.ranks.rankgroup import GroupState
 from ..launch.request.config import PoolSpec
 from ..wire import nodes as N
 from ..wire import protocol as P
+from ..words import count
 from .elastic import Formation
 from .hub import LOST_AFTER_S, Hub, NodeConn
 from .slurm import SlurmNodes
@@ -106,7 +107,7 @@ class NodePool(GroupState):
         elif self.slurm is not None:
             self._start_slurm()
         elif len(self.hub.idle_nodes()) < spec.nodes and self.hub.announce():
-            self._say(f"nbtrain: waiting for {self._wanted()} nodes; on each node run:\n  {self.hub.join_command()}\n"
+            self._say(f"nbtrain: waiting for {self._wanted()}; on each node run:\n  {self.hub.join_command()}\n"
                       f"{self.hub.join_help()}")
         self._store = host_store(spec.rdzv_host)
         self._start_if_joined()
@@ -125,8 +126,9 @@ class NodePool(GroupState):
                                    spec.slurm, spec.remote_python, bool(loopback(hub.host))))
 
     def _wanted(self) -> str:
+        """``2 nodes``, ``1 node``, ``2 to 4 nodes`` (elastic)."""
         spec = self.spec
-        return f"{spec.min_nodes} to {spec.nodes}" if spec.min_nodes else str(spec.nodes)
+        return f"{spec.min_nodes} to {count('node', spec.nodes)}" if spec.min_nodes else count("node", spec.nodes)
 
     def _start_if_joined(self) -> None:
         if self._started:
@@ -176,7 +178,7 @@ class NodePool(GroupState):
         if self.spec.min_nodes and len(joined) >= self.spec.min_nodes:
             return ""  # elastic, enough there: the group forms after the last call, no node is missing
         have = ", ".join(f"{n.name} from {n.address}" for n in joined) or "none"
-        return f"{len(joined)} of {self._wanted()} nodes joined ({have})"
+        return f"{len(joined)} of {self._wanted()} joined ({have})"
 
     # --------------------------------------------------------------------------------- state
     def alive(self) -> bool:

@@ -133,7 +133,10 @@ def list_sessions(manager: PoolManager) -> list[str]:
 
 
 def pull(manager: PoolManager, session: str, names: list[str], namespace: dict, *, write=None) -> RunResult:
-    """Bring ``names`` that ``session`` holds on rank 0 into ``namespace`` (``%distributed_pull``)."""
+    """Bring ``names`` that ``session`` holds on rank 0 into ``namespace`` (``%distributed_pull``); without names,
+    a :class:`SessionError` that says what each session holds."""
+    if not names:
+        raise SessionError(manager.sessions.nothing_to_pull(session))
     spec = manager.sessions.spec_holding(session, names)  # the session's own ranks: no request to rebuild
     try:
         workdir = notebook_workdir()
