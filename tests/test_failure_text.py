@@ -4,6 +4,7 @@ user sees it (the magic's line counts, as in "Cell line N"), and a failure's sum
 from __future__ import annotations
 
 import re
+import traceback
 
 import pytest
 from helpers.runhelp import Captured, run_cell
@@ -49,7 +50,22 @@ def test_a_dataloader_workers_traceback_names_the_cell_line(pools):
 def test_a_cpu_allocation_failure_says_how_much_was_asked_for(pools):
     with pytest.raises(RankFailedError) as failed:
         run_cell(pools, "import torch\nhuge = torch.empty(2**40)\n")
-    first_line = str(failed.value).splitlines()[0]
+    first_line = failed.value._render_traceback_()[0]
     assert re.match(r"RankFailedError: rank [01] raised RuntimeError: DefaultCPUAllocator: can't allocate memory: "
                     r"you tried to allocate 4398046511104 bytes\.", first_line), first_line
     assert "enforce fail" not in first_line, first_line
+
+
+def test_the_errors_name_is_said_once_wherever_it_is_shown(pools):
+    """IPython shows _render_traceback_(); Python's traceback, Jupyter's error output (ename: evalue) and
+    ``print(error)`` show the type's name beside str(error): each names RankFailedError once."""
+    with pytest.raises(RankFailedError) as failed:
+        run_cell(pools, "raise ValueError('bad value')\n")
+    error = failed.value
+    shown = {"ipython": error._render_traceback_()[0],
+             "python": traceback.format_exception_only(error)[-1].splitlines()[0],
+             "jupyter": f"{type(error).__name__}: {error}".splitlines()[0]}
+    for where, line in shown.items():
+        assert line.count("RankFailedError") == 1, (where, line)
+        assert line.endswith("RankFailedError: rank 0 raised ValueError: bad value") or line.endswith(
+            "RankFailedError: rank 1 raised ValueError: bad value"), (where, line)

@@ -135,14 +135,14 @@ class RankFailedError(RuntimeError):
         return first.error.type_name if first.error else None
 
     def _render_traceback_(self) -> list[str]:
-        return self.report().splitlines()
+        return f"RankFailedError: {self.report()}".splitlines()
 
-    def __str__(self) -> str:
+    def __str__(self) -> str:  # the error's name is said once, by whoever shows it (IPython, a traceback's last line)
         return self.report()
 
     def report(self) -> str:
         first = self.failures[0]
-        lines = [f"RankFailedError: {first.summary()}"]
+        lines = [first.summary()]
         same = [f.rank for f in self.failures[1:] if f.error and first.error and f.error.headline == first.error.headline]
         if same:
             lines.append(f"({_ranks(same).rsplit(' ', 1)[0]} raised the same error)")
