@@ -41,8 +41,8 @@ def history(*values: float) -> History:
 def test_the_log_keeps_the_series_of_its_last_runs_that_logged_anything():
     log = RunLog()
     for number in range(KEEP_SERIES + 2):
-        log.add(f"x = {number}\n", "", 0.0, 2, history(float(number)), "finished", None)
-    log.add("pass\n", "", 0.0, 2, History(), "finished", None)  # nothing logged: nothing to compare with
+        log.add(f"x = {number}\n", "", 0.0, 1.0, 2, history(float(number)), "finished", None)
+    log.add("pass\n", "", 0.0, 1.0, 2, History(), "finished", None)  # nothing logged: nothing to compare with
     earlier = log.earlier("x = 11\n", "--fresh", count=3)
     assert [run.number for run in earlier] == [10, 11, 12]
     assert [run.label for run in earlier] == ["no --fresh · cell line 2: x = 9", "no --fresh · cell line 2: x = 10",

@@ -59,6 +59,7 @@ def run_source(source: str, request: LaunchRequest, namespace: dict, *, manager:
     state: RunState | None = RunState.FAILED
     meter = _Meter(config)
     FanOut(observers).earlier_runs(manager.runs.earlier(source, changed_options(request)) if manager else ())
+    result: RunResult | None = None
     try:
         result = _run(source, config, info, namespace, manager, write, code_name, [*observers, meter], outcome)
         result = replace(result, metering=meter.metering)  # for the summary line
@@ -72,8 +73,9 @@ def run_source(source: str, request: LaunchRequest, namespace: dict, *, manager:
         raise
     finally:
         if manager is not None and state is not None and source.strip():  # nbtrain.runs(), however they ended
-            manager.runs.add(source, changed_options(request), started, config.pool.nprocs, outcome.history, state,
-                             config.train.checkpoint_dir, meter.metering)
+            seconds = result.seconds if result is not None else time.time() - started  # the summary's, when there is one
+            manager.runs.add(source, changed_options(request), started, seconds, config.pool.nprocs, outcome.history,
+                             state, config.train.checkpoint_dir, meter.metering)
 
 
 class _Meter(RunObserver):
