@@ -69,3 +69,41 @@ def test_the_errors_name_is_said_once_wherever_it_is_shown(pools):
         assert line.count("RankFailedError") == 1, (where, line)
         assert line.endswith("RankFailedError: rank 0 raised ValueError: bad value") or line.endswith(
             "RankFailedError: rank 1 raised ValueError: bad value"), (where, line)
+
+
+def test_torchs_own_frames_are_folded_into_one_line(pools):
+    with pytest.raises(RankFailedError) as failed:
+        run_cell(pools, """
+            import torch
+
+            layer = torch.nn.Linear(2, 2)
+            layer(torch.ones(3, 3))
+            """)
+    lines = str(failed.value).splitlines()
+    at = lines.index("  Cell line 5, in <module>")
+    assert lines[at + 1] == "    layer(torch.ones(3, 3))", lines
+    assert re.fullmatch(r"  … \d+ frames inside torch hidden", lines[at + 2]), lines
+    assert lines[at + 3].startswith("RuntimeError: mat1 and mat2 shapes cannot be multiplied"), lines
+    assert not any("site-packages" in line for line in lines), lines
+
+
+def test_a_notebook_functions_frame_names_the_cell_that_defined_it(shell):
+    defined_in = shell.execution_count  # the cell's In[n] (its history is kept, as a notebook keeps it)
+    shell.run_cell("def check(value):\n    raise ValueError(f'bad value {value}')\n", store_history=True).raise_error()
+    failed = shell.run_cell("%%distributed 2 --cpu --no-dashboard\ncheck(rank)\n").error_in_exec
+    report = "\n".join(failed._render_traceback_())
+    assert f"  Cell In[{defined_in}], line 2, in check" in report.splitlines(), report
+    assert "raise ValueError(f'bad value {value}')" in report and "<dynamic-code>" not in report, report
+
+
+@pytest.mark.parametrize("cell, hint", [
+    ("import torch\nx = torch.ones(2).to('cuda')\n", "Hint: this run has no GPU (its ranks run on the CPU)"),
+    ("import torch\nwith torch.device('meta'):\n    model = torch.nn.Linear(2, 2)\nmodel.to(device)\n",
+     "Hint: the model was built on the meta device"),
+])
+def test_a_device_mistake_gets_a_hint_that_names_the_fix(pools, cell, hint):
+    with pytest.raises(RankFailedError) as failed:
+        run_cell(pools, cell)
+    report = str(failed.value)
+    assert hint in report, report
+    assert "`device`" in report or "nbtrain.prepare(model)" in report, report

@@ -7,7 +7,8 @@ a rank loads inputs and packs results (:mod:`nbtrain.worker.main`).
 **Inputs.** The names a cell reads (see :mod:`nbtrain.launch.request.cell`) are looked up in the notebook's
 namespace and sent as one pickle, so objects that share state keep sharing it on the ranks (an optimizer
 and the model whose parameters it holds). The pickler is cloudpickle's, so functions, lambdas and classes
-defined in the notebook travel by value; importable modules travel as their import name. Large CPU tensors and NumPy
+defined in the notebook travel by value, keeping the file names of their code (a rank's traceback names the
+notebook cell that defined them); importable modules travel as their import name. Large CPU tensors and NumPy
 arrays — also inside modules, dicts or lists — are swapped for shared-memory handles (:mod:`.shm`). A
 CUDA tensor in the notebook is sent as a CPU copy and said so. The pickle is made once and the same bytes
 go to every rank.
@@ -29,6 +30,7 @@ import io
 import itertools
 import pickle
 import sys
+import types
 from dataclasses import dataclass, field
 
 import cloudpickle
@@ -54,6 +56,16 @@ def _is_array(obj) -> bool:
     return np is not None and type(obj) is np.ndarray and obj.dtype.hasobject is False
 
 
+_DYNAMIC_CODE = "<dynamic-code>"  # the file name cloudpickle (3.1 on) gives every function it sends by value
+
+
+def _code_keeping_its_file(code: types.CodeType):
+    """A notebook function's code as cloudpickle sends it, but with its own file name (IPython's file of the cell
+    that defined it): a rank's traceback then names that cell, not ``<dynamic-code>``."""
+    constructor, args = cloudpickle.Pickler.dispatch_table[types.CodeType](code)
+    return constructor, tuple(code.co_filename if arg == _DYNAMIC_CODE else arg for arg in args)
+
+
 class _InputPickler(cloudpickle.Pickler):
     def __init__(self, file, arena: SharedArena, notes: list[str]):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
@@ -67,6 +79,8 @@ class _InputPickler(cloudpickle.Pickler):
                 return reduced
         elif _is_array(obj) and obj.nbytes >= SHARE_THRESHOLD_BYTES:
             return self.arena.share_array(obj)
+        elif isinstance(obj, types.CodeType):
+            return _code_keeping_its_file(obj)
         return super().reducer_override(obj)
 
     def _reduce_tensor(self, tensor):

@@ -366,7 +366,7 @@ def _failure(run: _Run, manager: PoolManager, info: CellInfo, code_name) -> Rank
             notes.insert(0, stuck_sentence(sorted(run.raised), unfinished, pool.spec.backend))
     error = RankFailedError(list(run.failures.values()), cell_filename=job.filename, cell_source=info.source,
                             line_offset=info.line_offset, code_name=code_name, stopped=stopped,
-                            whereabouts=where, notes=notes)
+                            whereabouts=where, notes=notes, device_type=pool.spec.device_type)
     run.notify("run_finished", RunState.FAILED, error.failures[0].summary())
     return error
 
