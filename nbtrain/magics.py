@@ -33,6 +33,7 @@ from .launch.observers.registry import RunRegistry
 from .launch.request.config import LaunchRequest
 from .launch.request.hosts import parse_hosts, parse_remote_python, parse_slurm, parse_ssh_options
 from .words import count
+from .wire.agent_options import check_url
 from .wire.options import OptionEnvError, from_arguments, option, options_of, with_env_fallbacks
 
 
@@ -59,7 +60,7 @@ class NodesCommand:
                           "nodes stay)", group="nodes", switch=True)
 
 
-NODE_OPTIONS = ("rdzv_host", "hosts", "ssh_option", "remote_python", "slurm", "nodes")  # LaunchRequest's, on %distributed_nodes too
+NODE_OPTIONS = ("rdzv_host", "hosts", "ssh_option", "remote_python", "slurm", "nodes", "preemption_url")  # LaunchRequest's, on %distributed_nodes too
 
 
 def option_group(cls, group: str | None = None, names: tuple[str, ...] = ()):
@@ -250,7 +251,7 @@ class DistributedMagics(Magics):
             raise UsageError(f"--emulate {command.emulate}: give a number of nodes, 1 or more")
         try:
             if command.emulate and nodes.rdzv_host:
-                started = self.cluster.emulate(nodes.rdzv_host, command.emulate)
+                started = self.cluster.emulate(nodes.rdzv_host, command.emulate, _preemption_url(nodes))
                 print(f"nbtrain: started {count('emulated node agent', len(started))} on {', '.join(started)}; "
                       "they join in a few seconds")
             elif nodes.rdzv_host:
@@ -268,7 +269,7 @@ class DistributedMagics(Magics):
             hosts = parse_hosts(nodes.hosts or "")
             options = parse_ssh_options(nodes.ssh_option)
             python = parse_remote_python(nodes.remote_python)
-            started = self.cluster.start_hosts(nodes.rdzv_host, hosts, options, python)
+            started = self.cluster.start_hosts(nodes.rdzv_host, hosts, options, python, _preemption_url(nodes))
         except (ValueError, OSError) as exc:
             raise UsageError(str(exc)) from None
         if started:
@@ -287,7 +288,7 @@ class DistributedMagics(Magics):
             words = parse_slurm(nodes.slurm or "")
             python = parse_remote_python(nodes.remote_python)
             print(self.cluster.start_slurm(nodes.rdzv_host, max(low, high), words, python,
-                                           min(low, high) if low != high else 0))
+                                           min(low, high) if low != high else 0, _preemption_url(nodes)))
         except (ValueError, OSError) as exc:
             raise UsageError(str(exc)) from None
         print("\n".join(self.cluster.describe()))
@@ -322,6 +323,11 @@ class DistributedMagics(Magics):
         except UserInputError as exc:
             raise UsageError(str(exc)) from None
         print(f"nbtrain: session {args.session!r} ended.")
+
+
+def _preemption_url(nodes: LaunchRequest) -> str:
+    """``--preemption-url`` of ``%distributed_nodes``, checked (a ValueError says what it takes)."""
+    return check_url(nodes.preemption_url) if nodes.preemption_url else ""
 
 
 def distributed_cell(shell, cell: str, request: LaunchRequest, display: CellDisplay, pools: PoolManager,

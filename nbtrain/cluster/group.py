@@ -101,7 +101,7 @@ class NodePool(GroupState):
         if spec.hosts and self.ssh is not None:  # first: the agents start while this kernel imports torch
             if len(self.hub.idle_nodes()) < spec.nodes:
                 started = self.ssh.start(spec.hosts, f"{self.hub.host}:{self.hub.port}", self.hub.valid_token(),
-                                         spec.ssh_options, spec.remote_python)
+                                         spec.ssh_options, spec.remote_python, spec.preemption_url)
                 if started:
                     self._say(f"nbtrain: starting node agents over ssh on {', '.join(started)}")
         elif self.slurm is not None:
@@ -123,7 +123,7 @@ class NodePool(GroupState):
             return
         hub.valid_token()  # the file the agents read holds a live token
         self._say(self.slurm.start(spec.nodes, spec.min_nodes, f"{hub.host}:{hub.port}", hub.token_file.path,
-                                   spec.slurm, spec.remote_python, bool(loopback(hub.host))))
+                                   spec.slurm, spec.remote_python, bool(loopback(hub.host)), spec.preemption_url))
 
     def _wanted(self) -> str:
         """``2 nodes``, ``1 node``, ``2 to 4 nodes`` (elastic)."""
