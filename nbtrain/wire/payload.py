@@ -30,6 +30,7 @@ import io
 import itertools
 import pickle
 import sys
+import time
 import types
 from dataclasses import dataclass, field
 
@@ -44,6 +45,7 @@ class Inputs:
     names: tuple[str, ...]
     arena: SharedArena
     notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0  # how long pickling took, the large tensors' writes to shared memory included
 
 
 def _is_plain_tensor(obj) -> bool:
@@ -107,6 +109,7 @@ def pickle_inputs(values: dict) -> Inputs:
     A failure propagates as pickling raised it, after removing any file written so far; the kernel
     names the culprits (:func:`nbtrain.launch.request.inputs.pack_inputs`).
     """
+    started = time.perf_counter()
     arena = SharedArena()
     notes: list[str] = []
     buffer = io.BytesIO()
@@ -115,7 +118,7 @@ def pickle_inputs(values: dict) -> Inputs:
     except BaseException:  # KeyboardInterrupt mid-write too: no file may outlive this
         arena.close()
         raise
-    return Inputs(buffer.getvalue(), tuple(values), arena, notes)
+    return Inputs(buffer.getvalue(), tuple(values), arena, notes, time.perf_counter() - started)
 
 
 def pickle_error(value) -> Exception | None:

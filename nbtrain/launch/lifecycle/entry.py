@@ -26,7 +26,7 @@ from dataclasses import replace
 from ...words import count
 from ..diagnostics.advisor import Hint, advise, evidence_from_history
 from ..diagnostics.profiling import format_profile
-from ..diagnostics.setup_facts import setup_words
+from ..diagnostics.setup_facts import memory_size, setup_words
 from ..observers.cost import metering_for
 from ..observers.events import FanOut, RunObserver, RunState
 from ..observers.history import RunOutcome
@@ -171,6 +171,8 @@ def format_summary(result: RunResult, hints: list[Hint] | None = None) -> list[s
     devices = sorted(set(result.devices.values()))
     where = devices[0] if len(devices) == 1 else ", ".join(devices)
     line = f"nbtrain: {count('rank', len(result.devices))} · {result.backend} · {where} · {result.seconds:.1f} s" + (" (warm)" if result.warm else "")
+    if result.shared_bytes:  # before the ranks got the job: not in their seconds, nor in the cold start's first step
+        line += f" · inputs {memory_size(result.shared_bytes)} to shared memory in {result.pack_seconds:.1f} s"
     line += "".join(f" · {word}" for word in setup_words(result.setup))  # precision, memory format, compile time
     if result.metering is not None and result.metering.price is not None:  # --price-per-gpu-hour
         line += f" · {result.metering.words(result.seconds)}"

@@ -383,7 +383,8 @@ def _bring_back(namespace: dict, run: _Run, warm: bool, seconds: float, deleted=
         moved_to_cpu=tuple(results.moved_to_cpu) if results is not None else (),
         seconds=seconds, rank_seconds={r: d.seconds for r, d in sorted(run.done.items())},
         devices=run.pool.devices, warm=warm, backend=run.pool.spec.backend, history=run.history, notes=list(run.inputs.notes),
-        profiles=run.profiles, setup=run.setup, cold_start=None if warm else _cold_start(run))
+        profiles=run.profiles, setup=run.setup, cold_start=None if warm else _cold_start(run),
+        shared_bytes=run.inputs.arena.written, pack_seconds=run.inputs.seconds)
 
 
 def _cold_start(run: _Run) -> ColdStart | None:
