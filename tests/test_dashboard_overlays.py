@@ -121,11 +121,11 @@ def test_the_picture_left_after_a_run_draws_the_earlier_runs_beside_it(monkeypat
     assert faded[0].get_linestyle() == "--" and faded[0].get_color() == theme.series_color(0)
     assert faded[0].get_label() in [text.get_text() for text in ax.get_legend().get_texts()]
 
+    shown: list = []
+    monkeypatch.setattr("IPython.display.display", lambda obj, **kw: shown.append(obj))
     pictures = []
     for compare in (3, 0):  # the picture of the same run with and without the earlier runs beside it
-        shown = []
-        monkeypatch.setattr("IPython.display.display", lambda obj, **kw: shown.append(obj))
-        board = RunDashboard(model, compare=compare)
-        board.finish()
+        shown.clear()
+        RunDashboard(model, compare=compare).finish()
         pictures.append(base64.b64decode(shown[0]._repr_mimebundle_()["image/png"]))
     assert pictures[0] != pictures[1], "the saved picture draws the earlier run the live chart drew"

@@ -67,8 +67,8 @@ def test_the_errors_name_is_said_once_wherever_it_is_shown(pools):
              "jupyter": f"{type(error).__name__}: {error}".splitlines()[0]}
     for where, line in shown.items():
         assert line.count("RankFailedError") == 1, (where, line)
-        assert line.endswith("RankFailedError: rank 0 raised ValueError: bad value") or line.endswith(
-            "RankFailedError: rank 1 raised ValueError: bad value"), (where, line)
+        assert line.endswith(("RankFailedError: rank 0 raised ValueError: bad value",
+                              "RankFailedError: rank 1 raised ValueError: bad value")), (where, line)
 
 
 def test_torchs_own_frames_are_folded_into_one_line(pools):
