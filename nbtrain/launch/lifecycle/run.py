@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from ...wire import protocol as P
-from ...wire.payload import Inputs, Results, unpack_results
+from ...wire.payload import Inputs, Results, reason, unpack_results
 from ...wire.shm import new_result_prefix, sweep_prefix
 from ...words import count
 from ..diagnostics.failures import RankFailedError, RankFailure, order_failures
@@ -325,8 +325,8 @@ def _run_and_bring_back(namespace, info, config, manager, inputs, result_prefix,
             + (f" {ended_sentence(sessions_here)}" if sessions_here else "")]
         raise exc from None
     except BaseException as exc:
-        manager.teardown(pool, grace=1.0, why=f"nbtrain failed: {exc!r}")
-        run.notify("run_finished", RunState.FAILED, f"nbtrain failed: {exc!r}")
+        manager.teardown(pool, grace=1.0, why=f"nbtrain failed: {reason(exc)}")
+        run.notify("run_finished", RunState.FAILED, f"nbtrain failed: {reason(exc)}")
         raise
     finally:
         outcome.record(run.history)  # what was logged until here, however the run ends

@@ -18,6 +18,7 @@ from enum import Enum
 
 from ...gpu.devices import GpuStatus
 from ...gpu.health import describe
+from ...wire.payload import reason
 from .cost import Metering
 
 
@@ -152,7 +153,7 @@ class FanOut(RunObserver):
                 getattr(follower, event)(*args)
             except Exception as exc:
                 self.followers.remove(follower)
-                print(f"nbtrain: {type(follower).__name__} stopped following this run ({exc!r})", file=sys.stderr)
+                print(f"nbtrain: {type(follower).__name__} stopped following this run ({reason(exc)})", file=sys.stderr)
 
 
 def _forward(event: str):
