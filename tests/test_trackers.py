@@ -110,3 +110,13 @@ def test_a_tracker_that_raises_is_detached_with_its_error_in_words(pools, capsys
     run_cell(pools, "import nbtrain\nnbtrain.log(loss=1.0)\n", observers=[Broken()])
     said = capsys.readouterr().err
     assert "nbtrain: Broken stopped following this run (OSError: [Errno 28] No space left on device)" in said, said
+
+
+def test_nbtrains_own_follower_is_named_by_what_it_does_not_its_class(pools, capsys, tmp_path):
+    from nbtrain.launch.observers.trackers import TensorBoardTracker
+
+    (tmp_path / "board").write_text("a file where the writer makes its folder")
+    run_cell(pools, "import nbtrain\nnbtrain.log(loss=1.0)\n", observers=[TensorBoardTracker(str(tmp_path / "board"))])
+    said = capsys.readouterr().err
+    assert "nbtrain: the TensorBoard writer (--tensorboard) stopped following this run (FileExistsError: " in said, said
+    assert "TensorBoardTracker" not in said, said

@@ -82,6 +82,8 @@ class _Meter(RunObserver):
     """What the run holds, as its last :class:`~.observer.RunInfo` said (an elastic group's size, the nodes' cores
     are known once the ranks start); until then, as the pool spec says."""
 
+    _shown_as = "the cost meter (--price-per-gpu-hour)"
+
     def __init__(self, config) -> None:
         self.metering = metering_for(config.pool, (), config.price_per_hour)
 
