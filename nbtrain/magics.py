@@ -116,7 +116,7 @@ def _unknown_options(message: str) -> list[str]:
 
 def unknown_option_message(word: str, known: list[str], magic: str) -> str:
     """``unknown option --chekpoint; did you mean --checkpoint?``, or where the options are listed."""
-    close = difflib.get_close_matches(word, known, n=1, cutoff=0.6)
+    close = difflib.get_close_matches(word, known, n=1, cutoff=0.8)  # a typo (0.83 and up), not another word
     if close:
         return f"unknown option {word}; did you mean {close[0]}?"
     return f"unknown option {word}; `{magic}?` lists the options this magic takes."
