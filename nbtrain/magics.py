@@ -13,12 +13,14 @@ dataclasses by field name, so adding an option means adding one field.
 
 from __future__ import annotations
 
+import difflib
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from . import dashboard
 from .cluster import Cluster
@@ -30,6 +32,8 @@ from .launch.observers.history import RunOutcome
 from .launch.observers.registry import RunRegistry
 from .launch.request.config import LaunchRequest
 from .launch.request.hosts import parse_hosts, parse_remote_python, parse_slurm, parse_ssh_options
+from .words import count
+from .wire.agent_options import check_url
 from .wire.options import OptionEnvError, from_arguments, option, options_of, with_env_fallbacks
 
 
@@ -56,7 +60,7 @@ class NodesCommand:
                           "nodes stay)", group="nodes", switch=True)
 
 
-NODE_OPTIONS = ("rdzv_host", "hosts", "ssh_option", "remote_python", "slurm", "nodes")  # LaunchRequest's, on %distributed_nodes too
+NODE_OPTIONS = ("rdzv_host", "hosts", "ssh_option", "remote_python", "slurm", "nodes", "preemption_url")  # LaunchRequest's, on %distributed_nodes too
 
 
 def option_group(cls, group: str | None = None, names: tuple[str, ...] = ()):
@@ -86,6 +90,36 @@ tracking_args = option_group(LaunchRequest, "tracking")
 speed_args = option_group(LaunchRequest, "speed")
 node_args = option_group(LaunchRequest, names=NODE_OPTIONS)
 nodes_command_args = option_group(NodesCommand, "nodes")
+
+
+def parse_argstring(magic, line: str, name: str | None = None):
+    """The magic's arguments from ``line``, as IPython parses them; an unknown option is named with the closest
+    known one (``--chekpoint`` → ``--checkpoint``), a UsageError before anything starts. ``name``: the magic as
+    the user types it (``%%distributed``; default: the parser's ``%name``)."""
+    try:
+        return magic.parser.parse_argstring(line)
+    except UsageError as exc:
+        unknown = _unknown_options(str(exc))
+        if not unknown:
+            raise
+        known = [flag for action in magic.parser._actions for flag in action.option_strings]
+        raise UsageError(unknown_option_message(unknown[0], known, name or magic.parser.prog)) from None
+
+
+def _unknown_options(message: str) -> list[str]:
+    """The words that look like options in argparse's "unrecognized arguments: ..." message."""
+    if not message.startswith("unrecognized arguments:"):
+        return []
+    words = message.split(":", 1)[1].split()
+    return [word.split("=", 1)[0] for word in words if re.match(r"--?[A-Za-z]", word)]
+
+
+def unknown_option_message(word: str, known: list[str], magic: str) -> str:
+    """``unknown option --chekpoint; did you mean --checkpoint?``, or where the options are listed."""
+    close = difflib.get_close_matches(word, known, n=1, cutoff=0.8)  # a typo (0.83 and up), not another word
+    if close:
+        return f"unknown option {word}; did you mean {close[0]}?"
+    return f"unknown option {word}; `{magic}?` lists the options this magic takes."
 
 
 def node_options(args) -> LaunchRequest:
@@ -150,7 +184,7 @@ class DistributedMagics(Magics):
             %%distributed 4 --compile --no-channels-last
             %%distributed 2 --session s1 --out -   # variables stay on the ranks for the next s1 cell
         """
-        args = parse_argstring(self.distributed, line)
+        args = parse_argstring(self.distributed, line, "%%distributed")
         return distributed_cell(self.shell, cell, from_arguments(LaunchRequest, args),
                                 from_arguments(CellDisplay, args), self.pools, self.observers())
 
@@ -217,8 +251,8 @@ class DistributedMagics(Magics):
             raise UsageError(f"--emulate {command.emulate}: give a number of nodes, 1 or more")
         try:
             if command.emulate and nodes.rdzv_host:
-                started = self.cluster.emulate(nodes.rdzv_host, command.emulate)
-                print(f"nbtrain: started {len(started)} emulated node agents on {', '.join(started)}; "
+                started = self.cluster.emulate(nodes.rdzv_host, command.emulate, _preemption_url(nodes))
+                print(f"nbtrain: started {count('emulated node agent', len(started))} on {', '.join(started)}; "
                       "they join in a few seconds")
             elif nodes.rdzv_host:
                 self.cluster.hub(nodes.rdzv_host)
@@ -235,7 +269,7 @@ class DistributedMagics(Magics):
             hosts = parse_hosts(nodes.hosts or "")
             options = parse_ssh_options(nodes.ssh_option)
             python = parse_remote_python(nodes.remote_python)
-            started = self.cluster.start_hosts(nodes.rdzv_host, hosts, options, python)
+            started = self.cluster.start_hosts(nodes.rdzv_host, hosts, options, python, _preemption_url(nodes))
         except (ValueError, OSError) as exc:
             raise UsageError(str(exc)) from None
         if started:
@@ -254,7 +288,7 @@ class DistributedMagics(Magics):
             words = parse_slurm(nodes.slurm or "")
             python = parse_remote_python(nodes.remote_python)
             print(self.cluster.start_slurm(nodes.rdzv_host, max(low, high), words, python,
-                                           min(low, high) if low != high else 0))
+                                           min(low, high) if low != high else 0, _preemption_url(nodes)))
         except (ValueError, OSError) as exc:
             raise UsageError(str(exc)) from None
         print("\n".join(self.cluster.describe()))
@@ -266,7 +300,7 @@ class DistributedMagics(Magics):
 
     @magic_arguments()
     @argument("session", help="the session's name")
-    @argument("names", nargs="+", help="names the session holds on rank 0")
+    @argument("names", nargs="*", help="names the session holds on rank 0")
     @line_magic
     def distributed_pull(self, line):
         """Bring names a session holds on rank 0 into the notebook: ``%distributed_pull s1 model opt``."""
@@ -289,6 +323,11 @@ class DistributedMagics(Magics):
         except UserInputError as exc:
             raise UsageError(str(exc)) from None
         print(f"nbtrain: session {args.session!r} ended.")
+
+
+def _preemption_url(nodes: LaunchRequest) -> str:
+    """``--preemption-url`` of ``%distributed_nodes``, checked (a ValueError says what it takes)."""
+    return check_url(nodes.preemption_url) if nodes.preemption_url else ""
 
 
 def distributed_cell(shell, cell: str, request: LaunchRequest, display: CellDisplay, pools: PoolManager,

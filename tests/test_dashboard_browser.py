@@ -142,6 +142,8 @@ def test_gpus_shows_the_machines_load_over_time_then_leaves_a_table(tmp_path):
         sync_api.expect(chart.locator(".nbt-chart-controls")).to_be_hidden()  # no curves in %gpus: no curve controls
         page.wait_for_function("el => Number(el.dataset.loadPoints) >= 4", arg=chart.element_handle(), timeout=15_000)
         assert "CPU (machine)" in chart.locator(".nbt-load-busy .u-legend").inner_text()
+        memory_legend = chart.locator(".nbt-load-memory .u-legend").inner_text()
+        assert "RAM (machine)" in memory_legend and "CPU (machine)" not in memory_legend, memory_legend
         sync_api.expect(output).to_contain_text("%gpus: stopped at", timeout=30_000)  # --for 6: a table stays
         sync_api.expect(output.locator(".nbt-chart")).to_have_count(0)
 

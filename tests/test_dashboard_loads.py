@@ -96,15 +96,18 @@ def test_the_final_picture_draws_the_load_as_the_live_panels_do():
     figure = final_figure(MetricStore(), telemetry, "run")
     busy_ax, memory_ax = figure.axes
     assert (busy_ax.get_title(), memory_ax.get_title()) == tuple(live["titles"]) == CPU_TITLES
-    for ax, column in ((busy_ax, "busy"), (memory_ax, "memory")):
+    memory_names = [live["memory_labels"].get(device, device) for device in live["devices"]]
+    assert memory_names == ["rank 0", "rank 1", "RAM (machine)"], "the machine's line in the RAM panel is its RAM"
+    for ax, column, names in ((busy_ax, "busy", live["devices"]), (memory_ax, "memory", memory_names)):
         assert ax.get_legend() is not None, f"the {column} panel has a legend"
         lines = ax.get_lines()
-        assert [line.get_label() for line in lines] == live["devices"], "the same devices, in the same order"
-        for line in lines:
-            style = live["styles"][line.get_label()]
+        assert [line.get_label() for line in lines] == names, "the same devices, in the same order"
+        assert [text.get_text() for text in ax.get_legend().get_texts()] == names
+        for line, device in zip(lines, live["devices"], strict=True):
+            style = live["styles"][device]
             assert matplotlib_colors.to_hex(line.get_color()) == style["color"]
             assert (line.get_linestyle() == "-") == (not style["dash"]), "dashed where the live line is dashed"
-            assert list(line.get_ydata()) == unpack(live[column][line.get_label()]), "the same values"
+            assert list(line.get_ydata()) == unpack(live[column][device]), "the same values"
     colors = {style["color"] for style in live["styles"].values()}
     assert len(colors) == len(live["devices"]), "every device its own colour"
     ranks = [live["styles"][f"rank {r}"] for r in (0, 1)]

@@ -41,8 +41,8 @@ def history(*values: float) -> History:
 def test_the_log_keeps_the_series_of_its_last_runs_that_logged_anything():
     log = RunLog()
     for number in range(KEEP_SERIES + 2):
-        log.add(f"x = {number}\n", "", 0.0, 2, history(float(number)), "finished", None)
-    log.add("pass\n", "", 0.0, 2, History(), "finished", None)  # nothing logged: nothing to compare with
+        log.add(f"x = {number}\n", "", 0.0, 1.0, 2, history(float(number)), "finished", None)
+    log.add("pass\n", "", 0.0, 1.0, 2, History(), "finished", None)  # nothing logged: nothing to compare with
     earlier = log.earlier("x = 11\n", "--fresh", count=3)
     assert [run.number for run in earlier] == [10, 11, 12]
     assert [run.label for run in earlier] == ["no --fresh · cell line 2: x = 9", "no --fresh · cell line 2: x = 10",
@@ -97,3 +97,35 @@ def test_how_many_runs_are_compared_is_a_setting():
             configure(compare=11)
     finally:
         configure(compare=3)
+
+
+def test_the_picture_left_after_a_run_draws_the_earlier_runs_beside_it(monkeypatch):
+    """The live chart draws the kernel's earlier runs faded and dashed beside this one; so does the PNG that
+    replaces it in the notebook, each labelled as in the live legend."""
+    import base64
+
+    from nbtrain.dashboard import theme
+    from nbtrain.dashboard.final import final_figure
+    from nbtrain.dashboard.model import RunModel
+    from nbtrain.dashboard.widget import RunDashboard
+
+    log = RunLog()
+    log.add("lr = 0.1\n", "--amp bf16", 0.0, 1.0, 2, history(*(1.0 / (s + 2) for s in range(20))), "finished", None)
+    model = RunModel()
+    model.set_earlier(log.earlier("lr = 0.2\n", ""))
+    model.add_metrics(0, [(s, 100.0 + s, {"loss": 1.0 / (s + 1)}) for s in range(20)])
+    model.finish("finished", "2 ranks finished")
+    ax = final_figure(model.store, model.telemetry, "run", 0.6, model.earlier).axes[0]
+    faded = [line for line in ax.get_lines() if line.get_alpha() == theme.OVERLAY_ALPHA]
+    assert [line.get_label() for line in faded] == ["loss · run 1: --amp bf16 · cell line 2: lr = 0.1"]
+    assert faded[0].get_linestyle() == "--" and faded[0].get_color() == theme.series_color(0)
+    assert faded[0].get_label() in [text.get_text() for text in ax.get_legend().get_texts()]
+
+    shown: list = []
+    monkeypatch.setattr("IPython.display.display", lambda obj, **kw: shown.append(obj))
+    pictures = []
+    for compare in (3, 0):  # the picture of the same run with and without the earlier runs beside it
+        shown.clear()
+        RunDashboard(model, compare=compare).finish()
+        pictures.append(base64.b64decode(shown[0]._repr_mimebundle_()["image/png"]))
+    assert pictures[0] != pictures[1], "the saved picture draws the earlier run the live chart drew"

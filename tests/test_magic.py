@@ -25,7 +25,7 @@ def test_help_shows_options_and_examples(shell):
     ("2 --gpus x", "GPU numbers separated by commas"),
     ("2 --timeout -1", "positive number of seconds"),
     ("2 --out 1bad", "is not one"),
-    ("2 --cpu --bogus", "unrecognized arguments"),
+    ("2 --cpu --bogus", r"unknown option --bogus; `%%distributed\?` lists the options"),
 ])
 def test_bad_options_are_usage_errors_before_any_process(shell, line, message):
     before = {p.pid for p in nbtrain_workers()}

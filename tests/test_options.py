@@ -198,3 +198,20 @@ def test_distributed_nodes_shares_the_cells_node_options_and_their_variables(she
     assert (given.ssh_option, given.remote_python) == (("Port=22",), "py")
     with pytest.raises(UsageError, match="--hosts needs --rdzv-host"):
         shell.run_line_magic("distributed_nodes", "--hosts a,b")
+
+
+@pytest.mark.parametrize("line, message", [
+    ("2 --chekpoint x", "unknown option --chekpoint; did you mean --checkpoint?"),
+    ("2 --cpu --keepalive=5", "unknown option --keepalive; did you mean --keep-alive?"),
+    ("2 --zzz", "unknown option --zzz; `%%distributed?` lists the options this magic takes."),
+])
+def test_a_mistyped_option_names_the_closest_one_before_any_process(shell, line, message):
+    before = {p.pid for p in nbtrain_workers()}
+    with pytest.raises(UsageError, match=re.escape(message)):
+        shell.run_cell_magic("distributed", line, "x = 1\n")
+    assert {p.pid for p in nbtrain_workers()} == before
+
+
+def test_a_mistyped_option_of_a_line_magic_names_the_closest_one(shell):
+    with pytest.raises(UsageError, match=re.escape("unknown option --emulte; did you mean --emulate?")):
+        shell.run_line_magic("distributed_nodes", "--rdzv-host 127.0.0.1 --emulte 1")

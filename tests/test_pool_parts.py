@@ -48,7 +48,7 @@ def test_an_error_with_a_message_comes_before_a_bare_exit_and_otherwise_the_firs
     error = RankFailedError(_arrived(rank_failure(1, _error("DistBackendError", "broken pipe")),
                                      rank_failure(0, _error("ValueError", "bad"))),
                             cell_filename="<cell>", cell_source="", line_offset=0)
-    assert error.rank == 0 and str(error).startswith("RankFailedError: rank 0 raised ValueError: bad")
+    assert error.rank == 0 and str(error).startswith("rank 0 raised ValueError: bad")
 
 
 def test_a_failure_is_built_from_an_exit_code_or_a_reported_exception():

@@ -162,3 +162,32 @@ def test_preempt_a_notice_url_answering_junk_is_said_once_in_the_cell_and_on_the
             assert f.read().count("cannot read the preemption notice URL") == 1
     finally:
         server.close()
+
+
+def test_the_notebooks_preemption_url_reaches_the_agents_it_starts(shell, monkeypatch):
+    """``--preemption-url`` on %distributed_nodes (or a --nodes cell): the emulated agent polls it, with no
+    variable of its own; a URL that is not one is a UsageError before any agent starts."""
+    from IPython.core.error import UsageError
+
+    monkeypatch.delenv("NBTRAIN_PREEMPTION_URL", raising=False)
+    monkeypatch.setenv("NBTRAIN_PREEMPTION_POLL_S", "0.1")  # the agents inherit it: a quick first poll
+    with pytest.raises(UsageError, match="--preemption-url takes the cloud's metadata URL"):
+        shell.run_line_magic("distributed_nodes", "--rdzv-host 127.0.0.1 --emulate 1 --preemption-url ftp://x")
+    cluster = shell.magics_manager.registry["DistributedMagics"].cluster
+    assert cluster.emulated.running() == [], "nothing was started"
+    server = MetadataServer("AWS")
+    try:
+        shell.run_line_magic("distributed_nodes", f"--rdzv-host 127.0.0.1 --emulate 1 --preemption-url {server.url}")
+        until(lambda: server.reads > 0, 60, "the emulated agent never polled the URL given in the notebook")
+    finally:
+        shell.run_line_magic("distributed_shutdown", "")
+        server.close()
+
+
+def test_a_cells_preemption_url_is_checked_with_its_other_options(tmp_path):
+    from nbtrain.launch.request.config import ConfigError, resolve
+
+    with pytest.raises(ConfigError, match="--preemption-url takes the cloud's metadata URL"):
+        resolve(_request(tmp_path, "2", preemption_url="169.254.169.254/latest"))
+    spec = resolve(_request(tmp_path, "2", preemption_url="http://169.254.169.254/latest/meta-data/spot/instance-action")).pool
+    assert spec.preemption_url == "http://169.254.169.254/latest/meta-data/spot/instance-action"

@@ -25,7 +25,7 @@ def test_each_run_is_a_row_with_its_options_state_and_series(pools, tmp_path):
         run_cell(pools, "raise ValueError('boom')\n")
     rows = pools.runs.table().to_dicts()[-3:]
     first, second, failed = rows
-    assert first["cell"] == "import nbtrain" and first["state"] == "finished" and first["world_size"] == 2
+    assert first["cell"] == "for step in range(5):" and first["state"] == "finished" and first["world_size"] == 2
     assert first["steps"] == 4 and first["loss final"] == pytest.approx(0.2) and first["loss best"] == pytest.approx(0.2)
     assert first["accuracy best"] == pytest.approx(0.4)  # accuracy-like: the largest is best
     assert "--grad-accum 2" in second["options"] and f"--checkpoint {tmp_path / 'ckpt'}" in second["options"]
@@ -49,3 +49,38 @@ def test_a_mistake_before_anything_starts_is_no_run():
     with pytest.raises(ConfigError):
         run_source("x = 1", LaunchRequest(nprocs=2, cpu=True, grad_accum=0), {}, manager=manager)
     assert len(manager.runs.table()) == 0 and "no %%distributed run" in str(RunLog().table())
+
+
+def test_a_row_names_its_cell_past_the_imports_and_says_the_summarys_seconds_and_cost(pools):
+    import numpy as np
+
+    from nbtrain.launch.lifecycle.entry import format_summary
+
+    source = """
+        import time
+        from os import (
+            path,
+        )
+        # lr sweep, second try
+        time.sleep(0.3)
+        total = float(data.sum())
+        """
+    _, result = run_cell(pools, source, {"data": np.ones(2**24)}, price_per_gpu_hour=3600.0, out="total")
+    row = pools.runs.table().to_dicts()[-1]
+    assert row["cell"] == "# lr sweep, second try"
+    summary = format_summary(result)[0]
+    assert f"· {result.seconds:.1f} s" in summary and result.metering.words(result.seconds) in summary
+    assert row["seconds"] == result.seconds  # the inputs' packing and the cell's checks count in neither or both
+    assert row["core_hours"] == result.metering.hours(result.seconds) and row["cost"] == result.metering.cost(
+        result.seconds)
+
+
+@pytest.mark.parametrize("cell, shown", [
+    ("import torch\nimport nbtrain\nmodel = torch.nn.Linear(2, 2)\n", "model = torch.nn.Linear(2, 2)"),
+    ("\nimport os\n", "import os"),  # nothing but imports: its first line
+    ("%time x = 1\n", "%time x = 1"),  # not plain Python: its first line
+])
+def test_a_cells_title_is_its_first_line_past_the_imports(cell, shown):
+    from nbtrain.launch.observers.runlog import title
+
+    assert title(cell) == shown

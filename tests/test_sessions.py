@@ -145,3 +145,20 @@ def test_a_session_needs_a_manager_kept_between_calls():
     with pytest.raises(ConfigError, match="pass the same manager="):
         run_source("x = 1", LaunchRequest(nprocs=2, cpu=True, session="s1"), {})
     assert not PoolManager().sessions.live
+
+
+def test_a_pull_without_names_says_what_the_sessions_hold(shell):
+    from IPython.core.error import UsageError
+
+    shell.run_cell("%%distributed 2 --cpu --no-dashboard --session s9 --out -\nnet = 3\nsteps = 10").raise_error()
+    try:
+        with pytest.raises(UsageError, match=re.escape("takes the session first: %distributed_pull s9 net")):
+            shell.run_line_magic("distributed_pull", "net")
+        with pytest.raises(UsageError, match=re.escape("Say which names of session 's9' to bring back: "
+                                                       "%distributed_pull s9 NAME …; it holds: net, steps.")):
+            shell.run_line_magic("distributed_pull", "s9")
+        with pytest.raises(UsageError, match=re.escape("'model' is neither a session nor a name one holds. "
+                                                       "Sessions: s9 holds net, steps.")):
+            shell.run_line_magic("distributed_pull", "model")
+    finally:
+        shell.run_line_magic("distributed_close", "s9")

@@ -195,3 +195,34 @@ def test_a_result_that_cannot_be_pickled_is_skipped_and_the_others_files_are_rem
         lock = threading.Lock()
     """, out="big2,lock")
     assert "lock" in result.skipped and torch.equal(ns["big2"], torch.ones(4_000_000))
+
+
+RESIDENT = """
+shape = data.shape  # the cell reads data (so it is sent), but none of its bytes
+resident = {}  # the KiB in this rank's page tables now (Rss in /proc/self/smaps) of each input file's mapping
+with open("/proc/self/smaps") as smaps:
+    name = None
+    for line in smaps:
+        head = line.split()
+        if not head[0].endswith(":"):  # a mapping's first line: its file, if any (removed once every rank loaded)
+            name = head[5] if len(head) > 5 and "/nbtrain-" in head[5] else None
+        elif name and head[0] == "Rss:":
+            resident[name] = int(head[1])
+"""
+
+
+def test_a_rank_has_its_inputs_pages_before_the_cell_runs(pools):
+    """The inputs' transfer into a rank is paid while the job's names arrive: the cell's first step (and its
+    share in the cold start's split) does not fault in the shared-memory pages."""
+    data = torch.ones(2**22)  # 16 MiB: a file in /dev/shm of its own
+    ns, _ = run_cell(pools, RESIDENT, {"data": data}, out="resident")
+    assert ns["resident"], "the input was mapped from a shared-memory file"
+    assert max(ns["resident"].values()) >= data.numel() * data.element_size() // 1024, ns["resident"]
+
+
+def test_the_summary_says_what_the_inputs_cost_before_the_ranks_started(pools):
+    from nbtrain.launch.lifecycle.entry import format_summary
+
+    _, result = run_cell(pools, "total = float(data.sum())\n", {"data": torch.ones(2**23)})  # 32 MiB
+    line = format_summary(result)[0]
+    assert result.shared_bytes == 2**25 and f" · inputs 32 MiB to shared memory in {result.pack_seconds:.1f} s" in line

@@ -100,3 +100,24 @@ def test_a_run_restarted_from_its_checkpoint_is_one_tensorboard_run(fresh_pools,
              tensorboard=str(tmp_path / "tb"))
     for rank in (0, 1):
         assert [step for step, _ in scalars(str(tmp_path / "tb" / f"rank{rank}"))["loss"]] == list(range(12))
+
+
+class Broken(nbtrain.Tracker):
+    def metrics(self, rank, records):
+        raise OSError(28, "No space left on device")
+
+
+def test_a_tracker_that_raises_is_detached_with_its_error_in_words(pools, capsys):
+    run_cell(pools, "import nbtrain\nnbtrain.log(loss=1.0)\n", observers=[Broken()])
+    said = capsys.readouterr().err
+    assert "nbtrain: Broken stopped following this run (OSError: [Errno 28] No space left on device)" in said, said
+
+
+def test_nbtrains_own_follower_is_named_by_what_it_does_not_its_class(pools, capsys, tmp_path):
+    from nbtrain.launch.observers.trackers import TensorBoardTracker
+
+    (tmp_path / "board").write_text("a file where the writer makes its folder")
+    run_cell(pools, "import nbtrain\nnbtrain.log(loss=1.0)\n", observers=[TensorBoardTracker(str(tmp_path / "board"))])
+    said = capsys.readouterr().err
+    assert "nbtrain: the TensorBoard writer (--tensorboard) stopped following this run (FileExistsError: " in said, said
+    assert "TensorBoardTracker" not in said, said

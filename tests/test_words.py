@@ -17,7 +17,8 @@ def test_count_agrees_with_the_number():
 
 def test_no_text_puts_a_bare_plural_after_a_number():
     """A number formatted straight before a plural noun ("{n} ranks") says "1 ranks" when n is 1."""
-    pattern = re.compile(r"(\}|\$\{[^}]*\}) (ranks|cores|GPUs|restarts|monitors|names|steps)\b(?!/)")
+    pattern = re.compile(r"(\}|\$\{[^}]*\}) ((other|more|emulated|joined|idle|node) )*"
+                         r"(ranks|cores|GPUs|restarts|monitors|names|steps|nodes|agents)\b(?!/)")
     sources = [*ROOT.joinpath("nbtrain").rglob("*.py"), *ROOT.joinpath("labextension", "src").rglob("*.ts")]
     offenders = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
                  for path in sources for number, line in enumerate(path.read_text().splitlines(), 1)

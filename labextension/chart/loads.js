@@ -15,7 +15,7 @@ export const MAX_POINTS = 3600;
 /** One update of the ``load`` trait: the new samples only, a column per device and key.
  * @typedef {{t: import("./data.js").WireColumn, devices: string[], titles: string[],
  *            busy: Record<string, import("./data.js").WireColumn>, memory: Record<string, import("./data.js").WireColumn>,
- *            styles: Record<string, DeviceStyle>}} LoadUpdate */
+ *            styles: Record<string, DeviceStyle>, memory_labels?: Record<string, string>}} LoadUpdate */
 
 /** Every other value, from the first: half the resolution, the same shape.
  * @template T @param {T[]} values @returns {T[]} */
@@ -45,6 +45,8 @@ export class LoadPanels {
     this.titles = null;
     /** @type {Record<string, DeviceStyle>} */
     this.styles = {};
+    /** @type {Record<string, string>} the memory panel's name of a device where it differs ("RAM (machine)") */
+    this.memoryLabels = {};
     /** @type {uPlot[]} */
     this.plots = [];
     this.zoomed = false;
@@ -79,6 +81,7 @@ export class LoadPanels {
     this.devices = devices;
     this.titles = load.titles;
     Object.assign(this.styles, load.styles);
+    Object.assign(this.memoryLabels, load.memory_labels || {});
     if (rebuild) this.build();
     else this.draw();
   }
@@ -98,7 +101,8 @@ export class LoadPanels {
       const series = [{ label: "seconds", value: (u, v) => (v == null ? "–" : v.toFixed(0) + " s") }];
       for (const device of this.devices) {
         const style = this.styles[device];
-        series.push({ label: device, stroke: style.color, width: style.width, dash: style.dash, spanGaps: false,
+        const label = key === "memory" ? this.memoryLabels[device] || device : device;
+        series.push({ label, stroke: style.color, width: style.width, dash: style.dash, spanGaps: false,
                       value: percentText });
       }
       const cell = document.createElement("div");

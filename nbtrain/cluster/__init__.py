@@ -60,12 +60,14 @@ class Cluster:
             return WorkerPool(spec)
         return NodePool(spec, self.hub(spec.rdzv_host), ssh=self.ssh, slurm=self.slurm)
 
-    def start_hosts(self, host: str, hosts: tuple[str, ...], options=(), python: str = "") -> list[str]:
+    def start_hosts(self, host: str, hosts: tuple[str, ...], options=(), python: str = "",
+                    preemption_url: str = "") -> list[str]:
         """Listen on ``host`` and start a node agent on each of ``hosts`` over ssh (those without one running)."""
         hub = self.hub(host)
-        return self.ssh.start(hosts, f"{hub.host}:{hub.port}", hub.valid_token(), options, python)
+        return self.ssh.start(hosts, f"{hub.host}:{hub.port}", hub.valid_token(), options, python, preemption_url)
 
-    def start_slurm(self, host: str, nodes: int, args: tuple[str, ...], python: str = "", min_nodes: int = 0) -> str:
+    def start_slurm(self, host: str, nodes: int, args: tuple[str, ...], python: str = "", min_nodes: int = 0,
+                    preemption_url: str = "") -> str:
         """Listen on ``host`` and start ``nodes`` agents (MIN to ``nodes`` with ``min_nodes``) as a Slurm job,
         unless this kernel's job runs or waits."""
         hub = self.hub(host)
@@ -73,13 +75,13 @@ class Cluster:
             return f"nbtrain: Slurm job {self.slurm.job_id} runs the node agents already"
         hub.valid_token()
         return self.slurm.start(nodes, min_nodes, f"{hub.host}:{hub.port}", hub.token_file.path, args, python,
-                                bool(loopback(hub.host)))
+                                bool(loopback(hub.host)), preemption_url)
 
-    def emulate(self, host: str, count: int) -> list[str]:
+    def emulate(self, host: str, count: int, preemption_url: str = "") -> list[str]:
         """Listen on ``host`` (loopback) and start ``count`` node agents on this machine; their addresses."""
         check_loopback(host)
         hub = self.hub(host)
-        return self.emulated.start(f"{hub.host}:{hub.port}", hub.valid_token(), count)
+        return self.emulated.start(f"{hub.host}:{hub.port}", hub.valid_token(), count, preemption_url)
 
     def describe(self) -> list[str]:
         hub = self._hub

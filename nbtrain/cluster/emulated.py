@@ -48,8 +48,9 @@ class EmulatedNodes:
     def running(self) -> list[str]:
         return [address for address, agent, _ in self.agents if agent.poll() is None]
 
-    def start(self, join: str, token: str, count: int) -> list[str]:
-        """Start ``count`` more agents that join ``join`` (HOST:PORT) with ``token``, given on their stdin."""
+    def start(self, join: str, token: str, count: int, preemption_url: str = "") -> list[str]:
+        """Start ``count`` more agents that join ``join`` (HOST:PORT) with ``token``, given on their stdin (polling
+        ``preemption_url``, given)."""
         self.reap()
         self._logs = self._logs or tempfile.mkdtemp(prefix=f"nbtrain-emulated-{os.getpid()}-")
         started = []
@@ -58,7 +59,9 @@ class EmulatedNodes:
             log = os.path.join(self._logs, f"node-{address}.log")
             with open(log, "wb") as out:
                 agent = subprocess.Popen([sys.executable, "-m", "nbtrain.node", "--join", join, "--token", "-",
-                                          "--address", address], stdout=out, stderr=subprocess.STDOUT,
+                                          "--address", address,
+                                          *(["--preemption-url", preemption_url] if preemption_url else [])],
+                                         stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.PIPE)
             assert agent.stdin is not None
             with contextlib.suppress(OSError):  # an agent that died at once: failures() quotes its log

@@ -51,6 +51,7 @@ from ..launch.ranks.rankgroup import GroupState
 from ..launch.request.config import PoolSpec
 from ..wire import nodes as N
 from ..wire import protocol as P
+from ..words import count
 from .elastic import Formation
 from .hub import LOST_AFTER_S, Hub, NodeConn
 from .slurm import SlurmNodes
@@ -104,13 +105,13 @@ class NodePool(GroupState):
         if spec.hosts and self.ssh is not None:  # first: the agents start while this kernel imports torch
             if len(self.hub.idle_nodes()) < spec.nodes:
                 started = self.ssh.start(spec.hosts, f"{self.hub.host}:{self.hub.port}", self.hub.valid_token(),
-                                         spec.ssh_options, spec.remote_python)
+                                         spec.ssh_options, spec.remote_python, spec.preemption_url)
                 if started:
                     self._say(f"nbtrain: starting node agents over ssh on {', '.join(started)}")
         elif self.slurm is not None:
             self._start_slurm()
         elif len(self.hub.idle_nodes()) < spec.nodes and self.hub.announce():
-            self._say(f"nbtrain: waiting for {self._wanted()} nodes; on each node run:\n  {self.hub.join_command()}\n"
+            self._say(f"nbtrain: waiting for {self._wanted()}; on each node run:\n  {self.hub.join_command()}\n"
                       f"{self.hub.join_help()}")
         self._store = StoreHost(spec.rdzv_host, zygote)
         self._start_if_joined()
@@ -126,11 +127,12 @@ class NodePool(GroupState):
             return
         hub.valid_token()  # the file the agents read holds a live token
         self._say(self.slurm.start(spec.nodes, spec.min_nodes, f"{hub.host}:{hub.port}", hub.token_file.path,
-                                   spec.slurm, spec.remote_python, bool(loopback(hub.host))))
+                                   spec.slurm, spec.remote_python, bool(loopback(hub.host)), spec.preemption_url))
 
     def _wanted(self) -> str:
+        """``2 nodes``, ``1 node``, ``2 to 4 nodes`` (elastic)."""
         spec = self.spec
-        return f"{spec.min_nodes} to {spec.nodes}" if spec.min_nodes else str(spec.nodes)
+        return f"{spec.min_nodes} to {count('node', spec.nodes)}" if spec.min_nodes else count("node", spec.nodes)
 
     def _start_if_joined(self) -> None:
         if self._started:
@@ -180,7 +182,7 @@ class NodePool(GroupState):
         if self.spec.min_nodes and len(joined) >= self.spec.min_nodes:
             return ""  # elastic, enough there: the group forms after the last call, no node is missing
         have = ", ".join(f"{n.name} from {n.address}" for n in joined) or "none"
-        return f"{len(joined)} of {self._wanted()} nodes joined ({have})"
+        return f"{len(joined)} of {self._wanted()} joined ({have})"
 
     # --------------------------------------------------------------------------------- state
     def alive(self) -> bool:

@@ -60,10 +60,11 @@ def log_dir() -> str:
     return os.path.expanduser(os.environ.get("NBTRAIN_LOG_DIR") or os.path.join("~", ".cache", "nbtrain", "logs"))
 
 
-def agent_command(join: str, token_file: str, python: str, loopback: bool) -> str:
+def agent_command(join: str, token_file: str, python: str, loopback: bool, preemption_url: str = "") -> str:
     """The shell command each task runs: the agent, its token read from the 0600 file."""
     address = "127.0.0.$((2 + SLURM_PROCID))" if loopback else ""
-    return remote_command(join, address, python, token=f"--token-file {shlex.quote(token_file)}")
+    return remote_command(join, address, python, token=f"--token-file {shlex.quote(token_file)}",
+                          preemption_url=preemption_url)
 
 
 def placement(nodes: int, min_nodes: int, loopback: bool) -> list[str]:
@@ -171,11 +172,11 @@ class SlurmNodes:
         return bool(self.job_id) and (self._ask(force=True) or JobState("")).active
 
     def start(self, nodes: int, min_nodes: int, join: str, token_file: str, args: tuple[str, ...], python: str,
-              loopback: bool) -> str:
+              loopback: bool, preemption_url: str = "") -> str:
         """Submit the agents (inside an allocation: run their step); what to tell the user. :class:`SlurmError`
         with Slurm's words if it refuses."""
         os.makedirs(log_dir(), mode=0o700, exist_ok=True)
-        command = agent_command(join, token_file, python, loopback)
+        command = agent_command(join, token_file, python, loopback, preemption_url)
         self.state, self._said = None, ""
         allocation = in_allocation()
         if allocation:

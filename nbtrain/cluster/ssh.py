@@ -33,10 +33,11 @@ EXIT_WAIT_S = 10.0
 CONNECT_TIMEOUT_S = 10  # ssh's ConnectTimeout: an unreachable host is said within this
 
 
-def remote_command(join: str, address: str, python: str, token: str = "--token -") -> str:
+def remote_command(join: str, address: str, python: str, token: str = "--token -", preemption_url: str = "") -> str:
     """The shell command ssh runs on the host: pick Python, read the token from stdin (or as ``token`` says: a
-    Slurm task names the 0600 file), exec the agent."""
+    Slurm task names the 0600 file), exec the agent (polling ``preemption_url``, given)."""
     agent = f"-m nbtrain.node --join {shlex.quote(join)} {token}" + (f" --address {address}" if address else "")
+    agent += f" --preemption-url {shlex.quote(preemption_url)}" if preemption_url else ""
     if python:  # the user's own shell words, for their own host: such as `env PYTHONPATH=… /opt/py/bin/python`
         return f"exec {python} {agent}"
     here = shlex.quote(sys.executable)
@@ -72,7 +73,7 @@ class SshNodes:
     def running(self) -> list[str]:
         return [host for host, s in self.sessions.items() if s.process.poll() is None]
 
-    def start(self, hosts, join: str, token: str, options=(), python: str = "") -> list[str]:
+    def start(self, hosts, join: str, token: str, options=(), python: str = "", preemption_url: str = "") -> list[str]:
         """Start an agent on each host that has none running; the hosts started."""
         self._logs = self._logs or tempfile.mkdtemp(prefix=f"nbtrain-ssh-{os.getpid()}-")
         started = []
@@ -82,7 +83,7 @@ class SshNodes:
             log = os.path.join(self._logs, f"{host}.log")
             argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
                     "-o", "ServerAliveInterval=5", *[a for o in options for a in ("-o", o)],
-                    host, remote_command(join, loopback(host), python)]
+                    host, remote_command(join, loopback(host), python, preemption_url=preemption_url)]
             with open(log, "wb") as out:
                 process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT)
             assert process.stdin is not None

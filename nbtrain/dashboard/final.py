@@ -3,7 +3,8 @@
 Both are ordinary cell outputs (``image/png``, ``text/markdown`` and ``text/plain``), so they survive
 saving and reopening the notebook, ``nbconvert``, GitHub's viewer and VS Code — none of which keep a
 live widget. The figure shows every logged series (as the live chart draws them: the same colours, widths and
-smoothing rule, :func:`~nbtrain.dashboard.theme.chart_style`) above the devices' load over the run (as the
+smoothing rule, :func:`~nbtrain.dashboard.theme.chart_style`; the kernel's earlier runs it drew beside them, faded and
+dashed) above the devices' load over the run (as the
 live load panels: the same units, titles, colours and dashes, a legend in both panels); the paragraph says how the run ended, how long it took, how fast
 it went, where each series started and ended, and how busy the devices were.
 """
@@ -20,12 +21,25 @@ from .telemetry_series import DeviceKind, TelemetrySeries
 WIDTH_IN, ROW_HEIGHT_IN, DPI = 10.0, 2.6, 90
 
 
-def final_png(store: MetricStore, telemetry: TelemetrySeries, title: str, smoothing: float = DEFAULT_SMOOTHING) -> bytes:
-    return plotting.png_bytes(final_figure(store, telemetry, title, smoothing))
+def final_png(store: MetricStore, telemetry: TelemetrySeries, title: str, smoothing: float = DEFAULT_SMOOTHING,
+              earlier=()) -> bytes:
+    return plotting.png_bytes(final_figure(store, telemetry, title, smoothing, earlier))
 
 
-def final_figure(store: MetricStore, telemetry: TelemetrySeries, title: str, smoothing: float = DEFAULT_SMOOTHING):
-    """The matplotlib figure behind :func:`final_png`."""
+def earlier_series(earlier) -> list[tuple[str, dict]]:
+    """The kernel's earlier runs the live chart drew beside this one (:class:`~nbtrain.launch.observers.runlog.EarlierRun`),
+    as :func:`~.plotting.draw_series` draws them: ``("3: what differed", {name: (steps, values)})``, rank 0's."""
+    drawn = []
+    for run in earlier:
+        history = run.history
+        series = {name: (s.steps, s.values) for name in history.names if len(s := history.series(name))}
+        drawn.append((f"{run.number}: {run.label}", series))
+    return drawn
+
+
+def final_figure(store: MetricStore, telemetry: TelemetrySeries, title: str, smoothing: float = DEFAULT_SMOOTHING,
+                 earlier=()):
+    """The matplotlib figure behind :func:`final_png`; ``earlier``: the runs the live chart drew beside this one."""
     series = store.snapshot_series()
     timelines = telemetry.timelines()
     panels = min(len(plotting.group_names(series)), plotting.MAX_PANELS)
@@ -38,7 +52,7 @@ def final_figure(store: MetricStore, telemetry: TelemetrySeries, title: str, smo
     else:
         top, bottom = (fig, None) if panels else (None, fig)
     if top is not None:
-        plotting.draw_series(top, series, smoothing)
+        plotting.draw_series(top, series, smoothing, earlier_series(earlier))
     if bottom is not None and timelines:
         ax_busy, ax_memory = bottom.subplots(1, 2)
         styles = {key: theme.device_style(key) for key in timelines}

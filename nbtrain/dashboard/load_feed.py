@@ -39,7 +39,8 @@ class LoadFeed:
         """``{"titles", "devices", "styles", "t", "busy", "memory"}`` for the samples since the last poll, or
         ``None``.
 
-        ``devices`` are labels (``GPU 0``, ``rank 1``, ``CPU (machine)``); ``styles`` maps each to its line's
+        ``devices`` are labels (``GPU 0``, ``rank 1``, ``CPU (machine)``), ``memory_labels`` the memory panel's
+        where it names a device otherwise (``RAM (machine)``); ``styles`` maps each to its line's
         :func:`~nbtrain.dashboard.theme.device_style`; ``busy`` and ``memory`` map each to a column as long as
         ``t``. A device missing from a sample (a rank not started yet) reads NaN there.
         """
@@ -56,5 +57,6 @@ class LoadFeed:
             busy[key.label] = pack(nan if b is None else b for b, _ in values)
             memory[key.label] = pack(nan if m is None else m for _, m in values)
         return {"titles": panel_titles(samples[-1][2]), "devices": [key.label for key in keys],
+                "memory_labels": {key.label: key.memory_label for key in keys if key.memory_label != key.label},
                 "styles": {key.label: device_style(key) for key in keys},
                 "t": pack(elapsed for _, elapsed, _ in samples), "busy": busy, "memory": memory}

@@ -41,6 +41,8 @@ class Front(Protocol):
 
 
 class DashboardObserver(RunObserver):
+    _shown_as = "the live dashboard"
+
     def __init__(self, make_front: Callable[[RunModel], Front], interval: float = DEFAULT_INTERVAL_S,
                  model: RunModel | None = None) -> None:
         self.interval = check_interval(interval)

@@ -54,8 +54,10 @@ def _layout(n: int) -> tuple[int, int]:
     return math.ceil(n / cols), cols
 
 
-def draw_series(fig, series: dict, smoothing: float) -> list:
-    """Draw every panel on ``fig``; ``series``: ``{name: (steps, means, mins, maxs, width)}``. Returns the axes."""
+def draw_series(fig, series: dict, smoothing: float, earlier=()) -> list:
+    """Draw every panel on ``fig``; ``series``: ``{name: (steps, means, mins, maxs, width)}``; ``earlier``: the
+    kernel's earlier runs drawn faded and dashed beside them, as the live chart does: ``(label, {name: (steps,
+    values)})`` each (a name this run did not log has no panel). Returns the axes."""
     fig.clear()
     groups = group_names(series)
     if not groups:
@@ -81,8 +83,9 @@ def draw_series(fig, series: dict, smoothing: float) -> list:
                 ax.plot(steps, means, color=color, alpha=theme.RAW_ALPHA, linewidth=theme.RAW_WIDTH * PIXEL_PT)
             ax.plot(steps, curve, color=color, linewidth=theme.CURVE_WIDTH * PIXEL_PT, label=plot_literal(name),
                     marker="o" if len(steps) < 15 else None, markersize=theme.MARKER_SIZE)
+        overlays = _draw_earlier(ax, names, earlier, smoothing, max_points)
         theme.style_axes(ax, plot_literal(key))
-        if len(names) > 1:
+        if len(names) > 1 or overlays:
             ax.legend(fontsize=theme.LEGEND_SIZE, loc="best")
         axes.append(ax)
     if len(groups) > MAX_PANELS:
@@ -91,6 +94,25 @@ def draw_series(fig, series: dict, smoothing: float) -> list:
     for ax in axes[-cols:]:
         ax.set_xlabel("step", fontsize=theme.LABEL_SIZE)
     return axes
+
+
+def _draw_earlier(ax, names: list[str], earlier, smoothing: float, max_points: int) -> int:
+    """The earlier runs' lines of this panel's ``names``, each in its name's colour, faded and dashed, labelled
+    ``loss · run 3: --lr 0.1`` as in the live chart's legend. Returns how many were drawn."""
+    drawn = 0
+    for label, runs_series in earlier:
+        for j, name in enumerate(names):
+            if name not in runs_series or not len(runs_series[name][0]):
+                continue
+            steps, values = runs_series[name]
+            dense = worth_smoothing(len(values), max_points)
+            curve = smooth(list(values), smoothing) if smoothing > 0 and dense else values
+            ax.plot(steps, curve, color=theme.series_color(j), alpha=theme.OVERLAY_ALPHA,
+                    linewidth=theme.CURVE_WIDTH * PIXEL_PT,
+                    linestyle=(0, tuple(d / theme.CURVE_WIDTH for d in theme.OVERLAY_DASH)),  # in line widths
+                    label=plot_literal(f"{name} · run {label}"))
+            drawn += 1
+    return drawn
 
 
 def new_figure(width: float, height: float, dpi: int = 80):
@@ -113,11 +135,11 @@ def draw_timelines(ax_busy, ax_memory, timelines: dict, styles: dict, titles: tu
     draw them: ``styles`` per device (:func:`~nbtrain.dashboard.theme.device_style`), ``titles`` theirs."""
     for key, ((t_busy, busy), (t_mem, memory)) in timelines.items():
         style = styles[key]
-        line = {"label": str(key), "color": style["color"], "linewidth": style["width"] * PIXEL_PT}
+        line = {"color": style["color"], "linewidth": style["width"] * PIXEL_PT}
         if style["dash"]:
             line["linestyle"] = (0, tuple(d / style["width"] for d in style["dash"]))  # matplotlib: in line widths
-        ax_busy.plot(t_busy, busy, **line)
-        ax_memory.plot(t_mem, memory, **line)
+        ax_busy.plot(t_busy, busy, label=key.label, **line)
+        ax_memory.plot(t_mem, memory, label=key.memory_label, **line)
     for ax, title in zip((ax_busy, ax_memory), titles, strict=True):
         ax.set_title(title, fontsize=theme.TITLE_SIZE)
         ax.set_xlabel("seconds since the first sample", fontsize=theme.LABEL_SIZE)

@@ -58,6 +58,11 @@ class DeviceKey:
             return f"rank {self.index}"
         return "CPU (machine)"
 
+    @property
+    def memory_label(self) -> str:
+        """Its name in the memory panel: the machine's line there is its RAM (``RAM (machine)``)."""
+        return "RAM (machine)" if self.kind is DeviceKind.MACHINE else self.label
+
     def __str__(self) -> str:
         return self.label
 

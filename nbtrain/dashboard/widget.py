@@ -65,8 +65,8 @@ class RunDashboard:
         self.model = model
         self.run_panel = RunPanel()
         self.devices = DevicePanel()
-        earlier = model.earlier[-compare:] if compare > 0 else ()
-        self.chart = ChartPanel(model.store, smoothing, model.telemetry, earlier)
+        self.earlier = model.earlier[-compare:] if compare > 0 else ()  # drawn beside this run, live and in the picture
+        self.chart = ChartPanel(model.store, smoothing, model.telemetry, self.earlier)
         self.panels = (self.run_panel, self.devices, self.chart)  # each: .widget and .update(model)
         self.widget = W.VBox([panel.widget for panel in self.panels])
         self.handle = None
@@ -109,7 +109,7 @@ class RunDashboard:
         paragraph = summary_paragraph(model.store, model.telemetry, model.status or "finished", model.detail,
                                       len(model.ranks), model.where, progress, model.cold_start)
         title = f"nbtrain · {count('rank', len(model.ranks))} · {model.where} · {model.status_text() or ''}"
-        figure = FinalFigure(final_png(model.store, model.telemetry, title, self.chart.smoothing), paragraph)
+        figure = FinalFigure(final_png(model.store, model.telemetry, title, self.chart.smoothing, self.earlier), paragraph)
         from IPython.display import display
 
         if self.handle is not None:

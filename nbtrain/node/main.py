@@ -43,7 +43,9 @@ from ..wire.link import JoinToken, Link, LinkError, LinkRetry, connect
 from ..wire.shm import sweep_orphans
 from .agent import run_ranks
 from .console import route_output, say
-from .preemption import Notices, PreemptionURLError, check_url
+from ..wire.agent_options import AgentOptions, PreemptionURLError, check_url
+from ..wire.options import OptionEnvError, options_of, with_env_fallbacks
+from .preemption import Notices
 from .ranks import LocalRanks
 from .token import read_token, reexec_without_token
 
@@ -65,15 +67,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--token-file", metavar="PATH",
                         help="a file of mode 0600 holding the join token (the notebook prints its path)")
     parser.add_argument("--address", default=None, help="this node's address to connect from (default: the OS picks)")
-    parser.add_argument("--preemption-url", metavar="URL", default=os.environ.get("NBTRAIN_PREEMPTION_URL"),
-                        help="the cloud's metadata URL that announces a spot reclaim or preemption (AWS spot/"
-                             "instance-action, GCP instance/preempted, Azure scheduledevents), polled every few "
-                             "seconds [env: NBTRAIN_PREEMPTION_URL]")
     parser.add_argument("--start-timeout", metavar="SECONDS", type=_seconds,
                         default=os.environ.get("NBTRAIN_START_TIMEOUT", START_TIMEOUT_S),
                         help="how long to keep trying to join a kernel that is busy or not reachable yet, at most "
                              f"until the token expires (default {START_TIMEOUT_S:.0f}) [env: NBTRAIN_START_TIMEOUT]")
-    return parser.parse_args(argv)
+    for f, spec in options_of(AgentOptions):  # declared once, with the cell's option of the same name
+        names, kwargs = spec.argparse_spec(f.name, f.default)
+        parser.add_argument(*names, **kwargs)
+    args = parser.parse_args(argv)
+    try:  # an option left out takes its NBTRAIN_* variable, as in a cell
+        given = with_env_fallbacks(AgentOptions(**{f.name: getattr(args, f.name) for f, _ in options_of(AgentOptions)}))
+    except OptionEnvError as exc:
+        parser.error(str(exc))
+    return argparse.Namespace(**{**vars(args), **vars(given)})
 
 
 def _seconds(text) -> float:

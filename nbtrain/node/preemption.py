@@ -44,24 +44,13 @@ from datetime import datetime
 from email.utils import parsedate_to_datetime
 
 from ..wire import nodes as N
+from ..wire.agent_options import PreemptionURLError, check_url  # noqa: F401  (the agent's, declared with the option)
 
 POLL_S = 5.0
 READ_TIMEOUT_S = 2.0  # to connect
 READ_DEADLINE_S = 3.0  # one read, whole: connection, headers and body, however slowly they come
 MAX_REPLY = 1 << 16  # a notice is a few hundred bytes
 _HEADERS = {"Metadata-Flavor": "Google", "Metadata": "true"}  # GCP's and Azure's; harmless to the others
-
-
-class PreemptionURLError(ValueError):
-    """``--preemption-url`` is not an http(s) URL."""
-
-
-def check_url(url: str) -> str:
-    parsed = urllib.parse.urlparse(url)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise PreemptionURLError(f"--preemption-url takes the cloud's metadata URL, such as "
-                                 f"http://169.254.169.254/latest/meta-data/spot/instance-action (got {url!r})")
-    return url
 
 
 def cloud_of(url: str, body: str = "") -> str:

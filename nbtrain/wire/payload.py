@@ -7,7 +7,8 @@ a rank loads inputs and packs results (:mod:`nbtrain.worker.main`).
 **Inputs.** The names a cell reads (see :mod:`nbtrain.launch.request.cell`) are looked up in the notebook's
 namespace and sent as one pickle, so objects that share state keep sharing it on the ranks (an optimizer
 and the model whose parameters it holds). The pickler is cloudpickle's, so functions, lambdas and classes
-defined in the notebook travel by value; importable modules travel as their import name. Large CPU tensors and NumPy
+defined in the notebook travel by value, keeping the file names of their code (a rank's traceback names the
+notebook cell that defined them); importable modules travel as their import name. Large CPU tensors and NumPy
 arrays — also inside modules, dicts or lists — are swapped for shared-memory handles (:mod:`.shm`). A
 CUDA tensor in the notebook is sent as a CPU copy and said so. The pickle is made once and the same bytes
 go to every rank.
@@ -29,6 +30,8 @@ import io
 import itertools
 import pickle
 import sys
+import time
+import types
 from dataclasses import dataclass, field
 
 import cloudpickle
@@ -42,6 +45,7 @@ class Inputs:
     names: tuple[str, ...]
     arena: SharedArena
     notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0  # how long pickling took, the large tensors' writes to shared memory included
 
 
 def _is_plain_tensor(obj) -> bool:
@@ -52,6 +56,16 @@ def _is_plain_tensor(obj) -> bool:
 def _is_array(obj) -> bool:
     np = sys.modules.get("numpy")
     return np is not None and type(obj) is np.ndarray and obj.dtype.hasobject is False
+
+
+_DYNAMIC_CODE = "<dynamic-code>"  # the file name cloudpickle (3.1 on) gives every function it sends by value
+
+
+def _code_keeping_its_file(code: types.CodeType):
+    """A notebook function's code as cloudpickle sends it, but with its own file name (IPython's file of the cell
+    that defined it): a rank's traceback then names that cell, not ``<dynamic-code>``."""
+    constructor, args = cloudpickle.Pickler.dispatch_table[types.CodeType](code)
+    return constructor, tuple(code.co_filename if arg == _DYNAMIC_CODE else arg for arg in args)
 
 
 class _InputPickler(cloudpickle.Pickler):
@@ -67,6 +81,8 @@ class _InputPickler(cloudpickle.Pickler):
                 return reduced
         elif _is_array(obj) and obj.nbytes >= SHARE_THRESHOLD_BYTES:
             return self.arena.share_array(obj)
+        elif isinstance(obj, types.CodeType):
+            return _code_keeping_its_file(obj)
         return super().reducer_override(obj)
 
     def _reduce_tensor(self, tensor):
@@ -93,6 +109,7 @@ def pickle_inputs(values: dict) -> Inputs:
     A failure propagates as pickling raised it, after removing any file written so far; the kernel
     names the culprits (:func:`nbtrain.launch.request.inputs.pack_inputs`).
     """
+    started = time.perf_counter()
     arena = SharedArena()
     notes: list[str] = []
     buffer = io.BytesIO()
@@ -101,7 +118,7 @@ def pickle_inputs(values: dict) -> Inputs:
     except BaseException:  # KeyboardInterrupt mid-write too: no file may outlive this
         arena.close()
         raise
-    return Inputs(buffer.getvalue(), tuple(values), arena, notes)
+    return Inputs(buffer.getvalue(), tuple(values), arena, notes, time.perf_counter() - started)
 
 
 def pickle_error(value) -> Exception | None:

@@ -61,3 +61,10 @@ test("past MAX_POINTS samples every other one goes, all along the run: memory st
   assert.equal(panels.t[0], 0, "the start of the run is still drawn");
   assert.ok(panels.t[panels.points - 1] > 3.9 * MAX_POINTS, "and its end");
 });
+
+test("the memory panel names the machine's line by its RAM", () => {
+  const panels = new Columns();
+  panels.append({ ...update([0], { "rank 0": [10], "CPU (machine)": [20] }),
+                  memory_labels: { "CPU (machine)": "RAM (machine)" } });
+  assert.deepEqual(panels.memoryLabels, { "CPU (machine)": "RAM (machine)" });
+});

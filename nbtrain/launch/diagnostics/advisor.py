@@ -31,6 +31,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+from ...words import count
+
 IDLE_GPU_PCT = 50.0
 BUSY_CPU_PCT = 80.0  # of one core
 MEMORY_HEADROOM_FRACTION = 0.4
@@ -216,7 +218,7 @@ def _input_pipeline(evidence: Evidence) -> list[Hint]:
     if not starved:
         return []
     busy, rank, gpu, cpu = min(starved)
-    alike = f" (and {len(starved) - 1} other ranks alike)" if len(starved) > 1 else ""
+    alike = f" (and {count('other rank', len(starved) - 1)} alike)" if len(starved) > 1 else ""
     return [Hint("input-pipeline", (
         f"GPU {gpu} was busy {busy:.0f} % of the time on average while rank {rank}'s processes used {cpu:.0f} % "
         f"of a CPU core{alike}: the CPU side feeds the GPU too slowly. Most often that is the input pipeline: "

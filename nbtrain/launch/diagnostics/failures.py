@@ -13,6 +13,10 @@ wrote for it, if any, and the last lines the rank printed.
 :class:`RankFailedError` is raised in the notebook. IPython shows its :meth:`_render_traceback_` instead
 of a kernel-side traceback that would only show nbtrain's own frames.
 
+Frames inside torch's own files are folded into one line (``… 3 frames inside torch hidden``): the cell's lines,
+the notebook's cells and the user's own modules are what the user can change. Under the error, a hint where its
+words lead away from the fix (:mod:`.error_hints`).
+
 A traceback inside an exception's text — a DataLoader worker's, which torch re-raises in the rank as
 the message, or a chained cause's — has its frames named the same way.
 
@@ -32,6 +36,8 @@ import signal
 from dataclasses import dataclass, field
 
 from ...wire.protocol import Frame, RemoteError
+from ...words import count
+from .error_hints import error_hints
 
 # A traceback printed into text: a DataLoader worker's (torch re-raises it in the rank with the worker's
 # formatted traceback as the message), a chained cause's.
@@ -40,6 +46,9 @@ _TRACEBACK_FILE = re.compile(r'^(?P<indent>[ \t]*)File "(?P<file>[^"]+)", line (
 # the words that say what failed
 _ENFORCE_PREFIX = re.compile(r"^\[enforce fail at [^\]]*\][^\n]*?\.\s+(?=\S)")
 _SIZE_SENTENCE = re.compile(r"\s*Tried to allocate [^.\n]*(\.\d+[^.\n]*)*\.", re.IGNORECASE)  # CUDA's: how much
+
+# A frame in torch's own files (site-packages on this machine, or on a node's): folded into one line of the report
+_TORCH_FILE = re.compile(r"[/\\](site|dist)-packages[/\\]torch[/\\]")
 
 _PEER_LOST = ("connection reset by peer", "connection closed by peer", "broken pipe", "gloo/transport",
               "nccl communicator was aborted", "socket closed")
@@ -119,7 +128,7 @@ class RankFailedError(RuntimeError):
 
     def __init__(self, failures: list[RankFailure], *, cell_filename: str, cell_source: str, line_offset: int,
                  code_name=None, stopped: list[int] | None = None, whereabouts: dict[int, str] | None = None,
-                 notes: list[str] | None = None):
+                 notes: list[str] | None = None, device_type: str | None = None):
         self.failures = order_failures(failures)
         self.rank = self.failures[0].rank
         self._cell = (cell_filename, cell_source.splitlines(), line_offset)
@@ -127,6 +136,7 @@ class RankFailedError(RuntimeError):
         self.stopped = stopped or []
         self.whereabouts = whereabouts or {}
         self.notes = notes or []  # what became of the run's session
+        self.device_type = device_type  # the run's ("cpu", "cuda"), for the hints under the error
         super().__init__(self.failures[0].summary())
 
     @property
@@ -135,14 +145,14 @@ class RankFailedError(RuntimeError):
         return first.error.type_name if first.error else None
 
     def _render_traceback_(self) -> list[str]:
-        return self.report().splitlines()
+        return f"RankFailedError: {self.report()}".splitlines()
 
-    def __str__(self) -> str:
+    def __str__(self) -> str:  # the error's name is said once, by whoever shows it (IPython, a traceback's last line)
         return self.report()
 
     def report(self) -> str:
         first = self.failures[0]
-        lines = [f"RankFailedError: {first.summary()}"]
+        lines = [first.summary()]
         same = [f.rank for f in self.failures[1:] if f.error and first.error and f.error.headline == first.error.headline]
         if same:
             lines.append(f"({_ranks(same).rsplit(' ', 1)[0]} raised the same error)")
@@ -161,6 +171,7 @@ class RankFailedError(RuntimeError):
                 lines.append(f"Traceback on {first.who} (most recent call last):")
                 lines += self._frames(first.error.frames)
             lines.append(self._map_text(first.error.headline))
+            lines += error_hints(first.error, self.device_type)
         else:
             if first.error_file_message:
                 lines += ["", f"Error recorded by rank {first.rank}:", str(first.error_file_message).rstrip()]
@@ -187,9 +198,17 @@ class RankFailedError(RuntimeError):
                             "(not inside `if rank == ...`), the same number of times and in the same order."]
 
     def _frames(self, frames: tuple[Frame, ...]) -> list[str]:
+        """The frames as the user reads them: the cell's lines, notebook cells and the user's own modules whole; a
+        run of frames inside torch folded into one line that says how many were hidden."""
         filename, cell_lines, _ = self._cell
-        out = []
+        out: list[str] = []
+        hidden = 0
         for frame in frames:
+            if _TORCH_FILE.search(frame.filename):
+                hidden += 1
+                continue
+            out += _folded(hidden)
+            hidden = 0
             if frame.filename == filename:
                 source = cell_lines[frame.lineno - 1] if 0 < frame.lineno <= len(cell_lines) else frame.line
             else:
@@ -197,7 +216,7 @@ class RankFailedError(RuntimeError):
             out.append(f"  {self._where(frame.filename, frame.lineno)}, in {frame.name}")
             if source and source.strip():
                 out.append(f"    {source.strip()}")
-        return out
+        return out + _folded(hidden)
 
     def _where(self, filename: str, lineno: int) -> str:
         """A frame's place as the user knows it: ``Cell line 4`` (this cell), ``Cell In[3], line 2`` (another)."""
@@ -229,6 +248,13 @@ def first_sentence(message: str, limit: int = 200) -> str:
     if len(short) > limit:
         short = short[:limit - 1].rstrip() + "…"
     return short + (" …" if len(short) < len(text) and not short.endswith("…") else "")
+
+
+def _folded(hidden: int) -> list[str]:
+    """The line that stands for ``hidden`` frames inside torch (none for none)."""
+    if not hidden:
+        return []
+    return [f"  … {count('frame', hidden)} inside torch hidden"]
 
 
 def _ranks(ranks: list[int]) -> str:

@@ -44,14 +44,15 @@ def sharding_words(setup: dict[int, list[dict]]) -> list[str]:
     words = [f"{plan['shard']} over {count('rank', plan['shard_ranks'])} ({count('block', plan['blocks'])})"]
     held = [f["shard_state"] for f in facts if "shard_state" in f]
     if held and max(held):
-        words.append(f"training state per rank {_size(max(held))} (DDP: {_size(max(held) * plan['shard_ranks'])})")
+        words.append(f"training state per rank {memory_size(max(held))} (DDP: {memory_size(max(held) * plan['shard_ranks'])})")
     peaks = [f["peak"] for f in facts if f.get("peak")]
     if peaks:
-        words.append(f"peak memory per rank {_size(max(peaks))}")
+        words.append(f"peak memory per rank {memory_size(max(peaks))}")
     return words
 
 
-def _size(nbytes: float) -> str:
+def memory_size(nbytes: float) -> str:
+    """``512 MiB``, ``2.0 GiB``."""
     return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.0f} MiB"
 
 

@@ -26,7 +26,7 @@ from dataclasses import replace
 from ...words import count
 from ..diagnostics.advisor import Hint, advise, evidence_from_history
 from ..diagnostics.profiling import format_profile
-from ..diagnostics.setup_facts import setup_words
+from ..diagnostics.setup_facts import memory_size, setup_words
 from ..observers.cost import metering_for
 from ..observers.events import FanOut, RunObserver, RunState
 from ..observers.history import RunOutcome
@@ -59,6 +59,7 @@ def run_source(source: str, request: LaunchRequest, namespace: dict, *, manager:
     state: RunState | None = RunState.FAILED
     meter = _Meter(config)
     FanOut(observers).earlier_runs(manager.runs.earlier(source, changed_options(request)) if manager else ())
+    result: RunResult | None = None
     try:
         result = _run(source, config, info, namespace, manager, write, code_name, [*observers, meter], outcome)
         result = replace(result, metering=meter.metering)  # for the summary line
@@ -72,13 +73,16 @@ def run_source(source: str, request: LaunchRequest, namespace: dict, *, manager:
         raise
     finally:
         if manager is not None and state is not None and source.strip():  # nbtrain.runs(), however they ended
-            manager.runs.add(source, changed_options(request), started, config.pool.nprocs, outcome.history, state,
-                             config.train.checkpoint_dir, meter.metering)
+            seconds = result.seconds if result is not None else time.time() - started  # the summary's, when there is one
+            manager.runs.add(source, changed_options(request), started, seconds, config.pool.nprocs, outcome.history,
+                             state, config.train.checkpoint_dir, meter.metering)
 
 
 class _Meter(RunObserver):
     """What the run holds, as its last :class:`~.observer.RunInfo` said (an elastic group's size, the nodes' cores
     are known once the ranks start); until then, as the pool spec says."""
+
+    _shown_as = "the cost meter (--price-per-gpu-hour)"
 
     def __init__(self, config) -> None:
         self.metering = metering_for(config.pool, (), config.price_per_hour)
@@ -133,7 +137,10 @@ def list_sessions(manager: PoolManager) -> list[str]:
 
 
 def pull(manager: PoolManager, session: str, names: list[str], namespace: dict, *, write=None) -> RunResult:
-    """Bring ``names`` that ``session`` holds on rank 0 into ``namespace`` (``%distributed_pull``)."""
+    """Bring ``names`` that ``session`` holds on rank 0 into ``namespace`` (``%distributed_pull``); without names,
+    a :class:`SessionError` that says what each session holds."""
+    if not names:
+        raise SessionError(manager.sessions.nothing_to_pull(session))
     spec = manager.sessions.spec_holding(session, names)  # the session's own ranks: no request to rebuild
     try:
         workdir = notebook_workdir()
@@ -166,6 +173,8 @@ def format_summary(result: RunResult, hints: list[Hint] | None = None) -> list[s
     devices = sorted(set(result.devices.values()))
     where = devices[0] if len(devices) == 1 else ", ".join(devices)
     line = f"nbtrain: {count('rank', len(result.devices))} · {result.backend} · {where} · {result.seconds:.1f} s" + (" (warm)" if result.warm else "")
+    if result.shared_bytes:  # before the ranks got the job: not in their seconds, nor in the cold start's first step
+        line += f" · inputs {memory_size(result.shared_bytes)} to shared memory in {result.pack_seconds:.1f} s"
     line += "".join(f" · {word}" for word in setup_words(result.setup))  # precision, memory format, compile time
     if result.metering is not None and result.metering.price is not None:  # --price-per-gpu-hour
         line += f" · {result.metering.words(result.seconds)}"

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from ...wire import protocol as P
-from ...wire.payload import Inputs, Results, unpack_results
+from ...wire.payload import Inputs, Results, reason, unpack_results
 from ...wire.shm import new_result_prefix, sweep_prefix
 from ...words import count
 from ..diagnostics.failures import RankFailedError, RankFailure, order_failures
@@ -328,8 +328,8 @@ def _run_and_bring_back(namespace, info, config, manager, inputs, result_prefix,
             + (f" {ended_sentence(sessions_here)}" if sessions_here else "")]
         raise exc from None
     except BaseException as exc:
-        manager.teardown(pool, grace=1.0, why=f"nbtrain failed: {exc!r}")
-        run.notify("run_finished", RunState.FAILED, f"nbtrain failed: {exc!r}")
+        manager.teardown(pool, grace=1.0, why=f"nbtrain failed: {reason(exc)}")
+        run.notify("run_finished", RunState.FAILED, f"nbtrain failed: {reason(exc)}")
         raise
     finally:
         outcome.record(run.history)  # what was logged until here, however the run ends
@@ -369,7 +369,7 @@ def _failure(run: _Run, manager: PoolManager, info: CellInfo, code_name) -> Rank
             notes.insert(0, stuck_sentence(sorted(run.raised), unfinished, pool.spec.backend))
     error = RankFailedError(list(run.failures.values()), cell_filename=job.filename, cell_source=info.source,
                             line_offset=info.line_offset, code_name=code_name, stopped=stopped,
-                            whereabouts=where, notes=notes)
+                            whereabouts=where, notes=notes, device_type=pool.spec.device_type)
     run.notify("run_finished", RunState.FAILED, error.failures[0].summary())
     return error
 
@@ -386,7 +386,8 @@ def _bring_back(namespace: dict, run: _Run, warm: bool, seconds: float, deleted=
         moved_to_cpu=tuple(results.moved_to_cpu) if results is not None else (),
         seconds=seconds, rank_seconds={r: d.seconds for r, d in sorted(run.done.items())},
         devices=run.pool.devices, warm=warm, backend=run.pool.spec.backend, history=run.history, notes=list(run.inputs.notes),
-        profiles=run.profiles, setup=run.setup, cold_start=None if warm else _cold_start(run))
+        profiles=run.profiles, setup=run.setup, cold_start=None if warm else _cold_start(run),
+        shared_bytes=run.inputs.arena.written, pack_seconds=run.inputs.seconds)
 
 
 def _cold_start(run: _Run) -> ColdStart | None:

@@ -165,6 +165,20 @@ class SessionTable:
             raise SessionError(self.unknown(name))
         return session
 
+    def nothing_to_pull(self, word: str) -> str:
+        """What ``%distributed_pull WORD`` without names was missing: the names, or the session before them."""
+        live = self.live.get(word)
+        if live is not None:
+            have = ", ".join(live.names) or "no names yet"
+            return f"Say which names of session {word!r} to bring back: %distributed_pull {word} NAME …; it holds: {have}."
+        holders = [s.name for s in self.live.values() if word in s.names]
+        if holders:
+            return f"%distributed_pull takes the session first: %distributed_pull {holders[0]} {word}"
+        held = "; ".join(f"{s.name} holds {', '.join(s.names) or 'no names yet'}" for s in self.live.values())
+        return (f"%distributed_pull SESSION NAME … brings names a session holds into the notebook, and {word!r} is "
+                f"neither a session nor a name one holds. " + (f"Sessions: {held}." if held else
+                                                                "This kernel has no session (--session NAME)."))
+
     def unknown(self, name: str) -> str:
         if name in self.ended:
             return f"Session {name!r} has ended ({self.ended[name]})."

@@ -4,7 +4,8 @@ A cell on new ranks waits for: the **process start** (a fork of the zygote, or a
 **imports** (torch and nbtrain's rank side; a forked rank has them already, less what the notebook imported
 since the zygote started), the **rendezvous** (joining the kernel's store), the **communicator set-up** (the
 default process group: gloo's connections, NCCL's communicator), the **job's names arriving** (the job sent
-once every rank connected, its inputs unpickled) and the **cell's first step** (its first optimizer step;
+once every rank connected, its inputs unpickled and their shared-memory pages mapped in, so the inputs' transfer
+is not counted in the first step) and the **cell's first step** (its first optimizer step;
 a cell without one: the whole cell).
 
 :class:`StartMarks` collects when each rank passed each point — its own :class:`~nbtrain.wire.protocol.StartTimes`

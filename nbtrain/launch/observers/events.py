@@ -18,6 +18,7 @@ from enum import Enum
 
 from ...gpu.devices import GpuStatus
 from ...gpu.health import describe
+from ...wire.payload import reason
 from .cost import Metering
 
 
@@ -108,6 +109,8 @@ class RunInfo:
 
 
 class RunObserver:
+    _shown_as = ""  # how a message names nbtrain's own observers; "" : by its class (a user's tracker)
+
     def earlier_runs(self, runs: tuple) -> None:
         """Before the ranks start: this kernel's last runs that logged series (:class:`~.runlog.EarlierRun`, oldest
         first), each labelled with what differed from this run — for a chart to draw beside it."""
@@ -152,7 +155,8 @@ class FanOut(RunObserver):
                 getattr(follower, event)(*args)
             except Exception as exc:
                 self.followers.remove(follower)
-                print(f"nbtrain: {type(follower).__name__} stopped following this run ({exc!r})", file=sys.stderr)
+                name = follower._shown_as or type(follower).__name__
+                print(f"nbtrain: {name} stopped following this run ({reason(exc)})", file=sys.stderr)
 
 
 def _forward(event: str):

@@ -149,6 +149,8 @@ class RunResult:
     setup: dict[int, list[dict]] = field(default_factory=dict)  # per rank: what prepare() set up, model by model
     metering: Metering | None = None  # what the run held: GPUs or cores, and their price (set by api.run_source)
     cold_start: ColdStart | None = None  # new ranks on this machine: where the time to the first step went
+    shared_bytes: int = 0  # the inputs written to shared memory before the ranks got the job
+    pack_seconds: float = 0.0  # how long the inputs took to pack (those writes included), before the run's seconds
 
     def finished_after(self, seconds: float, note: str) -> RunResult:
         """This result, timed from the first attempt, with a note on how it got there (restarts)."""

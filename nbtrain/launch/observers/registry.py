@@ -96,6 +96,8 @@ def _kernel_identity() -> tuple[str | None, str | None]:
 class RunRegistry(RunObserver):
     """A RunObserver that keeps this kernel's record up to date."""
 
+    _shown_as = "the run list of JupyterLab's nbtrain panel"
+
     def __init__(self, directory: str | None = None) -> None:
         self.directory = directory or runs_dir()
         os.makedirs(self.directory, mode=0o700, exist_ok=True)

@@ -1,8 +1,10 @@
 """This kernel's runs, one row each: ``nbtrain.runs()``.
 
 Every ``%%distributed`` cell the kernel runs — finished, failed or stopped — adds a :class:`RunRow` to the
-:class:`RunLog` its :class:`~nbtrain.launch.lifecycle.pools.PoolManager` keeps: the cell's first line, the options that differed from the
-defaults (``--amp bf16 --grad-accum 2``), when it started and how long it took, the world size, the last logged
+:class:`RunLog` its :class:`~nbtrain.launch.lifecycle.pools.PoolManager` keeps: the cell's first line that is not an
+import (most cells begin with the same ``import``, which tells them apart from nothing), the options that differed from the
+defaults (``--amp bf16 --grad-accum 2``), when it started and how long it took (the seconds of the summary line,
+so their hours and cost agree with it), the world size, the last logged
 step, the final and best value of each logged series (best: the largest for accuracy-like names — ``acc``,
 ``score``, ``f1``, ``auc``, ``precision``, ``recall`` — the smallest for the rest, such as losses), its state
 its checkpoint folder, and its GPU-hours (core-hours on the CPU) and their cost at ``--price-per-gpu-hour``
@@ -18,6 +20,7 @@ options and the new run's.
 
 from __future__ import annotations
 
+import ast
 import csv
 import dataclasses
 import difflib
@@ -38,7 +41,7 @@ _HIGHER_IS_BETTER = re.compile(r"acc|score|f1|auc|precision|recall", re.I)
 @dataclass(frozen=True)
 class RunRow:
     number: int
-    cell: str  # its first line of code
+    cell: str  # its first line that is not an import (:func:`title`)
     options: str  # the options that differed from the defaults
     started: float  # unix time
     seconds: float
@@ -58,6 +61,21 @@ class RunRow:
         for name, (final, best) in self.series.items():
             row[f"{name} final"], row[f"{name} best"] = final, best
         return row
+
+
+def title(cell: str) -> str:
+    """The line that names a cell in the table: its first non-blank line outside ``import`` statements (a comment
+    counts: it is the user's own title), else its first line."""
+    lines = cell.splitlines()
+    try:
+        tree = ast.parse(cell)
+    except SyntaxError:  # IPython syntax the ranks accept: no statement to skip
+        tree = ast.Module(body=[], type_ignores=[])
+    imports = {line for node in tree.body if isinstance(node, ast.Import | ast.ImportFrom)
+               for line in range(node.lineno, (node.end_lineno or node.lineno) + 1)}
+    chosen = [line.strip() for number, line in enumerate(lines, 1) if line.strip() and number not in imports]
+    firsts = chosen or [line.strip() for line in lines if line.strip()]
+    return firsts[0] if firsts else ""
 
 
 def summarise(history: History) -> tuple[int | None, dict]:
@@ -121,12 +139,12 @@ class RunLog:
         self._count = 0
         self._series: list[EarlierRun] = []  # the last KEEP_SERIES runs that logged anything
 
-    def add(self, cell: str, options: str, started: float, world_size: int, history: History, state: str,
-            checkpoint: str | None, metering: Metering | None = None) -> None:
+    def add(self, cell: str, options: str, started: float, seconds: float, world_size: int, history: History,
+            state: str, checkpoint: str | None, metering: Metering | None = None) -> None:
+        """A run that began at unix time ``started`` and took ``seconds`` (a finished run's: its summary line's)."""
         self._count += 1
         steps, series = summarise(history)
-        first = next((line.strip() for line in cell.splitlines() if line.strip()), "")
-        seconds = time.time() - started
+        first = title(cell)
         hours = metering.hours(seconds) if metering else None
         on_gpus = metering is not None and metering.unit == "GPU"
         self._rows.append(RunRow(self._count, first[:80], options, started, seconds, world_size, steps, series,

@@ -111,6 +111,8 @@ class TensorBoardTracker(Tracker):
     tracker writes it, and :meth:`run_finished` waits for that thread, then closes (flushes) the files.
     """
 
+    _shown_as = "the TensorBoard writer (--tensorboard)"
+
     def __init__(self, logdir: str) -> None:
         self.logdir = logdir
         self._queue: queue.SimpleQueue = queue.SimpleQueue()  # (rank, records) | RESTART, then None at the end

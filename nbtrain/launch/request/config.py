@@ -26,6 +26,7 @@ from .hosts import SshSetupError, parse_hosts, parse_remote_python, parse_slurm,
 from ..observers.cost import PriceError, parse_price
 from .mistakes import UserInputError
 from .notebook_modules import Workdir, WorkdirGone, notebook_workdir
+from ...wire.agent_options import AgentOptions, PreemptionURLError, check_url
 from ...wire.options import OptionEnvError, option, with_env_fallbacks
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -41,11 +42,12 @@ class ConfigError(UserInputError):
 
 
 @dataclass(frozen=True)
-class LaunchRequest(TrainOptions):
+class LaunchRequest(TrainOptions, AgentOptions):
     """What the user asked for: one field per ``%%distributed`` option, declared once (:mod:`nbtrain.wire.options`).
 
     The training options are inherited from :class:`~nbtrain.wire.settings.TrainOptions`, where the ranks read
-    the same declarations. The magic's arguments, their help and the request built from them all come from
+    the same declarations; the node agents' from :class:`~nbtrain.wire.agent_options.AgentOptions`, where the
+    agent reads them. The magic's arguments, their help and the request built from them all come from
     these declarations.
     """
 
@@ -143,6 +145,7 @@ class PoolSpec:
     remote_python: str = ""
     slurm: tuple[str, ...] | None = None  # --slurm: the agents run as a Slurm job, these sbatch/srun words (nbtrain.cluster.slurm)
     min_nodes: int = 0  # elastic --nodes MIN:MAX: MIN (nodes is MAX); 0: exactly `nodes`
+    preemption_url: str = ""  # --preemption-url: what the agents nbtrain starts poll for a spot reclaim
     last_call_s: float = field(default=0.0, compare=False)  # elastic: the wait for more nodes once MIN joined
 
     def rank_devices(self) -> list[str]:
@@ -283,7 +286,8 @@ def _node_pool(request: LaunchRequest, placement: tuple[int, int, str, int], bac
         slurm = parse_slurm(request.slurm) if request.slurm is not None else None
         ssh = (parse_ssh_options(request.ssh_option) if hosts else (),
                parse_remote_python(request.remote_python) if hosts or slurm is not None else "")
-    except SshSetupError as exc:
+        preemption_url = check_url(request.preemption_url) if request.preemption_url else ""
+    except (SshSetupError, PreemptionURLError) as exc:
         raise ConfigError(str(exc)) from None
     if hosts and slurm is not None and request.slurm == os.environ.get("NBTRAIN_SLURM"):
         slurm = None  # --hosts on the cell wins over NBTRAIN_SLURM
@@ -298,6 +302,7 @@ def _node_pool(request: LaunchRequest, placement: tuple[int, int, str, int], bac
     return _pool_spec(request, backend or ("gloo" if device_type == "cpu" else "nccl"), nprocs=nodes * per_node,
                       device_type=device_type, gpu_ids=(), nodes=nodes, nproc_per_node=per_node, rdzv_host=host,
                       hosts=hosts, ssh_options=ssh[0], remote_python=ssh[1], slurm=slurm, min_nodes=min_nodes,
+                      preemption_url=preemption_url,
                       last_call_s=DEFAULT_LAST_CALL_S if request.last_call is None else float(request.last_call))
 
 
