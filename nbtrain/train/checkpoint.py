@@ -5,7 +5,12 @@ collective, like ``barrier()``); rank 0 writes one file, ``DIR/checkpoint.pt`` f
 or the ``path`` given. The file holds the prepared models (plain ``state_dict``, without DDP's
 ``module.`` prefix), optimizers, LR schedulers, the GradScaler, each prepared DataLoader's position
 (epoch, batches read), the step and epoch counters, every rank's RNG states (Python, NumPy, torch CPU and
-CUDA), metric step counters and logged series, and whatever ``**extra`` you pass (picklable values).
+CUDA), metric step counters and logged series, and whatever ``**extra`` you pass (tensors and plain values).
+
+**Reading** (:func:`read_checkpoint`) runs no code: ``torch.load(weights_only=True)`` rebuilds only tensors and
+plain values (so the NumPy RNG state and the logged series are saved as tensors), and a file another user owns,
+or that group or others may write, is refused first (:mod:`nbtrain.wire.checkpoint_files`); a ``--shard``
+folder is read through :mod:`.dcp_reading`.
 
 It is written atomically: to a temporary file in the same directory, flushed and ``fsync``-ed, then
 ``os.replace``-d over the old checkpoint, and the directory is ``fsync``-ed. A rank killed while saving
@@ -36,7 +41,9 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import pickle
 import random
+import re
 import secrets
 import shutil
 import sys
@@ -49,6 +56,7 @@ import torch
 import torch.distributed as dist
 
 from ..pids import pid_alive
+from ..wire.checkpoint_files import ForeignCheckpointError, refuse_foreign_checkpoint
 from ..words import checkpoint_position
 from . import metrics, shard
 from .state import TrainContext, current
@@ -263,11 +271,7 @@ def auto_resume(context: TrainContext) -> None:
 
 
 def load_for_resume(context: TrainContext, path: str, announce: bool) -> Checkpoint:
-    try:
-        state = torch.load(path, map_location=context.device, weights_only=False)
-    except Exception as exc:
-        raise CheckpointError(f"could not read the checkpoint {path} ({type(exc).__name__}: {exc}); "
-                              "delete it or run with --no-resume.") from exc
+    state = read_checkpoint(path, context.device)
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a checkpoint written by nbtrain.save_checkpoint().")
     context.resume_from(state, path)
@@ -292,6 +296,28 @@ def load_for_resume(context: TrainContext, path: str, announce: bool) -> Checkpo
     return _info(state, path)
 
 
+def read_checkpoint(path: str, device="cpu") -> dict:
+    """The checkpoint file's content: tensors and plain values only — ``weights_only=True`` unpickles nothing
+    else, so a planted or altered file runs no code — and only from a file this user alone can write."""
+    try:
+        refuse_foreign_checkpoint(path)
+    except ForeignCheckpointError as exc:
+        raise CheckpointError(str(exc)) from None
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
+        what = f"a reference to {found.group(1)}" if found else "something other than tensors and plain values"
+        raise CheckpointError(
+            f"the checkpoint {path} holds {what}, which nbtrain does not unpickle (a pickle can run code). If you "
+            "saved it yourself with save_checkpoint(**extra), allow its class in the cell before it resumes — "
+            "torch.serialization.add_safe_globals([TheClass]) — or save plain values (numbers, strings, lists, "
+            "dicts, tensors); otherwise delete the file or run with --no-resume.") from None
+    except Exception as exc:
+        raise CheckpointError(f"could not read the checkpoint {path} ({type(exc).__name__}: {exc}); "
+                              "delete it or run with --no-resume.") from exc
+
+
 def _info(state: dict, path: str) -> Checkpoint:
     return Checkpoint(path, int(state["epoch"]), int(state["step"]), dict(state.get("extra") or {}))
 
@@ -307,14 +333,19 @@ def _saved(context: TrainContext, kind: str, index: int):
 def restore_model(context: TrainContext, module, index: int) -> None:
     try:
         shard.load_model(module, _saved(context, "models", index), os.path.dirname(context.resume_path or ""))
+    except pickle.UnpicklingError as exc:  # a DCP folder holding more than tensors and plain values
+        raise CheckpointError(f"{exc}. Delete it or run with --no-resume.") from None
     except RuntimeError as exc:
         raise CheckpointError(f"model {index} does not match the checkpoint {context.resume_path}: {exc}\n"
                               "Use another --checkpoint directory or --no-resume for a different model.") from None
 
 
 def restore_optimizer(context: TrainContext, optimizer, index: int) -> None:
-    shard.load_optimizer(context, optimizer, _saved(context, "optimizers", index),
-                         os.path.dirname(context.resume_path or ""))
+    try:
+        shard.load_optimizer(context, optimizer, _saved(context, "optimizers", index),
+                             os.path.dirname(context.resume_path or ""))
+    except pickle.UnpicklingError as exc:
+        raise CheckpointError(f"{exc}. Delete it or run with --no-resume.") from None
 
 
 def restore_scheduler(context: TrainContext, scheduler, index: int) -> None:
@@ -327,8 +358,9 @@ def restore_loader(context: TrainContext, loader, index: int) -> None:
 
 def _rng_state(device) -> dict:
     state = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if "numpy" in sys.modules:
-        state["numpy"] = sys.modules["numpy"].random.get_state()
+    if "numpy" in sys.modules:  # its key array as a tensor: a checkpoint is loaded holding only tensors and plain values
+        name, keys, position, has_gauss, gauss = sys.modules["numpy"].random.get_state()
+        state["numpy"] = (name, torch.from_numpy(keys.astype("int64")), position, has_gauss, gauss)
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
@@ -340,7 +372,8 @@ def _set_rng_state(state: dict, device) -> None:
     if "numpy" in state:
         import numpy
 
-        numpy.random.set_state(state["numpy"])
+        name, keys, position, has_gauss, gauss = state["numpy"]
+        numpy.random.set_state((name, numpy.asarray(keys, dtype="uint32"), position, has_gauss, gauss))
     if "cuda" in state and device.type == "cuda":
         torch.cuda.set_rng_state(state["cuda"].cpu(), device)
 

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from ..words import count
-from . import metrics, speed
+from . import dcp_reading, metrics, speed
 from .state import PreparedError, TrainContext, current
 
 META_COPY = "_nbtrain_meta_copy"  # rank 0: the plain model's structure, parameters on the meta device
@@ -387,10 +387,8 @@ def load_model(model, saved, folder: str) -> None:
 
     model = _plain(model)
     if isinstance(saved, dict) and "dcp" in saved:
-        import torch.distributed.checkpoint as dcp
-
         template = {saved["key"]: get_model_state_dict(model)}
-        dcp.load(template, checkpoint_id=os.path.join(folder, saved["dcp"]))
+        dcp_reading.load(template, os.path.join(folder, saved["dcp"]))
         set_model_state_dict(model, template[saved["key"]])
     elif is_sharded(model):
         set_model_state_dict(model, saved, options=StateDictOptions(full_state_dict=True))
@@ -409,10 +407,8 @@ def load_optimizer(context: TrainContext, optimizer, saved, folder: str) -> None
     owner = owner_of(context, optimizer)
     inner = getattr(optimizer, "optimizer", optimizer)
     if isinstance(saved, dict) and "dcp" in saved and owner is not None:
-        import torch.distributed.checkpoint as dcp
-
         template = {saved["key"]: get_optimizer_state_dict(_plain(owner), inner)}
-        dcp.load(template, checkpoint_id=os.path.join(folder, saved["dcp"]))
+        dcp_reading.load(template, os.path.join(folder, saved["dcp"]))
         set_optimizer_state_dict(_plain(owner), inner, template[saved["key"]])
     elif owner is not None and is_sharded(owner):  # a DDP checkpoint's optimizer: its parameters by name
         set_optimizer_state_dict(owner, inner, by_name(owner, inner, saved),
