@@ -136,3 +136,17 @@ def test_a_pickle_among_a_sharded_checkpoints_values_runs_nothing(tmp_path):
             pytest.warns(UserWarning, match="single process"):
         dcp_reading.load(into, str(tmp_path / "f"))
     assert not marker.exists()
+
+
+def test_checkpoints_saved_under_a_umask_that_lets_the_group_write_are_accepted_next_time(pools, tmp_path):
+    """nbtrain writes its checkpoint files writable by the user alone, whatever the umask, so its own refusal of
+    group-writable files never stops the next cell."""
+    folder = tmp_path / "ckpt"
+    loose = "import os\nbefore = os.umask(0o002)\ntry:\n" + "".join(
+        f"    {line}\n" for line in CURVE.replace("EPOCHS", "1").splitlines()) + "finally:\n    os.umask(before)\n"
+    run_cell(pools, loose, shard="full", checkpoint=str(folder))
+    _check(folder)
+    paths = [os.path.join(top, name) for top, dirs, files in os.walk(folder) for name in [*dirs, *files]]
+    modes = {p: oct(os.stat(p).st_mode & 0o777) for p in [str(folder), *paths]}
+    assert any(p.endswith(".metadata") for p in modes) and any(p.endswith("checkpoint.pt") for p in modes)
+    assert all(not int(mode, 8) & 0o022 for mode in modes.values()), modes

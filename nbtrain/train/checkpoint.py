@@ -46,6 +46,7 @@ import random
 import re
 import secrets
 import shutil
+import stat
 import sys
 import threading
 import time
@@ -98,6 +99,8 @@ def save_checkpoint(path: str | None = None, **extra) -> str:
     error = None
     if context.rank == 0:
         try:
+            if states is not None:
+                writable_by_owner_only(os.path.join(os.path.dirname(target), states[0][0]["dcp"]))
             write_atomic(_snapshot(context, ranks, extra, states), target)
             if states is not None:
                 _remove_older_shards(target, states[0][0]["dcp"])
@@ -145,6 +148,7 @@ def _save_in_background(context: TrainContext, target: str, ranks: list, extra: 
         taken.wait()
         try:
             if error is None and context.rank == 0:
+                writable_by_owner_only(os.path.join(os.path.dirname(target), snapshot["models"][0]["dcp"]))
                 write_atomic(snapshot, target)
                 _remove_older_shards(target, snapshot["models"][0]["dcp"])
         except Exception as exc:
@@ -202,14 +206,24 @@ def _snapshot(context: TrainContext, ranks: list, extra: dict, states: tuple[lis
     }
 
 
+def writable_by_owner_only(folder: str) -> None:
+    """A DCP folder and its files, as the umask left them, less group and others' write: a checkpoint others can
+    write is refused when it is loaded (:mod:`nbtrain.wire.checkpoint_files`), so nbtrain never writes one."""
+    for path in [folder, *(os.path.join(folder, name) for name in os.listdir(folder))]:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+        if mode & (stat.S_IWGRP | stat.S_IWOTH):
+            os.chmod(path, mode & ~(stat.S_IWGRP | stat.S_IWOTH))
+
+
 def write_atomic(state: dict, path: str) -> None:
-    """Write ``state`` with torch.save so that ``path`` is always either the old file or the whole new one."""
+    """Write ``state`` with torch.save so that ``path`` is always either the old file or the whole new one
+    (readable by others as the umask allows, writable by this user alone)."""
     directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
+    os.makedirs(directory, mode=0o755, exist_ok=True)
     _remove_stale_temporaries(path)
     temporary = f"{os.path.join(directory, '.' + os.path.basename(path))}.tmp-{os.getpid()}"
     try:
-        with open(temporary, "wb") as file:
+        with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644), "wb") as file:
             torch.save(state, file)
             file.flush()
             os.fsync(file.fileno())
