@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 from helpers.runhelp import run_cell
-from helpers.sharding import CURVE, MODEL, train
+from helpers.sharding import CURVE, MODEL, TIED_LM, train
 
 from nbtrain.launch.diagnostics.failures import RankFailedError
 from nbtrain.launch.lifecycle import entry
@@ -70,6 +70,24 @@ size = sum(p.numel() * 4 for p in model.parameters())
     assert "over --out-limit 50.0 KiB" in why and f"its sharded checkpoint is {tmp_path}/checkpoint.pt" in why, why
     with pytest.raises(ConfigError, match="--out-limit takes a size such as 500M"):
         resolve(LaunchRequest(nprocs=2, cpu=True, shard="full", out_limit="lots"))
+
+
+def test_tied_weights_stay_tied_back_in_the_notebook_after_a_resume_and_a_pull(pools, tmp_path):
+    checkpoint = str(tmp_path / "ckpt")
+    first, _ = run_cell(pools, TIED_LM.replace("EPOCHS", "2"), out="lm,weights,tied_on_the_ranks", shard="full",
+                        checkpoint=checkpoint)
+    printed = []
+    resumed, _ = run_cell(pools, TIED_LM.replace("EPOCHS", "3"), out="lm,weights", shard="full", checkpoint=checkpoint,
+                          session="tied", write=lambda stream, text: printed.append(text))
+    pulled: dict = {}
+    entry.pull(pools, "tied", ["lm"], pulled)
+    entry.close(pools, "tied")
+    assert first["tied_on_the_ranks"] and "resuming from" in "".join(printed)
+    for lm, weights in ((first["lm"], first["weights"]), (resumed["lm"], resumed["weights"]),
+                        (pulled["lm"], resumed["weights"])):
+        assert lm.head.weight is lm.emb.weight  # one parameter, as the model was built: not two copies
+        assert len(list(lm.parameters())) == 1 + 2 * 2
+        torch.testing.assert_close(lm.emb.weight.detach(), weights)
 
 
 def test_bf16_mixed_precision_shards_and_says_what_it_did(pools):

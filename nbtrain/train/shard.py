@@ -19,7 +19,8 @@ wires it into the cell:
   (``set_requires_gradient_sync``), as ``no_sync()`` does for DDP;
 * **results** (:func:`bring_back`): a sharded model the cell assigns comes back to the notebook as the plain
   module — every rank takes part in gathering the full state dict to rank 0's CPU (one tensor at a time),
-  and rank 0 fills a parameter-less copy of the model made before sharding (:func:`meta_copy`);
+  and rank 0 fills a parameter-less copy of the model made before sharding (:func:`meta_copy`), tying again
+  what the model tied (:func:`tied_parameters`); the ranks' own namespace keeps the sharded model (a session);
 * **checkpoints** (:func:`save_states`, :func:`load_model`, :func:`load_optimizer`): DCP, each rank writing
   its own shards; DCP re-shards on load, so a run resumes at another world size, and a DDP checkpoint loads
   into a sharded run and the other way round.
@@ -246,28 +247,31 @@ class _StaysOnTheRanks:
         raise TypeError(self.why)
 
 
-def bring_back(context: TrainContext, namespace: dict, names, result_rank: bool) -> None:
-    """Sharded models among ``names`` become whole modules on rank 0 (a collective: every rank calls this) —
-    those of this cell and those a session kept from earlier ones; sharded optimizers stay on the ranks."""
+def bring_back(context: TrainContext, namespace: dict, names, result_rank: bool) -> dict:
+    """What rank 0 sends back in place of ``names``' sharded values (a collective: every rank calls this): each
+    sharded model whole — those of this cell and those a session kept from earlier ones — and a note in place of
+    a sharded optimizer, which stays on the ranks. ``namespace`` itself is left as it is: a session's next cell
+    and ``%distributed_pull`` find the sharded model still sharded on every rank."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
     limit = context.settings.out_limit
+    sent: dict = {}
     for name in names:
         value = namespace.get(name)
         if isinstance(value, nn.Module) and is_sharded(value):
             size = sum(p.numel() * p.element_size() for p in value.parameters())  # a DTensor counts whole
             if limit is not None and size > limit:
-                if result_rank:
-                    namespace[name] = _StaysOnTheRanks(_too_large(context, size, limit))
+                sent[name] = _StaysOnTheRanks(_too_large(context, size, limit))
                 continue
             state = get_model_state_dict(value, options=full)
             if result_rank:
-                namespace[name] = _whole(value, state)
-        elif result_rank and isinstance(value, torch.optim.Optimizer) and _holds_sharded(value):
-            namespace[name] = _StaysOnTheRanks(
+                sent[name] = _whole(value, state)
+        elif isinstance(value, torch.optim.Optimizer) and _holds_sharded(value):
+            sent[name] = _StaysOnTheRanks(
                 f"a sharded {type(getattr(value, 'optimizer', value)).__name__}'s state is spread over the ranks; "
                 "save it with nbtrain.save_checkpoint()")
+    return sent if result_rank else {}
 
 
 def _whole(model: nn.Module, state: dict):
@@ -276,8 +280,22 @@ def _whole(model: nn.Module, state: dict):
         return _StaysOnTheRanks(f"{type(model).__name__} was sharded by the cell itself, not by nbtrain.prepare(), "
                                 "so there is no plain module to fill; save its state with nbtrain.save_checkpoint()")
     plain = copy.deepcopy(plain)  # the kept copy stays empty: the model may come back again after more training
-    plain.load_state_dict(state, assign=True)
+    ties = tied_parameters(plain)
+    plain.load_state_dict(state, assign=True)  # one new parameter per name: a tie (head.weight = emb.weight) splits
+    for first, *others in ties:  # so each tie is made again, as the model had it
+        shared = plain.get_parameter(first)
+        for name in others:
+            owner, _, attribute = name.rpartition(".")
+            setattr(plain.get_submodule(owner), attribute, shared)
     return plain
+
+
+def tied_parameters(model: nn.Module) -> list[list[str]]:
+    """The names under which one parameter appears more than once (tied weights), a list per parameter."""
+    names: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    return [group for group in names.values() if len(group) > 1]
 
 
 def _too_large(context: TrainContext, size: int, limit: int) -> str:
