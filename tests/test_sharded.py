@@ -115,6 +115,7 @@ def test_a_sharded_checkpoint_resumes_4_to_2_to_4_ranks_and_then_unsharded(pools
     four_again, _ = run_cell(pools, cell.replace("EPOCHS", "6"), out="curve", shard="full", checkpoint=checkpoint,
                              nprocs=4)
     ddp, _ = run_cell(pools, cell.replace("EPOCHS", "8"), out="curve", checkpoint=checkpoint, nprocs=1)  # no shards
+    assert not [n for n in os.listdir(checkpoint) if ".shards-" in n]  # its save no longer names them: removed
     resumed = four["curve"] + two["curve"] + four_again["curve"] + ddp["curve"]
     assert resumed == pytest.approx(straight["curve"], rel=1e-4)
 
@@ -156,6 +157,8 @@ for epoch in nbtrain.epochs(3):
     ns, _ = run_cell(pools, cell.replace("KILL", "False"), out="opt", shard="full", checkpoint=checkpoint,
                      write=lambda stream, text: printed.append(text))
     assert "resuming from" in "".join(printed) and "(epoch 1, step 1)" in "".join(printed), printed
+    assert "the save at step 2 did not finish (the run was stopped, or a rank died, while it wrote checkpoint.pt." \
+           "shards-2-" in "".join(printed) and "resumes from the save before it, at step 1" in "".join(printed), printed
     assert len([n for n in os.listdir(checkpoint) if ".shards-" in n]) == 1  # the partial folder went with the next save
     assert "opt" not in ns  # a sharded optimizer's state stays on the ranks
 

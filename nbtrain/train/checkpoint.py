@@ -102,8 +102,7 @@ def save_checkpoint(path: str | None = None, **extra) -> str:
             if states is not None:
                 writable_by_owner_only(os.path.join(os.path.dirname(target), states[0][0]["dcp"]))
             write_atomic(_snapshot(context, ranks, extra, states), target)
-            if states is not None:
-                _remove_older_shards(target, states[0][0]["dcp"])
+            _remove_older_shards(target, states[0][0]["dcp"] if states is not None else None)  # none left unsharded
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
     if context.distributed and context.world_size > 1:
@@ -177,8 +176,9 @@ def _save_in_background(context: TrainContext, target: str, ranks: list, extra: 
     return target
 
 
-def _remove_older_shards(target: str, keep: str) -> None:
-    for folder in glob.glob(f"{target}.shards-*"):
+def _remove_older_shards(target: str, keep: str | None) -> None:
+    """The shard folders the file at ``target`` no longer names (all of them once a run without --shard saved)."""
+    for folder in glob.glob(f"{glob.escape(target)}.shards-*"):
         if os.path.basename(folder) != keep:
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -307,7 +307,23 @@ def load_for_resume(context: TrainContext, path: str, announce: bool) -> Checkpo
     if announce and context.rank == 0:
         print(f"nbtrain: resuming from {path} ({checkpoint_position(context.epoch, context.step, state.get('logged_step'))})",
               flush=True)
+        for step, folder in _unfinished_saves(path, state):
+            print(f"nbtrain: the save at step {step} did not finish (the run was stopped, or a rank died, while it "
+                  f"wrote {os.path.basename(folder)}): it is dropped, and this run resumes from the save before it, "
+                  f"at step {state['step']}. The next save removes the unfinished folder.", flush=True)
     return _info(state, path)
+
+
+def _unfinished_saves(path: str, state: dict) -> list[tuple[int, str]]:
+    """``--shard`` saves begun after the checkpoint's own and never named by it: (step, folder), oldest first. A
+    folder is named ``checkpoint.pt.shards-<step>-<id>`` before its shards are written, the file only after."""
+    named = {entry["dcp"] for entry in state.get("models", []) if isinstance(entry, dict) and "dcp" in entry}
+    found = []
+    for folder in glob.glob(f"{glob.escape(path)}.shards-*"):
+        step = os.path.basename(folder)[len(os.path.basename(path)) + len(".shards-"):].split("-")[0]
+        if os.path.basename(folder) not in named and step.isdigit() and int(step) > int(state["step"]):
+            found.append((int(step), folder))
+    return sorted(found)
 
 
 def read_checkpoint(path: str, device="cpu") -> dict:
