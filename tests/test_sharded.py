@@ -8,7 +8,7 @@ import os
 
 import pytest
 import torch
-from helpers.runhelp import run_cell
+from helpers.runhelp import Captured, run_cell
 from helpers.sharding import CURVE, MODEL, TIED_LM, train
 
 from nbtrain.launch.diagnostics.failures import RankFailedError
@@ -88,6 +88,23 @@ def test_tied_weights_stay_tied_back_in_the_notebook_after_a_resume_and_a_pull(p
         assert lm.head.weight is lm.emb.weight  # one parameter, as the model was built: not two copies
         assert len(list(lm.parameters())) == 1 + 2 * 2
         torch.testing.assert_close(lm.emb.weight.detach(), weights)
+
+
+def test_shard_without_prepare_says_nothing_was_sharded_in_the_cell_and_the_summary(pools):
+    printed = Captured()
+    _, result = run_cell(pools, MODEL + """
+model = Net()
+opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+for step in range(2):
+    F.cross_entropy(model(X), Y).backward(); opt.step(); opt.zero_grad(set_to_none=False)
+""", out="-", shard="full", write=printed)
+    said = printed.text()
+    assert "nbtrain: --shard, but nothing was sharded: model (Net) never went through nbtrain.prepare(), so each " \
+           "rank trained its own copy of model, unsynchronised" in said, said
+    assert said.count("nothing was sharded") == 1  # rank 0 says it for the run
+    summary = format_summary(result)[0]
+    assert "--shard: nothing sharded (no model went through nbtrain.prepare(); each rank trained its own copy)" in \
+           summary, summary
 
 
 def test_bf16_mixed_precision_shards_and_says_what_it_did(pools):

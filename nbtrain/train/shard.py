@@ -152,6 +152,24 @@ def report_state(context: TrainContext) -> None:
     metrics.send_setup({"shard_state": held, "peak": _peak_memory(context.device)})
 
 
+def report_nothing_sharded(context: TrainContext, namespace: dict) -> None:
+    """At the cell's end under --shard with no model sharded (the cell never called ``prepare()`` on one): each rank
+    trained — or holds — its own unsynchronised copy, which the cell's output and the summary say, on rank 0."""
+    if context.settings.shard is None or any(is_sharded(m) for m in context.models) or context.rank != 0:
+        return
+    models = {name: value for name, value in namespace.items()
+              if isinstance(value, nn.Module) and not name.startswith("_") and any(True for _ in value.parameters())}
+    if not models:
+        return
+    trained = [name for name, model in models.items() if any(p.grad is not None for p in model.parameters())]
+    named = ", ".join(f"{name} ({type(model).__name__})" for name, model in models.items())
+    what = (f"each rank trained its own copy of {', '.join(trained)}, unsynchronised" if trained
+            else "each rank holds its own copy")
+    print(f"nbtrain: --shard, but nothing was sharded: {named} never went through nbtrain.prepare(), so {what}. "
+          "Pass the model (and its optimizer) to nbtrain.prepare() to shard it.", file=sys.stderr, flush=True)
+    metrics.send_setup({"shard_unused": sorted(models), "trained": bool(trained)})
+
+
 def _local_bytes(tensor) -> int:
     tensor = _local(tensor)
     return tensor.numel() * tensor.element_size()

@@ -319,6 +319,7 @@ class Rank:
             return P.Failed(job.job_id, self.rank, describe(exc))
         try:  # every rank: what its shards took, then sharded models among the results gathered whole to rank 0
             shard.report_state(train_state.current())
+            shard.report_nothing_sharded(train_state.current(), ns)
             whole = shard.bring_back(train_state.current(), ns, job.out_names, self.rank == RESULT_RANK)
         except BaseException as exc:
             return P.Failed(job.job_id, self.rank, describe(exc, stage="results"))
