@@ -31,7 +31,9 @@ from __future__ import annotations
 import copy
 import itertools
 import os
+import re
 import sys
+import warnings
 from concurrent.futures import Future
 from typing import Any
 
@@ -121,6 +123,7 @@ def shard_model(context: TrainContext, model: nn.Module, blocks=None) -> nn.Modu
         raise PreparedError(f"FSDP2 could not shard {type(model).__name__}{where}: {type(exc).__name__}: {exc}. "
                             "Run it without --shard, or name the blocks to shard with prepare(model, "
                             "shard=[BlockClass]).") from None
+    _trust_the_roots_view(model)
     materialize(context, model)
     after = dict(model.named_parameters())
     context.sharded_params.update({old: after[name] for old, name in names.items() if name in after})
@@ -131,6 +134,20 @@ def shard_model(context: TrainContext, model: nn.Module, blocks=None) -> nn.Modu
                         "shard": "HSDP" if context.settings.shard == "hybrid" else "FSDP2", "blocks": len(units),
                         "shard_ranks": mesh.size(-1) if mesh.ndim > 1 else mesh.size()})
     return model
+
+
+def _trust_the_roots_view(model: nn.Module) -> None:
+    """Silence FSDP2's warning that the sharded root returned a view, which every language model's head on a 3-D
+    input does (``Linear`` folds the batch): "an in-place op on this view … can produce wrong gradients".
+
+    Read in torch's ``_fsdp_state.py``: the warning is true for a module whose parameters are freed after forward
+    — an in-place op drops its pre-backward hook, so nothing gathers them again for backward. The root's are not
+    freed (torch keeps the root unsharded after forward unless ``reshard_after_forward`` is given, and nbtrain
+    gives none), and its post-backward runs from the final callback when its hook did not; so its gradients are
+    the same (``out *= 2`` on such an output trains to DDP's losses, tests/test_sharded.py). A block's view is
+    still reported: its parameters are freed."""
+    warnings.filterwarnings("ignore", category=UserWarning,
+                            message=re.escape(f"FSDP2-wrapped module ({type(model).__name__}) returned a view tensor"))
 
 
 def _amp_word(dtype) -> str:
