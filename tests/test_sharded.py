@@ -8,8 +8,8 @@ import os
 
 import pytest
 import torch
-from helpers.runhelp import run_cell
-from helpers.sharding import CURVE, MODEL, train
+from helpers.runhelp import Captured, run_cell
+from helpers.sharding import CURVE, MODEL, TIED_LM, train
 
 from nbtrain.launch.diagnostics.failures import RankFailedError
 from nbtrain.launch.lifecycle import entry
@@ -72,6 +72,70 @@ size = sum(p.numel() * 4 for p in model.parameters())
         resolve(LaunchRequest(nprocs=2, cpu=True, shard="full", out_limit="lots"))
 
 
+def test_tied_weights_stay_tied_back_in_the_notebook_after_a_resume_and_a_pull(pools, tmp_path):
+    checkpoint = str(tmp_path / "ckpt")
+    first, _ = run_cell(pools, TIED_LM.replace("EPOCHS", "2"), out="lm,weights,tied_on_the_ranks", shard="full",
+                        checkpoint=checkpoint)
+    printed = []
+    resumed, _ = run_cell(pools, TIED_LM.replace("EPOCHS", "3"), out="lm,weights", shard="full", checkpoint=checkpoint,
+                          session="tied", write=lambda stream, text: printed.append(text))
+    pulled: dict = {}
+    entry.pull(pools, "tied", ["lm"], pulled)
+    entry.close(pools, "tied")
+    assert first["tied_on_the_ranks"] and "resuming from" in "".join(printed)
+    for lm, weights in ((first["lm"], first["weights"]), (resumed["lm"], resumed["weights"]),
+                        (pulled["lm"], resumed["weights"])):
+        assert lm.head.weight is lm.emb.weight  # one parameter, as the model was built: not two copies
+        assert len(list(lm.parameters())) == 1 + 2 * 2
+        torch.testing.assert_close(lm.emb.weight.detach(), weights)
+
+
+def test_shard_without_prepare_says_nothing_was_sharded_in_the_cell_and_the_summary(pools):
+    printed = Captured()
+    _, result = run_cell(pools, MODEL + """
+model = Net()
+opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+for step in range(2):
+    F.cross_entropy(model(X), Y).backward(); opt.step(); opt.zero_grad(set_to_none=False)
+""", out="-", shard="full", write=printed)
+    said = printed.text()
+    assert "nbtrain: --shard, but nothing was sharded: model (Net) never went through nbtrain.prepare(), so each " \
+           "rank trained its own copy of model, unsynchronised" in said, said
+    assert said.count("nothing was sharded") == 1  # rank 0 says it for the run
+    summary = format_summary(result)[0]
+    assert "--shard: nothing sharded (no model went through nbtrain.prepare(); each rank trained its own copy)" in \
+           summary, summary
+
+
+VIEW_OUT = MODEL + """
+torch.manual_seed(1)
+model = Net()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+model, opt = nbtrain.prepare(model, opt)
+x, y = X[rank::world_size].unsqueeze(1), Y[rank::world_size]   # 3-D: the head's output is a view
+losses = []
+for step in range(4):
+    out = model(x)
+    out *= 2.0                      # in place, on the sharded root's output
+    loss = F.cross_entropy(out[:, 0], y)
+    nbtrain.backward(loss)
+    opt.step(); opt.zero_grad()
+    total = loss.detach().clone()
+    torch.distributed.all_reduce(total)
+    losses.append(total.item() / world_size)
+"""
+
+
+def test_a_root_that_returns_a_view_trains_as_ddp_without_torchs_warning(pools):
+    """FSDP2 warns that an in-place op on the root's view output can give wrong gradients; for the root it does not
+    (its parameters stay gathered after forward), so nbtrain silences that one warning."""
+    ddp, _ = run_cell(pools, VIEW_OUT, out="losses")
+    printed = Captured()
+    sharded, _ = run_cell(pools, VIEW_OUT, out="losses", shard="full", write=printed)
+    assert sharded["losses"] == pytest.approx(ddp["losses"], rel=1e-5)
+    assert "returned a view tensor" not in printed.text() and "Warning" not in printed.text(), printed.text()
+
+
 def test_bf16_mixed_precision_shards_and_says_what_it_did(pools):
     printed = []
     ns, _ = run_cell(pools, MODEL + """
@@ -91,11 +155,13 @@ def test_a_sharded_checkpoint_resumes_4_to_2_to_4_ranks_and_then_unsharded(pools
     straight, _ = run_cell(pools, cell.replace("EPOCHS", "8"), out="curve", shard="full",
                            checkpoint=str(tmp_path / "straight"))
     four, _ = run_cell(pools, cell.replace("EPOCHS", "2"), out="curve", shard="full", checkpoint=checkpoint, nprocs=4)
-    assert [n for n in os.listdir(checkpoint) if ".shards-" in n] and len(os.listdir(checkpoint)) == 2
+    saved = sorted(n for n in os.listdir(checkpoint) if n != ".nbtrain-lock")  # the lock a running cell holds
+    assert len(saved) == 2 and saved[0] == "checkpoint.pt" and ".shards-" in saved[1], saved
     two, _ = run_cell(pools, cell.replace("EPOCHS", "4"), out="curve", shard="full", checkpoint=checkpoint)
     four_again, _ = run_cell(pools, cell.replace("EPOCHS", "6"), out="curve", shard="full", checkpoint=checkpoint,
                              nprocs=4)
     ddp, _ = run_cell(pools, cell.replace("EPOCHS", "8"), out="curve", checkpoint=checkpoint, nprocs=1)  # no shards
+    assert not [n for n in os.listdir(checkpoint) if ".shards-" in n]  # its save no longer names them: removed
     resumed = four["curve"] + two["curve"] + four_again["curve"] + ddp["curve"]
     assert resumed == pytest.approx(straight["curve"], rel=1e-4)
 
@@ -137,6 +203,8 @@ for epoch in nbtrain.epochs(3):
     ns, _ = run_cell(pools, cell.replace("KILL", "False"), out="opt", shard="full", checkpoint=checkpoint,
                      write=lambda stream, text: printed.append(text))
     assert "resuming from" in "".join(printed) and "(epoch 1, step 1)" in "".join(printed), printed
+    assert "the save at step 2 did not finish (the run was stopped, or a rank died, while it wrote checkpoint.pt." \
+           "shards-2-" in "".join(printed) and "resumes from the save before it, at step 1" in "".join(printed), printed
     assert len([n for n in os.listdir(checkpoint) if ".shards-" in n]) == 1  # the partial folder went with the next save
     assert "opt" not in ns  # a sharded optimizer's state stays on the ranks
 

@@ -5,7 +5,12 @@ collective, like ``barrier()``); rank 0 writes one file, ``DIR/checkpoint.pt`` f
 or the ``path`` given. The file holds the prepared models (plain ``state_dict``, without DDP's
 ``module.`` prefix), optimizers, LR schedulers, the GradScaler, each prepared DataLoader's position
 (epoch, batches read), the step and epoch counters, every rank's RNG states (Python, NumPy, torch CPU and
-CUDA), metric step counters and logged series, and whatever ``**extra`` you pass (picklable values).
+CUDA), metric step counters and logged series, and whatever ``**extra`` you pass (tensors and plain values).
+
+**Reading** (:func:`read_checkpoint`) runs no code: ``torch.load(weights_only=True)`` rebuilds only tensors and
+plain values (so the NumPy RNG state and the logged series are saved as tensors), and a file another user owns,
+or that group or others may write, is refused first (:mod:`nbtrain.wire.checkpoint_files`); a ``--shard``
+folder is read through :mod:`.dcp_reading`.
 
 It is written atomically: to a temporary file in the same directory, flushed and ``fsync``-ed, then
 ``os.replace``-d over the old checkpoint, and the directory is ``fsync``-ed. A rank killed while saving
@@ -36,10 +41,12 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import pickle
 import random
 import re
 import secrets
 import shutil
+import stat
 import sys
 import threading
 import time
@@ -51,6 +58,7 @@ import torch
 import torch.distributed as dist
 
 from ..leftovers import sweep_dead, sweep_quietly
+from ..wire.checkpoint_files import ForeignCheckpointError, refuse_foreign_checkpoint
 from ..words import checkpoint_position
 from . import metrics, shard
 from .state import TrainContext, current
@@ -92,9 +100,10 @@ def save_checkpoint(path: str | None = None, **extra) -> str:
     error = None
     if context.rank == 0:
         try:
-            write_atomic(_snapshot(context, ranks, extra, states), target)
             if states is not None:
-                _remove_older_shards(target, states[0][0]["dcp"])
+                writable_by_owner_only(os.path.join(os.path.dirname(target), states[0][0]["dcp"]))
+            write_atomic(_snapshot(context, ranks, extra, states), target)
+            _remove_older_shards(target, states[0][0]["dcp"] if states is not None else None)  # none left unsharded
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
     if context.distributed and context.world_size > 1:
@@ -139,6 +148,7 @@ def _save_in_background(context: TrainContext, target: str, ranks: list, extra: 
         taken.wait()
         try:
             if error is None and context.rank == 0:
+                writable_by_owner_only(os.path.join(os.path.dirname(target), snapshot["models"][0]["dcp"]))
                 write_atomic(snapshot, target)
                 _remove_older_shards(target, snapshot["models"][0]["dcp"])
         except Exception as exc:
@@ -167,8 +177,9 @@ def _save_in_background(context: TrainContext, target: str, ranks: list, extra: 
     return target
 
 
-def _remove_older_shards(target: str, keep: str) -> None:
-    for folder in glob.glob(f"{target}.shards-*"):
+def _remove_older_shards(target: str, keep: str | None) -> None:
+    """The shard folders the file at ``target`` no longer names (all of them once a run without --shard saved)."""
+    for folder in glob.glob(f"{glob.escape(target)}.shards-*"):
         if os.path.basename(folder) != keep:
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -196,15 +207,25 @@ def _snapshot(context: TrainContext, ranks: list, extra: dict, states: tuple[lis
     }
 
 
+def writable_by_owner_only(folder: str) -> None:
+    """A DCP folder and its files, as the umask left them, less group and others' write: a checkpoint others can
+    write is refused when it is loaded (:mod:`nbtrain.wire.checkpoint_files`), so nbtrain never writes one."""
+    for path in [folder, *(os.path.join(folder, name) for name in os.listdir(folder))]:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+        if mode & (stat.S_IWGRP | stat.S_IWOTH):
+            os.chmod(path, mode & ~(stat.S_IWGRP | stat.S_IWOTH))
+
+
 def write_atomic(state: dict, path: str) -> None:
-    """Write ``state`` with torch.save so that ``path`` is always either the old file or the whole new one."""
+    """Write ``state`` with torch.save so that ``path`` is always either the old file or the whole new one
+    (readable by others as the umask allows, writable by this user alone)."""
     directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
+    os.makedirs(directory, mode=0o755, exist_ok=True)
     _remove_stale_temporaries(path)
     temporary = f"{os.path.join(directory, '.' + os.path.basename(path))}.tmp-{secrets.token_hex(4)}-{os.getpid()}"
     # A new file of this user's, under a name nobody can guess: in a shared folder another user may have planted a
     # file or a link at a predictable name, and renaming theirs into place would hand them the checkpoint.
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
         with os.fdopen(descriptor, "wb") as file:
             torch.save(state, file)
@@ -265,11 +286,7 @@ def auto_resume(context: TrainContext) -> None:
 
 
 def load_for_resume(context: TrainContext, path: str, announce: bool) -> Checkpoint:
-    try:
-        state = torch.load(path, map_location=context.device, weights_only=False)
-    except Exception as exc:
-        raise CheckpointError(f"could not read the checkpoint {path} ({type(exc).__name__}: {exc}); "
-                              "delete it or run with --no-resume.") from exc
+    state = read_checkpoint(path, context.device)
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a checkpoint written by nbtrain.save_checkpoint().")
     context.resume_from(state, path)
@@ -291,7 +308,45 @@ def load_for_resume(context: TrainContext, path: str, announce: bool) -> Checkpo
     if announce and context.rank == 0:
         print(f"nbtrain: resuming from {path} ({checkpoint_position(context.epoch, context.step, state.get('logged_step'))})",
               flush=True)
+        for step, folder in _unfinished_saves(path, state):
+            print(f"nbtrain: the save at step {step} did not finish (the run was stopped, or a rank died, while it "
+                  f"wrote {os.path.basename(folder)}): it is dropped, and this run resumes from the save before it, "
+                  f"at step {state['step']}. The next save removes the unfinished folder.", flush=True)
     return _info(state, path)
+
+
+def _unfinished_saves(path: str, state: dict) -> list[tuple[int, str]]:
+    """``--shard`` saves begun after the checkpoint's own and never named by it: (step, folder), oldest first. A
+    folder is named ``checkpoint.pt.shards-<step>-<id>`` before its shards are written, the file only after."""
+    named = {entry["dcp"] for entry in state.get("models", []) if isinstance(entry, dict) and "dcp" in entry}
+    found = []
+    for folder in glob.glob(f"{glob.escape(path)}.shards-*"):
+        step = os.path.basename(folder)[len(os.path.basename(path)) + len(".shards-"):].split("-")[0]
+        if os.path.basename(folder) not in named and step.isdigit() and int(step) > int(state["step"]):
+            found.append((int(step), folder))
+    return sorted(found)
+
+
+def read_checkpoint(path: str, device="cpu") -> dict:
+    """The checkpoint file's content: tensors and plain values only — ``weights_only=True`` unpickles nothing
+    else, so a planted or altered file runs no code — and only from a file this user alone can write."""
+    try:
+        refuse_foreign_checkpoint(path)
+    except ForeignCheckpointError as exc:
+        raise CheckpointError(str(exc)) from None
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
+        what = f"a reference to {found.group(1)}" if found else "something other than tensors and plain values"
+        raise CheckpointError(
+            f"the checkpoint {path} holds {what}, which nbtrain does not unpickle (a pickle can run code). If you "
+            "saved it yourself with save_checkpoint(**extra), allow its class in the cell before it resumes — "
+            "torch.serialization.add_safe_globals([TheClass]) — or save plain values (numbers, strings, lists, "
+            "dicts, tensors); otherwise delete the file or run with --no-resume.") from None
+    except Exception as exc:
+        raise CheckpointError(f"could not read the checkpoint {path} ({type(exc).__name__}: {exc}); "
+                              "delete it or run with --no-resume.") from exc
 
 
 def _info(state: dict, path: str) -> Checkpoint:
@@ -309,14 +364,19 @@ def _saved(context: TrainContext, kind: str, index: int):
 def restore_model(context: TrainContext, module, index: int) -> None:
     try:
         shard.load_model(module, _saved(context, "models", index), os.path.dirname(context.resume_path or ""))
+    except pickle.UnpicklingError as exc:  # a DCP folder holding more than tensors and plain values
+        raise CheckpointError(f"{exc}. Delete it or run with --no-resume.") from None
     except RuntimeError as exc:
         raise CheckpointError(f"model {index} does not match the checkpoint {context.resume_path}: {exc}\n"
                               "Use another --checkpoint directory or --no-resume for a different model.") from None
 
 
 def restore_optimizer(context: TrainContext, optimizer, index: int) -> None:
-    shard.load_optimizer(context, optimizer, _saved(context, "optimizers", index),
-                         os.path.dirname(context.resume_path or ""))
+    try:
+        shard.load_optimizer(context, optimizer, _saved(context, "optimizers", index),
+                             os.path.dirname(context.resume_path or ""))
+    except pickle.UnpicklingError as exc:
+        raise CheckpointError(f"{exc}. Delete it or run with --no-resume.") from None
 
 
 def restore_scheduler(context: TrainContext, scheduler, index: int) -> None:
@@ -329,8 +389,9 @@ def restore_loader(context: TrainContext, loader, index: int) -> None:
 
 def _rng_state(device) -> dict:
     state = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if "numpy" in sys.modules:
-        state["numpy"] = sys.modules["numpy"].random.get_state()
+    if "numpy" in sys.modules:  # its key array as a tensor: a checkpoint is loaded holding only tensors and plain values
+        name, keys, position, has_gauss, gauss = sys.modules["numpy"].random.get_state()
+        state["numpy"] = (name, torch.from_numpy(keys.astype("int64")), position, has_gauss, gauss)
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
@@ -342,7 +403,8 @@ def _set_rng_state(state: dict, device) -> None:
     if "numpy" in state:
         import numpy
 
-        numpy.random.set_state(state["numpy"])
+        name, keys, position, has_gauss, gauss = state["numpy"]
+        numpy.random.set_state((name, numpy.asarray(keys, dtype="uint32"), position, has_gauss, gauss))
     if "cuda" in state and device.type == "cuda":
         torch.cuda.set_rng_state(state["cuda"].cpu(), device)
 

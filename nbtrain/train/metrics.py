@@ -138,17 +138,35 @@ class LoggedSeries:
     def records(self) -> list[tuple[int, float, dict[str, float]]]:
         return [(step, when, {name: value}) for name, columns in self._data.items() for step, when, value in zip(*columns, strict=True)]
 
-    def to_plain(self) -> dict[str, dict[str, array]]:
-        """Copies of the columns (arrays pickle as raw bytes: a checkpoint grows by 24 bytes a point)."""
-        return {name: {"steps": array("q", s), "times": array("d", t), "values": array("d", v)}
+    def to_plain(self) -> dict:
+        """Copies of the columns as tensors: a checkpoint grows by 24 bytes a point, and tensors are what a
+        checkpoint is loaded with (``torch.load(weights_only=True)``: no other object is unpickled)."""
+        return {name: {"steps": _tensor(s, "int64"), "times": _tensor(t, "float64"), "values": _tensor(v, "float64")}
                 for name, (s, t, v) in self._data.items()}
 
     @classmethod
     def from_plain(cls, saved: dict) -> LoggedSeries:
         logged = cls()
         for name, columns in (saved or {}).items():
-            logged._data[name] = (array("q", columns["steps"]), array("d", columns["times"]), array("d", columns["values"]))
+            logged._data[name] = (_column("q", columns["steps"]), _column("d", columns["times"]),
+                                  _column("d", columns["values"]))
         return logged
+
+
+def _tensor(column: array, dtype: str):
+    import torch
+
+    kind = getattr(torch, dtype)
+    return torch.frombuffer(bytearray(column), dtype=kind) if column else torch.empty(0, dtype=kind)  # a copy
+
+
+def _column(typecode: str, saved) -> array:
+    """A saved column back as an array: a tensor, or the arrays of checkpoints written before tensors."""
+    if hasattr(saved, "numpy"):
+        column = array(typecode)
+        column.frombytes(saved.contiguous().numpy().tobytes())
+        return column
+    return array(typecode, saved)
 
 
 def _to_numbers(records: list[tuple[int, float, dict]]) -> list[tuple[int, float, dict[str, float]]]:

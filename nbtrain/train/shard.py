@@ -19,7 +19,8 @@ wires it into the cell:
   (``set_requires_gradient_sync``), as ``no_sync()`` does for DDP;
 * **results** (:func:`bring_back`): a sharded model the cell assigns comes back to the notebook as the plain
   module — every rank takes part in gathering the full state dict to rank 0's CPU (one tensor at a time),
-  and rank 0 fills a parameter-less copy of the model made before sharding (:func:`meta_copy`);
+  and rank 0 fills a parameter-less copy of the model made before sharding (:func:`meta_copy`), tying again
+  what the model tied (:func:`tied_parameters`); the ranks' own namespace keeps the sharded model (a session);
 * **checkpoints** (:func:`save_states`, :func:`load_model`, :func:`load_optimizer`): DCP, each rank writing
   its own shards; DCP re-shards on load, so a run resumes at another world size, and a DDP checkpoint loads
   into a sharded run and the other way round.
@@ -30,7 +31,9 @@ from __future__ import annotations
 import copy
 import itertools
 import os
+import re
 import sys
+import warnings
 from concurrent.futures import Future
 from typing import Any
 
@@ -38,7 +41,7 @@ import torch
 from torch import nn
 
 from ..words import count
-from . import metrics, speed
+from . import dcp_reading, metrics, speed
 from .state import PreparedError, TrainContext, current
 
 META_COPY = "_nbtrain_meta_copy"  # rank 0: the plain model's structure, parameters on the meta device
@@ -120,6 +123,7 @@ def shard_model(context: TrainContext, model: nn.Module, blocks=None) -> nn.Modu
         raise PreparedError(f"FSDP2 could not shard {type(model).__name__}{where}: {type(exc).__name__}: {exc}. "
                             "Run it without --shard, or name the blocks to shard with prepare(model, "
                             "shard=[BlockClass]).") from None
+    _trust_the_roots_view(model)
     materialize(context, model)
     after = dict(model.named_parameters())
     context.sharded_params.update({old: after[name] for old, name in names.items() if name in after})
@@ -130,6 +134,20 @@ def shard_model(context: TrainContext, model: nn.Module, blocks=None) -> nn.Modu
                         "shard": "HSDP" if context.settings.shard == "hybrid" else "FSDP2", "blocks": len(units),
                         "shard_ranks": mesh.size(-1) if mesh.ndim > 1 else mesh.size()})
     return model
+
+
+def _trust_the_roots_view(model: nn.Module) -> None:
+    """Silence FSDP2's warning that the sharded root returned a view, which every language model's head on a 3-D
+    input does (``Linear`` folds the batch): "an in-place op on this view … can produce wrong gradients".
+
+    Read in torch's ``_fsdp_state.py``: the warning is true for a module whose parameters are freed after forward
+    — an in-place op drops its pre-backward hook, so nothing gathers them again for backward. The root's are not
+    freed (torch keeps the root unsharded after forward unless ``reshard_after_forward`` is given, and nbtrain
+    gives none), and its post-backward runs from the final callback when its hook did not; so its gradients are
+    the same (``out *= 2`` on such an output trains to DDP's losses, tests/test_sharded.py). A block's view is
+    still reported: its parameters are freed."""
+    warnings.filterwarnings("ignore", category=UserWarning,
+                            message=re.escape(f"FSDP2-wrapped module ({type(model).__name__}) returned a view tensor"))
 
 
 def _amp_word(dtype) -> str:
@@ -149,6 +167,24 @@ def report_state(context: TrainContext) -> None:
             held += sum(_local_bytes(v) for state in optimizer.state.values() for v in state.values()
                         if torch.is_tensor(v) and v.dim() > 0)
     metrics.send_setup({"shard_state": held, "peak": _peak_memory(context.device)})
+
+
+def report_nothing_sharded(context: TrainContext, namespace: dict) -> None:
+    """At the cell's end under --shard with no model sharded (the cell never called ``prepare()`` on one): each rank
+    trained — or holds — its own unsynchronised copy, which the cell's output and the summary say, on rank 0."""
+    if context.settings.shard is None or any(is_sharded(m) for m in context.models) or context.rank != 0:
+        return
+    models = {name: value for name, value in namespace.items()
+              if isinstance(value, nn.Module) and not name.startswith("_") and any(True for _ in value.parameters())}
+    if not models:
+        return
+    trained = [name for name, model in models.items() if any(p.grad is not None for p in model.parameters())]
+    named = ", ".join(f"{name} ({type(model).__name__})" for name, model in models.items())
+    what = (f"each rank trained its own copy of {', '.join(trained)}, unsynchronised" if trained
+            else "each rank holds its own copy")
+    print(f"nbtrain: --shard, but nothing was sharded: {named} never went through nbtrain.prepare(), so {what}. "
+          "Pass the model (and its optimizer) to nbtrain.prepare() to shard it.", file=sys.stderr, flush=True)
+    metrics.send_setup({"shard_unused": sorted(models), "trained": bool(trained)})
 
 
 def _local_bytes(tensor) -> int:
@@ -246,28 +282,31 @@ class _StaysOnTheRanks:
         raise TypeError(self.why)
 
 
-def bring_back(context: TrainContext, namespace: dict, names, result_rank: bool) -> None:
-    """Sharded models among ``names`` become whole modules on rank 0 (a collective: every rank calls this) —
-    those of this cell and those a session kept from earlier ones; sharded optimizers stay on the ranks."""
+def bring_back(context: TrainContext, namespace: dict, names, result_rank: bool) -> dict:
+    """What rank 0 sends back in place of ``names``' sharded values (a collective: every rank calls this): each
+    sharded model whole — those of this cell and those a session kept from earlier ones — and a note in place of
+    a sharded optimizer, which stays on the ranks. ``namespace`` itself is left as it is: a session's next cell
+    and ``%distributed_pull`` find the sharded model still sharded on every rank."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
     limit = context.settings.out_limit
+    sent: dict = {}
     for name in names:
         value = namespace.get(name)
         if isinstance(value, nn.Module) and is_sharded(value):
             size = sum(p.numel() * p.element_size() for p in value.parameters())  # a DTensor counts whole
             if limit is not None and size > limit:
-                if result_rank:
-                    namespace[name] = _StaysOnTheRanks(_too_large(context, size, limit))
+                sent[name] = _StaysOnTheRanks(_too_large(context, size, limit))
                 continue
             state = get_model_state_dict(value, options=full)
             if result_rank:
-                namespace[name] = _whole(value, state)
-        elif result_rank and isinstance(value, torch.optim.Optimizer) and _holds_sharded(value):
-            namespace[name] = _StaysOnTheRanks(
+                sent[name] = _whole(value, state)
+        elif isinstance(value, torch.optim.Optimizer) and _holds_sharded(value):
+            sent[name] = _StaysOnTheRanks(
                 f"a sharded {type(getattr(value, 'optimizer', value)).__name__}'s state is spread over the ranks; "
                 "save it with nbtrain.save_checkpoint()")
+    return sent if result_rank else {}
 
 
 def _whole(model: nn.Module, state: dict):
@@ -276,8 +315,22 @@ def _whole(model: nn.Module, state: dict):
         return _StaysOnTheRanks(f"{type(model).__name__} was sharded by the cell itself, not by nbtrain.prepare(), "
                                 "so there is no plain module to fill; save its state with nbtrain.save_checkpoint()")
     plain = copy.deepcopy(plain)  # the kept copy stays empty: the model may come back again after more training
-    plain.load_state_dict(state, assign=True)
+    ties = tied_parameters(plain)
+    plain.load_state_dict(state, assign=True)  # one new parameter per name: a tie (head.weight = emb.weight) splits
+    for first, *others in ties:  # so each tie is made again, as the model had it
+        shared = plain.get_parameter(first)
+        for name in others:
+            owner, _, attribute = name.rpartition(".")
+            setattr(plain.get_submodule(owner), attribute, shared)
     return plain
+
+
+def tied_parameters(model: nn.Module) -> list[list[str]]:
+    """The names under which one parameter appears more than once (tied weights), a list per parameter."""
+    names: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    return [group for group in names.values() if len(group) > 1]
 
 
 def _too_large(context: TrainContext, size: int, limit: int) -> str:
@@ -387,10 +440,8 @@ def load_model(model, saved, folder: str) -> None:
 
     model = _plain(model)
     if isinstance(saved, dict) and "dcp" in saved:
-        import torch.distributed.checkpoint as dcp
-
         template = {saved["key"]: get_model_state_dict(model)}
-        dcp.load(template, checkpoint_id=os.path.join(folder, saved["dcp"]))
+        dcp_reading.load(template, os.path.join(folder, saved["dcp"]))
         set_model_state_dict(model, template[saved["key"]])
     elif is_sharded(model):
         set_model_state_dict(model, saved, options=StateDictOptions(full_state_dict=True))
@@ -409,10 +460,8 @@ def load_optimizer(context: TrainContext, optimizer, saved, folder: str) -> None
     owner = owner_of(context, optimizer)
     inner = getattr(optimizer, "optimizer", optimizer)
     if isinstance(saved, dict) and "dcp" in saved and owner is not None:
-        import torch.distributed.checkpoint as dcp
-
         template = {saved["key"]: get_optimizer_state_dict(_plain(owner), inner)}
-        dcp.load(template, checkpoint_id=os.path.join(folder, saved["dcp"]))
+        dcp_reading.load(template, os.path.join(folder, saved["dcp"]))
         set_optimizer_state_dict(_plain(owner), inner, template[saved["key"]])
     elif owner is not None and is_sharded(owner):  # a DDP checkpoint's optimizer: its parameters by name
         set_optimizer_state_dict(owner, inner, by_name(owner, inner, saved),

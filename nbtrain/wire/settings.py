@@ -24,6 +24,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .checkpoint_files import ForeignCheckpointError, refuse_foreign_folder
 from .options import option, with_env_fallbacks
 
 AMP_CHOICES = ("auto", "bf16", "fp16", "off")
@@ -144,6 +145,10 @@ def parse_train_settings(options: TrainOptions, cwd: str | None = None) -> Train
         parent = _existing_parent(checkpoint_dir)
         if not os.access(parent, os.W_OK):
             raise TrainSettingsError(f"--checkpoint {checkpoint}: cannot write in {parent}; choose a writable directory.")
+        try:
+            refuse_foreign_folder(checkpoint_dir, CHECKPOINT_FILE)
+        except ForeignCheckpointError as exc:
+            raise TrainSettingsError(f"--checkpoint {checkpoint}: {exc}") from None
     if restarts and checkpoint_dir is None:
         raise TrainSettingsError("--max-restarts resumes the ranks from their last checkpoint, so it needs "
                                  "--checkpoint DIR (and nbtrain.save_checkpoint() in the cell).")

@@ -325,13 +325,14 @@ class Rank:
             return P.Failed(job.job_id, self.rank, describe(exc))
         try:  # every rank: what its shards took, then sharded models among the results gathered whole to rank 0
             shard.report_state(train_state.current())
-            shard.bring_back(train_state.current(), ns, job.out_names, self.rank == RESULT_RANK)
+            shard.report_nothing_sharded(train_state.current(), ns)
+            whole = shard.bring_back(train_state.current(), ns, job.out_names, self.rank == RESULT_RANK)
         except BaseException as exc:
             return P.Failed(job.job_id, self.rank, describe(exc, stage="results"))
         results = None
         if self.rank == RESULT_RANK:
             try:
-                results = pack_results(ns, job.out_names, job.result_prefix)
+                results = pack_results({**ns, **whole}, job.out_names, job.result_prefix)
             except BaseException as exc:
                 return P.Failed(job.job_id, self.rank, describe(exc, stage="results"))
         return P.Done(job.job_id, self.rank, results, time.perf_counter() - started,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
 import time
 from collections.abc import Iterator
@@ -14,10 +15,14 @@ from helpers.outputs import output_text
 
 
 class Kernel:
-    def __init__(self, cwd: str | None = None) -> None:
-        """A kernel started in ``cwd`` (default: this process's directory), as Jupyter starts one in the notebook's folder."""
+    def __init__(self, cwd: str | None = None, notebook: str | None = None) -> None:
+        """A kernel started in ``cwd`` (default: this process's directory), as Jupyter starts one in the notebook's
+        folder; with ``notebook``, the notebook's path given to it as Jupyter's server gives it."""
         tiers.starts("a Jupyter kernel")
-        self.km, self.kc = start_new_kernel(kernel_name="python3", **({"cwd": cwd} if cwd else {}))
+        options: dict = {"cwd": cwd} if cwd else {}
+        if notebook:
+            options["env"] = {**os.environ, "JPY_SESSION_NAME": notebook}
+        self.km, self.kc = start_new_kernel(kernel_name="python3", **options)
 
     def execute(self, code: str, timeout: float = 120.0) -> tuple[dict, str]:
         """Run ``code``; return the reply content and everything it printed."""

@@ -75,3 +75,43 @@ for epoch in nbtrain.epochs(EPOCHS):
     curve.append(round(loss.item(), 6))
     nbtrain.save_checkpoint()   # under --checkpoint-async it returns once the shards are copied
 """
+
+
+# A language model whose head shares the embedding's weight (as GPT-2's does), trained EPOCHS epochs with a save each.
+TIED_LM = """
+import torch, nbtrain
+from torch import nn
+import torch.nn.functional as F
+
+class Block(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+    def forward(self, x):
+        return x + torch.tanh(self.linear(x))
+
+class LM(nn.Module):
+    def __init__(self, vocab=50, width=16):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, width)
+        self.layers = nn.ModuleList(Block(width) for _ in range(2))
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.emb.weight
+    def forward(self, tokens):
+        x = self.emb(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+torch.manual_seed(0)
+T = torch.randint(0, 50, (32, 8))
+lm = LM()
+opt = torch.optim.AdamW(lm.parameters(), lr=1e-2)
+lm, opt = nbtrain.prepare(lm, opt)
+tied_on_the_ranks = lm.head.weight is lm.emb.weight
+for epoch in nbtrain.epochs(EPOCHS):
+    loss = F.cross_entropy(lm(T[:, :-1]).flatten(0, 1), T[:, 1:].flatten())
+    nbtrain.backward(loss); opt.step(); opt.zero_grad()
+    nbtrain.save_checkpoint()
+weights = lm.emb.weight.full_tensor().clone()
+"""

@@ -14,9 +14,10 @@ from ...words import count
 
 def setup_words(setup: dict[int, list[dict]]) -> list[str]:
     """``["bf16", "channels_last", "compiled (default) in 41.2 s"]``; empty when nothing was prepared."""
-    models = [m for m in setup.get(0) or next(iter(setup.values()), []) if "shard_state" not in m]
+    models = [m for m in setup.get(0) or next(iter(setup.values()), []) if "shard_state" not in m
+              and "shard_unused" not in m]
     if not models:
-        return []
+        return sharding_words(setup)
     words = []
     amps = sorted({m.get("amp", "off") for m in models})
     words.append("fp32" if amps == ["off"] else "/".join(a for a in amps if a != "off"))
@@ -39,6 +40,10 @@ def sharding_words(setup: dict[int, list[dict]]) -> list[str]:
     measured at the cell's end on each rank (the largest rank's; DDP would hold the unsharded state on each)."""
     facts = [f for models in setup.values() for f in models]
     plan = next((f for f in facts if "shard" in f), None)
+    unused = next((f for f in facts if "shard_unused" in f), None)
+    if plan is None and unused is not None:  # --shard, but the cell prepared no model
+        return ["--shard: nothing sharded (no model went through nbtrain.prepare()"
+                + ("; each rank trained its own copy)" if unused["trained"] else ")")]
     if plan is None:
         return []
     words = [f"{plan['shard']} over {count('rank', plan['shard_ranks'])} ({count('block', plan['blocks'])})"]

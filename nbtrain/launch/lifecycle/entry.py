@@ -38,6 +38,7 @@ from ..request.inputs import PayloadError, pack_inputs
 from ..request.mistakes import UserInputError
 from ..request.notebook_modules import WorkdirGone, notebook_workdir
 from ...wire.options import options_of
+from .checkpoint_lock import hold_checkpoint_folder
 from .restarts import run_with_restarts
 from .pools import PoolManager
 from .run import RunResult, run_cell
@@ -117,6 +118,11 @@ def _run(source, config, info, namespace, manager, write, code_name, observers, 
     if config.session:  # before anything is packed: the session's ranks must fit the cell
         manager.sessions.check(config.session, config.pool, config.fresh)
         names = manager.sessions.names_to_send(config.session, names, namespace)
+    with hold_checkpoint_folder(config.train.checkpoint_dir):  # one run per folder, restarts included
+        return _run_held(namespace, info, config, manager, names, write, code_name, observers, outcome)
+
+
+def _run_held(namespace, info, config, manager, names, write, code_name, observers, outcome) -> RunResult:
     inputs = _pack_or_explain_stop(namespace, names)
     if not config.train.max_restarts:
         return run_cell(namespace, info, config, manager, inputs, write=write, code_name=code_name, observers=observers,

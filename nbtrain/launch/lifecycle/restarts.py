@@ -142,7 +142,7 @@ def _describe_checkpoint(path: str) -> str:
     try:
         import torch
 
-        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # tensors and plain values only
         return f"{path} ({checkpoint_position(state['epoch'], state['step'], state.get('logged_step'))})"
     except Exception:
         return path

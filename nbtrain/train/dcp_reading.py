@@ -1,0 +1,96 @@
+"""Reading a ``--shard`` checkpoint's DCP folder without unpickling anything but its own layout and plain values.
+
+``torch.distributed.checkpoint``'s file reader unpickles the folder's ``.metadata`` with :func:`pickle.load`
+and each non-tensor value (an optimizer's ``lr``, ``betas``, ``step`` counts) with ``torch.load(weights_only=False)``:
+whoever could write the folder would run code in every rank that resumes from it. nbtrain reads the folder with
+:func:`load`, DCP's own ``load`` given two replacements:
+
+* :class:`_LayoutReader` reads ``.metadata`` with an unpickler that finds only the classes DCP's layout is made
+  of (its metadata dataclasses, ``torch.Size``, dtypes and layouts, a path) — anything else is refused before
+  it is called;
+* :class:`_PlainValuesPlanner` checks each stored value with ``torch.load(weights_only=True)`` before DCP's
+  planner unpickles the same bytes, so only tensors and plain values get that far.
+
+Tensors themselves DCP already reads with ``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+from typing import Any
+
+import torch
+
+METADATA_FILE = ".metadata"  # DCP's name for the folder's layout
+_LAYOUT_MODULES = ("torch.distributed.checkpoint.metadata",)
+_LAYOUT_CLASSES = {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+                   ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "Path"),
+                   ("collections", "OrderedDict")}
+
+
+class UnexpectedContent(pickle.UnpicklingError):
+    """A DCP folder holds something that is not DCP's layout or a plain value."""
+
+
+class _LayoutUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if module in _LAYOUT_MODULES or (module, name) in _LAYOUT_CLASSES:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise UnexpectedContent(f"{module}.{name} is not part of a checkpoint's layout")
+
+
+def read_layout(folder: str):
+    """The folder's ``.metadata``, unpickled with only DCP's layout classes available."""
+    with open(os.path.join(folder, METADATA_FILE), "rb") as file:
+        return _LayoutUnpickler(file).load()
+
+
+def load(state: dict, folder: str) -> None:
+    """``dcp.load(state, checkpoint_id=folder)``, reading nothing but the layout, tensors and plain values."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        dcp.load(state, storage_reader=_layout_reader(folder), planner=_plain_values_planner())
+    except CheckpointException as exc:  # DCP gathers each rank's error: say ours plainly
+        refused = [error for error, _ in exc.failures.values() if isinstance(error, UnexpectedContent)]
+        if refused:
+            raise UnexpectedContent(f"the sharded checkpoint {folder} holds what nbtrain does not unpickle (a pickle "
+                                    f"can run code): {refused[0]}") from None
+        raise
+
+
+def _layout_reader(folder: str):
+    import dataclasses
+
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class _LayoutReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any):
+            if kwargs.get("rank") is not None:
+                raise UnexpectedContent("a per-rank DCP layout; nbtrain writes one layout per folder")
+            layout = read_layout(folder)
+            meta = dataclasses.replace(layout.storage_meta or StorageMeta(), load_id=self.load_id)  # as DCP's reader
+            return dataclasses.replace(layout, storage_meta=meta)
+
+    return _LayoutReader(folder)
+
+
+def _plain_values_planner():
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    class _PlainValuesPlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item, value: io.BytesIO) -> None:
+            try:
+                torch.load(value, weights_only=True)  # refuses any global that is not a tensor's or a plain value's
+            except pickle.UnpicklingError as exc:
+                raise UnexpectedContent(f"{read_item.dest_index.fqn} is not a plain value: {exc}") from None
+            value.seek(0)
+            super().load_bytes(read_item, value)  # the same bytes, now known to hold nothing else
+
+    return _PlainValuesPlanner()
