@@ -6,6 +6,8 @@
 Runs the same training cell four times through nbtrain.launch.lifecycle.entry.run_source: DDP, --shard, --shard for half
 the epochs, then --shard --checkpoint-async resuming from that checkpoint; prints each curve, what came back
 and the peak GPU memory, then whether the sharded losses match DDP's and the resumed curve the straight one.
+Last, a small language model whose head shares the embedding's weight, trained under --shard and resumed from
+its checkpoint: whether the tie holds on the ranks and in the model that comes back each time.
 Record the command and its output in docs/gpu-verification.md.
 """
 from __future__ import annotations
@@ -54,6 +56,40 @@ peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else 0
 '''
 ranks = int(os.environ.get("RANKS", "0")) or (2 if CPU else len(nvml.visible_gpus()) or 1)
 tmp = tempfile.mkdtemp()
+TIED = '''
+import torch, nbtrain
+from torch import nn
+import torch.nn.functional as F
+class LM(nn.Module):
+    def __init__(self, vocab=512, width=256):
+        super().__init__(); self.emb = nn.Embedding(vocab, width); self.mid = nn.Linear(width, width)
+        self.head = nn.Linear(width, vocab, bias=False); self.head.weight = self.emb.weight
+    def forward(self, tokens):
+        return self.head(torch.tanh(self.mid(self.emb(tokens))))
+torch.manual_seed(0)
+T = torch.randint(0, 512, (64, 33), device=device)
+lm = LM()
+opt = torch.optim.AdamW(lm.parameters(), lr=1e-3)
+lm, opt = nbtrain.prepare(lm, opt)
+tied_on_the_ranks = lm.head.weight is lm.emb.weight
+for epoch in nbtrain.epochs(EPOCHS):
+    loss = F.cross_entropy(lm(T[:, :-1]).flatten(0, 1), T[:, 1:].flatten())
+    nbtrain.backward(loss); opt.step(); opt.zero_grad()
+    nbtrain.save_checkpoint()
+'''
+
+
+def tied(epochs: int) -> bool:
+    """The tied model trained to ``epochs`` under --shard (resuming from the last call's checkpoint)."""
+    ns: dict = {}
+    run_source(TIED.replace("EPOCHS", str(epochs)), LaunchRequest(nprocs=ranks, cpu=CPU, keep_alive=600, out="lm,tied_on_the_ranks",
+               shard="full", amp="bf16", checkpoint=os.path.join(tmp, "tied")), ns, write=lambda stream, text: print(text, end="", flush=True))
+    back = ns["lm"].head.weight is ns["lm"].emb.weight
+    print(f"tied LM to epoch {epochs}: tied on the ranks {ns['tied_on_the_ranks']}, tied in the model back {back}, "
+          f"parameters back {len(list(ns['lm'].parameters()))} (3 when tied)", flush=True)
+    return bool(ns["tied_on_the_ranks"]) and back
+
+
 def run(epochs, **options):
     ns: dict = {}
     started = time.perf_counter()
@@ -68,3 +104,5 @@ first = run(3, shard="full", amp="bf16", checkpoint=os.path.join(tmp, "b"))
 then = run(6, shard="full", amp="bf16", checkpoint=os.path.join(tmp, "b"), checkpoint_async=True)
 print("sharded = DDP losses (bf16):", straight["curve"], ddp["curve"])
 print("resumed curve equals the straight one:", first["curve"] + then["curve"] == straight["curve"], first["curve"] + then["curve"])
+ties = [tied(2), tied(4)]
+print("tied weights stay tied under --shard, back in the notebook and after a resume:", all(ties))
