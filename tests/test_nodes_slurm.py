@@ -241,3 +241,38 @@ def test_inside_an_allocation_the_agents_run_as_a_step_of_it(slurm_cluster, monk
         k.shutdown()
         slurm_cluster.run("scancel", allocation, check=False)
         until(lambda: _queue_empty(slurm_cluster), 20, "the allocation to end")
+
+
+_LONG_TRAINING = """
+import time
+import torch, nbtrain
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+net = torch.nn.Linear(4, 2)
+data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+model, opt, loader = nbtrain.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1), DataLoader(data, batch_size=4))
+for epoch in nbtrain.epochs(1000):
+    for x, y in loader:
+        nbtrain.backward(torch.nn.functional.cross_entropy(model(x), y))
+        opt.step(); opt.zero_grad()
+        time.sleep(0.2)
+    print('epoch', epoch, flush=True)
+steps = nbtrain.training_state().step
+"""
+
+
+def test_the_time_limit_s_warning_saves_a_checkpoint_and_the_cell_says_how_to_resume(slurm_cluster, kernel, tmp_path):  # noqa: F811
+    slurm = slurm_cluster
+    checkpoint = tmp_path / "ckpt"
+    line = (f'{BASE} --slurm "--time=2 --signal=B:USR1@40" --checkpoint {checkpoint} --keep-alive 0 '
+            f'--preemption-grace 20\n')
+    reply, out = kernel.execute(line + _LONG_TRAINING, timeout=150)  # the warning comes 40 to 70 s before the end
+    job = _job(out)
+    assert reply["status"] == "error", out
+    notice = re.search(r"nbtrain: node [ab]: SIGTERM at [\d:]+ .*; checkpoint at step (\d+) saved in", out)
+    assert notice, out  # Slurm's warning became a notice: the ranks saved at their next step
+    assert f"run the cell again to resume from {checkpoint / 'checkpoint.pt'}" in out, out
+    assert "TIMEOUT" not in out and "connection broke" not in out, out  # not killed at the limit
+    assert (checkpoint / "checkpoint.pt").exists()
+    state = slurm.run("scontrol", "show", "job", "-o", job)
+    assert "JobState=COMPLETED" in state or not slurm.jobs(), state  # the agents left: the job ended before its limit

@@ -47,6 +47,9 @@ END_WAIT_S = 5.0  # a job that is ending: how long to wait for Slurm's final wor
 STEP_CHECK_S = 1.0  # srun that refuses its arguments exits within this
 EXIT_WAIT_S = 10.0
 JOB_NAME = "nbtrain-nodes"
+WARNING_SIGNAL = "B:USR1@60"  # Slurm signals the batch shell this long before the time limit (ARGS may change it)
+# the batch shell's answer: SIGTERM to every step of the job, not to itself (scancel --signal spares the batch step)
+WARNING_TRAP = """trap 'scancel --signal=TERM "$SLURM_JOB_ID"' USR1 USR2 TERM"""
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING",
           "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD"}
 
@@ -74,12 +77,18 @@ def placement(nodes: int, min_nodes: int, loopback: bool) -> list[str]:
 
 
 def batch_script(nodes: int, min_nodes: int, loopback: bool, command: str, output: str) -> str:
-    """The script given to sbatch (on its stdin): its resources, then one srun over the job's nodes."""
+    """The script given to sbatch (on its stdin): its resources, then one srun over the job's nodes, which the
+    shell waits for so that Slurm's warning before the time limit becomes a notice (:data:`WARNING_TRAP`)."""
     step = f"--ntasks={nodes}" if loopback else "--nodes=$SLURM_JOB_NUM_NODES --ntasks-per-node=1"
     lines = ["#!/bin/sh", f"#SBATCH --job-name={JOB_NAME}", *[f"#SBATCH {word}" for word in placement(
-        nodes, min_nodes, loopback)], f"#SBATCH --output={output}",
-        "# nbtrain node agents: they join the notebook's kernel and leave when its pool ends",
-        f"exec srun --whole {step} /bin/sh -c {shlex.quote(command)}", ""]
+        nodes, min_nodes, loopback)], f"#SBATCH --output={output}", f"#SBATCH --signal={WARNING_SIGNAL}",
+        "# nbtrain node agents: they join the notebook's kernel and leave when its pool ends.",
+        "# Slurm's warning before the time limit (--signal=B:USR1@60) comes to this shell: it becomes SIGTERM to",
+        "# the agents and their ranks, a preemption notice (a checkpoint at the next step). srun itself would kill",
+        "# its tasks on SIGTERM, so it runs in the background, and waiting for it goes on after the trap.",
+        WARNING_TRAP, f"srun --whole {step} /bin/sh -c {shlex.quote(command)} &", "step=$!",
+        'wait "$step"; code=$?', 'while kill -0 "$step" 2>/dev/null; do wait "$step"; code=$?; done', 'exit "$code"',
+        ""]
     return "\n".join(lines)
 
 
