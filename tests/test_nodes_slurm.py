@@ -72,6 +72,7 @@ def test_the_commands_name_the_token_file_never_the_token():
     script = batch_script(2, 0, False, command, "/logs/slurm-nbtrain-%j.out")
     assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n" in script
     assert "srun --whole --nodes=$SLURM_JOB_NUM_NODES --ntasks-per-node=1 /bin/sh -c" in script
+    assert "#SBATCH --signal=B:USR1@60\n" in script and "exec srun" not in script  # the warning is trapped, not fatal
     assert "--nodes=1\n#SBATCH --ntasks=3" in batch_script(3, 0, True, command, "out")  # loopback: one machine
     step = srun_argv(4, 2, False, ("--gpus-per-node=8",), command)
     assert step[:6] == ["srun", "--job-name=nbtrain-nodes", "--whole", "--nodes=2-4", "--ntasks-per-node=1",
@@ -276,3 +277,23 @@ def test_the_time_limit_s_warning_saves_a_checkpoint_and_the_cell_says_how_to_re
     assert (checkpoint / "checkpoint.pt").exists()
     state = slurm.run("scontrol", "show", "job", "-o", job)
     assert "JobState=COMPLETED" in state or not slurm.jobs(), state  # the agents left: the job ended before its limit
+
+
+def test_the_job_is_released_after_keep_alive_whether_the_cell_finished_or_was_stopped(slurm_cluster, kernel):  # noqa: F811
+    slurm = slurm_cluster
+    out = kernel.run(f"{BASE} --slurm --keep-alive 4\nx = world_size\n", timeout=180)
+    job = _job(out)
+    assert f"nbtrain: Slurm job {job} kept for 4 s (--keep-alive), then released" in out, out
+    assert slurm.jobs() == [f"{job}|RUNNING|None"]  # warm for the next cell meanwhile
+    until(lambda: _queue_empty(slurm), 30, "the idle job to be released")
+    listing = kernel.run("%distributed_nodes")
+    assert f"Slurm job {job}" not in listing, listing
+    msg_id = kernel.start(f"{BASE} --slurm --keep-alive 0\nimport time\nprint('going', flush=True)\ntime.sleep(300)\n")
+    _, out = kernel.collect(msg_id, 180, until=lambda text: "going" in text, poll=0.2)
+    second = _job(out)
+    assert second != job, out  # the released job was not reused
+    kernel.km.interrupt_kernel()  # the stop button
+    reply, out = kernel.collect(msg_id, 60)
+    assert reply["status"] == "error" and f"nbtrain: Slurm job {second} released (scancel)" in out, out
+    until(lambda: _queue_empty(slurm), 20, "the stopped cell's job to be released")
+    kernel.run("%distributed_shutdown")

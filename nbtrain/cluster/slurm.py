@@ -147,6 +147,10 @@ def _accounted(job_id: str) -> JobState | None:
     return JobState(rows[0][0].strip(), rows[0][1].strip(), rows[0][2].strip())
 
 
+def _span(seconds: float) -> str:
+    return f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
+
+
 def _tail(path: str, lines: int = 4) -> str:
     """The last lines of the job's output, with what to do for the failures people meet."""
     try:
@@ -280,6 +284,21 @@ class SlurmNodes:
             return []
         where = f" on {state.nodes}" if state.state == "RUNNING" and state.nodes else ""
         return [f"Slurm job {self.job_id} (node agents): {state}{where}"]
+
+    def kept(self, seconds: float) -> str:
+        """Said under a cell: how long this kernel's job (one it submitted, waiting or running) stays for the next
+        cell; "" for none, or for a step of the notebook's own allocation (the user's, not nbtrain's, to end)."""
+        if self.step is not None or not self.active():
+            return ""
+        return f"nbtrain: Slurm job {self.job_id} kept for {_span(seconds)} (--keep-alive), then released"
+
+    def release(self) -> str:
+        """Cancel this kernel's job, as idle nodes must not stay billed; what to say ("" if there was none)."""
+        if self.step is not None or not self.active():
+            return ""
+        job = self.job_id
+        self.close()
+        return f"nbtrain: Slurm job {job} released (scancel): its nodes are idle"
 
     def close(self) -> None:
         """Cancel the job (waiting or running), or end the step; its agents were told to leave already."""

@@ -71,6 +71,9 @@ def run_source(source: str, request: LaunchRequest, namespace: dict, *, manager:
         state = RunState.INTERRUPTED
         raise
     finally:
+        kept = manager.cell_ended(config.keep_alive_s) if manager is not None and state is not None else ""
+        if kept:
+            (write or write_to_std_stream)("stdout", kept + "\n")
         if manager is not None and state is not None and source.strip():  # nbtrain.runs(), however they ended
             manager.runs.add(source, changed_options(request), started, config.pool.nprocs, outcome.history, state,
                              config.train.checkpoint_dir, meter.metering)
