@@ -49,7 +49,10 @@ EXIT_WAIT_S = 10.0
 JOB_NAME = "nbtrain-nodes"
 WARNING_SIGNAL = "B:USR1@60"  # Slurm signals the batch shell this long before the time limit (ARGS may change it)
 # the batch shell's answer: SIGTERM to every step of the job, not to itself (scancel --signal spares the batch step)
-WARNING_TRAP = """trap 'scancel --signal=TERM "$SLURM_JOB_ID"' USR1 USR2 TERM"""
+WARNING_TRAP = """trap 'scancel --signal=TERM "$SLURM_JOB_ID"' USR1 USR2"""
+# SIGTERM (scancel, a time limit without warning) reaches srun beside the shell, which ends its tasks as when it
+# was the batch shell itself (the nodes are lost, in Slurm's words); the shell outlives it, as it did
+TERM_TRAP = "trap : TERM"
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING",
           "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD"}
 
@@ -86,7 +89,7 @@ def batch_script(nodes: int, min_nodes: int, loopback: bool, command: str, outpu
         "# Slurm's warning before the time limit (--signal=B:USR1@60) comes to this shell: it becomes SIGTERM to",
         "# the agents and their ranks, a preemption notice (a checkpoint at the next step). srun itself would kill",
         "# its tasks on SIGTERM, so it runs in the background, and waiting for it goes on after the trap.",
-        WARNING_TRAP, f"srun --whole {step} /bin/sh -c {shlex.quote(command)} &", "step=$!",
+        WARNING_TRAP, f"srun --whole {step} /bin/sh -c {shlex.quote(command)} &", "step=$!", TERM_TRAP,
         'wait "$step"; code=$?', 'while kill -0 "$step" 2>/dev/null; do wait "$step"; code=$?; done', 'exit "$code"',
         ""]
     return "\n".join(lines)
