@@ -244,7 +244,7 @@ def test_inside_an_allocation_the_agents_run_as_a_step_of_it(slurm_cluster, monk
         until(lambda: _queue_empty(slurm_cluster), 20, "the allocation to end")
 
 
-_LONG_TRAINING = """
+_PREPARED = """
 import time
 import torch, nbtrain
 from torch.utils.data import DataLoader, TensorDataset
@@ -252,7 +252,8 @@ torch.manual_seed(0)
 net = torch.nn.Linear(4, 2)
 data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
 model, opt, loader = nbtrain.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1), DataLoader(data, batch_size=4))
-for epoch in nbtrain.epochs(1000):
+"""
+_LONG_TRAINING = _PREPARED + """for epoch in nbtrain.epochs(1000):
     for x, y in loader:
         nbtrain.backward(torch.nn.functional.cross_entropy(model(x), y))
         opt.step(); opt.zero_grad()
@@ -277,6 +278,10 @@ def test_the_time_limit_s_warning_saves_a_checkpoint_and_the_cell_says_how_to_re
     assert (checkpoint / "checkpoint.pt").exists()
     state = slurm.run("scontrol", "show", "job", "-o", job)
     assert "JobState=COMPLETED" in state or not slurm.jobs(), state  # the agents left: the job ended before its limit
+    again = kernel.run(f"{BASE} --slurm --checkpoint {checkpoint} --keep-alive 0\n" + _PREPARED
+                       + "resumed = nbtrain.training_state().step\n", timeout=150)  # running the cell again
+    assert _job(again) != job and f"nbtrain: resuming from {checkpoint / 'checkpoint.pt'}" in again, again
+    assert f"resumed {notice.group(1)}" in kernel.run("print('resumed', resumed)")
 
 
 def test_the_job_is_released_after_keep_alive_whether_the_cell_finished_or_was_stopped(slurm_cluster, kernel):  # noqa: F811
