@@ -286,11 +286,11 @@ def test_the_time_limit_s_warning_saves_a_checkpoint_and_the_cell_says_how_to_re
 
 def test_the_job_is_released_after_keep_alive_whether_the_cell_finished_or_was_stopped(slurm_cluster, kernel):  # noqa: F811
     slurm = slurm_cluster
-    out = kernel.run(f"{BASE} --slurm --keep-alive 4\nx = world_size\n", timeout=180)
+    out = kernel.run(f"{BASE} --slurm --keep-alive 8\nx = world_size\n", timeout=180)
     job = _job(out)
-    assert f"nbtrain: Slurm job {job} kept for 4 s (--keep-alive), then released" in out, out
+    assert f"nbtrain: Slurm job {job} kept for 8 s (--keep-alive), then released" in out, out
     assert slurm.jobs() == [f"{job}|RUNNING|None"]  # warm for the next cell meanwhile
-    until(lambda: _queue_empty(slurm), 30, "the idle job to be released")
+    until(lambda: _queue_empty(slurm), 40, "the idle job to be released")
     listing = kernel.run("%distributed_nodes")
     assert f"Slurm job {job}" not in listing, listing
     msg_id = kernel.start(f"{BASE} --slurm --keep-alive 0\nimport time\nprint('going', flush=True)\ntime.sleep(300)\n")

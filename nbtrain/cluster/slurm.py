@@ -25,7 +25,15 @@ changes — the id once submitted, ``PENDING (Resources)`` or another reason whi
 :meth:`~SlurmNodes.end_reason` gives Slurm's account of a job that ended under running ranks (``TIMEOUT
 (TimeLimit)``, ``CANCELLED by 1000``, ``NODE_FAIL``, ``PREEMPTED``), which is how the lost nodes are
 reported. :meth:`~SlurmNodes.close` (``%distributed_shutdown``, the kernel's exit) cancels the job
-(``scancel``) or ends the step; the stop button while the job waits ends only the wait.
+(``scancel``) or ends the step; the stop button while the job waits ends only the wait. Idle nodes stay billed:
+after a cell the kernel's :class:`~nbtrain.launch.lifecycle.pools.PoolManager` keeps the job ``--keep-alive``
+(:meth:`~SlurmNodes.kept`), then :meth:`~SlurmNodes.release` cancels it (a step of the notebook's own allocation
+stays: the allocation is the user's).
+
+The batch script waits for its ``srun`` instead of ``exec``-ing it: Slurm's warning before the time limit
+(``--signal=B:USR1@60``, :data:`WARNING_SIGNAL`) reaches the shell, which sends SIGTERM to the job's steps — a
+preemption notice for the agents and ranks, which save a checkpoint at their next step. SIGTERM itself (which
+srun answers by killing its tasks) is left to srun, as before: a cancelled job is a lost node in Slurm's words.
 """
 
 from __future__ import annotations
