@@ -139,7 +139,7 @@ class DistributedMagics(Magics):
     def __init__(self, shell):
         super().__init__(shell)
         self.cluster = Cluster()  # joined nodes (--nodes), kept between cells
-        self.pools = PoolManager(self.cluster.make_pool)
+        self.pools = PoolManager(self.cluster.make_pool, machines=self.cluster)  # a Slurm job: released when idle
         self._registry = None
 
     def observers(self) -> list:

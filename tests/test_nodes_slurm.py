@@ -72,6 +72,7 @@ def test_the_commands_name_the_token_file_never_the_token():
     script = batch_script(2, 0, False, command, "/logs/slurm-nbtrain-%j.out")
     assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n" in script
     assert "srun --whole --nodes=$SLURM_JOB_NUM_NODES --ntasks-per-node=1 /bin/sh -c" in script
+    assert "#SBATCH --signal=B:USR1@60\n" in script and "exec srun" not in script  # the warning is trapped, not fatal
     assert "--nodes=1\n#SBATCH --ntasks=3" in batch_script(3, 0, True, command, "out")  # loopback: one machine
     step = srun_argv(4, 2, False, ("--gpus-per-node=8",), command)
     assert step[:6] == ["srun", "--job-name=nbtrain-nodes", "--whole", "--nodes=2-4", "--ntasks-per-node=1",
@@ -241,3 +242,63 @@ def test_inside_an_allocation_the_agents_run_as_a_step_of_it(slurm_cluster, monk
         k.shutdown()
         slurm_cluster.run("scancel", allocation, check=False)
         until(lambda: _queue_empty(slurm_cluster), 20, "the allocation to end")
+
+
+_PREPARED = """
+import time
+import torch, nbtrain
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+net = torch.nn.Linear(4, 2)
+data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+model, opt, loader = nbtrain.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1), DataLoader(data, batch_size=4))
+"""
+_LONG_TRAINING = _PREPARED + """for epoch in nbtrain.epochs(1000):
+    for x, y in loader:
+        nbtrain.backward(torch.nn.functional.cross_entropy(model(x), y))
+        opt.step(); opt.zero_grad()
+        time.sleep(0.2)
+    print('epoch', epoch, flush=True)
+steps = nbtrain.training_state().step
+"""
+
+
+def test_the_time_limit_s_warning_saves_a_checkpoint_and_the_cell_says_how_to_resume(slurm_cluster, kernel, tmp_path):  # noqa: F811
+    slurm = slurm_cluster
+    checkpoint = tmp_path / "ckpt"
+    line = (f'{BASE} --slurm "--time=2 --signal=B:USR1@40" --checkpoint {checkpoint} --keep-alive 0 '
+            f'--preemption-grace 20\n')
+    reply, out = kernel.execute(line + _LONG_TRAINING, timeout=150)  # the warning comes 40 to 70 s before the end
+    job = _job(out)
+    assert reply["status"] == "error", out
+    notice = re.search(r"nbtrain: node [ab]: SIGTERM at [\d:]+ .*; checkpoint at step (\d+) saved in", out)
+    assert notice, out  # Slurm's warning became a notice: the ranks saved at their next step
+    assert f"run the cell again to resume from {checkpoint / 'checkpoint.pt'}" in out, out
+    assert "TIMEOUT" not in out and "connection broke" not in out, out  # not killed at the limit
+    assert (checkpoint / "checkpoint.pt").exists()
+    state = slurm.run("scontrol", "show", "job", "-o", job)
+    assert "JobState=COMPLETED" in state or not slurm.jobs(), state  # the agents left: the job ended before its limit
+    again = kernel.run(f"{BASE} --slurm --checkpoint {checkpoint} --keep-alive 0\n" + _PREPARED
+                       + "resumed = nbtrain.training_state().step\n", timeout=150)  # running the cell again
+    assert _job(again) != job and f"nbtrain: resuming from {checkpoint / 'checkpoint.pt'}" in again, again
+    assert f"resumed {notice.group(1)}" in kernel.run("print('resumed', resumed)")
+
+
+def test_the_job_is_released_after_keep_alive_whether_the_cell_finished_or_was_stopped(slurm_cluster, kernel):  # noqa: F811
+    slurm = slurm_cluster
+    out = kernel.run(f"{BASE} --slurm --keep-alive 8\nx = world_size\n", timeout=180)
+    job = _job(out)
+    assert f"nbtrain: Slurm job {job} kept for 8 s (--keep-alive), then released" in out, out
+    assert slurm.jobs() == [f"{job}|RUNNING|None"]  # warm for the next cell meanwhile
+    until(lambda: _queue_empty(slurm), 40, "the idle job to be released")
+    listing = kernel.run("%distributed_nodes")
+    assert f"Slurm job {job}" not in listing, listing
+    msg_id = kernel.start(f"{BASE} --slurm --keep-alive 0\nimport time\nprint('going', flush=True)\ntime.sleep(300)\n")
+    _, out = kernel.collect(msg_id, 180, until=lambda text: "going" in text, poll=0.2)
+    second = _job(out)
+    assert second != job, out  # the released job was not reused
+    kernel.km.interrupt_kernel()  # the stop button
+    reply, out = kernel.collect(msg_id, 60)
+    assert reply["status"] == "error" and f"nbtrain: Slurm job {second} released (scancel)" in out, out
+    until(lambda: _queue_empty(slurm), 20, "the stopped cell's job to be released")
+    kernel.run("%distributed_shutdown")

@@ -77,6 +77,15 @@ class Cluster:
         return self.slurm.start(nodes, min_nodes, f"{hub.host}:{hub.port}", hub.token_file.path, args, python,
                                 bool(loopback(hub.host)), preemption_url)
 
+    def kept(self, seconds: float) -> str:
+        """After a cell: the Slurm job stays ``seconds`` for the next one (the nodes of other kinds are not billed
+        by nbtrain's doing: they stay joined)."""
+        return self.slurm.kept(seconds)
+
+    def release(self) -> str:
+        """The warm pool's keep-alive is over: the Slurm job goes (its agents leave on Slurm's SIGTERM)."""
+        return self.slurm.release()
+
     def emulate(self, host: str, count: int, preemption_url: str = "") -> list[str]:
         """Listen on ``host`` (loopback) and start ``count`` node agents on this machine; their addresses."""
         check_loopback(host)

@@ -318,6 +318,8 @@ class NodePool(GroupState):
             self._exited[message.rank] = message.code
             if message.error:
                 self._errors[message.rank] = message.error
+            if message.code == -signal.SIGTERM:
+                self._account_slurm_end(node, message.rank)
             return [Exited(message.rank, message.code)]
         if isinstance(message, N.RanksStarted):
             for rank, (_local, pid) in message.ranks.items():
@@ -340,6 +342,15 @@ class NodePool(GroupState):
         """An agent's note (:class:`~nbtrain.wire.nodes.NodeNote`), said in the cell; other messages are dropped."""
         if isinstance(message, N.NodeNote):
             self._say(f"nbtrain: node {node.name}: {message.text}")
+
+    def _account_slurm_end(self, node: NodeConn, rank: int) -> None:
+        """A rank SIGTERMed from outside while its Slurm job ends (someone's ``scancel``: Slurm signals every process
+        of the job) is its node lost, in Slurm's words — whether its agent was killed first or not."""
+        if self.slurm is None or self.broken or rank in self._lost_account:
+            return  # no job; the pool's own stop; or its account is known (a preempted node let go)
+        why = self.slurm.end_reason()
+        if why:
+            self._lost_account[rank] = f"node {node.name} ({rank_span(self._node_ranks(node))}) lost: {why}"
 
     def node_infos(self) -> tuple:
         return tuple(node.info(self._node_ranks(node), node.name in self._lost or node.lost()) for node in self.nodes)

@@ -25,7 +25,15 @@ changes — the id once submitted, ``PENDING (Resources)`` or another reason whi
 :meth:`~SlurmNodes.end_reason` gives Slurm's account of a job that ended under running ranks (``TIMEOUT
 (TimeLimit)``, ``CANCELLED by 1000``, ``NODE_FAIL``, ``PREEMPTED``), which is how the lost nodes are
 reported. :meth:`~SlurmNodes.close` (``%distributed_shutdown``, the kernel's exit) cancels the job
-(``scancel``) or ends the step; the stop button while the job waits ends only the wait.
+(``scancel``) or ends the step; the stop button while the job waits ends only the wait. Idle nodes stay billed:
+after a cell the kernel's :class:`~nbtrain.launch.lifecycle.pools.PoolManager` keeps the job ``--keep-alive``
+(:meth:`~SlurmNodes.kept`), then :meth:`~SlurmNodes.release` cancels it (a step of the notebook's own allocation
+stays: the allocation is the user's).
+
+The batch script waits for its ``srun`` instead of ``exec``-ing it: Slurm's warning before the time limit
+(``--signal=B:USR1@60``, :data:`WARNING_SIGNAL`) reaches the shell, which sends SIGTERM to the job's steps — a
+preemption notice for the agents and ranks, which save a checkpoint at their next step. SIGTERM itself (which
+srun answers by killing its tasks) is left to srun, as before: a cancelled job is a lost node in Slurm's words.
 """
 
 from __future__ import annotations
@@ -47,6 +55,12 @@ END_WAIT_S = 5.0  # a job that is ending: how long to wait for Slurm's final wor
 STEP_CHECK_S = 1.0  # srun that refuses its arguments exits within this
 EXIT_WAIT_S = 10.0
 JOB_NAME = "nbtrain-nodes"
+WARNING_SIGNAL = "B:USR1@60"  # Slurm signals the batch shell this long before the time limit (ARGS may change it)
+# the batch shell's answer: SIGTERM to every step of the job, not to itself (scancel --signal spares the batch step)
+WARNING_TRAP = """trap 'scancel --signal=TERM "$SLURM_JOB_ID"' USR1 USR2"""
+# SIGTERM (scancel, a time limit without warning) reaches srun beside the shell, which ends its tasks as when it
+# was the batch shell itself (the nodes are lost, in Slurm's words); the shell outlives it, as it did
+TERM_TRAP = "trap : TERM"
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING",
           "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD"}
 
@@ -75,12 +89,18 @@ def placement(nodes: int, min_nodes: int, loopback: bool) -> list[str]:
 
 
 def batch_script(nodes: int, min_nodes: int, loopback: bool, command: str, output: str) -> str:
-    """The script given to sbatch (on its stdin): its resources, then one srun over the job's nodes."""
+    """The script given to sbatch (on its stdin): its resources, then one srun over the job's nodes, which the
+    shell waits for so that Slurm's warning before the time limit becomes a notice (:data:`WARNING_TRAP`)."""
     step = f"--ntasks={nodes}" if loopback else "--nodes=$SLURM_JOB_NUM_NODES --ntasks-per-node=1"
     lines = ["#!/bin/sh", f"#SBATCH --job-name={JOB_NAME}", *[f"#SBATCH {word}" for word in placement(
-        nodes, min_nodes, loopback)], f"#SBATCH --output={output}",
-        "# nbtrain node agents: they join the notebook's kernel and leave when its pool ends",
-        f"exec srun --whole {step} /bin/sh -c {shlex.quote(command)}", ""]
+        nodes, min_nodes, loopback)], f"#SBATCH --output={output}", f"#SBATCH --signal={WARNING_SIGNAL}",
+        "# nbtrain node agents: they join the notebook's kernel and leave when its pool ends.",
+        "# Slurm's warning before the time limit (--signal=B:USR1@60) comes to this shell: it becomes SIGTERM to",
+        "# the agents and their ranks, a preemption notice (a checkpoint at the next step). srun itself would kill",
+        "# its tasks on SIGTERM, so it runs in the background, and waiting for it goes on after the trap.",
+        WARNING_TRAP, f"srun --whole {step} /bin/sh -c {shlex.quote(command)} &", "step=$!", TERM_TRAP,
+        'wait "$step"; code=$?', 'while kill -0 "$step" 2>/dev/null; do wait "$step"; code=$?; done', 'exit "$code"',
+        ""]
     return "\n".join(lines)
 
 
@@ -137,6 +157,10 @@ def _accounted(job_id: str) -> JobState | None:
     if not rows or len(rows[0]) < 3:
         return None
     return JobState(rows[0][0].strip(), rows[0][1].strip(), rows[0][2].strip())
+
+
+def _span(seconds: float) -> str:
+    return f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
 
 
 def _tail(path: str, lines: int = 4) -> str:
@@ -272,6 +296,21 @@ class SlurmNodes:
             return []
         where = f" on {state.nodes}" if state.state == "RUNNING" and state.nodes else ""
         return [f"Slurm job {self.job_id} (node agents): {state}{where}"]
+
+    def kept(self, seconds: float) -> str:
+        """Said under a cell: how long this kernel's job (one it submitted, waiting or running) stays for the next
+        cell; "" for none, or for a step of the notebook's own allocation (the user's, not nbtrain's, to end)."""
+        if self.step is not None or not self.active():
+            return ""
+        return f"nbtrain: Slurm job {self.job_id} kept for {_span(seconds)} (--keep-alive), then released"
+
+    def release(self) -> str:
+        """Cancel this kernel's job, as idle nodes must not stay billed; what to say ("" if there was none)."""
+        if self.step is not None or not self.active():
+            return ""
+        job = self.job_id
+        self.close()
+        return f"nbtrain: Slurm job {job} released (scancel): its nodes are idle"
 
     def close(self) -> None:
         """Cancel the job (waiting or running), or end the step; its agents were told to leave already."""

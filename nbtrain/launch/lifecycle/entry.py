@@ -73,6 +73,9 @@ def run_source(source: str, request: LaunchRequest, namespace: dict, *, manager:
         state = RunState.INTERRUPTED
         raise
     finally:
+        kept = manager.cell_ended(config.keep_alive_s) if manager is not None and state is not None else ""
+        if kept:
+            (write or write_to_std_stream)("stdout", kept + "\n")
         if manager is not None and state is not None and source.strip():  # nbtrain.runs(), however they ended
             seconds = result.seconds if result is not None else time.time() - started  # the summary's, when there is one
             manager.runs.add(source, changed_options(request), started, seconds, config.pool.nprocs, outcome.history,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
 from ...wire import protocol as P
 from ..observers.runlog import RunLog
@@ -20,19 +21,31 @@ from ..request.notebook_modules import Workdir, fresh_ranks_note, stale_modules
 from .sessions import SessionTable, stale_note
 
 
+class Machines(Protocol):
+    """Machines the pool factory holds beyond any pool — a Slurm job whose nodes stay joined — and that are
+    billed while they are held: kept as long as a warm pool would be after a cell, then released."""
+
+    def kept(self, seconds: float) -> str: ...  # what is kept, and for how long, in words ("" if nothing is held)
+    def release(self) -> str: ...  # give them back now; what was released, in words ("" if nothing)
+
+
 class PoolManager:
     """One warm pool per kernel for plain cells, reused while its spec matches; stopped when idle or at exit.
 
     Sessions (:mod:`.sessions`) pin the pool they live on: it is not stopped when idle or replaced, only
     set aside (a plain cell with other options gets a pool of its own), until its last session ends.
+    ``machines`` (a Slurm job, :class:`Machines`) are released when the idle timer ends the warm pool — after
+    ``--keep-alive`` however the cell ended, at once with ``--keep-alive 0`` — and held while sessions live.
     """
 
-    def __init__(self, pool_factory: Callable[[PoolSpec], RankGroup] = WorkerPool, starter: RankStarter | None = None) -> None:
+    def __init__(self, pool_factory: Callable[[PoolSpec], RankGroup] = WorkerPool, starter: RankStarter | None = None,
+                 machines: Machines | None = None) -> None:
         self.runs = RunLog()  # nbtrain.runs(): every run of this kernel, one row each
         self.pool: RankGroup | None = None
         self.pool_factory = pool_factory  # a spec -> a pool (several machines: nbtrain.cluster.Cluster.make_pool)
         self.starter = starter or RankStarter()  # new ranks: forked from the kernel's zygote, or spawned
         self.sessions = SessionTable()
+        self.machines = machines
         self._lock = threading.RLock()
         self._idle_timer: threading.Timer | None = None
         self._atexit = False
@@ -76,14 +89,32 @@ class PoolManager:
             if not healthy or keep_alive_s <= 0:
                 self.shutdown(graceful=healthy)
                 return
-            self._idle_timer = threading.Timer(keep_alive_s, self._idle)
-            self._idle_timer.daemon = True
-            self._idle_timer.start()
+            self._start_timer(keep_alive_s)
+
+    def cell_ended(self, keep_alive_s: float) -> str:
+        """A cell is over, however it ended (its restarts included): the machines stay for ``keep_alive_s``, as a
+        warm pool does, then are released; what to say under the cell."""
+        with self._lock:
+            if self.machines is None or self.sessions.pools():
+                return ""  # sessions keep their machines until they end
+            if keep_alive_s <= 0:
+                return self.machines.release()
+            if self._idle_timer is None:  # no warm pool waits (a failure, the stop button): the machines alone
+                self._start_timer(keep_alive_s)
+            return self.machines.kept(keep_alive_s)
+
+    def _start_timer(self, seconds: float) -> None:
+        self._idle_timer = threading.Timer(seconds, self._idle)
+        self._idle_timer.daemon = True
+        self._idle_timer.start()
 
     def _idle(self) -> None:
         with self._lock:
+            self._idle_timer = None
             if not self.sessions.on(self.pool):  # a session opened since the timer started keeps it
                 self._set_aside()
+            if self.machines is not None and not self.sessions.pools():
+                self.machines.release()  # no cell to say it in: %distributed_nodes no longer lists the job
 
     def teardown(self, pool: RankGroup, *, grace: float, drain=None, why: str = "its ranks were stopped") -> list[str]:
         """Forget ``pool`` and end it at once (a failure, the stop button); ``drain`` shows its last output.
@@ -107,6 +138,8 @@ class PoolManager:
             if pool is self.pool:
                 self._cancel_timer()
                 self.pool = None
+            if self.machines is not None and not self.sessions.pools() and self._idle_timer is None:
+                self._start_timer(self._keep_alive_s)  # the last session held the machines: now as after a cell
         pool.teardown(graceful=True)
 
     def shutdown(self, graceful: bool = True) -> bool:

@@ -138,6 +138,7 @@ class PreemptionWatch:
         account = f"{self.first[0]}; {saved}"
         release = getattr(self.run.pool, "release_node", None)
         if self.nodes and release is not None:
+            account += self._resume_note(path)
             self._say(f"{account}; {self._leaving()}")
             for name in self.nodes:
                 for event in release(name, account):
@@ -149,6 +150,11 @@ class PreemptionWatch:
                               account=f"{account}; the ranks were stopped{resume}")
         self.run.record_failure(failure)
         self.run.pool.mark_broken()
+
+    def _resume_note(self, path: str | None) -> str:
+        """Where no restart follows (no ``--max-restarts``, or none left): how to go on from the checkpoint."""
+        train = self.run.config.train
+        return f"; run the cell again to resume from {path}" if path and train.restart >= train.max_restarts else ""
 
     def _leaving(self) -> str:
         many = len(self.nodes) > 1
