@@ -404,6 +404,7 @@ def _set_rng_state(state: dict, device) -> None:
         import numpy
 
         name, keys, position, has_gauss, gauss = state["numpy"]
+        keys = keys.cpu() if isinstance(keys, torch.Tensor) else keys  # loaded onto the rank's GPU with the rest
         numpy.random.set_state((name, numpy.asarray(keys, dtype="uint32"), position, has_gauss, gauss))
     if "cuda" in state and device.type == "cuda":
         torch.cuda.set_rng_state(state["cuda"].cpu(), device)

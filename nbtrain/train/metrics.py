@@ -164,7 +164,7 @@ def _column(typecode: str, saved) -> array:
     """A saved column back as an array: a tensor, or the arrays of checkpoints written before tensors."""
     if hasattr(saved, "numpy"):
         column = array(typecode)
-        column.frombytes(saved.contiguous().numpy().tobytes())
+        column.frombytes(saved.cpu().contiguous().numpy().tobytes())  # loaded onto the rank's GPU with the rest
         return column
     return array(typecode, saved)
 
