@@ -127,9 +127,9 @@ def test_a_nodes_gpus_are_judged_from_its_heartbeats_and_named_with_the_node():
     from nbtrain.gpu.devices import GpuStatus
     from nbtrain.gpu.health import GpuHealth
     from nbtrain.launch.diagnostics.advisor import Evidence
-    from nbtrain.launch.observers.events import NodeGpu, NodeInfo
+    from nbtrain.launch.observers.events import NodeGpu, NodeInfo, NodeState
 
-    def node(name, when, slowed, state="running"):
+    def node(name, when, slowed, state=NodeState.RUNNING):
         health = GpuHealth(clock_reasons=("power cap",) if slowed else ())
         gpus = (NodeGpu(GpuStatus(1, "NVIDIA H100", "", 95, 1, 2, 60, 395.0, 400.0, None, health=health)),)
         return NodeInfo(name, name, "10.0.0.7", (2, 3), state, when, 10.0, 20.0, gpus)
@@ -138,6 +138,6 @@ def test_a_nodes_gpus_are_judged_from_its_heartbeats_and_named_with_the_node():
     evidence.add_metrics(0, [(0, 10.0, {"loss": 1.0})])
     evidence.add_nodes((node("b", 5.0, True),))  # heard during start-up
     for t in range(10):  # node b's GPU 1: slowed in 4 of 10 reports; node c lost all along
-        evidence.add_nodes((node("b", 10.0 + t, t < 4), node("c", 10.0 + t, True, state="lost")))
+        evidence.add_nodes((node("b", 10.0 + t, t < 4), node("c", 10.0 + t, True, state=NodeState.LOST)))
     [hint] = advise(evidence)
     assert hint.text == "node b GPU 1 spent 40 % of the run slowed by its power cap (395 of 400 W)."

@@ -12,7 +12,7 @@ from nbtrain.dashboard import configure
 from nbtrain.dashboard.chart_feed import OVERLAY_POINTS, ChartFeed, reduced, unpack
 from nbtrain.dashboard.metric_store import MetricStore
 from nbtrain.launch.observers.history import History
-from nbtrain.launch.observers.events import RunObserver
+from nbtrain.launch.observers.events import RunObserver, RunState
 from nbtrain.launch.observers.runlog import KEEP_SERIES, EarlierRun, RunLog, differences
 
 CELL = "import nbtrain\nfor step in range(4):\n    nbtrain.log(loss=LR / (step + 1))\n"
@@ -114,7 +114,7 @@ def test_the_picture_left_after_a_run_draws_the_earlier_runs_beside_it(monkeypat
     model = RunModel()
     model.set_earlier(log.earlier("lr = 0.2\n", ""))
     model.add_metrics(0, [(s, 100.0 + s, {"loss": 1.0 / (s + 1)}) for s in range(20)])
-    model.finish("finished", "2 ranks finished")
+    model.finish(RunState.FINISHED, "2 ranks finished")
     ax = final_figure(model.store, model.telemetry, "run", 0.6, model.earlier).axes[0]
     faded = [line for line in ax.get_lines() if line.get_alpha() == theme.OVERLAY_ALPHA]
     assert [line.get_label() for line in faded] == ["loss · run 1: --amp bf16 · cell line 2: lr = 0.1"]

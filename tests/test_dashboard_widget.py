@@ -12,6 +12,7 @@ import nbtrain.dashboard as dashboard
 from nbtrain.dashboard import chart
 from nbtrain.dashboard.devices_view import devices_html
 from nbtrain.dashboard.model import RunModel
+from nbtrain.launch.observers.events import RunState
 from nbtrain.dashboard.monitor import GpuMonitor, gpus_table
 from nbtrain.dashboard.observer import DashboardObserver
 from nbtrain.dashboard.widget import RunDashboard
@@ -127,7 +128,7 @@ def test_finish_leaves_a_png_and_a_paragraph(monkeypatch):
     board = RunDashboard(model)
     shown = []
     monkeypatch.setattr("IPython.display.display", lambda obj, **kw: shown.append(obj))
-    model.finish("finished", "2 ranks finished")
+    model.finish(RunState.FINISHED, "2 ranks finished")
     board.finish()
     figure, summary = shown
     bundle = figure._repr_mimebundle_()
@@ -269,7 +270,7 @@ def test_a_live_dashboard_shown_again_resends_every_widget_then_its_output_and_n
     chart_state = dict(opened)[board.chart.widget.model_id]
     assert chart_state["style"] and chart_state["_esm"], "the chart's whole state, its code included"
     assert shown == [board.widget, board.widget], "the dashboard's output, shown again"
-    model.finish("finished", "2 ranks finished")
+    model.finish(RunState.FINISHED, "2 ranks finished")
     board.finish()
     opened.clear()
     assert reopen.show_again() == 0, "an ended run is no longer listed"

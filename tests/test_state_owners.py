@@ -122,3 +122,36 @@ def test_every_listed_exception_is_still_in_the_code():
             present.update((rel, ast.unparse(t)) for t in _targets(node) if isinstance(t, ast.Attribute))
     stale = sorted(set(NOT_NBTRAINS) - present)
     assert not stale, f"NOT_NBTRAINS lists writes that are gone (remove them): {stale}"
+
+
+def _state_values() -> dict[str, str]:
+    """Every value of a state enum (a NamedState) in nbtrain, with its enum's name."""
+    import importlib
+
+    from nbtrain.launch.observers.events import NamedState
+
+    for path in PACKAGE.rglob("*.py"):  # the enums are found by importing the modules that define one
+        if "(NamedState)" in path.read_text():
+            importlib.import_module("nbtrain." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts))
+    found: dict[str, str] = {}
+    pending = list(NamedState.__subclasses__())
+    while pending:
+        enum = pending.pop()
+        pending += enum.__subclasses__()
+        found.update({member.value: enum.__name__ for member in enum})
+    return found
+
+
+def test_no_state_is_compared_as_a_string_where_its_enum_exists():
+    values = _state_values()
+    assert {"lost", "running", "finished", "interrupted"} <= set(values)
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Compare):
+                continue
+            for operand in [node.left, *node.comparators]:
+                items = operand.elts if isinstance(operand, (ast.Tuple, ast.List, ast.Set)) else [operand]
+                literals = [i.value for i in items if isinstance(i, ast.Constant) and i.value in values]
+                found += [f"{path.relative_to(ROOT)}:{node.lineno}: {v!r} (use {values[v]})" for v in literals]
+    assert not found, "states compared as strings:\n" + "\n".join(found)

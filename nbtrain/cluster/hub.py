@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from ..gpu import jsonfields as J
 from ..gpu.devices import GpuStatus
-from ..launch.observers.events import NamedState, NodeGpu, NodeInfo
+from ..launch.observers.events import NodeGpu, NodeInfo, NodeState
 from ..wire import nodes as N
 from ..wire.link import HUB_BUSY, HUB_READY, JoinToken, Link, LinkError, handshake_server, read_hello, send_welcome
 from .tls import make_certificate, server_context
@@ -51,15 +51,6 @@ ADMIT_DEADLINE_S = 5.0  # TLS, handshake and hello together, however slowly the 
 MAX_ADMISSIONS = 8  # connections being admitted at once; more are told busy and closed at once
 MAX_ADMISSIONS_PER_ADDRESS = 2  # of those, from one address: an agent needs one; a flood gets no more
 MAX_GPUS = 64  # GPUs a heartbeat may list; a longer list is not read
-
-
-class NodeState(NamedState):
-    """What a joined node is doing; the hub is its one writer (:meth:`Hub.mark_running`, :meth:`Hub.mark_idle`).
-    Observers and the run registry get the value (a node silent too long is reported ``lost`` instead)."""
-
-    IDLE = "idle"
-    RUNNING = "running"
-    LEAVING = "leaving"  # preempted: its agent was told to leave; no group takes it again
 
 
 @dataclass
@@ -83,7 +74,7 @@ class NodeConn:
         """What observers (the dashboard, the run registry) are told of this node: from its last heartbeat."""
         beat = self.link.last_heartbeat
         sample = beat.telemetry if beat is not None else {}
-        return NodeInfo(self.name, self.hello.host, self.address, tuple(ranks), "lost" if lost else self.state.value,
+        return NodeInfo(self.name, self.hello.host, self.address, tuple(ranks), NodeState.LOST if lost else self.state,
                         time.time() - self.silent_for(), *heartbeat_load(sample), heartbeat_gpus(sample), self.hello.cpus)
 
 

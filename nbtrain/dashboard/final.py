@@ -11,6 +11,7 @@ it went, where each series started and ended, and how busy the devices were.
 
 from __future__ import annotations
 
+from ..launch.observers.events import RunState
 from ..words import count, plural
 from . import plotting, text, theme
 from .metric_store import MetricStore
@@ -72,12 +73,12 @@ def _series_sentence(store: MetricStore, name: str) -> str | None:
     return sentence
 
 
-def summary_paragraph(store: MetricStore, telemetry: TelemetrySeries, status: str, detail: str,
+def summary_paragraph(store: MetricStore, telemetry: TelemetrySeries, status: RunState, detail: str,
                       nprocs: int, where: str, p: Progress, cold_start: str = "") -> str:
     """The run in one paragraph of plain sentences (``cold_start``: new ranks' time to the first step, split)."""
-    ended = f"{plural('was', nprocs)} interrupted" if status == "interrupted" else status
+    ended = f"{plural('was', nprocs)} interrupted" if status == RunState.INTERRUPTED else status
     parts = [f"{count('rank', nprocs)} on {where} {ended} after {text.duration(p.elapsed)}"
-             + (f" ({detail})" if status != "finished" and detail else "") + "."]
+             + (f" ({detail})" if status != RunState.FINISHED and detail else "") + "."]
     if cold_start:
         parts.append(cold_start[:1].upper() + cold_start[1:] + ".")
     if p.step is not None:

@@ -17,7 +17,7 @@ from ..gpu.devices import DeviceReader
 from ..gpu.telemetry import Snapshot, Telemetry
 from ..launch.diagnostics.advisor import Evidence, Hint, advise
 from ..launch.diagnostics.setup_facts import setup_words
-from ..launch.observers.events import NodeInfo, RankInfo, RunInfo
+from ..launch.observers.events import NodeInfo, RankInfo, RunInfo, RunState
 from .metric_store import MetricStore
 from .progress import Progress, progress
 from .series import DEFAULT_CAPACITY
@@ -36,7 +36,7 @@ class RunModel:
         self.nodes_version = 0  # bumped with each new report, so a view redraws only then
         self.started = time.monotonic()
         self.ended: float | None = None
-        self.status: str | None = None  # a RunState's value ("finished", "failed", "interrupted") once finished
+        self.status: RunState | None = None  # once finished
         self.detail = ""
         self.earlier: tuple = ()  # the kernel's earlier runs, to draw beside this one (launch.observers.runlog.EarlierRun)
         self.cold_start = ""  # new ranks: "cold start 0.17 s to the first step, forked: …"
@@ -89,9 +89,9 @@ class RunModel:
         """Where the time to the first step went, for the summary (new ranks only)."""
         self.cold_start = line
 
-    def finish(self, status: str, detail: str) -> None:
+    def finish(self, status: RunState, detail: str) -> None:
         self.ended = time.monotonic()
-        self.status, self.detail = status, detail
+        self.status, self.detail = RunState(status), detail
 
     def elapsed(self) -> float:
         return (self.ended or time.monotonic()) - self.started

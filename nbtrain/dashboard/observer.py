@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from ..launch.observers.events import RunInfo, RunObserver
+from ..launch.observers.events import RunInfo, RunObserver, RunState
 from .model import RunModel
 from .threads import DEFAULT_INTERVAL_S, Sampler, Ticker, check_interval
 
@@ -82,7 +82,7 @@ class DashboardObserver(RunObserver):
     def cold_start(self, split) -> None:
         self.model.set_cold_start(split.line())
 
-    def run_finished(self, status: str, summary: str) -> None:
+    def run_finished(self, status: RunState, summary: str) -> None:
         self.stop()
         self.model.finish(status, summary)
         if self.front is None:

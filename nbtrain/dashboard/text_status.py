@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 import time
 
+from ..launch.observers.events import RunState
 from . import text
 from .final import summary_paragraph
 from .model import RunModel
@@ -63,5 +64,5 @@ class TextStatus:
 
     def finish(self) -> None:
         model = self.model
-        self._write("nbtrain ▸ " + summary_paragraph(model.store, model.telemetry, model.status or "finished", model.detail,
+        self._write("nbtrain ▸ " + summary_paragraph(model.store, model.telemetry, model.status or RunState.FINISHED, model.detail,
                                                      len(model.ranks), model.where, model.progress(), model.cold_start))

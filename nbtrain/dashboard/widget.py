@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import threading
 
+from ..launch.observers.events import RunState
 from ..words import count
 from . import reopen
 from .chart import ChartPanel
@@ -106,7 +107,7 @@ class RunDashboard:
         self.devices.update(model)
         self.chart.update(model, force=True)  # the last points, drawn live before the picture replaces the chart
         progress = model.progress()
-        paragraph = summary_paragraph(model.store, model.telemetry, model.status or "finished", model.detail,
+        paragraph = summary_paragraph(model.store, model.telemetry, model.status or RunState.FINISHED, model.detail,
                                       len(model.ranks), model.where, progress, model.cold_start)
         title = f"nbtrain · {count('rank', len(model.ranks))} · {model.where} · {model.status_text() or ''}"
         figure = FinalFigure(final_png(model.store, model.telemetry, title, self.chart.smoothing, self.earlier), paragraph)

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 import psutil
 
+from ..launch.observers.events import RunState
 from .kernels import KernelView, by_pid, owning_kernel
 
-ACTIVE_STATES = ("starting", "running")
+ACTIVE_STATES = frozenset({RunState.STARTING, RunState.RUNNING})  # a record's state is its value: "running" is RUNNING
 
 
 class StopRefused(Exception):

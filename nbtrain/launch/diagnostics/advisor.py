@@ -32,6 +32,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from ...words import count
+from ..observers.events import NodeState
 
 IDLE_GPU_PCT = 50.0
 BUSY_CPU_PCT = 80.0  # of one core
@@ -123,7 +124,7 @@ class Evidence:
         about once a second): each GPU's health is judged as this machine's are, under ``node b GPU 1``. A node
         heard before the first logged step, or lost, adds nothing."""
         for node in nodes:
-            if node.state == "lost" or (self.training_from is not None and node.last_heard < self.training_from):
+            if node.state == NodeState.LOST or (self.training_from is not None and node.last_heard < self.training_from):
                 continue
             for gpu in node.gpus:
                 self.gpu_health.setdefault((node.name, gpu.status.index), _Health()).add(gpu.status)

@@ -44,6 +44,17 @@ class RunState(NamedState):
     INTERRUPTED = "interrupted"
 
 
+class NodeState(NamedState):
+    """What a joined node is doing. The hub is the one writer of a node's own state (:meth:`~nbtrain.cluster.hub.Hub.
+    mark_running`, ``mark_idle``, ``mark_leaving``); ``LOST`` is what observers and the run registry are told of a
+    node whose link closed or that went silent too long (:meth:`~nbtrain.cluster.hub.NodeConn.info`)."""
+
+    IDLE = "idle"
+    RUNNING = "running"
+    LEAVING = "leaving"  # preempted: its agent was told to leave; no group takes it again
+    LOST = "lost"
+
+
 @dataclass(frozen=True)
 class RankInfo:
     rank: int
@@ -81,7 +92,7 @@ class NodeInfo:
     host: str  # its hostname
     address: str  # the address it joined from
     ranks: tuple[int, ...]
-    state: str  # "idle" | "running" | "lost"
+    state: NodeState
     last_heard: float  # unix time
     cpu_percent: float | None
     ram_percent: float | None

@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 
 from .cost import Metering
+from .events import RunState
 from .history import History
 
 KEEP = 200
@@ -48,7 +49,7 @@ class RunRow:
     world_size: int
     steps: int | None  # the last logged step, on rank 0
     series: dict = field(default_factory=dict)  # name -> (final, best)
-    state: str = "finished"
+    state: RunState = RunState.FINISHED
     checkpoint: str | None = None
     gpu_hours: float | None = None  # GPUs held × hours; None on the CPU
     core_hours: float | None = None  # on the CPU: the ranks' cores × hours
@@ -140,7 +141,7 @@ class RunLog:
         self._series: list[EarlierRun] = []  # the last KEEP_SERIES runs that logged anything
 
     def add(self, cell: str, options: str, started: float, seconds: float, world_size: int, history: History,
-            state: str, checkpoint: str | None, metering: Metering | None = None) -> None:
+            state: RunState, checkpoint: str | None, metering: Metering | None = None) -> None:
         """A run that began at unix time ``started`` and took ``seconds`` (a finished run's: its summary line's)."""
         self._count += 1
         steps, series = summarise(history)
@@ -148,7 +149,7 @@ class RunLog:
         hours = metering.hours(seconds) if metering else None
         on_gpus = metering is not None and metering.unit == "GPU"
         self._rows.append(RunRow(self._count, first[:80], options, started, seconds, world_size, steps, series,
-                                 str(state), checkpoint, hours if on_gpus else None, None if on_gpus else hours,
+                                 state, checkpoint, hours if on_gpus else None, None if on_gpus else hours,
                                  metering.cost(seconds) if metering else None))
         del self._rows[:-KEEP]
         if len(history):
