@@ -56,9 +56,8 @@ def main() -> None:
         return time.perf_counter() - started
 
     def prepared(steps, log=False, grad_accum=1):
-        state.begin(TrainSettings(amp="off", grad_accum=grad_accum), torch.device("cpu"), 0, 1)
-        metrics.start(0, lambda message: None)
-        try:
+        with state.scope(TrainSettings(amp="off", grad_accum=grad_accum), torch.device("cpu"), 0, 1), \
+                metrics.scope(0, lambda message: None, {}):
             net = torch.nn.Linear(8, 8)
             model, opt = nbtrain.prepare(net, torch.optim.SGD(net.parameters(), lr=0.01))
             started = time.perf_counter()
@@ -70,9 +69,6 @@ def main() -> None:
                 if log:
                     nbtrain.log(loss=loss)
             return time.perf_counter() - started
-        finally:
-            metrics.stop()
-            state.end()
 
     loops = {
         "plain DDP": plain,
@@ -107,9 +103,7 @@ def _components(repeats: int, x, y) -> dict:
     from nbtrain.train import metrics, state
     from nbtrain.wire.settings import TrainSettings
 
-    state.begin(TrainSettings(amp="off"), torch.device("cpu"), 0, 1)
-    metrics.start(0, lambda message: None)
-    try:
+    with state.scope(TrainSettings(amp="off"), torch.device("cpu"), 0, 1), metrics.scope(0, lambda message: None, {}):
         plain_model = DDP(torch.nn.Linear(8, 8))
         net = torch.nn.Linear(8, 8)
         plain_opt = torch.optim.SGD(net.parameters(), lr=0.0)
@@ -126,9 +120,6 @@ def _components(repeats: int, x, y) -> dict:
         for name, (plain_call, our_call) in pairs.items():
             out[name] = (_min_us(plain_call, repeats), _min_us(our_call, repeats))
         return out
-    finally:
-        metrics.stop()
-        state.end()
 
 
 def _min_us(call, repeats: int, calls: int = 5000) -> float:

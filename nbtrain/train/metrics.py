@@ -27,10 +27,11 @@ dashboard of a freshly started cell — holds the curves of every earlier attemp
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from ..wire.protocol import Metrics, Setup
 from .reduce import reduce_values
@@ -200,16 +201,17 @@ def _device_values(device, group: list) -> list[float]:
     return torch.stack([t.reshape(-1)[0].float() if t.numel() == 1 else t.float().mean() for t in group]).cpu().tolist()
 
 
-def start(rank: int, send: Callable[[object], None]) -> MetricsBuffer:
+@contextlib.contextmanager
+def scope(rank: int, send: Callable[[object], None], counters: dict[str, int]) -> Iterator[MetricsBuffer]:
+    """A cell's logging (the worker enters it around each cell): its step counters go on from ``counters``; what
+    it logged is sent before the scope ends."""
     global _sink
     _sink = MetricsBuffer(rank, send)
-    return _sink
-
-
-def stop() -> None:
-    global _sink
-    sink, _sink = _sink, None
-    if sink is not None:
+    _sink.restore_step_counters(counters)
+    try:
+        yield _sink
+    finally:
+        sink, _sink = _sink, None
         sink.close()
 
 

@@ -37,11 +37,13 @@ fails the cell with what happened instead of waiting for ever.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 
 from ..wire import protocol as P
 from .checkpoint import save_checkpoint
@@ -70,16 +72,16 @@ _cell: _Cell | None = None
 _stopping = threading.Event()  # the kernel (or node agent) said it stops this rank: its SIGTERM is no notice
 
 
-def begin(job_id: int, rank: int, send) -> None:
-    """A cell starts (the worker): notices from now on are this cell's."""
+@contextlib.contextmanager
+def scope(job_id: int, rank: int, send) -> Iterator[None]:
+    """A cell (the worker enters it around each cell): notices while it runs are this cell's."""
     global _cell
     _stopping.clear()
     _cell = _Cell(job_id, rank, send)
-
-
-def end() -> None:
-    global _cell
-    _cell = None
+    try:
+        yield
+    finally:
+        _cell = None
 
 
 def in_cell() -> bool:

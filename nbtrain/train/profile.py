@@ -16,8 +16,11 @@ kernel prints (:mod:`nbtrain.launch.diagnostics.profiling`).
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
+import sys
+from collections.abc import Iterator
 
 from ..wire.protocol import ProfileSummary
 
@@ -28,8 +31,25 @@ COMMUNICATION_WORDS = ("nccl", "gloo", "c10d::", "all_reduce", "allreduce", "all
 _state: dict = {"profiler": None, "hook": None, "dir": None, "rank": 0, "steps": 0}
 
 
-def begin(schedule: tuple[int, int, int] | None, trace_dir: str | None, rank: int, device) -> None:
-    """Start profiling this cell, if ``--profile`` asked for it."""
+@contextlib.contextmanager
+def scope(schedule: tuple[int, int, int] | None, trace_dir: str | None, rank: int, device, job_id: int,
+          send) -> Iterator[None]:
+    """Profile a cell if ``--profile`` asked for it; at its end the summary goes through ``send`` (a broken profiler
+    must not lose the cell's reply: it is said, and the cell ends as it would have)."""
+    _begin(schedule, trace_dir, rank, device)
+    try:
+        yield
+    finally:
+        try:
+            summary = _end(job_id)
+        except Exception as exc:
+            print(f"nbtrain: the profiler failed ({exc!r})", file=sys.stderr)
+        else:
+            if summary is not None:
+                send(summary)
+
+
+def _begin(schedule: tuple[int, int, int] | None, trace_dir: str | None, rank: int, device) -> None:
     if schedule is None or trace_dir is None:
         return
     from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -53,7 +73,7 @@ def begin(schedule: tuple[int, int, int] | None, trace_dir: str | None, rank: in
     _state.update(profiler=profiler, hook=register_optimizer_step_post_hook(step), dir=trace_dir, rank=rank, steps=0)
 
 
-def end(job_id: int) -> ProfileSummary | None:
+def _end(job_id: int) -> ProfileSummary | None:
     """Stop profiling (writing the trace if the recording had begun); the summary for the kernel."""
     profiler, hook = _state["profiler"], _state["hook"]
     if profiler is None:

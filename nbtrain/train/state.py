@@ -19,9 +19,10 @@ same declarations as the cell's line, so the same training code runs in both pla
 
 from __future__ import annotations
 
+import contextlib
 import os
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from ..wire.settings import TrainSettings, settings_from_environment
 from . import amp
@@ -130,18 +131,16 @@ def unwrapped(obj):
     return obj
 
 
-def begin(settings: TrainSettings | None, device, rank: int, world_size: int) -> TrainContext:
-    """Open the context of a cell (called by the worker before the cell runs)."""
+@contextlib.contextmanager
+def scope(settings: TrainSettings | None, device, rank: int, world_size: int) -> Iterator[TrainContext]:
+    """The training context of a cell (the worker enters it around each cell): prepared models and loaders do not
+    outlive it."""
     global _active
     _active = TrainContext(settings or TrainSettings(), device, rank, world_size)
-    return _active
-
-
-def end() -> None:
-    """Close the cell's context (called by the worker after the cell, whatever happened)."""
-    global _active
-    context, _active = _active, None
-    if context is not None:
+    try:
+        yield _active
+    finally:
+        context, _active = _active, None
         context.close()
 
 

@@ -25,11 +25,12 @@ to stdout; the kernel shows the bundle where the mark is in the text (:mod:`nbtr
 
 from __future__ import annotations
 
+import contextlib
 import base64
 import io
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from ..wire import protocol as P
 
@@ -46,17 +47,20 @@ _state: dict = {"job": None, "rank": None, "send": None, "seq": 0}
 _formatter: dict = {}  # "formatter": IPython's DisplayFormatter (made on first use), or None without IPython
 
 
-def begin(job_id: int, rank: int, display_rank: int, send: Callable[[object], None]) -> None:
-    """Start a cell: bundles go through ``send`` if this rank is the displaying one."""
+@contextlib.contextmanager
+def scope(job_id: int, rank: int, display_rank: int, send: Callable[[object], None]) -> Iterator[None]:
+    """A cell's displays: bundles go through ``send`` if this rank is the displaying one; at the end the figures
+    the cell left open are shown (or, off the displaying rank, closed) — a broken figure must not lose the reply."""
     _state.update(job=job_id, rank=rank, send=send if rank == display_rank else None, seq=0)
-
-
-def end() -> None:
-    """End a cell: show (or, off the displaying rank, close) the figures it left open; stop sending."""
     try:
-        show_open_figures()
+        yield
     finally:
-        _state.update(job=None, send=None)
+        try:
+            show_open_figures()
+        except Exception as exc:
+            print(f"nbtrain: a figure left open by the cell could not be shown ({exc!r})", file=sys.stderr)
+        finally:
+            _state.update(job=None, send=None)
 
 
 def displaying() -> bool:

@@ -5,7 +5,7 @@ The pool starts every rank with ``MPLBACKEND=module://nbtrain.worker.figures`` (
 It draws with Agg, like the inline backend, and is not interactive: :func:`show` sends each open
 figure as a PNG through :func:`nbtrain.worker.display.display` — on rank 0; other ranks' figures are
 dropped — and closes it. Figures left open when the cell ends are shown then
-(:func:`nbtrain.worker.display.end`).
+(the end of :func:`nbtrain.worker.display.scope`).
 
 matplotlib imports this module when pyplot first needs a backend, never nbtrain itself: a rank that
 does not plot does not load matplotlib.

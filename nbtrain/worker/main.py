@@ -39,6 +39,7 @@ Errors outside a job (bad environment, rendezvous failure) are written to torch 
 from __future__ import annotations
 
 import builtins
+import contextlib
 import faulthandler
 import gc
 import linecache
@@ -246,46 +247,33 @@ class Rank:
         # As torchrun's agent sets them for each attempt (a warm pool's next cell starts again at 0).
         os.environ["TORCHELASTIC_RESTART_COUNT"] = str(job.train.restart)
         os.environ["TORCHELASTIC_MAX_RESTARTS"] = str(job.train.max_restarts)
-        metrics.start(self.rank, self.send).restore_step_counters(self.sessions.step_counters(job))
-        display.begin(job.job_id, self.rank, RESULT_RANK, self.send)
-        prompts.begin(job.job_id, self.rank, self.send, self.receive)  # input(), stdin, pdb: asked in the notebook
-        train_state.begin(job.train, self.device, self.rank, int(os.environ["WORLD_SIZE"]))
-        profile.begin(job.train.profile, job.train.profile_dir, self.rank, self.device)
-        preemption.begin(job.job_id, self.rank, self.send)
         try:
-            reply = self._execute(job, main.__dict__, started)
-            reply = self.sessions.leave(job, main, reply, self.torch)  # a failed session cell: bindings restored
+            with self._cell_scopes(job):
+                reply = self._execute(job, main.__dict__, started)
+                reply = self.sessions.leave(job, main, reply, self.torch)  # a failed session cell: bindings restored
         finally:
-            self._send_profile(job.job_id)
-            preemption.end()
-            train_state.end()  # prepared models and loaders do not outlive their cell
-            prompts.end()
-            self._end_display()
-            self.sessions.keep_step_counters(job, metrics.step_counters())  # a session's next cell goes on from here
-            metrics.stop()
             sys.modules["__main__"] = self.real_main
             del main
             self._release_memory()  # before the end mark: what a finaliser prints belongs to this cell
             self._flush_and_mark(job.job_id)
         self.send(reply)
 
-    def _send_profile(self, job_id: int) -> None:
-        """--profile: stop the profiler, send its summary (a broken profiler must not lose the reply)."""
-        try:
-            summary = profile.end(job_id)
-        except Exception as exc:
-            print(f"nbtrain: the profiler failed ({exc!r})", file=sys.stderr)
-            return
-        if summary is not None:
-            self.send(summary)
-
-    @staticmethod
-    def _end_display() -> None:
-        """Show the figures the cell left open (as a notebook does); a broken figure must not lose the reply."""
-        try:
-            display.end()
-        except Exception as exc:
-            print(f"nbtrain: a figure left open by the cell could not be shown ({exc!r})", file=sys.stderr)
+    def _cell_scopes(self, job: P.Job) -> contextlib.ExitStack:
+        """What a cell runs inside, each part owning its own end; they end in the reverse order: the profile's
+        summary first, then the preemption watch, the training context (prepared models and loaders do not
+        outlive their cell), prompts, displays (the figures left open), and last the logs, sent before the reply."""
+        scopes = contextlib.ExitStack()
+        with scopes:
+            scopes.enter_context(metrics.scope(self.rank, self.send, self.sessions.step_counters(job)))
+            # a session's next cell goes on from here (read before the logging scope ends)
+            scopes.callback(lambda: self.sessions.keep_step_counters(job, metrics.step_counters()))
+            scopes.enter_context(display.scope(job.job_id, self.rank, RESULT_RANK, self.send))
+            scopes.enter_context(prompts.scope(job.job_id, self.rank, self.send, self.receive))  # asked in the notebook
+            scopes.enter_context(train_state.scope(job.train, self.device, self.rank, int(os.environ["WORLD_SIZE"])))
+            scopes.enter_context(preemption.scope(job.job_id, self.rank, self.send))
+            scopes.enter_context(profile.scope(job.train.profile, job.train.profile_dir, self.rank, self.device,
+                                               job.job_id, self.send))
+            return scopes.pop_all()  # entered whole, or (one failed to start) the ones entered ended again
 
     def _release_memory(self) -> None:
         """Free what the cell left behind *before* replying, so the GPU reads as free when the cell returns.

@@ -20,11 +20,12 @@ the reason, as ``input()`` does at the end of a file.
 
 from __future__ import annotations
 
+import contextlib
 import builtins
 import io
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from ..train import debug
 from ..wire import protocol as P
@@ -32,8 +33,18 @@ from ..wire import protocol as P
 _state: dict = {"job": None, "rank": None, "send": None, "receive": None, "seq": 0, "saved": None, "pid": None}
 
 
-def begin(job_id: int, rank: int, send: Callable[[object], None], receive: Callable[[], object]) -> None:
-    """A cell starts: its prompts go to the kernel through ``send`` and are answered through ``receive``."""
+@contextlib.contextmanager
+def scope(job_id: int, rank: int, send: Callable[[object], None], receive: Callable[[], object]) -> Iterator[None]:
+    """A cell's prompts (``input()``, stdin, pdb): asked through ``send``, answered through ``receive``; at the end
+    ranks waiting at a breakpoint go on and ``input``, stdin and the hook are the rank's again."""
+    _begin(job_id, rank, send, receive)
+    try:
+        yield
+    finally:
+        _end()
+
+
+def _begin(job_id: int, rank: int, send: Callable[[object], None], receive: Callable[[], object]) -> None:
     _state.update(job=job_id, rank=rank, send=send, receive=receive, seq=0, pid=os.getpid(),
                   saved=(builtins.input, sys.stdin, sys.breakpointhook))
     builtins.input = rank_input
@@ -42,8 +53,7 @@ def begin(job_id: int, rank: int, send: Callable[[object], None], receive: Calla
     debug.begin(job_id, send)
 
 
-def end() -> None:
-    """The cell ended: ranks waiting at a breakpoint go on; ``input``, stdin and the hook are the rank's again."""
+def _end() -> None:
     try:
         debug.end()
     finally:
