@@ -338,12 +338,14 @@ def distributed_cell(shell, cell: str, request: LaunchRequest, display: CellDisp
     except ValueError as exc:  # NBTRAIN_DASHBOARD set to something unknown
         raise UsageError(str(exc)) from None
     return run_in_shell(shell, cell, request, pools, quiet=display.quiet,
-                        observers=[*observers, *([observer] if observer is not None else [])])
+                        observers=[*observers, *([observer] if observer is not None else [])], advisor=observer)
 
 
 def run_in_shell(shell, cell: str, request: LaunchRequest, pools: PoolManager, quiet: bool = False,
-                 observers=()) -> None:
-    """Run a cell in ``shell``'s namespace; user mistakes become UsageError, before any process starts."""
+                 observers=(), advisor=None) -> None:
+    """Run a cell in ``shell``'s namespace; user mistakes become UsageError, before any process starts.
+    ``advisor``: the dashboard that sampled the run's telemetry, whose hints the summary shows (None: the
+    hints the run's own records support)."""
     code_name = getattr(getattr(shell, "compile", None), "format_code_name", None)
     outcome = RunOutcome()
     try:
@@ -358,5 +360,4 @@ def run_in_shell(shell, cell: str, request: LaunchRequest, pools: PoolManager, q
     if len(result.history):
         shell.user_ns["history"] = result.history
     if not quiet:
-        measured = [o for o in observers if callable(getattr(o, "hints", None))]  # the dashboard sampled telemetry
-        print("\n".join(format_summary(result, measured[0].hints() if measured else None)))
+        print("\n".join(format_summary(result, advisor.hints() if advisor is not None else None)))

@@ -11,6 +11,7 @@ a method of its owner instead (``context.count_step()``, ``outcome.record(histor
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -155,3 +156,17 @@ def test_no_state_is_compared_as_a_string_where_its_enum_exists():
                 literals = [i.value for i in items if isinstance(i, ast.Constant) and i.value in values]
                 found += [f"{path.relative_to(ROOT)}:{node.lineno}: {v!r} (use {values[v]})" for v in literals]
     assert not found, "states compared as strings:\n" + "\n".join(found)
+
+
+def test_no_caller_probes_a_rank_group_for_its_abilities():
+    """A rank group's abilities are the RankGroup protocol's methods, which every kind implements: no caller asks
+    ``getattr(pool, …)``, ``hasattr(pool, …)`` or ``isinstance(pool, WorkerPool)`` what kind it holds."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args and \
+                    node.func.id in ("getattr", "hasattr", "isinstance"):
+                subject = ast.unparse(node.args[0])
+                if re.search(r"\b(pool|group)\b", subject.split(".")[-1]):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, "capability probes on rank groups:\n" + "\n".join(found)

@@ -99,8 +99,9 @@ class NodePool(GroupState):
         self._stacks: dict[int, str] = {}
 
     # ------------------------------------------------------------------------------- start
-    def spawn(self, zygote: Zygote | None = None) -> None:
-        """Start the agents (or wait for them) and the pool's store (forked by ``zygote`` where it can)."""
+    def spawn(self, zygote: Zygote | None = None, fork_ranks: bool = True) -> None:
+        """Start the agents (or wait for them) and the pool's store (forked by ``zygote`` where it can); the ranks
+        are the agents' to start, so ``fork_ranks`` changes nothing here."""
         spec = self.spec
         if spec.hosts and self.ssh is not None:  # first: the agents start while this kernel imports torch
             if len(self.hub.idle_nodes()) < spec.nodes:
@@ -205,6 +206,12 @@ class NodePool(GroupState):
         recorded = None if isinstance(cause, P.RemoteError) else self._errors.get(rank)
         return rank_failure(rank, cause, output_tail, starting=rank not in self.devices, error_file_message=recorded,
                             diagnosis=diagnosis, label=self.rank_label(rank), account=self._lost_account.get(rank))
+
+    def spawn_reason(self) -> str:
+        return ""  # the agents start the ranks: the kernel's zygote forks none
+
+    def local_start(self) -> None:
+        return None  # ranks on other machines: their start is not on this clock
 
     def dump_stacks(self, wait: float = 0.5, ranks=None) -> dict[int, str]:
         """Live ranks' Python stacks, dumped on their nodes (SIGUSR1, faulthandler) and sent back within ``wait``

@@ -95,6 +95,4 @@ class DashboardObserver(RunObserver):
         for thread in (self.sampler, self.ticker):
             if thread is not None:
                 thread.stop()
-        close = getattr(self.model.telemetry_source, "close", None)
-        if close is not None:  # the Xid watcher's thread
-            close()
+        self.model.telemetry_source.close()  # the Xid watcher's thread

@@ -125,23 +125,21 @@ class PreemptionWatch:
         if self.first is None or self.done:
             return
         self.done = True
-        release = getattr(self.run.pool, "release_node", None)
-        if release is None or not self.nodes:
+        if not self.nodes:  # notices from ranks on this machine name no node
             return self._say(f"{self.first[0]}; the cell ended before its next step")
         self._say(f"{self.first[0]}; the cell ended before its next step; {self._leaving()}")
         for name in self.nodes:
-            release(name, self.first[0])
+            self.run.pool.release_node(name, self.first[0])
 
     def _let_go(self, saved: str, path: str | None) -> None:
         assert self.first is not None
         self.done = True
         account = f"{self.first[0]}; {saved}"
-        release = getattr(self.run.pool, "release_node", None)
-        if self.nodes and release is not None:
+        if self.nodes:  # noticed nodes leave; the group re-forms without them
             account += self._resume_note(path)
             self._say(f"{account}; {self._leaving()}")
             for name in self.nodes:
-                for event in release(name, account):
+                for event in self.run.pool.release_node(name, account):
                     self.run._handle(event)
             return
         rank = self.local_rank if self.local_rank is not None else 0

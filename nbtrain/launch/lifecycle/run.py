@@ -391,5 +391,5 @@ def _bring_back(namespace: dict, run: _Run, warm: bool, seconds: float, deleted=
 
 
 def _cold_start(run: _Run) -> ColdStart | None:
-    procs = getattr(run.pool, "procs", None)  # ranks on this machine only (one clock)
-    return None if procs is None else run.marks.split(procs.started_at, procs.forked, run.nprocs)
+    start = run.pool.local_start()  # ranks on this machine only (one clock)
+    return None if start is None else run.marks.split(start.started_at, start.forked, run.nprocs)

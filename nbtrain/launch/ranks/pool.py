@@ -48,7 +48,7 @@ from ..diagnostics.stacks import request_stacks
 from ..request.config import PoolSpec
 from .channel import Channel, Message
 from .procs import Exited, Output, RankProcesses, stack_file_path, worker_env
-from .rankgroup import GroupState
+from .rankgroup import GroupState, LocalStart
 from .storehost import StoreHost
 from .zygote import Zygote
 
@@ -147,6 +147,16 @@ class WorkerPool(GroupState):
         targets = {rank: (pid, stack_file_path(self._dir, rank)) for rank, pid in self.procs.running().items()
                    if ranks is None or rank in ranks}
         return request_stacks(targets, wait)
+
+    def spawn_reason(self) -> str:
+        return self.procs.spawn_reason
+
+    def local_start(self) -> LocalStart:
+        return LocalStart(self.procs.started_at, dict(self.procs.forked))
+
+    def release_node(self, name: str, account: str) -> list:
+        """Ranks on this machine belong to no node: there is none to release (a run names none for them)."""
+        raise KeyError(f"no node {name!r}: this group's ranks run on this machine")
 
     def interrupt(self) -> None:
         """The stop button: exactly one SIGINT to each process of the pool (see :meth:`RankProcesses.interrupt`)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from ...wire import protocol as P
@@ -102,7 +103,8 @@ class RankGroup(Protocol):
     run_id: str
 
     # lifecycle
-    def spawn(self, zygote: Zygote | None = None) -> None: ...
+    def spawn(self, zygote: Zygote | None = None, fork_ranks: bool = True) -> None: ...
+    def spawn_reason(self) -> str: ...  # why ranks the zygote was asked to fork were spawned instead ("": none)
     def serves(self, spec: PoolSpec) -> bool: ...
     def alive(self) -> bool: ...
     def interrupt(self) -> None: ...
@@ -143,3 +145,16 @@ class RankGroup(Protocol):
     def failure(self, rank: int, cause: P.RemoteError | int, output_tail=(),
                 diagnosis: str | None = None) -> RankFailure: ...
     def dump_stacks(self, wait: float = 0.5, ranks=None) -> dict[int, str]: ...
+    def local_start(self) -> LocalStart | None: ...  # ranks started on this machine (one clock), else None
+
+    # nodes (a group of ranks on this machine has none: the run names no node to release)
+    def release_node(self, name: str, account: str) -> list: ...
+
+
+@dataclass(frozen=True)
+class LocalStart:
+    """When ranks on this machine were started, for the cold start's split: ``started_at`` (unix time) and, for
+    each forked rank, the seconds the zygote spent importing for it."""
+
+    started_at: float
+    forked: dict[int, float]

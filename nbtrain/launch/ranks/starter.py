@@ -8,7 +8,6 @@ the nodes' agents under torch elastic, as before; ``--spawn`` spawns them here t
 
 from __future__ import annotations
 
-from .pool import WorkerPool
 from .rankgroup import RankGroup
 from .zygote import Zygote
 
@@ -26,15 +25,12 @@ class RankStarter:
     def start(self, pool: RankGroup, spawn: bool = False) -> str:
         """Start ``pool``'s ranks; a line for the cell when they were spawned although a zygote was there, or ""."""
         zygote = self.zygote
-        if not isinstance(pool, WorkerPool):
-            pool.spawn(zygote)  # ranks on nodes: the zygote forks only the pool's store
+        forking = not spawn and zygote is not None
+        pool.spawn(zygote, fork_ranks=forking)  # the pool's store is forked where it can be, whatever the ranks
+        why = pool.spawn_reason() if forking else ""
+        if not why or zygote is None:
             return ""
-        if spawn or zygote is None:
-            pool.spawn(zygote, fork_ranks=False)  # the store is still forked where it can be
-            return ""
-        pool.spawn(zygote)
-        why = pool.procs.spawn_reason
-        if why and "zygote process ended" in zygote.why_not():  # a new one for the next cell
+        if "zygote process ended" in zygote.why_not():  # a new one for the next cell
             if self._owned:
                 zygote.close()
             self.zygote, self._owned = Zygote.start(), True
