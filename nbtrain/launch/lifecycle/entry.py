@@ -32,12 +32,13 @@ from ..observers.events import FanOut, RunObserver, RunState
 from ..observers.history import RunOutcome
 from ..observers.trackers import trackers_for
 from ..relay.output import write_to_std_stream
-from ..request.cell import CellSyntaxError, analyse_cell, names_to_send
+from ..request.cell import CellInfo, CellSyntaxError, analyse_cell, names_to_send
 from ..request.config import DEFAULT_KEEP_ALIVE_S, ConfigError, LaunchConfig, LaunchRequest, resolve
 from ..request.inputs import PayloadError, pack_inputs
 from ..request.mistakes import UserInputError
 from ..request.notebook_modules import WorkdirGone, notebook_workdir
 from ...wire.options import options_of
+from .cellrun import CellRun
 from .checkpoint_lock import hold_checkpoint_folder
 from .restarts import run_with_restarts
 from .pools import PoolManager
@@ -62,7 +63,8 @@ def run_source(source: str, request: LaunchRequest, namespace: dict, *, manager:
     FanOut(observers).earlier_runs(manager.runs.earlier(source, changed_options(request)) if manager else ())
     result: RunResult | None = None
     try:
-        result = _run(source, config, info, namespace, manager, write, code_name, [*observers, meter], outcome)
+        given = {"write": write, "code_name": code_name, "observers": (*observers, meter), "outcome": outcome}
+        result = _run(_cell_run(config, info, namespace, manager, given))
         result = replace(result, metering=meter.metering)  # for the summary line
         state = RunState.FINISHED
         return result
@@ -109,35 +111,42 @@ def changed_options(request: LaunchRequest) -> str:
     return " ".join(words)
 
 
-def _run(source, config, info, namespace, manager, write, code_name, observers, outcome) -> RunResult:
-    observers = [*observers, *trackers_for(config.tensorboard)]  # --tensorboard, nbtrain.track()
+def _cell_run(config: LaunchConfig, info: CellInfo, namespace: dict, manager: PoolManager | None,
+              given: dict) -> CellRun:
+    """The run of a checked cell: without a manager, a throwaway one that keeps no warm ranks. ``given``: the caller's
+    ``write``, ``code_name``, ``observers`` and ``outcome``."""
     if manager is None:
         if config.session:
             raise ConfigError("--session keeps variables on warm ranks between cells: pass the same manager= "
                               "(a PoolManager) to every run_source call of the session.")
         manager = PoolManager()
-        config = type(config)(**{**config.__dict__, "keep_alive_s": 0.0})
-    names = names_to_send(info, namespace)
+        config = replace(config, keep_alive_s=0.0)
+    observers = (*given["observers"], *trackers_for(config.tensorboard))  # --tensorboard, nbtrain.track()
+    return CellRun(info, config, namespace, manager, given["write"] or write_to_std_stream, given["outcome"],
+                   observers, given["code_name"])
+
+
+def _run(cell: CellRun) -> RunResult:
+    config, manager = cell.config, cell.manager
+    names = names_to_send(cell.info, cell.namespace)
     if config.session:  # before anything is packed: the session's ranks must fit the cell
         manager.sessions.check(config.session, config.pool, config.fresh)
-        names = manager.sessions.names_to_send(config.session, names, namespace)
+        names = manager.sessions.names_to_send(config.session, names, cell.namespace)
     with hold_checkpoint_folder(config.train.checkpoint_dir):  # one run per folder, restarts included
-        return _run_held(namespace, info, config, manager, names, write, code_name, observers, outcome)
+        return _run_held(replace(cell, names=tuple(names)))
 
 
-def _run_held(namespace, info, config, manager, names, write, code_name, observers, outcome) -> RunResult:
-    inputs = _pack_or_explain_stop(namespace, names)
-    if not config.train.max_restarts:
-        return run_cell(namespace, info, config, manager, inputs, write=write, code_name=code_name, observers=observers,
-                        outcome=outcome)
+def _run_held(cell: CellRun) -> RunResult:
+    inputs = _pack_or_explain_stop(cell.namespace, cell.names)
+    if not cell.config.train.max_restarts:
+        return run_cell(cell, inputs)
 
     def attempt(restart: int, followers: list) -> RunResult:  # a restart resumes from the checkpoint, with fresh inputs
-        again = replace(config, train=replace(config.train, resume=True, restart=restart)) if restart else config
-        packed = inputs if restart == 0 else pack_inputs(namespace, names)
-        return run_cell(namespace, info, again, manager, packed, write=write, code_name=code_name, observers=followers,
-                        outcome=outcome)
+        if restart == 0:
+            return run_cell(replace(cell, observers=tuple(followers)), inputs)
+        return run_cell(cell.again(restart, followers), pack_inputs(cell.namespace, cell.names))
 
-    return run_with_restarts(attempt, config.train, write or write_to_std_stream, observers)
+    return run_with_restarts(attempt, cell.config.train, cell.write, cell.observers)
 
 
 def list_sessions(manager: PoolManager) -> list[str]:
@@ -156,7 +165,8 @@ def pull(manager: PoolManager, session: str, names: list[str], namespace: dict, 
     except WorkdirGone as exc:
         raise ConfigError(str(exc)) from None
     config = LaunchConfig(spec, tuple(names), "all", DEFAULT_KEEP_ALIVE_S, False, workdir=workdir, session=session)
-    return _run("", config, analyse_cell("", 1), namespace, manager, write, None, (), RunOutcome())
+    given = {"write": write, "code_name": None, "observers": (), "outcome": RunOutcome()}
+    return _run(_cell_run(config, analyse_cell("", 1), namespace, manager, given))
 
 
 def close(manager: PoolManager, session: str) -> None:

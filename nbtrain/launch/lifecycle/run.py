@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from ...wire import protocol as P
@@ -41,18 +40,18 @@ from ..diagnostics.failures import RankFailedError, RankFailure, order_failures
 from ..diagnostics.mismatch import MismatchWatcher
 from ..diagnostics.stacks import whereabouts
 from ..observers.cost import metering_for
-from ..observers.events import FanOut, RankInfo, RunInfo, RunObserver, RunState
+from ..observers.events import FanOut, RankInfo, RunInfo, RunState
 from ..observers.coldstart import ColdStart, StartMarks
-from ..observers.history import History, RunOutcome, RunResult
+from ..observers.history import History, RunResult
 from ..ranks.pool import Exited, Message, Output
 from ..ranks.rankgroup import RankGroup
 from ..relay.displays import PendingDisplays
-from ..relay.output import OutputRelay, write_to_std_stream
+from ..relay.output import OutputRelay
 from ..relay.stdin import PendingPrompts
-from ..request.cell import CELL_FILENAME, CellInfo, names_to_return
-from ..request.config import LaunchConfig, PoolSpec
+from ..request.cell import CELL_FILENAME, names_to_return
+from ..request.config import PoolSpec
 from ..request.notebook_modules import notebook_workdir
-from .pools import PoolManager
+from .cellrun import CellRun
 from .preemption import PreemptionWatch
 from .sessions import SESSION_FAILURE_GRACE_S, ended_sentence, kept_sentence, stuck_sentence
 from .stopping import stop_button, stop_run
@@ -75,15 +74,14 @@ def _physical_gpu(spec: PoolSpec, device: str | None) -> int | None:
 class _Run:
     """The event loop of one cell on one pool."""
 
-    def __init__(self, pool: RankGroup, job: P.Job, inputs: Inputs, config: LaunchConfig, write,
-                 observers: Iterable[RunObserver], warm: bool, info: CellInfo, started: float = 0.0) -> None:
-        self.pool, self.job, self.inputs, self.config = pool, job, inputs, config
-        self.started = started  # unix time the cell began (the summary's time counts from it)
-        self.observers, self.warm = FanOut(observers), warm
+    def __init__(self, cell: CellRun, pool: RankGroup, job: P.Job, inputs: Inputs, warm: bool) -> None:
+        self.cell, self.pool, self.job, self.inputs, self.config = cell, pool, job, inputs, cell.config
+        self.started = time.time()  # when the ranks were asked for (the summary's time counts from it)
+        self.observers, self.warm = FanOut(cell.observers), warm
         self.history = History()
         self.marks = StartMarks()  # the cold start's split (nbtrain.launch.observers.coldstart)
-        self.displays = PendingDisplays(write)  # rank 0's figures and display() (nbtrain.worker.display)
-        self._write = write
+        self.displays = PendingDisplays(cell.write)  # rank 0's figures and display() (nbtrain.worker.display)
+        self._write = cell.write
         self._talk_to_ranks(pool.world_size)
         self.sent = False
         self.loaded: set[int] = set()
@@ -95,11 +93,11 @@ class _Run:
         self.failure_grace = SESSION_FAILURE_GRACE_S if job.session else FAILURE_GRACE_S
         self.first_failure_at: float | None = None
         self.all_done_at: float | None = None
-        self.start_deadline = time.monotonic() + config.start_timeout_s
+        self.start_deadline = time.monotonic() + cell.config.start_timeout_s
         self.nodes_told_at = 0.0
         self.nodes_told_states: tuple[str, ...] = ()
         self.waiting_told_at = 0.0  # a restart waiting for nodes: when it last said so
-        self.mismatch = MismatchWatcher(pool, job.filename, info.source, info.line_offset)
+        self.mismatch = MismatchWatcher(pool, job.filename, cell.info.source, cell.info.line_offset)
         self.preemption = PreemptionWatch(self)  # a machine about to go: a checkpoint first (.preemption)
 
     @property
@@ -279,24 +277,21 @@ class _Run:
             self.history.add(event.rank, event.message.records)
 
 
-def run_cell(namespace: dict, info: CellInfo, config: LaunchConfig, manager: PoolManager, inputs: Inputs,
-             *, write: Callable[[str, str], None] | None = None, code_name=None,
-             observers: Iterable[RunObserver] = (), outcome: RunOutcome | None = None) -> RunResult:
+def run_cell(cell: CellRun, inputs: Inputs) -> RunResult:
     """Run a cell checked and packed by :func:`~nbtrain.launch.lifecycle.entry.run_source` on the ranks; bring rank 0's
-    results into ``namespace``. Raises RankFailedError, or KeyboardInterrupt after the stop button; either way
-    ``outcome`` holds what was logged."""
+    results into the notebook's namespace. Raises RankFailedError, or KeyboardInterrupt after the stop button; either
+    way ``cell.outcome`` holds what was logged."""
     started = time.monotonic()
     result_prefix = new_result_prefix()
     try:
-        return _run_and_bring_back(namespace, info, config, manager, inputs, result_prefix, started,
-                                   write or write_to_std_stream, code_name, observers, outcome or RunOutcome())
+        return _run_and_bring_back(cell, inputs, result_prefix, started)
     finally:  # whatever happened: no input file, and no result file the kernel did not take
         inputs.arena.close()
         sweep_prefix(result_prefix)
 
 
-def _run_and_bring_back(namespace, info, config, manager, inputs, result_prefix, started, write, code_name,
-                        observers, outcome: RunOutcome) -> RunResult:
+def _run_and_bring_back(cell: CellRun, inputs: Inputs, result_prefix: str, started: float) -> RunResult:
+    config, manager, info = cell.config, cell.manager, cell.info
     workdir = config.workdir or notebook_workdir()
     pool, warm, stale_note = manager.acquire(config.pool, config.fresh, workdir, config.session)
     session = manager.sessions.open(config.session, pool) if config.session else None
@@ -305,7 +300,7 @@ def _run_and_bring_back(namespace, info, config, manager, inputs, result_prefix,
                 result_prefix=result_prefix, shared_files=tuple(inputs.arena.paths), session=config.session,
                 line_offset=info.line_offset)
     sessions_here = manager.sessions.on(pool)
-    run = _Run(pool, job, inputs, config, write, observers, warm, info, time.time() - (time.monotonic() - started))
+    run = _Run(cell, pool, job, inputs, warm)
     if session is not None:  # the session's series go on (its ranks continue their step counters)
         run.history = session.history.copy()
     if stale_note:
@@ -332,26 +327,25 @@ def _run_and_bring_back(namespace, info, config, manager, inputs, result_prefix,
         run.notify("run_finished", RunState.FAILED, f"nbtrain failed: {reason(exc)}")
         raise
     finally:
-        outcome.record(run.history)  # what was logged until here, however the run ends
+        cell.outcome.record(run.history)  # what was logged until here, however the run ends
         inputs.arena.close()
     if session is not None:
         session.carry(run.history)
     if run.failures:
-        raise _failure(run, manager, info, code_name)
+        raise _failure(run)
     manager.release(healthy=True, keep_alive_s=config.keep_alive_s)
-    deleted = info.deletes if config.out_names is None else ()  # the cell's own `del`: not worth a line
-    result = _bring_back(namespace, run, warm, time.monotonic() - started, deleted)
+    result = _bring_back(run, time.monotonic() - started)
     if config.session:
-        manager.sessions.record(config.session, pool, run.done, namespace)
+        manager.sessions.record(config.session, pool, run.done, cell.namespace)
     if result.cold_start is not None:
         run.notify("cold_start", result.cold_start)
     run.notify("run_finished", RunState.FINISHED, f"{count('rank', len(result.devices))} finished in {result.seconds:.1f} s")
     return result
 
 
-def _failure(run: _Run, manager: PoolManager, info: CellInfo, code_name) -> RankFailedError:
+def _failure(run: _Run) -> RankFailedError:
     """The error of a failed run, once its ranks are stopped — or, for a session that survives, left serving."""
-    pool, job = run.pool, run.job
+    pool, job, manager, info = run.pool, run.job, run.cell.manager, run.cell.info
     kept = run.session_survives()
     stopped = [] if kept else [r for r in range(pool.world_size) if r not in run.failures]
     unfinished = [r for r in stopped if r not in run.done]  # a rank that finished is in nbtrain's loop
@@ -368,19 +362,20 @@ def _failure(run: _Run, manager: PoolManager, info: CellInfo, code_name) -> Rank
         if ended and unfinished and set(run.failures) <= run.raised:  # the others were in the cell: say why it ended
             notes.insert(0, stuck_sentence(sorted(run.raised), unfinished, pool.spec.backend))
     error = RankFailedError(list(run.failures.values()), cell_filename=job.filename, cell_source=info.source,
-                            line_offset=info.line_offset, code_name=code_name, stopped=stopped,
+                            line_offset=info.line_offset, code_name=run.cell.code_name, stopped=stopped,
                             whereabouts=where, notes=notes, device_type=pool.spec.device_type)
     run.notify("run_finished", RunState.FAILED, error.failures[0].summary())
     return error
 
 
-def _bring_back(namespace: dict, run: _Run, warm: bool, seconds: float, deleted=()) -> RunResult:
+def _bring_back(run: _Run, seconds: float) -> RunResult:
+    warm, deleted = run.warm, run.cell.deleted
     results = next((d.results for d in run.done.values() if isinstance(d.results, Results)), None)
     values, skipped = unpack_results(results, run.inputs.arena.originals) if results is not None else ({}, {})
     if results is not None and results.missing:
         skipped.update({name: "not defined on rank 0 when the cell ended" for name in results.missing
                         if name not in deleted})
-    namespace.update(values)
+    run.cell.namespace.update(values)
     return RunResult(
         returned=tuple(values), skipped=skipped,
         moved_to_cpu=tuple(results.moved_to_cpu) if results is not None else (),
