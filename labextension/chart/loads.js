@@ -8,6 +8,16 @@ import uPlot from "uplot";
 import { floats } from "./data.js";
 
 export const MAX_POINTS = 3600;
+// The x axis spans at least this many seconds: the first samples of a run sit at its left, not as a lone point
+// in the middle of uPlot's default range.
+export const MIN_SPAN_S = 10;
+
+/** The x range of the load panels: the samples' times, at least MIN_SPAN_S wide.
+ * @param {number | null} min @param {number | null} max @returns {[number, number]} */
+export function timeRange(min, max) {
+  const start = min ?? 0;
+  return [start, Math.max(max ?? start, start + MIN_SPAN_S)];
+}
 
 /** @typedef {"busy" | "memory"} LoadKey */
 /** A device's line, the final figure's own (theme.device_style in Python).
@@ -107,7 +117,7 @@ export class LoadPanels {
       const panel = this;
       return new uPlot({
         title: titles[k], width, height, series,
-        scales: { x: { time: false }, y: { range: (u, min, max) => [0, Math.max(100, max || 0)] } },
+        scales: { x: { time: false, range: (u, min, max) => timeRange(min, max) }, y: { range: (u, min, max) => [0, Math.max(100, max || 0)] } },
         axes: [{ label: "seconds since the first sample" }, { size: 50 }],
         cursor: { drag: { x: true, y: false } },
         legend: { live: true, markers: { dash: (u, i) => (u.series[i].dash?.length ? "dashed" : "solid") } },

@@ -113,7 +113,8 @@ def draw_timelines(ax_busy, ax_memory, timelines: dict, styles: dict, titles: tu
     draw them: ``styles`` per device (:func:`~nbtrain.dashboard.theme.device_style`), ``titles`` theirs."""
     for key, ((t_busy, busy), (t_mem, memory)) in timelines.items():
         style = styles[key]
-        line = {"label": str(key), "color": style["color"], "linewidth": style["width"] * PIXEL_PT}
+        line = {"label": str(key), "color": style["color"], "linewidth": style["width"] * PIXEL_PT,
+                "marker": "o" if len(t_busy) < 15 else None, "markersize": theme.MARKER_SIZE}  # few samples: seen
         if style["dash"]:
             line["linestyle"] = (0, tuple(d / style["width"] for d in style["dash"]))  # matplotlib: in line widths
         ax_busy.plot(t_busy, busy, **line)

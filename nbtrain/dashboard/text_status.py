@@ -16,6 +16,7 @@ from . import text
 from .final import summary_paragraph
 from .model import RunModel
 from .run_view import progress_text
+from .telemetry_series import MACHINE, panel_loads
 
 DEFAULT_EVERY_S = 10.0
 
@@ -33,7 +34,8 @@ def status_line(model: RunModel) -> str:
                   for g in snap.gpus]
     elif snap is not None:
         host = snap.host
-        parts.append(f"CPU {text.percent(host.cpu_percent)} RAM {text.size(host.memory_used)}/{text.size(host.memory_total)}")
+        parts.append(f"CPU {text.percent(panel_loads(snap)[MACHINE][0])} of a core"
+                     f" RAM {text.size(host.memory_used)}/{text.size(host.memory_total)}")
     return "nbtrain ▸ " + " · ".join(parts)
 
 

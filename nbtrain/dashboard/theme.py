@@ -26,7 +26,7 @@ def rank_color(rank: int) -> str:
     return RANK_COLORS[rank % len(RANK_COLORS)]
 
 
-MACHINE_COLOR = "#444444"  # the whole machine's CPU and RAM, beside the ranks' colours
+MACHINE_COLOR = "#999999"  # grey: the whole machine's CPU and RAM, beside the ranks' colours
 # A device's dash pattern (on-off lengths in pixels; none: solid): two ranks whose RAM lines coincide are
 # then both seen, the later dashed line over the earlier solid, wider one.
 DEVICE_DASHES: tuple[tuple[int, ...], ...] = ((), (6, 3), (2, 2), (8, 3, 2, 3))

@@ -48,13 +48,14 @@ class FinalFigure:
 
 
 class Summary:
-    """The run's paragraph; its markdown shows metric names and failure text as text, never as markup."""
+    """The run's summary, a line a topic; its markdown shows metric names and failure text as text, never as markup."""
 
     def __init__(self, text: str) -> None:
         self.text = text
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        return {"text/markdown": markdown_literal(self.text), "text/plain": self.text}
+        lines = "  \n".join(markdown_literal(line) for line in self.text.splitlines())  # a line break in each
+        return {"text/markdown": lines, "text/plain": self.text}
 
 
 class RunDashboard:

@@ -2,7 +2,7 @@
 // The load panels' columns: samples appended per update, gaps kept aligned, thinned past MAX_POINTS.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { LoadPanels, MAX_POINTS, thinned } from "../loads.js";
+import { LoadPanels, MAX_POINTS, MIN_SPAN_S, thinned, timeRange } from "../loads.js";
 
 /** The panels' data alone: drawing needs a browser, so build and draw only count their calls here. */
 class Columns extends LoadPanels {
@@ -60,4 +60,11 @@ test("past MAX_POINTS samples every other one goes, all along the run: memory st
   }
   assert.equal(panels.t[0], 0, "the start of the run is still drawn");
   assert.ok(panels.t[panels.points - 1] > 3.9 * MAX_POINTS, "and its end");
+});
+
+test("the x axis of a run's first samples spans MIN_SPAN_S from the first, never a range around a lone point", () => {
+  assert.deepEqual(timeRange(0, 0), [0, MIN_SPAN_S]);
+  assert.deepEqual(timeRange(12, 12.5), [12, 12 + MIN_SPAN_S]);
+  assert.deepEqual(timeRange(null, null), [0, MIN_SPAN_S]);
+  assert.deepEqual(timeRange(0, 35), [0, 35]);
 });
