@@ -32,10 +32,24 @@ for step in range(300):
 """
 
 
-def _in_lab(tmp_path, second_cell: str, check, more_cells: tuple[str, ...] = ()) -> None:
+def console_errors(page) -> list[str]:
+    """The page's console errors and uncaught exceptions from now on, as text (filled as they come)."""
+    errors: list[str] = []
+    page.on("console", lambda message: errors.append(f"console.{message.type}: {message.text} at "
+                                                     f"{message.location.get('url', '?')}") if message.type == "error" else None)
+    page.on("pageerror", lambda error: errors.append(f"uncaught: {error}\n{getattr(error, 'stack', '')}"))
+    return errors
+
+
+# Errors of the page that are not nbtrain's to fix: a resource the offline lab cannot fetch.
+NOT_OURS = re.compile(r"Failed to load resource|net::ERR_")
+
+
+def _in_lab(tmp_path, second_cell: str, check, more_cells: tuple[str, ...] = (),
+            viewport: tuple[int, int] = (1300, 1000)) -> None:
     """Open a notebook of ``%load_ext nbtrain``, ``second_cell`` and ``more_cells`` in JupyterLab, run the first
     cell, start the second (Ctrl+Enter), then ``check(page, lab, cells)``; on failure, a screenshot and the
-    server's log."""
+    server's log. Any JavaScript error the page logged meanwhile fails the test."""
     lab = JupyterLab(tmp_path, extension_under_test=True)
     write_notebook(lab.notebooks / "dash.ipynb", ["%load_ext nbtrain", second_cell, *more_cells])
     lab.start()
@@ -44,7 +58,8 @@ def _in_lab(tmp_path, second_cell: str, check, more_cells: tuple[str, ...] = ())
         with sync_api.sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS, headless=True)
             try:
-                page = browser.new_page(viewport={"width": 1300, "height": 1000})
+                page = browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
+                errors = console_errors(page)
                 page.goto(f"{lab.url}/lab/tree/dash.ipynb?reset&token={lab.token}")
                 page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=90_000)
                 cells = page.locator(".jp-Notebook .jp-Cell")
@@ -55,6 +70,8 @@ def _in_lab(tmp_path, second_cell: str, check, more_cells: tuple[str, ...] = ())
                 sync_api.expect(cells.nth(0).locator(".jp-InputPrompt")).to_have_text("[1]:", timeout=60_000)
                 page.keyboard.press("Control+Enter")
                 check(page, lab, cells)
+                errors = [error for error in errors if not NOT_OURS.search(error)]
+                assert not errors, "the page logged errors:\n" + "\n".join(errors)
             except BaseException:
                 page.screenshot(path=str(tmp_path / "failure.png"))
                 print(f"browser at failure: {tmp_path / 'failure.png'}\njupyter lab log:\n{lab.log()}")
@@ -312,3 +329,64 @@ def test_the_toolbar_downloads_the_series_as_csv_and_the_panels_as_png(tmp_path)
         assert colored > 100, "the curves are drawn in colour"
 
     _in_lab(tmp_path, TRAINING, check)
+
+
+# The README's quickstart as one cell: about a second of training, 160 steps, on two ranks.
+QUICKSTART = """%%distributed 2 --cpu --keep-alive 0
+import torch, nbtrain
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+g = torch.Generator().manual_seed(0)
+X = torch.randn(4096, 2, generator=g)
+Y = ((X ** 2).sum(1) < 1.0).long()
+torch.manual_seed(0)
+model = DDP(nn.Sequential(nn.Linear(2, 64), nn.ReLU(), nn.Linear(64, 2)))
+opt = torch.optim.Adam(model.parameters(), lr=0.01)
+x, y = X[rank::world_size], Y[rank::world_size]
+for epoch in range(20):
+    for i in range(0, len(x), 256):
+        loss = nn.functional.cross_entropy(model(x[i:i + 256]), y[i:i + 256])
+        opt.zero_grad(); loss.backward(); opt.step()
+        nbtrain.log(loss=loss)
+"""
+
+
+def test_a_newcomers_quickstart_ends_with_its_load_drawn_one_step_count_and_a_short_summary(tmp_path):
+    """The quickstart, as a newcomer runs it with the nbtrain panel open: the final picture draws the load over the
+    run as lines (it had empty panels: one sample), the summary is a few short lines in the dashboard's units and
+    plain words, the panel's run card counts the steps as the summary does, and the page logs no error.
+    Its screenshot (first-run.png beside the test's lab) is what a newcomer sees."""
+    import base64
+    import io
+
+    import numpy
+    from matplotlib import colors
+    from PIL import Image
+
+    from nbtrain.dashboard.telemetry_series import MACHINE
+    from nbtrain.dashboard.theme import device_style
+
+    def check(page, lab, cells) -> None:
+        page.locator("#nbtrain-status").click()
+        panel = page.locator("#nbtrain-panel")
+        sync_api.expect(panel).to_be_visible(timeout=30_000)
+        output = cells.nth(1).locator(".jp-OutputArea")
+        sync_api.expect(output.locator("img")).to_have_count(1, timeout=90_000)
+        sync_api.expect(output).to_contain_text("2 ranks on gloo on cpu finished", timeout=30_000)
+        summary = output.locator(".jp-RenderedMarkdown").inner_text()
+        print(f"summary ({len(summary.split())} words):\n{summary}")
+        assert len(summary.split()) <= 60 and "NVMLError" not in summary and "No GPU on this machine" in summary
+        assert "of a core" in summary and len(summary.splitlines()) == len(set(summary.splitlines())) >= 3
+        step = re.search(r"step (\d+)", summary).group(1)
+        card = panel.locator(".nbtrain-Run", has=page.locator(".nbtrain-Notebook", has_text="dash"))
+        sync_api.expect(card.locator(".nbtrain-Run-facts")).to_contain_text(f"step {step} ·", timeout=15_000)
+        cells.nth(1).screenshot(path=str(lab.root / "first-run.png"))
+
+        source = output.locator("img").get_attribute("src")
+        image = numpy.asarray(Image.open(io.BytesIO(base64.b64decode(source.split(",", 1)[1]))).convert("RGB"), dtype=int)
+        grey = numpy.array([round(255 * c) for c in colors.to_rgb(device_style(MACHINE)["color"])])
+        load_row = image[image.shape[0] // 2:]  # the load panels, under the curves
+        machine_pixels = int((numpy.abs(load_row - grey).sum(axis=2) < 30).sum())
+        assert machine_pixels > 300, f"the machine's load line: {machine_pixels} pixels of its grey (a legend's swatch alone ~40)"
+
+    _in_lab(tmp_path, QUICKSTART, check, viewport=(1400, 1000))

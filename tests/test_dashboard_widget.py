@@ -267,7 +267,7 @@ def test_a_live_dashboard_shown_again_resends_every_widget_then_its_output_and_n
     assert ids[-1] == board.widget.model_id and board.chart.widget.model_id in ids
     assert ids.index(board.chart.widget.model_id) < ids.index(board.widget.model_id), "children first"
     chart_state = dict(opened)[board.chart.widget.model_id]
-    assert chart_state["style"] and chart_state["_esm"], "the chart's whole state, its code included"
+    assert chart_state["chart_style"] and chart_state["_esm"], "the chart's whole state, its code included"
     assert shown == [board.widget, board.widget], "the dashboard's output, shown again"
     model.finish("finished", "2 ranks finished")
     board.finish()

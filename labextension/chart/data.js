@@ -10,7 +10,7 @@
  * @typedef {DataView | ArrayBuffer | Float64Array | null | undefined} WireColumn */
 /** A base or a tail of the ``base`` / ``tail`` traits: its series' columns, the epoch it belongs to, the panels.
  * @typedef {{epoch: number, series: Record<string, Record<string, WireColumn>>, groups?: [string, string[]][]}} Update */
-/** The kernel's rule for smoothing (nbtrain.dashboard.series.worth_smoothing), sent in the ``style`` trait.
+/** The kernel's rule for smoothing (nbtrain.dashboard.series.worth_smoothing), sent in the ``chart_style`` trait.
  * @typedef {{smooth_min_points: number, smooth_dense_share: number}} SmoothRule */
 
 /** @type {(keyof Columns)[]} */
@@ -72,7 +72,7 @@ export function smooth(values, weight) {
 }
 
 /** Whether a series of ``points`` buckets is smoothed beside a longest one of ``mostPoints``: the kernel's rule
- * (nbtrain.dashboard.series.worth_smoothing), its numbers sent in the ``style`` trait.
+ * (nbtrain.dashboard.series.worth_smoothing), its numbers sent in the ``chart_style`` trait.
  * @param {number} points @param {number} mostPoints @param {SmoothRule} style @returns {boolean} */
 export function worthSmoothing(points, mostPoints, style) {
   return points > style.smooth_min_points && points >= mostPoints * style.smooth_dense_share;

@@ -5,7 +5,7 @@
 // Then one series per earlier run of the kernel that logged one of the panel's names (``overlays``): its mean,
 // smoothed as this run's, faded and dashed, labelled with what differed; a click on its legend row hides it
 // (``options.hidden`` keeps that across rebuilds: log scale, wall time).
-// Colours, widths and which series are smoothed come from the kernel (the ``style`` trait, theme.chart_style in
+// Colours, widths and which series are smoothed come from the kernel (the ``chart_style`` trait, theme.chart_style in
 // Python), the final figure's own: this file holds none.
 import uPlot from "uplot";
 import { smooth, allPositive, worthSmoothing } from "./data.js";
