@@ -13,7 +13,7 @@ from nbtrain.dashboard.devices_view import devices_html
 from nbtrain.dashboard.final import final_figure, summary_paragraph
 from nbtrain.dashboard.metric_store import MetricStore
 from nbtrain.dashboard.progress import progress
-from nbtrain.dashboard.telemetry_series import TelemetrySeries
+from nbtrain.dashboard.telemetry_series import MACHINE, TIME_AXIS, TelemetrySeries
 from nbtrain.dashboard.threads import Sampler
 from nbtrain.gpu.processes import HostStatus
 from nbtrain.gpu.telemetry import NO_DRIVER, RankUsage, Snapshot, Telemetry
@@ -48,7 +48,7 @@ def test_a_runs_first_second_is_sampled_four_times_not_once():
 
 
 def _load_axes(fig) -> list:
-    return [ax for ax in fig.get_axes() if ax.get_xlabel() == "seconds since the first sample"]
+    return [ax for ax in fig.get_axes() if ax.get_xlabel() == TIME_AXIS]
 
 
 def test_one_load_sample_leaves_no_empty_panels_but_says_why():
@@ -112,3 +112,13 @@ def test_the_step_counted_in_each_view_is_the_same(tmp_path):
         assert progress(store, 35.0).step == registry.record["step"] == 423
     finally:
         registry.remove()
+
+
+def test_the_machines_line_is_grey_as_the_guide_says():
+    """The user guide says the machine's line is grey; it was drawn near-black (#444444)."""
+    from matplotlib import colors
+
+    from nbtrain.dashboard.theme import device_style
+
+    red, green, blue = colors.to_rgb(device_style(MACHINE)["color"])
+    assert red == green == blue and 0.45 <= red <= 0.75, device_style(MACHINE)

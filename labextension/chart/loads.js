@@ -23,7 +23,7 @@ export function timeRange(min, max) {
 /** A device's line, the final figure's own (theme.device_style in Python).
  * @typedef {{color: string, width: number, dash: number[]}} DeviceStyle */
 /** One update of the ``load`` trait: the new samples only, a column per device and key.
- * @typedef {{t: import("./data.js").WireColumn, devices: string[], titles: string[],
+ * @typedef {{t: import("./data.js").WireColumn, devices: string[], titles: string[], axis?: string,
  *            busy: Record<string, import("./data.js").WireColumn>, memory: Record<string, import("./data.js").WireColumn>,
  *            styles: Record<string, DeviceStyle>}} LoadUpdate */
 
@@ -53,6 +53,7 @@ export class LoadPanels {
     this.columns = { busy: {}, memory: {} };
     /** @type {string[] | null} */
     this.titles = null;
+    this.axis = "seconds"; // the kernel's label (load_feed.TIME_AXIS) comes with the samples
     /** @type {Record<string, DeviceStyle>} */
     this.styles = {};
     /** @type {uPlot[]} */
@@ -88,6 +89,7 @@ export class LoadPanels {
     const rebuild = !this.titles || this.titles.join() !== load.titles.join() || devices.join() !== this.devices.join();
     this.devices = devices;
     this.titles = load.titles;
+    this.axis = load.axis || this.axis;
     Object.assign(this.styles, load.styles);
     if (rebuild) this.build();
     else this.draw();
@@ -118,7 +120,7 @@ export class LoadPanels {
       return new uPlot({
         title: titles[k], width, height, series,
         scales: { x: { time: false, range: (u, min, max) => timeRange(min, max) }, y: { range: (u, min, max) => [0, Math.max(100, max || 0)] } },
-        axes: [{ label: "seconds since the first sample" }, { size: 50 }],
+        axes: [{ label: this.axis }, { size: 50 }],
         cursor: { drag: { x: true, y: false } },
         legend: { live: true, markers: { dash: (u, i) => (u.series[i].dash?.length ? "dashed" : "solid") } },
         hooks: {

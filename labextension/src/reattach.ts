@@ -122,12 +122,14 @@ async function showAgainIfBusy(kernel: Kernel.IKernelConnection | null): Promise
     return;
   }
   asked.add(kernel);
-  const busy = await Promise.race([kernel.info.then(() => false), after(BUSY_AFTER_MS, true)]);
+  // Each loser of a race still settles later: its rejection (the kernel restarted, the page closed) is caught here,
+  // or the page logs it as an uncaught error.
+  const busy = await Promise.race([kernel.info.then(() => false, () => false), after(BUSY_AFTER_MS, true)]);
   if (!busy || kernel.isDisposed) {
     return;
   }
   try {
-    const created = await Promise.race([createSubshell(kernel), after(SUBSHELL_TIMEOUT_MS, null)]);
+    const created = await Promise.race([createSubshell(kernel).catch(() => null), after(SUBSHELL_TIMEOUT_MS, null)]);
     const subshellId = created?.content.status === 'ok' ? created.content.subshell_id : null;
     if (!subshellId) {
       return; // a kernel without subshells: nothing to ask it while it is busy

@@ -86,19 +86,24 @@ def _cpu_rows(snap: Snapshot, sparks) -> list[str]:
     cores = 100 * host.cpu_count
     mem_fraction = host.memory_used / host.memory_total if host.memory_used is not None and host.memory_total else 0
     machine_cpu = panel_loads(snap)[MACHINE][0]
-    rows = [f'<div class="nbt-row"><b>machine</b> CPU '
-            f'{_bar([((host.cpu_percent or 0) / 100, theme.busy_color(host.cpu_percent))], "scaled to all cores")}'
-            f'{text.percent(machine_cpu):>5} of a core {_spark(sparks.get(MACHINE, _NO_SPARK)[0], cores)}'
-            f' · RAM {_bar([(mem_fraction, theme.ACCENT)])}{text.size(host.memory_used)} / {text.size(host.memory_total)}'
-            f' · {count("core", host.cpu_count)}</div>']
+    rows = [_parts(f'<b>machine</b> CPU '
+                   f'{_bar([((host.cpu_percent or 0) / 100, theme.busy_color(host.cpu_percent))], "scaled to all cores")}'
+                   f'{text.percent(machine_cpu):>5} of a core {_spark(sparks.get(MACHINE, _NO_SPARK)[0], cores)}',
+                   f'RAM {_bar([(mem_fraction, theme.ACCENT)])}{text.size(host.memory_used)} / {text.size(host.memory_total)}',
+                   count("core", host.cpu_count))]
     for r in snap.ranks:
         share = (r.cpu_percent or 0) / cores  # the bar is the machine: every core = full
-        rows.append(
-            f'<div class="nbt-row">{theme.swatch(r.rank)} rank {r.rank} CPU '
+        rows.append(_parts(
+            f'{theme.swatch(r.rank)} rank {r.rank} CPU '
             f'{_bar([(share, theme.rank_color(r.rank))], "scaled to all cores")}{text.percent(r.cpu_percent):>5} of a core '
-            f'{_spark(sparks.get(DeviceKey.rank(r.rank), _NO_SPARK)[0], cores)}'
-            f' · RAM {text.size(r.rss)}' + ("" if r.alive else " · exited") + "</div>")
+            f'{_spark(sparks.get(DeviceKey.rank(r.rank), _NO_SPARK)[0], cores)}',
+            f'RAM {text.size(r.rss)}', *(() if r.alive else ("exited",))))
     return rows
+
+
+def _parts(*parts: str) -> str:
+    """One row of `` · ``-separated parts that wraps between parts, never inside one (a narrow notebook)."""
+    return '<div class="nbt-row nbt-wrap">' + " · ".join(f'<span class="nbt-part">{part}</span>' for part in parts) + "</div>"
 
 
 def _spark(values, top: float) -> str:

@@ -84,6 +84,9 @@ def device_loads(snap: Snapshot) -> Loads:
 
 
 GPU_TITLES = ("GPU utilisation %", "GPU memory %")
+# The load panels' x axis, live and in the final picture. "The run's": a view opened mid-run starts at its first
+# sample then (12 s, say), still counted from the run's first one.
+TIME_AXIS = "seconds since the run's first sample"
 CPU_TITLES = ("CPU, % of one core", "RAM, % of the machine")
 
 

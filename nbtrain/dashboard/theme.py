@@ -57,6 +57,8 @@ def series_color(position: int) -> str:
 
 # ------------------------------------------------------------------------------------------ HTML
 STYLE = ("<style>.nbt-row{font:12px monospace;margin:2px 0;white-space:nowrap}"
+         # a row of parts (machine · RAM · cores) wraps between its parts in a narrow notebook, never inside one
+         ".nbt-row.nbt-wrap{white-space:normal}.nbt-part{white-space:nowrap}"
          ".nbt-bar{display:inline-block;width:160px;height:10px;background:#eee;vertical-align:middle;"
          "margin:0 6px;position:relative;overflow:hidden}.nbt-seg{height:100%;float:left}"
          f".nbt-note{{font:11px sans-serif;color:{MUTED}}}</style>")
