@@ -94,12 +94,16 @@ nbtrain.log(total_steps=250)
 for step in range(250):
     nbtrain.log(**{"loss": 1.0 / (step + 1), "<img src=x onerror=alert(1)>": float(step)}, step=step)
     time.sleep(0.08)
+if rank == 0:
+    print("trained to step", step)
 """
 
 
 def test_a_page_reloaded_during_the_run_shows_it_live_again_and_keeps_its_picture(tmp_path):
     """A page reloaded mid-run shows the live dashboard again; the final picture and summary then reach the cell
-    and the saved notebook. A metric named like an HTML tag is shown as text everywhere (no tag comes alive)."""
+    and the saved notebook, and so do the rest of the cell's output (rank 0's last print, nbtrain's closing lines)
+    and its prompt (it stayed "[ ]:", as if never run). A metric named like an HTML tag is shown as text everywhere
+    (no tag comes alive)."""
     def check(page, lab, cells) -> None:
         alerts: list[str] = []
         page.on("dialog", lambda dialog: dialog.accept() if dialog.type == "beforeunload"
@@ -121,6 +125,11 @@ def test_a_page_reloaded_during_the_run_shows_it_live_again_and_keeps_its_pictur
         sync_api.expect(output.locator("img")).to_have_count(1, timeout=90_000)  # then the final picture
         sync_api.expect(output).to_contain_text("2 ranks on gloo on cpu finished", timeout=30_000)
         sync_api.expect(output).to_contain_text("<img src=x onerror=alert(1)>")  # the name, as text
+        sync_api.expect(output).to_contain_text("trained to step 249", timeout=15_000)  # printed after the reload
+        sync_api.expect(output).to_contain_text("back in the notebook")  # nbtrain's closing lines
+        cell = page.locator(".jp-Notebook .jp-Cell").nth(1)
+        sync_api.expect(cell.locator(".jp-InputPrompt")).to_have_text("[2]:", timeout=15_000)
+        cell.screenshot(path=str(lab.root / "reloaded-end.png"))
         assert page.locator("img[src='x']").count() == 0 and not alerts, alerts
         _save(page)
         _saved_picture_and_summary(lab.notebooks / "dash.ipynb")
@@ -272,28 +281,33 @@ def _run_and_wait(page, cell) -> None:
     sync_api.expect(cell.locator(".nbt-chart[data-points]")).to_have_count(1, timeout=60_000)
 
 
-def test_earlier_runs_are_drawn_faded_labelled_and_hidden_from_the_legend(tmp_path):
-    """Two runs in one kernel: the second's chart draws the first's loss faded and dashed beside its own, labelled
-    with the option it lacked; a click on that legend row hides it, another shows it again."""
+def test_earlier_runs_are_drawn_faded_labelled_grouped_and_hidden_from_the_legend(tmp_path):
+    """Three runs in one kernel: the third's chart draws the first two's loss faded and dashed beside its own; both
+    differed from it alike, so one legend row stands for both (it had a row each, near-identical), labelled with the
+    option they lacked; a click on that row hides both, another shows them again."""
     def check(page, lab, cells) -> None:
         sync_api.expect(cells.nth(1).locator(".jp-OutputArea img")).to_have_count(1, timeout=90_000)  # run 1 ended
-        _run_and_wait(page, cells.nth(2))
-        chart = cells.nth(2).locator(".nbt-chart[data-points]")
-        sync_api.expect(chart).to_have_attribute("data-overlays", "1", timeout=10_000)
-        sync_api.expect(chart).to_have_attribute("data-overlays-shown", "1")
-        row = chart.locator(".u-legend .u-series.nbt-overlay")
-        sync_api.expect(row).to_contain_text("loss · run 1: no --grad-accum")
+        cells.nth(2).locator(".jp-InputArea-editor").click()
+        page.keyboard.press("Control+Enter")
+        sync_api.expect(cells.nth(2).locator(".jp-OutputArea img")).to_have_count(1, timeout=90_000)  # run 2 ended
+        _run_and_wait(page, cells.nth(3))
+        chart = cells.nth(3).locator(".nbt-chart[data-points]")
+        sync_api.expect(chart).to_have_attribute("data-overlays", "2", timeout=10_000)
+        sync_api.expect(chart).to_have_attribute("data-overlays-shown", "2")
+        row = chart.locator(".u-legend .u-series.nbt-overlay").filter(visible=True)
+        sync_api.expect(row).to_have_count(1)
+        sync_api.expect(row).to_contain_text("loss · runs 1, 2: no --grad-accum")
         border = row.locator(".u-marker").evaluate("m => getComputedStyle(m).borderTopColor")
         assert border.startswith("rgba(") and border.endswith(", 0.4)"), f"not faded: {border}"
         row.locator(".u-label").click()
         sync_api.expect(chart).to_have_attribute("data-overlays-shown", "0", timeout=5000)
-        chart.locator("button.nbt-log").click()  # a rebuilt panel keeps it hidden
+        chart.locator("button.nbt-log").click()  # a rebuilt panel keeps them hidden
         sync_api.expect(chart).to_have_attribute("data-distr", "3", timeout=5000)
         sync_api.expect(chart).to_have_attribute("data-overlays-shown", "0")
-        chart.locator(".u-legend .u-series.nbt-overlay .u-label").click()
-        sync_api.expect(chart).to_have_attribute("data-overlays-shown", "1", timeout=5000)
+        chart.locator(".u-legend .u-series.nbt-overlay").filter(visible=True).locator(".u-label").click()
+        sync_api.expect(chart).to_have_attribute("data-overlays-shown", "2", timeout=5000)
 
-    _in_lab(tmp_path, EARLIER, check, (LATER,))
+    _in_lab(tmp_path, EARLIER, check, (EARLIER, LATER))
 
 
 def test_the_toolbar_downloads_the_series_as_csv_and_the_panels_as_png(tmp_path):

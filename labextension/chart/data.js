@@ -115,3 +115,31 @@ export function overlayRuns(overlays) {
     return { number: run.number, label: run.label, series };
   });
 }
+
+/** The key of an earlier run's series in a panel: its name and what differed from this run.
+ * @param {string} name @param {string} label @returns {string} */
+export function overlayKey(name, label) {
+  return name + "\n" + label;
+}
+
+/** Earlier runs that logged a name and differed from this run alike, grouped: key (overlayKey) -> run numbers.
+ * @param {OverlayRun[]} runs @param {string[]} names @returns {Map<string, number[]>} */
+export function overlayGroups(runs, names) {
+  /** @type {Map<string, number[]>} */
+  const groups = new Map();
+  for (const run of runs) {
+    for (const name of names) {
+      const cols = run.series[name];
+      if (!cols || !cols.mean.length) continue;
+      const key = overlayKey(name, run.label);
+      groups.set(key, [...(groups.get(key) || []), run.number]);
+    }
+  }
+  return groups;
+}
+
+/** A group's legend row: "loss · run 2: --amp off", "loss · runs 1, 2, 3: the same cell and options".
+ * @param {string} name @param {number[]} numbers @param {string} label @returns {string} */
+export function overlayLabel(name, numbers, label) {
+  return `${name} · ${numbers.length === 1 ? "run" : "runs"} ${numbers.join(", ")}: ${label}`;
+}
