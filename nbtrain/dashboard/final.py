@@ -57,7 +57,8 @@ def _series_sentence(store: MetricStore, name: str) -> str | None:
     first, last = series.means[0], series.last_value
     low_at = series.steps[series.means.index(min(series.means))]
     sentence = f"{name} {text.number(first)} → {text.number(last)}"
-    if series.count > 2 and len(series.means) > 2 and text.number(series.finite_min) != text.number(last):
+    said = {text.number(first), text.number(last)}  # a lowest value that is one of these is not news
+    if series.count > 2 and len(series.means) > 2 and text.number(series.finite_min) not in said:
         sentence += f" (lowest {text.number(series.finite_min)} near step {low_at:.0f})"
     return sentence
 

@@ -78,8 +78,8 @@ def current_cell() -> CellRun | None:
     if not isinstance(cell, str):
         return None
     request = (parent.get("header") or {}).get("msg_id")
-    count = getattr(shell, "execution_count", None)  # the running cell's: IPython counts on after it
-    return CellRun(cell, request if isinstance(request, str) else None, count if isinstance(count, int) else None)
+    count = getattr(shell, "execution_count", None)  # IPython counts on as a cell starts: the running one's is one less
+    return CellRun(cell, request if isinstance(request, str) else None, count - 1 if isinstance(count, int) else None)
 
 
 def output_metadata(cell: CellRun | None, role: str) -> dict:
