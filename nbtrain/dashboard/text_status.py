@@ -4,7 +4,7 @@ Used in a plain IPython terminal (and wherever ``NBTRAIN_DASHBOARD=text``). The 
 whole line — never redrawn with carriage returns — because the ranks' own output is printed to the
 same terminal at the same time::
 
-    nbtrain ▸ 1m05s · step 640 / 1000 (64%) · 9.8 steps/s · ETA 37s · loss 0.412 · GPU 0 97% 31.2 GiB/80.0 GiB
+    nbtrain ▸ elapsed 1 min 5 s · step 640 / 1000 (64%) · 9.8 steps/s · ETA 37 s · loss 0.412 · GPU 0 97% 31.2 GiB/80.0 GiB
 """
 
 from __future__ import annotations
