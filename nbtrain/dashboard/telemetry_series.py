@@ -84,9 +84,10 @@ def device_loads(snap: Snapshot) -> Loads:
 
 
 GPU_TITLES = ("GPU utilisation %", "GPU memory %")
-# The load panels' x axis, live and in the final picture. "The run's": a view opened mid-run starts at its first
-# sample then (12 s, say), still counted from the run's first one.
-TIME_AXIS = "seconds since the run's first sample"
+# The load panels' x axis, live and in the final picture: seconds since the run's (or %gpus') first sample. "The
+# start", not "the first sample": a view opened mid-run starts at its own first one (12 s, say). Short enough for
+# the narrowest panel (240 px).
+TIME_AXIS = "seconds since the start"
 CPU_TITLES = ("CPU, % of one core", "RAM, % of the machine")
 
 
