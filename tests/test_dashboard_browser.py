@@ -426,3 +426,22 @@ def test_the_machines_row_wraps_beside_the_open_side_panel_and_is_never_cut(tmp_
         assert "of a core" in machine.inner_text(), "the machine's CPU in the load panels' unit"
 
     _in_lab(tmp_path, "%gpus --for 8", check, viewport=(1200, 1000))
+
+
+def test_the_kernel_indicator_says_busy_while_the_ranks_train(tmp_path):
+    """The notebook's kernel status read "Idle" while the ranks trained: JupyterLab opens a kernel subshell for the
+    dashboard's widgets, and that request's status messages set the page's kernel status. The server now leaves
+    them untracked: the status bar says Busy until the cell ends, then Idle."""
+    def check(page, lab, cells) -> None:
+        output = cells.nth(1).locator(".jp-OutputArea")
+        sync_api.expect(output.locator(".nbt-chart[data-points]")).to_have_count(1, timeout=60_000)
+        status = page.locator(".jp-StatusBar-TextItem", has_text="ipykernel")
+        seen = []
+        for _ in range(12):
+            page.wait_for_timeout(500)
+            seen.append(status.inner_text())
+        assert all(text.endswith("| Busy") for text in seen), seen
+        sync_api.expect(output.locator("img")).to_have_count(1, timeout=90_000)
+        sync_api.expect(status).to_have_text(re.compile(r"\| Idle$"), timeout=30_000)
+
+    _in_lab(tmp_path, TRAINING.replace("range(300)", "range(240)"), check)

@@ -182,14 +182,16 @@ function replaceRole(outputs: IOutputList, output: IOutputJSON): void {
   outputs.add(output);
 }
 
-const asked = new WeakSet<Kernel.IKernelConnection>();
+// Kernels this page asked, by id: JupyterLab may hand the page a new connection to the same kernel later (its
+// kernel info then waits behind a running cell, and the run's own page would ask for its own dashboard again).
+const asked = new Set<string>();
 
 /** A kernel busy when the page connects may be running a dashboard this page never saw: ask for it again. */
 async function showAgainIfBusy(kernel: Kernel.IKernelConnection | null): Promise<void> {
-  if (!kernel || asked.has(kernel)) {
+  if (!kernel || asked.has(kernel.id)) {
     return;
   }
-  asked.add(kernel);
+  asked.add(kernel.id);
   // Each loser of a race still settles later: its rejection (the kernel restarted, the page closed) is caught here,
   // or the page logs it as an uncaught error.
   const busy = await Promise.race([kernel.info.then(() => false, () => false), after(BUSY_AFTER_MS, true)]);
