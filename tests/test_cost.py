@@ -97,7 +97,7 @@ def test_a_bad_price_stops_the_cell_before_any_process(shell, line, message):
 
 def test_the_run_panel_shows_the_hours_and_cost_so_far():
     shown = run_html(MetricStore(), None, (), 1800.0, None, metering=Metering("GPU", 8, 2.5))
-    assert "elapsed 30m00s · 4.00 GPU-hours · cost 10.00" in shown
+    assert "elapsed 30 min 0 s · 4.00 GPU-hours · cost 10.00" in shown
     assert "GPU-hours" not in run_html(MetricStore(), None, (), 1800.0, None, metering=Metering("GPU", 8))
 
 

@@ -32,10 +32,26 @@ for step in range(300):
 """
 
 
-def _in_lab(tmp_path, second_cell: str, check, more_cells: tuple[str, ...] = ()) -> None:
+def console_errors(page) -> list[str]:
+    """The page's console errors and uncaught exceptions from now on, as text (filled as they come)."""
+    errors: list[str] = []
+    page.on("console", lambda message: errors.append(f"console.{message.type}: {message.text} at "
+                                                     f"{message.location.get('url', '?')}") if message.type == "error" else None)
+    page.on("pageerror", lambda error: errors.append(f"uncaught: {error}\n{getattr(error, 'stack', '')}"))
+    return errors
+
+
+# Errors of the page that are JupyterLab's own, whatever nbtrain does: a resource the offline lab cannot fetch, the
+# debugger's state asked of a kernel that is busy with the cell. Any other error fails the test — the widget
+# manager's too, which nbtrain's widgets can cause.
+NOT_OURS = re.compile(r"Failed to load resource|net::ERR_|Could not restore the debugger state")
+
+
+def _in_lab(tmp_path, second_cell: str, check, more_cells: tuple[str, ...] = (),
+            viewport: tuple[int, int] = (1300, 1000)) -> None:
     """Open a notebook of ``%load_ext nbtrain``, ``second_cell`` and ``more_cells`` in JupyterLab, run the first
     cell, start the second (Ctrl+Enter), then ``check(page, lab, cells)``; on failure, a screenshot and the
-    server's log."""
+    server's log. Any JavaScript error the page logged meanwhile fails the test."""
     lab = JupyterLab(tmp_path, extension_under_test=True)
     write_notebook(lab.notebooks / "dash.ipynb", ["%load_ext nbtrain", second_cell, *more_cells])
     lab.start()
@@ -44,7 +60,8 @@ def _in_lab(tmp_path, second_cell: str, check, more_cells: tuple[str, ...] = ())
         with sync_api.sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS, headless=True)
             try:
-                page = browser.new_page(viewport={"width": 1300, "height": 1000})
+                page = browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
+                errors = console_errors(page)
                 page.goto(f"{lab.url}/lab/tree/dash.ipynb?reset&token={lab.token}")
                 page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=90_000)
                 cells = page.locator(".jp-Notebook .jp-Cell")
@@ -55,6 +72,8 @@ def _in_lab(tmp_path, second_cell: str, check, more_cells: tuple[str, ...] = ())
                 sync_api.expect(cells.nth(0).locator(".jp-InputPrompt")).to_have_text("[1]:", timeout=60_000)
                 page.keyboard.press("Control+Enter")
                 check(page, lab, cells)
+                errors = [error for error in errors if not NOT_OURS.search(error)]
+                assert not errors, "the page logged errors:\n" + "\n".join(errors)
             except BaseException:
                 page.screenshot(path=str(tmp_path / "failure.png"))
                 print(f"browser at failure: {tmp_path / 'failure.png'}\njupyter lab log:\n{lab.log()}")
@@ -75,12 +94,16 @@ nbtrain.log(total_steps=250)
 for step in range(250):
     nbtrain.log(**{"loss": 1.0 / (step + 1), "<img src=x onerror=alert(1)>": float(step)}, step=step)
     time.sleep(0.08)
+if rank == 0:
+    print("trained to step", step)
 """
 
 
 def test_a_page_reloaded_during_the_run_shows_it_live_again_and_keeps_its_picture(tmp_path):
     """A page reloaded mid-run shows the live dashboard again; the final picture and summary then reach the cell
-    and the saved notebook. A metric named like an HTML tag is shown as text everywhere (no tag comes alive)."""
+    and the saved notebook, and so do the rest of the cell's output (rank 0's last print, nbtrain's closing lines)
+    and its prompt (it stayed "[ ]:", as if never run). A metric named like an HTML tag is shown as text everywhere
+    (no tag comes alive)."""
     def check(page, lab, cells) -> None:
         alerts: list[str] = []
         page.on("dialog", lambda dialog: dialog.accept() if dialog.type == "beforeunload"
@@ -102,6 +125,11 @@ def test_a_page_reloaded_during_the_run_shows_it_live_again_and_keeps_its_pictur
         sync_api.expect(output.locator("img")).to_have_count(1, timeout=90_000)  # then the final picture
         sync_api.expect(output).to_contain_text("2 ranks on gloo on cpu finished", timeout=30_000)
         sync_api.expect(output).to_contain_text("<img src=x onerror=alert(1)>")  # the name, as text
+        sync_api.expect(output).to_contain_text("trained to step 249", timeout=15_000)  # printed after the reload
+        sync_api.expect(output).to_contain_text("back in the notebook")  # nbtrain's closing lines
+        cell = page.locator(".jp-Notebook .jp-Cell").nth(1)
+        sync_api.expect(cell.locator(".jp-InputPrompt")).to_have_text("[2]:", timeout=15_000)
+        cell.screenshot(path=str(lab.root / "reloaded-end.png"))
         assert page.locator("img[src='x']").count() == 0 and not alerts, alerts
         _save(page)
         _saved_picture_and_summary(lab.notebooks / "dash.ipynb")
@@ -255,28 +283,33 @@ def _run_and_wait(page, cell) -> None:
     sync_api.expect(cell.locator(".nbt-chart[data-points]")).to_have_count(1, timeout=60_000)
 
 
-def test_earlier_runs_are_drawn_faded_labelled_and_hidden_from_the_legend(tmp_path):
-    """Two runs in one kernel: the second's chart draws the first's loss faded and dashed beside its own, labelled
-    with the option it lacked; a click on that legend row hides it, another shows it again."""
+def test_earlier_runs_are_drawn_faded_labelled_grouped_and_hidden_from_the_legend(tmp_path):
+    """Three runs in one kernel: the third's chart draws the first two's loss faded and dashed beside its own; both
+    differed from it alike, so one legend row stands for both (it had a row each, near-identical), labelled with the
+    option they lacked; a click on that row hides both, another shows them again."""
     def check(page, lab, cells) -> None:
         sync_api.expect(cells.nth(1).locator(".jp-OutputArea img")).to_have_count(1, timeout=90_000)  # run 1 ended
-        _run_and_wait(page, cells.nth(2))
-        chart = cells.nth(2).locator(".nbt-chart[data-points]")
-        sync_api.expect(chart).to_have_attribute("data-overlays", "1", timeout=10_000)
-        sync_api.expect(chart).to_have_attribute("data-overlays-shown", "1")
-        row = chart.locator(".u-legend .u-series.nbt-overlay")
-        sync_api.expect(row).to_contain_text("loss · run 1: no --grad-accum")
+        cells.nth(2).locator(".jp-InputArea-editor").click()
+        page.keyboard.press("Control+Enter")
+        sync_api.expect(cells.nth(2).locator(".jp-OutputArea img")).to_have_count(1, timeout=90_000)  # run 2 ended
+        _run_and_wait(page, cells.nth(3))
+        chart = cells.nth(3).locator(".nbt-chart[data-points]")
+        sync_api.expect(chart).to_have_attribute("data-overlays", "2", timeout=10_000)
+        sync_api.expect(chart).to_have_attribute("data-overlays-shown", "2")
+        row = chart.locator(".u-legend .u-series.nbt-overlay").filter(visible=True)
+        sync_api.expect(row).to_have_count(1)
+        sync_api.expect(row).to_contain_text("loss · runs 1, 2: no --grad-accum")
         border = row.locator(".u-marker").evaluate("m => getComputedStyle(m).borderTopColor")
         assert border.startswith("rgba(") and border.endswith(", 0.4)"), f"not faded: {border}"
         row.locator(".u-label").click()
         sync_api.expect(chart).to_have_attribute("data-overlays-shown", "0", timeout=5000)
-        chart.locator("button.nbt-log").click()  # a rebuilt panel keeps it hidden
+        chart.locator("button.nbt-log").click()  # a rebuilt panel keeps them hidden
         sync_api.expect(chart).to_have_attribute("data-distr", "3", timeout=5000)
         sync_api.expect(chart).to_have_attribute("data-overlays-shown", "0")
-        chart.locator(".u-legend .u-series.nbt-overlay .u-label").click()
-        sync_api.expect(chart).to_have_attribute("data-overlays-shown", "1", timeout=5000)
+        chart.locator(".u-legend .u-series.nbt-overlay").filter(visible=True).locator(".u-label").click()
+        sync_api.expect(chart).to_have_attribute("data-overlays-shown", "2", timeout=5000)
 
-    _in_lab(tmp_path, EARLIER, check, (LATER,))
+    _in_lab(tmp_path, EARLIER, check, (EARLIER, LATER))
 
 
 def test_the_toolbar_downloads_the_series_as_csv_and_the_panels_as_png(tmp_path):
@@ -314,3 +347,103 @@ def test_the_toolbar_downloads_the_series_as_csv_and_the_panels_as_png(tmp_path)
         assert colored > 100, "the curves are drawn in colour"
 
     _in_lab(tmp_path, TRAINING, check)
+
+
+# The README's quickstart as one cell: about a second of training, 160 steps, on two ranks.
+QUICKSTART = """%%distributed 2 --cpu --keep-alive 0
+import torch, nbtrain
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+g = torch.Generator().manual_seed(0)
+X = torch.randn(4096, 2, generator=g)
+Y = ((X ** 2).sum(1) < 1.0).long()
+torch.manual_seed(0)
+model = DDP(nn.Sequential(nn.Linear(2, 64), nn.ReLU(), nn.Linear(64, 2)))
+opt = torch.optim.Adam(model.parameters(), lr=0.01)
+x, y = X[rank::world_size], Y[rank::world_size]
+for epoch in range(20):
+    for i in range(0, len(x), 256):
+        loss = nn.functional.cross_entropy(model(x[i:i + 256]), y[i:i + 256])
+        opt.zero_grad(); loss.backward(); opt.step()
+        nbtrain.log(loss=loss)
+"""
+
+
+def test_a_newcomers_quickstart_ends_with_its_load_drawn_one_step_count_and_a_short_summary(tmp_path):
+    """The quickstart, as a newcomer runs it with the nbtrain panel open: the final picture draws the load over the
+    run as lines (it had empty panels: one sample), the summary is a few short lines in the dashboard's units and
+    plain words, the panel's run card counts the steps as the summary does, and the page logs no error.
+    Its screenshot (first-run.png beside the test's lab) is what a newcomer sees."""
+    import base64
+    import io
+
+    import numpy
+    from matplotlib import colors
+    from PIL import Image
+
+    from nbtrain.dashboard.telemetry_series import MACHINE
+    from nbtrain.dashboard.theme import device_style
+
+    def check(page, lab, cells) -> None:
+        page.locator("#nbtrain-status").click()
+        panel = page.locator("#nbtrain-panel")
+        sync_api.expect(panel).to_be_visible(timeout=30_000)
+        output = cells.nth(1).locator(".jp-OutputArea")
+        sync_api.expect(output.locator("img")).to_have_count(1, timeout=90_000)
+        sync_api.expect(output).to_contain_text("2 ranks on gloo on cpu finished", timeout=30_000)
+        summary = output.locator(".jp-RenderedMarkdown").inner_text()
+        print(f"summary ({len(summary.split())} words):\n{summary}")
+        assert len(summary.split()) <= 60 and "NVMLError" not in summary and "No GPU on this machine" in summary
+        assert "of a core" in summary and len(summary.splitlines()) == len(set(summary.splitlines())) >= 3
+        step = re.search(r"step (\d+)", summary).group(1)
+        card = panel.locator(".nbtrain-Run", has=page.locator(".nbtrain-Notebook", has_text="dash"))
+        sync_api.expect(card.locator(".nbtrain-Run-facts")).to_contain_text(f"step {step} ·", timeout=15_000)
+        cells.nth(1).screenshot(path=str(lab.root / "first-run.png"))
+
+        source = output.locator("img").get_attribute("src")
+        image = numpy.asarray(Image.open(io.BytesIO(base64.b64decode(source.split(",", 1)[1]))).convert("RGB"), dtype=int)
+        grey = numpy.array([round(255 * c) for c in colors.to_rgb(device_style(MACHINE)["color"])])
+        load_row = image[image.shape[0] // 2:]  # the load panels, under the curves
+        machine_pixels = int((numpy.abs(load_row - grey).sum(axis=2) < 30).sum())
+        assert machine_pixels > 300, f"the machine's load line: {machine_pixels} pixels of its grey (a legend's swatch alone ~40)"
+
+    _in_lab(tmp_path, QUICKSTART, check, viewport=(1400, 1000))
+
+
+def test_the_machines_row_wraps_beside_the_open_side_panel_and_is_never_cut(tmp_path):
+    """With the nbtrain side panel open in a 1200-pixel window the machine's row ("… RAM 4.3 GiB / 23.5 Gi") was cut
+    at the output's edge: it wraps between its parts now, each part whole. Screenshot: narrow-machine-row.png."""
+    def check(page, lab, cells) -> None:
+        page.locator("#nbtrain-status").click()
+        sync_api.expect(page.locator("#nbtrain-panel")).to_be_visible(timeout=30_000)
+        output = cells.nth(1).locator(".jp-OutputArea")
+        machine = output.locator(".nbt-row", has_text="machine")
+        sync_api.expect(machine).to_contain_text(re.compile(r"RAM .* / [\d.]+ GiB"), timeout=60_000)
+        page.wait_for_timeout(500)
+        cells.nth(1).screenshot(path=str(lab.root / "narrow-machine-row.png"))
+        for row in output.locator(".nbt-row").all():
+            width = row.evaluate("r => [r.scrollWidth, r.clientWidth, r.getBoundingClientRect().right]")
+            edge = output.evaluate("o => o.getBoundingClientRect().right")
+            assert width[0] <= width[1] + 1 and width[2] <= edge + 1, f"{row.inner_text()!r} is cut: {width}, edge {edge}"
+        assert "of a core" in machine.inner_text(), "the machine's CPU in the load panels' unit"
+
+    _in_lab(tmp_path, "%gpus --for 8", check, viewport=(1200, 1000))
+
+
+def test_the_kernel_indicator_says_busy_while_the_ranks_train(tmp_path):
+    """The notebook's kernel status read "Idle" while the ranks trained: JupyterLab opens a kernel subshell for the
+    dashboard's widgets, and that request's status messages set the page's kernel status. The server now leaves
+    them untracked: the status bar says Busy until the cell ends, then Idle."""
+    def check(page, lab, cells) -> None:
+        output = cells.nth(1).locator(".jp-OutputArea")
+        sync_api.expect(output.locator(".nbt-chart[data-points]")).to_have_count(1, timeout=60_000)
+        status = page.locator(".jp-StatusBar-TextItem", has_text="ipykernel")
+        seen = []
+        for _ in range(12):
+            page.wait_for_timeout(500)
+            seen.append(status.inner_text())
+        assert all(text.endswith("| Busy") for text in seen), seen
+        sync_api.expect(output.locator("img")).to_have_count(1, timeout=90_000)
+        sync_api.expect(status).to_have_text(re.compile(r"\| Idle$"), timeout=30_000)
+
+    _in_lab(tmp_path, TRAINING.replace("range(300)", "range(240)"), check)

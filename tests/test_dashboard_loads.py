@@ -123,7 +123,7 @@ def test_the_live_chart_and_the_final_figure_draw_the_logged_series_with_one_sty
     store = MetricStore()
     store.add(0, [(s, float(s), {"loss": 1.0 / (s + 1)}) for s in range(50)]
               + [(s, float(s), {"val_loss": 2.0 / (s + 1)}) for s in range(0, 50, 10)])
-    style = chart.live_chart().style
+    style = chart.live_chart().chart_style
     assert style == theme.chart_style()
     ax = final_figure(store, TelemetrySeries(), "run").axes[0]
     bold = [line for line in ax.get_lines() if not line.get_label().startswith("_")]

@@ -91,6 +91,11 @@ def _panel_lists_a_run_and_stops_it(lab, page):
     _the_whole_row_fits(panel, run)
     progress = re.compile(r"2 ranks on cpu · step [1-9]\d* · loss 0\.")
     sync_api.expect(run.locator(".nbtrain-Run-facts")).to_contain_text(progress, timeout=30_000)
+    # Which process is which, in words (it read "ranks 0:15792 1:15793"); no GPU processes listed without a GPU.
+    sync_api.expect(run.locator(".nbtrain-Run-pids")).to_have_text(
+        re.compile(r"^process ids: kernel \d+ · rank 0 \d+ · rank 1 \d+$"))
+    if devices == 1 and status.inner_text().startswith("CPU"):
+        sync_api.expect(panel.locator(".nbtrain-Processes")).to_be_hidden()
     time.sleep(6)  # a few more samples in the sparklines for the picture
     page.screenshot(path=str(screenshot_path("jupyterlab-panel.png", lab.root)))
 
@@ -144,6 +149,7 @@ def _stop_from_the_keyboard_and_hold_the_request(page, run):
 
     page.route(STOP_URL, hold)
     stop = run.locator(".nbtrain-Stop")
+    name_width = run.locator(".nbtrain-Notebook").bounding_box()["width"]
     stop.focus()
     page.keyboard.press("Enter")
     facts = run.locator(".nbtrain-Run-facts")
@@ -153,6 +159,8 @@ def _stop_from_the_keyboard_and_hold_the_request(page, run):
         sync_api.expect(stop).to_have_text("Stopping…", timeout=1)
         sync_api.expect(stop).to_have_attribute("aria-disabled", "true", timeout=1)
         assert stop.evaluate("button => button === document.activeElement"), "the Stop button lost the focus"
+        squeezed = run.locator(".nbtrain-Notebook").bounding_box()["width"]
+        assert abs(squeezed - name_width) < 1, f"'Stopping…' took the notebook name's room: {name_width} -> {squeezed} px"
     page.keyboard.press("Enter")  # a second press while stopping sends nothing more
     sync_api.expect(facts).not_to_have_text(facts.inner_text(), timeout=10_000)
     assert len(held) == 1, f"{len(held)} stop requests sent"

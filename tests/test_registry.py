@@ -24,7 +24,7 @@ def test_a_run_is_recorded_from_start_to_finish(fresh_pools, tmp_path):
     record = json.loads((tmp_path / f"kernel-{os.getpid()}.json").read_text())
     assert record["state"] == "finished" and record["nprocs"] == 2 and record["backend"] == "gloo"
     assert [r["pid"] for r in record["ranks"]] == pids and record["ranks"][0]["device"] == "cpu"
-    assert record["step"] == 2 and record["metrics"] == {"loss": pytest.approx(1 / 3)}  # total_steps: no series
+    assert record["step"] == 3 and record["metrics"] == {"loss": pytest.approx(1 / 3)}  # total_steps: no series
     assert record["total_steps"] == 3 and result.history.names == ["loss"] and result.history.total_steps == 3
     # the run's time counts from the cell's start, its ranks' start-up (seconds, on fresh ranks) included
     assert record["started"] - began < 0.5 and record["ended"] - record["started"] >= result.seconds - 0.1, record

@@ -10,7 +10,7 @@
  * @typedef {DataView | ArrayBuffer | Float64Array | null | undefined} WireColumn */
 /** A base or a tail of the ``base`` / ``tail`` traits: its series' columns, the epoch it belongs to, the panels.
  * @typedef {{epoch: number, series: Record<string, Record<string, WireColumn>>, groups?: [string, string[]][]}} Update */
-/** The kernel's rule for smoothing (nbtrain.dashboard.series.worth_smoothing), sent in the ``style`` trait.
+/** The kernel's rule for smoothing (nbtrain.dashboard.series.worth_smoothing), sent in the ``chart_style`` trait.
  * @typedef {{smooth_min_points: number, smooth_dense_share: number}} SmoothRule */
 
 /** @type {(keyof Columns)[]} */
@@ -72,7 +72,7 @@ export function smooth(values, weight) {
 }
 
 /** Whether a series of ``points`` buckets is smoothed beside a longest one of ``mostPoints``: the kernel's rule
- * (nbtrain.dashboard.series.worth_smoothing), its numbers sent in the ``style`` trait.
+ * (nbtrain.dashboard.series.worth_smoothing), its numbers sent in the ``chart_style`` trait.
  * @param {number} points @param {number} mostPoints @param {SmoothRule} style @returns {boolean} */
 export function worthSmoothing(points, mostPoints, style) {
   return points > style.smooth_min_points && points >= mostPoints * style.smooth_dense_share;
@@ -114,4 +114,32 @@ export function overlayRuns(overlays) {
     }
     return { number: run.number, label: run.label, series };
   });
+}
+
+/** The key of an earlier run's series in a panel: its name and what differed from this run.
+ * @param {string} name @param {string} label @returns {string} */
+export function overlayKey(name, label) {
+  return name + "\n" + label;
+}
+
+/** Earlier runs that logged a name and differed from this run alike, grouped: key (overlayKey) -> run numbers.
+ * @param {OverlayRun[]} runs @param {string[]} names @returns {Map<string, number[]>} */
+export function overlayGroups(runs, names) {
+  /** @type {Map<string, number[]>} */
+  const groups = new Map();
+  for (const run of runs) {
+    for (const name of names) {
+      const cols = run.series[name];
+      if (!cols || !cols.mean.length) continue;
+      const key = overlayKey(name, run.label);
+      groups.set(key, [...(groups.get(key) || []), run.number]);
+    }
+  }
+  return groups;
+}
+
+/** A group's legend row: "loss · run 2: --amp off", "loss · runs 1, 2, 3: the same cell and options".
+ * @param {string} name @param {number[]} numbers @param {string} label @returns {string} */
+export function overlayLabel(name, numbers, label) {
+  return `${name} · ${numbers.length === 1 ? "run" : "runs"} ${numbers.join(", ")}: ${label}`;
 }

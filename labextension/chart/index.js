@@ -156,7 +156,7 @@ function render({ model, el }) {
         const cell = control("div", {});
         grid.appendChild(cell);
         panel = new Panel(cell, key, names, { log: state.log, xKey: state.xKey, width: 300, height: HEIGHT,
-                                              style: model.get("style"), hidden: state.hidden }, onDraw);
+                                              style: model.get("chart_style"), hidden: state.hidden }, onDraw);
         state.panels.set(key, panel);
       }
     }

@@ -8,12 +8,22 @@ import uPlot from "uplot";
 import { floats } from "./data.js";
 
 export const MAX_POINTS = 3600;
+// The x axis spans at least this many seconds: the first samples of a run sit at its left, not as a lone point
+// in the middle of uPlot's default range.
+export const MIN_SPAN_S = 10;
+
+/** The x range of the load panels: the samples' times, at least MIN_SPAN_S wide.
+ * @param {number | null} min @param {number | null} max @returns {[number, number]} */
+export function timeRange(min, max) {
+  const start = min ?? 0;
+  return [start, Math.max(max ?? start, start + MIN_SPAN_S)];
+}
 
 /** @typedef {"busy" | "memory"} LoadKey */
 /** A device's line, the final figure's own (theme.device_style in Python).
  * @typedef {{color: string, width: number, dash: number[]}} DeviceStyle */
 /** One update of the ``load`` trait: the new samples only, a column per device and key.
- * @typedef {{t: import("./data.js").WireColumn, devices: string[], titles: string[],
+ * @typedef {{t: import("./data.js").WireColumn, devices: string[], titles: string[], axis?: string,
  *            busy: Record<string, import("./data.js").WireColumn>, memory: Record<string, import("./data.js").WireColumn>,
  *            styles: Record<string, DeviceStyle>, memory_labels?: Record<string, string>}} LoadUpdate */
 
@@ -43,6 +53,7 @@ export class LoadPanels {
     this.columns = { busy: {}, memory: {} };
     /** @type {string[] | null} */
     this.titles = null;
+    this.axis = "seconds"; // the kernel's label (load_feed.TIME_AXIS) comes with the samples
     /** @type {Record<string, DeviceStyle>} */
     this.styles = {};
     /** @type {Record<string, string>} the memory panel's name of a device where it differs ("RAM (machine)") */
@@ -80,6 +91,7 @@ export class LoadPanels {
     const rebuild = !this.titles || this.titles.join() !== load.titles.join() || devices.join() !== this.devices.join();
     this.devices = devices;
     this.titles = load.titles;
+    this.axis = load.axis || this.axis;
     Object.assign(this.styles, load.styles);
     Object.assign(this.memoryLabels, load.memory_labels || {});
     if (rebuild) this.build();
@@ -111,8 +123,8 @@ export class LoadPanels {
       const panel = this;
       return new uPlot({
         title: titles[k], width, height, series,
-        scales: { x: { time: false }, y: { range: (u, min, max) => [0, Math.max(100, max || 0)] } },
-        axes: [{ label: "seconds since the first sample" }, { size: 50 }],
+        scales: { x: { time: false, range: (u, min, max) => timeRange(min, max) }, y: { range: (u, min, max) => [0, Math.max(100, max || 0)] } },
+        axes: [{ label: this.axis }, { size: 50 }],
         cursor: { drag: { x: true, y: false } },
         legend: { live: true, markers: { dash: (u, i) => (u.series[i].dash?.length ? "dashed" : "solid") } },
         hooks: {

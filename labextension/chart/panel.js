@@ -3,12 +3,13 @@
 // Per name four uPlot series: the buckets' min and max (drawn as a band, no line), the raw mean (light) and
 // the smoothed mean (bold). Series logged at different steps share the x axis through uPlot.join.
 // Then one series per earlier run of the kernel that logged one of the panel's names (``overlays``): its mean,
-// smoothed as this run's, faded and dashed, labelled with what differed; a click on its legend row hides it
-// (``options.hidden`` keeps that across rebuilds: log scale, wall time).
-// Colours, widths and which series are smoothed come from the kernel (the ``style`` trait, theme.chart_style in
+// smoothed as this run's, faded and dashed, labelled with what differed; runs that differed alike share one legend
+// row ("loss · runs 1, 2: the same cell and options"); a click on a row hides its runs (``options.hidden`` keeps
+// that across rebuilds: log scale, wall time).
+// Colours, widths and which series are smoothed come from the kernel (the ``chart_style`` trait, theme.chart_style in
 // Python), the final figure's own: this file holds none.
 import uPlot from "uplot";
-import { smooth, allPositive, worthSmoothing } from "./data.js";
+import { smooth, allPositive, worthSmoothing, overlayGroups, overlayKey, overlayLabel } from "./data.js";
 
 const PER_NAME = 4; // min, max, raw, smoothed
 
@@ -18,8 +19,9 @@ const PER_NAME = 4; // min, max, raw, smoothed
 /** How a panel draws: scale, x, size, style, and the overlay labels the user hid (kept across rebuilds).
  * @typedef {{log: boolean, xKey: string, width: number, height: number, style: ChartStyle,
  *            hidden?: Set<string>}} PanelOptions */
-/** An earlier run's series drawn in a panel, after the panel's own names.
- * @typedef {{run: number, name: string, label: string}} Overlay */
+/** An earlier run's series drawn in a panel, after the panel's own names; runs that differed from this one in the
+ * same way share a label and one legend row (the group's first run's).
+ * @typedef {{run: number, name: string, label: string, first: boolean}} Overlay */
 
 /** @param {string} color "#rrggbb" @param {number} a @returns {string} */
 function alpha(color, a) {
@@ -105,6 +107,7 @@ export class Panel {
       const row = /** @type {HTMLElement} */ (element);
       if (i > 0 && i < own && (i - 1) % PER_NAME < 2) row.style.display = "none";
       if (i >= own) row.classList.add("nbt-overlay");
+      if (i >= own && !this.overlays[i - own].first) row.style.display = "none"; // its group's first row stands for it
     });
     this.plot.over.addEventListener("dblclick", () => { panel.zoomed = false; });
     this.distrKey = distr;
@@ -117,8 +120,13 @@ export class Panel {
     const at = i - 1 - this.names.length * PER_NAME;
     if (at < 0 || !this.options.hidden) return;
     const { label } = this.overlays[at];
-    if (u.series[i].show) this.options.hidden.delete(label);
+    const show = Boolean(u.series[i].show);
+    if (show) this.options.hidden.delete(label);
     else this.options.hidden.add(label);
+    this.overlays.forEach((overlay, j) => { // the rest of its group follows its legend row
+      const index = 1 + this.names.length * PER_NAME + j;
+      if (overlay.label === label && Boolean(u.series[index].show) !== show) u.setSeries(index, { show });
+    });
     this.onDraw(this, u);
   }
 
@@ -138,6 +146,7 @@ export class Panel {
     /** @type {uPlot.AlignedData[]} */
     const tables = [];
     this.overlays = [];
+    const groups = overlayGroups(runs || [], this.names);
     for (const run of runs || []) {
       for (const name of this.names) {
         const cols = run.series[name];
@@ -146,7 +155,9 @@ export class Panel {
         const xs = xKey === "time" ? Array.from(cols.time, (t) => t - t0) : Array.from(cols.step);
         const ys = worthSmoothing(cols.mean.length, mostPoints, style) ? smooth(cols.mean, weight) : Array.from(cols.mean);
         tables.push([xs, ys]);
-        this.overlays.push({ run: run.number, name, label: `${name} · run ${run.number}: ${run.label}` });
+        const members = groups.get(overlayKey(name, run.label)) || [run.number];
+        this.overlays.push({ run: run.number, name, label: overlayLabel(name, members, run.label),
+                             first: members[0] === run.number });
       }
     }
     return tables;

@@ -1,7 +1,7 @@
 /**
  * Short human forms of the numbers the panel and the status bar show.
  */
-import { IMachine, INode } from './types';
+import { IMachine, INode, IRun } from './types';
 
 const GiB = 2 ** 30;
 
@@ -74,4 +74,10 @@ export function nodeText(node: INode): string {
     parts.push(`GPU${gpu.index} ${percent(gpu.utilization)} ${gib(gpu.memory_used)}/${gib(gpu.memory_total)} GiB${health}`);
   }
   return parts.join(' · ');
+}
+
+/** "process ids: kernel 15790 · rank 0 15792 · rank 1 15793 (gone)": which process is which, for `top` or `kill`. */
+export function pidsText(run: IRun): string {
+  const ranks = run.ranks.map(r => `rank ${r.rank} ${r.pid}${r.alive ? '' : ' (gone)'}`);
+  return ['process ids: kernel ' + (run.kernel_pid ?? '?'), ...ranks].join(' · ');
 }

@@ -2,7 +2,7 @@
  * The panel's GPU processes, grouped by the notebook (kernel) they belong to; processes outside this
  * server's kernels form one group of their own. Groups are keyed by kernel id, processes by GPU and pid.
  */
-import { el, IRow, setText, syncList } from './dom';
+import { el, IRow, setShown, setText, syncList } from './dom';
 import { gib } from './format';
 import { NbtrainModel } from './model';
 import { IProcess } from './types';
@@ -36,6 +36,8 @@ export class ProcessesView {
       ? `Processes unknown on ${unlisted.join(', ')}: the driver does not list them; memory.used above is what is in use.`
       : 'No process is using a GPU.';
     this._section.update('GPU processes by notebook', items, empty);
+    // A machine without a GPU has no GPU processes to list: the section would only say so.
+    setShown(this._section.node, this._model.machine === null || this._model.machine.gpus.length > 0);
   }
 
   private _section = new Section<IProcessGroup>(

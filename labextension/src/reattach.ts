@@ -37,6 +37,8 @@ const ADOPTED_TYPES = ['application/vnd.jupyter.widget-view+json', 'image/png', 
 interface INbtrainTag {
   cell: string;
   role: string;
+  request?: string | null; // the cell's execute request, whose other outputs follow the dashboard's into the cell
+  count?: number | null; // its execution count, the cell's prompt once the request is done
 }
 
 /** The few members of a notebook's model used here (the notebook package is not a dependency). */
@@ -51,17 +53,25 @@ interface IOutputList {
   set(index: number, output: IOutputJSON): void;
   add(output: IOutputJSON): number;
 }
+interface ICell {
+  id: string;
+  outputs?: IOutputList;
+  executionCount?: number | null;
+}
 interface ICells {
   readonly length: number;
-  get(index: number): { id: string; outputs?: IOutputList };
+  get(index: number): ICell;
 }
+/** Requests another page sent, followed here since their dashboard was adopted: request id -> its tag. */
+export type Followed = Map<string, INbtrainTag>;
 
 export class Reattach implements DocumentRegistry.IWidgetExtension<Widget, DocumentRegistry.IModel> {
   createNew(_widget: Widget, context: DocumentRegistry.IContext<DocumentRegistry.IModel>): IDisposable {
     const session = context.sessionContext;
     const cells = () => (context.model as unknown as { cells?: ICells }).cells;
+    const followed: Followed = new Map();
     const onMessage = (sender: ISessionContext, msg: KernelMessage.IMessage) => {
-      adopt(cells(), sender.session?.kernel ?? null, msg);
+      adopt(cells(), sender.session?.kernel ?? null, msg, followed);
     };
     const onKernel = () => void showAgainIfBusy(session.session?.kernel ?? null);
     session.iopubMessage.connect(onMessage);
@@ -81,25 +91,83 @@ export class Reattach implements DocumentRegistry.IWidgetExtension<Widget, Docum
   }
 }
 
-/** Put a marked dashboard output that another page's execution published into its cell. */
-export function adopt(cells: ICells | undefined, kernel: Kernel.IKernelConnection | null, msg: KernelMessage.IMessage): void {
+/**
+ * Put a marked dashboard output that another page's execution published into its cell; then follow that execution
+ * (`followed`): its other outputs (rank 0's prints, nbtrain's closing lines, a traceback) go into the cell too, and
+ * when the kernel says it is done the cell gets its execution count — the page that sent it, gone, would have.
+ */
+export function adopt(
+  cells: ICells | undefined,
+  kernel: Kernel.IKernelConnection | null,
+  msg: KernelMessage.IMessage,
+  followed: Followed = new Map()
+): void {
   const type = msg.header.msg_type;
-  if (!cells || !kernel || (type !== 'display_data' && type !== 'update_display_data')) {
+  const parent = msg.parent_header as Partial<KernelMessage.IHeader>;
+  if (!cells || !kernel || parent.session === kernel.clientId) {
+    return; // this page's own execution: its output area shows it already
+  }
+  const following = parent.msg_id ? followed.get(parent.msg_id) : undefined;
+  if (following) {
+    follow(cells, following, msg, () => followed.delete(parent.msg_id as string));
+  }
+  if (type !== 'display_data' && type !== 'update_display_data') {
     return;
   }
   const content = msg.content as { data: Record<string, unknown>; metadata?: { nbtrain?: INbtrainTag } };
   const tag = content.metadata?.nbtrain;
-  const parent = msg.parent_header as Partial<KernelMessage.IHeader>;
-  if (!tag || parent.session === kernel.clientId) {
-    return; // not nbtrain's, or this page's own execution: its output area shows it already
+  if (!tag) {
+    return; // not nbtrain's (followed above if its request is)
   }
-  for (let i = 0; i < cells.length; i++) {
-    const cell = cells.get(i);
-    if (cell.id === tag.cell && cell.outputs) {
-      const data = Object.fromEntries(Object.entries(content.data ?? {}).filter(([type]) => ADOPTED_TYPES.includes(type)));
-      replaceRole(cell.outputs, { output_type: 'display_data', data, metadata: content.metadata });
-      return;
+  const cell = findCell(cells, tag.cell);
+  if (cell?.outputs) {
+    const data = Object.fromEntries(Object.entries(content.data ?? {}).filter(([type]) => ADOPTED_TYPES.includes(type)));
+    replaceRole(cell.outputs, { output_type: 'display_data', data, metadata: content.metadata });
+    if (tag.request && !followed.has(tag.request)) {
+      followed.set(tag.request, tag);
     }
+  }
+}
+
+function findCell(cells: ICells, id: string): ICell | undefined {
+  for (let i = 0; i < cells.length; i++) {
+    if (cells.get(i).id === id) {
+      return cells.get(i);
+    }
+  }
+  return undefined;
+}
+
+/** One more message of a followed request: a stream, a result or an error into its cell; the end, its count. */
+function follow(cells: ICells, tag: INbtrainTag, msg: KernelMessage.IMessage, done: () => void): void {
+  const cell = findCell(cells, tag.cell);
+  const outputs = cell?.outputs;
+  if (!cell || !outputs) {
+    return;
+  }
+  const type = msg.header.msg_type;
+  const content = msg.content as Record<string, unknown>;
+  if (type === 'stream') {
+    const last = outputs.length ? outputs.get(outputs.length - 1).toJSON() : null;
+    const name = content.name as string;
+    const text = String(content.text ?? '');
+    if (last && last.output_type === 'stream' && (last as { name?: string }).name === name) {
+      const before = (last as { text?: string | string[] }).text ?? '';
+      outputs.set(outputs.length - 1, { output_type: 'stream', name, text: [before].flat().join('') + text } as IOutputJSON);
+    } else {
+      outputs.add({ output_type: 'stream', name, text } as IOutputJSON);
+    }
+  } else if (type === 'error') {
+    outputs.add({ output_type: 'error', ...content } as IOutputJSON);
+  } else if (type === 'execute_result') {
+    outputs.add({ output_type: 'execute_result', ...content } as IOutputJSON);
+  } else if (type === 'display_data' && !(content.metadata as { nbtrain?: unknown } | undefined)?.nbtrain) {
+    outputs.add({ output_type: 'display_data', data: content.data } as IOutputJSON);
+  } else if (type === 'status' && content.execution_state === 'idle') {
+    if (typeof tag.count === 'number') {
+      cell.executionCount = tag.count;
+    }
+    done();
   }
 }
 
@@ -114,20 +182,24 @@ function replaceRole(outputs: IOutputList, output: IOutputJSON): void {
   outputs.add(output);
 }
 
-const asked = new WeakSet<Kernel.IKernelConnection>();
+// Kernels this page asked, by id: JupyterLab may hand the page a new connection to the same kernel later (its
+// kernel info then waits behind a running cell, and the run's own page would ask for its own dashboard again).
+const asked = new Set<string>();
 
 /** A kernel busy when the page connects may be running a dashboard this page never saw: ask for it again. */
 async function showAgainIfBusy(kernel: Kernel.IKernelConnection | null): Promise<void> {
-  if (!kernel || asked.has(kernel)) {
+  if (!kernel || asked.has(kernel.id)) {
     return;
   }
-  asked.add(kernel);
-  const busy = await Promise.race([kernel.info.then(() => false), after(BUSY_AFTER_MS, true)]);
+  asked.add(kernel.id);
+  // Each loser of a race still settles later: its rejection (the kernel restarted, the page closed) is caught here,
+  // or the page logs it as an uncaught error.
+  const busy = await Promise.race([kernel.info.then(() => false, () => false), after(BUSY_AFTER_MS, true)]);
   if (!busy || kernel.isDisposed) {
     return;
   }
   try {
-    const created = await Promise.race([createSubshell(kernel), after(SUBSHELL_TIMEOUT_MS, null)]);
+    const created = await Promise.race([createSubshell(kernel).catch(() => null), after(SUBSHELL_TIMEOUT_MS, null)]);
     const subshellId = created?.content.status === 'ok' ? created.content.subshell_id : null;
     if (!subshellId) {
       return; // a kernel without subshells: nothing to ask it while it is busy

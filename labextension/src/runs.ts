@@ -9,7 +9,7 @@
 import { showErrorMessage } from '@jupyterlab/apputils';
 
 import { el, IRow, setAttr, setClass, setShown, setText } from './dom';
-import { count, duration, loss, nodeText } from './format';
+import { count, duration, loss, nodeText, pidsText } from './format';
 import { NbtrainModel } from './model';
 import { requestAPI } from './request';
 import { IRun, IStopReply } from './types';
@@ -95,8 +95,7 @@ class RunRow implements IRow<IRun> {
     setText(this._state, run.state);
     this._updateStop(run);
     setText(this._facts, this._factsText(run));
-    const pids = run.ranks.map(r => `${r.rank}:${r.pid}${r.alive ? '' : ' (gone)'}`).join('  ');
-    setText(this._pids, `kernel ${run.kernel_pid ?? '?'} · ranks ${pids || '–'}`);
+    setText(this._pids, pidsText(run));
     setShown(this._nodes, run.nodes.length > 0);
     setText(this._nodes, run.nodes.map(nodeText).join('\n'));
     setShown(this._summary, Boolean(run.summary) && !run.active);
@@ -119,7 +118,8 @@ class RunRow implements IRow<IRun> {
       `loss ${loss(run.loss)}`
     ];
     const now = this._model.machine?.time;
-    if (run.started && (run.ended || now)) {
+    const summarised = Boolean(run.summary) && !run.active; // the summary under the facts says how long it took
+    if (run.started && (run.ended || now) && !summarised) {
       facts.push(duration((run.ended ?? now ?? run.started) - run.started));
     }
     return facts.join(' · ');

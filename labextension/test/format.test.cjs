@@ -2,7 +2,7 @@
 // module: tests/test_lab_unit.py compiles src/ with tsconfig.unit.json and runs `node --test` on this folder.
 const { test } = require("node:test");
 const assert = require("node:assert/strict");
-const { gib, percent, statusText, count, loss, duration, rankSpan, nodeText } = require("../src/format.js");
+const { gib, percent, statusText, count, loss, duration, rankSpan, nodeText, pidsText } = require("../src/format.js");
 
 test("GiB: one decimal below 10, none above, ? when unknown", () => {
   assert.equal(gib(1.5 * 2 ** 30), "1.5");
@@ -59,4 +59,10 @@ test("a node's line: where it runs, its ranks, its load and each GPU with its he
   assert.equal(nodeText(node), "node b · gpu2 (10.0.0.8) · ranks 2–3 · running · CPU 12% · RAM 40% · "
                + "GPU0 97% 41/80 GiB (slowed by power cap)");
   assert.equal(nodeText({ ...node, cpu_percent: null, gpus: [] }), "node b · gpu2 (10.0.0.8) · ranks 2–3 · running");
+});
+
+test("a run's process ids say whose they are: the kernel's, then each rank's", () => {
+  const run = { kernel_pid: 15790, ranks: [{ rank: 0, pid: 15792, alive: true }, { rank: 1, pid: 15793, alive: false }] };
+  assert.equal(pidsText(run), "process ids: kernel 15790 · rank 0 15792 · rank 1 15793 (gone)");
+  assert.equal(pidsText({ kernel_pid: null, ranks: [] }), "process ids: kernel ?");
 });

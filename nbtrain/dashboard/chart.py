@@ -20,7 +20,7 @@ reads no widget events until the run is over:
 *tail* (now and then a new *base* too; see that module) and the telemetry samples the load panels lack
 (:mod:`~nbtrain.dashboard.load_feed`: GPU utilisation and memory, or CPU and RAM, over the run). The data traits hold ``bytes`` columns, which ipywidgets sends
 as binary buffers. The chart draws with the kernel's style (:func:`~nbtrain.dashboard.theme.chart_style`,
-sent once in the ``style`` trait, and each device's line style with the load samples), as the final figure
+sent once in the ``chart_style`` trait, and each device's line style with the load samples), as the final figure
 does: the chart's JavaScript holds no colour, width or smoothing rule of its own.
 """
 
@@ -68,11 +68,13 @@ def _chart_class() -> type:
             overlays = traitlets.Dict().tag(sync=True)  # earlier runs to draw faded (chart_feed.overlays_of), once
             smoothing = traitlets.Float(DEFAULT_SMOOTHING).tag(sync=True)  # the slider's start; the browser's then
             curves = traitlets.Bool(True).tag(sync=True)  # False: the load panels alone (``%gpus``)
-            style = traitlets.Dict().tag(sync=True)  # theme.chart_style(): the chart has no palette of its own
+            # theme.chart_style(): the chart has no palette of its own. Not named ``style``: that is every DOM
+            # widget's style model in the browser, which would try to make a view of this dict (a TypeError).
+            chart_style = traitlets.Dict().tag(sync=True)
 
             def __init__(self, **kwargs) -> None:
                 self._esm = bundle_source()
-                super().__init__(style=theme.chart_style(), **kwargs)
+                super().__init__(chart_style=theme.chart_style(), **kwargs)
 
         _LiveChart = LiveChart
     return _LiveChart

@@ -22,7 +22,7 @@ from ..gpu.health import describe as describe_health
 from ..gpu.telemetry import Snapshot, gpu_notes
 from ..words import count
 from . import text, theme
-from .telemetry_series import MACHINE, DeviceKey
+from .telemetry_series import MACHINE, DeviceKey, panel_loads
 
 _NO_SPARK: tuple[list, list] = ([], [])
 
@@ -80,20 +80,35 @@ def _mig_row(device, ranks, pad: str = "") -> str:
 
 
 def _cpu_rows(snap: Snapshot, sparks) -> list[str]:
+    """The machine's and each rank's CPU in % of one core (the load panels' and the summary's unit: 2 cores fully
+    busy read 200%), each bar scaled to all of the machine's cores."""
     host = snap.host
+    cores = 100 * host.cpu_count
     mem_fraction = host.memory_used / host.memory_total if host.memory_used is not None and host.memory_total else 0
-    rows = [f'<div class="nbt-row"><b>machine</b> CPU {_bar([((host.cpu_percent or 0) / 100, theme.busy_color(host.cpu_percent))])}'
-            f'{text.percent(host.cpu_percent):>4} {text.sparkline(sparks.get(MACHINE, _NO_SPARK)[0])}'
-            f' · RAM {_bar([(mem_fraction, theme.ACCENT)])}{text.size(host.memory_used)} / {text.size(host.memory_total)}'
-            f' · {count("core", host.cpu_count)}</div>']
+    machine_cpu = panel_loads(snap)[MACHINE][0]
+    rows = [_parts(f'<b>machine</b> CPU '
+                   f'{_bar([((host.cpu_percent or 0) / 100, theme.busy_color(host.cpu_percent))], "scaled to all cores")}'
+                   f'{text.percent(machine_cpu):>5} of a core {_spark(sparks.get(MACHINE, _NO_SPARK)[0], cores)}',
+                   f'RAM {_bar([(mem_fraction, theme.ACCENT)])}{text.size(host.memory_used)} / {text.size(host.memory_total)}',
+                   count("core", host.cpu_count))]
     for r in snap.ranks:
-        share = (r.cpu_percent or 0) / (100 * host.cpu_count)  # the bar is the machine: every core = full
-        rows.append(
-            f'<div class="nbt-row">{theme.swatch(r.rank)} rank {r.rank} CPU '
+        share = (r.cpu_percent or 0) / cores  # the bar is the machine: every core = full
+        rows.append(_parts(
+            f'{theme.swatch(r.rank)} rank {r.rank} CPU '
             f'{_bar([(share, theme.rank_color(r.rank))], "scaled to all cores")}{text.percent(r.cpu_percent):>5} of a core '
-            f'{text.sparkline(sparks.get(DeviceKey.rank(r.rank), _NO_SPARK)[0], top=100 * host.cpu_count)}'
-            f' · RAM {text.size(r.rss)}' + ("" if r.alive else " · exited") + "</div>")
+            f'{_spark(sparks.get(DeviceKey.rank(r.rank), _NO_SPARK)[0], cores)}',
+            f'RAM {text.size(r.rss)}', *(() if r.alive else ("exited",))))
     return rows
+
+
+def _parts(*parts: str) -> str:
+    """One row of `` · ``-separated parts that wraps between parts, never inside one (a narrow notebook)."""
+    return '<div class="nbt-row nbt-wrap">' + " · ".join(f'<span class="nbt-part">{part}</span>' for part in parts) + "</div>"
+
+
+def _spark(values, top: float) -> str:
+    """A device's last minute as a sparkline, with its scale on hover."""
+    return f'<span style="color:{theme.MUTED}" title="the last minute, 0 to {top:.0f}%">{text.sparkline(values, top)}</span>'
 
 
 def _node_rows(nodes) -> list[str]:
@@ -119,7 +134,7 @@ def devices_html(snap: Snapshot | None, sparks: dict[DeviceKey, tuple[list, list
     rows = _gpu_rows(snap, sparks) if snap.gpus else _cpu_rows(snap, sparks)
     notes = list(snap.notes)
     if snap.nvml_error:
-        notes.insert(0, f"No GPU telemetry: {snap.nvml_error}. Showing CPU and RAM per rank and for the machine.")
+        notes.insert(0, f"{text.no_gpu(snap.nvml_error)}: showing CPU and RAM per rank and for the machine.")
     notes_html = "".join(f'<div class="nbt-note">{html.escape(n)}</div>' for n in notes)
     return theme.STYLE + "".join(rows) + notes_html
 

@@ -24,7 +24,7 @@ for the rest); the logged curves are whole in every view. This module knows noth
 from __future__ import annotations
 
 from .chart_feed import pack
-from .telemetry_series import CPU_TITLES, GPU_TITLES, TelemetrySeries, panel_loads, panel_order, panel_titles
+from .telemetry_series import CPU_TITLES, GPU_TITLES, TIME_AXIS, TelemetrySeries, panel_loads, panel_order, panel_titles
 from .theme import device_style
 
 __all__ = ["CPU_TITLES", "GPU_TITLES", "LoadFeed"]
@@ -36,8 +36,8 @@ class LoadFeed:
         self._seen = 0  # the telemetry version of the last sample sent
 
     def poll(self) -> dict | None:
-        """``{"titles", "devices", "styles", "t", "busy", "memory"}`` for the samples since the last poll, or
-        ``None``.
+        """``{"titles", "axis", "devices", "styles", "t", "busy", "memory"}`` for the samples since the last poll,
+        or ``None`` (``axis``: the x axis' label).
 
         ``devices`` are labels (``GPU 0``, ``rank 1``, ``CPU (machine)``), ``memory_labels`` the memory panel's
         where it names a device otherwise (``RAM (machine)``); ``styles`` maps each to its line's
@@ -56,7 +56,7 @@ class LoadFeed:
             values = [sample.get(key, (None, None)) for sample in loads]
             busy[key.label] = pack(nan if b is None else b for b, _ in values)
             memory[key.label] = pack(nan if m is None else m for _, m in values)
-        return {"titles": panel_titles(samples[-1][2]), "devices": [key.label for key in keys],
+        return {"titles": panel_titles(samples[-1][2]), "axis": TIME_AXIS, "devices": [key.label for key in keys],
                 "memory_labels": {key.label: key.memory_label for key in keys if key.memory_label != key.label},
                 "styles": {key.label: device_style(key) for key in keys},
                 "t": pack(elapsed for _, elapsed, _ in samples), "busy": busy, "memory": memory}

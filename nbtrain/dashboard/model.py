@@ -39,7 +39,7 @@ class RunModel:
         self.status: RunState | None = None  # once finished
         self.detail = ""
         self.earlier: tuple = ()  # the kernel's earlier runs, to draw beside this one (launch.observers.runlog.EarlierRun)
-        self.cold_start = ""  # new ranks: "cold start 0.17 s to the first step, forked: …"
+        self.cold_start = ""  # new ranks: "cold start 0.2 s" (its split is the cell's closing line)
         self.evidence = Evidence()  # what the advisor reads; fed from both threads, so under a lock
         self._evidence_lock = threading.Lock()
 

@@ -66,7 +66,7 @@ def gpus_table(snap: Snapshot) -> str:
         lines.append(f"machine: CPU {text.percent(host.cpu_percent)} of {count('core', host.cpu_count)} · "
                      f"RAM {text.size(host.memory_used)} / {text.size(host.memory_total)}")
     if snap.nvml_error:
-        lines.append(f"No GPU telemetry: {snap.nvml_error}.")
+        lines.append(f"{text.no_gpu(snap.nvml_error)}.")
     lines += list(snap.notes)
     return "\n".join(lines)
 

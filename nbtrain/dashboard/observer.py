@@ -80,7 +80,7 @@ class DashboardObserver(RunObserver):
         self.model.set_nodes(nodes)
 
     def cold_start(self, split) -> None:
-        self.model.set_cold_start(split.line())
+        self.model.set_cold_start(f"cold start {split.total_s:.1f} s")  # its split: the cell's closing line
 
     def run_finished(self, status: RunState, summary: str) -> None:
         self.stop()

@@ -19,6 +19,7 @@ import math
 
 from . import theme
 from .series import smooth, worth_smoothing
+from .telemetry_series import TIME_AXIS
 from .text import plot_literal
 
 VALIDATION_WORDS = ("val", "valid", "validation", "eval", "test")
@@ -135,14 +136,15 @@ def draw_timelines(ax_busy, ax_memory, timelines: dict, styles: dict, titles: tu
     draw them: ``styles`` per device (:func:`~nbtrain.dashboard.theme.device_style`), ``titles`` theirs."""
     for key, ((t_busy, busy), (t_mem, memory)) in timelines.items():
         style = styles[key]
-        line = {"color": style["color"], "linewidth": style["width"] * PIXEL_PT}
+        line = {"color": style["color"], "linewidth": style["width"] * PIXEL_PT,
+                "marker": "o" if len(t_busy) < 15 else None, "markersize": theme.MARKER_SIZE}  # few samples: seen
         if style["dash"]:
             line["linestyle"] = (0, tuple(d / style["width"] for d in style["dash"]))  # matplotlib: in line widths
         ax_busy.plot(t_busy, busy, label=key.label, **line)
         ax_memory.plot(t_mem, memory, label=key.memory_label, **line)
     for ax, title in zip((ax_busy, ax_memory), titles, strict=True):
         ax.set_title(title, fontsize=theme.TITLE_SIZE)
-        ax.set_xlabel("seconds since the first sample", fontsize=theme.LABEL_SIZE)
+        ax.set_xlabel(TIME_AXIS, fontsize=theme.LABEL_SIZE)
         ax.tick_params(labelsize=theme.TICK_SIZE)
         ax.grid(alpha=theme.GRID_ALPHA)
         ax.set_ylim(bottom=0, top=max(100, ax.get_ylim()[1]))  # as the live panels: 0 to at least 100

@@ -8,11 +8,13 @@ live dashboard read "Loading widget…", and the final picture and summary never
 What holds instead:
 
 * every output of the dashboard carries ``metadata["nbtrain"] = {"cell": <the cell's id>, "role":
-  "dashboard" | "summary"}`` (:func:`output_metadata`; JupyterLab sends the cell's id with each execute
-  request, :func:`current_cell_id`);
+  "dashboard" | "summary", "request": <the execute request's id>, "count": <its execution count>}``
+  (:func:`output_metadata`; JupyterLab sends the cell's id with each execute request, :func:`current_cell`);
 * nbtrain's JupyterLab extension (``labextension/src/reattach.ts``) puts such an output into the cell with
   that id when it comes from an execution another page started, in place of the cell's output of the same
-  role: the final picture and the summary land in the cell, and with the next save in the ``.ipynb``;
+  role: the final picture and the summary land in the cell, and with the next save in the ``.ipynb``; from
+  then on it also adds that request's other outputs to the cell (rank 0's prints, nbtrain's closing lines, a
+  traceback) and, when the kernel says the request is done, gives the cell its execution count;
 * a page that opens a notebook whose kernel is busy asks the kernel, on a subshell of its own (JEP 91: the
   main shell is busy; ipykernel ≥ 7 runs a subshell's requests on a thread of their own), to
   :func:`show_again` its live dashboards: the kernel sends every widget's state again (``comm_open`` with
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 _lock = threading.Lock()
 _live: dict[int, Callable[[], None]] = {}  # a live dashboard's key -> how it shows itself again
@@ -51,20 +54,40 @@ def show_again() -> int:
     return len(shows)
 
 
-def current_cell_id() -> str | None:
-    """The id of the cell being executed, as the front end sent it (JupyterLab does), else ``None``."""
+@dataclass(frozen=True)
+class CellRun:
+    """The execution a dashboard belongs to: the cell's id (as JupyterLab sends it), the execute request's id and
+    its execution count — what a page that did not send the request needs to give the cell its later outputs
+    and its prompt."""
+
+    cell: str
+    request: str | None = None
+    count: int | None = None
+
+
+def current_cell() -> CellRun | None:
+    """The cell being executed, if the front end sent its id (JupyterLab does), else ``None``."""
     from IPython import get_ipython
 
-    kernel = getattr(get_ipython(), "kernel", None)
+    shell = get_ipython()
+    kernel = getattr(shell, "kernel", None)
     if kernel is None:
         return None
-    cell = ((kernel.get_parent() or {}).get("metadata") or {}).get("cellId")
-    return cell if isinstance(cell, str) else None
+    parent = kernel.get_parent() or {}
+    cell = (parent.get("metadata") or {}).get("cellId")
+    if not isinstance(cell, str):
+        return None
+    request = (parent.get("header") or {}).get("msg_id")
+    count = getattr(shell, "execution_count", None)  # IPython counts on as a cell starts: the running one's is one less
+    return CellRun(cell, request if isinstance(request, str) else None, count - 1 if isinstance(count, int) else None)
 
 
-def output_metadata(cell: str | None, role: str) -> dict:
-    """The metadata that lets the JupyterLab extension put an output of ``role`` into ``cell``."""
-    return {"nbtrain": {"cell": cell, "role": role}} if cell else {}
+def output_metadata(cell: CellRun | None, role: str) -> dict:
+    """The metadata that lets the JupyterLab extension put an output of ``role`` into ``cell``, and the cell's
+    later outputs (rank 0's prints, the closing lines) and prompt after it."""
+    if cell is None:
+        return {}
+    return {"nbtrain": {"cell": cell.cell, "role": role, "request": cell.request, "count": cell.count}}
 
 
 def reopen_comms(widget) -> None:

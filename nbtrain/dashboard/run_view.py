@@ -99,7 +99,7 @@ def run_html(store: MetricStore, snap: Snapshot | None, rank_infos, elapsed: flo
                  text.rate(store.steps_per_second(info.rank))]
         rows.append("<tr>" + "".join(f'<td style="{theme.CELL_STYLE}">{c}</td>' for c in cells) + "</tr>")
     head = "".join(f'<th style="{theme.HEAD_STYLE}">{h}</th>'
-                   for h in ("rank", "pid", "device", "memory", "CPU", "step", "steps/s"))
+                   for h in ("rank", "pid", "device", "memory", "CPU, % of a core", "step", "steps/s"))
     table = f'<table style="{theme.TABLE_STYLE}"><tr>{head}</tr>{"".join(rows)}</table>'
     extra = ""
     if setup:

@@ -10,8 +10,8 @@ machine's CPU % and memory %. A device is named by a :class:`DeviceKey` (GPU *i*
 The load panels — the live chart's (:mod:`~nbtrain.dashboard.load_feed`) and the final figure's — draw in
 one set of units, defined here once (:func:`panel_loads`, :func:`panel_titles`): GPU utilisation and
 memory %, or without GPUs the CPU in % of one core for the ranks and the machine alike (2 cores fully
-busy read 200) and the RAM in % of the machine. The timeline is kept in these units; the sparklines in the
-device panel's (the machine's CPU in % of all its cores, as its bar).
+busy read 200) and the RAM in % of the machine. The timeline and the sparklines are kept in these units, and
+the device panel's rows say them too.
 
 (``history`` is the logged metrics' word in nbtrain — the notebook's ``history`` — so this is not one.)
 """
@@ -89,6 +89,10 @@ def device_loads(snap: Snapshot) -> Loads:
 
 
 GPU_TITLES = ("GPU utilisation %", "GPU memory %")
+# The load panels' x axis, live and in the final picture: seconds since the run's (or %gpus') first sample. "The
+# start", not "the first sample": a view opened mid-run starts at its own first one (12 s, say). Short enough for
+# the narrowest panel (240 px).
+TIME_AXIS = "seconds since the start"
 CPU_TITLES = ("CPU, % of one core", "RAM, % of the machine")
 
 
@@ -125,11 +129,10 @@ class TelemetrySeries:
             self.latest = snap
             self.started = self.started if self.started is not None else snap.time
             elapsed = snap.time - self.started
-            for key, (busy, memory) in device_loads(snap).items():
-                spark = self._spark.setdefault(key, (deque(maxlen=SPARK_POINTS), deque(maxlen=SPARK_POINTS)))
-                spark[0].append(busy)
-                spark[1].append(memory)
             for key, loads in panel_loads(snap).items():
+                spark = self._spark.setdefault(key, (deque(maxlen=SPARK_POINTS), deque(maxlen=SPARK_POINTS)))
+                spark[0].append(loads[0])
+                spark[1].append(loads[1])
                 timeline = self._timeline.setdefault(
                     key, (BoundedSeries(TIMELINE_CAPACITY), BoundedSeries(TIMELINE_CAPACITY)))
                 for series, value in zip(timeline, loads, strict=True):
@@ -137,6 +140,11 @@ class TelemetrySeries:
                         series.add(elapsed, value)
             self.version += 1
             self._recent.append((self.version, elapsed, snap))
+
+    def has_line(self) -> bool:
+        """Whether the load over the run can be drawn as lines: two samples or more."""
+        with self._lock:
+            return self.version >= 2
 
     def titles(self) -> tuple[str, str]:
         """The load panels' titles for this run's devices (GPUs, or CPU and RAM)."""

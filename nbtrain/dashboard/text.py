@@ -11,6 +11,8 @@ from __future__ import annotations
 import html
 import re
 
+from ..gpu.telemetry import NO_DRIVER
+
 NA = "N/A"
 _BLOCKS = "▁▂▃▄▅▆▇█"
 
@@ -27,16 +29,17 @@ def size(num_bytes: float | None) -> str:
 
 
 def duration(seconds: float | None) -> str:
+    """``7 s``, ``3 min 5 s``, ``2 h 10 min``: one form for every duration the views show (the JupyterLab panel's too)."""
     if seconds is None or seconds != seconds or seconds < 0:
         return NA
     seconds = int(round(seconds))
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
     if hours:
-        return f"{hours}h{minutes:02d}m"
+        return f"{hours} h {minutes} min"
     if minutes:
-        return f"{minutes}m{secs:02d}s"
-    return f"{secs}s"
+        return f"{minutes} min {secs} s"
+    return f"{secs} s"
 
 
 def percent(value: float | None) -> str:
@@ -53,6 +56,12 @@ def rate(value: float | None) -> str:
     if value is None:
         return NA
     return f"{value:.1f}/s" if value < 100 else f"{value:.0f}/s"
+
+
+def no_gpu(nvml_error: str) -> str:
+    """Why there are no GPU numbers, in plain words that start a sentence: "No GPU on this machine" where no NVIDIA
+    driver is installed (a laptop, CI), else the driver's own error (a GPU that is there but cannot be read)."""
+    return "No GPU on this machine" if nvml_error.startswith(NO_DRIVER) else f"No GPU numbers ({nvml_error})"
 
 
 def sparkline(values, top: float = 100.0) -> str:

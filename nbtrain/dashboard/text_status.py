@@ -4,7 +4,7 @@ Used in a plain IPython terminal (and wherever ``NBTRAIN_DASHBOARD=text``). The 
 whole line — never redrawn with carriage returns — because the ranks' own output is printed to the
 same terminal at the same time::
 
-    nbtrain ▸ 1m05s · step 640 / 1000 (64%) · 9.8 steps/s · ETA 37s · loss 0.412 · GPU 0 97% 31.2 GiB/80.0 GiB
+    nbtrain ▸ elapsed 1 min 5 s · step 640 / 1000 (64%) · 9.8 steps/s · ETA 37 s · loss 0.412 · GPU 0 97% 31.2 GiB/80.0 GiB
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from . import text
 from .final import summary_paragraph
 from .model import RunModel
 from .run_view import progress_text
+from .telemetry_series import MACHINE, panel_loads
 
 DEFAULT_EVERY_S = 10.0
 
@@ -34,7 +35,8 @@ def status_line(model: RunModel) -> str:
                   for g in snap.gpus]
     elif snap is not None:
         host = snap.host
-        parts.append(f"CPU {text.percent(host.cpu_percent)} RAM {text.size(host.memory_used)}/{text.size(host.memory_total)}")
+        parts.append(f"CPU {text.percent(panel_loads(snap)[MACHINE][0])} of a core"
+                     f" RAM {text.size(host.memory_used)}/{text.size(host.memory_total)}")
     return "nbtrain ▸ " + " · ".join(parts)
 
 

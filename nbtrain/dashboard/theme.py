@@ -26,7 +26,7 @@ def rank_color(rank: int) -> str:
     return RANK_COLORS[rank % len(RANK_COLORS)]
 
 
-MACHINE_COLOR = "#444444"  # the whole machine's CPU and RAM, beside the ranks' colours
+MACHINE_COLOR = "#999999"  # grey: the whole machine's CPU and RAM, beside the ranks' colours
 # A device's dash pattern (on-off lengths in pixels; none: solid): two ranks whose RAM lines coincide are
 # then both seen, the later dashed line over the earlier solid, wider one.
 DEVICE_DASHES: tuple[tuple[int, ...], ...] = ((), (6, 3), (2, 2), (8, 3, 2, 3))
@@ -57,6 +57,8 @@ def series_color(position: int) -> str:
 
 # ------------------------------------------------------------------------------------------ HTML
 STYLE = ("<style>.nbt-row{font:12px monospace;margin:2px 0;white-space:nowrap}"
+         # a row of parts (machine · RAM · cores) wraps between its parts in a narrow notebook, never inside one
+         ".nbt-row.nbt-wrap{white-space:normal}.nbt-part{white-space:nowrap}"
          ".nbt-bar{display:inline-block;width:160px;height:10px;background:#eee;vertical-align:middle;"
          "margin:0 6px;position:relative;overflow:hidden}.nbt-seg{height:100%;float:left}"
          f".nbt-note{{font:11px sans-serif;color:{MUTED}}}</style>")

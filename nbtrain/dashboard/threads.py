@@ -7,8 +7,10 @@ started them.
 
 * :class:`Sampler` takes a :class:`~nbtrain.gpu.telemetry.Telemetry` snapshot every ``interval``
   seconds (:data:`DEFAULT_INTERVAL_S`, settable between :data:`MIN_INTERVAL_S` and
-  :data:`MAX_INTERVAL_S`) and hands it to a callback. A failing snapshot is remembered, not raised:
-  telemetry must never take the kernel down.
+  :data:`MAX_INTERVAL_S`) and hands it to a callback — its first :data:`QUICK_SAMPLES` every
+  :data:`MIN_INTERVAL_S`, so that a run of a few seconds (the quickstart trains for about one) still draws
+  its load as a line, not a lone point. A failing snapshot is remembered, not raised: telemetry must never
+  take the kernel down.
 * :class:`Ticker` calls a function every period (the dashboard uses 0.25 s: at most four updates a
   second); the function decides whether anything changed.
 """
@@ -25,6 +27,7 @@ _T = TypeVar("_T", bound="Ticker")
 DEFAULT_INTERVAL_S = 1.0
 MIN_INTERVAL_S = 0.25
 MAX_INTERVAL_S = 5.0
+QUICK_SAMPLES = 8  # a run's first samples, MIN_INTERVAL_S apart: two seconds of load drawn at four points a second
 
 
 def check_interval(seconds: float) -> float:
@@ -64,11 +67,15 @@ class Ticker:
                 self.errors += 1
                 self.last_error = exc
             self.cpu_seconds = time.thread_time()
-            next_at += self.period
+            next_at += self.next_period()
             delay = next_at - time.monotonic()
             if delay < 0:  # fell behind (a slow frame): skip, do not burst
                 next_at, delay = time.monotonic(), 0
             self._stop.wait(delay)
+
+    def next_period(self) -> float:
+        """Seconds from this call of ``fn`` to the next."""
+        return self.period
 
     def stop(self, join: bool = True) -> None:
         self._stop.set()
@@ -81,12 +88,18 @@ class Ticker:
 
 
 class Sampler(Ticker):
-    """Telemetry every ``interval`` seconds, delivered to ``on_sample(snapshot)``."""
+    """Telemetry every ``interval`` seconds (the first :data:`QUICK_SAMPLES` quicker), delivered to
+    ``on_sample(snapshot)``."""
 
     def __init__(self, telemetry, on_sample: Callable[[Any], None], interval: float = DEFAULT_INTERVAL_S) -> None:
         self.telemetry = telemetry
         self.on_sample = on_sample
+        self.taken = 0
         super().__init__(self._sample, check_interval(interval), "nbtrain-telemetry")
 
     def _sample(self) -> None:
+        self.taken += 1
         self.on_sample(self.telemetry.snapshot())
+
+    def next_period(self) -> float:
+        return min(self.period, MIN_INTERVAL_S) if self.taken < QUICK_SAMPLES else self.period

@@ -49,13 +49,14 @@ class FinalFigure:
 
 
 class Summary:
-    """The run's paragraph; its markdown shows metric names and failure text as text, never as markup."""
+    """The run's summary, a line a topic; its markdown shows metric names and failure text as text, never as markup."""
 
     def __init__(self, text: str) -> None:
         self.text = text
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        return {"text/markdown": markdown_literal(self.text), "text/plain": self.text}
+        lines = "  \n".join(markdown_literal(line) for line in self.text.splitlines())  # a line break in each
+        return {"text/markdown": lines, "text/plain": self.text}
 
 
 class RunDashboard:
@@ -71,7 +72,7 @@ class RunDashboard:
         self.panels = (self.run_panel, self.devices, self.chart)  # each: .widget and .update(model)
         self.widget = W.VBox([panel.widget for panel in self.panels])
         self.handle = None
-        self.cell: str | None = None  # the cell's id, as the front end sent it
+        self.cell: reopen.CellRun | None = None  # the cell's execution, as the front end sent it
         # show_again runs on a kernel subshell's thread: it never shows the live widget after the final picture.
         self._showing = threading.Lock()
         self._finished = False
@@ -79,7 +80,7 @@ class RunDashboard:
     def show(self) -> None:
         from IPython.display import display
 
-        self.cell = reopen.current_cell_id()
+        self.cell = reopen.current_cell()
         self.handle = display(self.widget, display_id=True, metadata=reopen.output_metadata(self.cell, "dashboard"))
         reopen.register(id(self), self.show_again)
 

@@ -2,7 +2,7 @@
 // The chart's data joining, bucketing and smoothing, run by node's own test runner: `node --test chart/test/`.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { COLUMNS, allPositive, firstTime, floats, joinSeries, mostPoints, smooth, worthSmoothing } from "../data.js";
+import { COLUMNS, allPositive, firstTime, floats, joinSeries, mostPoints, smooth, worthSmoothing, overlayGroups, overlayLabel, overlayKey } from "../data.js";
 
 /** A column as ipywidgets delivers it: a DataView over little-endian float64 bytes.
  * @param {number[]} values */
@@ -70,4 +70,17 @@ test("the panels' extent: most buckets, first time, whether a log scale fits", (
   assert.equal(allPositive(series, ["loss"]), true);
   const withZero = joinSeries(null, { epoch: 0, series: { loss: columns([0, 1]) } });
   assert.equal(allPositive(withZero, ["loss"]), false, "a 0 cannot be drawn on a log scale");
+});
+
+test("earlier runs that differed alike share one legend row, each run once", () => {
+  const cols = { step: new Float64Array([0, 1]), time: new Float64Array([0, 1]), mean: new Float64Array([1, 0.5]) };
+  /** @param {number} number @param {string} label */
+  const run = (number, label) => ({ number, label, series: { loss: cols } });
+  const runs = [run(1, "the same cell and options"), run(2, "the same cell and options"), run(3, "--amp off")];
+  const groups = overlayGroups(runs, ["loss", "val_loss"]);
+  assert.deepEqual(groups.get(overlayKey("loss", "the same cell and options")), [1, 2]);
+  assert.deepEqual(groups.get(overlayKey("loss", "--amp off")), [3]);
+  assert.equal(groups.size, 2, "val_loss was not logged: no group");
+  assert.equal(overlayLabel("loss", [1, 2], "the same cell and options"), "loss · runs 1, 2: the same cell and options");
+  assert.equal(overlayLabel("loss", [3], "--amp off"), "loss · run 3: --amp off");
 });

@@ -2,7 +2,7 @@
 // The load panels' columns: samples appended per update, gaps kept aligned, thinned past MAX_POINTS.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { LoadPanels, MAX_POINTS, thinned } from "../loads.js";
+import { LoadPanels, MAX_POINTS, MIN_SPAN_S, thinned, timeRange } from "../loads.js";
 
 /** The panels' data alone: drawing needs a browser, so build and draw only count their calls here. */
 class Columns extends LoadPanels {
@@ -67,4 +67,11 @@ test("the memory panel names the machine's line by its RAM", () => {
   panels.append({ ...update([0], { "rank 0": [10], "CPU (machine)": [20] }),
                   memory_labels: { "CPU (machine)": "RAM (machine)" } });
   assert.deepEqual(panels.memoryLabels, { "CPU (machine)": "RAM (machine)" });
+});
+
+test("the x axis of a run's first samples spans MIN_SPAN_S from the first, never a range around a lone point", () => {
+  assert.deepEqual(timeRange(0, 0), [0, MIN_SPAN_S]);
+  assert.deepEqual(timeRange(12, 12.5), [12, 12 + MIN_SPAN_S]);
+  assert.deepEqual(timeRange(null, null), [0, MIN_SPAN_S]);
+  assert.deepEqual(timeRange(0, 35), [0, 35]);
 });

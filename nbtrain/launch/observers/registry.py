@@ -23,7 +23,8 @@ Record (JSON)::
                           "health": "SM 1980/1980 MHz · PCIe 5 x16/16 · … · slowed by power cap"}]}, …]}
 
 ``started`` is when the cell began (its ranks' start-up included; a ``--max-restarts`` run's first attempt), as
-the summary's time counts. ``metrics`` are the series' last values; ``nbtrain.log(total_steps=N)`` is not one of
+the summary's time counts. ``step`` is the steps rank 0 has done (its last logged step + 1: 423 at the end of a
+423-step run), the count the dashboard, the summary and the JupyterLab panel all show. ``metrics`` are the series' last values; ``nbtrain.log(total_steps=N)`` is not one of
 them but ``total_steps``. ``nodes`` is empty on one machine; on a ``--nodes`` run it follows the nodes' heartbeats (throttled like metrics).
 
 Metric updates are throttled to one write per :data:`WRITE_INTERVAL_S`.
@@ -126,7 +127,7 @@ class RunRegistry(RunObserver):
                 self.record["total_steps"] = values[TOTAL_STEPS]
                 values = {name: value for name, value in values.items() if name != TOTAL_STEPS}
             if values:
-                self.record["step"] = step
+                self.record["step"] = step + 1  # steps done, as the dashboard and the summary count them
                 self.record.setdefault("metrics", {}).update(values)
         if time.monotonic() - self._last_write >= WRITE_INTERVAL_S:
             self._write()
