@@ -225,7 +225,7 @@ def _check_device_styles(chart) -> None:
     from nbtrain.dashboard.theme import device_style
 
     for key in (MACHINE, DeviceKey.rank(0), DeviceKey.rank(1)):
-        row = chart.locator(".nbt-load-memory .u-legend .u-series").filter(has_text=key.label)
+        row = chart.locator(".nbt-load-memory .u-legend .u-series").filter(has_text=key.memory_label)
         border = row.locator(".u-marker").evaluate("m => getComputedStyle(m).borderTopColor + ' ' + getComputedStyle(m).borderTopStyle")
         red, green, blue = (round(255 * c) for c in colors.to_rgb(device_style(key)["color"]))
         dash = "dashed" if device_style(key)["dash"] else "solid"
