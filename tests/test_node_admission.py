@@ -90,6 +90,7 @@ def test_a_flood_from_one_address_leaves_room_and_the_users_agent_joins(hub, tmp
         console.close()
 
 
+@pytest.mark.slow  # waits out a real deadline of seconds
 def test_an_agent_told_busy_tries_again_with_growing_pauses_until_its_start_timeout(tmp_path):
     """A listener that always answers busy, as a kernel whose slots are all held: the agent keeps trying,
     each pause longer, and gives up at --start-timeout with a line that says why."""

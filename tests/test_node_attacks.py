@@ -241,6 +241,7 @@ def _admitting() -> int:
     return len([t for t in threading.enumerate() if t.name == "nbtrain-hub-admit"])
 
 
+@pytest.mark.slow  # waits out a real deadline of seconds
 def test_a_token_holder_who_says_nothing_is_dropped_at_the_deadline(hub):
     before = _admitting()  # other tests' hubs may still be ending theirs
     sock, start = _authenticated(hub), time.monotonic()
@@ -252,6 +253,7 @@ def test_a_token_holder_who_says_nothing_is_dropped_at_the_deadline(hub):
     assert hub.nodes == []
 
 
+@pytest.mark.slow  # waits out a real deadline of seconds
 def test_a_peer_trickling_bytes_is_cut_at_one_deadline(hub):
     """One byte a second passes every per-read timeout; the admission as a whole still ends in time."""
     sock, start = socket.create_connection(("127.0.0.1", hub.port)), time.monotonic()
