@@ -276,8 +276,11 @@ def test_the_time_limit_s_warning_saves_a_checkpoint_and_the_cell_says_how_to_re
     assert f"run the cell again to resume from {checkpoint / 'checkpoint.pt'}" in out, out
     assert "TIMEOUT" not in out and "connection broke" not in out, out  # not killed at the limit
     assert (checkpoint / "checkpoint.pt").exists()
+    # the agents left: the job ends before its limit (COMPLETING while Slurm tidies its steps, then COMPLETED)
+    until(lambda: "JobState=COMPLETING" not in slurm.run("scontrol", "show", "job", "-o", job), 30,
+          "the job to finish completing")
     state = slurm.run("scontrol", "show", "job", "-o", job)
-    assert "JobState=COMPLETED" in state or not slurm.jobs(), state  # the agents left: the job ended before its limit
+    assert "JobState=COMPLETED" in state or not slurm.jobs(), state
     again = kernel.run(f"{BASE} --slurm --checkpoint {checkpoint} --keep-alive 0\n" + _PREPARED
                        + "resumed = nbtrain.training_state().step\n", timeout=150)  # running the cell again
     assert _job(again) != job and f"nbtrain: resuming from {checkpoint / 'checkpoint.pt'}" in again, again

@@ -216,6 +216,7 @@ def test_preempt_poller_says_once_when_the_url_cannot_be_read_and_bad_urls_are_r
                                         ("http://h/x", '{"action": "stop"}')]] == ["GCP", "Azure", "AWS"]
 
 
+@pytest.mark.slow  # serves a trickle that is cut at a 3 s deadline, then a notice
 def test_preempt_poller_outlives_hostile_answers_and_still_hears_the_next_notice():
     """[1], null, JSON nested 20 000 deep, events that are not objects, 1 MiB, headers and a body trickled a byte
     every 1.5 s: each read ends by its deadline, the poller says so once and goes on, and hears the notice after."""

@@ -16,9 +16,9 @@ from nbtrain.train.amp import outputs_to_fp32
 def fresh_context(monkeypatch):
     for name in ("NBTRAIN_AMP", "NBTRAIN_GRAD_ACCUM", "NBTRAIN_CHECKPOINT"):
         monkeypatch.delenv(name, raising=False)
-    state.end()
+    state.reset()
     yield
-    state.end()
+    state.reset()
 
 
 def test_prepare_without_a_process_group_trains_and_accumulates(monkeypatch):

@@ -140,7 +140,15 @@ def scope(settings: TrainSettings | None, device, rank: int, world_size: int) ->
     try:
         yield _active
     finally:
-        context, _active = _active, None
+        reset()
+
+
+def reset() -> None:
+    """Close the current context: a cell's at its end, or the one a script under torchrun made on first use (the
+    next :func:`current` builds a fresh one)."""
+    global _active
+    context, _active = _active, None
+    if context is not None:
         context.close()
 
 
