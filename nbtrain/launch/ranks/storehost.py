@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 from .interpreter import interpreter_env
@@ -36,6 +37,7 @@ class StoreHost:
         listening = socket.create_server((host, 0), backlog=128)
         self.port: int = listening.getsockname()[1]
         lifeline, self._lifeline = os.pipe()
+        self._closing = threading.Lock()
         try:
             self._zygote, self._popen = zygote, None
             self._code: int | None = None  # its exit code, once it ended
@@ -68,10 +70,11 @@ class StoreHost:
 
     def close(self) -> None:
         """End the store process: its lifeline closes (then, if it lingers, SIGKILL)."""
-        if self._lifeline < 0:
+        with self._closing:  # a teardown may come from two threads (the stop button's and the run's)
+            lifeline, self._lifeline = self._lifeline, -1
+        if lifeline < 0:
             return
-        os.close(self._lifeline)
-        self._lifeline = -1
+        os.close(lifeline)
         assert self.pid is not None
         deadline = time.monotonic() + CLOSE_WAIT_S
         while self._exit_code() is None:
