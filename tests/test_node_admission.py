@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -90,10 +91,8 @@ def test_a_flood_from_one_address_leaves_room_and_the_users_agent_joins(hub, tmp
         console.close()
 
 
-@pytest.mark.slow  # waits out a real deadline of seconds
-def test_an_agent_told_busy_tries_again_with_growing_pauses_until_its_start_timeout(tmp_path):
-    """A listener that always answers busy, as a kernel whose slots are all held: the agent keeps trying,
-    each pause longer, and gives up at --start-timeout with a line that says why."""
+def busy_listener() -> tuple[socket.socket, list[float]]:
+    """A listener that always answers busy, as a kernel whose slots are all held; the times it was tried."""
     server = socket.create_server(("127.0.0.1", 0))
     tries: list[float] = []
 
@@ -108,14 +107,25 @@ def test_an_agent_told_busy_tries_again_with_growing_pauses_until_its_start_time
             conn.close()
 
     threading.Thread(target=answer_busy, daemon=True).start()
+    return server, tries
+
+
+def join_command(server: socket.socket, tmp_path, *options: str) -> list[str]:
     port = server.getsockname()[1]
     token = JoinToken("127.0.0.1", port, "pool", "00" * 32, "00" * 32, time.time() + 3600)
     path = tmp_path / "token"
     path.write_text(token.encode())
     path.chmod(0o600)
+    return [sys.executable, "-m", "nbtrain.node", "--join", f"127.0.0.1:{port}", "--token-file", str(path), *options]
+
+
+@pytest.mark.slow  # waits out a real deadline of seconds
+def test_an_agent_told_busy_tries_again_with_growing_pauses_until_its_start_timeout(tmp_path):
+    """The agent keeps trying a kernel that says busy, each pause longer, and gives up at --start-timeout with a
+    line that says why."""
+    server, tries = busy_listener()
     try:
-        done = subprocess.run([sys.executable, "-m", "nbtrain.node", "--join", f"127.0.0.1:{port}",
-                               "--token-file", str(path), "--start-timeout", "4"],
+        done = subprocess.run(join_command(server, tmp_path, "--start-timeout", "4"),
                               capture_output=True, text=True, timeout=120)
     finally:
         server.close()
@@ -125,6 +135,23 @@ def test_an_agent_told_busy_tries_again_with_growing_pauses_until_its_start_time
     pauses = [b - a for a, b in zip(tries, tries[1:], strict=False)]
     assert 4 <= len(tries) <= 12, tries  # 0.2 s, doubling with jitter, up to 5 s: not a tight loop
     assert max(pauses[:-1]) > 3 * pauses[0], pauses  # the last is cut short by the timeout
+
+
+def test_a_sigterm_to_an_agent_trying_to_join_ends_its_tries_saying_so(tmp_path):
+    """SIGTERM is a preemption notice once the agent may be counted in; before, while it waits to try joining a
+    busy kernel again, it ends the tries at once (not at --start-timeout)."""
+    server, tries = busy_listener()
+    try:
+        agent = subprocess.Popen(join_command(server, tmp_path, "--start-timeout", "120"), stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        until(lambda: len(tries) >= 2, 60, "the agent to try twice")
+        agent.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        out, err = agent.communicate(timeout=60)
+    finally:
+        server.close()
+    assert time.monotonic() - started < 3 and agent.returncode != 0, (out, err)
+    assert "cannot join: a SIGTERM came while joining; not joined" in err, err
 
 
 def test_an_agent_started_while_every_slot_is_held_joins_when_they_free_up(hub, tmp_path):

@@ -26,6 +26,8 @@ from helpers.runhelp import Captured, run_cell
 
 from nbtrain.launch.diagnostics.failures import RankFailedError
 from nbtrain.launch.request.config import ConfigError, LaunchRequest, resolve
+from nbtrain.launch.ranks.channel import Channel
+from nbtrain.wire import protocol as P
 from nbtrain.node.preemption import READ_DEADLINE_S, Notices, PreemptionURLError, check_url, cloud_of, read_once
 
 pytestmark = pytest.mark.timeout(240)
@@ -144,9 +146,16 @@ def test_preempt_grace_is_checked_before_anything_starts():
     assert resolve(LaunchRequest(nprocs=2, cpu=True)).preemption_grace_s == 25.0
 
 
-def test_preempt_the_kernels_own_sigterm_is_no_notice(fresh_pools, tmp_path):
+@pytest.mark.parametrize("message", ["sent", "lost"])
+def test_preempt_the_kernels_own_sigterm_is_no_notice(fresh_pools, tmp_path, monkeypatch, message):
     """The kernel ending a pool mid-cell announces its SIGTERM: the ranks go at once, not after the SIGKILL grace
-    (a rank that took it for a preemption notice would go on to its next step)."""
+    (a rank that took it for a preemption notice would go on to its next step). "lost": the channel's Stopping never
+    reaches the ranks, as when their reader thread does not run in time on a loaded machine; the stop file the kernel
+    leaves in the pool's private directory still tells them."""
+    if message == "lost":
+        send_all = Channel.send_all
+        monkeypatch.setattr(Channel, "send_all",
+                            lambda self, msg: None if isinstance(msg, P.Stopping) else send_all(self, msg))
     marks = tmp_path / "marks"
     marks.mkdir()
     cell = f"import time\nopen({str(marks / 'running')!r} + str(rank), 'w').close()\ntime.sleep(120)\n"

@@ -25,6 +25,7 @@ from helpers.runhelp import Captured, run_cell
 from helpers.workers import assert_no_workers
 
 from nbtrain.launch.lifecycle.pools import PoolManager
+from nbtrain.launch.ranks.interpreter import interpreter_env
 from nbtrain.launch.ranks.starter import RankStarter
 from nbtrain.launch.ranks.zygote import Zygote
 from nbtrain.wire import forking
@@ -272,3 +273,27 @@ def test_a_zygote_forks_with_the_driver_loaded_but_not_after_a_library_called_cu
     finally:
         sys.path.remove(site)
         sys.modules.pop("nbtrain_driver_lib", None)
+
+
+def test_a_forked_ranks_exit_polled_from_two_threads_at_once_is_kept(own_zygote, tmp_path):
+    """The zygote hands a rank's exit code out once. The run's thread and a teardown poll the same rank: the one
+    that got None (the other had just taken the code) must not overwrite the code, or the rank looks alive for ever
+    and the teardown waits out its whole SIGKILL grace."""
+    zygote = own_zygote.starter.zygote
+    rank = zygote.fork(interpreter_env(dict(os.environ)), str(tmp_path))  # no rank's variables: it exits at once
+    psutil.wait_procs([psutil.Process(rank.pid)], timeout=60)  # the zygote's child: ended, reaped or not
+    took = zygote.exit_code
+
+    def other_thread_polls_first(pid: int):
+        # the other thread's whole poll runs between this call's start and its end: it takes the code
+        zygote.exit_code = took
+        rank.poll()
+        return took(pid)  # None now
+
+    zygote.exit_code = other_thread_polls_first
+    try:
+        code = rank.poll()
+    finally:
+        zygote.exit_code = took
+    assert code is not None and code != 0
+    assert rank.wait(timeout=1) == code

@@ -102,10 +102,11 @@ def _gpu_count() -> int:
         return 0
 
 
-def join(args: argparse.Namespace, text: str) -> tuple[Link, str]:
+def join(args: argparse.Namespace, text: str, notices: Notices) -> tuple[Link, str]:
     """Join the kernel the token names; a busy or unreachable kernel is tried again until ``--start-timeout``
     or the token's expiry, whichever comes first, the pause doubling (with jitter, so a Slurm job's agents do
-    not come back all at once). The first refusal is said on the terminal."""
+    not come back all at once). The first refusal is said on the terminal. A SIGTERM while joining ends the
+    tries (after the one under way, at most its connect timeout); one during the try that joins is a notice."""
     token = JoinToken.decode(text)
     host, _, port = args.join.rpartition(":")
     if (host.strip("[]"), port) != (token.host, str(token.port)):
@@ -125,8 +126,17 @@ def join(args: argparse.Namespace, text: str) -> tuple[Link, str]:
             if not told:
                 say(f"{exc}; trying again for up to {left:.0f} s")
                 told = True
-            time.sleep(min(left, pause * random.uniform(0.5, 1.0)))
+            _pause_unless_stopped(min(left, pause * random.uniform(0.5, 1.0)), notices)
             pause = min(RETRY_MAX_S, pause * 2)
+
+
+def _pause_unless_stopped(seconds: float, notices: Notices) -> None:
+    """Sleep between two tries to join, in short slices: a SIGTERM meanwhile ends the tries."""
+    until = time.monotonic() + seconds
+    while not notices.sigterms and time.monotonic() < until:
+        time.sleep(min(NOTICE_CHECK_S, max(0.0, until - time.monotonic())))
+    if notices.sigterms:
+        raise LinkError("a SIGTERM came while joining; not joined")
 
 
 def serve(link: Link, name: str, address: str | None, notices: Notices | None = None) -> str:
@@ -256,14 +266,16 @@ def main(argv=None) -> None:
     except (ValueError, PreemptionURLError) as exc:
         sys.exit(f"nbtrain.node: {exc}")
     _preload()
+    notices = Notices()
+    # SIGTERM: a preemption notice from before the kernel may count this node in (one that comes before it did
+    # ends the tries to join: join())
+    notices.install()
     try:
-        link, name = join(args, text)
+        link, name = join(args, text, notices)
     except (LinkError, OSError) as exc:
         sys.exit(f"nbtrain.node: cannot join: {exc}")
     log = route_output()  # from here torch's tracebacks go to the log, a line each to the terminal
     say(f"joined as node {name} (log: {log})")
-    notices = Notices()
-    notices.install()  # SIGTERM: a preemption notice from here on (before, it ends the agent as usual)
     if args.preemption_url:
         notices.poll(args.preemption_url, _everywhere(link))
     why = serve(link, name, args.address, notices)

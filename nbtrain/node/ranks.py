@@ -37,6 +37,7 @@ from ..wire import nodes as N
 from ..wire import protocol as P
 from ..wire.shm import owner_prefix, write_file
 from ..wire.stackfiles import request_stacks
+from ..wire.stopping import announce as announce_stopping
 
 TAIL_S = 0.05
 STOP_GRACE_S = 1.0
@@ -209,7 +210,11 @@ class LocalRanks:
             conns = list(self._conns.values())
         for conn in conns:
             _send_bytes(conn, stopping)
-        proctree.stop(self.pids(), grace)
+        pids = self.pids()
+        marks = announce_stopping(self.dir, pids)
+        with self._lock:
+            self._files.extend(marks)
+        proctree.stop(pids, grace)
 
     def running(self) -> bool:
         with self._lock:

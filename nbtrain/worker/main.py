@@ -60,6 +60,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from ..train import debug, metrics, preemption, profile, shard
 from ..train import state as train_state
 from ..wire import protocol as P
+from ..wire import stopping
 from ..wire.names import RUNTIME_NAMES
 from ..wire.payload import load_inputs, pack_results
 from ..wire.shm import abandon_and_sweep
@@ -388,8 +389,9 @@ def main(launched: float | None = None) -> None:
     # several ranks of a node share one environment: the file is named by the local rank there
     stack_file = open(os.environ["NBTRAIN_STACK_FILE"].replace("{local_rank}", os.environ["LOCAL_RANK"]), "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)  # "where are you?" from the kernel
-    stop.install_sigterm(preemption.in_cell, preemption.kernel_stops, preemption.sigterm_notice,
-                        metrics.flush_before_exit)
+    workdir = os.path.dirname(stack_file.name)  # the pool's private directory, where the kernel marks its own stop
+    stop.install_sigterm(preemption.in_cell, lambda wait: stopping.announced(workdir) or preemption.kernel_stops(wait),
+                         preemption.sigterm_notice, metrics.flush_before_exit)
     key = _lifeline()
     for stream in (sys.stdout, sys.stderr):
         # whole lines, live: ranks' lines do not interleave (the interpreter's streams are io.TextIOWrapper)

@@ -88,6 +88,19 @@ def install_sigterm(in_cell, kernel_stops, notice, last_words) -> None:
 
 def _on_sigterm(signum, frame) -> None:
     s = _sigterm
+    if s.get("handling"):
+        # Python runs a handler again, inside the first, for a SIGTERM that arrives while the first one runs (the
+        # kernel signals each rank's session and then each process: two at once). The first one decides; a second
+        # run here would start the last words again under the first one's locks and hang the rank until SIGKILL.
+        return
+    s["handling"] = True
+    try:
+        _decide(s)
+    finally:
+        s["handling"] = False
+
+
+def _decide(s: dict) -> None:
     if os.getpid() != s["owner"] or s["noticed"] or not s["in_cell"]() or s["kernel_stops"](KERNEL_STOP_WAIT_S):
         if os.getpid() == s["owner"] and s["in_cell"]():
             s["last_words"]()

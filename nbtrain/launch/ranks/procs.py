@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from ... import proctree
+from ...wire import stopping
 from ..request.config import PoolSpec
 from .interpreter import interpreter_env
 from .zygote import ForkedRank, ForkRefused, Zygote
@@ -209,8 +210,11 @@ class RankProcesses:
             time.sleep(0.02)
 
     def stop(self, grace: float = 1.0) -> None:
-        """SIGTERM, then SIGKILL, to every rank's session and all their descendants; ``grace`` after each."""
-        proctree.stop(list(self.running().values()), grace)
+        """SIGTERM, then SIGKILL, to every rank's session and all their descendants; ``grace`` after each. The
+        ranks are told first that this SIGTERM is their kernel's (:mod:`nbtrain.wire.stopping`)."""
+        pids = list(self.running().values())
+        stopping.announce(self.workdir, pids)
+        proctree.stop(pids, grace)
         for p in self._procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.popen.wait(timeout=grace)

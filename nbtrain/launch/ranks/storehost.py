@@ -89,5 +89,6 @@ class StoreHost:
             self._code = self._popen.poll()
         elif self._code is None:
             assert self._zygote is not None and self.pid is not None
-            self._code = self._zygote.exit_code(self.pid)  # the zygote reports an exit once
+            code = self._zygote.exit_code(self.pid)  # the zygote reports an exit once: keep the first one got
+            self._code = code if self._code is None else self._code
         return self._code

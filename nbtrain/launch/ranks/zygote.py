@@ -258,8 +258,12 @@ class ForkedRank:
         self.stderr = open(ours[2], "rb", buffering=0)
 
     def poll(self) -> int | None:
+        # The run's thread and a teardown may poll at once; the zygote hands an exit code out once, so the one that
+        # got None must not overwrite the code the other one just got (the rank would look alive for ever).
         if self.returncode is None:
-            self.returncode = self._zygote.exit_code(self.pid)
+            code = self._zygote.exit_code(self.pid)
+            if code is not None:
+                self.returncode = code
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
