@@ -57,3 +57,30 @@ def test_ranks_waiting_for_each_other_with_one_finished_are_reported(pools):
             print("rank", rank, "done")
         """, timeout=20)
     assert err.value.failures[0].summary().startswith("rank 0 finished the cell; rank 1 waits in barrier() at cell line 4")
+
+
+@pytest.mark.slow  # starts node agents
+def test_a_ranks_end_that_arrives_while_the_slower_ranks_stacks_are_read_on_nodes_is_kept(nodes, tmp_path):
+    """On nodes the kernel reads a slower rank's stack over the network (2 s after the first rank finished) and
+    keeps what else arrives meanwhile for its loop. Rank 1 ignores the stack signal, so the read lasts its whole
+    wait (1 s), and ends 2.5 s after rank 0: its Done comes in the middle of the read and must not be lost (the cell
+    then never ended)."""
+    import threading
+
+    from nbtrain.launch.lifecycle.entry import run_source
+    from nbtrain.launch.request.config import LaunchRequest
+
+    nodes.start("127.0.0.2")
+    nodes.start("127.0.0.3")
+    nodes.wait_joined(2)
+    cell = ("import signal, time\nif rank == 1:\n    signal.signal(signal.SIGUSR1, signal.SIG_IGN)\n"
+            "    time.sleep(2.5)\nfinished = rank\n")
+    request = LaunchRequest(nodes="2", nproc_per_node=1, rdzv_host="127.0.0.1", cpu=True, start_timeout=120,
+                            out="finished")
+    ns: dict = {}
+    ended: list = []
+    thread = threading.Thread(target=lambda: ended.append(run_source(cell, request, ns, manager=nodes.manager,
+                                                                     write=Captured())), daemon=True)
+    thread.start()
+    thread.join(90)
+    assert ended and ns["finished"] == 0

@@ -225,7 +225,8 @@ class NodePool(GroupState):
         self._awaiting_stacks, self._stacks = set(asked), {}
         deadline = time.monotonic() + wait + 1.0
         while self._awaiting_stacks and time.monotonic() < deadline:
-            self._backlog.extend(self.poll_events(0.05))
+            arrived = self.poll_events(0.05)  # the backlog so far and what came since: poll_events takes the list
+            self._backlog.extend(arrived)  # (so bound after it returns, never before: the events would be lost)
         self._awaiting_stacks = set()
         return dict(sorted(self._stacks.items()))
 
