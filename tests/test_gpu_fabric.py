@@ -83,6 +83,24 @@ def test_xid_errors_since_the_run_started_are_counted_off_the_main_thread_and_hi
     assert not watcher.is_alive() and module.calls["nvmlEventSetFree"] == 1
 
 
+def test_a_runs_end_does_not_wait_for_the_xid_watchers_wait(monkeypatch):
+    """NVML's event wait blocks its thread for up to half a second: the run's end (the dashboard's stop) returns at
+    once all the same, and the thread frees the event set when its wait ends."""
+    module = install(monkeypatch, [FakeGpu()])
+    module.nvmlEventSetWait_v2 = lambda event_set, timeout_ms: time.sleep(2) or (_ for _ in ()).throw(
+        module.NVMLError_Timeout())
+    observer = DashboardObserver(lambda model: None)
+    before = set(threading.enumerate())
+    sampled(observer.model, lambda s: s.gpus[0].health.xid_errors == 0)
+    [watcher] = [t for t in set(threading.enumerate()) - before if t.name == "nbtrain-xid-events"]
+    started = time.monotonic()
+    observer.stop()
+    assert time.monotonic() - started < 0.3
+    assert module.calls["nvmlEventSetFree"] == 0  # not under the wait still using it
+    watcher.join(timeout=5)
+    assert not watcher.is_alive() and module.calls["nvmlEventSetFree"] == 1
+
+
 def test_each_mig_instance_is_a_device_with_its_memory_and_its_ranks(monkeypatch, model):
     instances = [FakeGpu(uuid="MIG-1c9e-a", total=10 * GIB, used=3 * GIB, processes=[(os.getpid(), None)]),
                  FakeGpu(uuid="MIG-1c9e-b", total=20 * GIB, used=GIB)]

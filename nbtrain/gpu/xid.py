@@ -5,8 +5,9 @@ the bus) — counted per GPU while something watches, such as a run's dashboard.
 ``nvmlDeviceRegisterEvents`` with ``nvmlEventTypeXidCriticalError``) and waits for them on a daemon thread of
 its own, :data:`WAIT_MS` at a time (``nvmlEventSetWait_v2``; the bindings release the GIL while NVML waits),
 never on the kernel's main thread. A GPU that cannot be registered — some boards, MIG, VMs, a driver without
-the permission — reads N/A, with NVML's reason. :meth:`XidWatcher.close` stops the thread within one wait and
-frees the event set.
+the permission — reads N/A, with NVML's reason. :meth:`XidWatcher.close` returns at once: the thread ends after
+the wait it is in (at most :data:`WAIT_MS`) and frees the event set itself — a run's end never waits for it (it
+used to join the thread: half a second on every cell with a dashboard).
 """
 
 from __future__ import annotations
@@ -59,6 +60,12 @@ class XidWatcher:
         return event_set
 
     def _loop(self) -> None:
+        try:
+            self._watch()
+        finally:
+            self._free()  # here, after the last wait: the set is never freed under a wait that still uses it
+
+    def _watch(self) -> None:
         timeout = getattr(self._lib, "NVMLError_Timeout", ())
         while not self._stop.is_set():
             try:
@@ -82,12 +89,16 @@ class XidWatcher:
             return self.counts.get(index), self.last.get(index), self.reasons.get(index)
 
     def close(self) -> None:
+        """Stop watching, without waiting for the thread (see the module docstring)."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2 * WAIT_MS / 1000)
-        if self._set is not None:
+        if self._thread is None:
+            self._free()
+
+    def _free(self) -> None:
+        with self._lock:
+            event_set, self._set = self._set, None
+        if event_set is not None:
             try:
-                self._lib.nvmlEventSetFree(self._set)
+                self._lib.nvmlEventSetFree(event_set)
             except Exception:
                 pass  # the driver is gone: nothing to free
-            self._set = None
