@@ -321,6 +321,35 @@ def test_a_save_into_a_shared_folder_neither_fails_nor_hands_the_checkpoint_to_w
         shutil.rmtree(shared, ignore_errors=True)
 
 
+@needs_attacker
+def test_a_save_into_a_shared_folder_removes_only_this_users_older_shard_folders(victim):
+    """A sharded save clears the shard folders the checkpoint no longer names: in a folder others can write, another
+    user's folder under such a name (world-writable, with their shard inside) and a link to this user's folder are
+    left; this user's older folder goes."""
+    from nbtrain.train.checkpoint import _remove_older_shards
+
+    shared = tempfile.mkdtemp(prefix="nbtrain-test-shared-")
+    os.chmod(shared, 0o1777)
+    path = os.path.join(shared, "checkpoint.pt")
+    mine_before = tempfile.mkdtemp(prefix="nbtrain-test-mine-")
+    theirs = os.path.join(shared, "checkpoint.pt.shards-theirs")
+    try:
+        done = python_as_attacker(
+            "import os, sys\nos.mkdir(sys.argv[1]); os.chmod(sys.argv[1], 0o777)\n"
+            "open(os.path.join(sys.argv[1], '__0_0.distcp'), 'w').write('their shard')\n"
+            "os.symlink(sys.argv[2], sys.argv[3])\n", theirs, mine_before, path + ".shards-link")
+        assert done.returncode == 0, done.stderr
+        open(os.path.join(mine_before, "keep"), "w").close()
+        os.mkdir(path + ".shards-old")
+        os.mkdir(path + ".shards-new")
+        _remove_older_shards(path, "checkpoint.pt.shards-new")
+        assert open(os.path.join(theirs, "__0_0.distcp")).read() == "their shard"
+        assert os.path.islink(path + ".shards-link") and os.path.exists(os.path.join(mine_before, "keep"))
+        assert not os.path.exists(path + ".shards-old") and os.path.isdir(path + ".shards-new")
+    finally:
+        subprocess.run(["rm", "-rf", shared, mine_before])
+
+
 def torch_load(path: str):
     import torch
 

@@ -178,10 +178,20 @@ def _save_in_background(context: TrainContext, target: str, ranks: list, extra: 
 
 
 def _remove_older_shards(target: str, keep: str | None) -> None:
-    """The shard folders the file at ``target`` no longer names (all of them once a run without --shard saved)."""
+    """The shard folders the file at ``target`` no longer names (all of them once a run without --shard saved) —
+    this user's own folders only: in a folder others can write (``--checkpoint /tmp/run``) another user's shards, or
+    a link, under the same names are left as they are."""
     for folder in glob.glob(f"{glob.escape(target)}.shards-*"):
-        if os.path.basename(folder) != keep:
+        if os.path.basename(folder) != keep and _own_folder(folder):
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def _own_folder(path: str) -> bool:
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid()
 
 
 def _snapshot(context: TrainContext, ranks: list, extra: dict, states: tuple[list, list] | None = None) -> dict:
