@@ -298,7 +298,7 @@ def test_earlier_runs_are_drawn_faded_labelled_grouped_and_hidden_from_the_legen
         sync_api.expect(chart).to_have_attribute("data-overlays-shown", "2")
         row = chart.locator(".u-legend .u-series.nbt-overlay").filter(visible=True)
         sync_api.expect(row).to_have_count(1)
-        sync_api.expect(row).to_contain_text("loss · runs 1, 2: no --grad-accum")
+        sync_api.expect(row).to_contain_text("loss · runs 1, 2: finished · no --grad-accum")
         border = row.locator(".u-marker").evaluate("m => getComputedStyle(m).borderTopColor")
         assert border.startswith("rgba(") and border.endswith(", 0.4)"), f"not faded: {border}"
         row.locator(".u-label").click()
