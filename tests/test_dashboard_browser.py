@@ -298,7 +298,7 @@ def test_earlier_runs_are_drawn_faded_labelled_grouped_and_hidden_from_the_legen
         sync_api.expect(chart).to_have_attribute("data-overlays-shown", "2")
         row = chart.locator(".u-legend .u-series.nbt-overlay").filter(visible=True)
         sync_api.expect(row).to_have_count(1)
-        sync_api.expect(row).to_contain_text("loss · runs 1, 2: no --grad-accum")
+        sync_api.expect(row).to_contain_text("loss · runs 1, 2: finished · no --grad-accum")
         border = row.locator(".u-marker").evaluate("m => getComputedStyle(m).borderTopColor")
         assert border.startswith("rgba(") and border.endswith(", 0.4)"), f"not faded: {border}"
         row.locator(".u-label").click()
@@ -447,3 +447,26 @@ def test_the_kernel_indicator_says_busy_while_the_ranks_train(tmp_path):
         sync_api.expect(status).to_have_text(re.compile(r"\| Idle$"), timeout=30_000)
 
     _in_lab(tmp_path, TRAINING.replace("range(300)", "range(240)"), check)
+
+
+def test_a_reloaded_page_says_busy_until_the_cell_ends(tmp_path):
+    """A page reloaded mid-run asks the kernel, on a subshell, to show its dashboard again; that request's own status
+    messages ("busy", then "idle") must not set the page's kernel status: it says Busy until the cell ends."""
+    def check(page, lab, cells) -> None:
+        page.on("dialog", lambda dialog: dialog.accept())
+        sync_api.expect(cells.nth(1).locator(".jp-OutputArea .nbt-chart[data-points]")).to_have_count(1, timeout=60_000)
+        _save(page)  # as autosave does: the reloaded page opens the notebook trusted, its dashboard output in it
+        page.reload()
+        page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=90_000)
+        output = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-OutputArea")
+        sync_api.expect(output.locator(".nbt-chart[data-points]")).to_have_count(1, timeout=30_000)
+        status = page.locator(".jp-StatusBar-TextItem", has_text="ipykernel")
+        seen = []
+        for _ in range(10):
+            page.wait_for_timeout(500)
+            seen.append(status.inner_text())
+        assert all(text.endswith("| Busy") for text in seen), seen
+        sync_api.expect(output.locator("img")).to_have_count(1, timeout=90_000)
+        sync_api.expect(status).to_have_text(re.compile(r"\| Idle$"), timeout=30_000)
+
+    _in_lab(tmp_path, RELOADED, check)

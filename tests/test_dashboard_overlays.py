@@ -45,8 +45,8 @@ def test_the_log_keeps_the_series_of_its_last_runs_that_logged_anything():
     log.add("pass\n", "", 0.0, 1.0, 2, History(), "finished", None)  # nothing logged: nothing to compare with
     earlier = log.earlier("x = 11\n", "--fresh", count=3)
     assert [run.number for run in earlier] == [10, 11, 12]
-    assert [run.label for run in earlier] == ["no --fresh · cell line 2: x = 9", "no --fresh · cell line 2: x = 10",
-                                              "no --fresh"]
+    assert [run.label for run in earlier] == ["finished · no --fresh · cell line 2: x = 9",
+                                              "finished · no --fresh · cell line 2: x = 10", "finished · no --fresh"]
     assert len(log.earlier("", "")) == KEEP_SERIES and log.earlier("", "", count=0) == ()
 
 
@@ -87,7 +87,7 @@ def test_real_runs_hand_the_next_run_their_series_and_what_differed(fresh_pools)
     heard = Heard()
     run_cell(fresh_pools, CELL, {"LR": 2.0}, observers=[heard], grad_accum=2)
     [first] = heard.earlier
-    assert first.label == "no --grad-accum" and list(first.history["loss"]) == [1.0, 0.5, 1 / 3, 0.25]
+    assert first.label == "finished · no --grad-accum" and list(first.history["loss"]) == [1.0, 0.5, 1 / 3, 0.25]
 
 
 def test_how_many_runs_are_compared_is_a_setting():
@@ -117,9 +117,9 @@ def test_the_picture_left_after_a_run_draws_the_earlier_runs_beside_it(monkeypat
     model.finish(RunState.FINISHED, "2 ranks finished")
     ax = final_figure(model.store, model.telemetry, "run", 0.6, model.earlier).axes[0]
     faded = [line for line in ax.get_lines() if line.get_alpha() == theme.OVERLAY_ALPHA]
-    assert [line.get_label() for line in faded] == ["loss · run 1: --amp bf16 · cell line 2: lr = 0.1"]
+    assert [line.get_label() for line in faded] == ["loss · run 1: finished · --amp bf16 · cell line 2: lr = 0.1"]
     assert faded[0].get_linestyle() == "--" and faded[0].get_color() == theme.series_color(0)
-    assert faded[0].get_label() in [text.get_text() for text in ax.get_legend().get_texts()]
+    assert faded[0].get_label() in [text.get_text().replace("\n", " ") for text in ax.get_legend().get_texts()]
 
     shown: list = []
     monkeypatch.setattr("IPython.display.display", lambda obj, **kw: shown.append(obj))
@@ -129,3 +129,29 @@ def test_the_picture_left_after_a_run_draws_the_earlier_runs_beside_it(monkeypat
         RunDashboard(model, compare=compare).finish()
         pictures.append(base64.b64decode(shown[0]._repr_mimebundle_()["image/png"]))
     assert pictures[0] != pictures[1], "the saved picture draws the earlier run the live chart drew"
+
+
+def test_the_picture_follows_this_run_and_marks_how_each_earlier_run_ended():
+    """A 20-step run drawn beside a stopped 200-step run and a failed one: the x axis spans this run's 20 steps (it
+    spanned the earlier run's 200), each earlier run's label says how it ended, and the legend sits beside the
+    plot, over none of its lines (it sat inside the plot, over the curves, where matplotlib found room)."""
+    from nbtrain.dashboard.final import final_figure
+    from nbtrain.dashboard.model import RunModel
+
+    log = RunLog()
+    log.add("lr = 0.1\n", "", 0.0, 1.0, 2, history(*(1.0 / (s + 2) for s in range(200))), "interrupted", None)
+    log.add("lr = 0.3\n", "", 0.0, 1.0, 2, history(*(1.0 / (s + 3) for s in range(50))), "failed", None)
+    model = RunModel()
+    model.set_earlier(log.earlier("lr = 0.2\n", ""))
+    model.add_metrics(0, [(s, 100.0 + s, {"loss": 1.0 / (s + 1)}) for s in range(20)])
+    model.finish(RunState.FINISHED, "2 ranks finished")
+    figure = final_figure(model.store, model.telemetry, "run", 0.6, model.earlier)
+    ax = figure.axes[0]
+    low, high = ax.get_xlim()
+    assert low > -1 and 19 <= high < 20, f"the x axis spans {low:.1f} to {high:.1f}, not this run's steps 0 to 19"
+    labels = [text.get_text().replace("\n", " ") for text in ax.get_legend().get_texts()]
+    assert labels == ["loss", "loss · run 1: stopped · cell line 2: lr = 0.1",
+                      "loss · run 2: failed · cell line 2: lr = 0.3"]
+    renderer = figure.canvas.get_renderer()
+    legend, plot = ax.get_legend().get_window_extent(renderer), ax.get_window_extent(renderer)
+    assert legend.x0 >= plot.x1, f"the legend covers the plot: legend {legend}, plot {plot}"

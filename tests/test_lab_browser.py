@@ -42,7 +42,12 @@ def lab(tmp_path):
 
 
 @pytest.fixture
-def page(lab, tmp_path):
+def page(lab, browser_page):
+    return browser_page  # after the lab: the browser closes first
+
+
+@pytest.fixture
+def browser_page():
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS, headless=True)
         try:
@@ -177,3 +182,80 @@ def _run_cells(page) -> None:
     sync_api.expect(cells.nth(0).locator(".jp-InputPrompt")).to_have_text("[1]:", timeout=60_000)
     page.keyboard.press("Control+Enter")  # the last cell: run it without adding a new one below
     sync_api.expect(cells.nth(1).locator(".jp-InputPrompt")).to_have_text("[*]:", timeout=10_000)
+
+
+SHORT_RUN = """%%distributed 2 --cpu
+import time
+import nbtrain
+for step in range(40):
+    nbtrain.log(loss=1.0 / (step + 1), step=step)
+    time.sleep(0.1)
+"""
+BADGE_LAG_S = 0.9  # half a second's poll plus one answer on a busy machine; the idle pace (2 s) misses it
+
+
+@pytest.fixture
+def default_pace_lab(tmp_path):
+    """A lab at the default refresh interval (2 s), with a cell that trains for a few seconds and ends."""
+    server = JupyterLab(tmp_path, extension_under_test=True)
+    write_notebook(server.notebooks / NOTEBOOK, ["%load_ext nbtrain", SHORT_RUN])
+    server.start()
+    server.start_session(NOTEBOOK)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_the_badge_follows_a_run_within_half_a_second(default_pace_lab, browser_page, tmp_path):
+    lab, page = default_pace_lab, browser_page
+    with explained_failure(page, lab, tmp_path):
+        page.goto(f"{lab.url}/lab/tree/{NOTEBOOK}?reset&token={lab.token}")
+        page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=90_000)
+        status = page.locator("#nbtrain-status")
+        sync_api.expect(status).to_have_attribute("title", re.compile("0 nbtrain runs active"), timeout=30_000)
+        flips = _server_flips(lab)
+        badge = page.evaluate_handle(_BADGE_FLIPS)  # the badge's own times, taken in the page every 20 ms
+        _run_cells(page)
+        sync_api.expect(page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-InputPrompt")).to_have_text(
+            re.compile(r"\[\d+\]:"), timeout=90_000)
+        server_times = flips.result(timeout=30)
+        sync_api.expect(status).to_have_attribute("title", re.compile("0 nbtrain runs active"), timeout=5_000)
+        badge_times = badge.json_value()
+        started, ended = (badge_times[0] - server_times[0], badge_times[1] - server_times[1])
+        print(f"badge after the server: run active {started:.2f} s, run over {ended:.2f} s")
+        assert started <= BADGE_LAG_S and ended <= BADGE_LAG_S, f"the badge lagged: {started:.2f} s, {ended:.2f} s"
+
+
+# Records (in the page, Date.now() in seconds) when the badge's title first says a run is active, then none.
+_BADGE_FLIPS = """() => {
+  const flips = [];
+  const watch = () => {
+    const title = document.querySelector('#nbtrain-status')?.getAttribute('title') ?? '';
+    const wanted = flips.length === 0 ? '1 nbtrain run active' : '0 nbtrain runs active';
+    if (title.includes(wanted)) flips.push(Date.now() / 1000);
+    if (flips.length < 2) setTimeout(watch, 20);
+  };
+  watch();
+  return flips;
+}"""
+
+
+def _server_flips(lab):
+    """When the server's run list first has an active run, then none (asked every 20 ms on a thread of its own)."""
+    import concurrent.futures
+
+    def watch() -> list[float]:
+        flips: list[float] = []
+        deadline = time.monotonic() + 150
+        while len(flips) < 2 and time.monotonic() < deadline:
+            active = any(run["active"] for run in lab.api("GET", "nbtrain/runs")["runs"])
+            if active == (len(flips) == 0):
+                flips.append(time.time())
+            time.sleep(0.02)
+        return flips
+
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    future = pool.submit(watch)
+    pool.shutdown(wait=False)
+    return future

@@ -50,6 +50,7 @@ NOT_NBTRAINS = {
     ("nbtrain/train/speed.py", "model._compiled_call_impl"): "torch.nn.Module.compile()'s own slot",
     ("nbtrain/train/data.py", "self.sampler.skip"): "the resumable sampler the prepared loader built (data.py's)",
     ("nbtrain/server/__init__.py", "manager.untracked_message_types"): "the Jupyter server's configurable list, extended",
+    ("nbtrain/dashboard/kernel_status.py", "kernel._publish_status"): "ipykernel's status publisher, wrapped once",
 }
 WIDGET_TRAITS = ("self.widget.", "self.status.", "self.stop_button.")  # ipywidgets: traits are set to redraw
 WIDGET_FILES = "nbtrain/dashboard/"

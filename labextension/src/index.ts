@@ -9,6 +9,7 @@ import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 
 import { NbtrainModel } from './model';
+import { KernelPace } from './pace';
 import { NbtrainPanel, PANEL_ID } from './panel';
 import { Reattach } from './reattach';
 import { NbtrainStatus } from './statusbar';
@@ -58,6 +59,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     panel.title.icon = gpuIcon;
     shell.add(panel, 'right', { rank: 900 });
     app.docRegistry.addWidgetExtension('Notebook', new Reattach());
+    app.docRegistry.addWidgetExtension('Notebook', new KernelPace(model));
 
     if (statusBar) {
       const item = new NbtrainStatus(model, () => shell.activateById(PANEL_ID));

@@ -3,7 +3,9 @@
  *
  * One Poll (from @lumino/polling) drives the three routes together. It goes on standby while the page is
  * hidden (`standby: 'when-hidden'`), backs off when the server stops answering, and its interval follows
- * the `refreshInterval` setting.
+ * the `refreshInterval` setting while nothing runs; while a notebook's kernel is busy or a run is active it
+ * polls every half second, and a kernel turning busy or idle asks at once (pace.ts), so the status bar follows
+ * a cell within half a second.
  */
 import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
@@ -17,9 +19,13 @@ export interface ISeries {
   memory: number[];
 }
 
+/** The interval while something runs: the badge follows a cell within this. */
+const ACTIVE_INTERVAL_SECONDS = 0.5;
+
 export class NbtrainModel {
   constructor(options: { intervalSeconds: number; historyLength: number }) {
     this._historyLength = options.historyLength;
+    this._idleSeconds = options.intervalSeconds;
     this._poll = new Poll({
       auto: true,
       factory: () => this._refresh(),
@@ -62,7 +68,22 @@ export class NbtrainModel {
 
   configure(options: { intervalSeconds: number; historyLength: number }): void {
     this._historyLength = options.historyLength;
-    this._poll.frequency = this._frequency(options.intervalSeconds);
+    this._idleSeconds = options.intervalSeconds;
+    this._pace();
+  }
+
+  /** A notebook's kernel (by a key of the caller's) turned busy or idle: ask now, then at the pace that fits. */
+  kernelBusy(key: string, busy: boolean): void {
+    if (busy === this._busyKernels.has(key)) {
+      return;
+    }
+    if (busy) {
+      this._busyKernels.add(key);
+    } else {
+      this._busyKernels.delete(key);
+    }
+    this._pace();
+    void this.refresh().catch(() => undefined); // a refresh superseded by a later one rejects; the next tick asks again
   }
 
   /** Ask now instead of at the next tick (after a stop, for example). */
@@ -73,6 +94,12 @@ export class NbtrainModel {
   dispose(): void {
     this._poll.dispose();
     Signal.clearData(this);
+  }
+
+  /** Fast while a kernel is busy or a run is active, else the setting's interval. */
+  private _pace(): void {
+    const running = this._busyKernels.size > 0 || this._runs.some(run => run.active);
+    this._poll.frequency = this._frequency(running ? Math.min(ACTIVE_INTERVAL_SECONDS, this._idleSeconds) : this._idleSeconds);
   }
 
   private _frequency(seconds: number) {
@@ -92,6 +119,7 @@ export class NbtrainModel {
       this._processes = processes.processes;
       this._error = null;
       this._record(machine);
+      this._pace();
     } catch (error) {
       this._error = (error as Error).message;
       this._changed.emit();
@@ -123,9 +151,11 @@ export class NbtrainModel {
     this._history.set(key, series);
   }
 
+  private _busyKernels = new Set<string>();
   private _changed = new Signal<this, void>(this);
   private _error: string | null = null;
   private _history = new Map<string, ISeries>();
+  private _idleSeconds: number;
   private _historyLength: number;
   private _machine: IMachine | null = null;
   private _poll: Poll;

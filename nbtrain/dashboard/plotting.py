@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import math
+import textwrap
 
 from . import theme
 from .series import smooth, worth_smoothing
@@ -25,6 +26,7 @@ from .text import plot_literal
 VALIDATION_WORDS = ("val", "valid", "validation", "eval", "test")
 TRAINING_WORDS = ("train", "training")
 MAX_PANELS = 6
+LEGEND_LABEL_CHARS = 30  # a legend label's line: the legend beside a panel takes no more of its width
 PIXEL_PT = 0.75  # the theme's widths are the browser's pixels; matplotlib's are points (1 px = 0.75 pt)
 
 
@@ -85,9 +87,10 @@ def draw_series(fig, series: dict, smoothing: float, earlier=()) -> list:
             ax.plot(steps, curve, color=color, linewidth=theme.CURVE_WIDTH * PIXEL_PT, label=plot_literal(name),
                     marker="o" if len(steps) < 15 else None, markersize=theme.MARKER_SIZE)
         overlays = _draw_earlier(ax, names, earlier, smoothing, max_points)
+        _follow_this_run(ax, [series[name][0] for name in names])
         theme.style_axes(ax, plot_literal(key))
         if len(names) > 1 or overlays:
-            ax.legend(fontsize=theme.LEGEND_SIZE, loc="best")
+            _legend_beside(ax)
         axes.append(ax)
     if len(groups) > MAX_PANELS:
         more = plot_literal(", ".join(key for key, _ in groups[MAX_PANELS:]))
@@ -95,6 +98,23 @@ def draw_series(fig, series: dict, smoothing: float, earlier=()) -> list:
     for ax in axes[-cols:]:
         ax.set_xlabel("step", fontsize=theme.LABEL_SIZE)
     return axes
+
+
+def _follow_this_run(ax, steps_of_names: list) -> None:
+    """The x axis spans this run's steps: a longer earlier run drawn beside it is cut, not the scale of the plot."""
+    spans = [(steps[0], steps[-1]) for steps in steps_of_names if len(steps)]
+    low, high = min(s[0] for s in spans), max(s[1] for s in spans)
+    if high > low:
+        margin = (high - low) * 0.02
+        ax.set_xlim(low - margin, high + margin)
+
+
+def _legend_beside(ax) -> None:
+    """The legend right of the plot, never over its lines, its labels wrapped short (the layout makes room)."""
+    handles, labels = ax.get_legend_handles_labels()
+    wrapped = [textwrap.fill(label, LEGEND_LABEL_CHARS) for label in labels]
+    ax.legend(handles, wrapped, fontsize=theme.LEGEND_SIZE, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+              borderaxespad=0.0, frameon=False)
 
 
 def _draw_earlier(ax, names: list[str], earlier, smoothing: float, max_points: int) -> int:

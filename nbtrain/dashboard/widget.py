@@ -26,7 +26,7 @@ import threading
 
 from ..launch.observers.events import RunState
 from ..words import count
-from . import reopen
+from . import kernel_status, reopen
 from .chart import ChartPanel
 from .devices_view import DevicePanel
 from .final import final_png, summary_paragraph
@@ -83,6 +83,7 @@ class RunDashboard:
         self.cell = reopen.current_cell()
         self.handle = display(self.widget, display_id=True, metadata=reopen.output_metadata(self.cell, "dashboard"))
         reopen.register(id(self), self.show_again)
+        kernel_status.follow(id(self))
 
     def show_again(self) -> None:
         """For a page that connected during the run: every widget's state again, then the dashboard's output."""
@@ -101,6 +102,7 @@ class RunDashboard:
     def finish(self) -> None:
         """Draw the last state, then leave a PNG and a paragraph in the cell's output."""
         reopen.unregister(id(self))
+        kernel_status.unfollow(id(self))
         with self._showing:
             self._finished = True
         model = self.model

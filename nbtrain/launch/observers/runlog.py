@@ -101,7 +101,12 @@ class EarlierRun:
     cell: str
     options: str
     history: History
-    label: str = ""  # what differed from the run it is compared with (:func:`differences`)
+    label: str = ""  # how it ended and what differed from the run it is compared with (:func:`differences`)
+    state: RunState = RunState.FINISHED
+
+
+# How an earlier run ended, in the word its chart label starts with.
+ENDINGS = {RunState.FINISHED: "finished", RunState.INTERRUPTED: "stopped", RunState.FAILED: "failed"}
 
 
 def _option_words(options: str) -> dict[str, str]:
@@ -153,14 +158,15 @@ class RunLog:
                                  metering.cost(seconds) if metering else None))
         del self._rows[:-KEEP]
         if len(history):
-            self._series.append(EarlierRun(self._count, cell, options, history))
+            self._series.append(EarlierRun(self._count, cell, options, history, state=RunState(state)))
             del self._series[:-KEEP_SERIES]
 
     def earlier(self, cell: str, options: str, count: int = KEEP_SERIES) -> tuple[EarlierRun, ...]:
-        """The last ``count`` runs that logged series, oldest first, each labelled with what differed from a run
-        of ``cell`` with ``options`` (:func:`differences`)."""
+        """The last ``count`` runs that logged series, oldest first, each labelled with how it ended and what
+        differed from a run of ``cell`` with ``options``: ``stopped · --lr 0.1`` (:func:`differences`)."""
         chosen = self._series[-count:] if count > 0 else []
-        return tuple(dataclasses.replace(run, label=differences(run.cell, run.options, cell, options))
+        return tuple(dataclasses.replace(run, label=f"{ENDINGS.get(run.state, run.state)} · "
+                                                    f"{differences(run.cell, run.options, cell, options)}")
                      for run in chosen)
 
     def table(self) -> RunsTable:
