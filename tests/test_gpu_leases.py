@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -195,3 +197,29 @@ def test_shared_server_queue_lets_each_users_first_request_go_before_anyones_sec
     bob1, carol1, bob2 = Ticket(1001, 4.0, "b1"), Ticket(1002, 5.0, "c1"), Ticket(1001, 6.0, "b2")
     order = queue_order([bob2, alice3, carol1, alice1, bob1, alice2])
     assert [ticket.name for ticket in order] == ["a1", "b1", "c1", "a2", "b2", "a3"]
+
+
+@pytest.mark.slow
+def test_gpu_lease_shows_in_gpus_under_a_real_kernel(shared_dir, tmp_path, monkeypatch):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec_dir = tmp_path / "jupyter" / "kernels" / "nbtrain-leases-test"
+    spec_dir.mkdir(parents=True)
+    (spec_dir / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "nbtrain test", "language": "python",
+        "env": {"PYTHONPATH": root, "NBTRAIN_LEASE_DIR": shared_dir}}))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    directory = leases.lease_dir({"NBTRAIN_LEASE_DIR": shared_dir})
+    holder = start_holder("2,3", directory)
+    try:
+        nb = nbformat.v4.new_notebook()
+        nb.cells = [nbformat.v4.new_code_cell("%load_ext nbtrain"), nbformat.v4.new_code_cell("%gpus --once")]
+        nbclient.NotebookClient(nb, kernel_name="nbtrain-leases-test", timeout=120).execute()
+    finally:
+        holder.kill()
+        holder.wait()
+    shown = "".join(output.get("text", "") for output in nb.cells[1].outputs if output.output_type == "stream")
+    assert re.search(r"^GPU 2 leased by root \(llm\.ipynb, since \d\d:\d\d, busy\)$", shown, re.M), shown
+    assert re.search(r"^GPU 3 leased by root \(llm\.ipynb, since \d\d:\d\d, busy\)$", shown, re.M), shown

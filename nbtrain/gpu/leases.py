@@ -290,3 +290,26 @@ def describe(lease: HeldLease) -> str:
     since = f" since {time.strftime('%H:%M', time.localtime(lease.since))}" if lease.since else ""
     notebook = f"{lease.notebook}, " if lease.notebook else ""
     return f"GPU {lease.gpu} held by {lease.user} ({notebook}{doing}{since})"
+
+
+def view_lines(environ=os.environ) -> list[str]:
+    """One line per leased GPU, for ``%gpus``: ``GPU 0 leased by bob (llm.ipynb, since 12:04, busy)``.
+
+    Only reads: a machine where nobody took a lease yet has no directory, and shows nothing.
+    """
+    path = environ.get("NBTRAIN_LEASE_DIR") or DEFAULT_DIR
+    if not os.path.lexists(path):
+        return []
+    try:
+        check_dir(path)
+    except LeaseDirError as exc:
+        return [str(exc)]
+    return [_view_line(lease) for lease in held(path)]
+
+
+def _view_line(lease: HeldLease) -> str:
+    details = [os.path.basename(lease.notebook) if lease.notebook else None,
+               f"since {time.strftime('%H:%M', time.localtime(lease.since))}" if lease.since else None,
+               lease.state.value if lease.state else None]
+    shown = ", ".join(detail for detail in details if detail)
+    return f"GPU {lease.gpu} leased by {lease.user}" + (f" ({shown})" if shown else "")
