@@ -223,3 +223,12 @@ def test_gpu_lease_shows_in_gpus_under_a_real_kernel(shared_dir, tmp_path, monke
     shown = "".join(output.get("text", "") for output in nb.cells[1].outputs if output.output_type == "stream")
     assert re.search(r"^GPU 2 leased by root \(llm\.ipynb, since \d\d:\d\d, busy\)$", shown, re.M), shown
     assert re.search(r"^GPU 3 leased by root \(llm\.ipynb, since \d\d:\d\d, busy\)$", shown, re.M), shown
+
+
+@pytest.mark.parametrize("gpus", [[], [-1], [10_000], [0, 0], ["0"], [True]])
+def test_gpu_lease_of_no_gpu_index_is_refused_saying_what_to_pass(shared_dir, gpus):
+    directory = leases.lease_dir({"NBTRAIN_LEASE_DIR": shared_dir})
+    with pytest.raises(ValueError, match=r"GPUs to lease must be distinct indices from 0 to 9999, as nvidia-smi "
+                                         r"numbers them \(got .*\): pass e.g. \[0, 1\]"):
+        leases.take(gpus, directory=directory)
+    assert os.listdir(directory) == []

@@ -33,6 +33,7 @@ DEFAULT_DIR = "/dev/shm/nbtrain-leases"
 DIR_MODE = 0o1777  # sticky and world-writable, as /tmp
 FILE_MODE = 0o644  # every user reads who holds what
 MAX_RECORD = 4096  # bytes of a lease's JSON read; a larger file is not a lease
+MAX_GPU_INDEX = 9999  # the most digits a lease's name may give its GPU
 NAME = re.compile(r"^gpu-([0-9]{1,4})-([0-9]{1,10})-([0-9a-f]{16})\.lease$")
 
 
@@ -132,6 +133,7 @@ class Lease:
 
 def take(gpu_ids: list[int], info: LeaseInfo = LeaseInfo(), directory: str | None = None) -> Lease:
     """Lease ``gpu_ids`` for this process, or raise :class:`LeaseBusy` naming who holds them."""
+    check_gpu_ids(gpu_ids)
     directory = directory or lease_dir()
     sweep_own(directory)
     record = json.dumps({"user": user_name(os.geteuid()), "notebook": info.notebook, "kernel_id": info.kernel_id,
@@ -146,6 +148,15 @@ def take(gpu_ids: list[int], info: LeaseInfo = LeaseInfo(), directory: str | Non
         raise LeaseBusy(f"GPU {', '.join(str(h.gpu) for h in others)} already leased: "
                         + "; ".join(describe(h) for h in others), others)
     return lease
+
+
+def check_gpu_ids(gpu_ids: list[int]) -> None:
+    """Raise ValueError, saying which, unless ``gpu_ids`` are distinct GPU indices (a lease no name could hold
+    would be invisible to everyone else)."""
+    wrong = [gpu for gpu in gpu_ids if type(gpu) is not int or not 0 <= gpu <= MAX_GPU_INDEX]
+    if wrong or not gpu_ids or len(set(gpu_ids)) != len(gpu_ids):
+        raise ValueError(f"GPUs to lease must be distinct indices from 0 to {MAX_GPU_INDEX}, as nvidia-smi numbers "
+                         f"them (got {list(gpu_ids)!r}): pass e.g. [0, 1]")
 
 
 def _make_locked(directory: str, gpu: int, record: bytes) -> tuple[str, int]:
