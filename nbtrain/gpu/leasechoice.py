@@ -15,6 +15,7 @@ from itertools import combinations
 
 from nbtrain.gpu.devices import GpuStatus
 from nbtrain.gpu.leases import HeldLease, describe
+from nbtrain.words import count
 
 FOREIGN_MEMORY_LIMIT = 1 << 30  # bytes other processes may use on a GPU that still counts as free
 GIB = 1 << 30
@@ -36,15 +37,15 @@ class Ticket:
     name: str  # the ticket file's name, the last tie-breaker
 
 
-def choose(count: int, gpus: list[GpuStatus], leases: list[HeldLease], known_pids: set[int],
+def choose(wanted: int, gpus: list[GpuStatus], leases: list[HeldLease], known_pids: set[int],
            owner_of: Callable[[int], tuple[str, str]], distance: Callable[[int, int], int] | None = None) -> Choice:
-    """Pick ``count`` free GPUs, or say why not. ``owner_of(pid)`` is (user, command line) of a process."""
+    """Pick ``wanted`` free GPUs, or say why not. ``owner_of(pid)`` is (user, command line) of a process."""
     leased = {lease.gpu for lease in leases}
     in_use = {gpu.index: _foreign(gpu, known_pids) for gpu in gpus}
     free = [gpu.index for gpu in gpus if gpu.index not in leased and
             sum(memory for _, memory in in_use[gpu.index]) < FOREIGN_MEMORY_LIMIT]
-    if len(free) >= count:
-        return Choice(_closest(free, count, distance), "")
+    if len(free) >= wanted:
+        return Choice(_closest(free, wanted, distance), "")
     reasons = [describe(lease) for lease in leases]
     for index, processes in sorted(in_use.items()):
         if index in leased:
@@ -52,7 +53,7 @@ def choose(count: int, gpus: list[GpuStatus], leases: list[HeldLease], known_pid
         for pid, memory in processes:
             user, command = owner_of(pid)
             reasons.append(f"GPU {index} by a process of {user}'s ({command}, {memory / GIB:.0f} GiB)")
-    return Choice((), f"waiting for {count} GPUs ({len(free)} free): " + ", ".join(reasons))
+    return Choice((), f"waiting for {count('GPU', wanted)} ({len(free)} free): " + ", ".join(reasons))
 
 
 def _foreign(gpu: GpuStatus, known_pids: set[int]) -> list[tuple[int, int]]:
@@ -61,8 +62,8 @@ def _foreign(gpu: GpuStatus, known_pids: set[int]) -> list[tuple[int, int]]:
             if process.pid not in known_pids]
 
 
-def _closest(free: list[int], count: int, distance: Callable[[int, int], int] | None) -> tuple[int, ...]:
-    groups = combinations(sorted(free), count)
+def _closest(free: list[int], size: int, distance: Callable[[int, int], int] | None) -> tuple[int, ...]:
+    groups = combinations(sorted(free), size)
     if distance is None:
         return next(groups)
     best = next(groups)
