@@ -25,6 +25,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from . import dashboard
 from .cluster import Cluster
 from .cluster.tokens import parse_ttl
+from .gpu import leases
 from .launch.lifecycle import entry
 from .launch.lifecycle.entry import UserInputError, format_summary, run_source
 from .launch.lifecycle.pools import PoolManager
@@ -207,6 +208,9 @@ class DistributedMagics(Magics):
                                 stop=args.stop)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+        if not args.stop:
+            for line in leases.view_lines():  # who holds which GPU of this machine (docs/shared-servers.md)
+                print(line)
 
     @line_magic
     def distributed_shutdown(self, line):
