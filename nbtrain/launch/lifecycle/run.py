@@ -28,6 +28,7 @@ Output goes through :class:`~nbtrain.launch.relay.output.OutputRelay`, which wri
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from dataclasses import replace
@@ -98,7 +99,7 @@ class _Run:
         self.nodes_told_states: tuple[str, ...] = ()
         self.waiting_told_at = 0.0  # a restart waiting for nodes: when it last said so
         self.mismatch = MismatchWatcher(pool, job.filename, cell.info.source, cell.info.line_offset)
-        self.preemption = PreemptionWatch(self)  # a machine about to go: a checkpoint first (.preemption)
+        self.preemption = PreemptionWatch(self, job.job_id, cell.config)  # a machine about to go: a checkpoint first
 
     @property
     def nprocs(self) -> int:
@@ -248,6 +249,44 @@ class _Run:
         self.failures.setdefault(failure.rank, failure)
         self.first_failure_at = self.first_failure_at or time.monotonic()
 
+    # What the watchers of the run (.preemption, .stopping) ask of it: they change the run only through these.
+    def say(self, text: str) -> None:
+        """A line of nbtrain's own on the cell's stderr, after the ranks' output relayed so far."""
+        self.relay.write_direct("stderr", text)
+
+    def flush_output(self) -> None:
+        self.relay.flush()
+
+    def tell_every_rank(self, message) -> None:
+        for target in range(self.nprocs):
+            self.pool.send_to(target, message)
+
+    def fail_machine_stopping(self, rank: int, account: str) -> None:
+        """The machine of the ranks is going (a preemption on one machine): the run fails with ``account``."""
+        self.record_failure(RankFailure(rank, exit_code=-signal.SIGTERM, order=len(self.failures),
+                                        machine_stopping=True, account=account))
+        self.pool.mark_broken()
+
+    def release_nodes(self, names: list[str], account: str, cell_ended: bool = False) -> None:
+        """Let the nodes ``names`` go with ``account``; their ranks' exits fail the run unless the cell has ended."""
+        for name in names:
+            events = self.pool.release_node(name, account)
+            if not cell_ended:
+                for event in events:
+                    self._handle(event)
+
+    def cell_running(self) -> bool:
+        """Every rank joined and has the cell (a stop then interrupts it rather than the start-up)."""
+        return self.pool.ready and self.sent
+
+    def where_each_rank_is(self, wait: float) -> dict[int, str]:
+        info = self.cell.info
+        return whereabouts(self.pool, self.job.filename, info.source, info.line_offset, wait=wait)
+
+    def reported_ranks(self) -> set[int]:
+        """The ranks that finished the cell or failed."""
+        return set(self.done) | set(self.failures)
+
     def session_survives(self) -> bool:
         """A failed session cell leaves its ranks usable when each raised an exception or finished."""
         return bool(self.job.session) and not self.pool.broken and len(self.done.keys() | self.raised) == self.nprocs
@@ -313,7 +352,7 @@ def _run_and_bring_back(cell: CellRun, inputs: Inputs, result_prefix: str, start
                         run.relay.write_direct("stdout", why)
                 run.loop(button.requested)
             except KeyboardInterrupt:
-                stop_run(run, manager, info, button)  # still under the button: a second press escalates it
+                stop_run(run, pool, manager, button)  # still under the button: a second press escalates it
                 run.notify("run_finished", RunState.INTERRUPTED, "interrupted: every rank was stopped")
                 raise
     except KeyboardInterrupt as exc:
