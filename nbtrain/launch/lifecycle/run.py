@@ -53,6 +53,7 @@ from ..request.cell import CELL_FILENAME, names_to_return
 from ..request.config import PoolSpec
 from ..request.notebook_modules import notebook_workdir
 from .cellrun import CellRun
+from .phase import RunPhase, checked_next
 from .preemption import PreemptionWatch
 from .sessions import SESSION_FAILURE_GRACE_S, ended_sentence, kept_sentence, stuck_sentence
 from .stopping import stop_button, stop_run
@@ -92,8 +93,7 @@ class _Run:
         self.failures: dict[int, RankFailure] = {}
         self.raised: set[int] = set()  # ranks whose failure is an exception they reported (they still serve)
         self.failure_grace = SESSION_FAILURE_GRACE_S if job.session else FAILURE_GRACE_S
-        self.first_failure_at: float | None = None
-        self.all_done_at: float | None = None
+        self.phase, self.phase_since = RunPhase.STARTING, time.monotonic()  # changed by _enter() alone
         self.start_deadline = time.monotonic() + cell.config.start_timeout_s
         self.nodes_told_at = 0.0
         self.nodes_told_states: tuple[str, ...] = ()
@@ -121,16 +121,18 @@ class _Run:
             now = time.monotonic()
             self._tell_nodes(now)
             self.preemption.tick(now)
-            if self.first_failure_at is not None:  # a rank failed
-                if now - self.first_failure_at >= self.failure_grace or len(self.failures) == self.nprocs:
-                    return
+            if self.phase is RunPhase.FAILING:
+                if now - self.phase_since >= self.failure_grace or len(self.failures) == self.nprocs:
+                    return self._enter(RunPhase.FAILED)
                 if self.job.session and len(self.done.keys() | self.raised) == self.nprocs:
-                    return  # every rank answered: the session survives the failure
+                    return self._enter(RunPhase.FAILED)  # every rank answered: the session survives the failure
             elif len(self.done) == self.nprocs:
-                self.all_done_at = self.all_done_at or now
-                if all(self.relay.ended(r, self.job.job_id) for r in range(self.nprocs)) or now - self.all_done_at > END_MARK_WAIT_S:
+                if self.phase is RunPhase.RUNNING:
+                    self._enter(RunPhase.FINISHING)
+                if all(self.relay.ended(r, self.job.job_id) for r in range(self.nprocs)) or now - self.phase_since > END_MARK_WAIT_S:
                     self.preemption.finished()
-                    return self.relay.flush()
+                    self.relay.flush()
+                    return self._enter(RunPhase.FINISHED)
             elif self.done and (mismatch := self.mismatch.check(set(self.done), now)) is not None:
                 self._fail(min(mismatch.waiting), mismatch.error(), diagnosis=mismatch.message())
             elif not self.pool.ready and now > self.start_deadline:
@@ -145,7 +147,6 @@ class _Run:
         for rank in self.pool.not_ready():
             self.failures.setdefault(rank, RankFailure(rank, starting=True, account=text, order=len(self.failures),
                                                        label=self.pool.rank_label(rank)))
-        self.first_failure_at = self.first_failure_at or time.monotonic()
         self.pool.mark_broken()
 
     def _tell_waiting(self, now: float) -> None:
@@ -158,7 +159,7 @@ class _Run:
 
     def _wait_s(self) -> float:
         """How long the loop may sleep when nothing arrives: long only when nothing is being timed."""
-        steady = self.sent and self.pool.ready and not self.done and self.first_failure_at is None
+        steady = self.phase is RunPhase.RUNNING and self.pool.ready and not self.done
         return STEADY_WAIT_S if steady else TIMED_WAIT_S
 
     def _send_job_when_connected(self) -> None:
@@ -166,7 +167,9 @@ class _Run:
             if self.nprocs == 1 != self.relay.nprocs:  # an elastic group formed with one rank: no labels
                 self._talk_to_ranks(1)
             self.pool.send_all(self.job)
-            self.sent = True
+            self.sent = True  # also after a failure in the start: the observers hear of the run all the same
+            if self.phase is RunPhase.STARTING:
+                self._enter(RunPhase.RUNNING)
             self.notify("run_started", self.info())
             if self.pool.ready:
                 self.notify("ranks_ready", self.info())
@@ -247,7 +250,12 @@ class _Run:
     def record_failure(self, failure: RankFailure) -> None:
         """A rank's failure (its first one counts); the run ends a moment after the first of all."""
         self.failures.setdefault(failure.rank, failure)
-        self.first_failure_at = self.first_failure_at or time.monotonic()
+        if self.phase in (RunPhase.STARTING, RunPhase.RUNNING, RunPhase.FINISHING):
+            self._enter(RunPhase.FAILING)  # later failures (and any once the run ended) are only recorded
+
+    def _enter(self, phase: RunPhase) -> None:
+        """The one place the run's phase changes (:mod:`.phase` says which changes are legal)."""
+        self.phase, self.phase_since = checked_next(self.phase, phase), time.monotonic()
 
     # What the watchers of the run (.preemption, .stopping) ask of it: they change the run only through these.
     def say(self, text: str) -> None:
@@ -370,7 +378,7 @@ def _run_and_bring_back(cell: CellRun, inputs: Inputs, result_prefix: str, start
         inputs.arena.close()
     if session is not None:
         session.carry(run.history)
-    if run.failures:
+    if run.phase is RunPhase.FAILED:
         raise _failure(run)
     manager.release(healthy=True, keep_alive_s=config.keep_alive_s)
     result = _bring_back(run, time.monotonic() - started)
