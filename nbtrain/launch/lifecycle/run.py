@@ -352,6 +352,28 @@ def _run_and_bring_back(cell: CellRun, inputs: Inputs, result_prefix: str, start
         run.history = session.history.copy()
     if stale_note:
         run.relay.write_direct("stdout", stale_note)
+    ending = (RunState.FAILED, "nbtrain failed before the run ended")
+    try:  # run_finished is announced here alone, exactly once, however the run ends
+        result = _drive(run, session, sessions_here, started)
+        ending = (RunState.FINISHED, f"{count('rank', len(result.devices))} finished in {result.seconds:.1f} s")
+        return result
+    except RankFailedError as error:
+        ending = (RunState.FAILED, error.failures[0].summary())
+        raise
+    except KeyboardInterrupt:
+        ending = (RunState.INTERRUPTED, "interrupted: every rank was stopped")
+        raise
+    except BaseException as exc:
+        ending = (RunState.FAILED, f"nbtrain failed: {reason(exc)}")
+        raise
+    finally:
+        run.notify("run_finished", *ending)
+
+
+def _drive(run: _Run, session, sessions_here: list, started: float) -> RunResult:
+    """Start the pool unless it is warm, run the loop, and end the run: its results, or its failure raised."""
+    cell, pool, inputs, warm = run.cell, run.pool, run.inputs, run.warm
+    config, manager = cell.config, cell.manager
     try:
         with stop_button() as button:
             try:
@@ -361,7 +383,6 @@ def _run_and_bring_back(cell: CellRun, inputs: Inputs, result_prefix: str, start
                 run.loop(button.requested)
             except KeyboardInterrupt:
                 stop_run(run, pool, manager, button)  # still under the button: a second press escalates it
-                run.notify("run_finished", RunState.INTERRUPTED, "interrupted: every rank was stopped")
                 raise
     except KeyboardInterrupt as exc:
         # IPython shows the lines _render_traceback_() returns instead of a traceback (an untyped hook)
@@ -371,7 +392,6 @@ def _run_and_bring_back(cell: CellRun, inputs: Inputs, result_prefix: str, start
         raise exc from None
     except BaseException as exc:
         manager.teardown(pool, grace=1.0, why=f"nbtrain failed: {reason(exc)}")
-        run.notify("run_finished", RunState.FAILED, f"nbtrain failed: {reason(exc)}")
         raise
     finally:
         cell.outcome.record(run.history)  # what was logged until here, however the run ends
@@ -386,7 +406,6 @@ def _run_and_bring_back(cell: CellRun, inputs: Inputs, result_prefix: str, start
         manager.sessions.record(config.session, pool, run.done, cell.namespace)
     if result.cold_start is not None:
         run.notify("cold_start", result.cold_start)
-    run.notify("run_finished", RunState.FINISHED, f"{count('rank', len(result.devices))} finished in {result.seconds:.1f} s")
     return result
 
 
@@ -411,7 +430,6 @@ def _failure(run: _Run) -> RankFailedError:
     error = RankFailedError(list(run.failures.values()), cell_filename=job.filename, cell_source=info.source,
                             line_offset=info.line_offset, code_name=run.cell.code_name, stopped=stopped,
                             whereabouts=where, notes=notes, device_type=pool.spec.device_type)
-    run.notify("run_finished", RunState.FAILED, error.failures[0].summary())
     return error
 
 
