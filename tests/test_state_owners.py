@@ -172,3 +172,64 @@ def test_no_caller_probes_a_rank_group_for_its_abilities():
                 if re.search(r"\b(pool|group)\b", subject.split(".")[-1]):
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
     assert not found, "capability probes on rank groups:\n" + "\n".join(found)
+
+
+LAUNCH = PACKAGE / "launch"
+# (file, expression) -> why reading another object's private attribute is the owner's own business there
+PRIVATE_READS = {
+    ("nbtrain/launch/lifecycle/entry.py", "exc.with_traceback(None)._render_traceback_"): "IPython's hook on an exception",
+    ("nbtrain/launch/lifecycle/run.py", "exc.with_traceback(None)._render_traceback_"): "IPython's hook on an exception",
+    ("nbtrain/launch/observers/events.py", "follower._shown_as"): "RunObserver's class-level name, declared in this module",
+    ("nbtrain/launch/observers/history.py", "other._data"): "History.copy() filling the History it just built",
+    ("nbtrain/launch/ranks/zygote.py", "zygote._popen"): "Zygote.start(), a classmethod building its own instance",
+    ("nbtrain/launch/ranks/zygote.py", "zygote._sock"): "Zygote.start(), a classmethod building its own instance",
+    ("nbtrain/launch/ranks/zygote.py", "zygote._env"): "Zygote.start(), a classmethod building its own instance",
+    ("nbtrain/launch/ranks/zygote.py", "zygote._baseline"): "Zygote.start(), a classmethod building its own instance",
+}
+
+
+def private_accesses(tree: ast.Module) -> list[tuple[int, str]]:
+    """``x._name`` (read or written) where ``x`` is not ``self`` or ``cls``; dunders are the language's own."""
+    return [(node.lineno, ast.unparse(node)) for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+            and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))]
+
+
+def test_no_module_in_launch_uses_another_objects_private_attributes():
+    found = []
+    for path in sorted(LAUNCH.rglob("*.py")):
+        rel = str(path.relative_to(ROOT))
+        found += [f"{rel}:{line}: {text}" for line, text in private_accesses(ast.parse(path.read_text(), rel))
+                  if (rel, text) not in PRIVATE_READS]
+    assert not found, ("these use another object's private attribute; give its class a method named for what "
+                       "it does (or list a reasoned exception in PRIVATE_READS):\n" + "\n".join(found))
+
+
+def test_the_private_scan_finds_a_watcher_calling_into_the_run():
+    tree = ast.parse("class Watch:\n    def tick(self, event):\n        self._seen = 1\n        self.run._handle(event)\n")
+    assert private_accesses(tree) == [(4, "self.run._handle")]
+
+
+def test_every_listed_private_access_is_still_in_the_code():
+    present = set()
+    for path in sorted(LAUNCH.rglob("*.py")):
+        rel = str(path.relative_to(ROOT))
+        present.update((rel, text) for _, text in private_accesses(ast.parse(path.read_text(), rel)))
+    stale = sorted(set(PRIVATE_READS) - present)
+    assert not stale, f"PRIVATE_READS lists accesses that are gone (remove them): {stale}"
+
+
+def test_the_runs_watchers_use_only_its_methods():
+    """Stopping, preemption and waiting ask the run (``_Run`` of run.py) through its methods: none of them reads
+    or writes the state it keeps (``run.failures``, ``run.pool``, ``run.relay``, …)."""
+    tree = ast.parse((LAUNCH / "lifecycle/run.py").read_text())
+    run_class = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "_Run")
+    state = {t.attr for node in ast.walk(run_class) for t in _targets(node)
+             if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
+    assert {"failures", "pool", "relay", "done"} <= state
+    found = []
+    for name in ("stopping.py", "preemption.py", "waiting.py"):
+        for node in ast.walk(ast.parse((LAUNCH / "lifecycle" / name).read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in state and ast.unparse(node.value) in ("run", "self.run"):
+                found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, "the run's state used outside run.py:\n" + "\n".join(found)

@@ -24,11 +24,10 @@ all the same: a restart resumes from the last checkpoint saved.
 
 from __future__ import annotations
 
-import signal
 import time
 
 from ...wire import protocol as P
-from ..diagnostics.failures import RankFailure
+from ..request.config import LaunchConfig
 
 _CLOUD_WORDS = {"AWS": "spot reclaim notice", "GCP": "preemption notice", "Azure": "eviction notice (Scheduled Events)"}
 
@@ -55,10 +54,11 @@ def notice_text(notice: P.PreemptNotice, label: str) -> str:
 
 class PreemptionWatch:
     """One run's notices (see the module docstring). ``run`` is the run's loop
-    (:class:`~nbtrain.launch.lifecycle.run._Run`): its pool, job, config, relay and failure bookkeeping."""
+    (:class:`~nbtrain.launch.lifecycle.run._Run`), asked through its methods (``say``, ``tell_every_rank``,
+    ``release_nodes``, ``fail_machine_stopping``); ``job_id`` and ``config`` are the cell's."""
 
-    def __init__(self, run) -> None:
-        self.run = run
+    def __init__(self, run, job_id: int, config: LaunchConfig) -> None:
+        self.run, self.job_id, self.config = run, job_id, config
         self.first: tuple[str, float] | None = None  # what the first notice said, and when it came (monotonic)
         self.nodes: list[str] = []  # the nodes noticed; they leave once the checkpoint is written
         self.local_rank: int | None = None  # one machine: the rank that got SIGTERM
@@ -69,11 +69,11 @@ class PreemptionWatch:
     def hear(self, rank: int, message) -> None:
         if isinstance(message, P.PreemptNotice):
             self._notice(rank, message)
-        elif isinstance(message, P.PreemptPropose) and message.job_id == self.run.job.job_id:
+        elif isinstance(message, P.PreemptPropose) and message.job_id == self.job_id:
             self._propose(message.step)
-        elif isinstance(message, P.PreemptHeard) and message.job_id == self.run.job.job_id:
+        elif isinstance(message, P.PreemptHeard) and message.job_id == self.job_id:
             self._heard(rank)
-        elif isinstance(message, P.PreemptSaved) and message.job_id == self.run.job.job_id and self.first:
+        elif isinstance(message, P.PreemptSaved) and message.job_id == self.job_id and self.first:
             elapsed = time.monotonic() - self.first[1]
             self._let_go(f"checkpoint at step {message.step} saved in {_seconds(message.seconds)} "
                          f"({_seconds(elapsed)} after the notice)", message.path)
@@ -88,36 +88,32 @@ class PreemptionWatch:
         self.first = (text, time.monotonic())
         if not notice.node:
             self.local_rank = rank
-        train = self.run.config.train
+        train = self.config.train
         if train.checkpoint_path is None:
             self.done = True  # nothing to wait for: the machine goes when it goes
             self._say(f"{text}; nothing can be saved: this cell has no --checkpoint. Run it with --checkpoint DIR "
                       "(and with --nodes MIN:MAX --max-restarts K, so the run goes on without the machine) to keep "
                       "its progress through a preemption.")
             return
-        grace = self.run.config.preemption_grace_s
+        grace = self.config.preemption_grace_s
         self._say(f"{text}; saving a checkpoint at the next step (within {grace:.0f} s, --preemption-grace)")
-        self._tell_every_rank(P.Preempt(self.run.job.job_id, grace))
+        self.run.tell_every_rank(P.Preempt(self.job_id, grace))
 
     def _propose(self, step: int) -> None:
         """A rank's proposal: the first one is the step of every rank (later ones are the same notice, heard again)."""
         if self.target is None:
             self.target = step
-            self._tell_every_rank(P.PreemptAt(self.run.job.job_id, step))
+            self.run.tell_every_rank(P.PreemptAt(self.job_id, step))
 
     def _heard(self, rank: int) -> None:
         self.heard.add(rank)
         if len(self.heard) == self.run.nprocs:
-            self._tell_every_rank(P.PreemptAgreed(self.run.job.job_id))
-
-    def _tell_every_rank(self, message) -> None:
-        for target in range(self.run.nprocs):
-            self.run.pool.send_to(target, message)
+            self.run.tell_every_rank(P.PreemptAgreed(self.job_id))
 
     def tick(self, now: float) -> None:
         """Called by the run's loop: past the grace with no checkpoint, the machine is let go all the same."""
-        if self.first is not None and not self.done and now - self.first[1] > self.run.config.preemption_grace_s:
-            self._let_go(f"no checkpoint within {self.run.config.preemption_grace_s:.0f} s (--preemption-grace): "
+        if self.first is not None and not self.done and now - self.first[1] > self.config.preemption_grace_s:
+            self._let_go(f"no checkpoint within {self.config.preemption_grace_s:.0f} s (--preemption-grace): "
                          "the ranks reached no step of a prepared DataLoader or optimizer", None)
 
     def finished(self) -> None:
@@ -128,8 +124,7 @@ class PreemptionWatch:
         if not self.nodes:  # notices from ranks on this machine name no node
             return self._say(f"{self.first[0]}; the cell ended before its next step")
         self._say(f"{self.first[0]}; the cell ended before its next step; {self._leaving()}")
-        for name in self.nodes:
-            self.run.pool.release_node(name, self.first[0])
+        self.run.release_nodes(self.nodes, self.first[0], cell_ended=True)
 
     def _let_go(self, saved: str, path: str | None) -> None:
         assert self.first is not None
@@ -138,20 +133,14 @@ class PreemptionWatch:
         if self.nodes:  # noticed nodes leave; the group re-forms without them
             account += self._resume_note(path)
             self._say(f"{account}; {self._leaving()}")
-            for name in self.nodes:
-                for event in self.run.pool.release_node(name, account):
-                    self.run._handle(event)
-            return
+            return self.run.release_nodes(self.nodes, account)
         rank = self.local_rank if self.local_rank is not None else 0
         resume = f"; run the cell again to resume from {path}" if path else ""
-        failure = RankFailure(rank, exit_code=-signal.SIGTERM, order=len(self.run.failures), machine_stopping=True,
-                              account=f"{account}; the ranks were stopped{resume}")
-        self.run.record_failure(failure)
-        self.run.pool.mark_broken()
+        self.run.fail_machine_stopping(rank, f"{account}; the ranks were stopped{resume}")
 
     def _resume_note(self, path: str | None) -> str:
         """Where no restart follows (no ``--max-restarts``, or none left): how to go on from the checkpoint."""
-        train = self.run.config.train
+        train = self.config.train
         return f"; run the cell again to resume from {path}" if path and train.restart >= train.max_restarts else ""
 
     def _leaving(self) -> str:
@@ -159,4 +148,4 @@ class PreemptionWatch:
         return f"{'nodes' if many else 'node'} {', '.join(self.nodes)} {'leave' if many else 'leaves'}"
 
     def _say(self, text: str) -> None:
-        self.run.relay.write_direct("stderr", f"nbtrain: {text}\n")
+        self.run.say(f"nbtrain: {text}\n")

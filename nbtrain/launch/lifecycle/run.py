@@ -28,6 +28,7 @@ Output goes through :class:`~nbtrain.launch.relay.output.OutputRelay`, which wri
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from dataclasses import replace
@@ -52,6 +53,7 @@ from ..request.cell import CELL_FILENAME, names_to_return
 from ..request.config import PoolSpec
 from ..request.notebook_modules import notebook_workdir
 from .cellrun import CellRun
+from .phase import RunPhase, checked_next
 from .preemption import PreemptionWatch
 from .sessions import SESSION_FAILURE_GRACE_S, ended_sentence, kept_sentence, stuck_sentence
 from .stopping import stop_button, stop_run
@@ -91,14 +93,13 @@ class _Run:
         self.failures: dict[int, RankFailure] = {}
         self.raised: set[int] = set()  # ranks whose failure is an exception they reported (they still serve)
         self.failure_grace = SESSION_FAILURE_GRACE_S if job.session else FAILURE_GRACE_S
-        self.first_failure_at: float | None = None
-        self.all_done_at: float | None = None
+        self.phase, self.phase_since = RunPhase.STARTING, time.monotonic()  # changed by _enter() alone
         self.start_deadline = time.monotonic() + cell.config.start_timeout_s
         self.nodes_told_at = 0.0
         self.nodes_told_states: tuple[str, ...] = ()
         self.waiting_told_at = 0.0  # a restart waiting for nodes: when it last said so
         self.mismatch = MismatchWatcher(pool, job.filename, cell.info.source, cell.info.line_offset)
-        self.preemption = PreemptionWatch(self)  # a machine about to go: a checkpoint first (.preemption)
+        self.preemption = PreemptionWatch(self, job.job_id, cell.config)  # a machine about to go: a checkpoint first
 
     @property
     def nprocs(self) -> int:
@@ -120,16 +121,18 @@ class _Run:
             now = time.monotonic()
             self._tell_nodes(now)
             self.preemption.tick(now)
-            if self.first_failure_at is not None:  # a rank failed
-                if now - self.first_failure_at >= self.failure_grace or len(self.failures) == self.nprocs:
-                    return
+            if self.phase is RunPhase.FAILING:
+                if now - self.phase_since >= self.failure_grace or len(self.failures) == self.nprocs:
+                    return self._enter(RunPhase.FAILED)
                 if self.job.session and len(self.done.keys() | self.raised) == self.nprocs:
-                    return  # every rank answered: the session survives the failure
+                    return self._enter(RunPhase.FAILED)  # every rank answered: the session survives the failure
             elif len(self.done) == self.nprocs:
-                self.all_done_at = self.all_done_at or now
-                if all(self.relay.ended(r, self.job.job_id) for r in range(self.nprocs)) or now - self.all_done_at > END_MARK_WAIT_S:
+                if self.phase is RunPhase.RUNNING:
+                    self._enter(RunPhase.FINISHING)
+                if all(self.relay.ended(r, self.job.job_id) for r in range(self.nprocs)) or now - self.phase_since > END_MARK_WAIT_S:
                     self.preemption.finished()
-                    return self.relay.flush()
+                    self.relay.flush()
+                    return self._enter(RunPhase.FINISHED)
             elif self.done and (mismatch := self.mismatch.check(set(self.done), now)) is not None:
                 self._fail(min(mismatch.waiting), mismatch.error(), diagnosis=mismatch.message())
             elif not self.pool.ready and now > self.start_deadline:
@@ -144,7 +147,6 @@ class _Run:
         for rank in self.pool.not_ready():
             self.failures.setdefault(rank, RankFailure(rank, starting=True, account=text, order=len(self.failures),
                                                        label=self.pool.rank_label(rank)))
-        self.first_failure_at = self.first_failure_at or time.monotonic()
         self.pool.mark_broken()
 
     def _tell_waiting(self, now: float) -> None:
@@ -157,7 +159,7 @@ class _Run:
 
     def _wait_s(self) -> float:
         """How long the loop may sleep when nothing arrives: long only when nothing is being timed."""
-        steady = self.sent and self.pool.ready and not self.done and self.first_failure_at is None
+        steady = self.phase is RunPhase.RUNNING and self.pool.ready and not self.done
         return STEADY_WAIT_S if steady else TIMED_WAIT_S
 
     def _send_job_when_connected(self) -> None:
@@ -165,7 +167,9 @@ class _Run:
             if self.nprocs == 1 != self.relay.nprocs:  # an elastic group formed with one rank: no labels
                 self._talk_to_ranks(1)
             self.pool.send_all(self.job)
-            self.sent = True
+            self.sent = True  # also after a failure in the start: the observers hear of the run all the same
+            if self.phase is RunPhase.STARTING:
+                self._enter(RunPhase.RUNNING)
             self.notify("run_started", self.info())
             if self.pool.ready:
                 self.notify("ranks_ready", self.info())
@@ -246,7 +250,50 @@ class _Run:
     def record_failure(self, failure: RankFailure) -> None:
         """A rank's failure (its first one counts); the run ends a moment after the first of all."""
         self.failures.setdefault(failure.rank, failure)
-        self.first_failure_at = self.first_failure_at or time.monotonic()
+        if self.phase in (RunPhase.STARTING, RunPhase.RUNNING, RunPhase.FINISHING):
+            self._enter(RunPhase.FAILING)  # later failures (and any once the run ended) are only recorded
+
+    def _enter(self, phase: RunPhase) -> None:
+        """The one place the run's phase changes (:mod:`.phase` says which changes are legal)."""
+        self.phase, self.phase_since = checked_next(self.phase, phase), time.monotonic()
+
+    # What the watchers of the run (.preemption, .stopping) ask of it: they change the run only through these.
+    def say(self, text: str) -> None:
+        """A line of nbtrain's own on the cell's stderr, after the ranks' output relayed so far."""
+        self.relay.write_direct("stderr", text)
+
+    def flush_output(self) -> None:
+        self.relay.flush()
+
+    def tell_every_rank(self, message) -> None:
+        for target in range(self.nprocs):
+            self.pool.send_to(target, message)
+
+    def fail_machine_stopping(self, rank: int, account: str) -> None:
+        """The machine of the ranks is going (a preemption on one machine): the run fails with ``account``."""
+        self.record_failure(RankFailure(rank, exit_code=-signal.SIGTERM, order=len(self.failures),
+                                        machine_stopping=True, account=account))
+        self.pool.mark_broken()
+
+    def release_nodes(self, names: list[str], account: str, cell_ended: bool = False) -> None:
+        """Let the nodes ``names`` go with ``account``; their ranks' exits fail the run unless the cell has ended."""
+        for name in names:
+            events = self.pool.release_node(name, account)
+            if not cell_ended:
+                for event in events:
+                    self._handle(event)
+
+    def cell_running(self) -> bool:
+        """Every rank joined and has the cell (a stop then interrupts it rather than the start-up)."""
+        return self.pool.ready and self.sent
+
+    def where_each_rank_is(self, wait: float) -> dict[int, str]:
+        info = self.cell.info
+        return whereabouts(self.pool, self.job.filename, info.source, info.line_offset, wait=wait)
+
+    def reported_ranks(self) -> set[int]:
+        """The ranks that finished the cell or failed."""
+        return set(self.done) | set(self.failures)
 
     def session_survives(self) -> bool:
         """A failed session cell leaves its ranks usable when each raised an exception or finished."""
@@ -305,6 +352,28 @@ def _run_and_bring_back(cell: CellRun, inputs: Inputs, result_prefix: str, start
         run.history = session.history.copy()
     if stale_note:
         run.relay.write_direct("stdout", stale_note)
+    ending = (RunState.FAILED, "nbtrain failed before the run ended")
+    try:  # run_finished is announced here alone, exactly once, however the run ends
+        result = _drive(run, session, sessions_here, started)
+        ending = (RunState.FINISHED, f"{count('rank', len(result.devices))} finished in {result.seconds:.1f} s")
+        return result
+    except RankFailedError as error:
+        ending = (RunState.FAILED, error.failures[0].summary())
+        raise
+    except KeyboardInterrupt:
+        ending = (RunState.INTERRUPTED, "interrupted: every rank was stopped")
+        raise
+    except BaseException as exc:
+        ending = (RunState.FAILED, f"nbtrain failed: {reason(exc)}")
+        raise
+    finally:
+        run.notify("run_finished", *ending)
+
+
+def _drive(run: _Run, session, sessions_here: list, started: float) -> RunResult:
+    """Start the pool unless it is warm, run the loop, and end the run: its results, or its failure raised."""
+    cell, pool, inputs, warm = run.cell, run.pool, run.inputs, run.warm
+    config, manager = cell.config, cell.manager
     try:
         with stop_button() as button:
             try:
@@ -313,8 +382,7 @@ def _run_and_bring_back(cell: CellRun, inputs: Inputs, result_prefix: str, start
                         run.relay.write_direct("stdout", why)
                 run.loop(button.requested)
             except KeyboardInterrupt:
-                stop_run(run, manager, info, button)  # still under the button: a second press escalates it
-                run.notify("run_finished", RunState.INTERRUPTED, "interrupted: every rank was stopped")
+                stop_run(run, pool, manager, button)  # still under the button: a second press escalates it
                 raise
     except KeyboardInterrupt as exc:
         # IPython shows the lines _render_traceback_() returns instead of a traceback (an untyped hook)
@@ -324,14 +392,13 @@ def _run_and_bring_back(cell: CellRun, inputs: Inputs, result_prefix: str, start
         raise exc from None
     except BaseException as exc:
         manager.teardown(pool, grace=1.0, why=f"nbtrain failed: {reason(exc)}")
-        run.notify("run_finished", RunState.FAILED, f"nbtrain failed: {reason(exc)}")
         raise
     finally:
         cell.outcome.record(run.history)  # what was logged until here, however the run ends
         inputs.arena.close()
     if session is not None:
         session.carry(run.history)
-    if run.failures:
+    if run.phase is RunPhase.FAILED:
         raise _failure(run)
     manager.release(healthy=True, keep_alive_s=config.keep_alive_s)
     result = _bring_back(run, time.monotonic() - started)
@@ -339,7 +406,6 @@ def _run_and_bring_back(cell: CellRun, inputs: Inputs, result_prefix: str, start
         manager.sessions.record(config.session, pool, run.done, cell.namespace)
     if result.cold_start is not None:
         run.notify("cold_start", result.cold_start)
-    run.notify("run_finished", RunState.FINISHED, f"{count('rank', len(result.devices))} finished in {result.seconds:.1f} s")
     return result
 
 
@@ -364,7 +430,6 @@ def _failure(run: _Run) -> RankFailedError:
     error = RankFailedError(list(run.failures.values()), cell_filename=job.filename, cell_source=info.source,
                             line_offset=info.line_offset, code_name=run.cell.code_name, stopped=stopped,
                             whereabouts=where, notes=notes, device_type=pool.spec.device_type)
-    run.notify("run_finished", RunState.FAILED, error.failures[0].summary())
     return error
 
 

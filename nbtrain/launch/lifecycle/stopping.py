@@ -31,8 +31,8 @@ import threading
 import time
 
 from ...wire import protocol as P
-from ..diagnostics.stacks import whereabouts
-from ..ranks.pool import Exited, Message, Output
+from ..ranks.pool import Exited, Message
+from ..ranks.rankgroup import RankGroup
 
 REPORT_WAIT_S = 0.7  # after the SIGINT, how long the ranks get to say they were interrupted
 TERM_GRACE_S = 0.6  # after SIGTERM, and again after SIGKILL
@@ -81,34 +81,29 @@ def stop_button():
         signal.signal(signal.SIGINT, previous)
 
 
-def stop_run(run, manager, info, button: StopButton) -> None:
-    """Say where each rank was, SIGINT each process once (if the cell runs), then escalate; within ~3 s."""
-    pool = run.pool
-    run.relay.flush()
-    started = pool.ready and run.sent
-    if started:
-        where = whereabouts(pool, run.job.filename, info.source, info.line_offset, wait=0.4)
+def stop_run(run, pool: RankGroup, manager, button: StopButton) -> None:
+    """Say where each rank was, SIGINT each process once (if the cell runs), then escalate; within ~3 s.
+    ``run`` is the run's loop (:class:`~nbtrain.launch.lifecycle.run._Run`), asked through its methods."""
+    run.flush_output()
+    if run.cell_running():
+        where = run.where_each_rank_is(wait=0.4)
         report = "".join(f"  rank {rank}: {line}\n" for rank, line in where.items())
-        run.relay.write_direct("stderr", "\nnbtrain: stopped by the user." +
-                               (f" Where each rank was:\n{report}" if report else "\n"))
+        run.say("\nnbtrain: stopped by the user." + (f" Where each rank was:\n{report}" if report else "\n"))
         if not button.escalated:
             pool.interrupt()
-            _await_reports(run, button)
+            _await_reports(run, pool, button)
     else:
-        run.relay.write_direct("stderr", "\nnbtrain: stopped by the user while the ranks were starting.\n")
+        run.say("\nnbtrain: stopped by the user while the ranks were starting.\n")
     manager.teardown(pool, grace=ESCALATED_GRACE_S if button.escalated else TERM_GRACE_S,
                      drain=lambda: run.drain(0.2, streams=("stdout",)))
 
 
-def _await_reports(run, button: StopButton) -> None:
+def _await_reports(run, pool: RankGroup, button: StopButton) -> None:
     """Until every rank said it was interrupted (or exited), :data:`REPORT_WAIT_S` passed, or stop is pressed again."""
-    pool, reported = run.pool, set(run.done) | set(run.failures)
+    reported = run.reported_ranks()
     deadline = time.monotonic() + REPORT_WAIT_S
     while time.monotonic() < deadline and not button.escalated and len(reported) < pool.world_size:
         for event in pool.poll_events(0.05):
-            if isinstance(event, Output) and event.stream == "stdout":
-                run.relay.feed(event.rank, event.stream, event.text)
-            elif isinstance(event, Message) and isinstance(event.message, P.Metrics):
-                run.history.add(event.rank, event.message.records)  # flushed by the interrupted cell: keep them
-            elif isinstance(event, Exited) or (isinstance(event, Message) and isinstance(event.message, (P.Failed, P.Done))):
+            run.take_late(event, streams=("stdout",))  # its stdout, and the metrics the interrupted cell flushed
+            if isinstance(event, Exited) or (isinstance(event, Message) and isinstance(event.message, (P.Failed, P.Done))):
                 reported.add(event.rank)
