@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import datetime
 import glob
+import json
 import os
 import pickle
 import re
@@ -235,6 +236,22 @@ def test_a_token_holder_whose_hello_is_a_pickle_is_dropped_unread(hub, tmp_path)
     assert _closed_by_peer(sock, 5)
     until(lambda: hub.refused == 1, 5, "the refusal")
     assert hub.nodes == [] and not os.path.exists(marker)
+
+
+@pytest.mark.parametrize("extra, joins", [({}, True), ({"slurm_job": "42"}, True), ({"slurm_job": 42}, False),
+                                           ({"role": "admin"}, False)])
+def test_a_hello_is_read_field_by_field_its_slurm_job_optional(hub, extra, joins):
+    """An older agent's hello (no ``slurm_job``) still joins; a field of the wrong type or an unknown one does not."""
+    sock = _authenticated(hub)
+    body = json.dumps({"host": "x", "pid": 1, "gpus": 0, "cpus": 1, "address": "", **extra}).encode()
+    sock.sendall(struct.pack("!I", len(body)) + body)
+    if joins:
+        until(lambda: len(hub.nodes) == 1, 5, "the node to join")
+        assert hub.nodes[0].hello.slurm_job == extra.get("slurm_job", "")
+    else:
+        assert _closed_by_peer(sock, 5)
+        until(lambda: hub.refused == 1, 5, "the refusal")
+        assert hub.nodes == []
 
 
 def _admitting() -> int:

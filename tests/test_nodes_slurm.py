@@ -285,6 +285,18 @@ def test_the_time_limit_s_warning_saves_a_checkpoint_and_the_cell_says_how_to_re
     assert f"resumed {notice.group(1)}" in kernel.run("print('resumed', resumed)")
 
 
+def test_a_released_job_s_agents_are_not_given_to_the_next_cell(slurm_cluster, kernel):  # noqa: F811
+    slurm = slurm_cluster
+    until(lambda: "no node" in kernel.run("%distributed_nodes"), 60, "an earlier job's agents to leave")
+    out = kernel.run(f"{BASE} --slurm --keep-alive 0\nx = world_size\n", timeout=180)
+    job = _job(out)
+    assert f"nbtrain: Slurm job {job} released (scancel)" in out, out
+    # at once, while Slurm is still ending the job: its agents are no longer offered to a cell
+    listing = kernel.run("%distributed_nodes")
+    assert "nbtrain: no node is joined now." in listing, listing
+    until(lambda: _queue_empty(slurm), 20, "the released job to leave the queue")
+
+
 def test_the_job_is_released_after_keep_alive_whether_the_cell_finished_or_was_stopped(slurm_cluster, kernel):  # noqa: F811
     slurm = slurm_cluster
     # a released job's agents leave as Slurm ends it: a cell started before they are gone would be given them

@@ -83,8 +83,13 @@ class Cluster:
         return self.slurm.kept(seconds)
 
     def release(self) -> str:
-        """The warm pool's keep-alive is over: the Slurm job goes (its agents leave on Slurm's SIGTERM)."""
-        return self.slurm.release()
+        """The warm pool's keep-alive is over: the Slurm job goes, and its agents at once — Slurm's SIGTERM reaches
+        them later, and meanwhile the next cell would be given nodes that are about to be killed."""
+        job = self.slurm.job_id
+        said = self.slurm.release()
+        if said and self._hub is not None:
+            self._hub.dismiss(lambda node: node.hello.slurm_job == job, f"Slurm job {job} was released")
+        return said
 
     def emulate(self, host: str, count: int, preemption_url: str = "") -> list[str]:
         """Listen on ``host`` (loopback) and start ``count`` node agents on this machine; their addresses."""

@@ -41,7 +41,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from ..launch.diagnostics.failures import RankFailure, rank_failure
 from ..launch.ranks.pool import Exited, Message, Output
@@ -70,6 +70,20 @@ def rank_span(ranks) -> str:
     return f"ranks {ranks[0]}–{ranks[-1]}" if contiguous else "ranks " + ", ".join(map(str, ranks))
 
 
+@dataclass
+class RemoteRank:
+    """One rank of the group, as its node reports it: the record that every per-rank question reads."""
+
+    node: NodeConn | None = None  # known once its node said RanksStarted
+    pid: int = 0  # on its node's machine
+    exit_code: int | None = None  # None while it runs
+    error: str | None = None  # its node's account of an exit (torch elastic's error file)
+    account: str | None = None  # why its node is gone (lost, let go, never started)
+
+    def exited(self) -> bool:
+        return self.exit_code is not None
+
+
 class NodePool(GroupState):
     """Ranks on ``spec.nodes`` joined nodes, a :class:`~nbtrain.launch.ranks.rankgroup.RankGroup` (see the module
     docstring)."""
@@ -84,11 +98,7 @@ class NodePool(GroupState):
         self.slurm = slurm if spec.slurm is not None else None  # with --slurm: the job that runs the agents (the Cluster's)
         self._say = say or (lambda text: print(text, flush=True))
         self.nodes: list[NodeConn] = []
-        self._rank_node: dict[int, NodeConn] = {}
-        self._pids: dict[int, int] = {}
-        self._exited: dict[int, int] = {}
-        self._errors: dict[int, str] = {}  # rank -> its node's account (error file, lost node)
-        self._lost_account: dict[int, str] = {}  # rank -> why its node is gone
+        self._ranks: dict[int, RemoteRank] = {}  # rank -> what its node said of it
         self._pending: list[N.Deliver] = []  # to the ranks, once the nodes run them
         self._stopped: set[str] = set()  # nodes whose ranks have all ended
         self._lost: set[str] = set()
@@ -187,25 +197,26 @@ class NodePool(GroupState):
 
     # --------------------------------------------------------------------------------- state
     def alive(self) -> bool:
-        return (self.ready and not self.broken and not self._exited and not self._lost
+        return (self.ready and not self.broken and not any(r.exited() for r in self._ranks.values()) and not self._lost
                 and all(not n.lost() for n in self.nodes))
 
     def pids(self) -> list[int]:
         """Each rank's pid where it means something here: ranks on another machine are 0 (the dashboard's
         per-process telemetry must not read an unrelated local process)."""
         here = socket.gethostname()
-        return [self._pids.get(rank, 0) if (node := self._rank_node.get(rank)) is not None and node.hello.host == here
+        return [r.pid if (r := self._ranks.get(rank)) is not None and r.node is not None and r.node.hello.host == here
                 else 0 for rank in range(self.world_size)]
 
     def rank_label(self, rank: int) -> str:
-        node = self._rank_node.get(rank)
+        node = self._known(rank).node
         return f"node {node.name} rank {rank}" if node is not None else f"rank {rank}"
 
     def failure(self, rank: int, cause: P.RemoteError | int, output_tail=(), diagnosis: str | None = None) -> RankFailure:
         """As on one machine, named by its node, with the node's account of an exit (its error file, a loss)."""
-        recorded = None if isinstance(cause, P.RemoteError) else self._errors.get(rank)
+        record = self._known(rank)
+        recorded = None if isinstance(cause, P.RemoteError) else record.error
         return rank_failure(rank, cause, output_tail, starting=rank not in self.devices, error_file_message=recorded,
-                            diagnosis=diagnosis, label=self.rank_label(rank), account=self._lost_account.get(rank))
+                            diagnosis=diagnosis, label=self.rank_label(rank), account=record.account)
 
     def spawn_reason(self) -> str:
         return ""  # the agents start the ranks: the kernel's zygote forks none
@@ -217,9 +228,9 @@ class NodePool(GroupState):
         """Live ranks' Python stacks, dumped on their nodes (SIGUSR1, faulthandler) and sent back within ``wait``
         (plus the network's time); what else arrives meanwhile is kept for the next :meth:`poll_events`."""
         asked: dict[str, tuple[NodeConn, list[int]]] = {}
-        for rank, node in self._rank_node.items():
-            if (ranks is None or rank in ranks) and rank not in self._exited and node.name not in self._lost:
-                asked.setdefault(node.name, (node, []))[1].append(rank)
+        for rank, r in self._ranks.items():
+            if r.node is not None and (ranks is None or rank in ranks) and not r.exited() and r.node.name not in self._lost:
+                asked.setdefault(r.node.name, (r.node, []))[1].append(rank)
         for node, wanted in asked.values():
             node.link.send(N.DumpStacks(tuple(wanted), wait))
         self._awaiting_stacks, self._stacks = set(asked), {}
@@ -247,7 +258,7 @@ class NodePool(GroupState):
             node.link.send(deliver)
 
     def send_to(self, rank: int, message) -> None:
-        node = self._rank_node.get(rank)
+        node = self._known(rank).node
         if node is not None:
             node.link.send(N.ToRank(rank, pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)))
 
@@ -276,9 +287,7 @@ class NodePool(GroupState):
             first = self.spec.hosts.index(host) * self.spec.nproc_per_node
             text = f"the node on {host} could not be started over ssh: {why}"
             self._say(f"nbtrain: {text}")
-            for rank in range(first, first + self.spec.nproc_per_node):
-                self._exited[rank], self._lost_account[rank] = 255, text
-                events.append(Exited(rank, 255))
+            events.extend(self._end(rank, 255, text) for rank in range(first, first + self.spec.nproc_per_node))
         return events
 
     def _slurm_events(self) -> list:
@@ -294,12 +303,8 @@ class NodePool(GroupState):
         if not why:
             return []
         self._say(f"nbtrain: {why}")
-        events: list = []
-        for rank in range(self.world_size):
-            if rank not in self._exited:
-                self._exited[rank], self._lost_account[rank] = 1, f"the node agents' {why}"
-                events.append(Exited(rank, 1))
-        return events
+        return [self._end(rank, 1, f"the node agents' {why}") for rank in range(self.world_size)
+                if not self._rank(rank).exited()]
 
     def _collect(self) -> list:
         events: list = []
@@ -323,15 +328,17 @@ class NodePool(GroupState):
             return [Message(first, P.PreemptNotice(first, message.source, message.noticed_at, message.ends_at,
                                                    node.name))]
         if isinstance(message, N.RankExited):
-            self._exited[message.rank] = message.code
+            record = self._rank(message.rank)
+            record.exit_code = message.code
             if message.error:
-                self._errors[message.rank] = message.error
+                record.error = message.error
             if message.code == -signal.SIGTERM:
                 self._account_slurm_end(node, message.rank)
             return [Exited(message.rank, message.code)]
         if isinstance(message, N.RanksStarted):
             for rank, (_local, pid) in message.ranks.items():
-                self._rank_node[rank], self._pids[rank] = node, pid
+                record = self._rank(rank)
+                record.node, record.pid = node, pid
         elif isinstance(message, N.RanksStopped) and message.run_id in ("", self.run_id):  # not a late one of an earlier pool
             self._stopped.add(node.name)
             self.hub.mark_idle(node)
@@ -354,17 +361,17 @@ class NodePool(GroupState):
     def _account_slurm_end(self, node: NodeConn, rank: int) -> None:
         """A rank SIGTERMed from outside while its Slurm job ends (someone's ``scancel``: Slurm signals every process
         of the job) is its node lost, in Slurm's words — whether its agent was killed first or not."""
-        if self.slurm is None or self.broken or rank in self._lost_account:
+        if self.slurm is None or self.broken or self._rank(rank).account is not None:
             return  # no job; the pool's own stop; or its account is known (a preempted node let go)
         why = self.slurm.end_reason()
         if why:
-            self._lost_account[rank] = f"node {node.name} ({rank_span(self._node_ranks(node))}) lost: {why}"
+            self._rank(rank).account = f"node {node.name} ({rank_span(self._node_ranks(node))}) lost: {why}"
 
     def node_infos(self) -> tuple:
         return tuple(node.info(self._node_ranks(node), node.name in self._lost or node.lost()) for node in self.nodes)
 
     def _node_ranks(self, node: NodeConn) -> list[int]:
-        ranks = [rank for rank, n in self._rank_node.items() if n is node]
+        ranks = [rank for rank, r in self._ranks.items() if r.node is node]
         if not ranks:  # before the rendezvous told us: the ranks it would have had, in join order
             first = self.nodes.index(node) * self.spec.nproc_per_node
             ranks = list(range(first, first + self.spec.nproc_per_node))
@@ -373,11 +380,23 @@ class NodePool(GroupState):
     def _node_failed(self, node: NodeConn, text: str, code: int) -> list:
         events = []
         for rank in self._node_ranks(node):
-            if rank not in self._exited:
-                self._exited[rank] = code
-                self._lost_account[rank] = text
-                events.append(Exited(rank, code))
+            if not self._rank(rank).exited():
+                events.append(self._end(rank, code, text))
         return events
+
+    def _rank(self, rank: int) -> RemoteRank:
+        """``rank``'s record, made on first mention (a rank may be failed before its node reported it)."""
+        return self._ranks.setdefault(rank, RemoteRank())
+
+    def _known(self, rank: int) -> RemoteRank:
+        """What is known of ``rank`` (nothing yet: an empty record), without recording it."""
+        return self._ranks.get(rank) or RemoteRank()
+
+    def _end(self, rank: int, code: int, account: str) -> Exited:
+        """``rank`` ended with ``code`` for a reason its node could not tell (lost, never started)."""
+        record = self._rank(rank)
+        record.exit_code, record.account = code, account
+        return Exited(rank, code)
 
     def release_node(self, name: str, account: str) -> list:
         """A preempted node whose checkpoint is written (or whose grace ran out): its agent leaves now, its ranks

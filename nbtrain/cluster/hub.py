@@ -35,6 +35,7 @@ import socket
 import string
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..gpu import jsonfields as J
@@ -178,6 +179,15 @@ class Hub:
 
     def mark_leaving(self, node: NodeConn) -> None:
         node.state = NodeState.LEAVING
+
+    def dismiss(self, which: Callable[[NodeConn], bool], reason: str) -> None:
+        """The nodes ``which`` picks leave now (their agents exit on the Bye) and are offered to no cell again."""
+        with self._lock:
+            gone = [n for n in self.nodes if which(n)]
+            self.nodes = [n for n in self.nodes if n not in gone]
+        for node in gone:
+            node.link.send(N.Bye(reason))
+            node.link.close()
 
     def live_nodes(self) -> list[NodeConn]:
         with self._lock:

@@ -111,7 +111,8 @@ def join(args: argparse.Namespace, text: str, notices: Notices) -> tuple[Link, s
     host, _, port = args.join.rpartition(":")
     if (host.strip("[]"), port) != (token.host, str(token.port)):
         raise LinkError(f"--join {args.join} is not the address in the token ({token.host}:{token.port})")
-    hello = N.NodeHello(socket.gethostname(), os.getpid(), _gpu_count(), os.cpu_count() or 1, args.address or "")
+    hello = N.NodeHello(socket.gethostname(), os.getpid(), _gpu_count(), os.cpu_count() or 1, args.address or "",
+                        os.environ.get("SLURM_JOB_ID", ""))
     by_timeout = time.monotonic() + args.start_timeout
     by_expiry = time.monotonic() + token.expires - time.time()
     pause, told = RETRY_FIRST_S, False

@@ -50,7 +50,8 @@ TOKEN_PREFIX = "nbt1."
 TOKEN_ENV = "NBTRAIN_JOIN_TOKEN"  # where a node agent may find the token (never its argv)
 _NONCE = 32
 _MAX_HELLO = 4096
-_HELLO_FIELDS = {"host": str, "pid": int, "gpus": int, "cpus": int, "address": str}
+_HELLO_FIELDS = {"host": str, "pid": int, "gpus": int, "cpus": int, "address": str, "slurm_job": str}
+_HELLO_OPTIONAL = {"slurm_job"}  # an older agent's hello reads without them
 HUB_READY = b"NBT+"  # the kernel's greeting, before TLS: go on
 HUB_BUSY = b"NBT-"  # too many admissions at once (from this address, or in all): try again shortly
 _MAX_FRAME = 1 << 34  # 16 GiB: a notebook's inputs, never a length an attacker chose (we are past the HMAC)
@@ -178,10 +179,10 @@ def read_hello(sock) -> NodeHello:
     if length > _MAX_HELLO:
         raise ValueError(f"a node's hello of {length} bytes (at most {_MAX_HELLO})")
     fields = json.loads(_recv_exact(sock, length))
-    if not isinstance(fields, dict) or set(fields) != set(_HELLO_FIELDS):
+    if not isinstance(fields, dict) or not set(_HELLO_FIELDS) - _HELLO_OPTIONAL <= set(fields) <= set(_HELLO_FIELDS):
         raise ValueError("a node's hello without the expected fields")
-    for name, kind in _HELLO_FIELDS.items():
-        value = fields[name]
+    for name, value in fields.items():
+        kind = _HELLO_FIELDS[name]
         fits = (isinstance(value, str) and len(value) <= 255) if kind is str else \
             (type(value) is int and 0 <= value < 2**32)
         if not fits:

@@ -38,6 +38,7 @@ class NodeHello:
     gpus: int
     cpus: int
     address: str = ""  # the address the node reached the kernel from
+    slurm_job: str = ""  # the Slurm job the agent runs in (its SLURM_JOB_ID): released with it
 
 
 @dataclass(frozen=True)
