@@ -145,8 +145,8 @@ class _Run:
         (:mod:`.waiting`); those that had joined are stopped."""
         text = start_timeout_account(self.pool, self.config.start_timeout_s, self.config.train.restart)
         for rank in self.pool.not_ready():
-            self.failures.setdefault(rank, RankFailure(rank, starting=True, account=text, order=len(self.failures),
-                                                       label=self.pool.rank_label(rank)))
+            self.record_failure(RankFailure(rank, starting=True, account=text, order=len(self.failures),
+                                            label=self.pool.rank_label(rank)))  # the run is failing from here
         self.pool.mark_broken()
 
     def _tell_waiting(self, now: float) -> None:
