@@ -79,8 +79,8 @@ def test_dashboard_sees_both_ranks_metrics_and_their_processes(monkeypatch):
         assert max(u.rss or 0 for s in followed for u in s.ranks if u.rank == rank) > 50 * 2**20
     # the chart got the points, then the widget left a picture and a paragraph; the threads are gone
     assert widget.front.chart.sent >= 1 and widget.front.chart.feed.bases >= 1
-    live, figure, summary = shown
-    assert live is widget.front.widget
+    live, latest, figure, summary = shown  # the widget and its latest state in words, then the picture and summary
+    assert live is widget.front.widget and "2 ranks on gloo on cpu" in latest.text
     assert "image/png" in figure._repr_mimebundle_()
     assert "2 ranks on gloo on cpu finished" in summary.text and "step 30 of 30" in summary.text
     assert not widget.sampler.running and not widget.ticker.running and not text.ticker.running
@@ -159,7 +159,7 @@ def test_the_live_chart_draws_the_last_points_before_the_picture_replaces_it(mon
     monkeypatch.setattr("IPython.display.display", display)
     observer = DashboardObserver(lambda model: board.append(RunDashboard(model)) or board[0], interval=0.25)
     run_source(BURST, LaunchRequest(nprocs=2, cpu=True), {}, observers=[observer])
-    (_, _), (figure, last_drawn), _ = shown
+    (_, _), _, (figure, last_drawn), _ = shown
     assert "image/png" in figure._repr_mimebundle_()
     assert observer.model.store.rank_step(0) == 159
     assert last_drawn == 159, f"the live chart stopped at step {last_drawn} when the picture replaced it"

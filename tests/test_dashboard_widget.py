@@ -138,6 +138,50 @@ def test_finish_leaves_a_png_and_a_paragraph(monkeypatch):
     assert board.widget.comm is None, "the live widgets are closed once the picture replaced them"
 
 
+class Handle:
+    """What ``display(..., display_id=True)`` returns: each ``update`` replaces that output."""
+
+    def __init__(self, outputs: list, index: int) -> None:
+        self.outputs, self.index = outputs, index
+
+    def update(self, obj, **kw) -> None:
+        self.outputs[self.index] = obj
+
+
+def test_the_latest_state_in_words_follows_the_run_under_the_widget_and_the_summary_takes_its_place(monkeypatch):
+    """The output under the live widget (what a notebook saved mid-run shows where the widget cannot be drawn)
+    names the step, the logged series and the load from the start, is refreshed by the ticker every few seconds,
+    shows a metric named like a tag as text, and becomes the summary when the run ends."""
+    mistune = pytest.importorskip("mistune")
+    from nbtrain.dashboard import snapshot
+
+    outputs: list = []
+    monkeypatch.setattr("IPython.display.display",
+                        lambda obj, display_id=None, **kw: outputs.append(obj) or Handle(outputs, len(outputs) - 1))
+    model = run_model(cpu_snapshot())
+    board = RunDashboard(model)
+    board.show()
+    live, latest = outputs
+    assert live is board.widget and "nbtrain-live" in board.widget._dom_classes
+    assert "step 100 of 1000" in latest.text and "loss 2 → 0.02" in latest.text and "Last seen at" in latest.text
+    bundle = latest._repr_mimebundle_()
+    assert bundle["text/plain"] == latest.text and bundle["text/markdown"].startswith(snapshot.MARK)
+    for s in range(100, 120):
+        model.add_metrics(0, [(s, 105.0 + s / 20, {"loss": 0.01, "<img src=x onerror=alert(1)>": 1.0})])
+    board.tick()
+    assert outputs[1] is latest, "refreshed a few times a minute, not at every tick"
+    monkeypatch.setattr(board, "_snapshot_at", 0.0)  # its time has come
+    board.tick()
+    assert "step 120 of 1000" in outputs[1].text
+    shown = mistune.html(outputs[1]._repr_mimebundle_()["text/markdown"])
+    assert "&lt;img src=x onerror=alert(1)&gt;" in shown and "<img" not in shown
+    model.finish(RunState.FINISHED, "2 ranks finished")
+    board.finish()
+    assert len(outputs) == 2, "the picture and the summary take the two outputs' places"
+    assert "image/png" in outputs[0]._repr_mimebundle_()
+    assert "finished" in outputs[1].text and snapshot.MARK not in outputs[1]._repr_mimebundle_()["text/markdown"]
+
+
 def test_gpu_monitor_lives_and_stops():
     monitor = GpuMonitor(interval=0.25, duration=0).start()
     try:
@@ -269,10 +313,10 @@ def test_a_live_dashboard_shown_again_resends_every_widget_then_its_output_and_n
     assert ids.index(board.chart.widget.model_id) < ids.index(board.widget.model_id), "children first"
     chart_state = dict(opened)[board.chart.widget.model_id]
     assert chart_state["chart_style"] and chart_state["_esm"], "the chart's whole state, its code included"
-    assert shown == [board.widget, board.widget], "the dashboard's output, shown again"
+    assert shown[0] is board.widget and shown[2:] == [board.widget], "the dashboard's output, shown again"
     model.finish(RunState.FINISHED, "2 ranks finished")
     board.finish()
     opened.clear()
     assert reopen.show_again() == 0, "an ended run is no longer listed"
     board.show_again()  # a request that was under way when the run ended
-    assert opened == [] and len(shown) == 4 and shown[-1] is not board.widget, "the picture stays"
+    assert opened == [] and len(shown) == 5 and shown[-1] is not board.widget, "the picture stays"

@@ -87,6 +87,11 @@ def markdown_literal(plain: str) -> str:
     return html.escape(_MARKDOWN_SPECIAL.sub(r"\\\1", one_line), quote=False)
 
 
+def markdown_lines(plain: str) -> str:
+    """Markdown that renders as ``plain``'s lines, each literally (:func:`markdown_literal`), each on a line of its own."""
+    return "  \n".join(markdown_literal(line) for line in plain.splitlines())  # two spaces: a line break
+
+
 def plot_literal(plain: str) -> str:
     """``plain`` as matplotlib draws it literally: ``$`` escaped (not math), a leading ``_`` kept visible."""
     escaped = plain.replace("$", r"\$")

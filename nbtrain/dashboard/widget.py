@@ -12,9 +12,11 @@ samples arrived (at most twice a second, only the new points) — and
 each change is one comm message with just the new value. Nothing is cleared and redrawn in the kernel,
 so nothing flickers and the kernel draws nothing while the cell runs.
 
-At the end, :meth:`RunDashboard.finish` replaces the widget's output, in place (``update_display``),
-with the static figure of :mod:`~nbtrain.dashboard.final`, and adds the text summary below it: a saved
-notebook then holds a picture, not a widget that needs a live kernel. Each of these outputs names its
+Under the widget, from the start, a second output holds the run's latest state in words, refreshed a few times a
+minute and hidden while the widget is live (:mod:`~nbtrain.dashboard.snapshot`): a notebook saved during the run
+shows it where the widget cannot be drawn. At the end, :meth:`RunDashboard.finish` replaces the widget's output, in
+place (``update_display``), with the static figure of :mod:`~nbtrain.dashboard.final`, and the snapshot with the
+text summary: a saved notebook then holds a picture, not a widget that needs a live kernel. Each of these outputs names its
 cell and its role in its metadata, and a live dashboard can be shown again to a page that connected during
 the run (a reloaded page): see :mod:`~nbtrain.dashboard.reopen`.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import threading
+import time
 
 from ..launch.observers.events import RunState
 from ..words import count
@@ -33,7 +36,9 @@ from .final import final_png, summary_paragraph
 from .model import RunModel
 from .run_view import RunPanel
 from .series import DEFAULT_SMOOTHING
-from .text import markdown_literal
+from .snapshot import EVERY_S as SNAPSHOT_EVERY_S
+from .snapshot import LIVE_CLASS, Snapshot, snapshot_text
+from .text import markdown_lines
 
 DEFAULT_COMPARE = 3  # earlier runs drawn beside a run (nbtrain.dashboard.configure(compare=N))
 
@@ -55,8 +60,7 @@ class Summary:
         self.text = text
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        lines = "  \n".join(markdown_literal(line) for line in self.text.splitlines())  # a line break in each
-        return {"text/markdown": lines, "text/plain": self.text}
+        return {"text/markdown": markdown_lines(self.text), "text/plain": self.text}
 
 
 class RunDashboard:
@@ -71,7 +75,10 @@ class RunDashboard:
         self.chart = ChartPanel(model.store, smoothing, model.telemetry, self.earlier)
         self.panels = (self.run_panel, self.devices, self.chart)  # each: .widget and .update(model)
         self.widget = W.VBox([panel.widget for panel in self.panels])
+        self.widget.add_class(LIVE_CLASS)  # while it is drawn, the extension hides the snapshot below it
         self.handle = None
+        self.snapshot = None  # the output under the widget with the latest state in words (dashboard/snapshot.py)
+        self._snapshot_at = 0.0  # when the ticker next refreshes it
         self.cell: reopen.CellRun | None = None  # the cell's execution, as the front end sent it
         # show_again runs on a kernel subshell's thread: it never shows the live widget after the final picture.
         self._showing = threading.Lock()
@@ -82,6 +89,9 @@ class RunDashboard:
 
         self.cell = reopen.current_cell()
         self.handle = display(self.widget, display_id=True, metadata=reopen.output_metadata(self.cell, "dashboard"))
+        self.snapshot = display(Snapshot(snapshot_text(self.model)), display_id=True,
+                                metadata=reopen.output_metadata(self.cell, "summary"))
+        self._snapshot_at = time.monotonic() + SNAPSHOT_EVERY_S
         reopen.register(id(self), self.show_again)
         kernel_status.follow(id(self))
 
@@ -98,6 +108,10 @@ class RunDashboard:
     def tick(self) -> None:
         for panel in self.panels:
             panel.update(self.model)
+        if self.snapshot is not None and time.monotonic() >= self._snapshot_at:
+            self._snapshot_at = time.monotonic() + SNAPSHOT_EVERY_S
+            self.snapshot.update(Snapshot(snapshot_text(self.model)),
+                                 metadata=reopen.output_metadata(self.cell, "summary"))
 
     def finish(self) -> None:
         """Draw the last state, then leave a PNG and a paragraph in the cell's output."""
@@ -120,7 +134,11 @@ class RunDashboard:
             self.handle.update(figure, metadata=reopen.output_metadata(self.cell, "dashboard"))
         else:
             display(figure, metadata=reopen.output_metadata(self.cell, "dashboard"))
-        display(Summary(paragraph), metadata=reopen.output_metadata(self.cell, "summary"))
+        summary_metadata = reopen.output_metadata(self.cell, "summary")
+        if self.snapshot is not None:
+            self.snapshot.update(Summary(paragraph), metadata=summary_metadata)  # in the snapshot's place
+        else:
+            display(Summary(paragraph), metadata=summary_metadata)
         close_tree(self.widget)  # the page shows the picture now; free the widgets' comms in the kernel too
 
 
