@@ -83,7 +83,8 @@ def test_a_long_run_keeps_the_kernel_side_bounded():
 
 def test_the_final_picture_draws_the_load_as_the_live_panels_do():
     """Same units (the machine's CPU in % of one core), titles, order, colours and dashes in the live load panels
-    and the final figure; both of its panels have a legend; a rank's line covered by another stays visible."""
+    and the final figure; one legend under both panels names each device; a rank's line covered by another stays
+    visible."""
     from nbtrain.dashboard.final import final_figure
     from nbtrain.dashboard.metric_store import MetricStore
 
@@ -98,11 +99,11 @@ def test_the_final_picture_draws_the_load_as_the_live_panels_do():
     assert (busy_ax.get_title(), memory_ax.get_title()) == tuple(live["titles"]) == CPU_TITLES
     memory_names = [live["memory_labels"].get(device, device) for device in live["devices"]]
     assert memory_names == ["rank 0", "rank 1", "RAM (machine)"], "the machine's line in the RAM panel is its RAM"
+    legend, = figure.legends
+    assert [text.get_text() for text in legend.get_texts()] == ["rank 0", "rank 1", "machine (CPU, RAM)"]
     for ax, column, names in ((busy_ax, "busy", live["devices"]), (memory_ax, "memory", memory_names)):
-        assert ax.get_legend() is not None, f"the {column} panel has a legend"
         lines = ax.get_lines()
         assert [line.get_label() for line in lines] == names, "the same devices, in the same order"
-        assert [text.get_text() for text in ax.get_legend().get_texts()] == names
         for line, device in zip(lines, live["devices"], strict=True):
             style = live["styles"][device]
             assert matplotlib_colors.to_hex(line.get_color()) == style["color"]
@@ -131,3 +132,25 @@ def test_the_live_chart_and_the_final_figure_draw_the_logged_series_with_one_sty
     raw = [line for line in ax.get_lines() if line.get_label().startswith("_")]
     assert len(raw) == 1, "loss (50 points) is smoothed over its raw line; val_loss (5 points) is not, live or here"
     assert style["smooth_min_points"] == 10 and style["smooth_dense_share"] == 0.25
+
+
+def test_no_legend_of_the_final_picture_covers_a_plot():
+    """The legends sit outside every panel's plot area: the series' beside their panel, the devices' under the
+    load panels (inside a load panel, a legend of every device covered its lines)."""
+    from nbtrain.dashboard.final import final_figure
+    from nbtrain.dashboard.metric_store import MetricStore
+
+    telemetry = TelemetrySeries()
+    for t in range(20):
+        telemetry.add(cpu_sample(float(t)))
+    store = MetricStore()
+    store.add(0, [(s, float(s), {"loss": 1.0 / (s + 1), "val_loss": 1.5 / (s + 1), "accuracy": s / 60}) for s in range(60)])
+    figure = final_figure(store, telemetry, "run")
+    figure.canvas.draw()
+    legends = [*figure.legends, *(sub for subfigure in figure.subfigs for sub in subfigure.legends),
+               *(ax.get_legend() for ax in figure.axes if ax.get_legend() is not None)]
+    assert len(legends) == 2, "the loss panel's legend and the devices' legend"
+    for legend in legends:
+        box = legend.get_window_extent()
+        for ax in figure.axes:
+            assert not box.overlaps(ax.get_window_extent()), f"a legend covers the plot of {ax.get_title()!r}"

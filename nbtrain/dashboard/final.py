@@ -20,7 +20,7 @@ from .progress import Progress
 from .series import DEFAULT_SMOOTHING
 from .telemetry_series import MACHINE, DeviceKind, TelemetrySeries
 
-WIDTH_IN, ROW_HEIGHT_IN, DPI = 10.0, 2.6, 90
+WIDTH_IN, ROW_HEIGHT_IN, DPI = 7.0, 2.6, 90  # 630 px wide: the picture is shown scaled down less in a narrow notebook
 NO_LINE = "the run ended after one sample of it"
 
 

@@ -26,7 +26,8 @@ from .text import plot_literal
 VALIDATION_WORDS = ("val", "valid", "validation", "eval", "test")
 TRAINING_WORDS = ("train", "training")
 MAX_PANELS = 6
-LEGEND_LABEL_CHARS = 30  # a legend label's line: the legend beside a panel takes no more of its width
+LEGEND_LABEL_CHARS = 18  # a legend label's line: the legend beside a panel takes no more of its width
+MACHINE_BOTH = "machine (CPU, RAM)"  # the machine's line in the load panels' one legend
 PIXEL_PT = 0.75  # the theme's widths are the browser's pixels; matplotlib's are points (1 px = 0.75 pt)
 
 
@@ -168,5 +169,15 @@ def draw_timelines(ax_busy, ax_memory, timelines: dict, styles: dict, titles: tu
         ax.tick_params(labelsize=theme.TICK_SIZE)
         ax.grid(alpha=theme.GRID_ALPHA)
         ax.set_ylim(bottom=0, top=max(100, ax.get_ylim()[1]))  # as the live panels: 0 to at least 100
-        if timelines:
-            ax.legend(fontsize=theme.SMALL_LEGEND_SIZE, loc="best")
+    if timelines:
+        _devices_legend_below(ax_busy, [key for key in timelines])
+
+
+def _devices_legend_below(ax_busy, keys: list) -> None:
+    """One legend for both load panels, under them: a device is drawn alike in both, and inside a panel (``best``)
+    a legend of every device covered its lines. The machine's line is its CPU in one panel and its RAM in the
+    other: here it is named for both."""
+    handles = ax_busy.get_lines()[:len(keys)]
+    labels = [key.label if key.label == key.memory_label else MACHINE_BOTH for key in keys]
+    ax_busy.get_figure(root=False).legend(handles, labels, loc="outside lower center", ncols=min(len(keys), 4),
+                                          fontsize=theme.LEGEND_SIZE, frameon=False)

@@ -75,13 +75,14 @@ def swatch(rank: int) -> str:
 
 
 # ------------------------------------------------------------------------------------------ matplotlib
-SUPTITLE_SIZE = 11
-TITLE_SIZE = 10
-TICK_SIZE = 8
-LABEL_SIZE = 8
-LEGEND_SIZE = 8
-SMALL_LEGEND_SIZE = 7  # the timelines' legend, which lists every device
-FOOTNOTE_SIZE = 7
+# Points at the final figure's 90 DPI (1 pt = 1.25 px): its PNG is 630 px wide, shown at that width or scaled down to
+# the notebook's; in a 600 px wide notebook (about 480 px for the picture) 10.5 pt still reads as 10 px.
+SUPTITLE_SIZE = 12
+TITLE_SIZE = 11
+TICK_SIZE = 10.5
+LABEL_SIZE = 10.5
+LEGEND_SIZE = 10.5
+FOOTNOTE_SIZE = 10.5
 GRID_ALPHA = 0.3
 # Line widths in the browser's pixels (the final figure converts them to points).
 RAW_ALPHA, RAW_WIDTH = 0.3, 1.0  # the unsmoothed values, drawn light under the smoothed curve
