@@ -170,7 +170,7 @@ def draw_timelines(ax_busy, ax_memory, timelines: dict, styles: dict, titles: tu
         ax.grid(alpha=theme.GRID_ALPHA)
         ax.set_ylim(bottom=0, top=max(100, ax.get_ylim()[1]))  # as the live panels: 0 to at least 100
     if timelines:
-        _devices_legend_below(ax_busy, [key for key in timelines])
+        _devices_legend_below(ax_busy, list(timelines))
 
 
 def _devices_legend_below(ax_busy, keys: list) -> None:

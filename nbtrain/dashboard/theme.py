@@ -76,7 +76,8 @@ def swatch(rank: int) -> str:
 
 # ------------------------------------------------------------------------------------------ matplotlib
 # Points at the final figure's 90 DPI (1 pt = 1.25 px): its PNG is 630 px wide, shown at that width or scaled down to
-# the notebook's; in a 600 px wide notebook (about 480 px for the picture) 10.5 pt still reads as 10 px.
+# the notebook's: a 600 px wide JupyterLab notebook shows it 554 px wide, where 10.5 pt reads as 11.5 px
+# (tests/test_dashboard_narrow_browser.py measures it).
 SUPTITLE_SIZE = 12
 TITLE_SIZE = 11
 TICK_SIZE = 10.5
