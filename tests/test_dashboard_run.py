@@ -80,7 +80,7 @@ def test_dashboard_sees_both_ranks_metrics_and_their_processes(monkeypatch):
     # the chart got the points, then the widget left a picture and a paragraph; the threads are gone
     assert widget.front.chart.sent >= 1 and widget.front.chart.feed.bases >= 1
     live, latest, figure, summary = shown  # the widget and its latest state in words, then the picture and summary
-    assert live is widget.front.widget and "2 ranks on gloo on cpu" in latest.text
+    assert live.widget is widget.front.widget and "2 ranks on gloo on cpu" in latest.text
     assert "image/png" in figure._repr_mimebundle_()
     assert "2 ranks on gloo on cpu finished" in summary.text and "step 30 of 30" in summary.text
     assert not widget.sampler.running and not widget.ticker.running and not text.ticker.running

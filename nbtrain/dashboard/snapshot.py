@@ -11,7 +11,9 @@ Its markdown starts with an empty ``<span class="nbtrain-snapshot">``: nbtrain's
 (``labextension/style/base.css``) hides this output while the cell's widget is live (the widget's box has the
 class ``nbtrain-live``), so a running dashboard is not shown twice, and hides the widget's output where the widget
 cannot be drawn, so a reopened notebook shows the latest state instead of the error. Front ends without the
-extension show both outputs; a plain-text reader gets the ``text/plain`` copy.
+extension show both outputs; a plain-text reader gets the ``text/plain`` copy. The widget's own output says in its
+``text/plain`` (what an untrusted notebook, an export or a text reader shows) where the state is, not the widget
+tree's ``repr`` (:class:`LiveView`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,19 @@ from .text import markdown_lines
 EVERY_S = 10.0  # a few times a minute: what a notebook saved mid-run (autosave: every 2 min) shows is this recent
 MARK = '<span class="nbtrain-snapshot"></span>'  # the class labextension/style/base.css hides and shows by
 LIVE_CLASS = "nbtrain-live"  # the live dashboard's box: while one is drawn in the cell, the snapshot is hidden
+
+
+LIVE_TEXT = "nbtrain's live dashboard (drawn while its kernel runs the cell; the run's latest state is below)"
+
+
+class LiveView:
+    """The live widget's output: the widget's view for front ends that draw it, :data:`LIVE_TEXT` as its text."""
+
+    def __init__(self, widget) -> None:
+        self.widget = widget
+
+    def _repr_mimebundle_(self, **kwargs):
+        return {**self.widget._repr_mimebundle_(**kwargs), "text/plain": LIVE_TEXT}
 
 
 def snapshot_text(model: RunModel) -> str:

@@ -37,7 +37,7 @@ from .model import RunModel
 from .run_view import RunPanel
 from .series import DEFAULT_SMOOTHING
 from .snapshot import EVERY_S as SNAPSHOT_EVERY_S
-from .snapshot import LIVE_CLASS, Snapshot, snapshot_text
+from .snapshot import LIVE_CLASS, LiveView, Snapshot, snapshot_text
 from .text import markdown_lines
 
 DEFAULT_COMPARE = 3  # earlier runs drawn beside a run (nbtrain.dashboard.configure(compare=N))
@@ -88,7 +88,7 @@ class RunDashboard:
         from IPython.display import display
 
         self.cell = reopen.current_cell()
-        self.handle = display(self.widget, display_id=True, metadata=reopen.output_metadata(self.cell, "dashboard"))
+        self.handle = display(LiveView(self.widget), display_id=True, metadata=reopen.output_metadata(self.cell, "dashboard"))
         self.snapshot = display(Snapshot(snapshot_text(self.model)), display_id=True,
                                 metadata=reopen.output_metadata(self.cell, "summary"))
         self._snapshot_at = time.monotonic() + SNAPSHOT_EVERY_S
@@ -103,7 +103,7 @@ class RunDashboard:
             if self._finished:
                 return
             reopen.reopen_comms(self.widget)
-            display(self.widget, metadata=reopen.output_metadata(self.cell, "dashboard"))
+            display(LiveView(self.widget), metadata=reopen.output_metadata(self.cell, "dashboard"))
 
     def tick(self) -> None:
         for panel in self.panels:
