@@ -12,7 +12,8 @@ on a GPU the host waits for the device once its launch queue is full, so over a 
 time is the device's. Rank 0 logs ``tflops`` (achieved per GPU, or per process on the CPU) and, where the
 GPU's dense peak for the precision in use is known (:mod:`nbtrain.gpu.peaks`), ``mfu`` in percent — series
 in ``history`` and the live chart like any ``nbtrain.log`` value. At the cell's end every rank sends its
-mean as a :class:`~nbtrain.wire.protocol.Setup` fact for the summary's first line.
+mean (or why it has none) as a :class:`~nbtrain.wire.protocol.Setup` fact for the summary's first line —
+only after a cell that trained: no optimizer step, no word of MFU.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class StepFlops:
         self._mode: FlopCounterMode | None = None
         self._window: tuple[float, int] | None = None  # (started, steps) of the current report window
         self._total: tuple[float, int] = (0.0, 0)  # (seconds, steps) over the cell, the counted step excluded
+        self._stepped = False  # an optimizer step ended in this cell: it trained, so the summary speaks of MFU
 
     @property
     def counting(self) -> bool:
@@ -61,6 +63,7 @@ class StepFlops:
     def optimizer_stepped(self, step: int) -> None:
         """An optimizer step ended (``step`` steps so far): end the count, or time the step."""
         now = time.perf_counter()
+        self._stepped = True
         if self._mode is not None:
             self._finish_count()
             self._window = (now, 0)
@@ -82,9 +85,11 @@ class StepFlops:
 
     def close(self) -> None:
         """The cell ended: a count still open is dropped; the cell's mean goes to the kernel."""
-        if self._mode is not None:
+        if self._mode is not None:  # a forward with gradients, but no optimizer step: nothing trained, nothing to say
             self._finish_count()
             self.per_step, self.uncounted = None, "no optimizer step ended the first counted step"
+        if not self._stepped:
+            return
         seconds, steps = self._total
         if self._window is not None and self._window[1]:  # the last, shorter window counts too
             seconds, steps = seconds + time.perf_counter() - self._window[0], steps + self._window[1]
