@@ -240,6 +240,12 @@ def send_setup(facts: dict) -> None:
         _sink._send(Setup(_sink.rank, dict(facts)))
 
 
+def log_own(step: int, values: dict[str, float]) -> None:
+    """Series nbtrain itself measures on the rank (``tflops``, ``mfu``): logged inside a cell, dropped outside."""
+    if _sink is not None:
+        _sink.log(values, step)
+
+
 def step_counters() -> dict[str, int]:
     """The next default step of each metric name (saved in checkpoints)."""
     return _sink.step_counters() if _sink is not None else {}

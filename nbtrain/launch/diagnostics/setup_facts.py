@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from ...words import count
 
+NOT_A_MODEL = {"shard_state", "shard_unused", "precision"}  # Setup facts that describe no prepared model
+
 
 def setup_words(setup: dict[int, list[dict]]) -> list[str]:
     """``["bf16", "channels_last", "compiled (default) in 41.2 s"]``; empty when nothing was prepared."""
-    models = [m for m in setup.get(0) or next(iter(setup.values()), []) if "shard_state" not in m
-              and "shard_unused" not in m]
+    models = [m for m in setup.get(0) or next(iter(setup.values()), []) if not NOT_A_MODEL & m.keys()]
     if not models:
-        return sharding_words(setup)
+        return sharding_words(setup) + mfu_words(setup)
     words = []
     amps = sorted({m.get("amp", "off") for m in models})
     words.append("fp32" if amps == ["off"] else "/".join(a for a in amps if a != "off"))
@@ -32,7 +33,29 @@ def setup_words(setup: dict[int, list[dict]]) -> list[str]:
     failed = next((m["compile_error"] for m in models if m.get("compile_error")), None)
     if failed:
         words.append("not compiled: torch.compile failed, see above")
-    return words + sharding_words(setup)
+    return words + sharding_words(setup) + mfu_words(setup)
+
+
+def mfu_words(setup: dict[int, list[dict]]) -> list[str]:
+    """``["MFU 41 % (406 TFLOP/s of bf16's dense peak 989 TFLOP/s)"]``, from rank 0's step meter
+    (:mod:`nbtrain.train.flops`); the achieved rate alone where the peak is unknown, or why nothing was counted."""
+    fact = next((f for f in setup.get(0) or next(iter(setup.values()), []) if "precision" in f), None)
+    if fact is None:
+        return []
+    if fact.get("flops_uncounted"):
+        return [f"MFU not measured: {fact['flops_uncounted']}"]
+    if "tflops" not in fact:
+        return []
+    achieved = f"{_tflops(fact['tflops'])} TFLOP/s"
+    if fact.get("mfu") is not None:
+        return [f"MFU {fact['mfu']:.0f} % ({achieved} of {fact['precision']}'s dense peak "
+                f"{_tflops(fact['peak_tflops'])} TFLOP/s)"]
+    return [f"{achieved} achieved per rank (MFU needs the GPU's peak: "
+            + ("none on the CPU)" if fact.get("peak_tflops") is None and fact.get("on_cpu") else "unknown for this GPU)")]
+
+
+def _tflops(value: float) -> str:
+    return f"{value:.0f}" if value >= 10 else f"{value:.2g}"
 
 
 def sharding_words(setup: dict[int, list[dict]]) -> list[str]:

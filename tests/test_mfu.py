@@ -1,0 +1,141 @@
+"""MFU: one step's FLOPs counted once on the rank, the achieved rate logged, the peak looked up, the summary's words."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers.runhelp import run_cell
+
+import nbtrain
+from nbtrain.gpu.peaks import dense_peak_tflops
+from nbtrain.launch.diagnostics.setup_facts import setup_words
+from nbtrain.launch.lifecycle.entry import format_summary
+from nbtrain.train import flops, state
+
+BATCH, WIDTH, LAYERS = 8, 64, 5
+
+
+def linear_stack() -> torch.nn.Module:
+    return torch.nn.Sequential(*(torch.nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(LAYERS)))
+
+
+def analytic_step_flops() -> int:
+    """Forward 2·B·d² per layer; backward 2·B·d² for each weight's gradient and 2·B·d² for each layer's input
+    gradient but the first's (the batch needs none)."""
+    return BATCH * WIDTH * WIDTH * (6 * LAYERS - 2)
+
+
+@pytest.fixture
+def context():
+    with state.scope(None, torch.device("cpu"), rank=0, world_size=1) as ctx:
+        yield ctx
+
+
+def one_step(model, opt) -> None:
+    model(torch.randn(BATCH, WIDTH)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def test_one_steps_flops_equal_the_analytic_count_of_a_linear_stack(context):
+    model = linear_stack()
+    model, opt = nbtrain.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01))
+    one_step(model, opt)
+    assert context.flops.per_step == analytic_step_flops()
+    assert not context.flops.counting and torch._C._len_torch_dispatch_stack() == 0
+    one_step(model, opt)  # counted once: the later steps are only timed
+    assert context.flops.per_step == analytic_step_flops()
+
+
+def test_an_accumulation_window_counts_as_one_step():
+    settings = state.TrainSettings(grad_accum=3)
+    with state.scope(settings, torch.device("cpu"), rank=0, world_size=1) as context:
+        model = linear_stack()
+        model, opt = nbtrain.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01))
+        for _ in range(3):
+            nbtrain.backward(model(torch.randn(BATCH, WIDTH)).sum())
+            opt.step()
+            opt.zero_grad()
+        assert context.step == 1 and context.flops.per_step == 3 * analytic_step_flops()
+
+
+def test_an_evaluation_forward_never_starts_the_count(context):
+    model = nbtrain.prepare(linear_stack())
+    with torch.no_grad():
+        model(torch.randn(BATCH, WIDTH))
+    assert not context.flops.counting and torch._C._len_torch_dispatch_stack() == 0
+
+
+def test_a_count_no_step_closes_is_dropped_when_the_cell_ends():
+    with state.scope(None, torch.device("cpu"), rank=0, world_size=1) as context:
+        model = nbtrain.prepare(linear_stack())
+        model(torch.randn(BATCH, WIDTH)).sum().backward()
+        assert context.flops.counting
+    assert torch._C._len_torch_dispatch_stack() == 0  # no dispatch mode left slowing the rank's next cell
+    assert context.flops.per_step is None and "no optimizer step" in context.flops.uncounted
+
+
+def test_mfu_is_the_achieved_rate_over_the_peak():
+    meter = flops.StepFlops(rank=0, precision="bf16", peak_tflops=989.4, on_cpu=False)
+    meter.per_step = 4 * 10**12  # 4 TFLOP a step
+    rates = meter.rates(seconds=2.0, steps=100)  # 50 steps/s
+    assert rates["tflops"] == pytest.approx(200.0) and rates["mfu"] == pytest.approx(100 * 200 / 989.4)
+    assert "mfu" not in flops.StepFlops(0, "fp32", None, on_cpu=True).rates(1.0, 1)
+
+
+@pytest.mark.parametrize(("name", "precision", "peak"), [
+    ("NVIDIA H100 80GB HBM3", "bf16", 989.4),
+    ("NVIDIA H100 PCIe", "bf16", 756.5),
+    ("NVIDIA H200", "bf16", 989.4),
+    ("NVIDIA H200", "tf32", 494.7),
+    ("NVIDIA GH200 480GB", "fp16", 989.4),
+    ("NVIDIA A100-SXM4-80GB", "bf16", 312.0),
+    ("NVIDIA L40S", "bf16", 362.05),
+    ("NVIDIA L4", "fp32", 30.3),
+    ("Tesla V100-SXM2-16GB", "bf16", None),  # no bf16 tensor cores: no peak, not fp16's
+    ("NVIDIA L40", "bf16", None),  # not L40S, not L4
+    ("NVIDIA A10G", "bf16", None),  # not in the table: unknown, never a guess
+])
+def test_the_peak_is_looked_up_by_the_gpus_name(name, precision, peak):
+    assert dense_peak_tflops(name, precision) == peak
+
+
+def test_the_summary_says_mfu_or_why_there_is_none():
+    def words(**fact):
+        return setup_words({0: [{"model": 0, "amp": "bf16"}, {"precision": "bf16", **fact}]})
+    assert words(tflops=406.0, mfu=41.03, peak_tflops=989.4)[-1] == ("MFU 41 % (406 TFLOP/s of bf16's dense peak "
+                                                                     "989 TFLOP/s)")
+    assert words(tflops=0.0123, peak_tflops=None, on_cpu=True)[-1] == (
+        "0.012 TFLOP/s achieved per rank (MFU needs the GPU's peak: none on the CPU)")
+    assert words(tflops=80.0, peak_tflops=None, on_cpu=False)[-1].endswith("unknown for this GPU)")
+    assert words(flops_uncounted="a compiled model's FLOPs are not counted")[-1] == (
+        "MFU not measured: a compiled model's FLOPs are not counted")
+    assert words(tflops=1.0)[0] == "bf16"  # the step meter's fact is not taken for a model
+
+
+CELL = """
+import time, torch, nbtrain
+import torch.distributed as dist
+model = torch.nn.Sequential(*(torch.nn.Linear(256, 256) for _ in range(4)))
+model, opt = nbtrain.prepare(model, torch.optim.SGD(model.parameters(), lr=0.001))
+started, step = time.monotonic(), 0
+while True:  # about 3 s, every rank stopping after the same step
+    model(torch.randn(32, 256)).pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+    step += 1
+    if step % 20 == 0:
+        over = torch.tensor(float(time.monotonic() - started > 3))
+        dist.all_reduce(over, op=dist.ReduceOp.MAX)
+        if over.item():
+            break
+"""
+
+
+def test_a_training_cell_logs_its_achieved_rate_and_the_summary_says_it(pools):
+    _, result = run_cell(pools, CELL)
+    tflops = result.history.series("tflops", rank=0).values
+    assert tflops and all(v > 0 for v in tflops)
+    assert "mfu" not in result.history  # no peak on the CPU
+    summary = format_summary(result)[0]
+    assert "TFLOP/s achieved per rank (MFU needs the GPU's peak: none on the CPU)" in summary
