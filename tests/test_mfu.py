@@ -10,7 +10,7 @@ import nbtrain
 from nbtrain.gpu.peaks import dense_peak_tflops
 from nbtrain.launch.diagnostics.setup_facts import setup_words
 from nbtrain.launch.lifecycle.entry import format_summary
-from nbtrain.train import flops, state
+from nbtrain.train import state, stepmeter
 
 BATCH, WIDTH, LAYERS = 8, 64, 5
 
@@ -41,10 +41,10 @@ def test_one_steps_flops_equal_the_analytic_count_of_a_linear_stack(context):
     model = linear_stack()
     model, opt = nbtrain.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01))
     one_step(model, opt)
-    assert context.flops.per_step == analytic_step_flops()
-    assert not context.flops.counting and torch._C._len_torch_dispatch_stack() == 0
+    assert context.meter.flops.per_step == analytic_step_flops()
+    assert not context.meter.flops.counting and torch._C._len_torch_dispatch_stack() == 0
     one_step(model, opt)  # counted once: the later steps are only timed
-    assert context.flops.per_step == analytic_step_flops()
+    assert context.meter.flops.per_step == analytic_step_flops()
 
 
 def test_an_accumulation_window_counts_as_one_step():
@@ -56,31 +56,34 @@ def test_an_accumulation_window_counts_as_one_step():
             nbtrain.backward(model(torch.randn(BATCH, WIDTH)).sum())
             opt.step()
             opt.zero_grad()
-        assert context.step == 1 and context.flops.per_step == 3 * analytic_step_flops()
+        assert context.step == 1 and context.meter.flops.per_step == 3 * analytic_step_flops()
 
 
 def test_an_evaluation_forward_never_starts_the_count(context):
     model = nbtrain.prepare(linear_stack())
     with torch.no_grad():
         model(torch.randn(BATCH, WIDTH))
-    assert not context.flops.counting and torch._C._len_torch_dispatch_stack() == 0
+    assert not context.meter.flops.counting and torch._C._len_torch_dispatch_stack() == 0
 
 
 def test_a_count_no_step_closes_is_dropped_when_the_cell_ends():
     with state.scope(None, torch.device("cpu"), rank=0, world_size=1) as context:
         model = nbtrain.prepare(linear_stack())
         model(torch.randn(BATCH, WIDTH)).sum().backward()
-        assert context.flops.counting
+        assert context.meter.flops.counting
     assert torch._C._len_torch_dispatch_stack() == 0  # no dispatch mode left slowing the rank's next cell
-    assert context.flops.per_step is None and "no optimizer step" in context.flops.uncounted
+    assert context.meter.flops.per_step is None and "no optimizer step" in context.meter.flops.uncounted
 
 
-def test_mfu_is_the_achieved_rate_over_the_peak():
-    meter = flops.StepFlops(rank=0, precision="bf16", peak_tflops=989.4, on_cpu=False)
-    meter.per_step = 4 * 10**12  # 4 TFLOP a step
-    rates = meter.rates(seconds=2.0, steps=100)  # 50 steps/s
+def test_mfu_is_the_achieved_rate_over_the_peak_and_data_wait_the_share_of_the_step():
+    meter = stepmeter.StepMeter(rank=0, precision="bf16", peak_tflops=989.4, on_cpu=False)
+    meter.flops.per_step = 4 * 10**12  # 4 TFLOP a step
+    window = stepmeter._Window()
+    window.seconds, window.steps, window.data_s = 2.0, 100, 0.5  # 50 steps/s, a quarter of it waiting for data
+    rates = meter.rates(window)
     assert rates["tflops"] == pytest.approx(200.0) and rates["mfu"] == pytest.approx(100 * 200 / 989.4)
-    assert "mfu" not in flops.StepFlops(0, "fp32", None, on_cpu=True).rates(1.0, 1)
+    assert rates["data_wait"] == pytest.approx(25.0)
+    assert "mfu" not in stepmeter.StepMeter(0, "fp32", None, on_cpu=True).rates(window)
 
 
 @pytest.mark.parametrize(("name", "precision", "peak"), [
@@ -111,6 +114,8 @@ def test_the_summary_says_mfu_or_why_there_is_none():
     assert words(flops_uncounted="a compiled model's FLOPs are not counted")[-1] == (
         "MFU not measured: a compiled model's FLOPs are not counted")
     assert words(tflops=1.0)[0] == "bf16"  # the step meter's fact is not taken for a model
+    assert words(tflops=1.0, data_wait=38.2, on_cpu=True)[-1] == "38 % of each step waiting for data"
+    assert "waiting for data" not in " ".join(words(tflops=1.0, data_wait=6.0, on_cpu=True))
 
 
 CELL = """
@@ -139,3 +144,35 @@ def test_a_training_cell_logs_its_achieved_rate_and_the_summary_says_it(pools):
     assert "mfu" not in result.history  # no peak on the CPU
     summary = format_summary(result)[0]
     assert "TFLOP/s achieved per rank (MFU needs the GPU's peak: none on the CPU)" in summary
+
+
+SLOW_LOADER_CELL = """
+import time, torch, nbtrain
+
+class Slow(torch.utils.data.Dataset):
+    def __len__(self):
+        return 512
+    def __getitem__(self, i):
+        time.sleep(0.01)  # a slow disk, or a costly decode
+        return torch.randn(16)
+
+model = torch.nn.Linear(16, 1)
+loader = torch.utils.data.DataLoader(Slow(), batch_size=4)
+model, opt, loader = nbtrain.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01), loader)
+for step, batch in enumerate(loader):
+    model(batch).pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+    if step == 60:
+        break
+"""
+
+
+def test_steps_that_wait_for_their_batches_say_so_and_the_advisor_names_the_loader(pools):
+    _, result = run_cell(pools, SLOW_LOADER_CELL)
+    fact = next(f for f in result.setup[0] if "data_wait" in f)
+    assert fact["data_wait"] > 50 and fact["steps_timed"] >= 50
+    lines = format_summary(result)
+    assert "waiting for data" in lines[0], lines
+    hint = next(line for line in lines if "waited for data" in line)
+    assert "(a DataLoader with no workers): raise num_workers (4 or more)" in hint, hint

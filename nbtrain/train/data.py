@@ -27,6 +27,8 @@ a custom ``sampler`` or ``batch_sampler``, a loader that already has a ``Distrib
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
@@ -83,11 +85,11 @@ class PreparedLoader(DataLoader):
         if accum is not None:
             accum.active_loaders.append(self)
         try:
-            current = next(iterator, _END)
+            current = self._next(iterator)
             while current is not _END:
                 if self._context is not None and accum is not None and (accum.closing or not accum.backward_used):
                     preemption.at_boundary(self._context)  # a notice: the checkpoint goes here (train/preemption.py)
-                following = next(iterator, _END)
+                following = self._next(iterator)
                 self.at_last_batch = following is _END
                 self.batches_read += 1
                 yield current
@@ -98,6 +100,19 @@ class PreparedLoader(DataLoader):
             self.at_last_batch = False
             if accum is not None and self in accum.active_loaders:
                 accum.active_loaders.remove(self)
+
+    def _next(self, iterator):
+        """The next batch, its wait counted as the step's data wait (train/stepmeter.py)."""
+        started = time.perf_counter()
+        batch = next(iterator, _END)
+        if self._context is not None:
+            self._context.meter.data_waited(time.perf_counter() - started)
+        return batch
+
+    def describe(self) -> dict:
+        """What the advisor says of a slow loader: its workers and pinning."""
+        return {"num_workers": self.num_workers, "pin_memory": self.pin_memory,
+                "persistent_workers": self.persistent_workers}
 
     def position(self) -> dict:
         """Where the loader is, for a checkpoint: the epoch to resume in and the batches already read."""

@@ -103,7 +103,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
         if not context.accum.closing or not context.accum.backward_used:  # the first optimizer to step closes the
             # window; without nbtrain.backward() (no --grad-accum) every step is one
             context.count_step(self.step_was_skipped)
-            context.flops.optimizer_stepped(context.step)
+            context.meter.optimizer_stepped(context.step)
             context.accum.on_step()
             if not context.accum.active_loaders:  # no prepared loader to save before its next batch
                 preemption.at_boundary(context)

@@ -180,7 +180,7 @@ def _prepare_sharded(context: TrainContext, model, blocks, ddp_kwargs: dict):
     if ddp_kwargs:
         raise PreparedError(f"{', '.join(ddp_kwargs)} are DistributedDataParallel options; with --shard the model is "
                             "sharded by FSDP2 instead. Leave them out.")
-    context.flops.sharded()
+    context.meter.sharded()
     model = sharding.shard_model(context, model if sharding.on_meta(model) else model.to(context.device), blocks)
     if context.resume is not None:
         restore_model(context, model, len(context.models))
@@ -214,8 +214,8 @@ def _bf16_supported(device) -> bool | None:
 def _forward(self, super_forward, args, kwargs):
     context = self._nbtrain_context  # the cell's TrainContext, set by _prepare_model
     model_speed = self._nbtrain_speed
-    if context.flops.per_step is None and torch.is_grad_enabled():  # the first training forward starts the count
-        context.flops.training_forward(model_speed)
+    if context.meter.flops.per_step is None and torch.is_grad_enabled():  # the first training forward: FLOPs
+        context.meter.training_forward(model_speed)
     if torch.is_grad_enabled() and hasattr(self, "require_backward_grad_sync"):
         self.require_backward_grad_sync = context.accum.sync_next()  # what no_sync() does, decided per forward
     if model_speed.first_call:

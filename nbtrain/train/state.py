@@ -6,7 +6,7 @@ nothing prepared in one cell leaks into the next one on a warm rank. ``nbtrain.p
 ``nbtrain.backward()``, ``nbtrain.save_checkpoint()`` and the rest find it with :func:`current`.
 
 This module is the floor of ``train/``: it imports only what builds a context (:mod:`.amp`'s dtype and
-scaler, :mod:`.accumulate`'s window, :mod:`.flops`' step meter, the settings) and every other module imports it — prepare, data,
+scaler, :mod:`.accumulate`'s window, :mod:`.stepmeter`, the settings) and every other module imports it — prepare, data,
 optim, checkpoint, steps — so none of them needs an import inside a function to dodge a cycle.
 What they share beyond the context lives here too (:class:`PreparedError`).
 
@@ -25,7 +25,7 @@ import weakref
 from collections.abc import Callable, Iterator
 
 from ..wire.settings import TrainSettings, settings_from_environment
-from . import amp, flops
+from . import amp, stepmeter
 from .accumulate import Accumulation
 
 _active: TrainContext | None = None
@@ -60,7 +60,7 @@ class TrainContext:
         self.auto_resume_checked = False  # see nbtrain.train.checkpoint.auto_resume
         self.pending_save: Callable[[], object] | None = None  # --checkpoint-async: waits for the save in progress
         self.sharded_params: dict[int, object] = {}  # id of a parameter before --shard -> the sharded one (train/shard.py)
-        self.flops = flops.for_device(rank, device, self.amp_dtype)  # MFU: one step's FLOPs and the step rate
+        self.meter = stepmeter.for_device(rank, device, self.amp_dtype)  # step rate, MFU, data wait
 
     @property
     def distributed(self) -> bool:
@@ -120,7 +120,7 @@ class TrainContext:
 
     def close(self) -> None:
         self.wait_for_save()  # a cell ends, or is stopped, with its last checkpoint written
-        self.flops.close()
+        self.meter.close([loader.describe() for loader in self.loaders])
         for objects in (self.models, self.optimizers, self.loaders, self.schedulers):
             objects.clear()
         self.sharded_params.clear()

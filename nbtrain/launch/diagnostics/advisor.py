@@ -13,6 +13,9 @@ Each rule fires only on its own measurement, and its hint quotes it:
   (DataLoader workers included) keeps :data:`BUSY_CPU_PCT` % of a core: the GPU waits for the CPU — for
   batches, mostly, or for kernel launches when the data is already on the GPU (the hint names both);
 * **batch size headroom** — a GPU's memory never above :data:`MEMORY_HEADROOM_FRACTION` of its total;
+* **data wait** — the steps of a rank waited at least :data:`DATA_WAIT_PCT` % of their time for a prepared
+  DataLoader's next batch (:mod:`nbtrain.train.stepmeter`); or one rank waited :data:`DATA_WAIT_RATIO` × the
+  others' median: its data comes slower;
 * **precision** — a rank trained in fp32 on a GPU that computes bf16 (``--amp off`` there);
 * **straggler** — a rank whose logged steps per second are under :data:`STRAGGLER_RATIO` of the others'
   median, or (ranks kept in step by DDP) whose GPU is much busier than the others', which then wait for it;
@@ -33,6 +36,7 @@ from dataclasses import dataclass, field
 
 from ...words import count
 from ..observers.events import NodeState
+from .setup_facts import step_meter_fact
 
 IDLE_GPU_PCT = 50.0
 BUSY_CPU_PCT = 80.0  # of one core
@@ -42,11 +46,13 @@ BUSIER_BY_PCT = 20.0  # a GPU this many points busier than the others' mean, and
 MIN_SAMPLES = 3
 MIN_STEPS = 5
 SLOWED_FRACTION = 0.2
+DATA_WAIT_PCT = 30.0  # of each step spent waiting for the next batch: the input pipeline holds training back
+DATA_WAIT_RATIO = 3.0
 
 
 @dataclass(frozen=True)
 class Hint:
-    rule: str  # "input-pipeline", "batch-headroom", "precision", "straggler"
+    rule: str  # "input-pipeline", "data-wait", "batch-headroom", "precision", "straggler", …
     text: str
 
 
@@ -171,8 +177,8 @@ def evidence_from_history(history, setup: dict[int, list[dict]]) -> Evidence:
 
 def advise(evidence: Evidence) -> list[Hint]:
     """Every hint the evidence supports, most important first."""
-    return [*_gpu_health(evidence), *_input_pipeline(evidence), *_straggler(evidence), *_precision(evidence),
-            *_batch_headroom(evidence)]
+    return [*_gpu_health(evidence), *_data_wait(evidence), *_input_pipeline(evidence), *_straggler(evidence),
+            *_precision(evidence), *_batch_headroom(evidence)]
 
 
 def _gpu_health(evidence: Evidence) -> list[Hint]:
@@ -226,6 +232,47 @@ def _input_pipeline(evidence: Evidence) -> list[Hint]:
         "load batches in parallel (DataLoader num_workers=4 or more, pin_memory=True, persistent_workers=True) or "
         "keep the dataset on the GPU if it fits. With data already on the GPU, it is launching many small "
         "kernels: take bigger batches, or --compile (reduce-overhead uses CUDA graphs)."))]
+
+
+def _data_wait(evidence: Evidence) -> list[Hint]:
+    facts = {rank: fact for rank in sorted(evidence.setup) if (fact := step_meter_fact(evidence.setup, rank))
+             and "data_wait" in fact and fact.get("steps_timed", 0) >= MIN_STEPS}
+    if not facts:
+        return []
+    rank, worst = max(facts.items(), key=lambda item: item[1]["data_wait"])
+    wait = worst["data_wait"]
+    if wait >= DATA_WAIT_PCT:
+        return [Hint("data-wait", f"{wait:.0f} % of each step on rank {rank} waited for data"
+                                  f"{_loader_words(worst.get('loaders') or [])}: {_loader_advice(worst)}")]
+    others = [fact["data_wait"] for other, fact in facts.items() if other != rank]
+    typical = statistics.median(others) if others else None
+    if typical is not None and wait >= 10.0 and wait >= DATA_WAIT_RATIO * max(typical, 1.0):
+        return [Hint("data-wait", f"rank {rank}'s data wait is {wait / max(typical, 1.0):.0f}× the others' "
+                                  f"({wait:.0f} % of each step against {typical:.0f} %): its batches come slower — "
+                                  "a slower disk or file system on its machine, or samples that cost more to load.")]
+    return []
+
+
+def _loader_words(loaders: list[dict]) -> str:
+    if len(loaders) != 1:
+        return ""
+    loader = loaders[0]
+    workers = loader.get("num_workers", 0)
+    return f" (a DataLoader with {count('worker', workers) if workers else 'no workers'})"
+
+
+def _loader_advice(fact: dict) -> str:
+    loader = (fact.get("loaders") or [{}])[0]
+    steps = []
+    if loader.get("num_workers", 0) < 4:
+        steps.append("raise num_workers (4 or more)")
+    if not fact.get("on_cpu") and not loader.get("pin_memory"):
+        steps.append("pin_memory=True")
+    if loader.get("num_workers", 0) and not loader.get("persistent_workers"):
+        steps.append("persistent_workers=True")
+    steps.append("or decode on the GPU (DALI, torchvision.io.decode_jpeg on the device)" if not fact.get("on_cpu")
+                 else "or make each sample cheaper to load")
+    return ", ".join(steps) + "."
 
 
 def _batch_headroom(evidence: Evidence) -> list[Hint]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from ...words import count
 
 NOT_A_MODEL = {"shard_state", "shard_unused", "precision"}  # Setup facts that describe no prepared model
+DATA_WAIT_WORTH_SAYING_PCT = 10.0
 
 
 def setup_words(setup: dict[int, list[dict]]) -> list[str]:
@@ -37,21 +38,32 @@ def setup_words(setup: dict[int, list[dict]]) -> list[str]:
 
 
 def mfu_words(setup: dict[int, list[dict]]) -> list[str]:
-    """``["MFU 41 % (406 TFLOP/s of bf16's dense peak 989 TFLOP/s)"]``, from rank 0's step meter
-    (:mod:`nbtrain.train.flops`); the achieved rate alone where the peak is unknown, or why nothing was counted."""
-    fact = next((f for f in setup.get(0) or next(iter(setup.values()), []) if "precision" in f), None)
+    """``["MFU 41 % (406 TFLOP/s of bf16's dense peak 989 TFLOP/s)", "38 % of each step waiting for data"]``, from
+    rank 0's step meter (:mod:`nbtrain.train.stepmeter`): the achieved rate alone where the peak is unknown, or
+    why nothing was counted; the data wait where it is at least :data:`DATA_WAIT_WORTH_SAYING_PCT` %."""
+    fact = step_meter_fact(setup, 0)
     if fact is None:
         return []
+    words = []
     if fact.get("flops_uncounted"):
-        return [f"MFU not measured: {fact['flops_uncounted']}"]
-    if "tflops" not in fact:
-        return []
-    achieved = f"{_tflops(fact['tflops'])} TFLOP/s"
-    if fact.get("mfu") is not None:
-        return [f"MFU {fact['mfu']:.0f} % ({achieved} of {fact['precision']}'s dense peak "
-                f"{_tflops(fact['peak_tflops'])} TFLOP/s)"]
-    return [f"{achieved} achieved per rank (MFU needs the GPU's peak: "
-            + ("none on the CPU)" if fact.get("peak_tflops") is None and fact.get("on_cpu") else "unknown for this GPU)")]
+        words.append(f"MFU not measured: {fact['flops_uncounted']}")
+    elif "tflops" in fact:
+        achieved = f"{_tflops(fact['tflops'])} TFLOP/s"
+        if fact.get("mfu") is not None:
+            words.append(f"MFU {fact['mfu']:.0f} % ({achieved} of {fact['precision']}'s dense peak "
+                         f"{_tflops(fact['peak_tflops'])} TFLOP/s)")
+        else:
+            words.append(f"{achieved} achieved per rank (MFU needs the GPU's peak: "
+                         + ("none on the CPU)" if fact.get("on_cpu") else "unknown for this GPU)"))
+    if fact.get("data_wait", 0.0) >= DATA_WAIT_WORTH_SAYING_PCT:
+        words.append(f"{fact['data_wait']:.0f} % of each step waiting for data")
+    return words
+
+
+def step_meter_fact(setup: dict[int, list[dict]], rank: int) -> dict | None:
+    """The step meter's end-of-cell fact of ``rank`` (the first rank's, if that rank sent none)."""
+    facts = setup.get(rank) or next(iter(setup.values()), [])
+    return next((f for f in facts if "precision" in f), None)
 
 
 def _tflops(value: float) -> str:

@@ -1,0 +1,104 @@
+"""Where a cell's steps go, measured on each rank: the step rate, the FLOPs it achieves, the share spent waiting for data.
+
+**The clock.** Wall time between optimizer steps, summed over windows of at least :data:`REPORT_S` seconds:
+on a GPU the host waits for the device once its launch queue is full, so over a window the host's step time
+is the device's. The window before the first optimizer step is left out (the FLOP count, compiling and the
+first batch's workers make it slow). **Data wait** is the time a prepared DataLoader's ``next()`` took
+(:mod:`.data`): a step that waits for its batch is a step the GPU idles.
+
+**What is told.** Rank 0 logs, per window, ``tflops`` (achieved, per GPU or per process on the CPU, once
+one step's FLOPs are counted: :mod:`.flops`), ``mfu`` in percent where the GPU's dense peak for the precision
+in use is known, and ``data_wait`` in percent of the step: series in ``history`` and the live chart like any
+``nbtrain.log`` value. When the cell ends, every rank sends its means over the cell as a
+:class:`~nbtrain.wire.protocol.Setup` fact (the summary's first line, and the advisor comparing ranks) —
+only after a cell that trained: no optimizer step, nothing said.
+"""
+
+from __future__ import annotations
+
+import time
+
+from . import metrics
+from .flops import FlopCount, peak_of, precision_of
+
+REPORT_S = 2.0  # how often rank 0 logs its rates
+
+
+class _Window:
+    """Seconds, steps and seconds of data wait, summed."""
+
+    def __init__(self) -> None:
+        self.seconds, self.steps, self.data_s = 0.0, 0, 0.0
+
+    def add(self, other: _Window) -> None:
+        self.seconds, self.steps, self.data_s = (self.seconds + other.seconds, self.steps + other.steps,
+                                                 self.data_s + other.data_s)
+
+
+class StepMeter:
+    """One cell's step measurements on one rank (owned by its TrainContext)."""
+
+    def __init__(self, rank: int, precision: str, peak_tflops: float | None, on_cpu: bool) -> None:
+        self.rank, self.precision, self.peak_tflops, self.on_cpu = rank, precision, peak_tflops, on_cpu
+        self.flops = FlopCount()
+        self._started: float | None = None  # when the current window began (at an optimizer step)
+        self._window = _Window()
+        self._total = _Window()  # over the cell, the windows already closed
+        self._data_s = 0.0  # data wait since the last optimizer step
+
+    def training_forward(self, model_speed) -> None:
+        self.flops.training_forward(model_speed)
+
+    def sharded(self) -> None:
+        self.flops.sharded()
+
+    def data_waited(self, seconds: float) -> None:
+        """A prepared loader's ``next()`` took ``seconds``."""
+        self._data_s += seconds
+
+    def optimizer_stepped(self, step: int) -> None:
+        """An optimizer step ended (``step`` steps so far)."""
+        now = time.perf_counter()
+        self.flops.finish()
+        data_s, self._data_s = self._data_s, 0.0
+        if self._started is None:  # the first step: its window is left out
+            self._started = now
+            return
+        window = self._window
+        window.steps, window.data_s = window.steps + 1, window.data_s + data_s
+        window.seconds = now - self._started
+        if window.seconds < REPORT_S:
+            return
+        self._total.add(window)
+        self._started, self._window = now, _Window()
+        if self.rank == 0:
+            metrics.log_own(step, self.rates(window))
+
+    def rates(self, window: _Window) -> dict[str, float]:
+        rates = {"data_wait": 100.0 * window.data_s / window.seconds} if window.seconds > 0 else {}
+        if self.flops.per_step and window.seconds > 0:
+            rates["tflops"] = self.flops.per_step * window.steps / window.seconds / 1e12
+            if self.peak_tflops:
+                rates["mfu"] = 100.0 * rates["tflops"] / self.peak_tflops
+        return rates
+
+    def close(self, loaders: list[dict]) -> None:
+        """The cell ended: its means, and its prepared loaders' settings, go to the kernel (if it trained)."""
+        self.flops.drop()
+        if self._started is None:
+            return
+        total = _Window()
+        total.add(self._total)
+        total.add(self._window)
+        fact: dict = {"flops_per_step": self.flops.per_step, "precision": self.precision,
+                      "peak_tflops": self.peak_tflops, "on_cpu": self.on_cpu, "steps_timed": total.steps,
+                      "loaders": loaders, **self.rates(total)}
+        if self.flops.uncounted:
+            fact["flops_uncounted"] = self.flops.uncounted
+        metrics.send_setup(fact)
+
+
+def for_device(rank: int, device, amp_dtype) -> StepMeter:
+    """A rank's StepMeter: the peak of its GPU for the precision in use (none on the CPU)."""
+    precision = precision_of(amp_dtype)
+    return StepMeter(rank, precision, peak_of(device, precision), on_cpu=device.type != "cuda")
