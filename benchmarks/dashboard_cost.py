@@ -11,7 +11,7 @@ commit or on this checkout, so the machine's load is shared alike.
 
 1. **A training run with the dashboard.** A small MLP is trained by ``--nprocs`` gloo ranks for about
    ``--seconds``, logging ``loss`` every step and ``val_loss`` every 50 steps (and ``total_steps``),
-   through :func:`nbtrain.launch.lifecycle.entry.run_source` with the widget dashboard attached (no front end:
+   through :func:`nbtrain.kernel.lifecycle.entry.run_source` with the widget dashboard attached (no front end:
    ``display`` does nothing, the widgets' comm messages are counted instead of sent). Measured:
 
    * the CPU time of the dashboard's two threads (sampler, ticker; each thread's own CPU clock) plus the
@@ -122,10 +122,10 @@ def run_with_dashboard(seconds: float, nprocs: int, stand_in_gpus: int = 0) -> d
 
     if stand_in_gpus:
         install_stand_in_gpus(stand_in_gpus)
-    from nbtrain.dashboard.observer import DashboardObserver
-    from nbtrain.dashboard.widget import RunDashboard
-    from nbtrain.launch.lifecycle.entry import run_source
-    from nbtrain.launch.request.config import LaunchRequest
+    from nbtrain.kernel.dashboard.observer import DashboardObserver
+    from nbtrain.kernel.dashboard.widget import RunDashboard
+    from nbtrain.kernel.lifecycle.entry import run_source
+    from nbtrain.kernel.request.config import LaunchRequest
 
     messages = []  # (time, widget, binary payload bytes, set-up?): every comm message, state or custom
     original = ipywidgets.Widget._send
@@ -200,8 +200,8 @@ def deep_size(store) -> int:
 
 
 def million_steps(steps: int = 10**6, ranks: int = 2, batch: int = 250) -> dict:
-    from nbtrain.dashboard.chart_feed import ChartFeed
-    from nbtrain.dashboard.metric_store import MetricStore
+    from nbtrain.kernel.dashboard.chart_feed import ChartFeed
+    from nbtrain.kernel.dashboard.metric_store import MetricStore
 
     store = MetricStore()
     feed = ChartFeed(store)

@@ -163,8 +163,8 @@ def sources(workload: str, setting: str, sizes: Sizes, cpu: bool) -> tuple[str, 
 
 
 def run_nbtrain(cell: str, options: dict, ranks: int) -> tuple[float, float, list]:
-    from nbtrain.launch.lifecycle.entry import run_source
-    from nbtrain.launch.request.config import LaunchRequest
+    from nbtrain.kernel.lifecycle.entry import run_source
+    from nbtrain.kernel.request.config import LaunchRequest
 
     namespace: dict = {}
     result = run_source(cell, LaunchRequest(nprocs=ranks, **options), namespace, write=lambda stream, text: None)

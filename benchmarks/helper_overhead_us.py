@@ -36,7 +36,7 @@ def main() -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import nbtrain
-    from nbtrain.train import metrics, state
+    from nbtrain.rank.train import metrics, state
     from nbtrain.wire.settings import TrainSettings
 
     torch.set_num_threads(1)
@@ -100,7 +100,7 @@ def _components(repeats: int, x, y) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import nbtrain
-    from nbtrain.train import metrics, state
+    from nbtrain.rank.train import metrics, state
     from nbtrain.wire.settings import TrainSettings
 
     with state.scope(TrainSettings(amp="off"), torch.device("cpu"), 0, 1), metrics.scope(0, lambda message: None, {}):

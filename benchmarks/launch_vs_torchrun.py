@@ -12,7 +12,7 @@ For each rank count it measures, on the CPU (gloo):
   that has also imported what the zygote imports (``torch._dynamo``, which building an optimizer imports: a
   notebook that built one before has it), the like-for-like comparison. The notebook side has
   torch imported already, as a notebook that defines a model has. nbtrain's cold start is also split into its
-  phases (:mod:`nbtrain.launch.observers.coldstart`), the median of each phase over the repeats.
+  phases (:mod:`nbtrain.kernel.observers.coldstart`), the median of each phase over the repeats.
 * **warm re-run** — the same, on nbtrain's warm pool (torchrun has no such thing: it pays a cold start).
 * **throughput** — steps/s of a fixed DDP training loop measured inside the ranks (after warm-up), under
   nbtrain and under torchrun.
@@ -39,12 +39,12 @@ import time
 
 import torch  # noqa: F401  (a notebook that trains has torch imported already)
 
-from nbtrain.launch.lifecycle.entry import run_source
-from nbtrain.launch.lifecycle.pools import PoolManager
-from nbtrain.launch.observers.coldstart import PHASES
-from nbtrain.launch.ranks.starter import RankStarter
-from nbtrain.launch.request.config import LaunchRequest
-from nbtrain.worker.zygote import WARM_IMPORTS
+from nbtrain.kernel.lifecycle.entry import run_source
+from nbtrain.kernel.lifecycle.pools import PoolManager
+from nbtrain.kernel.observers.coldstart import PHASES
+from nbtrain.kernel.ranks.starter import RankStarter
+from nbtrain.kernel.request.config import LaunchRequest
+from nbtrain.rank.zygote import WARM_IMPORTS
 
 TRAIN = """
 import time, torch
@@ -146,7 +146,7 @@ def run_accelerate(ranks: int, steps: int, path: str, preloaded: tuple[str, ...]
 
 
 def run_torchrun(ranks: int, steps: int, workdir: str) -> tuple[float, float]:
-    path = os.path.join(workdir, "train.py")
+    path = os.path.join(workdir, "rank/train.py")
     with open(path, "w") as fh:
         fh.write(SCRIPT_WRAPPER.format(body=cell_source(steps)))
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // ranks))}

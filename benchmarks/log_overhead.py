@@ -81,8 +81,8 @@ def main() -> None:
     parser.add_argument("--gpu", action="store_true", help="NCCL, a GPU per rank, instead of gloo on CPU (fp32)")
     parser.add_argument("--ranks", type=int, default=2, help="ranks (with --gpu: at most the GPUs there are)")
     args = parser.parse_args()
-    from nbtrain.launch.lifecycle.entry import run_source
-    from nbtrain.launch.request.config import LaunchRequest
+    from nbtrain.kernel.lifecycle.entry import run_source
+    from nbtrain.kernel.request.config import LaunchRequest
 
     namespace: dict = {"BLOCKS": args.blocks, "STEPS": args.steps}
     run_source(CELL, LaunchRequest(nprocs=args.ranks, cpu=not args.gpu, keep_alive=0, amp="off", out="summary"), namespace,

@@ -30,10 +30,10 @@ import time
 import torch  # noqa: F401  (a notebook that trains has torch imported already)
 from launch_vs_torchrun import SCRIPT_WRAPPER, cell_source, marks_reader
 
-from nbtrain.cluster import Cluster
-from nbtrain.launch.lifecycle.entry import run_source
-from nbtrain.launch.lifecycle.pools import PoolManager
-from nbtrain.launch.request.config import LaunchRequest
+from nbtrain.kernel.cluster import Cluster
+from nbtrain.kernel.lifecycle.entry import run_source
+from nbtrain.kernel.lifecycle.pools import PoolManager
+from nbtrain.kernel.request.config import LaunchRequest
 
 ADDRESSES = ("127.0.0.2", "127.0.0.3")
 
@@ -50,7 +50,7 @@ def run_nbtrain(steps: int, manager: PoolManager, fresh: bool) -> tuple[float, f
 
 
 def run_torchrun(steps: int, workdir: str) -> tuple[float, float]:
-    path = os.path.join(workdir, "train.py")
+    path = os.path.join(workdir, "rank/train.py")
     with open(path, "w") as fh:
         fh.write(SCRIPT_WRAPPER.format(body=cell_source(steps)))
     with socket.socket() as probe:

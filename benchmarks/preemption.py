@@ -35,10 +35,10 @@ import time
 
 import torch  # noqa: F401  (a notebook that trains has torch imported already)
 
-from nbtrain.cluster import Cluster
-from nbtrain.launch.lifecycle.entry import run_source
-from nbtrain.launch.lifecycle.pools import PoolManager
-from nbtrain.launch.request.config import LaunchRequest
+from nbtrain.kernel.cluster import Cluster
+from nbtrain.kernel.lifecycle.entry import run_source
+from nbtrain.kernel.lifecycle.pools import PoolManager
+from nbtrain.kernel.request.config import LaunchRequest
 
 ADDRESSES = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 

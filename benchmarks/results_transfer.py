@@ -31,9 +31,9 @@ import time
 import psutil
 import torch
 
-from nbtrain.launch.lifecycle.entry import run_source
-from nbtrain.launch.lifecycle.pools import PoolManager
-from nbtrain.launch.request.config import LaunchRequest
+from nbtrain.kernel.lifecycle.entry import run_source
+from nbtrain.kernel.lifecycle.pools import PoolManager
+from nbtrain.kernel.request.config import LaunchRequest
 from nbtrain.wire.shm import owner_prefix
 
 

@@ -110,8 +110,8 @@ dist.destroy_process_group()
 
 
 def run_nbtrain(args, shard: bool) -> tuple[float, list]:
-    from nbtrain.launch.lifecycle.entry import run_source
-    from nbtrain.launch.request.config import LaunchRequest
+    from nbtrain.kernel.lifecycle.entry import run_source
+    from nbtrain.kernel.request.config import LaunchRequest
 
     namespace: dict = {}
     cell = NBTRAIN_CELL.format(width=args.width, layers=args.layers, steps=args.steps)

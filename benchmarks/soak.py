@@ -21,10 +21,10 @@ import time
 import psutil
 import torch
 
-from nbtrain.launch.diagnostics.failures import RankFailedError
-from nbtrain.launch.lifecycle.entry import run_source
-from nbtrain.launch.lifecycle.pools import PoolManager
-from nbtrain.launch.request.config import LaunchRequest
+from nbtrain.kernel.diagnostics.failures import RankFailedError
+from nbtrain.kernel.lifecycle.entry import run_source
+from nbtrain.kernel.lifecycle.pools import PoolManager
+from nbtrain.kernel.request.config import LaunchRequest
 
 BOUNDS = {"children": 0, "fds": 8, "sockets": 2, "threads": 4, "shm_files": 0, "rss_mib": 150}
 

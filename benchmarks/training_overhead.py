@@ -111,8 +111,8 @@ class KernelClock:
 
 
 def run_nbtrain(steps: int, gpu: bool, ranks: int, width: int, hidden: int, dashboard: bool) -> tuple[float, float, float]:
-    from nbtrain.launch.lifecycle.entry import run_source
-    from nbtrain.launch.request.config import LaunchRequest
+    from nbtrain.kernel.lifecycle.entry import run_source
+    from nbtrain.kernel.request.config import LaunchRequest
 
     namespace: dict = {}
     cell = NBTRAIN_CELL.format(steps=steps, width=width, hidden=hidden)
@@ -128,9 +128,9 @@ def _dashboard():
     """The widget dashboard a notebook shows, with nowhere to show it (no front end in a script)."""
     import IPython.display
 
-    from nbtrain.dashboard.chart import bundle_source
-    from nbtrain.dashboard.observer import DashboardObserver
-    from nbtrain.dashboard.widget import RunDashboard
+    from nbtrain.kernel.dashboard.chart import bundle_source
+    from nbtrain.kernel.dashboard.observer import DashboardObserver
+    from nbtrain.kernel.dashboard.widget import RunDashboard
 
     bundle_source()  # an unbuilt chart would detach the dashboard at the run's start: measured without it
     IPython.display.display = lambda *args, **kwargs: None

@@ -13,7 +13,7 @@ def log(step=None, reduce=None, **values):
     ``nbtrain.log(loss=loss)`` does not wait for the GPU; values are sent in batches a few times a second.
     ``reduce="mean"`` logs the mean over all ranks (every rank calls it; one asynchronous all-reduce).
     """
-    from .train.metrics import log as _log
+    from .rank.train.metrics import log as _log
 
     _log(step, reduce, **values)
 
@@ -24,28 +24,28 @@ def prepare(*objects, **ddp_kwargs):
 
     ``model, opt, loader = nbtrain.prepare(model, opt, loader)``; keyword arguments go to DDP. See docs/training.md.
     """
-    from .train.prepare import prepare as _prepare
+    from .rank.train.prepare import prepare as _prepare
 
     return _prepare(*objects, **ddp_kwargs)
 
 
 def backward(loss, **kwargs):
     """Backward of one micro-step: ``loss / K`` under ``--grad-accum K``, GradScaler-scaled under fp16."""
-    from .train.steps import backward as _backward
+    from .rank.train.steps import backward as _backward
 
     _backward(loss, **kwargs)
 
 
 def autocast():
     """``with nbtrain.autocast():`` the cell's mixed precision (``--amp``) for code that does not use prepare()."""
-    from .train.steps import autocast as _autocast
+    from .rank.train.steps import autocast as _autocast
 
     return _autocast()
 
 
 def clip_grad_norm_(parameters, max_norm, norm_type=2.0):
     """Clip gradients at the end of an accumulation window (unscaled first under fp16); None on micro-steps."""
-    from .train.steps import clip_grad_norm_ as _clip
+    from .rank.train.steps import clip_grad_norm_ as _clip
 
     return _clip(parameters, max_norm, norm_type)
 
@@ -55,7 +55,7 @@ def save_checkpoint(path=None, **extra):
 
     Call it on every rank; rank 0 writes ``--checkpoint DIR``/checkpoint.pt atomically. ``extra`` values are saved too.
     """
-    from .train.checkpoint import save_checkpoint as _save
+    from .rank.train.checkpoint import save_checkpoint as _save
 
     return _save(path, **extra)
 
@@ -65,22 +65,22 @@ def load_checkpoint(path=None):
 
     With ``--checkpoint DIR`` this happens by itself when the cell starts and DIR holds a checkpoint.
     """
-    from .train.checkpoint import load_checkpoint as _load
+    from .rank.train.checkpoint import load_checkpoint as _load
 
     return _load(path)
 
 
 def epochs(total):
     """``for epoch in nbtrain.epochs(10):`` — like range(10), but starts at the saved epoch when the cell resumes."""
-    from .train.checkpoint import epochs as _epochs
-    from .train.preemption import at_epoch_end
+    from .rank.train.checkpoint import epochs as _epochs
+    from .rank.train.preempt_checkpoint import at_epoch_end
 
     return _epochs(total, between=at_epoch_end)
 
 
 def training_state():
     """The cell's training context: ``.step``, ``.epoch``, ``.amp_dtype``, ``.scaler``, ``.accum.k``, ``.device``."""
-    from .train.state import current
+    from .rank.train.state import current
 
     return current()
 
@@ -88,7 +88,7 @@ def training_state():
 def breakpoint(rank=0):
     """Inside a ``%%distributed`` cell, on every rank: stop rank ``rank`` in pdb (its prompt under the cell);
     the other ranks wait for it outside any collective, so no collective timeout fires while you debug."""
-    from .train.debug import breakpoint as _breakpoint
+    from .rank.train.debug import breakpoint as _breakpoint
 
     _breakpoint(rank)
 
@@ -96,7 +96,7 @@ def breakpoint(rank=0):
 def track(tracker):
     """Follow every later ``%%distributed`` cell of this kernel with ``tracker`` (an ``nbtrain.Tracker``: MLflow,
     W&B, …): it gets each run's start, every rank's logged series and the end. Returns it; see ``untrack``."""
-    from .launch.observers.trackers import track as _track
+    from .kernel.observers.trackers import track as _track
 
     return _track(tracker)
 
@@ -108,7 +108,7 @@ def runs():
     ``.to_csv(path)`` give the rows."""
     from IPython import get_ipython
 
-    from .launch.observers.runlog import RunLog
+    from .kernel.observers.runlog import RunLog
 
     magics = getattr(get_ipython(), "_nbtrain_magics", None)
     return (magics.pools.runs if magics is not None else RunLog()).table()
@@ -116,24 +116,24 @@ def runs():
 
 def untrack(tracker):
     """Stop following cells with a tracker given to ``nbtrain.track``."""
-    from .launch.observers.trackers import untrack as _untrack
+    from .kernel.observers.trackers import untrack as _untrack
 
     _untrack(tracker)
 
 
 def __getattr__(name):
     if name == "Tracker":  # the base class of experiment trackers, imported only when asked for
-        from .launch.observers.trackers import Tracker
+        from .kernel.observers.trackers import Tracker
 
         return Tracker
     raise AttributeError(f"module 'nbtrain' has no attribute {name!r}")
 
 
 def load_ipython_extension(ipython):
-    from .cluster.tokens import sweep_tokens
-    from .launch.observers.registry import sweep_records
-    from .leftovers import sweep_quietly, sweep_temp
-    from .magics import DistributedMagics
+    from .kernel.cluster.tokens import sweep_tokens
+    from .kernel.observers.registry import sweep_records
+    from .common.leftovers import sweep_quietly, sweep_temp
+    from .kernel.magics import DistributedMagics
     from .wire.shm import sweep_orphans
 
     sweep_quietly(sweep_orphans, sweep_temp, sweep_records, sweep_tokens)  # what killed kernels and agents left behind

@@ -3,7 +3,7 @@
     python scripts/verify_gpu_health.py --out build/gpu-health        # on a GPU machine: the panel while busy
     python scripts/device_panel_png.py build/gpu-health/device_panel.html docs/device-panel.png
 
-The HTML is what :func:`nbtrain.dashboard.devices_view.devices_html` drew from real NVML readings; this only
+The HTML is what :func:`nbtrain.kernel.dashboard.devices_view.devices_html` drew from real NVML readings; this only
 renders it in headless Chromium (Debian's ``chromium``, through playwright) at the width of a notebook cell.
 """
 

@@ -142,7 +142,7 @@ nbformat.write(new_notebook(cells=troubleshooting, metadata=KERNEL), "notebooks/
 from_script = [
     new_markdown_cell(
         "# An existing torchrun script, run unchanged in a cell\n\n"
-        "A training script written for `torchrun --nproc-per-node N train.py` reads RANK/LOCAL_RANK/WORLD_SIZE "
+        "A training script written for `torchrun --nproc-per-node N rank/train.py` reads RANK/LOCAL_RANK/WORLD_SIZE "
         "from the environment, calls `dist.init_process_group()` itself and guards its entry point with "
         "`if __name__ == \"__main__\":`. Paste it into a `%%distributed N` cell and it runs as is: the "
         "environment is the one torchrun sets, the process group it asks for is already there, and its "
@@ -151,7 +151,7 @@ from_script = [
     new_code_cell("%load_ext nbtrain"),
     new_code_cell(
         "%%distributed {RANKS} --cpu\n"
-        "# ---- train.py, unchanged ----\n"
+        "# ---- rank/train.py, unchanged ----\n"
         "import os\n"
         "import torch\n"
         "import torch.distributed as dist\n"

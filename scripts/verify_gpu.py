@@ -35,7 +35,7 @@ import time
 
 from IPython.core.interactiveshell import InteractiveShell
 
-from nbtrain.dashboard.chart_feed import unpack
+from nbtrain.kernel.dashboard.chart_feed import unpack
 
 
 def check(name: str, ok: bool, detail: str = "") -> bool:
@@ -111,12 +111,12 @@ def forked_ranks(shell) -> list[bool]:
 
 DRIVER_PROBE = """
 import ctypes, importlib, json, sys
-from nbtrain.worker.zygote import WARM_IMPORTS, cuda_driver_initialised, unsafe_to_fork
+from nbtrain.rank.zygote import WARM_IMPORTS, cuda_driver_initialised, unsafe_to_fork
 def mapped():
     with open("/proc/self/maps") as f:
         return "libcuda.so" in f.read()
 seen = {}
-for name in ("torch", "nbtrain.worker.main", *WARM_IMPORTS):
+for name in ("torch", "nbtrain.rank.main", *WARM_IMPORTS):
     importlib.import_module(name)
     seen[name] = mapped()
 import torch
@@ -154,8 +154,8 @@ def zygote_driver_checks() -> list[bool]:
 
 def load_panels() -> list[bool]:
     """Check 8: the chart's load panels from two real telemetry samples."""
-    from nbtrain.dashboard.load_feed import GPU_TITLES, LoadFeed
-    from nbtrain.dashboard.telemetry_series import TelemetrySeries
+    from nbtrain.kernel.dashboard.load_feed import GPU_TITLES, LoadFeed
+    from nbtrain.kernel.dashboard.telemetry_series import TelemetrySeries
     from nbtrain.gpu.telemetry import Telemetry
 
     telemetry, series = Telemetry(), TelemetrySeries()

@@ -142,12 +142,12 @@ def observed_run(seconds: float, out: str, cpu: bool) -> None:
     import IPython.display
 
     import torch
-    from nbtrain.cluster.hub import heartbeat_gpus
-    from nbtrain.dashboard.devices_view import devices_html
-    from nbtrain.dashboard.observer import DashboardObserver
-    from nbtrain.dashboard.widget import RunDashboard
-    from nbtrain.launch.lifecycle.entry import run_source
-    from nbtrain.launch.request.config import LaunchRequest
+    from nbtrain.kernel.cluster.hub import heartbeat_gpus
+    from nbtrain.kernel.dashboard.devices_view import devices_html
+    from nbtrain.kernel.dashboard.observer import DashboardObserver
+    from nbtrain.kernel.dashboard.widget import RunDashboard
+    from nbtrain.kernel.lifecycle.entry import run_source
+    from nbtrain.kernel.request.config import LaunchRequest
     from nbtrain.node.main import telemetry
 
     shown: list = []

@@ -3,7 +3,7 @@
     python scripts/verify_gpu_sharded.py            # one rank per GPU (RANKS=N to choose), NCCL, bf16
     python scripts/verify_gpu_sharded.py --cpu      # the same path on CPU ranks (gloo), to check the script
 
-Runs the same training cell four times through nbtrain.launch.lifecycle.entry.run_source: DDP, --shard, --shard for half
+Runs the same training cell four times through nbtrain.kernel.lifecycle.entry.run_source: DDP, --shard, --shard for half
 the epochs, then --shard --checkpoint-async resuming from that checkpoint; prints each curve, what came back
 and the peak GPU memory, then whether the sharded losses match DDP's and the resumed curve the straight one.
 Last, a small language model whose head shares the embedding's weight, trained under --shard and resumed from
@@ -18,8 +18,8 @@ import tempfile
 import time
 
 from nbtrain.gpu import nvml
-from nbtrain.launch.lifecycle.entry import run_source
-from nbtrain.launch.request.config import LaunchRequest
+from nbtrain.kernel.lifecycle.entry import run_source
+from nbtrain.kernel.request.config import LaunchRequest
 
 CPU = "--cpu" in sys.argv
 MODEL = '''

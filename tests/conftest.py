@@ -72,12 +72,12 @@ _ZYGOTE: list = []  # the test run's zygote, shared by the pool fixtures as a ke
 def shared_zygote():
     """The zygote the pool fixtures fork ranks from, started once per test run (NBTRAIN_TEST_SPAWN=1: none, every
     rank spawned); a kernel has one from ``%load_ext nbtrain``."""
-    from nbtrain.launch.ranks.zygote import Zygote
+    from nbtrain.kernel.ranks.zygote_handle import ZygoteHandle
 
     if os.environ.get("NBTRAIN_TEST_SPAWN") == "1":
         return None
     if not _ZYGOTE or _ZYGOTE[0].why_not():  # none yet, or it died
-        _ZYGOTE[:] = [Zygote.start()]
+        _ZYGOTE[:] = [ZygoteHandle.start()]
     return _ZYGOTE[0]
 
 
@@ -90,8 +90,8 @@ def _close_test_zygote():
 
 @contextlib.contextmanager
 def _pool_manager():
-    from nbtrain.launch.lifecycle.pools import PoolManager
-    from nbtrain.launch.ranks.starter import RankStarter
+    from nbtrain.kernel.lifecycle.pools import PoolManager
+    from nbtrain.kernel.ranks.starter import RankStarter
 
     manager = PoolManager(starter=RankStarter(shared_zygote()))
     try:

@@ -8,10 +8,10 @@ import pytest
 from helpers.runhelp import run_cell
 from helpers.telemetry_record import load, replay
 
-from nbtrain.dashboard.model import RunModel
-from nbtrain.dashboard.run_view import run_html
-from nbtrain.launch.diagnostics.advisor import advise
-from nbtrain.launch.lifecycle.entry import format_summary
+from nbtrain.kernel.dashboard.model import RunModel
+from nbtrain.kernel.dashboard.run_view import run_html
+from nbtrain.kernel.diagnostics.advisor import advise
+from nbtrain.kernel.lifecycle.entry import format_summary
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -105,7 +105,7 @@ def test_gpu_health_hints_quote_the_power_cap_a_narrow_link_and_new_ecc_errors()
     from nbtrain.gpu.devices import GpuStatus
     from nbtrain.gpu.health import GpuHealth
     from nbtrain.gpu.telemetry import Snapshot
-    from nbtrain.launch.diagnostics.advisor import Evidence
+    from nbtrain.kernel.diagnostics.advisor import Evidence
 
     def gpu(index, slowed, ecc, width=16):
         health = GpuHealth(clock_reasons=("power cap",) if slowed else (), pcie_width=width, pcie_width_max=16,
@@ -126,8 +126,8 @@ def test_a_nodes_gpus_are_judged_from_its_heartbeats_and_named_with_the_node():
     the first logged step, are not counted."""
     from nbtrain.gpu.devices import GpuStatus
     from nbtrain.gpu.health import GpuHealth
-    from nbtrain.launch.diagnostics.advisor import Evidence
-    from nbtrain.launch.observers.events import NodeGpu, NodeInfo, NodeState
+    from nbtrain.kernel.diagnostics.advisor import Evidence
+    from nbtrain.kernel.observers.events import NodeGpu, NodeInfo, NodeState
 
     def node(name, when, slowed, state=NodeState.RUNNING):
         health = GpuHealth(clock_reasons=("power cap",) if slowed else ())

@@ -2,7 +2,7 @@
 
 import pytest
 
-from nbtrain.launch.request.cell import CellSyntaxError, analyse_cell
+from nbtrain.kernel.request.cell import CellSyntaxError, analyse_cell
 
 
 def test_reads_notebook_names_before_they_are_rebound():

@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers.runhelp import Captured, run_cell
 
-from nbtrain.launch.diagnostics.failures import RankFailedError
+from nbtrain.kernel.diagnostics.failures import RankFailedError
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -165,7 +165,7 @@ def test_a_checkpoint_saved_mid_epoch_resumes_at_the_next_batch(pools, tmp_path)
 DISK_FULL = """
 import resource, signal
 import torch, nbtrain
-from nbtrain.train.checkpoint import CheckpointError
+from nbtrain.rank.train.checkpoint import CheckpointError
 limit = resource.getrlimit(resource.RLIMIT_FSIZE)
 net = torch.nn.Linear(4, 4)
 model, opt = nbtrain.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))

@@ -15,8 +15,8 @@ from helpers.attacker import NAME, attacker, needs_root, plant, python_as_attack
 from helpers.runhelp import run_cell
 from helpers.sharding import CURVE
 
-from nbtrain.launch.diagnostics.failures import RankFailedError
-from nbtrain.launch.request.config import ConfigError, LaunchRequest, resolve
+from nbtrain.kernel.diagnostics.failures import RankFailedError
+from nbtrain.kernel.request.config import ConfigError, LaunchRequest, resolve
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -126,7 +126,7 @@ def test_a_pickle_among_a_sharded_checkpoints_values_runs_nothing(tmp_path):
     (one process, DCP's own writer and reader; torch's plain dcp.load would run it)."""
     import torch.distributed.checkpoint as dcp
 
-    from nbtrain.train import dcp_reading
+    from nbtrain.rank.train import dcp_reading
 
     marker = tmp_path / "ran"
     with pytest.warns(UserWarning, match="single process"):

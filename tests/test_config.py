@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from helpers.fake_nvml import FakeGpu, install
 
-from nbtrain.launch.request import config as config_module
-from nbtrain.launch.request.config import ConfigError, LaunchRequest, resolve
+from nbtrain.kernel.request import config as config_module
+from nbtrain.kernel.request.config import ConfigError, LaunchRequest, resolve
 
 
 def gpus(n):

@@ -11,11 +11,11 @@ import pytest
 from IPython.core.error import UsageError
 
 from helpers.workers import nbtrain_workers
-from nbtrain.dashboard.metric_store import MetricStore
-from nbtrain.dashboard.run_view import run_html
-from nbtrain.launch.request.config import ConfigError, LaunchRequest, PoolSpec, resolve
-from nbtrain.launch.observers.cost import Metering, metering_for
-from nbtrain.launch.observers.events import NodeInfo
+from nbtrain.kernel.dashboard.metric_store import MetricStore
+from nbtrain.kernel.dashboard.run_view import run_html
+from nbtrain.kernel.request.config import ConfigError, LaunchRequest, PoolSpec, resolve
+from nbtrain.kernel.observers.cost import Metering, metering_for
+from nbtrain.kernel.observers.events import NodeInfo
 
 
 def spec(**fields) -> PoolSpec:

@@ -221,8 +221,8 @@ def _check_device_styles(chart) -> None:
     """Each device's line is drawn in the colour and dash the final picture gives it (theme.device_style)."""
     from matplotlib import colors
 
-    from nbtrain.dashboard.telemetry_series import MACHINE, DeviceKey
-    from nbtrain.dashboard.theme import device_style
+    from nbtrain.kernel.dashboard.telemetry_series import MACHINE, DeviceKey
+    from nbtrain.kernel.dashboard.theme import device_style
 
     for key in (MACHINE, DeviceKey.rank(0), DeviceKey.rank(1)):
         row = chart.locator(".nbt-load-memory .u-legend .u-series").filter(has_text=key.memory_label)
@@ -381,8 +381,8 @@ def test_a_newcomers_quickstart_ends_with_its_load_drawn_one_step_count_and_a_sh
     from matplotlib import colors
     from PIL import Image
 
-    from nbtrain.dashboard.telemetry_series import MACHINE
-    from nbtrain.dashboard.theme import device_style
+    from nbtrain.kernel.dashboard.telemetry_series import MACHINE
+    from nbtrain.kernel.dashboard.theme import device_style
 
     def check(page, lab, cells) -> None:
         page.locator("#nbtrain-status").click()

@@ -15,10 +15,10 @@ import pytest
 
 from helpers.chartbuild import node_join
 
-from nbtrain.dashboard import chart
-from nbtrain.dashboard.chart_feed import COLUMNS, ChartFeed, unpack
-from nbtrain.dashboard.metric_store import MetricStore
-from nbtrain.dashboard.series import BoundedSeries
+from nbtrain.kernel.dashboard import chart
+from nbtrain.kernel.dashboard.chart_feed import COLUMNS, ChartFeed, unpack
+from nbtrain.kernel.dashboard.metric_store import MetricStore
+from nbtrain.kernel.dashboard.series import BoundedSeries
 
 
 def as_lists(update: dict | None) -> dict | None:
@@ -175,7 +175,7 @@ def test_a_tick_a_few_ms_early_still_sends_so_the_chart_keeps_two_updates_a_seco
 
 
 def test_telemetry_samples_ride_with_the_curves_or_alone_when_nothing_was_logged(messages):
-    from nbtrain.dashboard.telemetry_series import TelemetrySeries
+    from nbtrain.kernel.dashboard.telemetry_series import TelemetrySeries
     from nbtrain.gpu.processes import HostStatus
     from nbtrain.gpu.telemetry import Snapshot
 

@@ -9,12 +9,12 @@ import time
 
 import pytest
 
-from nbtrain.dashboard.devices_view import devices_html
-from nbtrain.dashboard.final import final_figure, summary_paragraph
-from nbtrain.dashboard.metric_store import MetricStore
-from nbtrain.dashboard.progress import progress
-from nbtrain.dashboard.telemetry_series import MACHINE, TIME_AXIS, TelemetrySeries
-from nbtrain.dashboard.threads import Sampler
+from nbtrain.kernel.dashboard.devices_view import devices_html
+from nbtrain.kernel.dashboard.final import final_figure, summary_paragraph
+from nbtrain.kernel.dashboard.metric_store import MetricStore
+from nbtrain.kernel.dashboard.progress import progress
+from nbtrain.kernel.dashboard.telemetry_series import MACHINE, TIME_AXIS, TelemetrySeries
+from nbtrain.kernel.dashboard.threads import Sampler
 from nbtrain.gpu.processes import HostStatus
 from nbtrain.gpu.telemetry import NO_DRIVER, RankUsage, Snapshot, Telemetry
 
@@ -101,7 +101,7 @@ def test_a_cpu_quickstarts_summary_is_short_and_says_nothing_twice():
 def test_the_step_counted_in_each_view_is_the_same(tmp_path):
     """A 423-step run's last logged step is 422: the JupyterLab panel said "step 422" (the registry's record) where
     the live line and the summary said 423. Every view now says the steps done."""
-    from nbtrain.launch.observers.registry import RunRegistry
+    from nbtrain.kernel.observers.registry import RunRegistry
 
     store = MetricStore()
     records = [(s, 100.0 + s, {"loss": 1.0}) for s in range(423)]
@@ -118,7 +118,7 @@ def test_the_machines_line_is_grey_as_the_guide_says():
     """The user guide says the machine's line is grey; it was drawn near-black (#444444)."""
     from matplotlib import colors
 
-    from nbtrain.dashboard.theme import device_style
+    from nbtrain.kernel.dashboard.theme import device_style
 
     red, green, blue = colors.to_rgb(device_style(MACHINE)["color"])
     assert red == green == blue and 0.45 <= red <= 0.75, device_style(MACHINE)

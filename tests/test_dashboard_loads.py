@@ -7,9 +7,9 @@ import math
 
 from matplotlib import colors as matplotlib_colors
 
-from nbtrain.dashboard.chart_feed import unpack
-from nbtrain.dashboard.load_feed import CPU_TITLES, GPU_TITLES, LoadFeed
-from nbtrain.dashboard.telemetry_series import TelemetrySeries
+from nbtrain.kernel.dashboard.chart_feed import unpack
+from nbtrain.kernel.dashboard.load_feed import CPU_TITLES, GPU_TITLES, LoadFeed
+from nbtrain.kernel.dashboard.telemetry_series import TelemetrySeries
 from nbtrain.gpu.devices import GpuStatus
 from nbtrain.gpu.processes import HostStatus
 from nbtrain.gpu.telemetry import RankUsage, Snapshot
@@ -85,8 +85,8 @@ def test_the_final_picture_draws_the_load_as_the_live_panels_do():
     """Same units (the machine's CPU in % of one core), titles, order, colours and dashes in the live load panels
     and the final figure; one legend under both panels names each device; a rank's line covered by another stays
     visible."""
-    from nbtrain.dashboard.final import final_figure
-    from nbtrain.dashboard.metric_store import MetricStore
+    from nbtrain.kernel.dashboard.final import final_figure
+    from nbtrain.kernel.dashboard.metric_store import MetricStore
 
     telemetry = TelemetrySeries()
     feed = LoadFeed(telemetry)
@@ -117,9 +117,9 @@ def test_the_final_picture_draws_the_load_as_the_live_panels_do():
 
 def test_the_live_chart_and_the_final_figure_draw_the_logged_series_with_one_style():
     """The browser chart is sent the palette, widths and smoothing rule the final figure draws with."""
-    from nbtrain.dashboard import chart, theme
-    from nbtrain.dashboard.final import final_figure
-    from nbtrain.dashboard.metric_store import MetricStore
+    from nbtrain.kernel.dashboard import chart, theme
+    from nbtrain.kernel.dashboard.final import final_figure
+    from nbtrain.kernel.dashboard.metric_store import MetricStore
 
     store = MetricStore()
     store.add(0, [(s, float(s), {"loss": 1.0 / (s + 1)}) for s in range(50)]
@@ -137,8 +137,8 @@ def test_the_live_chart_and_the_final_figure_draw_the_logged_series_with_one_sty
 def test_no_legend_of_the_final_picture_covers_a_plot():
     """The legends sit outside every panel's plot area: the series' beside their panel, the devices' under the
     load panels (inside a load panel, a legend of every device covered its lines)."""
-    from nbtrain.dashboard.final import final_figure
-    from nbtrain.dashboard.metric_store import MetricStore
+    from nbtrain.kernel.dashboard.final import final_figure
+    from nbtrain.kernel.dashboard.metric_store import MetricStore
 
     telemetry = TelemetrySeries()
     for t in range(20):

@@ -13,11 +13,11 @@ import time
 import pytest
 from helpers.labhelp import CHROMIUM, LAUNCH_ARGS, JupyterLab, browser_or_skip, screenshot_path, write_notebook
 
-from nbtrain.dashboard import final
-from nbtrain.dashboard.model import RunModel
+from nbtrain.kernel.dashboard import final
+from nbtrain.kernel.dashboard.model import RunModel
 from nbtrain.gpu.processes import HostStatus
 from nbtrain.gpu.telemetry import RankUsage, Snapshot
-from nbtrain.launch.observers.events import RankInfo, RunInfo
+from nbtrain.kernel.observers.events import RankInfo, RunInfo
 
 sync_api = browser_or_skip()
 

@@ -8,12 +8,12 @@ import math
 import pytest
 
 from helpers.runhelp import run_cell
-from nbtrain.dashboard import configure
-from nbtrain.dashboard.chart_feed import OVERLAY_POINTS, ChartFeed, reduced, unpack
-from nbtrain.dashboard.metric_store import MetricStore
-from nbtrain.launch.observers.history import History
-from nbtrain.launch.observers.events import RunObserver, RunState
-from nbtrain.launch.observers.runlog import KEEP_SERIES, EarlierRun, RunLog, differences
+from nbtrain.kernel.dashboard import configure
+from nbtrain.kernel.dashboard.chart_feed import OVERLAY_POINTS, ChartFeed, reduced, unpack
+from nbtrain.kernel.dashboard.metric_store import MetricStore
+from nbtrain.kernel.observers.history import History
+from nbtrain.kernel.observers.events import RunObserver, RunState
+from nbtrain.kernel.observers.runlog import KEEP_SERIES, EarlierRun, RunLog, differences
 
 CELL = "import nbtrain\nfor step in range(4):\n    nbtrain.log(loss=LR / (step + 1))\n"
 
@@ -104,10 +104,10 @@ def test_the_picture_left_after_a_run_draws_the_earlier_runs_beside_it(monkeypat
     replaces it in the notebook, each labelled as in the live legend."""
     import base64
 
-    from nbtrain.dashboard import theme
-    from nbtrain.dashboard.final import final_figure
-    from nbtrain.dashboard.model import RunModel
-    from nbtrain.dashboard.widget import RunDashboard
+    from nbtrain.kernel.dashboard import theme
+    from nbtrain.kernel.dashboard.final import final_figure
+    from nbtrain.kernel.dashboard.model import RunModel
+    from nbtrain.kernel.dashboard.widget import RunDashboard
 
     log = RunLog()
     log.add("lr = 0.1\n", "--amp bf16", 0.0, 1.0, 2, history(*(1.0 / (s + 2) for s in range(20))), "finished", None)
@@ -135,8 +135,8 @@ def test_the_picture_follows_this_run_and_marks_how_each_earlier_run_ended():
     """A 20-step run drawn beside a stopped 200-step run and a failed one: the x axis spans this run's 20 steps (it
     spanned the earlier run's 200), each earlier run's label says how it ended, and the legend sits beside the
     plot, over none of its lines (it sat inside the plot, over the curves, where matplotlib found room)."""
-    from nbtrain.dashboard.final import final_figure
-    from nbtrain.dashboard.model import RunModel
+    from nbtrain.kernel.dashboard.final import final_figure
+    from nbtrain.kernel.dashboard.model import RunModel
 
     log = RunLog()
     log.add("lr = 0.1\n", "", 0.0, 1.0, 2, history(*(1.0 / (s + 2) for s in range(200))), "interrupted", None)

@@ -11,12 +11,12 @@ import threading
 import psutil
 import pytest
 
-from nbtrain.dashboard.observer import DashboardObserver
-from nbtrain.dashboard.text_status import TextStatus
-from nbtrain.dashboard.widget import RunDashboard
-from nbtrain.launch.lifecycle.entry import run_source
-from nbtrain.launch.observers.events import RunObserver
-from nbtrain.launch.request.config import LaunchRequest
+from nbtrain.kernel.dashboard.observer import DashboardObserver
+from nbtrain.kernel.dashboard.text_status import TextStatus
+from nbtrain.kernel.dashboard.widget import RunDashboard
+from nbtrain.kernel.lifecycle.entry import run_source
+from nbtrain.kernel.observers.events import RunObserver
+from nbtrain.kernel.request.config import LaunchRequest
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
 
@@ -63,7 +63,7 @@ def test_dashboard_sees_both_ranks_metrics_and_their_processes(monkeypatch):
     namespace = {}
     result = run_source(CELL, LaunchRequest(nprocs=2, cpu=True), namespace, observers=[widget, text, pids])
 
-    assert set(pids.pids) == {0, 1} and all("nbtrain.worker" in cmd for cmd in pids.cmdlines.values())
+    assert set(pids.pids) == {0, 1} and all("nbtrain.rank" in cmd for cmd in pids.cmdlines.values())
     model = widget.model
     assert model.status == "finished" and model.store.total_steps == 30
     assert model.store.series("loss", rank=0).count == 30 and model.store.series("loss", rank=1).count == 30
@@ -144,8 +144,8 @@ def test_the_live_chart_draws_the_last_points_before_the_picture_replaces_it(mon
     """The chart's last message holds the run's last step, and goes before the final picture: the live chart never
     stops short of the step the progress line reports as finished, however its updates were spaced (here: one
     update in 30 s, so only the end of the run can send the last points)."""
-    from nbtrain.dashboard import chart
-    from nbtrain.dashboard.chart_feed import unpack
+    from nbtrain.kernel.dashboard import chart
+    from nbtrain.kernel.dashboard.chart_feed import unpack
 
     monkeypatch.setattr(chart, "SEND_EVERY_S", 30.0)
     board: list[RunDashboard] = []

@@ -7,10 +7,10 @@ import tracemalloc
 
 import pytest
 
-from nbtrain.dashboard.metric_store import MetricStore
-from nbtrain.dashboard.plotting import group_names
-from nbtrain.dashboard.progress import progress
-from nbtrain.dashboard.series import BoundedSeries, smooth
+from nbtrain.kernel.dashboard.metric_store import MetricStore
+from nbtrain.kernel.dashboard.plotting import group_names
+from nbtrain.kernel.dashboard.progress import progress
+from nbtrain.kernel.dashboard.series import BoundedSeries, smooth
 
 
 def test_a_million_points_stay_bounded_and_summarised_exactly():
@@ -104,13 +104,13 @@ def test_the_run_model_is_data_only_and_names_devices_by_key():
     import subprocess
     import sys
 
-    code = ("import sys, nbtrain.dashboard.model, nbtrain.dashboard.telemetry_series; "
-            "print(sorted(m for m in sys.modules if m.startswith('nbtrain.dashboard.')))")
+    code = ("import sys, nbtrain.kernel.dashboard.model, nbtrain.kernel.dashboard.telemetry_series; "
+            "print(sorted(m for m in sys.modules if m.startswith('nbtrain.kernel.dashboard.')))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     for view in ("run_view", "devices_view", "widget", "chart", "final", "monitor", "theme"):
-        assert f"nbtrain.dashboard.{view}'" not in loaded, f"the model imports the view {view}"
+        assert f"nbtrain.kernel.dashboard.{view}'" not in loaded, f"the model imports the view {view}"
 
-    from nbtrain.dashboard.telemetry_series import MACHINE, DeviceKey, DeviceKind, TelemetrySeries
+    from nbtrain.kernel.dashboard.telemetry_series import MACHINE, DeviceKey, DeviceKind, TelemetrySeries
     from nbtrain.gpu.processes import HostStatus
     from nbtrain.gpu.telemetry import RankUsage, Snapshot
 
@@ -130,8 +130,8 @@ def test_the_browser_smooths_as_the_final_figure_does():
     import subprocess
     from pathlib import Path
 
-    from nbtrain.dashboard.series import worth_smoothing
-    from nbtrain.dashboard.theme import chart_style
+    from nbtrain.kernel.dashboard.series import worth_smoothing
+    from nbtrain.kernel.dashboard.theme import chart_style
 
     node = shutil.which("node")
     data_js = Path(__file__).resolve().parents[1] / "labextension" / "chart" / "data.js"

@@ -8,18 +8,18 @@ import time
 import ipywidgets
 import pytest
 
-import nbtrain.dashboard as dashboard
-from nbtrain.dashboard import chart
-from nbtrain.dashboard.devices_view import devices_html
-from nbtrain.dashboard.model import RunModel
-from nbtrain.launch.observers.events import RunState
-from nbtrain.dashboard.monitor import GpuMonitor, gpus_table
-from nbtrain.dashboard.observer import DashboardObserver
-from nbtrain.dashboard.widget import RunDashboard
+import nbtrain.kernel.dashboard as dashboard
+from nbtrain.kernel.dashboard import chart
+from nbtrain.kernel.dashboard.devices_view import devices_html
+from nbtrain.kernel.dashboard.model import RunModel
+from nbtrain.kernel.observers.events import RunState
+from nbtrain.kernel.dashboard.monitor import GpuMonitor, gpus_table
+from nbtrain.kernel.dashboard.observer import DashboardObserver
+from nbtrain.kernel.dashboard.widget import RunDashboard
 from nbtrain.gpu.devices import GpuProcess, GpuStatus
 from nbtrain.gpu.processes import HostStatus
 from nbtrain.gpu.telemetry import RankUsage, Snapshot
-from nbtrain.launch.observers.events import NodeGpu, NodeInfo, RankInfo, RunInfo
+from nbtrain.kernel.observers.events import NodeGpu, NodeInfo, RankInfo, RunInfo
 
 PNG = b"\x89PNG\r\n\x1a\n"
 GiB = 2**30
@@ -153,7 +153,7 @@ def test_the_latest_state_in_words_follows_the_run_under_the_widget_and_the_summ
     names the step, the logged series and the load from the start, is refreshed by the ticker every few seconds,
     shows a metric named like a tag as text, and becomes the summary when the run ends."""
     mistune = pytest.importorskip("mistune")
-    from nbtrain.dashboard import snapshot
+    from nbtrain.kernel.dashboard import snapshot
 
     outputs: list = []
     monkeypatch.setattr("IPython.display.display",
@@ -224,7 +224,7 @@ def test_gpus_once_prints_a_table(capsys):
 
 def test_rank_memory_the_driver_hides_is_na_with_one_note():
     """A VM's driver lists no processes: the views show N/A for the ranks (never 0) and say why once."""
-    from nbtrain.dashboard.run_view import _memory
+    from nbtrain.kernel.dashboard.run_view import _memory
     from nbtrain.gpu.telemetry import hidden_processes_note
 
     gpu = GpuStatus(0, "NVIDIA H100 80GB HBM3", "GPU-0", 12, 9 * GiB, 80 * GiB, 40, 150.0, 700.0, ())
@@ -272,8 +272,8 @@ def test_the_html_panels_show_what_the_run_names_as_text():
     """Node names, hosts, devices, setup words, hints and status that hold HTML reach the panels as text."""
     from types import SimpleNamespace
 
-    from nbtrain.dashboard.metric_store import MetricStore
-    from nbtrain.dashboard.run_view import run_html
+    from nbtrain.kernel.dashboard.metric_store import MetricStore
+    from nbtrain.kernel.dashboard.run_view import run_html
 
     attack = "<img src=x onerror=alert(1)>"
     nodes = (NodeInfo(attack, attack, "10.0.0.7", (0,), attack, time.time(), None, None, ()),)
@@ -287,10 +287,10 @@ def test_the_html_panels_show_what_the_run_names_as_text():
 
 
 def test_a_live_dashboard_shown_again_resends_every_widget_then_its_output_and_never_after_the_picture(monkeypatch):
-    """What a page reloaded mid-run gets (nbtrain.dashboard.reopen): a comm_open with the full state of each
+    """What a page reloaded mid-run gets (nbtrain.kernel.dashboard.reopen): a comm_open with the full state of each
     widget of the dashboard, children before the box that names them, then the dashboard's output again; once
     the run ended and left its picture, nothing."""
-    from nbtrain.dashboard import reopen
+    from nbtrain.kernel.dashboard import reopen
 
     monkeypatch.setattr(reopen, "_live", {})  # this test's dashboard alone
     opened = []

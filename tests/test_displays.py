@@ -8,8 +8,8 @@ from helpers.runhelp import Captured, run_cell
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook
 
-from nbtrain.launch.relay.displays import PendingDisplays
-from nbtrain.launch.relay.output import OutputRelay
+from nbtrain.kernel.relay.displays import PendingDisplays
+from nbtrain.kernel.relay.output import OutputRelay
 from nbtrain.wire import protocol as P
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from nbtrain.magics import DistributedMagics
+from nbtrain.kernel.magics import DistributedMagics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs")

@@ -9,7 +9,7 @@ it caused, ties, what counts as a communication error, and the report's text.
 
 from __future__ import annotations
 
-from nbtrain.launch.diagnostics.failures import Frame, RankFailedError, RankFailure, RemoteError, first_sentence
+from nbtrain.kernel.diagnostics.failures import Frame, RankFailedError, RankFailure, RemoteError, first_sentence
 
 CELL = "<%%distributed cell 1f2e>"
 SOURCE = "import torch.distributed as dist\nbatch = load(rank)\nloss = step(batch)\ndist.all_reduce(loss)\n"

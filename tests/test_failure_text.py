@@ -9,7 +9,7 @@ import traceback
 import pytest
 from helpers.runhelp import Captured, run_cell
 
-from nbtrain.launch.diagnostics.failures import RankFailedError
+from nbtrain.kernel.diagnostics.failures import RankFailedError
 
 
 def test_a_warning_names_the_cell_line_as_the_traceback_does(pools):

@@ -12,10 +12,10 @@ import time
 import pytest
 
 from helpers.fake_nvml import FakeGpu, install
-from nbtrain.dashboard.devices_view import devices_html
-from nbtrain.dashboard.model import RunModel
-from nbtrain.dashboard.observer import DashboardObserver
-from nbtrain.dashboard.threads import Sampler
+from nbtrain.kernel.dashboard.devices_view import devices_html
+from nbtrain.kernel.dashboard.model import RunModel
+from nbtrain.kernel.dashboard.observer import DashboardObserver
+from nbtrain.kernel.dashboard.threads import Sampler
 
 GIB = 2**30
 
@@ -117,9 +117,9 @@ def test_each_mig_instance_is_a_device_with_its_memory_and_its_ranks(monkeypatch
 
 
 def test_heartbeats_carry_each_gpu_as_plain_json_and_the_panel_draws_node_gpus_as_local_ones(monkeypatch):
-    from nbtrain.cluster.hub import heartbeat_gpus
+    from nbtrain.kernel.cluster.hub import heartbeat_gpus
     from nbtrain.gpu.devices import DeviceReader
-    from nbtrain.launch.observers.events import NodeInfo
+    from nbtrain.kernel.observers.events import NodeInfo
     from nbtrain.node.main import telemetry
 
     instance = FakeGpu(uuid="MIG-1c9e-a", total=10 * GIB, used=3 * GIB)

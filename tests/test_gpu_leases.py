@@ -173,14 +173,14 @@ def test_shared_server_auto_choice_picks_free_close_gpus_or_says_who_holds_the_r
     holder = start_holder("0,1,2,3,4,7", directory)
     try:
         held = leases.held(directory)
-        owner = {4242: ("carol", "python train.py")}.get
+        owner = {4242: ("carol", "python rank/train.py")}.get
         choice = choose(1, gpus, held, known_pids={7777}, owner_of=owner)
         assert choice.gpus == (6,) and choice.account == ""
         waiting = choose(4, gpus, held, known_pids={7777}, owner_of=owner)
         assert waiting.gpus == ()
         assert waiting.account.startswith("waiting for 4 GPUs (1 free): GPU 0 held by root (notebooks/llm.ipynb, "
                                           "training since ")
-        assert waiting.account.endswith("GPU 5 by a process of carol's (python train.py, 38 GiB)")
+        assert waiting.account.endswith("GPU 5 by a process of carol's (python rank/train.py, 38 GiB)")
     finally:
         holder.kill()
         holder.wait()

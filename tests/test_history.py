@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy
 import pytest
 
-from nbtrain.launch.observers.history import History, Series
+from nbtrain.kernel.observers.history import History, Series
 
 
 def history() -> History:

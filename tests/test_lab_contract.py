@@ -155,8 +155,8 @@ def test_package_scripts_use_only_tools_the_package_has():
 
 def test_run_and_node_states_have_the_same_names_in_python_and_types_ts():
     """One set of state names: the run registry writes RunState's values, the panel's types allow exactly them."""
-    from nbtrain.launch.observers.events import NodeState
-    from nbtrain.launch.observers.events import RunState
+    from nbtrain.kernel.observers.events import NodeState
+    from nbtrain.kernel.observers.events import RunState
 
     shapes = interfaces()
     assert literals(shapes, "RunState") == {state.value for state in RunState}

@@ -2,7 +2,7 @@
 
 Every ``import`` in ``nbtrain/**/*.py`` is read with :mod:`ast` — function-level imports too, since a
 lazy import is still a dependency — and resolved to the nbtrain module it names. Modules are grouped by
-package (``nbtrain/launch/*`` is ``launch``; a top-level module such as ``magics.py`` is its own node;
+package (``nbtrain/kernel/*`` is ``launch``; a top-level module such as ``kernel/magics.py`` is its own node;
 ``nbtrain/__init__.py``, the public facade, is ``nbtrain``). The rules:
 
 * no cycle between packages;
@@ -11,8 +11,8 @@ package (``nbtrain/launch/*`` is ``launch``; a top-level module such as ``magics
 * the node side (``node``: the agent that runs a machine's ranks for a kernel elsewhere) imports neither the
   kernel side nor the rank side, and neither imports it — they meet only in ``wire``;
 * ``wire``, the format both sides share, imports neither side;
-* inside ``train/`` no two modules import each other, even through others;
-* inside ``launch/`` every module lives in a sub-package, and a sub-package imports only those below it in
+* inside ``rank/train/`` no two modules import each other, even through others;
+* inside ``kernel/`` every module lives in a sub-package, and a sub-package imports only those below it in
   :data:`LAUNCH_LAYERS` (relay → observers → diagnostics → request → ranks → lifecycle).
 
 Each failure names the file, line and import that breaks the rule. The drawing of these layers in
@@ -135,9 +135,9 @@ def explain(cycle: list[str], edges) -> str:
 
 def test_the_scan_sees_lazy_and_relative_imports(tmp_path):
     found = {(i.source, i.target) for i in all_imports()}
-    assert ("nbtrain.magics", "nbtrain.launch.lifecycle.entry") in found  # from .launch.lifecycle import entry
-    assert ("nbtrain.dashboard", "nbtrain.words") in found  # from .. import words
-    assert ("nbtrain", "nbtrain.train.prepare") in found  # inside a function of the facade
+    assert ("nbtrain.kernel.magics", "nbtrain.kernel.lifecycle.entry") in found  # from .launch.lifecycle import entry
+    assert ("nbtrain.kernel.dashboard", "nbtrain.common.words") in found  # from .. import words
+    assert ("nbtrain", "nbtrain.rank.train.prepare") in found  # inside a function of the facade
     assert find_cycle({("a", "b"), ("b", "c"), ("c", "a")}) == ["a", "b", "c", "a"]
     assert find_cycle({("a", "b"), ("b", "c")}) is None
 
@@ -179,7 +179,7 @@ def test_wire_imports_neither_side():
 def test_no_module_cycle_inside_train():
     edges: dict[tuple[str, str], list[Import]] = {}
     for imp in all_imports():
-        if imp.source.startswith("nbtrain.train.") and imp.target.startswith("nbtrain.train.") and imp.source != imp.target:
+        if imp.source.startswith("nbtrain.rank.train.") and imp.target.startswith("nbtrain.rank.train.") and imp.source != imp.target:
             edges.setdefault((imp.source, imp.target), []).append(imp)
     cycle = find_cycle(edges)
     assert cycle is None, f"train modules import each other: {' → '.join(cycle)}\n{explain(cycle, edges)}"
@@ -188,20 +188,20 @@ def test_no_module_cycle_inside_train():
 def test_the_architecture_page_names_modules_that_exist():
     page = (ROOT.parent / "docs" / "architecture.md").read_text()
     named = set(re.findall(r"\b((?:launch|cluster|node|wire|worker|train|dashboard|server|gpu)(?:/[a-z_]+)+\.py)\b", page))
-    assert {"wire/protocol.py", "launch/request/inputs.py", "train/state.py"} <= named
+    assert {"wire/protocol.py", "kernel/request/inputs.py", "rank/train/state.py"} <= named
     missing = sorted(path for path in named if not (ROOT / path).is_file())
     assert not missing, f"docs/architecture.md names modules that do not exist: {', '.join(missing)}"
 
 
 def launch_layer(dotted: str) -> str:
-    """``relay`` for ``nbtrain.launch.relay.output``; ``""`` for ``nbtrain.launch`` itself."""
+    """``relay`` for ``nbtrain.kernel.relay.output``; ``""`` for ``nbtrain.kernel`` itself."""
     parts = dotted.split(".")
     return parts[2] if len(parts) > 2 and parts[1] == "launch" else ""
 
 
 def test_launch_is_split_into_its_sub_packages():
     loose = sorted(p.name for p in (ROOT / "launch").glob("*.py") if p.name != "__init__.py")
-    assert not loose, f"modules directly in nbtrain/launch/ (put each in the sub-package it belongs to): {loose}"
+    assert not loose, f"modules directly in nbtrain/kernel/ (put each in the sub-package it belongs to): {loose}"
     subs = sorted(p.name for p in (ROOT / "launch").iterdir() if (p / "__init__.py").is_file())
     assert subs == sorted(LAUNCH_LAYERS)
 

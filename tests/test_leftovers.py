@@ -33,10 +33,10 @@ from helpers.kernelhelp import Kernel
 from helpers.nodehelp import Nodes
 from helpers.workers import assert_no_workers
 
-from nbtrain.cluster.tokens import sweep_tokens, token_dir
-from nbtrain.launch.observers.registry import read_runs, runs_dir, sweep_records
-from nbtrain.leftovers import sweep_temp
-from nbtrain.train.checkpoint import write_atomic
+from nbtrain.kernel.cluster.tokens import sweep_tokens, token_dir
+from nbtrain.kernel.observers.registry import read_runs, runs_dir, sweep_records
+from nbtrain.common.leftovers import sweep_temp
+from nbtrain.rank.train.checkpoint import write_atomic
 from nbtrain.wire.shm import sweep_orphans
 
 NOBODY = 65534
@@ -326,7 +326,7 @@ def test_a_save_into_a_shared_folder_removes_only_this_users_older_shard_folders
     """A sharded save clears the shard folders the checkpoint no longer names: in a folder others can write, another
     user's folder under such a name (world-writable, with their shard inside) and a link to this user's folder are
     left; this user's older folder goes."""
-    from nbtrain.train.checkpoint import _remove_older_shards
+    from nbtrain.rank.train.checkpoint import _remove_older_shards
 
     shared = tempfile.mkdtemp(prefix="nbtrain-test-shared-")
     os.chmod(shared, 0o1777)

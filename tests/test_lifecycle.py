@@ -12,15 +12,15 @@ import psutil
 import pytest
 from helpers.runhelp import run_cell
 
-from nbtrain.launch.diagnostics.failures import RankFailedError
-from nbtrain.launch.ranks.pool import WorkerPool
-from nbtrain.launch.request.config import LaunchRequest, resolve
+from nbtrain.kernel.diagnostics.failures import RankFailedError
+from nbtrain.kernel.ranks.pool import LocalPool
+from nbtrain.kernel.request.config import LaunchRequest, resolve
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
 
 
 def test_channel_is_a_private_socket_that_refuses_a_wrong_key():
-    pool = WorkerPool(resolve(LaunchRequest(nprocs=2, cpu=True)).pool)
+    pool = LocalPool(resolve(LaunchRequest(nprocs=2, cpu=True)).pool)
     try:
         pool.spawn()
         socket_path = os.path.join(pool._dir, "kernel.sock")
@@ -82,7 +82,7 @@ def test_every_socket_of_a_run_is_on_loopback_or_a_private_unix_socket(fresh_poo
     kernel = [c.laddr.ip for c in psutil.Process().net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
     store = [c for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN and c.laddr.port == ns["port"]]
     assert ns["addresses"] and all(_loopback(a) for a in ns["addresses"]), ns["addresses"]
-    assert kernel == []  # the store is hosted by a process of its own (launch/ranks/storehost.py)
+    assert kernel == []  # the store is hosted by a process of its own (kernel/ranks/storehost.py)
     assert store and all(_loopback(c.laddr.ip) for c in store) and all(c.pid != os.getpid() for c in store), store
 
 

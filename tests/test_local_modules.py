@@ -10,15 +10,10 @@ import pytest
 import torch  # noqa: F401  an installed package: its modules must not be stamped
 
 import nbtrain
-from nbtrain.launch.request.notebook_modules import (
-    Workdir,
-    WorkdirGone,
-    changed_files,
-    fresh_ranks_note,
-    notebook_workdir,
-    stale_modules,
+from nbtrain.kernel.request.notebook_modules import (
+    Workdir, WorkdirGone, changed_files, fresh_ranks_note, notebook_workdir, stale_modules
 )
-from nbtrain.worker.modules import LocalModules
+from nbtrain.rank.modules import LocalModules
 
 
 def write_module(path, body: str) -> None:

@@ -16,8 +16,8 @@ from helpers.kernelhelp import nbtrain_kernel
 from helpers.preempt_cells import progress, signal_at_step
 from helpers.runhelp import run_cell
 
-from nbtrain.launch.diagnostics.failures import RankFailedError
-from nbtrain.launch.observers.history import RunOutcome
+from nbtrain.kernel.diagnostics.failures import RankFailedError
+from nbtrain.kernel.observers.history import RunOutcome
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -8,9 +8,9 @@ from helpers.runhelp import run_cell
 
 import nbtrain
 from nbtrain.gpu.peaks import dense_peak_tflops
-from nbtrain.launch.diagnostics.setup_facts import setup_words
-from nbtrain.launch.lifecycle.entry import format_summary
-from nbtrain.train import state, stepmeter
+from nbtrain.kernel.diagnostics.setup_facts import setup_words
+from nbtrain.kernel.lifecycle.entry import format_summary
+from nbtrain.rank.train import state, stepmeter
 
 BATCH, WIDTH, LAYERS = 8, 64, 5
 

@@ -7,7 +7,7 @@ import time
 import pytest
 from helpers.runhelp import Captured, run_cell
 
-from nbtrain.launch.diagnostics.failures import RankFailedError
+from nbtrain.kernel.diagnostics.failures import RankFailedError
 
 
 def test_a_rank_slower_than_the_others_is_left_to_finish(pools):
@@ -67,8 +67,8 @@ def test_a_ranks_end_that_arrives_while_the_slower_ranks_stacks_are_read_on_node
     then never ended)."""
     import threading
 
-    from nbtrain.launch.lifecycle.entry import run_source
-    from nbtrain.launch.request.config import LaunchRequest
+    from nbtrain.kernel.lifecycle.entry import run_source
+    from nbtrain.kernel.request.config import LaunchRequest
 
     nodes.start("127.0.0.2")
     nodes.start("127.0.0.3")

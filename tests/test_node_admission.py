@@ -19,7 +19,7 @@ import time
 import pytest
 from helpers.nodehelp import until
 
-from nbtrain.cluster.hub import MAX_ADMISSIONS, MAX_ADMISSIONS_PER_ADDRESS, Hub
+from nbtrain.kernel.cluster.hub import MAX_ADMISSIONS, MAX_ADMISSIONS_PER_ADDRESS, Hub
 from nbtrain.wire.link import HUB_BUSY, JoinToken
 
 # Another process's flood: each thread opens a connection from its source address, says nothing, waits until the

@@ -37,9 +37,10 @@ from helpers.kernelhelp import Kernel
 from helpers.nodehelp import Boom, join_command, start_agent, until
 from helpers.workers import assert_no_workers
 
-from nbtrain.cluster.hub import ADMIT_DEADLINE_S, MAX_ADMISSIONS, MAX_ADMISSIONS_PER_ADDRESS, Hub
-from nbtrain.wire.link import (HUB_BUSY, HUB_READY, TOKEN_ENV, JoinToken, LinkError, connect, handshake_client,
-                               open_tls)
+from nbtrain.kernel.cluster.hub import ADMIT_DEADLINE_S, MAX_ADMISSIONS, MAX_ADMISSIONS_PER_ADDRESS, Hub
+from nbtrain.wire.link import (
+    HUB_BUSY, HUB_READY, TOKEN_ENV, JoinToken, LinkError, connect, handshake_client, open_tls
+)
 from nbtrain.wire.nodes import NodeHello
 
 HELLO = NodeHello("tester", os.getpid(), 0, 1)

@@ -27,7 +27,7 @@ from helpers.kernelhelp import Kernel
 from helpers.nodehelp import Boom, join_command, start_agent, until
 from helpers.workers import assert_no_workers, nbtrain_workers
 
-from nbtrain.cluster.hub import Hub
+from nbtrain.kernel.cluster.hub import Hub
 from nbtrain.wire.link import JoinToken, LinkError, connect, open_tls
 from nbtrain.wire.nodes import Heartbeat, NodeHello
 
@@ -106,8 +106,8 @@ HOSTILE_GPU = {
 
 
 def test_a_hostile_heartbeat_is_read_field_by_field_and_never_raises(hub):
-    from nbtrain.dashboard.devices_view import devices_html
-    from nbtrain.launch.diagnostics.advisor import Evidence, advise
+    from nbtrain.kernel.dashboard.devices_view import devices_html
+    from nbtrain.kernel.diagnostics.advisor import Evidence, advise
 
     link, _ = connect(hub.token, HELLO)
     try:
@@ -136,7 +136,7 @@ def test_a_hostile_heartbeat_is_read_field_by_field_and_never_raises(hub):
 
 
 def test_an_older_agents_heartbeat_with_gpus_as_tuples_and_a_health_line_still_reads(hub):
-    from nbtrain.dashboard.devices_view import devices_html
+    from nbtrain.kernel.dashboard.devices_view import devices_html
 
     line = "SM 1410/1980 MHz · PCIe 5 x16/16 · no NVLink · ECC 0 corrected, 0 uncorrected · slowed by power cap"
     link, _ = connect(hub.token, HELLO)
@@ -271,7 +271,7 @@ def test_a_silent_node_is_reported_after_5_s_without_heartbeats(cluster):
     msg_id = cluster.kernel.start(CELL + "import time\nprint('spinning', flush=True)\nwhile True:\n    time.sleep(0.05)\n")
     cluster.kernel.collect(msg_id, 180, until=lambda text: text.count("spinning") >= 4)
     frozen = cluster.nodes[1]
-    frozen_ranks = [p for p in psutil.Process(frozen.pid).children(recursive=True) if "nbtrain.worker" in p.cmdline()]
+    frozen_ranks = [p for p in psutil.Process(frozen.pid).children(recursive=True) if "nbtrain.rank" in p.cmdline()]
     stopped = time.monotonic()
     frozen.send_signal(signal.SIGSTOP)
     try:
@@ -292,7 +292,7 @@ def test_a_node_agent_killed_mid_run_is_reported(cluster):
     msg_id = cluster.kernel.start(CELL + "import time\nprint('spinning', flush=True)\nwhile True:\n    time.sleep(0.05)\n")
     cluster.kernel.collect(msg_id, 180, until=lambda text: text.count("spinning") >= 4)
     victim = cluster.nodes[-1]
-    victim_ranks = [p for p in psutil.Process(victim.pid).children(recursive=True) if "nbtrain.worker" in p.cmdline()]
+    victim_ranks = [p for p in psutil.Process(victim.pid).children(recursive=True) if "nbtrain.rank" in p.cmdline()]
     killed = time.monotonic()
     victim.send_signal(signal.SIGKILL)
     reply, out = cluster.kernel.collect(msg_id, 30)

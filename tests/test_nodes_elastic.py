@@ -16,9 +16,9 @@ from helpers.nodehelp import Nodes
 from helpers.restart_cells import lost_node_cell
 from helpers.workers import nbtrain_workers
 
-from nbtrain.cluster.elastic import Formation
-from nbtrain.launch.lifecycle.entry import run_source
-from nbtrain.launch.request.config import ConfigError, LaunchRequest, resolve
+from nbtrain.kernel.cluster.elastic import Formation
+from nbtrain.kernel.lifecycle.entry import run_source
+from nbtrain.kernel.request.config import ConfigError, LaunchRequest, resolve
 
 pytestmark = pytest.mark.timeout(400)
 

@@ -73,7 +73,7 @@ def _joined_name(kernel: Kernel, address: str, timeout: float = 120) -> str:
 
 
 def _ranks_of(agent: subprocess.Popen) -> list[psutil.Process]:
-    return [p for p in psutil.Process(agent.pid).children(recursive=True) if "nbtrain.worker" in p.cmdline()]
+    return [p for p in psutil.Process(agent.pid).children(recursive=True) if "nbtrain.rank" in p.cmdline()]
 
 
 def test_a_node_whose_link_goes_down_is_reported_lost_and_the_others_stop(namespace):

@@ -16,12 +16,12 @@ import os
 import pytest
 from helpers import fake_nvml
 
-from nbtrain.dashboard.devices_view import devices_html
-from nbtrain.dashboard.observer import DashboardObserver
-from nbtrain.dashboard.text_status import TextStatus
-from nbtrain.launch.lifecycle.entry import run_source
-from nbtrain.launch.observers.registry import RunRegistry, read_runs
-from nbtrain.launch.request.config import LaunchRequest
+from nbtrain.kernel.dashboard.devices_view import devices_html
+from nbtrain.kernel.dashboard.observer import DashboardObserver
+from nbtrain.kernel.dashboard.text_status import TextStatus
+from nbtrain.kernel.lifecycle.entry import run_source
+from nbtrain.kernel.observers.registry import RunRegistry, read_runs
+from nbtrain.kernel.request.config import LaunchRequest
 from nbtrain.server.kernels import KernelView
 from nbtrain.server.runs import describe_runs
 

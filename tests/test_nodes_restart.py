@@ -16,10 +16,10 @@ import time
 import pytest
 from helpers.restart_cells import lost_node_cell
 
-from nbtrain.launch.diagnostics.failures import RankFailedError
-from nbtrain.launch.lifecycle.entry import run_source
-from nbtrain.launch.observers.events import RunObserver
-from nbtrain.launch.request.config import LaunchRequest
+from nbtrain.kernel.diagnostics.failures import RankFailedError
+from nbtrain.kernel.lifecycle.entry import run_source
+from nbtrain.kernel.observers.events import RunObserver
+from nbtrain.kernel.request.config import LaunchRequest
 
 pytestmark = pytest.mark.timeout(400)
 

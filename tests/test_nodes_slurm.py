@@ -27,9 +27,9 @@ from helpers.nodehelp import until
 from helpers.restart_cells import held_node_cell
 from helpers.slurmhelp import slurm_cluster  # noqa: F401  (the session's private Slurm)
 from helpers.workers import assert_no_workers
-from nbtrain.cluster.slurm import agent_command, batch_script, srun_argv
-from nbtrain.cluster.tokens import token_dir
-from nbtrain.launch.request.config import ConfigError, LaunchRequest, resolve
+from nbtrain.kernel.cluster.slurm import agent_command, batch_script, srun_argv
+from nbtrain.kernel.cluster.tokens import token_dir
+from nbtrain.kernel.request.config import ConfigError, LaunchRequest, resolve
 
 BASE = "%%distributed --nodes 2 --rdzv-host 127.0.0.1 --cpu --start-timeout 120"
 SUBMITTED = re.compile(r"submitted Slurm job (\d+)")

@@ -25,7 +25,7 @@ import pytest
 from helpers.kernelhelp import Kernel
 from helpers.workers import assert_no_workers
 
-from nbtrain.launch.request.config import ConfigError, LaunchRequest, resolve
+from nbtrain.kernel.request.config import ConfigError, LaunchRequest, resolve
 
 SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if os.path.exists("/usr/sbin/sshd") else None)
 HOSTS = ("127.0.0.2", "127.0.0.3")

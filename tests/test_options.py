@@ -11,9 +11,9 @@ import pytest
 from helpers.workers import assert_no_workers, nbtrain_workers
 from IPython.core.error import UsageError
 
-from nbtrain.launch.request.config import ConfigError, LaunchRequest, resolve
+from nbtrain.kernel.request.config import ConfigError, LaunchRequest, resolve
 from nbtrain.wire.options import OptionEnvError, from_arguments, option, options_of, with_env_fallbacks
-from nbtrain.magics import CellDisplay, DistributedMagics
+from nbtrain.kernel.magics import CellDisplay, DistributedMagics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAGIC_CLASSES = (LaunchRequest, CellDisplay)
@@ -164,7 +164,9 @@ def test_the_user_guide_table_has_one_row_per_option_with_its_default_and_variab
 
 
 def test_a_rank_outside_a_cell_reads_the_training_options_through_the_same_declarations(tmp_path):
-    from nbtrain.wire.settings import TrainOptions, TrainSettingsError, parse_train_settings, settings_from_environment
+    from nbtrain.wire.settings import (
+        TrainOptions, TrainSettingsError, parse_train_settings, settings_from_environment
+    )
 
     given = {"amp": "bf16", "grad_accum": 3, "checkpoint": str(tmp_path / "run"), "channels_last": False,
              "compile": "eager", "shard": "full"}
@@ -183,7 +185,7 @@ def test_a_rank_outside_a_cell_reads_the_training_options_through_the_same_decla
 
 
 def test_distributed_nodes_shares_the_cells_node_options_and_their_variables(shell, monkeypatch):
-    from nbtrain.magics import NODE_OPTIONS, NodesCommand, node_options
+    from nbtrain.kernel.magics import NODE_OPTIONS, NodesCommand, node_options
 
     parser = DistributedMagics.distributed_nodes.parser
     helps = {a.dest: a.help for a in parser._actions if a.option_strings and "-h" not in a.option_strings}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from helpers.runhelp import Captured
 
-from nbtrain.launch.relay.output import HOLD_MAX, OutputRelay
+from nbtrain.kernel.relay.output import HOLD_MAX, OutputRelay
 from nbtrain.wire.protocol import END_MARK
 
 

@@ -13,12 +13,12 @@ from multiprocessing.connection import AuthenticationError, Client, Connection
 
 import pytest
 
-from nbtrain import proctree
-from nbtrain.launch.diagnostics.failures import RankFailedError, order_failures, rank_failure
-from nbtrain.launch.ranks.channel import Channel, Message, admit, receive, send
-from nbtrain.launch.ranks.pool import WorkerPool
-from nbtrain.launch.ranks.procs import RankProcesses, error_file_path
-from nbtrain.launch.request.config import LaunchRequest, resolve
+from nbtrain.common import proctree
+from nbtrain.kernel.diagnostics.failures import RankFailedError, order_failures, rank_failure
+from nbtrain.kernel.ranks.channel import Channel, Message, admit, receive, send
+from nbtrain.kernel.ranks.pool import LocalPool
+from nbtrain.kernel.ranks.procs import RankProcesses, error_file_path
+from nbtrain.kernel.request.config import LaunchRequest, resolve
 from nbtrain.wire import protocol as P
 
 
@@ -110,7 +110,7 @@ def test_the_channel_admits_its_ranks_refuses_a_wrong_key_and_then_stops_listeni
 
 
 def test_the_pool_keeps_its_own_state_and_teardown_frees_it():
-    pool = WorkerPool(resolve(LaunchRequest(nprocs=2, cpu=True)).pool)
+    pool = LocalPool(resolve(LaunchRequest(nprocs=2, cpu=True)).pool)
     assert (pool.ready, pool.not_ready(), pool.devices) == (False, [0, 1], {})
     assert pool.mark_ready(1, "cpu") is False and pool.not_ready() == [0]
     assert pool.failure(0, 1).starting and not pool.failure(1, 1).starting
@@ -140,15 +140,15 @@ def test_the_error_file_a_rank_recorded_is_read_as_torch_elastic_wrote_it(tmp_pa
 def test_the_local_pool_and_the_node_pool_are_siblings_behind_one_protocol():
     """The run drives a RankGroup: both groups provide all of it, and the node group inherits nothing it does
     not use from the local one (only the state both keep)."""
-    from nbtrain.cluster.group import NodePool
-    from nbtrain.launch.ranks.rankgroup import GroupState, RankGroup
+    from nbtrain.kernel.cluster.group import NodePool
+    from nbtrain.kernel.ranks.rankgroup import GroupState, RankGroup
 
     wanted = {name for name in dir(RankGroup) if not name.startswith("_")} | set(RankGroup.__annotations__)
-    for group in (WorkerPool, NodePool):
+    for group in (LocalPool, NodePool):
         assert issubclass(group, GroupState)
         missing = [name for name in wanted if not hasattr(group, name) and name not in ("spec", "pool_id", "run_id")]
         assert not missing, (group.__name__, missing)
-    assert not issubclass(NodePool, WorkerPool)
+    assert not issubclass(NodePool, LocalPool)
 
 
 def test_stopping_leaves_a_childs_exit_status_to_its_owner():

@@ -24,11 +24,11 @@ from helpers.metadata import PATHS, MetadataServer, ScriptedServer
 from helpers.preempt_cells import BLOCKS, progress, signal_at_step, training_cell
 from helpers.runhelp import Captured, run_cell
 
-from nbtrain.launch.diagnostics.failures import RankFailedError
-from nbtrain.launch.request.config import ConfigError, LaunchRequest, resolve
-from nbtrain.launch.ranks.channel import Channel
+from nbtrain.kernel.diagnostics.failures import RankFailedError
+from nbtrain.kernel.request.config import ConfigError, LaunchRequest, resolve
+from nbtrain.kernel.ranks.channel import Channel
 from nbtrain.wire import protocol as P
-from nbtrain.node.preemption import READ_DEADLINE_S, Notices, PreemptionURLError, check_url, cloud_of, read_once
+from nbtrain.node.notices import READ_DEADLINE_S, Notices, PreemptionURLError, check_url, cloud_of, read_once
 
 pytestmark = pytest.mark.timeout(240)
 

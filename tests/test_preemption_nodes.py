@@ -28,8 +28,8 @@ from helpers.nodehelp import until
 from helpers.preempt_cells import progress, signal_at_step, training_cell
 from helpers.runhelp import Captured
 
-from nbtrain.launch.lifecycle.entry import run_source
-from nbtrain.launch.request.config import LaunchRequest
+from nbtrain.kernel.lifecycle.entry import run_source
+from nbtrain.kernel.request.config import LaunchRequest
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -185,7 +185,7 @@ def test_the_notebooks_preemption_url_reaches_the_agents_it_starts(shell, monkey
 
 
 def test_a_cells_preemption_url_is_checked_with_its_other_options(tmp_path):
-    from nbtrain.launch.request.config import ConfigError, resolve
+    from nbtrain.kernel.request.config import ConfigError, resolve
 
     with pytest.raises(ConfigError, match="--preemption-url takes the cloud's metadata URL"):
         resolve(_request(tmp_path, "2", preemption_url="169.254.169.254/latest"))

@@ -9,8 +9,8 @@ from helpers.outputs import cell_text
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook
 
-from nbtrain.launch.diagnostics.profiling import parse_profile
-from nbtrain.launch.request.config import ConfigError, LaunchRequest, resolve
+from nbtrain.kernel.diagnostics.profiling import parse_profile
+from nbtrain.kernel.request.config import ConfigError, LaunchRequest, resolve
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
 

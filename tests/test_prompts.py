@@ -13,8 +13,8 @@ from helpers.workers import assert_no_workers
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook
 
-from nbtrain.launch.relay.output import OutputRelay
-from nbtrain.launch.relay.stdin import PendingPrompts
+from nbtrain.kernel.relay.output import OutputRelay
+from nbtrain.kernel.relay.stdin import PendingPrompts
 from nbtrain.wire import protocol as P
 
 

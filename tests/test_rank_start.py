@@ -1,4 +1,4 @@
-"""How a rank joins its group (nbtrain.worker.main): the rendezvous and the communicator, timed apart.
+"""How a rank joins its group (nbtrain.rank.main): the rendezvous and the communicator, timed apart.
 
 The communicator itself is built by the real path in every run test (gloo); what needs a GPU is NCCL's: its
 ``init_process_group`` is given the rank's device, so the communicator is built at start. With no GPU here, the
@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from nbtrain.worker import main as rank_main
+from nbtrain.rank import main as rank_main
 
 
 class FakeStore:

@@ -9,7 +9,7 @@ import time
 import pytest
 from helpers.runhelp import run_cell
 
-from nbtrain.launch.observers.registry import RunRegistry, read_runs
+from nbtrain.kernel.observers.registry import RunRegistry, read_runs
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
 

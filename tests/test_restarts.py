@@ -11,8 +11,8 @@ import pytest
 from helpers.restart_cells import killed_rank_cell
 from helpers.runhelp import Captured, run_cell
 
-from nbtrain.launch.diagnostics.failures import RankFailedError
-from nbtrain.launch.observers.events import RunObserver
+from nbtrain.kernel.diagnostics.failures import RankFailedError
+from nbtrain.kernel.observers.events import RunObserver
 
 pytestmark = pytest.mark.timeout(240)
 

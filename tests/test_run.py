@@ -9,8 +9,8 @@ import pytest
 import torch
 from helpers.runhelp import Captured, notebook, run_cell
 
-from nbtrain.launch.diagnostics.failures import RankFailedError
-from nbtrain.launch.request.inputs import PayloadError
+from nbtrain.kernel.diagnostics.failures import RankFailedError
+from nbtrain.kernel.request.inputs import PayloadError
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
 
@@ -294,7 +294,7 @@ def test_a_name_asked_for_but_never_assigned_is_reported(fresh_pools):
 
 
 def test_a_one_rank_run_says_1_rank(fresh_pools):
-    from nbtrain.launch.lifecycle.entry import format_summary
+    from nbtrain.kernel.lifecycle.entry import format_summary
 
     ns, result = run_cell(fresh_pools, "x = world_size", nprocs=1)
     assert ns["x"] == 1 and format_summary(result)[0].startswith("nbtrain: 1 rank · gloo · cpu")
@@ -353,17 +353,17 @@ def test_memory_is_released_before_the_reply(fresh_pools):
 def test_the_loop_does_not_wake_on_a_timer_while_every_rank_runs_the_cell(fresh_pools, monkeypatch):
     """With a rank on every core, each wakeup of the kernel's loop is CPU a rank loses: while the ranks
     run the cell and nothing is timed, only their output and messages wake it (and the stop button)."""
-    from nbtrain.launch.ranks import pool as pool_module
+    from nbtrain.kernel.ranks import pool as pool_module
 
     run_cell(fresh_pools, "x = 1")  # start the ranks first: start-up is timed, and polled more often
     waits = []
-    poll = pool_module.WorkerPool.poll_events
+    poll = pool_module.LocalPool.poll_events
 
     def recorded(self, timeout):
         waits.append(timeout)
         return poll(self, timeout)
 
-    monkeypatch.setattr(pool_module.WorkerPool, "poll_events", recorded)
+    monkeypatch.setattr(pool_module.LocalPool, "poll_events", recorded)
     started = time.monotonic()
     run_cell(fresh_pools, "import time\ntime.sleep(2.0)")
     seconds = time.monotonic() - started

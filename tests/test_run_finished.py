@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from helpers.runhelp import Captured, run_cell
 
-from nbtrain.launch.diagnostics.failures import RankFailedError
-from nbtrain.launch.observers.events import RunObserver, RunState
+from nbtrain.kernel.diagnostics.failures import RankFailedError
+from nbtrain.kernel.observers.events import RunObserver, RunState
 
 
 class Endings(RunObserver):

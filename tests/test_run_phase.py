@@ -1,4 +1,4 @@
-"""A run's phases (nbtrain/launch/lifecycle/phase.py): the changes the run's loop may make, and one it may not."""
+"""A run's phases (nbtrain/kernel/lifecycle/phase.py): the changes the run's loop may make, and one it may not."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from nbtrain.launch.lifecycle.phase import IllegalPhaseChange, RunPhase, checked_next
+from nbtrain.kernel.lifecycle.phase import IllegalPhaseChange, RunPhase, checked_next
 
-RUN_PY = Path(__file__).resolve().parents[1] / "nbtrain/launch/lifecycle/run.py"
+RUN_PY = Path(__file__).resolve().parents[1] / "nbtrain/kernel/lifecycle/run.py"
 
 
 def _walk(*phases: RunPhase) -> RunPhase:

@@ -8,8 +8,8 @@ import io
 import pytest
 from helpers.runhelp import run_cell
 
-from nbtrain.launch.diagnostics.failures import RankFailedError
-from nbtrain.launch.observers.runlog import RunLog
+from nbtrain.kernel.diagnostics.failures import RankFailedError
+from nbtrain.kernel.observers.runlog import RunLog
 
 CELL = """
 import nbtrain
@@ -41,9 +41,9 @@ def test_each_run_is_a_row_with_its_options_state_and_series(pools, tmp_path):
 
 
 def test_a_mistake_before_anything_starts_is_no_run():
-    from nbtrain.launch.lifecycle.entry import run_source
-    from nbtrain.launch.lifecycle.pools import PoolManager
-    from nbtrain.launch.request.config import ConfigError, LaunchRequest
+    from nbtrain.kernel.lifecycle.entry import run_source
+    from nbtrain.kernel.lifecycle.pools import PoolManager
+    from nbtrain.kernel.request.config import ConfigError, LaunchRequest
 
     manager = PoolManager()
     with pytest.raises(ConfigError):
@@ -54,7 +54,7 @@ def test_a_mistake_before_anything_starts_is_no_run():
 def test_a_row_names_its_cell_past_the_imports_and_says_the_summarys_seconds_and_cost(pools):
     import numpy as np
 
-    from nbtrain.launch.lifecycle.entry import format_summary
+    from nbtrain.kernel.lifecycle.entry import format_summary
 
     source = """
         import time
@@ -81,6 +81,6 @@ def test_a_row_names_its_cell_past_the_imports_and_says_the_summarys_seconds_and
     ("%time x = 1\n", "%time x = 1"),  # not plain Python: its first line
 ])
 def test_a_cells_title_is_its_first_line_past_the_imports(cell, shown):
-    from nbtrain.launch.observers.runlog import title
+    from nbtrain.kernel.observers.runlog import title
 
     assert title(cell) == shown

@@ -16,9 +16,9 @@ from helpers.outputs import cell_text
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook
 
-from nbtrain.launch.lifecycle.entry import run_source
-from nbtrain.launch.lifecycle.pools import PoolManager
-from nbtrain.launch.request.config import ConfigError, LaunchRequest, resolve
+from nbtrain.kernel.lifecycle.entry import run_source
+from nbtrain.kernel.lifecycle.pools import PoolManager
+from nbtrain.kernel.request.config import ConfigError, LaunchRequest, resolve
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
 
@@ -69,7 +69,7 @@ def test_a_session_keeps_a_model_on_the_ranks_across_cells():
         f"{S1} --out -\nprint('still there:', id(model) == built)",
         "%%distributed 2 --cpu --no-dashboard\ntwo = world_size",
         "%distributed_close s1",
-        "import psutil\nprint('ranks after close:', sum('nbtrain.worker' in p.cmdline() for p in "
+        "import psutil\nprint('ranks after close:', sum('nbtrain.rank' in p.cmdline() for p in "
         "psutil.Process().children(recursive=True)))",
         f"{S1}\nprint('after close:', 'model' in globals())",
     ])

@@ -11,10 +11,10 @@ import torch
 from helpers.runhelp import Captured, run_cell
 from helpers.sharding import CURVE, MODEL, TIED_LM, train
 
-from nbtrain.launch.diagnostics.failures import RankFailedError
-from nbtrain.launch.lifecycle import entry
-from nbtrain.launch.lifecycle.entry import format_summary
-from nbtrain.launch.request.config import ConfigError, LaunchRequest, resolve
+from nbtrain.kernel.diagnostics.failures import RankFailedError
+from nbtrain.kernel.lifecycle import entry
+from nbtrain.kernel.lifecycle.entry import format_summary
+from nbtrain.kernel.request.config import ConfigError, LaunchRequest, resolve
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -182,7 +182,7 @@ def test_a_background_save_is_written_by_the_cells_end_and_resumes_as_a_plain_on
 def test_a_rank_killed_during_a_sharded_save_leaves_the_previous_checkpoint(pools, tmp_path):
     cell = MODEL + """
 import os
-from nbtrain.train import shard
+from nbtrain.rank.train import shard
 written = shard.save_states
 def dying_while_the_others_write(context, directory, done=None):   # the second save: rank 1 dies, rank 0 writes
     if rank == 1 and context.step == 2 and KILL:

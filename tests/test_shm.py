@@ -11,8 +11,8 @@ import pytest
 import torch
 from helpers.runhelp import run_cell
 
-from nbtrain.launch.diagnostics.failures import RankFailedError
-from nbtrain.launch.request.inputs import pack_inputs
+from nbtrain.kernel.diagnostics.failures import RankFailedError
+from nbtrain.kernel.request.inputs import pack_inputs
 from nbtrain.wire.payload import load_inputs, pack_results, unpack_results
 from nbtrain.wire.shm import SharedArena, new_result_prefix, owner_prefix, shm_dir, sweep_orphans
 
@@ -221,7 +221,7 @@ def test_a_rank_has_its_inputs_pages_before_the_cell_runs(pools):
 
 
 def test_the_summary_says_what_the_inputs_cost_before_the_ranks_started(pools):
-    from nbtrain.launch.lifecycle.entry import format_summary
+    from nbtrain.kernel.lifecycle.entry import format_summary
 
     _, result = run_cell(pools, "total = float(data.sum())\n", {"data": torch.ones(2**23)})  # 32 MiB
     line = format_summary(result)[0]

@@ -18,7 +18,7 @@ from helpers.workers import nbtrain_workers
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
 
-HOLD_A_FILE = ("import torch\nfrom nbtrain.launch.request.inputs import pack_inputs\n"
+HOLD_A_FILE = ("import torch\nfrom nbtrain.kernel.request.inputs import pack_inputs\n"
                "held = pack_inputs({'t': torch.ones(8_000_000)}, ['t'])\nprint(len(held.arena.paths))")
 BIG_BOTH_WAYS = "%%distributed 2 --cpu --out big2\nbig2 = big * 2\n"
 
@@ -130,7 +130,7 @@ READ_BIG = "%%distributed 2 --cpu\ntotal = float(big.sum())\n"
 def zygote_of(kernel: Kernel) -> psutil.Process:
     kernel.run("assert get_ipython()._nbtrain_magics.pools.starter.zygote.wait_ready()")
     return next(child for child in psutil.Process(kernel.pid()).children()
-                if "nbtrain.worker.zygote" in " ".join(child.cmdline()))
+                if "nbtrain.rank.zygote" in " ".join(child.cmdline()))
 
 
 def sizes_of(pid: int) -> list[int]:

@@ -10,12 +10,12 @@ import torch
 from helpers.runhelp import Captured, run_cell
 from IPython.core.error import UsageError
 
-from nbtrain.launch.diagnostics.failures import RankFailedError
-from nbtrain.launch.diagnostics.setup_facts import compile_seconds, setup_words
-from nbtrain.launch.lifecycle.entry import format_summary
-from nbtrain.launch.request.config import ConfigError, LaunchRequest, resolve
-from nbtrain.magics import DistributedMagics
-from nbtrain.train import speed
+from nbtrain.kernel.diagnostics.failures import RankFailedError
+from nbtrain.kernel.diagnostics.setup_facts import compile_seconds, setup_words
+from nbtrain.kernel.lifecycle.entry import format_summary
+from nbtrain.kernel.request.config import ConfigError, LaunchRequest, resolve
+from nbtrain.kernel.magics import DistributedMagics
+from nbtrain.rank.train import speed
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -1,4 +1,4 @@
-"""Where a rank is, read from its faulthandler dump: pure tests of nbtrain.launch.diagnostics.stacks, no process.
+"""Where a rank is, read from its faulthandler dump: pure tests of nbtrain.kernel.diagnostics.stacks, no process.
 
 The dumps in tests/data/stacks/ are what ``faulthandler.dump_traceback(all_threads=True)`` writes in a
 rank (the format of CPython 3.11): the parent watcher thread of nbtrain's worker, a DataLoader feeder
@@ -13,7 +13,7 @@ import pathlib
 
 import pytest
 
-from nbtrain.launch.diagnostics.stacks import is_complete, locate, main_thread, parse_threads, summarise
+from nbtrain.kernel.diagnostics.stacks import is_complete, locate, main_thread, parse_threads, summarise
 
 DUMPS = pathlib.Path(__file__).parent / "data" / "stacks"
 CELL_FILENAME = "<%%distributed cell 7f0c1d2e3a40>"  # as the kernel names a job's source

@@ -20,40 +20,40 @@ PACKAGE = ROOT / "nbtrain"
 # (file, target) -> why the object written is not one nbtrain owns elsewhere
 NOT_NBTRAINS = {
     ("nbtrain/__init__.py", "ipython._nbtrain_magics"): "the magics of one IPython shell, kept on that shell",
-    ("nbtrain/cluster/tls.py", "context.minimum_version"): "an ssl.SSLContext being configured",
+    ("nbtrain/kernel/cluster/tls.py", "context.minimum_version"): "an ssl.SSLContext being configured",
     ("nbtrain/wire/link.py", "context.check_hostname"): "an ssl.SSLContext being configured",
     ("nbtrain/wire/link.py", "context.verify_mode"): "an ssl.SSLContext being configured",
     ("nbtrain/wire/link.py", "context.minimum_version"): "an ssl.SSLContext being configured",
-    ("nbtrain/launch/lifecycle/entry.py", "exc.with_traceback(None)._render_traceback_"): "IPython's hook on an exception",
-    ("nbtrain/launch/lifecycle/run.py", "exc.with_traceback(None)._render_traceback_"): "IPython's hook on an exception",
-    ("nbtrain/launch/lifecycle/pools.py", "self._idle_timer.daemon"): "a threading.Timer before it starts",
-    ("nbtrain/launch/observers/events.py", "forward.__name__"): "a function's own metadata (as functools.wraps)",
-    ("nbtrain/launch/observers/events.py", "forward.__qualname__"): "a function's own metadata (as functools.wraps)",
-    ("nbtrain/worker/cellcode.py", "sys.displayhook"): "the interpreter's hook, set for the cell and restored",
-    ("nbtrain/worker/cellcode.py", "warnings.formatwarning"): "the interpreter's hook, set for the cell and restored",
-    ("nbtrain/worker/main.py", "sys.stdin"): "the rank process's own stdin",
-    ("nbtrain/worker/zygote.py", "sys.argv"): "a rank forked from the zygote: its own command line, as a spawned one's",
-    ("nbtrain/worker/prompts.py", "builtins.input"): "the interpreter's hook, set for the cell and restored",
-    ("nbtrain/worker/prompts.py", "sys.stdin"): "the interpreter's hook, set for the cell and restored",
-    ("nbtrain/worker/prompts.py", "sys.breakpointhook"): "the interpreter's hook, set for the cell and restored",
-    ("nbtrain/worker/compat.py", "module.init_process_group"): "torch.distributed's functions, wrapped for pasted scripts",
-    ("nbtrain/worker/compat.py", "module.destroy_process_group"): "torch.distributed's functions, wrapped for pasted scripts",
-    ("nbtrain/worker/ipython_display.py", "spec.loader"): "an importlib ModuleSpec being built",
-    ("nbtrain/train/optim.py", "self.optimizer.param_groups"): "the wrapped torch optimizer, through its wrapper",
-    ("nbtrain/train/optim.py", "self.optimizer.state"): "the wrapped torch optimizer, through its wrapper",
-    ("nbtrain/train/optim.py", "self.optimizer.defaults"): "the wrapped torch optimizer, through its wrapper",
-    ("nbtrain/train/optim.py", "opt._opt_called"): "torch's LR scheduler flag, set as its own step wrapper does",
-    ("nbtrain/train/optim.py", "step_noting_the_call._wrapped_by_lr_sched"): "torch's LR scheduler marker",
-    ("nbtrain/train/optim.py", "optimizer.step"): "torch's LR scheduler wraps step() the same way",
-    ("nbtrain/train/prepare.py", "wrapped._nbtrain_context"): "a tag on the torch module prepare() returns",
-    ("nbtrain/train/prepare.py", "wrapped._nbtrain_speed"): "a tag on the torch module prepare() returns",
-    ("nbtrain/train/speed.py", "model._compiled_call_impl"): "torch.nn.Module.compile()'s own slot",
-    ("nbtrain/train/data.py", "self.sampler.skip"): "the resumable sampler the prepared loader built (data.py's)",
+    ("nbtrain/kernel/lifecycle/entry.py", "exc.with_traceback(None)._render_traceback_"): "IPython's hook on an exception",
+    ("nbtrain/kernel/lifecycle/run.py", "exc.with_traceback(None)._render_traceback_"): "IPython's hook on an exception",
+    ("nbtrain/kernel/lifecycle/pools.py", "self._idle_timer.daemon"): "a threading.Timer before it starts",
+    ("nbtrain/kernel/observers/events.py", "forward.__name__"): "a function's own metadata (as functools.wraps)",
+    ("nbtrain/kernel/observers/events.py", "forward.__qualname__"): "a function's own metadata (as functools.wraps)",
+    ("nbtrain/rank/cellcode.py", "sys.displayhook"): "the interpreter's hook, set for the cell and restored",
+    ("nbtrain/rank/cellcode.py", "warnings.formatwarning"): "the interpreter's hook, set for the cell and restored",
+    ("nbtrain/rank/main.py", "sys.stdin"): "the rank process's own stdin",
+    ("nbtrain/rank/zygote.py", "sys.argv"): "a rank forked from the zygote: its own command line, as a spawned one's",
+    ("nbtrain/rank/prompts.py", "builtins.input"): "the interpreter's hook, set for the cell and restored",
+    ("nbtrain/rank/prompts.py", "sys.stdin"): "the interpreter's hook, set for the cell and restored",
+    ("nbtrain/rank/prompts.py", "sys.breakpointhook"): "the interpreter's hook, set for the cell and restored",
+    ("nbtrain/rank/compat.py", "module.init_process_group"): "torch.distributed's functions, wrapped for pasted scripts",
+    ("nbtrain/rank/compat.py", "module.destroy_process_group"): "torch.distributed's functions, wrapped for pasted scripts",
+    ("nbtrain/rank/ipython_display.py", "spec.loader"): "an importlib ModuleSpec being built",
+    ("nbtrain/rank/train/optim.py", "self.optimizer.param_groups"): "the wrapped torch optimizer, through its wrapper",
+    ("nbtrain/rank/train/optim.py", "self.optimizer.state"): "the wrapped torch optimizer, through its wrapper",
+    ("nbtrain/rank/train/optim.py", "self.optimizer.defaults"): "the wrapped torch optimizer, through its wrapper",
+    ("nbtrain/rank/train/optim.py", "opt._opt_called"): "torch's LR scheduler flag, set as its own step wrapper does",
+    ("nbtrain/rank/train/optim.py", "step_noting_the_call._wrapped_by_lr_sched"): "torch's LR scheduler marker",
+    ("nbtrain/rank/train/optim.py", "optimizer.step"): "torch's LR scheduler wraps step() the same way",
+    ("nbtrain/rank/train/prepare.py", "wrapped._nbtrain_context"): "a tag on the torch module prepare() returns",
+    ("nbtrain/rank/train/prepare.py", "wrapped._nbtrain_speed"): "a tag on the torch module prepare() returns",
+    ("nbtrain/rank/train/speed.py", "model._compiled_call_impl"): "torch.nn.Module.compile()'s own slot",
+    ("nbtrain/rank/train/data.py", "self.sampler.skip"): "the resumable sampler the prepared loader built (data.py's)",
     ("nbtrain/server/__init__.py", "manager.untracked_message_types"): "the Jupyter server's configurable list, extended",
-    ("nbtrain/dashboard/kernel_status.py", "kernel._publish_status"): "ipykernel's status publisher, wrapped once",
+    ("nbtrain/kernel/dashboard/kernel_status.py", "kernel._publish_status"): "ipykernel's status publisher, wrapped once",
 }
 WIDGET_TRAITS = ("self.widget.", "self.status.", "self.stop_button.")  # ipywidgets: traits are set to redraw
-WIDGET_FILES = "nbtrain/dashboard/"
+WIDGET_FILES = "nbtrain/kernel/dashboard/"
 
 
 def owned_attributes(tree: ast.Module) -> set[str]:
@@ -131,7 +131,7 @@ def _state_values() -> dict[str, str]:
     """Every value of a state enum (a NamedState) in nbtrain, with its enum's name."""
     import importlib
 
-    from nbtrain.launch.observers.events import NamedState
+    from nbtrain.kernel.observers.events import NamedState
 
     for path in PACKAGE.rglob("*.py"):  # the enums are found by importing the modules that define one
         if "(NamedState)" in path.read_text():
@@ -162,7 +162,7 @@ def test_no_state_is_compared_as_a_string_where_its_enum_exists():
 
 def test_no_caller_probes_a_rank_group_for_its_abilities():
     """A rank group's abilities are the RankGroup protocol's methods, which every kind implements: no caller asks
-    ``getattr(pool, …)``, ``hasattr(pool, …)`` or ``isinstance(pool, WorkerPool)`` what kind it holds."""
+    ``getattr(pool, …)``, ``hasattr(pool, …)`` or ``isinstance(pool, LocalPool)`` what kind it holds."""
     found = []
     for path in PACKAGE.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -177,14 +177,14 @@ def test_no_caller_probes_a_rank_group_for_its_abilities():
 LAUNCH = PACKAGE / "launch"
 # (file, expression) -> why reading another object's private attribute is the owner's own business there
 PRIVATE_READS = {
-    ("nbtrain/launch/lifecycle/entry.py", "exc.with_traceback(None)._render_traceback_"): "IPython's hook on an exception",
-    ("nbtrain/launch/lifecycle/run.py", "exc.with_traceback(None)._render_traceback_"): "IPython's hook on an exception",
-    ("nbtrain/launch/observers/events.py", "follower._shown_as"): "RunObserver's class-level name, declared in this module",
-    ("nbtrain/launch/observers/history.py", "other._data"): "History.copy() filling the History it just built",
-    ("nbtrain/launch/ranks/zygote.py", "zygote._popen"): "Zygote.start(), a classmethod building its own instance",
-    ("nbtrain/launch/ranks/zygote.py", "zygote._sock"): "Zygote.start(), a classmethod building its own instance",
-    ("nbtrain/launch/ranks/zygote.py", "zygote._env"): "Zygote.start(), a classmethod building its own instance",
-    ("nbtrain/launch/ranks/zygote.py", "zygote._baseline"): "Zygote.start(), a classmethod building its own instance",
+    ("nbtrain/kernel/lifecycle/entry.py", "exc.with_traceback(None)._render_traceback_"): "IPython's hook on an exception",
+    ("nbtrain/kernel/lifecycle/run.py", "exc.with_traceback(None)._render_traceback_"): "IPython's hook on an exception",
+    ("nbtrain/kernel/observers/events.py", "follower._shown_as"): "RunObserver's class-level name, declared in this module",
+    ("nbtrain/kernel/observers/history.py", "other._data"): "History.copy() filling the History it just built",
+    ("nbtrain/kernel/ranks/zygote_handle.py", "zygote._popen"): "ZygoteHandle.start(), a classmethod building its own instance",
+    ("nbtrain/kernel/ranks/zygote_handle.py", "zygote._sock"): "ZygoteHandle.start(), a classmethod building its own instance",
+    ("nbtrain/kernel/ranks/zygote_handle.py", "zygote._env"): "ZygoteHandle.start(), a classmethod building its own instance",
+    ("nbtrain/kernel/ranks/zygote_handle.py", "zygote._baseline"): "ZygoteHandle.start(), a classmethod building its own instance",
 }
 
 

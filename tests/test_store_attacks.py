@@ -23,7 +23,7 @@ from helpers.preempt_cells import training_cell
 from helpers.runhelp import run_cell
 from helpers.storepeer import STORE_PORT, plant
 
-from nbtrain.worker.storehost import MEMORY_BUDGET
+from nbtrain.rank.store_server import MEMORY_BUDGET
 
 pytestmark = pytest.mark.timeout(240)
 

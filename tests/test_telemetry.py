@@ -10,7 +10,7 @@ import psutil
 import pytest
 from helpers.workers import parent_and_child, parent_code
 
-from nbtrain.dashboard.threads import Sampler, check_interval
+from nbtrain.kernel.dashboard.threads import Sampler, check_interval
 from nbtrain.gpu import nvml
 from nbtrain.gpu.telemetry import NO_DRIVER, Telemetry, snapshot
 
@@ -115,7 +115,7 @@ def test_sampler_runs_in_background_and_stops(busy_tree):
 def test_the_machines_cpu_is_measured_from_the_first_sample_whichever_thread_takes_it(busy_tree):
     """A core spins: the machine's CPU reads well above 0 in the sampler thread's first sample (psutil's own
     machine-wide baseline is per thread: there it read 0 %) and in ``%gpus --once``'s table."""
-    from nbtrain.dashboard import monitor
+    from nbtrain.kernel.dashboard import monitor
 
     samples = []
     telemetry = Telemetry()  # made on this thread, as the dashboard makes it; sampled on the sampler's

@@ -36,7 +36,7 @@ def process_tree():
 
 def test_importing_telemetry_does_not_initialise_nvml(fake_nvml):
     module = fake_nvml([FakeGpu()])
-    code = "import nbtrain.gpu.telemetry, nbtrain.dashboard, sys; print('pynvml' in sys.modules, 'ipywidgets' in sys.modules, 'matplotlib' in sys.modules, 'torch' in sys.modules)"
+    code = "import nbtrain.gpu.telemetry, nbtrain.kernel.dashboard, sys; print('pynvml' in sys.modules, 'ipywidgets' in sys.modules, 'matplotlib' in sys.modules, 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(__file__))})
     assert out.stdout.split() == ["False"] * 4
@@ -155,8 +155,8 @@ def test_broken_driver_is_a_reason_not_an_exception(monkeypatch):
 
 
 def test_gpu_health_clocks_held_down_a_narrow_link_and_ecc_errors_are_read_and_shown(fake_nvml):
-    from nbtrain.dashboard.devices_view import devices_html
-    from nbtrain.dashboard.monitor import gpus_table
+    from nbtrain.kernel.dashboard.devices_view import devices_html
+    from nbtrain.kernel.dashboard.monitor import gpus_table
 
     module = fake_nvml([FakeGpu(sm_clock=1410, clock_reasons=0x4 | 0x1, pcie=(4, 5, 4, 16), pcie_kb=(2_000_000, 10),
                                 ecc=(3, 2)),

@@ -16,8 +16,8 @@ from nbformat.v4 import new_code_cell, new_notebook
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import nbtrain
-from nbtrain.launch.lifecycle.entry import run_source
-from nbtrain.launch.request.config import ConfigError, LaunchRequest, resolve
+from nbtrain.kernel.lifecycle.entry import run_source
+from nbtrain.kernel.request.config import ConfigError, LaunchRequest, resolve
 
 LOGGING_CELL = """
 import nbtrain
@@ -114,7 +114,7 @@ def test_a_tracker_that_raises_is_detached_with_its_error_in_words(pools, capsys
 
 
 def test_nbtrains_own_follower_is_named_by_what_it_does_not_its_class(pools, capsys, tmp_path):
-    from nbtrain.launch.observers.trackers import TensorBoardTracker
+    from nbtrain.kernel.observers.trackers import TensorBoardTracker
 
     (tmp_path / "board").write_text("a file where the writer makes its folder")
     run_cell(pools, "import nbtrain\nnbtrain.log(loss=1.0)\n", observers=[TensorBoardTracker(str(tmp_path / "board"))])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from helpers.runhelp import DTYPE_PROBE, run_cell
 
-from nbtrain.launch.diagnostics.failures import RankFailedError
+from nbtrain.kernel.diagnostics.failures import RankFailedError
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -49,7 +49,7 @@ kinds = (isinstance(model, torch.nn.parallel.DistributedDataParallel), isinstanc
 
 def test_prepare_refuses_twice_and_wrapped_models(pools):
     ns, _ = run_cell(pools, SETUP + """
-from nbtrain.train.prepare import PreparedError
+from nbtrain.rank.train.prepare import PreparedError
 model = torch.nn.Linear(2, 2)
 prepared = nbtrain.prepare(model)
 messages = []

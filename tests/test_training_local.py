@@ -7,9 +7,9 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import nbtrain
-from nbtrain.train import state
-from nbtrain.train.accumulate import Accumulation
-from nbtrain.train.amp import outputs_to_fp32
+from nbtrain.rank.train import state
+from nbtrain.rank.train.accumulate import Accumulation
+from nbtrain.rank.train.amp import outputs_to_fp32
 
 
 @pytest.fixture(autouse=True)
@@ -67,12 +67,12 @@ def test_importing_nbtrain_imports_no_torch():
     import subprocess
     import sys
 
-    code = "import sys, nbtrain, nbtrain.magics; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, nbtrain, nbtrain.kernel.magics; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_an_optimizer_of_another_model_instance_is_refused():
-    with pytest.raises(nbtrain.train.prepare.PreparedError,
+    with pytest.raises(nbtrain.rank.train.prepare.PreparedError,
                        match=r"holds none of the parameters of the Linear given with it.*model = Net\(\)"):
         nbtrain.prepare(torch.nn.Linear(3, 1), torch.optim.SGD(torch.nn.Linear(3, 1).parameters(), lr=0.1))
     net, extra = torch.nn.Linear(3, 1), torch.nn.Parameter(torch.ones(1))
@@ -83,7 +83,7 @@ def test_an_optimizer_of_another_model_instance_is_refused():
 
 def test_each_optimizer_step_counts_without_nbtrain_backward():
     """``loss.backward()`` and a prepared optimizer (no --grad-accum): every step() is one step — the step a
-    checkpoint records and a preemption notice's checkpoint is agreed on (nbtrain.train.preemption)."""
+    checkpoint records and a preemption notice's checkpoint is agreed on (nbtrain.rank.train.preempt_checkpoint)."""
     net = torch.nn.Linear(3, 1)
     model, opt = nbtrain.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
     steps = []

@@ -6,7 +6,7 @@ import pytest
 from helpers.workers import nbtrain_workers
 from IPython.core.error import UsageError
 
-from nbtrain.launch.request.config import ConfigError, LaunchRequest, resolve
+from nbtrain.kernel.request.config import ConfigError, LaunchRequest, resolve
 
 pytestmark = pytest.mark.timeout(240)
 

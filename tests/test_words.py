@@ -5,7 +5,7 @@ from __future__ import annotations
 import pathlib
 import re
 
-from nbtrain.words import count, plural
+from nbtrain.common.words import count, plural
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -23,4 +23,4 @@ def test_no_text_puts_a_bare_plural_after_a_number():
     offenders = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
                  for path in sources for number, line in enumerate(path.read_text().splitlines(), 1)
                  if pattern.search(line) and ("f\"" in line or "f'" in line or "`" in line)]
-    assert not offenders, "use nbtrain.words.count (or count() in format.ts):\n" + "\n".join(offenders)
+    assert not offenders, "use nbtrain.common.words.count (or count() in format.ts):\n" + "\n".join(offenders)

@@ -1,4 +1,4 @@
-"""Ranks forked from the kernel's zygote (nbtrain.launch.ranks.zygote, nbtrain.worker.zygote), on real processes.
+"""Ranks forked from the kernel's zygote (nbtrain.kernel.ranks.zygote_handle, nbtrain.rank.zygote), on real processes.
 
 The pool fixtures fork their ranks from the test run's zygote (conftest), so every run test exercises forked
 ranks; here: what is the zygote's own — the packages the notebook imported since it started, the refusal when
@@ -24,10 +24,10 @@ from helpers.restart_cells import killed_rank_cell
 from helpers.runhelp import Captured, run_cell
 from helpers.workers import assert_no_workers
 
-from nbtrain.launch.lifecycle.pools import PoolManager
-from nbtrain.launch.ranks.interpreter import interpreter_env
-from nbtrain.launch.ranks.starter import RankStarter
-from nbtrain.launch.ranks.zygote import Zygote
+from nbtrain.kernel.lifecycle.pools import PoolManager
+from nbtrain.kernel.ranks.interpreter import interpreter_env
+from nbtrain.kernel.ranks.starter import RankStarter
+from nbtrain.kernel.ranks.zygote_handle import ZygoteHandle
 from nbtrain.wire import forking
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.environ.get("NBTRAIN_TEST_SPAWN") == "1",
@@ -85,7 +85,7 @@ def test_a_zygote_that_saw_cuda_initialised_forks_no_more_and_the_cell_says_why(
     # No GPU here: the library stands in for one that initialises CUDA when imported (in the zygote only).
     site = installed_module(tmp_path, "nbtrain_cuda_lib", """
         import sys, torch
-        if getattr(sys.modules["__main__"].__spec__, "name", "") == "nbtrain.worker.zygote":
+        if getattr(sys.modules["__main__"].__spec__, "name", "") == "nbtrain.rank.zygote":
             torch.cuda.is_initialized = lambda: True
     """)
     try:
@@ -165,7 +165,7 @@ def test_the_summary_splits_the_cold_start(fresh_pools):
     assert names == ["process start", "imports", "rendezvous", "communicator", "names arrive", "first step"]
     assert split.stepped and 0 < split.total_s < time.time() - started
     assert abs(sum(s for _, s in split.phases) - split.total_s) < 0.01
-    from nbtrain.launch.lifecycle.entry import format_summary
+    from nbtrain.kernel.lifecycle.entry import format_summary
 
     assert any(line.startswith("nbtrain: cold start ") and "forked" in line for line in format_summary(result))
     _, warm = run_cell(fresh_pools, cell, out="-")
@@ -180,7 +180,7 @@ def test_a_zygote_that_died_is_replaced_and_its_cell_spawns(own_zygote):
     ns, _ = run_cell(own_zygote, PARENTS, out="parent", write=out, fresh=True)
     assert ns["parent"] == os.getpid() and "the zygote process ended" in out.text(), out.text()
     second = own_zygote.starter.zygote
-    assert second is not first and isinstance(second, Zygote)
+    assert second is not first and isinstance(second, ZygoteHandle)
     ns, _ = run_cell(own_zygote, PARENTS, out="parent", fresh=True)
     assert ns["parent"] == second.pid
 
@@ -255,7 +255,7 @@ def test_a_zygote_forks_with_the_driver_loaded_but_not_after_a_library_called_cu
     # a library that calls cuInit itself (CuPy, JAX) must.
     site = installed_module(tmp_path, "nbtrain_driver_lib", f"""
         import ctypes, sys
-        if getattr(sys.modules["__main__"].__spec__, "name", "") == "nbtrain.worker.zygote":
+        if getattr(sys.modules["__main__"].__spec__, "name", "") == "nbtrain.rank.zygote":
             driver = ctypes.CDLL({str(stand_in_driver)!r})
             if {initialise}:
                 driver.cuInit(0)

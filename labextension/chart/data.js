@@ -1,5 +1,5 @@
 // @ts-check
-// The chart's data, apart from drawing: the base and tail the kernel sends (nbtrain/dashboard/chart_feed.py),
+// The chart's data, apart from drawing: the base and tail the kernel sends (nbtrain/kernel/dashboard/chart_feed.py),
 // joined into one set of columns per series, and the smoothing drawn over them. Typed with JSDoc, checked by
 // tsc (tsconfig.chart.json); tested by node's own test runner (chart/test/).
 
@@ -10,7 +10,7 @@
  * @typedef {DataView | ArrayBuffer | Float64Array | null | undefined} WireColumn */
 /** A base or a tail of the ``base`` / ``tail`` traits: its series' columns, the epoch it belongs to, the panels.
  * @typedef {{epoch: number, series: Record<string, Record<string, WireColumn>>, groups?: [string, string[]][]}} Update */
-/** The kernel's rule for smoothing (nbtrain.dashboard.series.worth_smoothing), sent in the ``chart_style`` trait.
+/** The kernel's rule for smoothing (nbtrain.kernel.dashboard.series.worth_smoothing), sent in the ``chart_style`` trait.
  * @typedef {{smooth_min_points: number, smooth_dense_share: number}} SmoothRule */
 
 /** @type {(keyof Columns)[]} */
@@ -54,7 +54,7 @@ export function joinSeries(base, tail) {
   return out;
 }
 
-/** Exponential moving average with the start-up bias removed, as nbtrain.dashboard.series.smooth (TensorBoard).
+/** Exponential moving average with the start-up bias removed, as nbtrain.kernel.dashboard.series.smooth (TensorBoard).
  * @param {ArrayLike<number>} values
  * @param {number} weight 0 (none) to below 1
  * @returns {number[]} */
@@ -72,7 +72,7 @@ export function smooth(values, weight) {
 }
 
 /** Whether a series of ``points`` buckets is smoothed beside a longest one of ``mostPoints``: the kernel's rule
- * (nbtrain.dashboard.series.worth_smoothing), its numbers sent in the ``chart_style`` trait.
+ * (nbtrain.kernel.dashboard.series.worth_smoothing), its numbers sent in the ``chart_style`` trait.
  * @param {number} points @param {number} mostPoints @param {SmoothRule} style @returns {boolean} */
 export function worthSmoothing(points, mostPoints, style) {
   return points > style.smooth_min_points && points >= mostPoints * style.smooth_dense_share;
@@ -101,7 +101,7 @@ export function allPositive(series, names) {
 /** An earlier run of the kernel, drawn beside this one: rank 0's reduced series and what differed.
  * @typedef {{number: number, label: string, series: Record<string, {step: Float64Array, time: Float64Array, mean: Float64Array}>}} OverlayRun */
 
-/** The earlier runs the kernel sent once (nbtrain/dashboard/chart_feed.py overlays_of), their columns as floats.
+/** The earlier runs the kernel sent once (nbtrain/kernel/dashboard/chart_feed.py overlays_of), their columns as floats.
  * @param {{runs?: {number: number, label: string, series?: Record<string, Record<string, any>>}[]} | null | undefined} overlays
  * @returns {OverlayRun[]} */
 export function overlayRuns(overlays) {

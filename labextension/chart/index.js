@@ -1,5 +1,5 @@
 // @ts-check
-// The dashboard's live chart (an anywidget module; nbtrain/dashboard/chart.py is its kernel side).
+// The dashboard's live chart (an anywidget module; nbtrain/kernel/dashboard/chart.py is its kernel side).
 // The kernel only sends data (traits ``base`` and ``tail``); every control works in the browser alone, since
 // the kernel is busy running the cell. The root element carries what was drawn, for tests and curious users:
 // data-points (buckets drawn, all panels), data-draws, data-distr (1 linear, 3 log, 4 asinh), data-smoothing,

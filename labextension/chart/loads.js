@@ -1,6 +1,6 @@
 // @ts-check
 // The load panels: the machine's load over the run, beside the logged curves (kernel side:
-// nbtrain/dashboard/load_feed.py). Each update of the ``load`` trait carries only the telemetry samples that are
+// nbtrain/kernel/dashboard/load_feed.py). Each update of the ``load`` trait carries only the telemetry samples that are
 // new; they are appended here. Past MAX_POINTS samples every other one is dropped, all along the run (the
 // curves keep their shape, at half the resolution), so a long run's memory stays flat. Each device's colour, dash
 // and width come with its samples (``styles``: theme.device_style in Python), the final figure's own.

@@ -30,7 +30,7 @@ export function statusText(machine: IMachine | null): string {
   return `CPU ${percent(machine.cpu.percent)} · RAM ${gib(machine.ram.used)}/${gib(machine.ram.total)} GiB`;
 }
 
-/** "1 rank", "2 ranks", "0 ranks": the noun agrees with the number, as in nbtrain's own texts (nbtrain/words.py). */
+/** "1 rank", "2 ranks", "0 ranks": the noun agrees with the number, as in nbtrain's own texts (nbtrain/common/words.py). */
 export function count(word: string, n: number): string {
   return `${n} ${n === 1 ? word : `${word}s`}`;
 }

@@ -3,7 +3,7 @@
  *
  * The kernel's main thread runs the cell, so a page that connects meanwhile gets no answer from it, and its
  * notebook ignores the outputs of an execution it did not request. nbtrain's kernel side
- * (nbtrain/dashboard/reopen.py) marks each dashboard output with its cell and role
+ * (nbtrain/kernel/dashboard/reopen.py) marks each dashboard output with its cell and role
  * (`metadata.nbtrain = {cell, role}`); this extension:
  *
  * - puts such an output, when another page's execution published it, into the cell with that id, in place of
@@ -26,7 +26,7 @@ const SUBSHELL_TIMEOUT_MS = 5000;
 // Run on the subshell; a kernel that never loaded nbtrain imports nothing.
 const SHOW_AGAIN = [
   'import sys as _nbtrain_sys',
-  '_nbtrain_reopen = _nbtrain_sys.modules.get("nbtrain.dashboard.reopen")',
+  '_nbtrain_reopen = _nbtrain_sys.modules.get("nbtrain.kernel.dashboard.reopen")',
   'if _nbtrain_reopen is not None: _nbtrain_reopen.show_again()',
   'del _nbtrain_sys, _nbtrain_reopen'
 ].join('\n');

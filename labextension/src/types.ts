@@ -52,10 +52,10 @@ export interface INodeGpu {
   health: string; // its health line (clocks, PCIe, NVLink, ECC, Xid), written by the kernel from the node's readings
 }
 
-/** A run's state: nbtrain.launch.observers.events.RunState's values (tests/test_lab_contract.py checks they agree). */
+/** A run's state: nbtrain.kernel.observers.events.RunState's values (tests/test_lab_contract.py checks they agree). */
 export type RunState = 'starting' | 'running' | 'finished' | 'failed' | 'interrupted';
 
-/** A joined node's state: nbtrain.cluster.hub.NodeState's values (leaving: preempted, told to go), or lost. */
+/** A joined node's state: nbtrain.kernel.cluster.hub.NodeState's values (leaving: preempted, told to go), or lost. */
 export type NodeState = 'idle' | 'running' | 'leaving' | 'lost';
 
 /** A machine of a `--nodes` run: what its heartbeats say (telemetry null before the first one). */

@@ -2,7 +2,7 @@
 
 :func:`choose` is a plain function of what NVML says (each GPU's processes and their memory) and of the
 leases held: a GPU is free when nobody leases it and processes nbtrain does not know of (a plain ``python
-train.py``) use little of its memory. Among free GPUs it prefers those close together where a distance is
+rank/train.py``) use little of its memory. Among free GPUs it prefers those close together where a distance is
 given (NVML's topology), else the lowest indices. When too few are free, the answer says in plain words who
 holds the others. :func:`queue_order` is the first-come order of waiting requests, fair across users.
 """
@@ -15,7 +15,7 @@ from itertools import combinations
 
 from nbtrain.gpu.devices import GpuStatus
 from nbtrain.gpu.leases import HeldLease, describe
-from nbtrain.words import count
+from nbtrain.common.words import count
 
 FOREIGN_MEMORY_LIMIT = 1 << 30  # bytes other processes may use on a GPU that still counts as free
 GIB = 1 << 30

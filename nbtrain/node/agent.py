@@ -1,7 +1,7 @@
 """One pool's ranks on this node, under torch elastic's ``LocalElasticAgent`` — as ``torchrun`` runs them.
 
 For each :class:`~nbtrain.wire.nodes.StartRanks` the node builds what ``torchrun --nnodes N --nproc-per-node M
---rdzv-backend c10d --rdzv-endpoint <kernel>:<port> python -m nbtrain.worker`` builds
+--rdzv-backend c10d --rdzv-endpoint <kernel>:<port> python -m nbtrain.rank`` builds
 (:func:`torch.distributed.launcher.api.launch_agent`) — except the rendezvous: the kernel decides the group
 and sends this node its group rank over the authenticated link (:mod:`.rendezvous`: nothing is read back from
 the store the kernel hosts, which has no authentication), a :class:`WorkerSpec` with the worker module as
@@ -25,7 +25,7 @@ import sys
 import threading
 
 from ..wire import nodes as N
-from .ranks import LocalRanks, _Rank
+from .local_ranks import LocalRanks, _Rank
 
 MONITOR_INTERVAL_S = 0.1
 
@@ -41,7 +41,7 @@ def rank_env(start: N.StartRanks, ranks: LocalRanks, loopback: bool) -> dict[str
         "NBTRAIN_KERNEL_PID": str(os.getpid()),  # the shared-memory files on this node are the agent's
         "NBTRAIN_STACK_FILE": os.path.join(ranks.dir, "stack-{local_rank}.txt"),
         "NBTRAIN_SHM_REMAP": f"{owner_prefix(start.kernel_pid)}={ranks.shm_prefix}",
-        "MPLBACKEND": "module://nbtrain.worker.figures", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "MPLBACKEND": "module://nbtrain.rank.figures", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // start.nproc_per_node))),
     }
@@ -104,7 +104,7 @@ def _make_agent(start: N.StartRanks, ranks: LocalRanks, local_addr: str | None):
             return pids
 
     spec = WorkerSpec(role="default", local_world_size=start.nproc_per_node, entrypoint=sys.executable,
-                      args=("-u", "-m", "nbtrain.worker"), rdzv_handler=KernelRendezvous(start),
+                      args=("-u", "-m", "nbtrain.rank"), rdzv_handler=KernelRendezvous(start),
                       max_restarts=0, monitor_interval=MONITOR_INTERVAL_S, local_addr=local_addr)
     logs = DefaultLogsSpecs(log_dir=os.path.join(ranks.dir, "logs"), redirects=Std.ALL, tee=Std.NONE)
     return Agent(spec=spec, logs_specs=logs, start_method="spawn")

@@ -37,7 +37,7 @@ import time
 
 import psutil
 
-from ..leftovers import sweep_quietly, sweep_temp
+from ..common.leftovers import sweep_quietly, sweep_temp
 from ..wire import nodes as N
 from ..wire.link import JoinToken, Link, LinkError, LinkRetry, connect
 from ..wire.shm import sweep_orphans
@@ -45,8 +45,8 @@ from .agent import run_ranks
 from .console import route_output, say
 from ..wire.agent_options import AgentOptions, PreemptionURLError, check_url
 from ..wire.options import OptionEnvError, options_of, with_env_fallbacks
-from .preemption import Notices
-from .ranks import LocalRanks
+from .notices import Notices
+from .local_ranks import LocalRanks
 from .token import read_token, reexec_without_token
 
 HEARTBEAT_S = 1.0

@@ -5,7 +5,7 @@ in the environment); ``jupyter server extension list`` shows it as ``nbtrain.ser
 ``jupyter server extension disable nbtrain.server``.
 
 The routes are described in :mod:`nbtrain.server.handlers`. They read the run records that kernels running
-``%%distributed`` write (:mod:`nbtrain.launch.observers.registry`), join them with the server's own kernels and
+``%%distributed`` write (:mod:`nbtrain.kernel.observers.registry`), join them with the server's own kernels and
 sessions to name the notebook, and stop a run only by interrupting a kernel this server manages.
 """
 

@@ -1,6 +1,6 @@
 """nbtrain runs and GPU processes as this server presents them, and which run a stop request may touch.
 
-Inputs are the run records kernels write (:mod:`nbtrain.launch.observers.registry`), the server's kernels
+Inputs are the run records kernels write (:mod:`nbtrain.kernel.observers.registry`), the server's kernels
 (:mod:`nbtrain.server.kernels`) and the GPUs' state (:func:`nbtrain.server.gpus.gpu_states`). Everything here reads
 ``/proc`` and files, so the handlers call it in a thread pool.
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from ..launch.observers.events import RunState
+from ..kernel.observers.events import RunState
 from .kernels import KernelView, by_pid, owning_kernel
 
 ACTIVE_STATES = frozenset({RunState.STARTING, RunState.RUNNING})  # a record's state is its value: "running" is RUNNING

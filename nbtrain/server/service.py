@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from jupyter_core.utils import ensure_async
 
-from nbtrain.launch.observers.registry import read_runs, runs_dir
+from nbtrain.kernel.observers.registry import read_runs, runs_dir
 
 from .gpus import gpu_states, machine_snapshot
 from .kernels import managed_kernels

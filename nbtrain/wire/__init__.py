@@ -2,7 +2,7 @@
 
 nbtrain runs in two kinds of process, and each side imports this package, never the other side::
 
-    kernel side (the notebook's kernel)          rank side (python -m nbtrain.worker)
+    kernel side (the notebook's kernel)          rank side (python -m nbtrain.rank)
     magics, launch, dashboard, server            worker, train
                     │                                     │
                     └────────────►  wire  ◄───────────────┘

@@ -2,7 +2,7 @@
 ``--preemption-url``, and the agent's own command-line option of the same name.
 
 The kernel passes them on the command line of each agent it starts (``--emulate``, ``--hosts``, ``--slurm``:
-:mod:`nbtrain.cluster`); an agent started by hand takes the option or its ``NBTRAIN_*`` variable
+:mod:`nbtrain.kernel.cluster`); an agent started by hand takes the option or its ``NBTRAIN_*`` variable
 (:mod:`nbtrain.node.main`). The URL is checked here, on both sides, before anything starts.
 """
 

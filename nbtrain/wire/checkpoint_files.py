@@ -1,7 +1,7 @@
 """Whose checkpoint it is: the ``--checkpoint`` folder and the files nbtrain reads from it must be the user's own.
 
 A checkpoint file is unpickled when it is loaded (restricted to tensors and plain values, but still a pickle:
-:mod:`nbtrain.train.checkpoint`), so whoever can write it — or replace it, through a folder they can write —
+:mod:`nbtrain.rank.train.checkpoint`), so whoever can write it — or replace it, through a folder they can write —
 chooses what the ranks load. ssh refuses a key that others can write for the same reason. The kernel checks the
 folder before any process starts (:func:`~nbtrain.wire.settings.parse_train_settings`) and each rank checks the
 file again when it loads it (:func:`refuse_foreign_checkpoint`), which also covers ``load_checkpoint(path)``.

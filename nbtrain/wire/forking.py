@@ -1,6 +1,6 @@
 """The kernel ↔ zygote channel: JSON messages, and file descriptors beside them, on an inherited socketpair.
 
-The zygote (:mod:`nbtrain.worker.zygote`, started by :mod:`nbtrain.launch.ranks.zygote`) reads requests from
+The zygote (:mod:`nbtrain.rank.zygote`, started by :mod:`nbtrain.kernel.ranks.zygote_handle`) reads requests from
 one end of a ``SOCK_SEQPACKET`` UNIX socketpair that the kernel created and passed to it when it started it:
 no address, so no other process can connect; JSON, so nothing received is ever unpickled. Each packet is one
 message; a ``fork`` request carries the rank's stdin, stdout and stderr pipe ends (``SCM_RIGHTS``).

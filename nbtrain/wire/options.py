@@ -1,11 +1,11 @@
 """Options declared once: each field of a request dataclass carries the command-line option that sets it.
 
-A ``%%distributed`` option is one field of :class:`~nbtrain.launch.request.config.LaunchRequest` (or of the magic's
+A ``%%distributed`` option is one field of :class:`~nbtrain.kernel.request.config.LaunchRequest` (or of the magic's
 display settings), declared with :func:`option`: its default is the field's default, and the field's
 metadata holds an :class:`Option` — flag, help, metavar, choices, value type, environment variable and the
 group of options it belongs to. Everything else is derived from that one declaration:
 
-* the magic's argparse arguments (:meth:`Option.argparse_spec`; ``nbtrain.magics`` turns them into
+* the magic's argparse arguments (:meth:`Option.argparse_spec`; ``nbtrain.kernel.magics`` turns them into
   IPython ``@argument`` decorators, one decorator per group);
 * the request built from the parsed arguments, matched by field name (:func:`from_arguments`);
 * the environment fallback — an option left out takes its ``NBTRAIN_*`` variable — applied in one

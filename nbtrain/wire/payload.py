@@ -1,10 +1,10 @@
 """What travels between the notebook and the ranks: the cell's inputs one way, rank 0's results back.
 
 This module is the format both sides agree on — each direction's pickler next to its unpickler — and
-imports neither side: the kernel packs inputs (through :mod:`nbtrain.launch.request.inputs`) and unpacks results,
-a rank loads inputs and packs results (:mod:`nbtrain.worker.main`).
+imports neither side: the kernel packs inputs (through :mod:`nbtrain.kernel.request.inputs`) and unpacks results,
+a rank loads inputs and packs results (:mod:`nbtrain.rank.main`).
 
-**Inputs.** The names a cell reads (see :mod:`nbtrain.launch.request.cell`) are looked up in the notebook's
+**Inputs.** The names a cell reads (see :mod:`nbtrain.kernel.request.cell`) are looked up in the notebook's
 namespace and sent as one pickle, so objects that share state keep sharing it on the ranks (an optimizer
 and the model whose parameters it holds). The pickler is cloudpickle's, so functions, lambdas and classes
 defined in the notebook travel by value, keeping the file names of their code (a rank's traceback names the
@@ -14,7 +14,7 @@ CUDA tensor in the notebook is sent as a CPU copy and said so. The pickle is mad
 go to every rank.
 
 When the pickle fails, the kernel tries each name alone (:func:`pickle_error`) to name the culprits
-(:mod:`nbtrain.launch.request.inputs`), before any process is involved.
+(:mod:`nbtrain.kernel.request.inputs`), before any process is involved.
 
 **Results.** On rank 0, the names to bring back are pickled together (shared objects stay shared); a
 value that cannot travel is found, skipped and named, and the others still come. DDP (and ``torch.compile``) wrappers are removed, CUDA
@@ -107,7 +107,7 @@ def pickle_inputs(values: dict) -> Inputs:
     """Pickle ``values`` (name → object) once for all ranks, large tensors and arrays to shared memory.
 
     A failure propagates as pickling raised it, after removing any file written so far; the kernel
-    names the culprits (:func:`nbtrain.launch.request.inputs.pack_inputs`).
+    names the culprits (:func:`nbtrain.kernel.request.inputs.pack_inputs`).
     """
     started = time.perf_counter()
     arena = SharedArena()

@@ -31,15 +31,15 @@ A conversation::
     kernel -> Shutdown()                             barrier, destroy the group, exit 0
 
 A ``Job`` with a ``session`` name runs in the namespace that session keeps on each rank instead of a fresh
-one (:mod:`nbtrain.worker.session`); its ``Done`` then says which names the session holds.
+one (:mod:`nbtrain.rank.session`); its ``Done`` then says which names the session holds.
 
 Output does not travel here: each rank's stdout and stderr are pipes read by the kernel, so C-level
 output (NCCL warnings, a segfault message) is shown too. After a job a rank writes :data:`END_MARK` and
 the job id to both streams, so the kernel knows it has shown everything the job printed. After sending a
 :class:`Display` a rank writes :data:`DISPLAY_MARK` and its ``seq`` to stdout, so the kernel shows it at
-that place among the text (see :mod:`nbtrain.launch.relay.displays`). After sending an :class:`InputRequest` a
+that place among the text (see :mod:`nbtrain.kernel.relay.displays`). After sending an :class:`InputRequest` a
 rank writes :data:`INPUT_MARK` and its ``seq`` to stdout, so the kernel asks only once it has shown what
-the rank printed before the prompt (see :mod:`nbtrain.launch.relay.stdin`).
+the rank printed before the prompt (see :mod:`nbtrain.kernel.relay.stdin`).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class Job:
     out_names: tuple[str, ...]
     train: TrainSettings = TrainSettings()  # --amp, --grad-accum, --checkpoint
     cwd: str = ""  # the notebook's current directory: the rank runs the cell there
-    sys_path: tuple[str, ...] = ()  # the kernel's sys.path, absolute (see nbtrain.launch.request.notebook_modules)
+    sys_path: tuple[str, ...] = ()  # the kernel's sys.path, absolute (see nbtrain.kernel.request.notebook_modules)
     result_prefix: str = ""  # rank 0 writes large results to /dev/shm files starting with this; "" = in the pickle
     shared_files: tuple[str, ...] = ()  # the /dev/shm files the inputs map: another machine gets their bytes
     session: str = ""  # run in this session's namespace, kept between jobs; "" = a fresh namespace
@@ -153,7 +153,7 @@ class Metrics:
 
 @dataclass(frozen=True)
 class Setup:
-    """What ``nbtrain.prepare()`` decided for one model, sent after its first forward (``train/speed.py``):
+    """What ``nbtrain.prepare()`` decided for one model, sent after its first forward (``rank/train/speed.py``):
     ``{"model": 0, "amp": "bf16", "device": "cuda:0", "bf16_supported": True, "channels_last": True,
     "compile": "default", "compile_s": 41.2}`` (``compile_error`` when it fell back)."""
 

@@ -4,7 +4,7 @@
 ``--no-channels-last``, ``--compile [MODE]``, ``--compile-fallback``, ``--shard [full|hybrid]``,
 ``--shard-offload``, ``--checkpoint-async`` and ``--activation-checkpointing`` are the fields of
 :class:`TrainOptions`, each declared with :func:`~nbtrain.wire.options.option` (flag, help, environment
-variable). The magic's request (:class:`~nbtrain.launch.request.config.LaunchRequest`) is a subclass, so the
+variable). The magic's request (:class:`~nbtrain.kernel.request.config.LaunchRequest`) is a subclass, so the
 kernel parses them from the cell's line; a rank started outside a cell (a torchrun script calling
 ``nbtrain.prepare()``) reads the same declarations' ``NBTRAIN_*`` variables (:func:`settings_from_environment`).
 Either way :func:`parse_train_settings` makes one frozen :class:`TrainSettings`. It travels to the ranks inside each :class:`~nbtrain.wire.protocol.Job` — not in
@@ -13,7 +13,7 @@ two cells must not cost a new pool.
 
 :func:`parse_train_settings` validates everything before any process starts and resolves a relative
 checkpoint directory against the notebook's current directory when the cell runs (``cwd``: the one
-:func:`~nbtrain.launch.request.config.resolve` captured, which the job also runs in) — one rule, whatever directory
+:func:`~nbtrain.kernel.request.config.resolve` captured, which the job also runs in) — one rule, whatever directory
 the warm ranks were started from. Importing this module imports nothing heavy.
 """
 
@@ -91,7 +91,7 @@ class TrainSettings:
     restart: int = 0  # which restart this attempt is (TORCHELASTIC_RESTART_COUNT in the ranks)
     profile: tuple[int, int, int] | None = None  # --profile: wait, warmup, active optimizer steps
     profile_dir: str | None = None  # absolute; where each rank writes its trace
-    channels_last: bool | None = None  # None: channels_last for conv models under AMP on GPUs (train/speed.py)
+    channels_last: bool | None = None  # None: channels_last for conv models under AMP on GPUs (rank/train/speed.py)
     compile: str | None = None  # a COMPILE_CHOICES entry: torch.compile prepared models; None: do not
     compile_fallback: bool = False  # a failed compile runs the model uncompiled instead of failing the cell
     shard: str | None = None  # a SHARD_CHOICES entry: prepare() shards models with FSDP2; None: DDP

@@ -35,8 +35,8 @@ import threading
 import weakref
 from dataclasses import dataclass
 
-from ..leftovers import my_entries
-from ..pids import as_pid
+from ..common.leftovers import my_entries
+from ..common.pids import as_pid
 
 SHARE_THRESHOLD_BYTES = 256 * 1024
 CHUNK_BYTES = 64 * 1024 * 1024

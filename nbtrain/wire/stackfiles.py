@@ -3,8 +3,8 @@
 Each rank registers :mod:`faulthandler` on SIGUSR1 with a private file (``NBTRAIN_STACK_FILE``); SIGUSR1 makes it
 append every thread's stack there, from C, so it works while the rank is blocked in a collective.
 :func:`request_stacks` sends the signals and reads what each file grew by. It needs only pids and file names, so
-the kernel uses it for its local ranks (:mod:`nbtrain.launch.diagnostics.stacks`) and a node agent for the ranks on its
-machine (:mod:`nbtrain.node.ranks`), which it then sends to the kernel.
+the kernel uses it for its local ranks (:mod:`nbtrain.kernel.diagnostics.stacks`) and a node agent for the ranks on its
+machine (:mod:`nbtrain.node.local_ranks`), which it then sends to the kernel.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Every :class:`~nbtrain.wire.protocol.Job` carries the notebook's current directory and the kernel's
 ``sys.path``. A rank builds its own ``sys.path`` from them with :func:`rank_sys_path` before it unpickles
-anything (:mod:`nbtrain.worker.modules`); the kernel builds the same list to tell whether another file
-would now shadow a module the warm ranks imported (:mod:`nbtrain.launch.request.notebook_modules`). One function, so the
+anything (:mod:`nbtrain.rank.modules`); the kernel builds the same list to tell whether another file
+would now shadow a module the warm ranks imported (:mod:`nbtrain.kernel.request.notebook_modules`). One function, so the
 two can never disagree.
 """
 

@@ -1,6 +1,6 @@
 """The dashboard chart's JavaScript bundle, rebuilt when its sources changed, so no test runs yesterday's chart.
 
-The bundle (``nbtrain/dashboard/static/chart.js``, git-ignored) is made by ``jlpm build:chart`` in
+The bundle (``nbtrain/kernel/dashboard/static/chart.js``, git-ignored) is made by ``jlpm build:chart`` in
 ``labextension/`` (esbuild: ``labextension/chart/*.js`` and uPlot from npm). :func:`ensure_chart_bundle`
 compares its time with its sources' and, when it is missing or older, installs the npm packages if they
 are absent and rebuilds it (a fraction of a second). An installed nbtrain (a wheel, no ``labextension/``
@@ -32,7 +32,7 @@ def chart_sources(checkout: Path) -> list[Path]:
 
 def ensure_chart_bundle() -> Path:
     """The bundle the imported nbtrain serves, rebuilt first if older than its sources."""
-    from nbtrain.dashboard.chart import BUNDLE
+    from nbtrain.kernel.dashboard.chart import BUNDLE
 
     checkout = BUNDLE.resolve().parents[3]
     labextension = checkout / "labextension"

@@ -11,8 +11,8 @@ import tempfile
 import time
 
 from helpers import tiers
-from nbtrain.cluster import Cluster
-from nbtrain.launch.lifecycle.pools import PoolManager
+from nbtrain.kernel.cluster import Cluster
+from nbtrain.kernel.lifecycle.pools import PoolManager
 
 
 class Boom:

@@ -8,7 +8,7 @@ Rank 0 assigns ``steps`` (the training state's step at the end) and ``world`` (t
 :func:`signal_at_step` waits (in a thread) until a rank has written step ``step`` and sends its process (or
 its parent, a node's agent) a signal: a preemption from outside, at a known point of the run. A notice that
 comes while step k is in progress (k - 1 done) is saved at the end of step k + 1 at the latest: the first rank to
-hear it proposes the step after its next boundary (train/preemption.py), so ``after + 2`` bounds the saved step.
+hear it proposes the step after its next boundary (rank/train/preempt_checkpoint.py), so ``after + 2`` bounds the saved step.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import textwrap
 
-from nbtrain.launch.lifecycle.entry import run_source
-from nbtrain.launch.request.config import LaunchRequest
+from nbtrain.kernel.lifecycle.entry import run_source
+from nbtrain.kernel.request.config import LaunchRequest
 
 DTYPE_PROBE = """
 class Probe(torch.nn.Module):  # a Linear(8, 8) that records the dtype its forward computed in

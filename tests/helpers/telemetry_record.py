@@ -2,7 +2,7 @@
 
 ``Recorder`` is a run observer that samples :class:`~nbtrain.gpu.telemetry.Telemetry` while the run goes
 and keeps what the ranks logged and reported; :func:`save` writes it under ``tests/data/telemetry/`` and
-:func:`replay` feeds a saved one, in time order, into a fresh :class:`~nbtrain.launch.diagnostics.advisor.Evidence` —
+:func:`replay` feeds a saved one, in time order, into a fresh :class:`~nbtrain.kernel.diagnostics.advisor.Evidence` —
 as the dashboard feeds it live, through real :class:`~nbtrain.gpu.telemetry.Snapshot` objects.
 """
 
@@ -15,8 +15,8 @@ import threading
 from nbtrain.gpu.devices import GpuStatus
 from nbtrain.gpu.processes import HostStatus
 from nbtrain.gpu.telemetry import RankUsage, Snapshot, Telemetry
-from nbtrain.launch.diagnostics.advisor import Evidence
-from nbtrain.launch.observers.events import RunObserver
+from nbtrain.kernel.diagnostics.advisor import Evidence
+from nbtrain.kernel.observers.events import RunObserver
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "telemetry")
 

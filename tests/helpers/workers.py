@@ -27,7 +27,7 @@ def nbtrain_workers() -> list[psutil.Process]:
     for proc in psutil.process_iter(["cmdline", "status", "name"]):
         try:
             cmd = proc.info["cmdline"] or []
-            rank = "nbtrain.worker" in cmd or proc.info["name"] == FORKED_RANK_NAME  # spawned, or forked by a zygote
+            rank = "nbtrain.rank" in cmd or proc.info["name"] == FORKED_RANK_NAME  # spawned, or forked by a zygote
             if (rank and proc.info["status"] != psutil.STATUS_ZOMBIE
                     and proc.environ().get(SESSION_VARIABLE) == mark):
                 found.append(proc)

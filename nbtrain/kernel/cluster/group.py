@@ -1,0 +1,469 @@
+"""NodePool: the second rank group — its ranks run on joined nodes, each under torch elastic's agent.
+
+:class:`NodePool` is a :class:`~nbtrain.kernel.ranks.rankgroup.RankGroup` beside the local
+:class:`~nbtrain.kernel.ranks.pool.LocalPool` (it shares only :class:`~nbtrain.kernel.ranks.rankgroup.GroupState`, the
+state both keep); :mod:`nbtrain.kernel.lifecycle.run` drives it exactly as it drives local ranks and sees the same events (:class:`Message`, :class:`Output`, :class:`Exited`):
+
+* **start** (:meth:`NodePool.spawn`): the c10d store listens on ``--rdzv-host``, hosted by a process of its own
+  with a memory limit (:mod:`~nbtrain.kernel.ranks.storehost`), never by the kernel; once ``--nodes``
+  nodes have joined the hub (:mod:`.hub`; the join command is printed once) — or, elastic ``--nodes MIN:MAX``,
+  once MIN have and the last call for more is over (:mod:`.elastic`; ``spec`` then becomes the group's size
+  and the job is sent only now, so the run knows its world size) — each gets
+  :class:`~nbtrain.wire.nodes.StartRanks` and runs torch elastic's ``LocalElasticAgent`` with the
+  rendezvous the kernel decided (each node's group rank, sent over the authenticated link: nothing of the
+  rendezvous is read from the store, which has no authentication). Global ranks are
+  elastic's (group rank × nproc-per-node + local rank), group ranks in join order; each node reports its own
+  (:class:`~nbtrain.wire.nodes.RanksStarted`), which names output ``[node b rank 3]``;
+* **the job** goes once per node (:meth:`send_all`), with the bytes of its shared-memory input files; the
+  node writes them to its own ``/dev/shm`` and its local ranks map them as on one machine. Results come
+  back in the pickle (no kernel file can be written from another machine);
+* **events**: each node's link queues what its ranks said, printed and how they ended; a node silent for
+  :data:`~.hub.LOST_AFTER_S` (or whose link broke) is *lost*: each of its ranks becomes an exit whose
+  failure reads "node b (ranks 2–3) lost: no heartbeat for 5 s", and the run stops the others as for any
+  failed rank; a node with a preemption notice (its agent got SIGTERM or the cloud's notice) is said as a
+  :class:`~nbtrain.wire.protocol.PreemptNotice` of its first rank, and let go (:meth:`release_node`) once the
+  checkpoint is written (:mod:`nbtrain.kernel.lifecycle.preemption`);
+* **stop** (:meth:`interrupt`, :meth:`teardown`): one SIGINT through each node to its ranks, then
+  :class:`~nbtrain.wire.nodes.StopRanks` (SIGTERM → SIGKILL on the node); the nodes stay joined, warm for the
+  next pool.
+
+Stacks (:meth:`dump_stacks`: where each rank is, for failures, the stop button and uneven collectives) are
+dumped on each node and sent back, so those reports work across machines too.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from ..diagnostics.failures import RankFailure, rank_failure
+from ..ranks.pool import Exited, Message, Output
+from ..ranks.storehost import StoreHost
+from ..ranks.zygote_handle import ZygoteHandle
+from ..ranks.rankgroup import GroupState
+from ..request.config import PoolSpec
+from ...wire import nodes as N
+from ...wire import protocol as P
+from ...common.words import count
+from .elastic import Formation
+from .hub import LOST_AFTER_S, Hub, NodeConn
+from .slurm import SlurmNodes
+from .ssh import SshNodes, loopback
+
+STOP_WAIT_S = 2.5  # a node answers StopRanks within this (its own SIGTERM → SIGKILL takes about 1.5 s)
+
+
+def rank_span(ranks) -> str:
+    ranks = sorted(ranks)
+    if not ranks:
+        return "no ranks"
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    contiguous = ranks == list(range(ranks[0], ranks[-1] + 1))
+    return f"ranks {ranks[0]}–{ranks[-1]}" if contiguous else "ranks " + ", ".join(map(str, ranks))
+
+
+@dataclass
+class RemoteRank:
+    """One rank of the group, as its node reports it: the record that every per-rank question reads."""
+
+    node: NodeConn | None = None  # known once its node said RanksStarted
+    pid: int = 0  # on its node's machine
+    exit_code: int | None = None  # None while it runs
+    error: str | None = None  # its node's account of an exit (torch elastic's error file)
+    account: str | None = None  # why its node is gone (lost, let go, never started)
+
+    def exited(self) -> bool:
+        return self.exit_code is not None
+
+
+class NodePool(GroupState):
+    """Ranks on ``spec.nodes`` joined nodes, a :class:`~nbtrain.kernel.ranks.rankgroup.RankGroup` (see the module
+    docstring)."""
+
+    def __init__(self, spec: PoolSpec, hub: Hub, say: Callable[[str], None] | None = None,
+                 ssh: SshNodes | None = None, slurm: SlurmNodes | None = None) -> None:
+        super().__init__(spec)
+        self._store: StoreHost | None = None  # the c10d store this pool's ranks bootstrap from, on --rdzv-host
+        self.formation = Formation(spec.min_nodes or spec.nodes, spec.nodes, spec.last_call_s)
+        self.hub = hub
+        self.ssh = ssh  # with --hosts: the sessions that start the agents (the Cluster's, kept between pools)
+        self.slurm = slurm if spec.slurm is not None else None  # with --slurm: the job that runs the agents (the Cluster's)
+        self._say = say or (lambda text: print(text, flush=True))
+        self.nodes: list[NodeConn] = []
+        self._ranks: dict[int, RemoteRank] = {}  # rank -> what its node said of it
+        self._pending: list[N.Deliver] = []  # to the ranks, once the nodes run them
+        self._stopped: set[str] = set()  # nodes whose ranks have all ended
+        self._lost: set[str] = set()
+        self._started = False
+        self._last_poll = time.monotonic()
+        self._backlog: list = []  # events that arrived while stacks were awaited
+        self._awaiting_stacks: set[str] = set()
+        self._stacks: dict[int, str] = {}
+
+    # ------------------------------------------------------------------------------- start
+    def spawn(self, zygote: ZygoteHandle | None = None, fork_ranks: bool = True) -> None:
+        """Start the agents (or wait for them) and the pool's store (forked by ``zygote`` where it can); the ranks
+        are the agents' to start, so ``fork_ranks`` changes nothing here."""
+        spec = self.spec
+        if spec.hosts and self.ssh is not None:  # first: the agents start while this kernel imports torch
+            if len(self.hub.idle_nodes()) < spec.nodes:
+                started = self.ssh.start(spec.hosts, f"{self.hub.host}:{self.hub.port}", self.hub.valid_token(),
+                                         spec.ssh_options, spec.remote_python, spec.preemption_url)
+                if started:
+                    self._say(f"nbtrain: starting node agents over ssh on {', '.join(started)}")
+        elif self.slurm is not None:
+            self._start_slurm()
+        elif len(self.hub.idle_nodes()) < spec.nodes and self.hub.announce():
+            self._say(f"nbtrain: waiting for {self._wanted()}; on each node run:\n  {self.hub.join_command()}\n"
+                      f"{self.hub.join_help()}")
+        self._store = StoreHost(spec.rdzv_host, zygote)
+        self._start_if_joined()
+
+    def _start_slurm(self) -> None:
+        """Submit the agents' job unless one runs or waits already (it was kept when a cell was stopped)."""
+        spec, hub = self.spec, self.hub
+        assert self.slurm is not None and spec.slurm is not None
+        if len(hub.idle_nodes()) >= spec.nodes:
+            return
+        if self.slurm.active():
+            self._say(self.slurm.news(again=True) or f"nbtrain: waiting for the nodes of Slurm job {self.slurm.job_id}")
+            return
+        hub.valid_token()  # the file the agents read holds a live token
+        self._say(self.slurm.start(spec.nodes, spec.min_nodes, f"{hub.host}:{hub.port}", hub.token_file.path,
+                                   spec.slurm, spec.remote_python, bool(loopback(hub.host)), spec.preemption_url))
+
+    def _wanted(self) -> str:
+        """``2 nodes``, ``1 node``, ``2 to 4 nodes`` (elastic)."""
+        spec = self.spec
+        return f"{spec.min_nodes} to {count('node', spec.nodes)}" if spec.min_nodes else count("node", spec.nodes)
+
+    def _start_if_joined(self) -> None:
+        if self._started:
+            return
+        idle = self.hub.idle_nodes()
+        count = self.formation.size(len(idle), time.monotonic())
+        if count == 0:
+            return
+        if self.slurm is not None and (news := self.slurm.news(ask_now=True)):  # nodes joined before a poll saw it run
+            self._say(news)
+        self.nodes = idle[:count]
+        if self.spec.min_nodes:  # elastic: the world size is decided now
+            self.formed(count * self.spec.nproc_per_node)
+            self._say(self.formation.announce([n.name for n in self.nodes], self.spec.nproc_per_node))
+        assert self._store is not None
+        start = N.StartRanks(self.run_id, f"{self.spec.rdzv_host}:{self._store.port}", len(self.nodes),
+                             self.spec.nproc_per_node, self.spec.backend, self.spec.device_type, self.spec.timeout_s,
+                             self.spec.env, os.getpid())
+        for group_rank, node in enumerate(self.nodes):
+            while not node.link.incoming.empty():  # what an earlier pool's ranks said last; the agent's notes are said
+                self._note(node, node.link.incoming.get_nowait())
+            self.hub.mark_running(node)
+            node.link.send(replace(start, group_rank=group_rank))  # the rendezvous, decided here (node/rendezvous.py)
+            for deliver in self._pending:
+                node.link.send(deliver)
+        self._started = True
+
+    def serves(self, spec: PoolSpec) -> bool:
+        """Warm for ``spec`` while its nodes stay; an elastic group that formed below MAX re-forms when more have
+        joined since (torch elastic's scale-up restarts the workers too)."""
+        if spec != self.spec:
+            return False
+        return not (self.spec.min_nodes and self._started and len(self.nodes) < self.spec.nodes
+                    and self.hub.idle_nodes())
+
+    def start_hint(self) -> str:
+        if self._started:
+            return ""
+        if self.slurm is not None and (job := self.slurm.describe()):
+            return f"; {self.nodes_joined()}; {job[0]}"
+        return f"; {self.nodes_joined()}. Start the missing nodes with:\n  {self.hub.join_command()}"
+
+    def nodes_joined(self) -> str:
+        if self._started:
+            return ""
+        joined = self.hub.idle_nodes()
+        if self.spec.min_nodes and len(joined) >= self.spec.min_nodes:
+            return ""  # elastic, enough there: the group forms after the last call, no node is missing
+        have = ", ".join(f"{n.name} from {n.address}" for n in joined) or "none"
+        return f"{len(joined)} of {self._wanted()} joined ({have})"
+
+    # --------------------------------------------------------------------------------- state
+    def alive(self) -> bool:
+        return (self.ready and not self.broken and not any(r.exited() for r in self._ranks.values()) and not self._lost
+                and all(not n.lost() for n in self.nodes))
+
+    def pids(self) -> list[int]:
+        """Each rank's pid where it means something here: ranks on another machine are 0 (the dashboard's
+        per-process telemetry must not read an unrelated local process)."""
+        here = socket.gethostname()
+        return [r.pid if (r := self._ranks.get(rank)) is not None and r.node is not None and r.node.hello.host == here
+                else 0 for rank in range(self.world_size)]
+
+    def rank_label(self, rank: int) -> str:
+        node = self._known(rank).node
+        return f"node {node.name} rank {rank}" if node is not None else f"rank {rank}"
+
+    def failure(self, rank: int, cause: P.RemoteError | int, output_tail=(), diagnosis: str | None = None) -> RankFailure:
+        """As on one machine, named by its node, with the node's account of an exit (its error file, a loss)."""
+        record = self._known(rank)
+        recorded = None if isinstance(cause, P.RemoteError) else record.error
+        return rank_failure(rank, cause, output_tail, starting=rank not in self.devices, error_file_message=recorded,
+                            diagnosis=diagnosis, label=self.rank_label(rank), account=record.account)
+
+    def spawn_reason(self) -> str:
+        return ""  # the agents start the ranks: the kernel's zygote forks none
+
+    def local_start(self) -> None:
+        return None  # ranks on other machines: their start is not on this clock
+
+    def dump_stacks(self, wait: float = 0.5, ranks=None) -> dict[int, str]:
+        """Live ranks' Python stacks, dumped on their nodes (SIGUSR1, faulthandler) and sent back within ``wait``
+        (plus the network's time); what else arrives meanwhile is kept for the next :meth:`poll_events`."""
+        asked: dict[str, tuple[NodeConn, list[int]]] = {}
+        for rank, r in self._ranks.items():
+            if r.node is not None and (ranks is None or rank in ranks) and not r.exited() and r.node.name not in self._lost:
+                asked.setdefault(r.node.name, (r.node, []))[1].append(rank)
+        for node, wanted in asked.values():
+            node.link.send(N.DumpStacks(tuple(wanted), wait))
+        self._awaiting_stacks, self._stacks = set(asked), {}
+        deadline = time.monotonic() + wait + 1.0
+        while self._awaiting_stacks and time.monotonic() < deadline:
+            arrived = self.poll_events(0.05)  # the backlog so far and what came since: poll_events takes the list
+            self._backlog.extend(arrived)  # (so bound after it returns, never before: the events would be lost)
+        self._awaiting_stacks = set()
+        return dict(sorted(self._stacks.items()))
+
+    # -------------------------------------------------------------------------------- events
+    def connected(self) -> bool:
+        return self._started  # the job goes once the group has formed: the run then knows its world size
+
+    def send_all(self, message) -> None:
+        files: tuple = ()
+        if isinstance(message, P.Job):
+            files = tuple((path, _read(path)) for path in message.shared_files)
+            message = replace(message, result_prefix="", shared_files=())  # results come back in the pickle
+        deliver = N.Deliver(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL), files)
+        if not self._started:
+            self._pending.append(deliver)
+            return
+        for node in self.nodes:
+            node.link.send(deliver)
+
+    def send_to(self, rank: int, message) -> None:
+        node = self._known(rank).node
+        if node is not None:
+            node.link.send(N.ToRank(rank, pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)))
+
+    def output_open(self) -> bool:
+        return any(n.name not in self._stopped and n.name not in self._lost for n in self.nodes)
+
+    def poll_events(self, timeout: float) -> list:
+        self._start_if_joined()
+        events, self._backlog = self._backlog, []
+        events += self._collect()
+        if not events:
+            select.select([self.hub.wake_r], [], [], timeout)
+            self.hub.drain_wake()
+            self._start_if_joined()
+            events = self._collect()
+        return events + self._check_lost() + self._ssh_failures() + self._slurm_events()
+
+    def _ssh_failures(self) -> list:
+        """Before the ranks start: a host whose ssh session ended with an error fails its ranks now, with ssh's words."""
+        if self._started or self.ssh is None or not self.spec.hosts:
+            return []
+        events: list = []
+        for host, why in self.ssh.failed():
+            if host not in self.spec.hosts:
+                continue
+            first = self.spec.hosts.index(host) * self.spec.nproc_per_node
+            text = f"the node on {host} could not be started over ssh: {why}"
+            self._say(f"nbtrain: {text}")
+            events.extend(self._end(rank, 255, text) for rank in range(first, first + self.spec.nproc_per_node))
+        return events
+
+    def _slurm_events(self) -> list:
+        """Before the ranks start: the job's state as it changes, and a job that ended fails the ranks, in Slurm's
+        words and its output's last lines."""
+        if self._started or self.slurm is None:
+            return []
+        self.hub.valid_token()  # however long the job waits, its agents find a live token in the file
+        news = self.slurm.news()
+        if news:
+            self._say(news)
+        why = self.slurm.ended()
+        if not why:
+            return []
+        self._say(f"nbtrain: {why}")
+        return [self._end(rank, 1, f"the node agents' {why}") for rank in range(self.world_size)
+                if not self._rank(rank).exited()]
+
+    def _collect(self) -> list:
+        events: list = []
+        for node in self.nodes:
+            while not node.link.incoming.empty():
+                message = node.link.incoming.get_nowait()
+                if message is not None:
+                    events.extend(self._translate(node, message))
+        return events
+
+    def _translate(self, node: NodeConn, message) -> list:
+        if isinstance(message, N.RankOutput):
+            return [Output(message.rank, message.stream, message.text)]
+        if isinstance(message, N.RankMessage):
+            said = pickle.loads(message.data)  # from an authenticated node
+            if isinstance(said, P.PreemptNotice):  # a rank got SIGTERM (Slurm signals the whole job step)
+                said = replace(said, node=node.name)
+            return [Message(message.rank, said)]
+        if isinstance(message, N.PreemptionNotice):  # the run's loop has every rank save, then releases the node
+            first = min(self._node_ranks(node))
+            return [Message(first, P.PreemptNotice(first, message.source, message.noticed_at, message.ends_at,
+                                                   node.name))]
+        if isinstance(message, N.RankExited):
+            record = self._rank(message.rank)
+            record.exit_code = message.code
+            if message.error:
+                record.error = message.error
+            if message.code == -signal.SIGTERM:
+                self._account_slurm_end(node, message.rank)
+            return [Exited(message.rank, message.code)]
+        if isinstance(message, N.RanksStarted):
+            for rank, (_local, pid) in message.ranks.items():
+                record = self._rank(rank)
+                record.node, record.pid = node, pid
+        elif isinstance(message, N.RanksStopped) and message.run_id in ("", self.run_id):  # not a late one of an earlier pool
+            self._stopped.add(node.name)
+            self.hub.mark_idle(node)
+        elif isinstance(message, N.Stacks):
+            self._stacks.update(message.stacks)
+            self._awaiting_stacks.discard(node.name)
+        elif isinstance(message, N.NodeNote):
+            self._note(node, message)
+        elif isinstance(message, N.NodeError):  # said now, as a lost node is: stopping the others takes seconds
+            text = f"node {node.name} could not start its ranks: {message.text}"
+            self._say(f"nbtrain: {text}")
+            return self._node_failed(node, text, 1)
+        return []
+
+    def _note(self, node: NodeConn, message) -> None:
+        """An agent's note (:class:`~nbtrain.wire.nodes.NodeNote`), said in the cell; other messages are dropped."""
+        if isinstance(message, N.NodeNote):
+            self._say(f"nbtrain: node {node.name}: {message.text}")
+
+    def _account_slurm_end(self, node: NodeConn, rank: int) -> None:
+        """A rank SIGTERMed from outside while its Slurm job ends (someone's ``scancel``: Slurm signals every process
+        of the job) is its node lost, in Slurm's words — whether its agent was killed first or not."""
+        if self.slurm is None or self.broken or self._rank(rank).account is not None:
+            return  # no job; the pool's own stop; or its account is known (a preempted node let go)
+        why = self.slurm.end_reason()
+        if why:
+            self._rank(rank).account = f"node {node.name} ({rank_span(self._node_ranks(node))}) lost: {why}"
+
+    def node_infos(self) -> tuple:
+        return tuple(node.info(self._node_ranks(node), node.name in self._lost or node.lost()) for node in self.nodes)
+
+    def _node_ranks(self, node: NodeConn) -> list[int]:
+        ranks = [rank for rank, r in self._ranks.items() if r.node is node]
+        if not ranks:  # before the rendezvous told us: the ranks it would have had, in join order
+            first = self.nodes.index(node) * self.spec.nproc_per_node
+            ranks = list(range(first, first + self.spec.nproc_per_node))
+        return ranks
+
+    def _node_failed(self, node: NodeConn, text: str, code: int) -> list:
+        events = []
+        for rank in self._node_ranks(node):
+            if not self._rank(rank).exited():
+                events.append(self._end(rank, code, text))
+        return events
+
+    def _rank(self, rank: int) -> RemoteRank:
+        """``rank``'s record, made on first mention (a rank may be failed before its node reported it)."""
+        return self._ranks.setdefault(rank, RemoteRank())
+
+    def _known(self, rank: int) -> RemoteRank:
+        """What is known of ``rank`` (nothing yet: an empty record), without recording it."""
+        return self._ranks.get(rank) or RemoteRank()
+
+    def _end(self, rank: int, code: int, account: str) -> Exited:
+        """``rank`` ended with ``code`` for a reason its node could not tell (lost, never started)."""
+        record = self._rank(rank)
+        record.exit_code, record.account = code, account
+        return Exited(rank, code)
+
+    def release_node(self, name: str, account: str) -> list:
+        """A preempted node whose checkpoint is written (or whose grace ran out): its agent leaves now, its ranks
+        end the run with ``account``, and the next group forms without it."""
+        node = next(n for n in self.nodes if n.name == name)
+        self._lost.add(name)  # gone on purpose: not reported lost
+        self.hub.mark_leaving(node)
+        node.link.send(N.Bye(f"preempted: {account}"))
+        return self._node_failed(node, account, -signal.SIGTERM)
+
+    def _check_lost(self) -> list:
+        now = time.monotonic()
+        stalled, self._last_poll = now - self._last_poll > 1.0, now
+        if stalled:
+            return []  # this kernel itself was busy (an import holding the GIL): its links had no chance to read
+        events: list = []
+        for node in self.nodes:
+            if node.name in self._lost or node.name in self._stopped or not node.lost():
+                continue
+            self._lost.add(node.name)
+            why = "its connection broke" if node.link.closed.is_set() else f"no heartbeat for {LOST_AFTER_S:.0f} s"
+            why = (self.slurm.end_reason() if self.slurm is not None else "") or why  # TIMEOUT, CANCELLED by …
+            text = f"node {node.name} ({rank_span(self._node_ranks(node))}) lost: {why}"
+            self._say(f"nbtrain: {text}; stopping the other ranks")  # now: stopping them takes a few seconds more
+            events.extend(self._node_failed(node, text, -9))
+        return events
+
+    # ------------------------------------------------------------------------------ stopping
+    def interrupt(self) -> None:
+        for node in self.nodes:
+            node.link.send(N.Interrupt())
+
+    def teardown(self, graceful: bool = True, grace: float = 1.0, drain: Callable[[], None] | None = None) -> None:
+        if not self._started and self.slurm is not None and self.slurm.active():  # the stop button ends the wait only
+            self._say(f"nbtrain: Slurm job {self.slurm.job_id} stays; its nodes join when it starts, for the next "
+                      "cell (%distributed_shutdown cancels it)")
+        polite = graceful and self.alive()
+        self.mark_broken()
+        try:
+            if polite:
+                self.send_all(P.Shutdown())
+                self._wait_stopped(grace * 2)
+            for node in self.nodes:
+                if node.name not in self._stopped and node.name not in self._lost:
+                    node.link.send(N.StopRanks())
+            if drain is not None:
+                drain()
+            self._wait_stopped(STOP_WAIT_S)
+        finally:
+            for node in self.nodes:
+                if node.name in self._lost:
+                    node.link.close()
+                self.hub.mark_idle(node)  # a node slow to confirm still ends its ranks; the next pool may use it
+            if self._store is not None:
+                self._store.close()
+            self._store = None
+
+    def _wait_stopped(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while self.output_open() and time.monotonic() < deadline:
+            self.poll_events(0.05)
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:  # removed already: the ranks will say which input failed to load
+        print(f"nbtrain: could not read the shared input file {path} ({exc})", file=sys.stderr)
+        return b""

@@ -1,0 +1,217 @@
+"""The plain-Python entry point behind ``%%distributed``: check everything, then run.
+
+:func:`run_source` works without IPython (tests, scripts, other front ends)::
+
+    from nbtrain.kernel.lifecycle.entry import run_source
+    from nbtrain.kernel.request.config import LaunchRequest
+
+    ns = {"scale": 3}
+    result = run_source("y = scale * (rank + 1)", LaunchRequest(nprocs=2, cpu=True), ns)
+    ns["y"]   # 3: rank 0's y
+
+With ``--max-restarts K`` (``LaunchRequest.max_restarts``) a run whose rank dies is started again from
+its last checkpoint, up to K times (:mod:`nbtrain.kernel.lifecycle.restarts`).
+
+Every user mistake raises a subclass of :class:`UserInputError` *before* any process starts: a bad
+option (:class:`~nbtrain.kernel.request.config.ConfigError`), a syntax error in the cell (:class:`~nbtrain.kernel.request.cell.CellSyntaxError`), a
+notebook variable that cannot be sent (:class:`~.payload.PayloadError`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from ...common.words import count
+from ..diagnostics.advisor import Hint, advise, evidence_from_history
+from ..diagnostics.profiling import format_profile
+from ..diagnostics.setup_facts import memory_size, setup_words
+from ..observers.cost import metering_for
+from ..observers.events import FanOut, RunObserver, RunState
+from ..observers.history import RunOutcome
+from ..observers.trackers import trackers_for
+from ..relay.output import write_to_std_stream
+from ..request.cell import CellInfo, CellSyntaxError, analyse_cell, names_to_send
+from ..request.config import DEFAULT_KEEP_ALIVE_S, ConfigError, LaunchConfig, LaunchRequest, resolve
+from ..request.inputs import PayloadError, pack_inputs
+from ..request.mistakes import UserInputError
+from ..request.notebook_modules import WorkdirGone, notebook_workdir
+from ...wire.options import options_of
+from .cellrun import CellRun
+from .checkpoint_lock import hold_checkpoint_folder
+from .restarts import run_with_restarts
+from .pools import PoolManager
+from .run import RunResult, run_cell
+from .sessions import SessionError, session_lines
+
+
+def run_source(source: str, request: LaunchRequest, namespace: dict, *, manager: PoolManager | None = None,
+               line_offset: int = 1, write: Callable[[str, str], None] | None = None, code_name=None,
+               observers=(), outcome: RunOutcome | None = None) -> RunResult:
+    """Run ``source`` as ``request.nprocs`` ranks; names rank 0 assigns are put into ``namespace``.
+
+    ``manager`` keeps the warm pool between calls; without one, the pool is stopped after the run. ``outcome``
+    (a :class:`~.run.RunOutcome`) receives what was logged however the run ends: a result, a failure, a stop.
+    """
+    config = resolve(request)
+    info = analyse_cell(source, line_offset)
+    outcome = outcome or RunOutcome()
+    started = time.time()
+    state: RunState | None = RunState.FAILED
+    meter = _Meter(config)
+    FanOut(observers).earlier_runs(manager.runs.earlier(source, changed_options(request)) if manager else ())
+    result: RunResult | None = None
+    try:
+        given = {"write": write, "code_name": code_name, "observers": (*observers, meter), "outcome": outcome}
+        result = _run(_cell_run(config, info, namespace, manager, given))
+        result = replace(result, metering=meter.metering)  # for the summary line
+        state = RunState.FINISHED
+        return result
+    except UserInputError:
+        state = None  # nothing ran: a mistake found before any process started
+        raise
+    except KeyboardInterrupt:
+        state = RunState.INTERRUPTED
+        raise
+    finally:
+        kept = manager.cell_ended(config.keep_alive_s) if manager is not None and state is not None else ""
+        if kept:
+            (write or write_to_std_stream)("stdout", kept + "\n")
+        if manager is not None and state is not None and source.strip():  # nbtrain.runs(), however they ended
+            seconds = result.seconds if result is not None else time.time() - started  # the summary's, when there is one
+            manager.runs.add(source, changed_options(request), started, seconds, config.pool.nprocs, outcome.history,
+                             state, config.train.checkpoint_dir, meter.metering)
+
+
+class _Meter(RunObserver):
+    """What the run holds, as its last :class:`~.observer.RunInfo` said (an elastic group's size, the nodes' cores
+    are known once the ranks start); until then, as the pool spec says."""
+
+    _shown_as = "the cost meter (--price-per-gpu-hour)"
+
+    def __init__(self, config) -> None:
+        self.metering = metering_for(config.pool, (), config.price_per_hour)
+
+    def run_started(self, info) -> None:
+        self.metering = info.metering or self.metering
+
+    ranks_ready = run_started
+
+
+def changed_options(request: LaunchRequest) -> str:
+    """The options that differ from their defaults, as the magic's line writes them: ``--amp bf16 --fresh``."""
+    words = []
+    for f, spec in options_of(LaunchRequest):
+        value = getattr(request, f.name)
+        if value == f.default or spec.flag is None or value in (None, ()):
+            continue
+        shown = ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+        words.append(spec.flag if value is True else f"{spec.flag} {shown}")
+    return " ".join(words)
+
+
+def _cell_run(config: LaunchConfig, info: CellInfo, namespace: dict, manager: PoolManager | None,
+              given: dict) -> CellRun:
+    """The run of a checked cell: without a manager, a throwaway one that keeps no warm ranks. ``given``: the caller's
+    ``write``, ``code_name``, ``observers`` and ``outcome``."""
+    if manager is None:
+        if config.session:
+            raise ConfigError("--session keeps variables on warm ranks between cells: pass the same manager= "
+                              "(a PoolManager) to every run_source call of the session.")
+        manager = PoolManager()
+        config = replace(config, keep_alive_s=0.0)
+    observers = (*given["observers"], *trackers_for(config.tensorboard))  # --tensorboard, nbtrain.track()
+    return CellRun(info, config, namespace, manager, given["write"] or write_to_std_stream, given["outcome"],
+                   observers, given["code_name"])
+
+
+def _run(cell: CellRun) -> RunResult:
+    config, manager = cell.config, cell.manager
+    names = names_to_send(cell.info, cell.namespace)
+    if config.session:  # before anything is packed: the session's ranks must fit the cell
+        manager.sessions.check(config.session, config.pool, config.fresh)
+        names = manager.sessions.names_to_send(config.session, names, cell.namespace)
+    with hold_checkpoint_folder(config.train.checkpoint_dir):  # one run per folder, restarts included
+        return _run_held(replace(cell, names=tuple(names)))
+
+
+def _run_held(cell: CellRun) -> RunResult:
+    inputs = _pack_or_explain_stop(cell.namespace, cell.names)
+    if not cell.config.train.max_restarts:
+        return run_cell(cell, inputs)
+
+    def attempt(restart: int, followers: list) -> RunResult:  # a restart resumes from the checkpoint, with fresh inputs
+        if restart == 0:
+            return run_cell(replace(cell, observers=tuple(followers)), inputs)
+        return run_cell(cell.again(restart, followers), pack_inputs(cell.namespace, cell.names))
+
+    return run_with_restarts(attempt, cell.config.train, cell.write, cell.observers)
+
+
+def list_sessions(manager: PoolManager) -> list[str]:
+    """What ``%distributed_sessions`` prints: each session's ranks, devices, memory and the names it holds."""
+    return session_lines(manager.sessions)
+
+
+def pull(manager: PoolManager, session: str, names: list[str], namespace: dict, *, write=None) -> RunResult:
+    """Bring ``names`` that ``session`` holds on rank 0 into ``namespace`` (``%distributed_pull``); without names,
+    a :class:`SessionError` that says what each session holds."""
+    if not names:
+        raise SessionError(manager.sessions.nothing_to_pull(session))
+    spec = manager.sessions.spec_holding(session, names)  # the session's own ranks: no request to rebuild
+    try:
+        workdir = notebook_workdir()
+    except WorkdirGone as exc:
+        raise ConfigError(str(exc)) from None
+    config = LaunchConfig(spec, tuple(names), "all", DEFAULT_KEEP_ALIVE_S, False, workdir=workdir, session=session)
+    given = {"write": write, "code_name": None, "observers": (), "outcome": RunOutcome()}
+    return _run(_cell_run(config, analyse_cell("", 1), namespace, manager, given))
+
+
+def close(manager: PoolManager, session: str) -> None:
+    """End ``session``: the ranks drop its namespace (``%distributed_close``)."""
+    manager.close_session(session)
+
+
+def _pack_or_explain_stop(namespace: dict, names):
+    try:
+        return pack_inputs(namespace, names)
+    except KeyboardInterrupt as exc:  # the stop button while big tensors were written: nothing started
+        # IPython shows the lines _render_traceback_() returns instead of a traceback (an untyped hook)
+        exc.with_traceback(None)._render_traceback_ = lambda: [  # type: ignore[attr-defined]
+            "KeyboardInterrupt: stopped by the user while the inputs were written to shared memory; "
+            "no rank was started and no file was left."]
+        raise exc from None
+
+
+def format_summary(result: RunResult, hints: list[Hint] | None = None) -> list[str]:
+    """The short lines the magic prints after a successful run, ending with the bottleneck advisor's hints
+    (``hints``: those of an observer that measured more, such as the dashboard's telemetry; left out:
+    what the run's own records support — its logged steps and what prepare() set up)."""
+    devices = sorted(set(result.devices.values()))
+    where = devices[0] if len(devices) == 1 else ", ".join(devices)
+    line = f"nbtrain: {count('rank', len(result.devices))} · {result.backend} · {where} · {result.seconds:.1f} s" + (" (warm)" if result.warm else "")
+    if result.shared_bytes:  # before the ranks got the job: not in their seconds, nor in the cold start's first step
+        line += f" · inputs {memory_size(result.shared_bytes)} to shared memory in {result.pack_seconds:.1f} s"
+    line += "".join(f" · {word}" for word in setup_words(result.setup))  # precision, memory format, compile time
+    if result.metering is not None and result.metering.price is not None:  # --price-per-gpu-hour
+        line += f" · {result.metering.words(result.seconds)}"
+    if result.returned:
+        line += " · back in the notebook: " + ", ".join(result.returned)
+    lines = [line]
+    if len(result.history):
+        lines.append(f"nbtrain: logged series are in `history`: {', '.join(result.history.names)}")
+    lines += [f"nbtrain: {note}" for note in result.notes]
+    if result.cold_start is not None:
+        lines.append(f"nbtrain: {result.cold_start.line()}")
+    if result.moved_to_cpu:
+        lines.append(f"nbtrain: {', '.join(result.moved_to_cpu)} came back on the CPU (they were on a GPU in the ranks)")
+    lines += [f"nbtrain: skipped '{name}': {reason}" for name, reason in result.skipped.items()]
+    if hints is None:
+        hints = advise(evidence_from_history(result.history, result.setup))
+    lines += [f"nbtrain: hint: {hint.text}" for hint in hints]
+    return lines + format_profile(result.profiles)
+
+
+__all__ = ["UserInputError", "run_source", "format_summary", "list_sessions", "pull", "close", "SessionError", "ConfigError", "CellSyntaxError", "PayloadError"]

@@ -1,0 +1,160 @@
+"""The kernel's pools of ranks: one warm pool for plain cells, reused while its spec matches, and the pools
+that sessions (:mod:`.sessions`) pin; stopped when idle, replaced, or at the kernel's exit.
+
+:class:`PoolManager` only hands pools out and takes them back; running a cell on one is :mod:`.run`'s.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+from collections.abc import Callable
+from typing import Protocol
+
+from ...wire import protocol as P
+from ..observers.runlog import RunLog
+from ..ranks.pool import LocalPool
+from ..ranks.rankgroup import RankGroup
+from ..ranks.starter import RankStarter
+from ..request.config import DEFAULT_KEEP_ALIVE_S, PoolSpec
+from ..request.notebook_modules import Workdir, fresh_ranks_note, stale_modules
+from .sessions import SessionTable, stale_note
+
+
+class Machines(Protocol):
+    """Machines the pool factory holds beyond any pool — a Slurm job whose nodes stay joined — and that are
+    billed while they are held: kept as long as a warm pool would be after a cell, then released."""
+
+    def kept(self, seconds: float) -> str: ...  # what is kept, and for how long, in words ("" if nothing is held)
+    def release(self) -> str: ...  # give them back now; what was released, in words ("" if nothing)
+
+
+class PoolManager:
+    """One warm pool per kernel for plain cells, reused while its spec matches; stopped when idle or at exit.
+
+    Sessions (:mod:`.sessions`) pin the pool they live on: it is not stopped when idle or replaced, only
+    set aside (a plain cell with other options gets a pool of its own), until its last session ends.
+    ``machines`` (a Slurm job, :class:`Machines`) are released when the idle timer ends the warm pool — after
+    ``--keep-alive`` however the cell ended, at once with ``--keep-alive 0`` — and held while sessions live.
+    """
+
+    def __init__(self, pool_factory: Callable[[PoolSpec], RankGroup] = LocalPool, starter: RankStarter | None = None,
+                 machines: Machines | None = None) -> None:
+        self.runs = RunLog()  # nbtrain.runs(): every run of this kernel, one row each
+        self.pool: RankGroup | None = None
+        self.pool_factory = pool_factory  # a spec -> a pool (several machines: nbtrain.kernel.cluster.Cluster.make_pool)
+        self.starter = starter or RankStarter()  # new ranks: forked from the kernel's zygote, or spawned
+        self.sessions = SessionTable()
+        self.machines = machines
+        self._lock = threading.RLock()
+        self._idle_timer: threading.Timer | None = None
+        self._atexit = False
+        self._keep_alive_s = DEFAULT_KEEP_ALIVE_S
+
+    def acquire(self, spec: PoolSpec, fresh: bool, workdir: Workdir, session: str = "") -> tuple[RankGroup, bool, str]:
+        """The pool to run on, whether it is warm, and a note: why warm ranks were not reused, or a session ended."""
+        with self._lock:
+            self._cancel_timer()
+            held, note = self.sessions.pool_for(session) if session else (None, "")
+            if held is not None:  # a session keeps its ranks, even if a module changed since
+                changed, moved = stale_modules(held.module_stamps, workdir, held.rank_path)
+                return held, True, stale_note(session, changed + moved)
+            for pool in [self.pool, *self.sessions.pools()]:  # the plain pool first, then those sessions hold
+                if pool is not None and not fresh and pool.serves(spec) and pool.alive():
+                    changed, moved = stale_modules(pool.module_stamps, workdir, pool.rank_path)
+                    if not changed and not moved:  # warm ranks must not run an old version of the user's code
+                        if pool is not self.pool:
+                            self._set_aside()
+                            self.pool = pool
+                        return pool, True, note
+                    note = note or fresh_ranks_note(changed, moved, workdir.cwd)
+            self._set_aside()
+            if not self._atexit:
+                atexit.register(self.shutdown)
+                self._atexit = True
+            self.pool = self.pool_factory(spec)
+            return self.pool, False, note
+
+    def _set_aside(self) -> None:
+        """The plain pool is being replaced: stop it, unless sessions live on it."""
+        pool, self.pool = self.pool, None
+        if pool is not None and not self.sessions.on(pool):
+            pool.teardown(graceful=True)
+
+    def release(self, healthy: bool, keep_alive_s: float) -> None:
+        with self._lock:
+            self._keep_alive_s = keep_alive_s
+            if self.sessions.on(self.pool):
+                return  # its sessions keep it until they end
+            if not healthy or keep_alive_s <= 0:
+                self.shutdown(graceful=healthy)
+                return
+            self._start_timer(keep_alive_s)
+
+    def cell_ended(self, keep_alive_s: float) -> str:
+        """A cell is over, however it ended (its restarts included): the machines stay for ``keep_alive_s``, as a
+        warm pool does, then are released; what to say under the cell."""
+        with self._lock:
+            if self.machines is None or self.sessions.pools():
+                return ""  # sessions keep their machines until they end
+            if keep_alive_s <= 0:
+                return self.machines.release()
+            if self._idle_timer is None:  # no warm pool waits (a failure, the stop button): the machines alone
+                self._start_timer(keep_alive_s)
+            return self.machines.kept(keep_alive_s)
+
+    def _start_timer(self, seconds: float) -> None:
+        self._idle_timer = threading.Timer(seconds, self._idle)
+        self._idle_timer.daemon = True
+        self._idle_timer.start()
+
+    def _idle(self) -> None:
+        with self._lock:
+            self._idle_timer = None
+            if not self.sessions.on(self.pool):  # a session opened since the timer started keeps it
+                self._set_aside()
+            if self.machines is not None and not self.sessions.pools():
+                self.machines.release()  # no cell to say it in: %distributed_nodes no longer lists the job
+
+    def teardown(self, pool: RankGroup, *, grace: float, drain=None, why: str = "its ranks were stopped") -> list[str]:
+        """Forget ``pool`` and end it at once (a failure, the stop button); ``drain`` shows its last output.
+        Returns the sessions that ended with it."""
+        with self._lock:
+            if self.pool is pool:
+                self._cancel_timer()
+                self.pool = None
+            ended = self.sessions.end_pool(pool, why)
+        pool.teardown(graceful=False, grace=grace, drain=drain)
+        return ended
+
+    def close_session(self, name: str) -> None:
+        """End one session: its processes stop, unless another session lives on them (then only its namespace
+        is dropped). Plain cells that shared them start warm ranks of their own when they next run."""
+        with self._lock:
+            pool = self.sessions.remove(name).pool
+            if self.sessions.on(pool):
+                pool.send_all(P.CloseSession(name))
+                return
+            if pool is self.pool:
+                self._cancel_timer()
+                self.pool = None
+            if self.machines is not None and not self.sessions.pools() and self._idle_timer is None:
+                self._start_timer(self._keep_alive_s)  # the last session held the machines: now as after a cell
+        pool.teardown(graceful=True)
+
+    def shutdown(self, graceful: bool = True) -> bool:
+        """Stop every pool: the warm one and those sessions hold (their sessions end)."""
+        with self._lock:
+            self._cancel_timer()
+            pools = [p for p in [self.pool, *self.sessions.pools()] if p is not None]
+            self.pool = None
+            for pool in pools:
+                self.sessions.end_pool(pool, "the ranks were shut down")
+        for pool in dict.fromkeys(pools):
+            pool.teardown(graceful=graceful)
+        return bool(pools)
+
+    def _cancel_timer(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None

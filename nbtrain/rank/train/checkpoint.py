@@ -1,0 +1,434 @@
+"""Checkpoints: ``nbtrain.save_checkpoint()`` and resuming, by hand or when a cell starts.
+
+**Saving.** Every rank calls ``nbtrain.save_checkpoint()`` (it gathers each rank's RNG state, so it is a
+collective, like ``barrier()``); rank 0 writes one file, ``DIR/checkpoint.pt`` for ``--checkpoint DIR``
+or the ``path`` given. The file holds the prepared models (plain ``state_dict``, without DDP's
+``module.`` prefix), optimizers, LR schedulers, the GradScaler, each prepared DataLoader's position
+(epoch, batches read), the step and epoch counters, every rank's RNG states (Python, NumPy, torch CPU and
+CUDA), metric step counters and logged series, and whatever ``**extra`` you pass (tensors and plain values).
+
+**Reading** (:func:`read_checkpoint`) runs no code: ``torch.load(weights_only=True)`` rebuilds only tensors and
+plain values (so the NumPy RNG state and the logged series are saved as tensors), and a file another user owns,
+or that group or others may write, is refused first (:mod:`nbtrain.wire.checkpoint_files`); a ``--shard``
+folder is read through :mod:`.dcp_reading`.
+
+It is written atomically: to a temporary file in the same directory, flushed and ``fsync``-ed, then
+``os.replace``-d over the old checkpoint, and the directory is ``fsync``-ed. A rank killed while saving
+leaves the previous checkpoint intact (and a temporary file, removed by the next save). If rank 0
+cannot write, every rank raises the same :class:`CheckpointError`.
+
+**Resuming.** A cell run with ``--checkpoint DIR`` whose DIR holds a checkpoint resumes automatically
+(``--no-resume`` starts over): the checkpoint is loaded at the first ``prepare()`` (or ``epochs()`` /
+``load_checkpoint()``), and each model, optimizer, scheduler and loader gets its saved state as it is
+prepared — in the order they were prepared when saved. RNG states, the step counter, the GradScaler and
+metric steps are restored at load, and each rank sends the series saved with the checkpoint to the kernel
+before anything it logs next — so ``history`` holds the whole curve of every attempt, continued.
+``nbtrain.epochs(n)`` then starts at the saved epoch. ``nbtrain.load_checkpoint(path)`` does the same by hand and returns a
+:class:`Checkpoint` with ``epoch``, ``step`` and your ``extra`` values.
+
+Under ``--shard`` the models and optimizers go to a DCP folder beside the file
+(``checkpoint.pt.shards-<step>-<id>``), each rank writing its own shards; the file names the folder once every
+rank has written, and older folders are removed then. DCP re-shards on load: a sharded checkpoint resumes at
+another world size, or into a run without ``--shard``, and a checkpoint without shards into a sharded run
+(:mod:`.shard`).
+
+Gradients accumulated inside an unfinished ``--grad-accum`` window are not saved: save between windows
+(after ``optimizer.step()``), as the usual end-of-epoch save does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import pickle
+import random
+import re
+import secrets
+import shutil
+import stat
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from ...common.leftovers import sweep_dead, sweep_quietly
+from ...wire.checkpoint_files import ForeignCheckpointError, refuse_foreign_checkpoint
+from ...common.words import checkpoint_position
+from . import metrics, shard
+from .state import TrainContext, current
+
+FORMAT = 1
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written, read or applied; the message says which and why."""
+
+
+@dataclass
+class Checkpoint:
+    path: str
+    epoch: int
+    step: int
+    extra: dict = field(default_factory=dict)
+
+
+def save_checkpoint(path: str | None = None, **extra) -> str:
+    """Save everything prepared in this cell (call it on every rank); returns the file's path."""
+    context = current()
+    target = _target(context, path)
+    context.wait_for_save()  # --checkpoint-async: one save at a time, in order
+    if context.accum.backward_used and not context.accum.at_boundary():
+        warnings.warn("save_checkpoint() inside a gradient-accumulation window: the gradients accumulated so far "
+                      "are not saved. Save after optimizer.step().", stacklevel=2)
+    context.flush_scaler_update()
+    mine = {"rng": _rng_state(context.device), "metric_steps": metrics.step_counters(),
+            "metric_history": metrics.logged_history()}
+    ranks: list = [mine]
+    if context.distributed and context.world_size > 1:
+        ranks = [None] * context.world_size
+        dist.all_gather_object(ranks, mine)
+    sharded = any(shard.is_sharded(m) for m in context.models)
+    if sharded and context.settings.checkpoint_async and path is None:
+        return _save_in_background(context, target, ranks, extra)
+    states = _save_shards(context, target) if sharded else None
+    error = None
+    if context.rank == 0:
+        try:
+            if states is not None:
+                writable_by_owner_only(os.path.join(os.path.dirname(target), states[0][0]["dcp"]))
+            write_atomic(_snapshot(context, ranks, extra, states), target)
+            _remove_older_shards(target, states[0][0]["dcp"] if states is not None else None)  # none left unsharded
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+    if context.distributed and context.world_size > 1:
+        box = [error]
+        dist.broadcast_object_list(box, src=0)
+        error = box[0]
+    if error:
+        raise CheckpointError(f"rank 0 could not write the checkpoint {target}: {error}. The previous checkpoint "
+                              "there is unchanged; free disk space (or give --checkpoint another directory) and "
+                              "save again.")
+    return target
+
+
+def _target(context: TrainContext, path: str | None) -> str:
+    if path is not None:
+        path = os.path.abspath(os.path.expanduser(path))
+        return os.path.join(path, "checkpoint.pt") if os.path.isdir(path) else path
+    if context.settings.checkpoint_path is None:
+        raise CheckpointError("save_checkpoint() needs a place to write: run the cell with --checkpoint DIR, "
+                              "or pass a path, such as nbtrain.save_checkpoint('runs/exp1/checkpoint.pt').")
+    return context.settings.checkpoint_path
+
+
+def _save_shards(context: TrainContext, target: str, done=None) -> tuple[list, list]:
+    """--shard: every rank writes its shards to a new DCP folder beside the checkpoint file, which names it only
+    once all are written — a save killed half-way leaves the previous checkpoint, and its folder, as they were."""
+    name = [f"{os.path.basename(target)}.shards-{context.step}-{secrets.token_hex(4)}" if context.rank == 0 else None]
+    if context.distributed and context.world_size > 1:
+        dist.broadcast_object_list(name, src=0)
+    return shard.save_states(context, os.path.join(os.path.dirname(target), str(name[0])), done)
+
+
+def _save_in_background(context: TrainContext, target: str, ranks: list, extra: dict) -> str:
+    """--checkpoint-async: the shards are copied now and written in the background; rank 0 writes the file that
+    names them once DCP has finished (every rank's part), and the next wait raises what went wrong."""
+    snapshot: dict = {}
+    failure: list[str] = []
+    taken = threading.Event()  # the snapshot below is complete (the write may finish before it is)
+    finished = threading.Event()  # done() is over: the file written, older folders removed (rank 0)
+
+    def done(error: str | None) -> None:
+        taken.wait()
+        try:
+            if error is None and context.rank == 0:
+                writable_by_owner_only(os.path.join(os.path.dirname(target), snapshot["models"][0]["dcp"]))
+                write_atomic(snapshot, target)
+                _remove_older_shards(target, snapshot["models"][0]["dcp"])
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        finally:
+            if error:
+                failure.append(error)
+            finished.set()
+
+    states = _save_shards(context, target, done)
+    snapshot.update(_snapshot(context, ranks, extra, states))
+    taken.set()
+    written = context.pending_save
+    assert written is not None  # set by the background save
+
+    def wait() -> None:
+        # The future's callbacks run after its result is set: wait for done() itself too. The next save's name
+        # is broadcast by rank 0 only after this, so no rank writes a folder that rank 0 is still clearing.
+        with contextlib.suppress(Exception):  # its error is the one done() recorded
+            written()
+        finished.wait()
+        if failure:
+            raise CheckpointError(f"the background save of {target} failed: {failure[0]}. The previous checkpoint "
+                                  "there is unchanged.")
+    context.save_in_background(wait)
+    return target
+
+
+def _remove_older_shards(target: str, keep: str | None) -> None:
+    """The shard folders the file at ``target`` no longer names (all of them once a run without --shard saved) —
+    this user's own folders only: in a folder others can write (``--checkpoint /tmp/run``) another user's shards, or
+    a link, under the same names are left as they are."""
+    for folder in glob.glob(f"{glob.escape(target)}.shards-*"):
+        if os.path.basename(folder) != keep and _own_folder(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _own_folder(path: str) -> bool:
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid()
+
+
+def _snapshot(context: TrainContext, ranks: list, extra: dict, states: tuple[list, list] | None = None) -> dict:
+    positions = [loader.position() for loader in context.loaders]
+    if positions:
+        epoch = positions[0]["epoch"]
+    else:  # no prepared loader: assume the save ends the epoch nbtrain.epochs() is in
+        epoch = context.epoch + 1 if context.epochs_used else context.epoch
+    return {
+        "format": FORMAT,
+        "models": states[0] if states else [getattr(m, "module", m).state_dict() for m in context.models],
+        "optimizers": states[1] if states else [o.state_dict() for o in context.optimizers],
+        "schedulers": [s.state_dict() for s in context.schedulers],
+        "scaler": context.scaler.state_dict() if context.scaler is not None else None,
+        "loaders": positions,
+        "epoch": epoch,
+        "step": context.step,
+        "logged_step": max(ranks[0]["metric_steps"].values(), default=context.step),  # where rank 0's series go on
+        "steps_skipped": context.steps_skipped,
+        "ranks": ranks,
+        "extra": dict(extra),
+        "saved_at": time.time(),
+    }
+
+
+def writable_by_owner_only(folder: str) -> None:
+    """A DCP folder and its files, as the umask left them, less group and others' write: a checkpoint others can
+    write is refused when it is loaded (:mod:`nbtrain.wire.checkpoint_files`), so nbtrain never writes one."""
+    for path in [folder, *(os.path.join(folder, name) for name in os.listdir(folder))]:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+        if mode & (stat.S_IWGRP | stat.S_IWOTH):
+            os.chmod(path, mode & ~(stat.S_IWGRP | stat.S_IWOTH))
+
+
+def write_atomic(state: dict, path: str) -> None:
+    """Write ``state`` with torch.save so that ``path`` is always either the old file or the whole new one
+    (readable by others as the umask allows, writable by this user alone)."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    _remove_stale_temporaries(path)
+    temporary = f"{os.path.join(directory, '.' + os.path.basename(path))}.tmp-{secrets.token_hex(4)}-{os.getpid()}"
+    # A new file of this user's, under a name nobody can guess: in a shared folder another user may have planted a
+    # file or a link at a predictable name, and renaming theirs into place would hand them the checkpoint.
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        with os.fdopen(descriptor, "wb") as file:
+            torch.save(state, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)  # make the rename itself durable
+    finally:
+        os.close(descriptor)
+
+
+def _remove_stale_temporaries(path: str) -> None:
+    """Temporary files of saves whose process died (a killed rank) are left behind; clear this user's. The folder
+    may be shared (``--checkpoint /tmp/run``): an entry another user made there is theirs, whatever its name says,
+    and nothing found there stops the save."""
+    folder, name = os.path.split(path)
+    stale = re.compile(re.escape(f".{name}.tmp-") + r"(?:[0-9a-f]+-)?(\d+)$")  # group 1: the saving process
+    sweep_quietly(lambda: sweep_dead(folder or ".", stale))
+
+
+# ------------------------------------------------------------------------------------------ loading
+def load_checkpoint(path: str | None = None) -> Checkpoint | None:
+    """Load a checkpoint into what is prepared now and what is prepared later; None if there is none yet."""
+    context = current()
+    if path is None:
+        if context.resume is not None and context.resume_path is not None:  # both set together
+            return _info(context.resume, context.resume_path)
+        default = context.settings.checkpoint_path
+        if default is None:
+            raise CheckpointError("load_checkpoint() needs a file: run the cell with --checkpoint DIR, or pass a path.")
+        if not os.path.exists(default):
+            return None
+        context.mark_resume_checked()
+        return load_for_resume(context, default, announce=True)
+    target = _target(context, path)
+    if not os.path.exists(target):
+        raise CheckpointError(f"no checkpoint at {target}.")
+    context.mark_resume_checked()
+    return load_for_resume(context, target, announce=False)
+
+
+def auto_resume(context: TrainContext) -> None:
+    """With --checkpoint DIR holding a checkpoint, load it once (applied as objects are prepared)."""
+    if context.auto_resume_checked:
+        return
+    context.mark_resume_checked()
+    path = context.settings.checkpoint_path
+    if context.settings.resume and path and os.path.exists(path) and context.resume is None:
+        load_for_resume(context, path, announce=True)
+
+
+def load_for_resume(context: TrainContext, path: str, announce: bool) -> Checkpoint:
+    state = read_checkpoint(path, context.device)
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a checkpoint written by nbtrain.save_checkpoint().")
+    context.resume_from(state, path)
+    if context.scaler is not None and state.get("scaler"):
+        context.scaler.load_state_dict(state["scaler"])
+    ranks = state.get("ranks") or []
+    if context.rank < len(ranks):
+        _set_rng_state(ranks[context.rank]["rng"], context.device)
+        metrics.restore_step_counters(ranks[context.rank]["metric_steps"])
+        metrics.restore_history(ranks[context.rank].get("metric_history"))
+    for index, model in enumerate(context.models):
+        restore_model(context, getattr(model, "module", model), index)
+    for index, optimizer in enumerate(context.optimizers):
+        restore_optimizer(context, optimizer, index)
+    for index, scheduler in enumerate(context.schedulers):
+        restore_scheduler(context, scheduler, index)
+    for index, loader in enumerate(context.loaders):
+        restore_loader(context, loader, index)
+    if announce and context.rank == 0:
+        print(f"nbtrain: resuming from {path} ({checkpoint_position(context.epoch, context.step, state.get('logged_step'))})",
+              flush=True)
+        for step, folder in _unfinished_saves(path, state):
+            print(f"nbtrain: the save at step {step} did not finish (the run was stopped, or a rank died, while it "
+                  f"wrote {os.path.basename(folder)}): it is dropped, and this run resumes from the save before it, "
+                  f"at step {state['step']}. The next save removes the unfinished folder.", flush=True)
+    return _info(state, path)
+
+
+def _unfinished_saves(path: str, state: dict) -> list[tuple[int, str]]:
+    """``--shard`` saves begun after the checkpoint's own and never named by it: (step, folder), oldest first. A
+    folder is named ``checkpoint.pt.shards-<step>-<id>`` before its shards are written, the file only after."""
+    named = {entry["dcp"] for entry in state.get("models", []) if isinstance(entry, dict) and "dcp" in entry}
+    found = []
+    for folder in glob.glob(f"{glob.escape(path)}.shards-*"):
+        step = os.path.basename(folder)[len(os.path.basename(path)) + len(".shards-"):].split("-")[0]
+        if os.path.basename(folder) not in named and step.isdigit() and int(step) > int(state["step"]):
+            found.append((int(step), folder))
+    return sorted(found)
+
+
+def read_checkpoint(path: str, device="cpu") -> dict:
+    """The checkpoint file's content: tensors and plain values only — ``weights_only=True`` unpickles nothing
+    else, so a planted or altered file runs no code — and only from a file this user alone can write."""
+    try:
+        refuse_foreign_checkpoint(path)
+    except ForeignCheckpointError as exc:
+        raise CheckpointError(str(exc)) from None
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
+        what = f"a reference to {found.group(1)}" if found else "something other than tensors and plain values"
+        raise CheckpointError(
+            f"the checkpoint {path} holds {what}, which nbtrain does not unpickle (a pickle can run code). If you "
+            "saved it yourself with save_checkpoint(**extra), allow its class in the cell before it resumes — "
+            "torch.serialization.add_safe_globals([TheClass]) — or save plain values (numbers, strings, lists, "
+            "dicts, tensors); otherwise delete the file or run with --no-resume.") from None
+    except Exception as exc:
+        raise CheckpointError(f"could not read the checkpoint {path} ({type(exc).__name__}: {exc}); "
+                              "delete it or run with --no-resume.") from exc
+
+
+def _info(state: dict, path: str) -> Checkpoint:
+    return Checkpoint(path, int(state["epoch"]), int(state["step"]), dict(state.get("extra") or {}))
+
+
+def _saved(context: TrainContext, kind: str, index: int):
+    saved = (context.resume or {}).get(kind, [])
+    if index >= len(saved):
+        raise CheckpointError(f"the checkpoint {context.resume_path} holds {len(saved)} {kind}, but this cell prepares "
+                              f"more; prepare the same objects as the run that saved it, or use --no-resume.")
+    return saved[index]
+
+
+def restore_model(context: TrainContext, module, index: int) -> None:
+    try:
+        shard.load_model(module, _saved(context, "models", index), os.path.dirname(context.resume_path or ""))
+    except pickle.UnpicklingError as exc:  # a DCP folder holding more than tensors and plain values
+        raise CheckpointError(f"{exc}. Delete it or run with --no-resume.") from None
+    except RuntimeError as exc:
+        raise CheckpointError(f"model {index} does not match the checkpoint {context.resume_path}: {exc}\n"
+                              "Use another --checkpoint directory or --no-resume for a different model.") from None
+
+
+def restore_optimizer(context: TrainContext, optimizer, index: int) -> None:
+    try:
+        shard.load_optimizer(context, optimizer, _saved(context, "optimizers", index),
+                             os.path.dirname(context.resume_path or ""))
+    except pickle.UnpicklingError as exc:
+        raise CheckpointError(f"{exc}. Delete it or run with --no-resume.") from None
+
+
+def restore_scheduler(context: TrainContext, scheduler, index: int) -> None:
+    scheduler.load_state_dict(_saved(context, "schedulers", index))
+
+
+def restore_loader(context: TrainContext, loader, index: int) -> None:
+    loader.restore_position(_saved(context, "loaders", index))
+
+
+def _rng_state(device) -> dict:
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if "numpy" in sys.modules:  # its key array as a tensor: a checkpoint is loaded holding only tensors and plain values
+        name, keys, position, has_gauss, gauss = sys.modules["numpy"].random.get_state()
+        state["numpy"] = (name, torch.from_numpy(keys.astype("int64")), position, has_gauss, gauss)
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _set_rng_state(state: dict, device) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"].cpu())
+    if "numpy" in state:
+        import numpy
+
+        name, keys, position, has_gauss, gauss = state["numpy"]
+        keys = keys.cpu() if isinstance(keys, torch.Tensor) else keys  # loaded onto the rank's GPU with the rest
+        numpy.random.set_state((name, numpy.asarray(keys, dtype="uint32"), position, has_gauss, gauss))
+    if "cuda" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"].cpu(), device)
+
+
+def epochs(total: int, between: Callable[[TrainContext], None] | None = None):
+    """``for epoch in nbtrain.epochs(10):`` — range(10), starting at the saved epoch when the cell resumes.
+
+    ``between(context)`` runs after each epoch's body, before the next epoch is entered: a save there ends the
+    epoch, everything its body logged included (a preemption's boundary, :mod:`nbtrain.rank.train.preempt_checkpoint`)."""
+    context = current()
+    auto_resume(context)
+    for epoch in range(context.first_epoch(), int(total)):
+        if between is not None and context.epochs_used:
+            between(context)
+        context.enter_epoch(epoch)
+        yield epoch

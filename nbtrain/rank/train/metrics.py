@@ -1,0 +1,283 @@
+"""``nbtrain.log(**values, step=None)`` inside a rank: metrics to the kernel without a sync per call.
+
+A call only appends ``(step, time, {name: value})`` to a buffer; tensors are kept as (detached) tensors,
+so logging ``loss`` on a GPU does not wait for the GPU. A background thread sends the buffer to the
+kernel a few times a second (:data:`FLUSH_INTERVAL_S`), turning the tensors of a whole batch into numbers
+with one stacked copy. The job's end flushes whatever is left, so no metric is lost.
+
+``step`` defaults to a per-name counter (0, 1, 2, ... for each name) so ``log(loss=...)`` every
+iteration and ``log(val_loss=...)`` every epoch both make sensible series. The counters are saved in
+checkpoints (:func:`step_counters`), so a resumed run continues its curves.
+
+``log(loss=loss, reduce="mean")`` logs the mean over all ranks (also ``"sum"``, ``"max"``, ``"min"``):
+every rank must make the same call, as with any collective. The values of one call travel in one
+asynchronous all-reduce (:mod:`nbtrain.rank.train.reduce`) that the sending thread waits for, so the training
+loop does not wait for the GPU or the network.
+
+Flushes are serialised, so records reach the kernel in the order they were logged, the last ones included.
+A rank the kernel stops in the middle of a cell (another rank failed, a preemption's checkpoint is written, the
+stop button escalated) sends what it buffered before it goes (:func:`flush_before_exit`, from its SIGTERM
+handler), so the kernel's ``history`` ends where the rank's logging ended.
+
+Each rank also keeps, compactly (:class:`LoggedSeries`), every value it has sent in this cell:
+``nbtrain.save_checkpoint()`` stores it (:func:`logged_history`), and a run resumed from that checkpoint
+sends it to the kernel first (:func:`restore_history`), so the notebook's ``history`` — and the
+dashboard of a freshly started cell — holds the curves of every earlier attempt, continued.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from array import array
+from collections.abc import Callable, Iterator
+
+from ...wire.protocol import Metrics, Setup
+from .reduce import reduce_values
+
+FLUSH_INTERVAL_S = 0.25
+LAST_FLUSH_WAIT_S = 0.5  # a rank being stopped waits at most this long for its last flush
+
+_sink: MetricsBuffer | None = None
+
+
+class MetricsBuffer:
+    def __init__(self, rank: int, send: Callable[[object], None]) -> None:
+        self.rank = rank
+        self._send = send
+        self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()  # one flush at a time: batches arrive in order
+        self._records: list[tuple[int, float, dict]] = []
+        self._counters: dict[str, int] = {}
+        self._logged = LoggedSeries()  # everything sent in this cell (with what was restored)
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="nbtrain-metrics", daemon=True)
+        self._thread.start()
+
+    def log(self, values: dict, step: int | None) -> None:
+        """Buffer one call's values (``values`` is the call's own dict: detached in place). Runs every step,
+        on the rank's training thread: a few dict operations, no tensor operation but ``detach``."""
+        now = time.time()
+        for name, value in values.items():
+            if hasattr(value, "detach"):
+                values[name] = value.detach()  # do not keep graphs alive
+        with self._lock:
+            counters = self._counters
+            step = max((counters.get(name, 0) for name in values), default=0) if step is None else int(step)
+            following = step + 1
+            for name in values:
+                if counters.get(name, 0) < following:
+                    counters[name] = following
+            self._records.append((step, now, values))
+
+    def flush(self) -> None:
+        with self._flush_lock:
+            with self._lock:
+                records, self._records = self._records, []
+            if records:
+                records = _to_numbers(records)
+                self._logged.add(records)
+                self._send(Metrics(self.rank, records))
+
+    def logged_history(self) -> dict:
+        """Every value logged in this cell (restored ones first), after sending what is buffered."""
+        self.flush()
+        with self._flush_lock:
+            return self._logged.to_plain()
+
+    def restore_history(self, saved: dict) -> None:
+        """A resumed run: send the checkpoint's series to the kernel (before anything logged after it)."""
+        self.flush()
+        with self._flush_lock:
+            restored = LoggedSeries.from_plain(saved)
+            records = restored.records()
+            restored.add(self._logged.records())  # anything logged in this cell before the checkpoint was loaded
+            if records:
+                self._logged = restored
+                self._send(Metrics(self.rank, records, restored=True))
+
+    def step_counters(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counters)
+
+    def restore_step_counters(self, counters: dict[str, int]) -> None:
+        with self._lock:
+            self._counters.update(counters)
+
+    def close(self) -> None:
+        self._stop = True
+        self._wake.set()
+        self._thread.join(2.0)
+        self.flush()
+
+    def _run(self) -> None:
+        while not self._stop:
+            self._wake.wait(FLUSH_INTERVAL_S)
+            if not self._stop:
+                try:
+                    self.flush()
+                except Exception:
+                    return  # the kernel's connection is gone; the job's end reports why
+
+
+class LoggedSeries:
+    """Per name, every (step, time, value) logged: three flat arrays, 24 bytes a point."""
+
+    def __init__(self) -> None:
+        self._data: dict[str, tuple[array, array, array]] = {}
+
+    def add(self, records) -> None:
+        for step, when, values in records:
+            for name, value in values.items():
+                steps, times, numbers = self._data.setdefault(name, (array("q"), array("d"), array("d")))
+                steps.append(step)
+                times.append(when)
+                numbers.append(value)
+
+    def records(self) -> list[tuple[int, float, dict[str, float]]]:
+        return [(step, when, {name: value}) for name, columns in self._data.items() for step, when, value in zip(*columns, strict=True)]
+
+    def to_plain(self) -> dict:
+        """Copies of the columns as tensors: a checkpoint grows by 24 bytes a point, and tensors are what a
+        checkpoint is loaded with (``torch.load(weights_only=True)``: no other object is unpickled)."""
+        return {name: {"steps": _tensor(s, "int64"), "times": _tensor(t, "float64"), "values": _tensor(v, "float64")}
+                for name, (s, t, v) in self._data.items()}
+
+    @classmethod
+    def from_plain(cls, saved: dict) -> LoggedSeries:
+        logged = cls()
+        for name, columns in (saved or {}).items():
+            logged._data[name] = (_column("q", columns["steps"]), _column("d", columns["times"]),
+                                  _column("d", columns["values"]))
+        return logged
+
+
+def _tensor(column: array, dtype: str):
+    import torch
+
+    kind = getattr(torch, dtype)
+    return torch.frombuffer(bytearray(column), dtype=kind) if column else torch.empty(0, dtype=kind)  # a copy
+
+
+def _column(typecode: str, saved) -> array:
+    """A saved column back as an array: a tensor, or the arrays of checkpoints written before tensors."""
+    if hasattr(saved, "numpy"):
+        column = array(typecode)
+        column.frombytes(saved.cpu().contiguous().numpy().tobytes())  # loaded onto the rank's GPU with the rest
+        return column
+    return array(typecode, saved)
+
+
+def _to_numbers(records: list[tuple[int, float, dict]]) -> list[tuple[int, float, dict[str, float]]]:
+    """Convert every tensor of the batch to a float: on the CPU one by one (there is nothing to wait for, and
+    a tensor's ``item()`` is cheaper than stacking it), on a GPU with one device-to-host copy per device."""
+    if any(hasattr(v, "wait_value") for _, _, values in records for v in values.values()):
+        records = [(step, when, {k: v.wait_value() if hasattr(v, "wait_value") else v for k, v in values.items()})
+                   for step, when, values in records]  # all-reduced values: wait for their collectives here
+    tensors = [v for _, _, values in records for v in values.values() if hasattr(v, "detach")]
+    converted: dict[int, float] = {}
+    if tensors:
+        by_device: dict = {}
+        for t in tensors:
+            by_device.setdefault(t.device, []).append(t)
+        for device, group in by_device.items():
+            converted.update(zip(map(id, group), _device_values(device, group), strict=True))
+    out = []
+    for step, when, values in records:
+        out.append((step, when, {k: converted[id(v)] if id(v) in converted else float(v) for k, v in values.items()}))
+    return out
+
+
+def _device_values(device, group: list) -> list[float]:
+    """One number per tensor of ``group`` (all on ``device``): the value of a one-element tensor, else the mean."""
+    if device.type == "cpu":
+        return [float(t.item()) if t.numel() == 1 else t.float().mean().item() for t in group]
+    import torch
+
+    if all(t.dim() == 0 and t.dtype == group[0].dtype for t in group):  # the usual case: a loss per step
+        return torch.stack(group).float().cpu().tolist()
+    return torch.stack([t.reshape(-1)[0].float() if t.numel() == 1 else t.float().mean() for t in group]).cpu().tolist()
+
+
+@contextlib.contextmanager
+def scope(rank: int, send: Callable[[object], None], counters: dict[str, int]) -> Iterator[MetricsBuffer]:
+    """A cell's logging (the worker enters it around each cell): its step counters go on from ``counters``; what
+    it logged is sent before the scope ends."""
+    global _sink
+    _sink = MetricsBuffer(rank, send)
+    _sink.restore_step_counters(counters)
+    try:
+        yield _sink
+    finally:
+        sink, _sink = _sink, None
+        sink.close()
+
+
+def flush_before_exit(wait: float = LAST_FLUSH_WAIT_S) -> None:
+    """The kernel stops this rank now: send what is buffered, within ``wait``. Called from the SIGTERM handler,
+    which may have interrupted ``log()`` or a send holding a lock: the flush runs in a thread the handler waits
+    for at most ``wait``, so the rank still goes if it cannot."""
+    sink = _sink
+    if sink is None:
+        return
+    sending = threading.Thread(target=_flush_quietly, args=(sink,), name="nbtrain-last-metrics", daemon=True)
+    sending.start()
+    sending.join(wait)
+
+
+def _flush_quietly(sink: MetricsBuffer) -> None:
+    try:
+        sink.flush()
+    except Exception:
+        pass  # the kernel's connection is gone: nobody to tell
+
+
+def send_setup(facts: dict) -> None:
+    """Tell the kernel what prepare() set up (a :class:`~nbtrain.wire.protocol.Setup`); nothing outside a cell."""
+    if _sink is not None:
+        _sink._send(Setup(_sink.rank, dict(facts)))
+
+
+def log_own(step: int, values: dict[str, float]) -> None:
+    """Series nbtrain itself measures on the rank (``tflops``, ``mfu``): logged inside a cell, dropped outside."""
+    if _sink is not None:
+        _sink.log(values, step)
+
+
+def step_counters() -> dict[str, int]:
+    """The next default step of each metric name (saved in checkpoints)."""
+    return _sink.step_counters() if _sink is not None else {}
+
+
+def restore_step_counters(counters: dict[str, int]) -> None:
+    if _sink is not None:
+        _sink.restore_step_counters(counters)
+
+
+def logged_history() -> dict:
+    """Every value this rank logged in the cell (saved in checkpoints)."""
+    return _sink.logged_history() if _sink is not None else {}
+
+
+def restore_history(saved: dict | None) -> None:
+    if _sink is not None and saved:
+        _sink.restore_history(saved)
+
+
+def log(step: int | None = None, reduce: str | None = None, **values) -> None:
+    """Record metrics for the dashboard and the notebook's ``history`` (inside a ``%%distributed`` cell).
+
+    ``reduce="mean"`` (or ``"sum"``, ``"max"``, ``"min"``) logs the value over all ranks; every rank must call it.
+    """
+    if _sink is None:
+        raise RuntimeError("nbtrain.log() records metrics of a %%distributed cell; call it inside one.")
+    if not values:
+        raise TypeError("nbtrain.log() needs at least one name=value, such as nbtrain.log(loss=loss)")
+    for name, value in values.items():
+        if not (isinstance(value, (int, float)) or hasattr(value, "detach") or hasattr(value, "__float__")):
+            raise TypeError(f"nbtrain.log({name}=...) takes a number or a tensor, not {type(value).__name__}")
+    if reduce is not None:
+        values = reduce_values(values, reduce)
+    _sink.log(values, step)

@@ -1,5 +1,0 @@
-"""The rank side of nbtrain: one process per rank, started by the kernel (see :mod:`nbtrain.worker.main`).
-
-It imports :mod:`nbtrain.wire` (the messages, the payload format) and :mod:`nbtrain.train` (the cell's
-training context), never the kernel side (:mod:`nbtrain.launch`, the dashboard, the server).
-"""
