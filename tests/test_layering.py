@@ -1,22 +1,28 @@
-"""nbtrain's layering, read from its source: kernel side → wire ← rank side (docs/architecture.md).
+"""nbtrain's layering, read from its source: one package per process, and what processes share (docs/architecture.md).
 
 Every ``import`` in ``nbtrain/**/*.py`` is read with :mod:`ast` — function-level imports too, since a
-lazy import is still a dependency — and resolved to the nbtrain module it names. Modules are grouped by
-package (``nbtrain/kernel/*`` is ``launch``; a top-level module such as ``kernel/magics.py`` is its own node;
-``nbtrain/__init__.py``, the public facade, is ``nbtrain``). The rules:
+lazy import is still a dependency — and resolved to the nbtrain module it names. The first folder under
+``nbtrain/`` says which process a module runs in:
+
+* ``kernel`` — the notebook's kernel: the magics, the request, the ranks' group, a run, the dashboard, several
+  machines' hub; ``rank`` — one rank's process (and ``rank/train``, the cell's training helpers);
+  ``node`` — the agent that runs a machine's ranks for a kernel elsewhere; ``server`` — the Jupyter server's
+  extension behind the lab's panel;
+* ``wire`` (what processes must agree on: messages, payloads, options), ``gpu`` (NVML) and ``common`` (small
+  helpers) are shared, and import no process's package; ``nbtrain/__init__.py`` is the public facade.
+
+The rules:
 
 * no cycle between packages;
-* the rank side (``worker``, ``train``) never imports the kernel side (``launch``, ``dashboard``,
-  ``server``, ``magics``), nor the kernel side the rank side: what both need lives in ``wire``;
-* the node side (``node``: the agent that runs a machine's ranks for a kernel elsewhere) imports neither the
-  kernel side nor the rank side, and neither imports it — they meet only in ``wire``;
-* ``wire``, the format both sides share, imports neither side;
+* no process's package imports another's — they meet only in the shared packages — except that the server reads
+  the run records the kernel writes through :data:`SERVER_READS`;
 * inside ``rank/train/`` no two modules import each other, even through others;
-* inside ``kernel/`` every module lives in a sub-package, and a sub-package imports only those below it in
-  :data:`LAUNCH_LAYERS` (relay → observers → diagnostics → request → ranks → lifecycle).
+* inside ``kernel/`` every module but ``magics.py`` lives in a sub-package, and a sub-package imports only those
+  below it in :data:`KERNEL_LAYERS`;
+* no two modules share a file name, but each process's ``main.py``/``__main__.py``: one name, one job.
 
-Each failure names the file, line and import that breaks the rule. The drawing of these layers in
-docs/architecture.md is checked to name only modules that exist.
+Each failure names the file, line and import that breaks the rule. docs/architecture.md's tables name every
+module, and only modules that exist.
 """
 
 from __future__ import annotations
@@ -27,10 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "nbtrain"
-KERNEL_SIDE = {"launch", "cluster", "dashboard", "server", "magics"}
-RANK_SIDE = {"worker", "train"}
-LAUNCH_LAYERS = ("relay", "observers", "diagnostics", "request", "ranks", "lifecycle")  # lowest first
-NODE_SIDE = {"node"}  # python -m nbtrain.node: the agent on another machine, between the kernel and its ranks
+PROCESSES = {"kernel", "rank", "node", "server"}  # the first folder under nbtrain/: the process a module runs in
+SHARED = {"wire", "gpu", "common"}
+KERNEL_LAYERS = ("relay", "observers", "diagnostics", "request", "ranks", "lifecycle", "cluster", "dashboard",
+                 "magics")  # lowest first
+SERVER_READS = {"nbtrain.kernel.observers.events", "nbtrain.kernel.observers.registry"}  # the run records the kernel writes
+SAME_NAME_ALLOWED = {"__init__.py", "__main__.py", "main.py"}
 
 
 @dataclass(frozen=True)
@@ -135,8 +143,8 @@ def explain(cycle: list[str], edges) -> str:
 
 def test_the_scan_sees_lazy_and_relative_imports(tmp_path):
     found = {(i.source, i.target) for i in all_imports()}
-    assert ("nbtrain.kernel.magics", "nbtrain.kernel.lifecycle.entry") in found  # from .launch.lifecycle import entry
-    assert ("nbtrain.kernel.dashboard", "nbtrain.common.words") in found  # from .. import words
+    assert ("nbtrain.kernel.magics", "nbtrain.kernel.lifecycle.entry") in found  # from .lifecycle import entry
+    assert ("nbtrain.kernel.dashboard", "nbtrain.common.words") in found  # from ...common import words
     assert ("nbtrain", "nbtrain.rank.train.prepare") in found  # inside a function of the facade
     assert find_cycle({("a", "b"), ("b", "c"), ("c", "a")}) == ["a", "b", "c", "a"]
     assert find_cycle({("a", "b"), ("b", "c")}) is None
@@ -148,32 +156,34 @@ def test_no_cycle_between_packages():
     assert cycle is None, f"packages import each other: {' → '.join(cycle)}\n{explain(cycle, edges)}"
 
 
-def test_rank_side_never_imports_the_kernel_side():
-    wrong = [f"{imp} ({package_of(imp.source)} runs in a rank; {package_of(imp.target)} is the kernel's)"
-             for (a, b), imps in package_edges().items() if a in RANK_SIDE and b in KERNEL_SIDE for imp in imps]
-    assert not wrong, "the rank side imports the kernel side:\n" + "\n".join(wrong)
+def test_no_process_imports_another_process():
+    wrong = [f"{imp} ({package_of(imp.source)} and {package_of(imp.target)} run in different processes; what both "
+             "need belongs in nbtrain/wire, nbtrain/gpu or nbtrain/common)"
+             for (a, b), imps in package_edges().items() if a in PROCESSES and b in PROCESSES for imp in imps
+             if not (a == "server" and imp.target in SERVER_READS)]
+    assert not wrong, "a process imports another's package:\n" + "\n".join(wrong)
 
 
-def test_kernel_side_never_imports_the_rank_side():
-    wrong = [f"{imp} ({package_of(imp.source)} runs in the kernel; {package_of(imp.target)} is the ranks'; "
-             "put what both need in nbtrain/wire)"
-             for (a, b), imps in package_edges().items() if a in KERNEL_SIDE and b in RANK_SIDE for imp in imps]
-    assert not wrong, "the kernel side imports the rank side:\n" + "\n".join(wrong)
+def test_shared_packages_import_no_process():
+    wrong = [f"{imp} ({package_of(imp.source)} is shared by every process; move what it needs into it)"
+             for (a, b), imps in package_edges().items() if a in SHARED and b in PROCESSES for imp in imps]
+    assert not wrong, "a shared package depends on one process:\n" + "\n".join(wrong)
 
 
-def test_node_side_is_apart_from_kernel_and_ranks():
-    wrong = [f"{imp} ({package_of(imp.source)} and {package_of(imp.target)} run in different processes, on "
-             "different machines; they share only nbtrain/wire)"
-             for (a, b), imps in package_edges().items()
-             if (a in NODE_SIDE and b in KERNEL_SIDE | RANK_SIDE) or (b in NODE_SIDE and a != b) for imp in imps]
-    assert not wrong, "the node side is tangled with another side:\n" + "\n".join(wrong)
+def test_every_module_is_in_a_process_or_a_shared_package():
+    loose = sorted(p.name for p in ROOT.glob("*.py") if p.name != "__init__.py")
+    assert not loose, f"modules directly in nbtrain/ (put each under the process it runs in, or common/): {loose}"
+    packages = sorted(p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file())
+    assert packages == sorted(PROCESSES | SHARED)
 
 
-def test_wire_imports_neither_side():
-    wrong = [f"{imp} (wire is shared by both sides; move what it needs into wire)"
-             for (a, b), imps in package_edges().items() if a == "wire" and b in KERNEL_SIDE | RANK_SIDE | NODE_SIDE
-             for imp in imps]
-    assert not wrong, "the wire format depends on one side:\n" + "\n".join(wrong)
+def test_no_two_modules_share_a_name():
+    seen: dict[str, list[str]] = {}
+    for path in ROOT.rglob("*.py"):
+        if path.name not in SAME_NAME_ALLOWED:
+            seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    twice = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert not twice, f"modules with the same name (give each a name for its own job): {twice}"
 
 
 def test_no_module_cycle_inside_train():
@@ -185,31 +195,42 @@ def test_no_module_cycle_inside_train():
     assert cycle is None, f"train modules import each other: {' → '.join(cycle)}\n{explain(cycle, edges)}"
 
 
-def test_the_architecture_page_names_modules_that_exist():
+def named_in_architecture_page() -> set[str]:
     page = (ROOT.parent / "docs" / "architecture.md").read_text()
-    named = set(re.findall(r"\b((?:launch|cluster|node|wire|worker|train|dashboard|server|gpu)(?:/[a-z_]+)+\.py)\b", page))
+    return set(re.findall(r"\b((?:kernel|rank|node|server|wire|gpu|common)(?:/[a-z_]+)*/[a-z_]+\.py)\b", page))
+
+
+def test_the_architecture_page_names_modules_that_exist():
+    named = named_in_architecture_page()
     assert {"wire/protocol.py", "kernel/request/inputs.py", "rank/train/state.py"} <= named
     missing = sorted(path for path in named if not (ROOT / path).is_file())
     assert not missing, f"docs/architecture.md names modules that do not exist: {', '.join(missing)}"
 
 
-def launch_layer(dotted: str) -> str:
-    """``relay`` for ``nbtrain.kernel.relay.output``; ``""`` for ``nbtrain.kernel`` itself."""
+def test_the_architecture_page_names_every_module():
+    named = named_in_architecture_page()
+    modules = {str(p.relative_to(ROOT)) for p in ROOT.rglob("*.py") if p.name != "__init__.py"}
+    unnamed = sorted(modules - named)
+    assert not unnamed, f"docs/architecture.md's tables do not name: {', '.join(unnamed)} (add a row each)"
+
+
+def kernel_layer(dotted: str) -> str:
+    """``relay`` for ``nbtrain.kernel.relay.output``, ``magics`` for ``nbtrain.kernel.magics``; ``""`` outside."""
     parts = dotted.split(".")
-    return parts[2] if len(parts) > 2 and parts[1] == "launch" else ""
+    return parts[2] if len(parts) > 2 and parts[1] == "kernel" else ""
 
 
-def test_launch_is_split_into_its_sub_packages():
-    loose = sorted(p.name for p in (ROOT / "launch").glob("*.py") if p.name != "__init__.py")
-    assert not loose, f"modules directly in nbtrain/kernel/ (put each in the sub-package it belongs to): {loose}"
-    subs = sorted(p.name for p in (ROOT / "launch").iterdir() if (p / "__init__.py").is_file())
-    assert subs == sorted(LAUNCH_LAYERS)
+def test_the_kernel_is_split_into_its_sub_packages():
+    loose = sorted(p.stem for p in (ROOT / "kernel").glob("*.py") if p.name != "__init__.py")
+    assert loose == ["magics"], f"modules directly in nbtrain/kernel/ (put each in its sub-package): {loose}"
+    subs = sorted(p.name for p in (ROOT / "kernel").iterdir() if (p / "__init__.py").is_file())
+    assert subs == sorted(set(KERNEL_LAYERS) - {"magics"})
 
 
-def test_launch_sub_packages_import_only_those_below():
+def test_kernel_sub_packages_import_only_those_below():
     wrong = []
     for imp in all_imports():
-        source, target = launch_layer(imp.source), launch_layer(imp.target)
-        if source and target and LAUNCH_LAYERS.index(target) > LAUNCH_LAYERS.index(source):
-            wrong.append(f"{imp} (launch.{source} sits below launch.{target})")
-    assert not wrong, "a launch sub-package imports one above it:\n" + "\n".join(wrong)
+        source, target = kernel_layer(imp.source), kernel_layer(imp.target)
+        if source and target and KERNEL_LAYERS.index(target) > KERNEL_LAYERS.index(source):
+            wrong.append(f"{imp} (kernel.{source} sits below kernel.{target})")
+    assert not wrong, "a kernel sub-package imports one above it:\n" + "\n".join(wrong)

@@ -1,5 +1,6 @@
-"""The rank side of nbtrain: one process per rank, started by the kernel (see :mod:`nbtrain.rank.main`).
+"""One rank's process: started by the kernel (or a node agent), or forked by the zygote (see :mod:`nbtrain.rank.main`).
 
-It imports :mod:`nbtrain.wire` (the messages, the payload format) and :mod:`nbtrain.rank.train` (the cell's
-training context), never the kernel side (:mod:`nbtrain.kernel`, the dashboard, the server).
+It imports :mod:`nbtrain.wire` (the messages, the payload format), :mod:`nbtrain.common` and its own
+:mod:`nbtrain.rank.train` (the cell's training context), never another process's package (:mod:`nbtrain.kernel`,
+:mod:`nbtrain.node`, :mod:`nbtrain.server`).
 """

@@ -57,10 +57,10 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from .train import debug, metrics, preempt_checkpoint as preemption, profile, shard
+from .train import debug, metrics, preempt_checkpoint, profile, shard
 from .train import state as train_state
 from ..wire import protocol as P
-from ..wire import stop_marks as stopping
+from ..wire import stop_marks
 from ..wire.names import RUNTIME_NAMES
 from ..wire.payload import load_inputs, pack_results
 from ..wire.shm import abandon_and_sweep
@@ -196,15 +196,15 @@ class Rank:
                 self.inbox.put(None)
                 return
             if isinstance(msg, P.Preempt):
-                preemption.notice(msg)
+                preempt_checkpoint.notice(msg)
             elif isinstance(msg, P.PreemptAt):
-                preemption.target_heard(msg)
+                preempt_checkpoint.target_heard(msg)
             elif isinstance(msg, P.PreemptAgreed):
-                preemption.agreed(msg)
+                preempt_checkpoint.agreed(msg)
             elif isinstance(msg, P.BreakpointRelease):
                 debug.released(msg)
             elif isinstance(msg, P.Stopping):
-                preemption.stopping()
+                preempt_checkpoint.stopping()
             else:
                 self.inbox.put(msg)
 
@@ -271,7 +271,7 @@ class Rank:
             scopes.enter_context(display.scope(job.job_id, self.rank, RESULT_RANK, self.send))
             scopes.enter_context(prompts.scope(job.job_id, self.rank, self.send, self.receive))  # asked in the notebook
             scopes.enter_context(train_state.scope(job.train, self.device, self.rank, int(os.environ["WORLD_SIZE"])))
-            scopes.enter_context(preemption.scope(job.job_id, self.rank, self.send))
+            scopes.enter_context(preempt_checkpoint.scope(job.job_id, self.rank, self.send))
             scopes.enter_context(profile.scope(job.train.profile, job.train.profile_dir, self.rank, self.device,
                                                job.job_id, self.send))
             return scopes.pop_all()  # entered whole, or (one failed to start) the ones entered ended again
@@ -390,8 +390,8 @@ def main(launched: float | None = None) -> None:
     stack_file = open(os.environ["NBTRAIN_STACK_FILE"].replace("{local_rank}", os.environ["LOCAL_RANK"]), "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)  # "where are you?" from the kernel
     workdir = os.path.dirname(stack_file.name)  # the pool's private directory, where the kernel marks its own stop
-    stop.install_sigterm(preemption.in_cell, lambda wait: stopping.announced(workdir) or preemption.kernel_stops(wait),
-                         preemption.sigterm_notice, metrics.flush_before_exit)
+    stop.install_sigterm(preempt_checkpoint.in_cell, lambda wait: stop_marks.announced(workdir) or preempt_checkpoint.kernel_stops(wait),
+                         preempt_checkpoint.sigterm_notice, metrics.flush_before_exit)
     key = _lifeline()
     for stream in (sys.stdout, sys.stderr):
         # whole lines, live: ranks' lines do not interleave (the interpreter's streams are io.TextIOWrapper)

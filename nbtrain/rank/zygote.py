@@ -47,7 +47,7 @@ import traceback
 
 from ..wire import forking
 from ..wire.shm import owner_prefix, sweep_prefix
-from . import stop, store_server as storehost
+from . import stop, store_server
 
 # What a training cell's first lines import lazily: constructing any optimizer imports torch._dynamo (seconds)
 WARM_IMPORTS = ("torch._dynamo", "torch.optim", "torch.nn.parallel", "torch.utils.data", "torch.distributed.fsdp")
@@ -134,7 +134,7 @@ class Zygote:
         try:
             _leave_zygote(closing=(self.sock.detach(), self.wake_r, self.wake_w))
             name_process(b"nbtrain-store")
-            storehost.serve(*fds)
+            store_server.serve(*fds)
             code = 0
         except BaseException:
             with contextlib.suppress(Exception):

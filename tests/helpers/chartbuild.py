@@ -34,7 +34,7 @@ def ensure_chart_bundle() -> Path:
     """The bundle the imported nbtrain serves, rebuilt first if older than its sources."""
     from nbtrain.kernel.dashboard.chart import BUNDLE
 
-    checkout = BUNDLE.resolve().parents[3]
+    checkout = BUNDLE.resolve().parents[4]
     labextension = checkout / "labextension"
     if not (labextension / "chart").is_dir():
         return BUNDLE  # an installed nbtrain: its bundle came with the wheel

@@ -46,7 +46,7 @@ def bundle_source() -> str:
     try:
         return BUNDLE.read_text(encoding="utf-8")
     except FileNotFoundError:
-        sources = Path(__file__).resolve().parents[2] / "labextension"
+        sources = Path(__file__).resolve().parents[3] / "labextension"
         raise RuntimeError(f"the dashboard's chart ({BUNDLE}) is not built: cd {sources} && jlpm install && "
                            "jlpm build:chart (pip install builds it too)") from None
 

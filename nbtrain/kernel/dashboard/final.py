@@ -46,7 +46,7 @@ def final_figure(store: MetricStore, telemetry: TelemetrySeries, title: str, smo
     series = store.snapshot_series()
     timelines = telemetry.timelines() if telemetry.has_line() else {}  # one sample: no line, an axis of nothing
     panels = min(len(plotting.group_names(series)), plotting.MAX_PANELS)
-    rows = plotting._layout(panels)[0] if panels else 0
+    rows = plotting.grid_shape(panels)[0] if panels else 0
     height = ROW_HEIGHT_IN * (rows + (1 if timelines else 0)) + 0.5
     fig = plotting.new_figure(WIDTH_IN, max(height, 2.0), DPI)
     fig.suptitle(text.plot_literal(title), fontsize=theme.SUPTITLE_SIZE)

@@ -53,7 +53,7 @@ def group_names(names) -> list[tuple[str, list[str]]]:
     return [(key, [n for _, n in sorted(members, key=lambda m: m[0] != "train")]) for key, members in groups.items()]
 
 
-def _layout(n: int) -> tuple[int, int]:
+def grid_shape(n: int) -> tuple[int, int]:
     cols = 1 if n == 1 else 2 if n <= 4 else 3
     return math.ceil(n / cols), cols
 
@@ -71,7 +71,7 @@ def draw_series(fig, series: dict, smoothing: float, earlier=()) -> list:
         ax.set_axis_off()
         return []
     shown = groups[:MAX_PANELS]
-    rows, cols = _layout(len(shown))
+    rows, cols = grid_shape(len(shown))
     axes = []
     max_points = max(len(series[name][1]) for _, names in shown for name in names)
     for i, (key, names) in enumerate(shown):

@@ -28,7 +28,7 @@ __all__ = ["request_stacks", "summarise", "whereabouts"]
 
 _FRAME = re.compile(r'^\s+File "(?P<file>.+)", line (?P<line>\d+) in (?P<func>.+)$')
 _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+")
-_WORKER = os.sep + os.path.join("nbtrain", "worker") + os.sep
+_WORKER = os.sep + os.path.join("nbtrain", "rank") + os.sep
 _DISTRIBUTED = os.sep + os.path.join("torch", "distributed") + os.sep
 
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from ...common import proctree
-from ...wire import stop_marks as stopping
+from ...wire import stop_marks
 from ..request.config import PoolSpec
 from .interpreter import interpreter_env
 from .zygote_handle import ForkedRank, ForkRefused, ZygoteHandle
@@ -213,7 +213,7 @@ class RankProcesses:
         """SIGTERM, then SIGKILL, to every rank's session and all their descendants; ``grace`` after each. The
         ranks are told first that this SIGTERM is their kernel's (:mod:`nbtrain.wire.stop_marks`)."""
         pids = list(self.running().values())
-        stopping.announce(self.workdir, pids)
+        stop_marks.announce(self.workdir, pids)
         proctree.stop(pids, grace)
         for p in self._procs:
             with contextlib.suppress(subprocess.TimeoutExpired):

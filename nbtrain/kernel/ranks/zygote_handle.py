@@ -1,4 +1,4 @@
-"""The kernel's zygote: a process with torch imported that forks ranks, so a cold cell skips the interpreter start.
+"""The kernel's handle on the zygote, a process with torch imported that forks ranks, so a cold cell skips the interpreter start.
 
 :meth:`ZygoteHandle.start` (called when the extension loads, never on import) starts ``python -m nbtrain.rank.zygote``
 (:mod:`nbtrain.rank.zygote`) in its own session, with the environment a rank's interpreter starts with

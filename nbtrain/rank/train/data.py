@@ -33,7 +33,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
-from . import preempt_checkpoint as preemption
+from . import preempt_checkpoint
 from .checkpoint import restore_loader
 from .state import PreparedError, TrainContext, unwrapped
 
@@ -88,7 +88,7 @@ class PreparedLoader(DataLoader):
             current = self._next(iterator)
             while current is not _END:
                 if self._context is not None and accum is not None and (accum.closing or not accum.backward_used):
-                    preemption.at_boundary(self._context)  # a notice: the checkpoint goes here (rank/train/preempt_checkpoint.py)
+                    preempt_checkpoint.at_boundary(self._context)  # a notice: the checkpoint goes here (rank/train/preempt_checkpoint.py)
                 following = self._next(iterator)
                 self.at_last_batch = following is _END
                 self.batches_read += 1
@@ -163,7 +163,7 @@ def _worker_init(context: TrainContext, loader: DataLoader):
     can save a preemption notice's checkpoint (:func:`nbtrain.rank.train.preempt_checkpoint.loader_worker_init`)."""
     if context.settings.checkpoint_path is None or loader.num_workers == 0:
         return loader.worker_init_fn
-    return preemption.loader_worker_init(loader.worker_init_fn)
+    return preempt_checkpoint.loader_worker_init(loader.worker_init_fn)
 
 
 def _check_shardable(loader: DataLoader) -> bool:

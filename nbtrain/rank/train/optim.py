@@ -28,7 +28,7 @@ import weakref
 
 import torch
 
-from . import preempt_checkpoint as preemption
+from . import preempt_checkpoint
 from .checkpoint import restore_optimizer, restore_scheduler
 from .state import TrainContext, unwrapped
 
@@ -106,7 +106,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
             context.meter.optimizer_stepped(context.step)
             context.accum.on_step()
             if not context.accum.active_loaders:  # no prepared loader to save before its next batch
-                preemption.at_boundary(context)
+                preempt_checkpoint.at_boundary(context)
         return result
 
     def __reduce__(self):  # pickled (brought back to the notebook): the plain optimizer travels
