@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import pytest
 from helpers.runhelp import Captured, run_cell
 
@@ -68,3 +72,30 @@ def test_a_stop_while_a_failure_is_being_reported_still_announces_the_end_once(f
     with pytest.raises(KeyboardInterrupt):
         run_cell(fresh_pools, cell, observers=[endings], write=StopOn("still here"))
     assert endings.endings == [RunState.INTERRUPTED]
+
+
+class PressedAgainWhileDrawing(Endings):
+    """The final picture takes a moment to draw, and the user presses stop again meanwhile (a real SIGINT)."""
+
+    drawn = False
+
+    def run_finished(self, status: RunState, summary: str) -> None:
+        super().run_finished(status, summary)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.3)  # the handler runs here, in the middle of the drawing
+        self.drawn = True
+
+
+def test_a_second_press_while_the_stopped_runs_picture_is_drawn_does_not_interrupt_it(fresh_pools):
+    drawing = PressedAgainWhileDrawing()
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        run_cell(fresh_pools, "import time\nprint('working', flush=True)\ntime.sleep(60)", observers=[drawing],
+                 write=StopOn("working"))
+    assert drawing.drawn and drawing.endings == [RunState.INTERRUPTED]
+    assert "stopped by the user" in stopped.value._render_traceback_()[0]  # the stop's own words, no traceback
+
+
+def test_a_press_as_a_finished_runs_picture_is_drawn_leaves_the_result(fresh_pools):
+    drawing = PressedAgainWhileDrawing()
+    ns, _ = run_cell(fresh_pools, "x = 41 + 1", observers=[drawing])
+    assert drawing.drawn and drawing.endings == [RunState.FINISHED] and ns["x"] == 42

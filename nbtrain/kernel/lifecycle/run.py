@@ -56,7 +56,7 @@ from .cellrun import CellRun
 from .phase import RunPhase, checked_next
 from .preemption import PreemptionWatch
 from .sessions import SESSION_FAILURE_GRACE_S, ended_sentence, kept_sentence, stuck_sentence
-from .stopping import stop_button, stop_run
+from .stopping import StopButton, stop_button, stop_run
 from .waiting import WAITING_EVERY_S, start_timeout_account, waiting_line
 
 FAILURE_GRACE_S = 0.3  # let the other ranks report the same exception before they are stopped
@@ -353,37 +353,38 @@ def _run_and_bring_back(cell: CellRun, inputs: Inputs, result_prefix: str, start
     if stale_note:
         run.relay.write_direct("stdout", stale_note)
     ending = (RunState.FAILED, "nbtrain failed before the run ended")
-    try:  # run_finished is announced here alone, exactly once, however the run ends
-        result = _drive(run, session, sessions_here, started)
-        ending = (RunState.FINISHED, f"{count('rank', len(result.devices))} finished in {result.seconds:.1f} s")
-        return result
-    except RankFailedError as error:
-        ending = (RunState.FAILED, error.failures[0].summary())
-        raise
-    except KeyboardInterrupt:
-        ending = (RunState.INTERRUPTED, "interrupted: every rank was stopped")
-        raise
-    except BaseException as exc:
-        ending = (RunState.FAILED, f"nbtrain failed: {reason(exc)}")
-        raise
-    finally:
-        run.notify("run_finished", *ending)
+    with stop_button() as button:  # held until the end is announced: a press while the final picture is drawn is
+        try:  # only noted (run_finished is announced here alone, exactly once, however the run ends)
+            result = _drive(run, session, button, sessions_here, started)
+            ending = (RunState.FINISHED, f"{count('rank', len(result.devices))} finished in {result.seconds:.1f} s")
+            return result
+        except RankFailedError as error:
+            ending = (RunState.FAILED, error.failures[0].summary())
+            raise
+        except KeyboardInterrupt:
+            ending = (RunState.INTERRUPTED, "interrupted: every rank was stopped")
+            raise
+        except BaseException as exc:
+            ending = (RunState.FAILED, f"nbtrain failed: {reason(exc)}")
+            raise
+        finally:
+            with button.deferred():
+                run.notify("run_finished", *ending)
 
 
-def _drive(run: _Run, session, sessions_here: list, started: float) -> RunResult:
+def _drive(run: _Run, session, button: StopButton, sessions_here: list, started: float) -> RunResult:
     """Start the pool unless it is warm, run the loop, and end the run: its results, or its failure raised."""
     cell, pool, inputs, warm = run.cell, run.pool, run.inputs, run.warm
     config, manager = cell.config, cell.manager
     try:
-        with stop_button() as button:
-            try:
-                with button.deferred():
-                    if not warm and (why := manager.starter.start(pool, config.spawn)):
-                        run.relay.write_direct("stdout", why)
-                run.loop(button.requested)
-            except KeyboardInterrupt:
-                stop_run(run, pool, manager, button)  # still under the button: a second press escalates it
-                raise
+        try:
+            with button.deferred():
+                if not warm and (why := manager.starter.start(pool, config.spawn)):
+                    run.relay.write_direct("stdout", why)
+            run.loop(button.requested)
+        except KeyboardInterrupt:
+            stop_run(run, pool, manager, button)  # still under the button: a second press escalates it
+            raise
     except KeyboardInterrupt as exc:
         # IPython shows the lines _render_traceback_() returns instead of a traceback (an untyped hook)
         exc.with_traceback(None)._render_traceback_ = lambda: [  # type: ignore[attr-defined]
