@@ -108,9 +108,9 @@ def test_the_summary_says_mfu_or_why_there_is_none():
         return setup_words({0: [{"model": 0, "amp": "bf16"}, {"precision": "bf16", **fact}]})
     assert words(tflops=406.0, mfu=41.03, peak_tflops=989.4)[-1] == ("MFU 41 % (406 TFLOP/s of bf16's dense peak "
                                                                      "989 TFLOP/s)")
-    assert words(tflops=0.0123, peak_tflops=None, on_cpu=True)[-1] == (
-        "0.012 TFLOP/s achieved per rank (MFU needs the GPU's peak: none on the CPU)")
-    assert words(tflops=80.0, peak_tflops=None, on_cpu=False)[-1].endswith("unknown for this GPU)")
+    assert words(tflops=0.0123, peak_tflops=None, on_cpu=True)[-1] == "12 GFLOP/s per rank (no MFU on the CPU)"
+    assert words(tflops=0.0093, peak_tflops=None, on_cpu=True)[-1] == "9.3 GFLOP/s per rank (no MFU on the CPU)"
+    assert words(tflops=80.0, peak_tflops=None, on_cpu=False)[-1] == "80 TFLOP/s per rank (MFU: this GPU's peak is unknown)"
     assert words(flops_uncounted="a compiled model's FLOPs are not counted")[-1] == (
         "MFU not measured: a compiled model's FLOPs are not counted")
     assert words(tflops=1.0)[0] == "bf16"  # the step meter's fact is not taken for a model
@@ -143,7 +143,7 @@ def test_a_training_cell_logs_its_achieved_rate_and_the_summary_says_it(pools):
     assert tflops and all(v > 0 for v in tflops)
     assert "mfu" not in result.history  # no peak on the CPU
     summary = format_summary(result)[0]
-    assert "TFLOP/s achieved per rank (MFU needs the GPU's peak: none on the CPU)" in summary
+    assert "FLOP/s per rank (no MFU on the CPU)" in summary
 
 
 SLOW_LOADER_CELL = """

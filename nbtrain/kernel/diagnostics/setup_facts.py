@@ -48,13 +48,13 @@ def mfu_words(setup: dict[int, list[dict]]) -> list[str]:
     if fact.get("flops_uncounted"):
         words.append(f"MFU not measured: {fact['flops_uncounted']}")
     elif "tflops" in fact:
-        achieved = f"{_tflops(fact['tflops'])} TFLOP/s"
+        achieved = _flop_rate(fact["tflops"])
         if fact.get("mfu") is not None:
             words.append(f"MFU {fact['mfu']:.0f} % ({achieved} of {fact['precision']}'s dense peak "
-                         f"{_tflops(fact['peak_tflops'])} TFLOP/s)")
+                         f"{_flop_rate(fact['peak_tflops'])})")
         else:
-            words.append(f"{achieved} achieved per rank (MFU needs the GPU's peak: "
-                         + ("none on the CPU)" if fact.get("on_cpu") else "unknown for this GPU)"))
+            words.append(f"{achieved} per rank" + (" (no MFU on the CPU)" if fact.get("on_cpu")
+                                                   else " (MFU: this GPU's peak is unknown)"))
     if fact.get("data_wait", 0.0) >= DATA_WAIT_WORTH_SAYING_PCT:
         words.append(f"{fact['data_wait']:.0f} % of each step waiting for data")
     return words
@@ -66,8 +66,11 @@ def step_meter_fact(setup: dict[int, list[dict]], rank: int) -> dict | None:
     return next((f for f in facts if "precision" in f), None)
 
 
-def _tflops(value: float) -> str:
-    return f"{value:.0f}" if value >= 10 else f"{value:.2g}"
+def _flop_rate(tflops: float) -> str:
+    """``406 TFLOP/s``, ``2.1 TFLOP/s``, ``9.3 GFLOP/s``."""
+    if tflops >= 1:
+        return f"{tflops:.0f} TFLOP/s" if tflops >= 10 else f"{tflops:.1f} TFLOP/s"
+    return f"{tflops * 1000:.0f} GFLOP/s" if tflops >= 0.01 else f"{tflops * 1000:.1f} GFLOP/s"
 
 
 def sharding_words(setup: dict[int, list[dict]]) -> list[str]:
