@@ -1,0 +1,68 @@
+"""A cell's run path stays narrow: no function on it takes more than five parameters, and run_source's keyword
+options are one checked value (nbtrain/launch/lifecycle/entry.py's RunOptions)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import pkgutil
+
+import pytest
+
+import nbtrain.launch.lifecycle as lifecycle
+from nbtrain.launch.lifecycle.entry import run_source
+from nbtrain.launch.observers.history import RunOutcome
+from nbtrain.launch.request.config import LaunchRequest
+
+MOST_PARAMETERS = 5
+PATH_MODULES = [f"{lifecycle.__name__}.{m.name}" for m in pkgutil.iter_modules(lifecycle.__path__)] + [
+    "nbtrain.launch.observers.cost"]
+
+
+def _functions_of(module):
+    """Every function and method defined in ``module`` (nested classes' included), with a name to show."""
+    def walk(owner, prefix):
+        for name, value in vars(owner).items():
+            value = value.fget if isinstance(value, property) else getattr(value, "__func__", value)
+            if dataclasses.is_dataclass(owner) and name == "__init__":
+                continue  # a record's generated constructor: its fields, not a function's inputs
+            if inspect.isfunction(value) and value.__module__ == module.__name__:
+                yield f"{prefix}{name}", value
+            elif inspect.isclass(value) and value.__module__ == module.__name__ and value is not owner:
+                yield from walk(value, f"{prefix}{name}.")
+    yield from walk(module, f"{module.__name__}.")
+
+
+def _parameters(function) -> list[str]:
+    names = list(inspect.signature(function).parameters)
+    return names[1:] if names[:1] in (["self"], ["cls"]) else names
+
+
+def test_no_function_on_the_cell_path_takes_more_than_five_parameters():
+    checked, wide = 0, []
+    for module_name in PATH_MODULES:
+        for name, function in _functions_of(importlib.import_module(module_name)):
+            checked += 1
+            if len(_parameters(function)) > MOST_PARAMETERS:
+                wide.append(f"{name}({', '.join(_parameters(function))})")
+    assert checked > 100  # the walk found the path's functions
+    assert not wide, f"more than {MOST_PARAMETERS} parameters: " + "; ".join(wide)
+
+
+def test_a_wrong_keyword_to_run_source_is_a_type_error_that_names_it():
+    with pytest.raises(TypeError, match="unexpected keyword argument 'observer'"):
+        run_source("x = 1", LaunchRequest(nprocs=2, cpu=True), {}, observer=[])
+    with pytest.raises(TypeError):  # the options are keyword-only, as before
+        run_source("x = 1", LaunchRequest(nprocs=2, cpu=True), {}, None)  # type: ignore[misc]
+
+
+def test_run_source_takes_every_keyword_option_it_took_before():
+    namespace: dict = {"scale": 3}
+    written: list[tuple[str, str]] = []
+    outcome = RunOutcome()
+    result = run_source("y = scale * (rank + 1)\nprint('hello')", LaunchRequest(nprocs=2, cpu=True), namespace,
+                        manager=None, line_offset=4, write=lambda stream, text: written.append((stream, text)),
+                        code_name=None, observers=(), outcome=outcome)
+    assert namespace["y"] == 3 and result.backend == "gloo"
+    assert any("hello" in text for _, text in written)
