@@ -57,6 +57,7 @@ def test_a_wrong_keyword_to_run_source_is_a_type_error_that_names_it():
         run_source("x = 1", LaunchRequest(nprocs=2, cpu=True), {}, None)  # type: ignore[misc]
 
 
+@pytest.mark.slow  # two real ranks start
 def test_run_source_takes_every_keyword_option_it_took_before():
     namespace: dict = {"scale": 3}
     written: list[tuple[str, str]] = []
@@ -66,3 +67,12 @@ def test_run_source_takes_every_keyword_option_it_took_before():
                         code_name=None, observers=(), outcome=outcome)
     assert namespace["y"] == 3 and result.backend == "gloo"
     assert any("hello" in text for _, text in written)
+
+
+def test_the_run_gets_its_ranks_started_by_the_pool_manager_alone():
+    """The pool manager owns the starter: a run asks it to start a cold pool and never reaches past it."""
+    for module_name in PATH_MODULES:
+        if module_name.endswith(".pools"):
+            continue
+        source = inspect.getsource(importlib.import_module(module_name))
+        assert ".starter" not in source, f"{module_name} starts ranks itself instead of through PoolManager.start"

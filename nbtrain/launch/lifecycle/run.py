@@ -378,7 +378,7 @@ def _drive(run: _Run, session, sessions_here: list, started: float) -> RunResult
         with stop_button() as button:
             try:
                 with button.deferred():
-                    if not warm and (why := manager.starter.start(pool, config.spawn)):
+                    if not warm and (why := manager.start(pool, config.spawn)):
                         run.relay.write_direct("stdout", why)
                 run.loop(button.requested)
             except KeyboardInterrupt:
