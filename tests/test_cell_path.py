@@ -1,5 +1,6 @@
 """A cell's run path stays narrow: no function on it takes more than five parameters, and run_source's keyword
-options are one checked value (nbtrain/launch/lifecycle/entry.py's RunOptions)."""
+options are one checked value (nbtrain/launch/lifecycle/entry.py's RunOptions); the pool manager starts the ranks;
+the run says what it held (its metering) in its own result or outcome."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pkgutil
 import pytest
 
 import nbtrain.launch.lifecycle as lifecycle
+from nbtrain.launch.diagnostics.failures import RankFailedError
 from nbtrain.launch.lifecycle.entry import run_source
 from nbtrain.launch.observers.history import RunOutcome
 from nbtrain.launch.request.config import LaunchRequest
@@ -76,3 +78,18 @@ def test_the_run_gets_its_ranks_started_by_the_pool_manager_alone():
             continue
         source = inspect.getsource(importlib.import_module(module_name))
         assert ".starter" not in source, f"{module_name} starts ranks itself instead of through PoolManager.start"
+
+
+@pytest.mark.slow
+def test_a_failed_run_leaves_what_it_held_in_its_outcome_and_its_record(pools, monkeypatch):
+    """The run itself says what it held — in its result, or in the outcome when it fails — with no observer between."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    request = LaunchRequest(nprocs=2, cpu=True, price_per_gpu_hour=3600.0)
+    outcome = RunOutcome()
+    with pytest.raises(RankFailedError):
+        run_source("raise ValueError('no')", request, {}, manager=pools, outcome=outcome)
+    assert outcome.metering is not None and (outcome.metering.unit, outcome.metering.price) == ("core", 3600.0)
+    row = pools.runs.table().to_dicts()[-1]
+    assert row["cost"] == pytest.approx(outcome.metering.count * row["seconds"], rel=0.01)
+    result = run_source("x = 1", request, {}, manager=pools, outcome=outcome)
+    assert result.metering is not None and result.metering == outcome.metering

@@ -28,7 +28,7 @@ from ...words import count
 from ..diagnostics.advisor import Hint, advise, evidence_from_history
 from ..diagnostics.profiling import format_profile
 from ..diagnostics.setup_facts import memory_size, setup_words
-from ..observers.cost import metering_for
+from ..observers.cost import Metering, metering_for
 from ..observers.events import FanOut, RunObserver, RunState
 from ..observers.history import RunOutcome
 from ..observers.trackers import trackers_for
@@ -83,12 +83,10 @@ def run_source(source: str, request: LaunchRequest, namespace: dict, **options: 
     info = analyse_cell(source, given.line_offset)
     started = time.time()
     state: RunState | None = RunState.FAILED
-    meter = _Meter(config)
     FanOut(observers).earlier_runs(manager.runs.earlier(source, changed_options(request)) if manager else ())
     result: RunResult | None = None
     try:
-        result = _run(_cell_run(config, info, namespace, replace(given, observers=(*observers, meter))))
-        result = replace(result, metering=meter.metering)  # for the summary line
+        result = _run(_cell_run(config, info, namespace, given))
         state = RunState.FINISHED
         return result
     except UserInputError:
@@ -104,22 +102,12 @@ def run_source(source: str, request: LaunchRequest, namespace: dict, **options: 
         if manager is not None and state is not None and source.strip():  # nbtrain.runs(), however they ended
             seconds = result.seconds if result is not None else time.time() - started  # the summary's, when there is one
             manager.runs.add(source, changed_options(request), started, seconds, config.pool.nprocs, outcome.history,
-                             state, config.train.checkpoint_dir, meter.metering)
+                             state, config.train.checkpoint_dir, outcome.metering or _spec_metering(config))
 
 
-class _Meter(RunObserver):
-    """What the run holds, as its last :class:`~.observer.RunInfo` said (an elastic group's size, the nodes' cores
-    are known once the ranks start); until then, as the pool spec says."""
-
-    _shown_as = "the cost meter (--price-per-gpu-hour)"
-
-    def __init__(self, config) -> None:
-        self.metering = metering_for(config.pool, (), config.price_per_hour)
-
-    def run_started(self, info) -> None:
-        self.metering = info.metering or self.metering
-
-    ranks_ready = run_started
+def _spec_metering(config: LaunchConfig) -> Metering:
+    """What a run that ended before any rank was asked for would have held, as its pool spec says."""
+    return metering_for(config.pool, (), config.price_per_hour)
 
 
 def changed_options(request: LaunchRequest) -> str:

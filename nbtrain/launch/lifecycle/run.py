@@ -98,6 +98,9 @@ class _Run:
         self.nodes_told_at = 0.0
         self.nodes_told_states: tuple[str, ...] = ()
         self.waiting_told_at = 0.0  # a restart waiting for nodes: when it last said so
+        # what the run holds: as the spec says until the ranks start, then as the last RunInfo told (an elastic
+        # group's size, the nodes' cores) — in the result and the outcome, failed runs' too
+        self.metering = metering_for(pool.spec, (), cell.config.price_per_hour)
         self.mismatch = MismatchWatcher(pool, job.filename, cell.info.source, cell.info.line_offset)
         self.preemption = PreemptionWatch(self, job.job_id, cell.config)  # a machine about to go: a checkpoint first
 
@@ -170,9 +173,9 @@ class _Run:
             self.sent = True  # also after a failure in the start: the observers hear of the run all the same
             if self.phase is RunPhase.STARTING:
                 self._enter(RunPhase.RUNNING)
-            self.notify("run_started", self.info())
+            self._tell_info("run_started")
             if self.pool.ready:
-                self.notify("ranks_ready", self.info())
+                self._tell_info("ranks_ready")
 
     def info(self) -> RunInfo:
         spec, devices = self.pool.spec, self.pool.devices
@@ -181,6 +184,12 @@ class _Run:
         return RunInfo(f"{self.pool.run_id}/{self.job.job_id}", self.pool.world_size, spec.backend, spec.device_type,
                        spec.gpu_ids, ranks, self.warm, nodes := self.pool.node_infos(), self.started,
                        metering_for(spec, nodes, self.config.price_per_hour, self.pool.world_size))
+
+    def _tell_info(self, event: str) -> None:
+        """``run_started`` or ``ranks_ready`` to the observers, with what the run holds now."""
+        info = self.info()
+        self.metering = info.metering or self.metering
+        self.notify(event, info)
 
     def _tell_nodes(self, now: float) -> None:
         """Once a second on a --nodes run: each machine's state and load, from its heartbeats, to the observers —
@@ -215,7 +224,7 @@ class _Run:
         elif isinstance(msg, P.Ready):
             self.marks.on_ready(rank, msg.times)
             if self.pool.mark_ready(rank, msg.device) and self.sent:
-                self.notify("ranks_ready", self.info())
+                self._tell_info("ranks_ready")
         elif isinstance(msg, P.Loaded) and msg.job_id == self.job.job_id:
             self.loaded.add(rank)
             self.marks.on_loaded(rank)
@@ -394,7 +403,7 @@ def _drive(run: _Run, session, sessions_here: list, started: float) -> RunResult
         manager.teardown(pool, grace=1.0, why=f"nbtrain failed: {reason(exc)}")
         raise
     finally:
-        cell.outcome.record(run.history)  # what was logged until here, however the run ends
+        cell.outcome.record(run.history, run.metering)  # what was logged until here, however the run ends
         inputs.arena.close()
     if session is not None:
         session.carry(run.history)
@@ -447,7 +456,7 @@ def _bring_back(run: _Run, seconds: float) -> RunResult:
         seconds=seconds, rank_seconds={r: d.seconds for r, d in sorted(run.done.items())},
         devices=run.pool.devices, warm=warm, backend=run.pool.spec.backend, history=run.history, notes=list(run.inputs.notes),
         profiles=run.profiles, setup=run.setup, cold_start=None if warm else _cold_start(run),
-        shared_bytes=run.inputs.arena.written, pack_seconds=run.inputs.seconds)
+        shared_bytes=run.inputs.arena.written, pack_seconds=run.inputs.seconds, metering=run.metering)
 
 
 def _cold_start(run: _Run) -> ColdStart | None:
