@@ -1,6 +1,7 @@
 """A cell's run path stays narrow: no function on it takes more than five parameters, and run_source's keyword
 options are one checked value (nbtrain/launch/lifecycle/entry.py's RunOptions); the pool manager starts the ranks;
-the run says what it held (its metering) in its own result or outcome."""
+the run says what it held (its metering) in its own result or outcome; every event from the ranks goes through
+the run's one dispatcher, which refuses an event of a kind it does not know."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import pytest
 import nbtrain.launch.lifecycle as lifecycle
 from nbtrain.launch.diagnostics.failures import RankFailedError
 from nbtrain.launch.lifecycle.entry import run_source
+from nbtrain.launch.lifecycle.pools import PoolManager
 from nbtrain.launch.observers.history import RunOutcome
+from nbtrain.launch.ranks.pool import WorkerPool
 from nbtrain.launch.request.config import LaunchRequest
 
 MOST_PARAMETERS = 5
@@ -93,3 +96,35 @@ def test_a_failed_run_leaves_what_it_held_in_its_outcome_and_its_record(pools, m
     assert row["cost"] == pytest.approx(outcome.metering.count * row["seconds"], rel=0.01)
     result = run_source("x = 1", request, {}, manager=pools, outcome=outcome)
     assert result.metering is not None and result.metering == outcome.metering
+
+
+@dataclasses.dataclass(frozen=True)
+class _Stranger:
+    """An event no run knows: what a group that drifted from the run's union would yield."""
+
+    rank: int
+
+
+class _GroupThatYieldsAStranger(WorkerPool):
+    """Real ranks on gloo whose group, once, yields an event of an unknown kind along with the real ones."""
+
+    yielded = False
+
+    def poll_events(self, timeout: float) -> list:
+        events: list = list(super().poll_events(timeout))
+        if not self.yielded:
+            self.yielded = True
+            events.append(_Stranger(0))
+        return events
+
+
+@pytest.mark.slow
+def test_an_event_of_an_unknown_kind_fails_the_run_naming_it_instead_of_being_ignored():
+    manager = PoolManager(pool_factory=_GroupThatYieldsAStranger)
+    namespace: dict = {}
+    try:
+        with pytest.raises(TypeError, match=r"yielded _Stranger\(rank=0\), which is not one of the events a run takes"):
+            run_source("y = 1", LaunchRequest(nprocs=2, cpu=True), namespace, manager=manager)
+    finally:
+        manager.shutdown()
+    assert "y" not in namespace

@@ -44,7 +44,7 @@ from ..observers.cost import metering_for
 from ..observers.events import FanOut, RankInfo, RunInfo, RunState
 from ..observers.coldstart import ColdStart, StartMarks
 from ..observers.history import History, RunResult
-from ..ranks.pool import Exited, Message, Output
+from ..ranks.events import Exited, Message, Output, RankEvent
 from ..ranks.rankgroup import RankGroup
 from ..relay.displays import PendingDisplays
 from ..relay.output import OutputRelay
@@ -119,7 +119,7 @@ class _Run:
             if stop_requested.is_set():  # SIGINT seen, even if something swallowed its KeyboardInterrupt
                 raise KeyboardInterrupt
             for event in self.pool.poll_events(self._wait_s()):
-                self._handle(event)
+                self.take(event)
             self._send_job_when_connected()
             now = time.monotonic()
             self._tell_nodes(now)
@@ -204,14 +204,28 @@ class _Run:
     def notify(self, event: str, *args) -> None:
         self.observers.notify(event, *args)
 
-    def _handle(self, event) -> None:
-        if isinstance(event, Output):
-            self.relay.feed(event.rank, event.stream, event.text)
-        elif isinstance(event, Exited):
-            if event.rank not in self.failures:  # in the loop every exit is real: nbtrain kills only after it
-                self._fail(event.rank, event.code)
-        elif isinstance(event, Message):
-            self._handle_message(event.rank, event.message)
+    def take(self, event: RankEvent, late: tuple[str, ...] | None = None) -> bool:
+        """Every event from the ranks comes through here. Live (``late`` None): all of it counts. ``late``: ranks
+        being stopped, of which only the output of those streams and what they logged is kept. True when the
+        event is its rank's last word on the cell: it exited, failed or finished."""
+        match event:
+            case Output(rank, stream, text):
+                if late is None or stream in late:
+                    self.relay.feed(rank, stream, text)
+            case Exited(rank, code):
+                if late is None and rank not in self.failures:  # in the loop every exit is real: nbtrain kills only after it
+                    self._fail(rank, code)
+                return True
+            case Message(rank, message):
+                if late is None:
+                    self._handle_message(rank, message)
+                elif isinstance(message, P.Metrics):
+                    self.history.add(rank, message.records)
+                return isinstance(message, (P.Failed, P.Done))
+            case _:
+                raise TypeError(f"nbtrain: the ranks' group yielded {event!r}, which is not one of the events a run "
+                                "takes (nbtrain.launch.ranks.events.RankEvent): the group and the run disagree")
+        return False
 
     def _handle_message(self, rank: int, msg) -> None:
         if isinstance(msg, P.Metrics):
@@ -290,7 +304,7 @@ class _Run:
             events = self.pool.release_node(name, account)
             if not cell_ended:
                 for event in events:
-                    self._handle(event)
+                    self.take(event)
 
     def cell_running(self) -> bool:
         """Every rank joined and has the cell (a stop then interrupts it rather than the start-up)."""
@@ -313,7 +327,7 @@ class _Run:
         deadline = time.monotonic() + END_MARK_WAIT_S
         while time.monotonic() < deadline and not all(self.relay.ended(r, self.job.job_id) for r in range(self.nprocs)):
             for event in self.pool.poll_events(0.05):
-                self._handle(event)
+                self.take(event)
         self.relay.flush()
 
     def drain(self, seconds: float, streams=("stdout", "stderr")) -> None:
@@ -321,16 +335,9 @@ class _Run:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and self.pool.output_open():
             for event in self.pool.poll_events(0.05):
-                self.take_late(event, streams)
+                self.take(event, late=streams)
         self.relay.flush()
 
-    def take_late(self, event, streams=("stdout", "stderr")) -> None:
-        """An event of ranks being stopped: keep their output (of ``streams``) and what they logged, nothing else."""
-        if isinstance(event, Output):
-            if event.stream in streams:
-                self.relay.feed(event.rank, event.stream, event.text)
-        elif isinstance(event, Message) and isinstance(event.message, P.Metrics):
-            self.history.add(event.rank, event.message.records)
 
 
 def run_cell(cell: CellRun, inputs: Inputs) -> RunResult:

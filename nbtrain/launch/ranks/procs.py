@@ -37,21 +37,9 @@ import psutil
 from ... import proctree
 from ...wire import stopping
 from ..request.config import PoolSpec
+from .events import Exited, Output
 from .interpreter import interpreter_env
 from .zygote import ForkedRank, ForkRefused, Zygote
-
-
-@dataclass(frozen=True)
-class Output:
-    rank: int
-    stream: str  # "stdout" | "stderr"
-    text: str
-
-
-@dataclass(frozen=True)
-class Exited:
-    rank: int
-    code: int  # negative: killed by that signal
 
 
 @dataclass
