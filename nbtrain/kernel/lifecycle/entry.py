@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 from ...common.words import count
 from ..diagnostics.advisor import Hint, advise, evidence_from_history
 from ..diagnostics.profiling import format_profile
 from ..diagnostics.setup_facts import memory_size, setup_words
-from ..observers.cost import metering_for
+from ..observers.cost import Metering, metering_for
 from ..observers.events import FanOut, RunObserver, RunState
 from ..observers.history import RunOutcome
 from ..observers.trackers import trackers_for
@@ -46,26 +47,46 @@ from .run import RunResult, run_cell
 from .sessions import SessionError, session_lines
 
 
-def run_source(source: str, request: LaunchRequest, namespace: dict, *, manager: PoolManager | None = None,
-               line_offset: int = 1, write: Callable[[str, str], None] | None = None, code_name=None,
-               observers=(), outcome: RunOutcome | None = None) -> RunResult:
+@dataclass(frozen=True)
+class RunOptions:
+    """:func:`run_source`'s keyword options, packed once at its top so that the run's path passes one value."""
+
+    manager: PoolManager | None = None  # keeps the warm pool between calls; without one, it stops after the run
+    line_offset: int = 1  # the cell's first line in the notebook, for tracebacks
+    write: Callable[[str, str], None] | None = None  # (stream, text) into the cell; stdout/stderr without one
+    code_name: Callable | None = None  # IPython's name for the cell's code, for tracebacks
+    observers: tuple[RunObserver, ...] = ()
+    outcome: RunOutcome = field(default_factory=RunOutcome)  # receives what was logged, however the run ends
+
+    @classmethod
+    def of(cls, options: dict[str, Any]) -> RunOptions:
+        """The options a caller passed by keyword; an unknown keyword is a :class:`TypeError` that names it."""
+        known = {f.name for f in fields(cls)}
+        for name in options:
+            if name not in known:
+                raise TypeError(f"run_source() got an unexpected keyword argument '{name}' "
+                                f"(it takes {', '.join(sorted(known))})")
+        given = {name: value for name, value in options.items() if value is not None}  # None: the default
+        return cls(**{**given, "observers": tuple(given.get("observers", ()))})
+
+
+def run_source(source: str, request: LaunchRequest, namespace: dict, **options: Any) -> RunResult:
     """Run ``source`` as ``request.nprocs`` ranks; names rank 0 assigns are put into ``namespace``.
 
-    ``manager`` keeps the warm pool between calls; without one, the pool is stopped after the run. ``outcome``
-    (a :class:`~.run.RunOutcome`) receives what was logged however the run ends: a result, a failure, a stop.
+    Keyword options (:class:`RunOptions`): ``manager`` keeps the warm pool between calls; without one, the pool
+    is stopped after the run. ``outcome`` (a :class:`~.run.RunOutcome`) receives what was logged however the
+    run ends: a result, a failure, a stop. ``line_offset``, ``write``, ``code_name``, ``observers``.
     """
+    given = RunOptions.of(options)
+    manager, write, observers, outcome = given.manager, given.write, given.observers, given.outcome
     config = resolve(request)
-    info = analyse_cell(source, line_offset)
-    outcome = outcome or RunOutcome()
+    info = analyse_cell(source, given.line_offset)
     started = time.time()
     state: RunState | None = RunState.FAILED
-    meter = _Meter(config)
     FanOut(observers).earlier_runs(manager.runs.earlier(source, changed_options(request)) if manager else ())
     result: RunResult | None = None
     try:
-        given = {"write": write, "code_name": code_name, "observers": (*observers, meter), "outcome": outcome}
-        result = _run(_cell_run(config, info, namespace, manager, given))
-        result = replace(result, metering=meter.metering)  # for the summary line
+        result = _run(_cell_run(config, info, namespace, given))
         state = RunState.FINISHED
         return result
     except UserInputError:
@@ -81,22 +102,12 @@ def run_source(source: str, request: LaunchRequest, namespace: dict, *, manager:
         if manager is not None and state is not None and source.strip():  # nbtrain.runs(), however they ended
             seconds = result.seconds if result is not None else time.time() - started  # the summary's, when there is one
             manager.runs.add(source, changed_options(request), started, seconds, config.pool.nprocs, outcome.history,
-                             state, config.train.checkpoint_dir, meter.metering)
+                             state, config.train.checkpoint_dir, outcome.metering or _spec_metering(config))
 
 
-class _Meter(RunObserver):
-    """What the run holds, as its last :class:`~.observer.RunInfo` said (an elastic group's size, the nodes' cores
-    are known once the ranks start); until then, as the pool spec says."""
-
-    _shown_as = "the cost meter (--price-per-gpu-hour)"
-
-    def __init__(self, config) -> None:
-        self.metering = metering_for(config.pool, (), config.price_per_hour)
-
-    def run_started(self, info) -> None:
-        self.metering = info.metering or self.metering
-
-    ranks_ready = run_started
+def _spec_metering(config: LaunchConfig) -> Metering:
+    """What a run that ended before any rank was asked for would have held, as its pool spec says."""
+    return metering_for(config.pool, (), config.price_per_hour)
 
 
 def changed_options(request: LaunchRequest) -> str:
@@ -111,19 +122,18 @@ def changed_options(request: LaunchRequest) -> str:
     return " ".join(words)
 
 
-def _cell_run(config: LaunchConfig, info: CellInfo, namespace: dict, manager: PoolManager | None,
-              given: dict) -> CellRun:
-    """The run of a checked cell: without a manager, a throwaway one that keeps no warm ranks. ``given``: the caller's
-    ``write``, ``code_name``, ``observers`` and ``outcome``."""
+def _cell_run(config: LaunchConfig, info: CellInfo, namespace: dict, given: RunOptions) -> CellRun:
+    """The run of a checked cell: without a manager, a throwaway one that keeps no warm ranks."""
+    manager = given.manager
     if manager is None:
         if config.session:
             raise ConfigError("--session keeps variables on warm ranks between cells: pass the same manager= "
                               "(a PoolManager) to every run_source call of the session.")
         manager = PoolManager()
         config = replace(config, keep_alive_s=0.0)
-    observers = (*given["observers"], *trackers_for(config.tensorboard))  # --tensorboard, nbtrain.track()
-    return CellRun(info, config, namespace, manager, given["write"] or write_to_std_stream, given["outcome"],
-                   observers, given["code_name"])
+    observers = (*given.observers, *trackers_for(config.tensorboard))  # --tensorboard, nbtrain.track()
+    return CellRun(info, config, namespace, manager, given.write or write_to_std_stream, given.outcome,
+                   observers, given.code_name)
 
 
 def _run(cell: CellRun) -> RunResult:
@@ -165,8 +175,7 @@ def pull(manager: PoolManager, session: str, names: list[str], namespace: dict, 
     except WorkdirGone as exc:
         raise ConfigError(str(exc)) from None
     config = LaunchConfig(spec, tuple(names), "all", DEFAULT_KEEP_ALIVE_S, False, workdir=workdir, session=session)
-    given = {"write": write, "code_name": None, "observers": (), "outcome": RunOutcome()}
-    return _run(_cell_run(config, analyse_cell("", 1), namespace, manager, given))
+    return _run(_cell_run(config, analyse_cell("", 1), namespace, RunOptions(manager=manager, write=write)))
 
 
 def close(manager: PoolManager, session: str) -> None:
@@ -214,4 +223,4 @@ def format_summary(result: RunResult, hints: list[Hint] | None = None) -> list[s
     return lines + format_profile(result.profiles)
 
 
-__all__ = ["UserInputError", "run_source", "format_summary", "list_sessions", "pull", "close", "SessionError", "ConfigError", "CellSyntaxError", "PayloadError"]
+__all__ = ["UserInputError", "run_source", "RunOptions", "format_summary", "list_sessions", "pull", "close", "SessionError", "ConfigError", "CellSyntaxError", "PayloadError"]

@@ -75,6 +75,12 @@ class PoolManager:
             self.pool = self.pool_factory(spec)
             return self.pool, False, note
 
+    def start(self, pool: RankGroup, spawn: bool) -> str:
+        """Start the ranks of a pool :meth:`acquire` made cold (forked from the zygote unless ``spawn``): a line for
+        the cell when they were spawned although a zygote was there, or "". Called by the run under its stop
+        button, so that a failed start is the run's failure: it tears the pool down and says why."""
+        return self.starter.start(pool, spawn)
+
     def _set_aside(self) -> None:
         """The plain pool is being replaced: stop it, unless sessions live on it."""
         pool, self.pool = self.pool, None

@@ -44,7 +44,7 @@ from ..observers.cost import metering_for
 from ..observers.events import FanOut, RankInfo, RunInfo, RunState
 from ..observers.coldstart import ColdStart, StartMarks
 from ..observers.history import History, RunResult
-from ..ranks.pool import Exited, Message, Output
+from ..ranks.rank_events import Exited, Message, Output, RankEvent
 from ..ranks.rankgroup import RankGroup
 from ..relay.displays import PendingDisplays
 from ..relay.output import OutputRelay
@@ -98,6 +98,9 @@ class _Run:
         self.nodes_told_at = 0.0
         self.nodes_told_states: tuple[str, ...] = ()
         self.waiting_told_at = 0.0  # a restart waiting for nodes: when it last said so
+        # what the run holds: as the spec says until the ranks start, then as the last RunInfo told (an elastic
+        # group's size, the nodes' cores) — in the result and the outcome, failed runs' too
+        self.metering = metering_for(pool.spec, (), cell.config.price_per_hour)
         self.mismatch = MismatchWatcher(pool, job.filename, cell.info.source, cell.info.line_offset)
         self.preemption = PreemptionWatch(self, job.job_id, cell.config)  # a machine about to go: a checkpoint first
 
@@ -116,7 +119,7 @@ class _Run:
             if stop_requested.is_set():  # SIGINT seen, even if something swallowed its KeyboardInterrupt
                 raise KeyboardInterrupt
             for event in self.pool.poll_events(self._wait_s()):
-                self._handle(event)
+                self.take(event)
             self._send_job_when_connected()
             now = time.monotonic()
             self._tell_nodes(now)
@@ -170,9 +173,9 @@ class _Run:
             self.sent = True  # also after a failure in the start: the observers hear of the run all the same
             if self.phase is RunPhase.STARTING:
                 self._enter(RunPhase.RUNNING)
-            self.notify("run_started", self.info())
+            self._tell_info("run_started")
             if self.pool.ready:
-                self.notify("ranks_ready", self.info())
+                self._tell_info("ranks_ready")
 
     def info(self) -> RunInfo:
         spec, devices = self.pool.spec, self.pool.devices
@@ -181,6 +184,12 @@ class _Run:
         return RunInfo(f"{self.pool.run_id}/{self.job.job_id}", self.pool.world_size, spec.backend, spec.device_type,
                        spec.gpu_ids, ranks, self.warm, nodes := self.pool.node_infos(), self.started,
                        metering_for(spec, nodes, self.config.price_per_hour, self.pool.world_size))
+
+    def _tell_info(self, event: str) -> None:
+        """``run_started`` or ``ranks_ready`` to the observers, with what the run holds now."""
+        info = self.info()
+        self.metering = info.metering or self.metering
+        self.notify(event, info)
 
     def _tell_nodes(self, now: float) -> None:
         """Once a second on a --nodes run: each machine's state and load, from its heartbeats, to the observers —
@@ -195,14 +204,28 @@ class _Run:
     def notify(self, event: str, *args) -> None:
         self.observers.notify(event, *args)
 
-    def _handle(self, event) -> None:
-        if isinstance(event, Output):
-            self.relay.feed(event.rank, event.stream, event.text)
-        elif isinstance(event, Exited):
-            if event.rank not in self.failures:  # in the loop every exit is real: nbtrain kills only after it
-                self._fail(event.rank, event.code)
-        elif isinstance(event, Message):
-            self._handle_message(event.rank, event.message)
+    def take(self, event: RankEvent, late: tuple[str, ...] | None = None) -> bool:
+        """Every event from the ranks comes through here. Live (``late`` None): all of it counts. ``late``: ranks
+        being stopped, of which only the output of those streams and what they logged is kept. True when the
+        event is its rank's last word on the cell: it exited, failed or finished."""
+        match event:
+            case Output(rank, stream, text):
+                if late is None or stream in late:
+                    self.relay.feed(rank, stream, text)
+            case Exited(rank, code):
+                if late is None and rank not in self.failures:  # in the loop every exit is real: nbtrain kills only after it
+                    self._fail(rank, code)
+                return True
+            case Message(rank, message):
+                if late is None:
+                    self._handle_message(rank, message)
+                elif isinstance(message, P.Metrics):
+                    self.history.add(rank, message.records)
+                return isinstance(message, (P.Failed, P.Done))
+            case _:
+                raise TypeError(f"nbtrain: the ranks' group yielded {event!r}, which is not one of the events a run "
+                                "takes (nbtrain.kernel.ranks.rank_events.RankEvent): the group and the run disagree")
+        return False
 
     def _handle_message(self, rank: int, msg) -> None:
         if isinstance(msg, P.Metrics):
@@ -215,7 +238,7 @@ class _Run:
         elif isinstance(msg, P.Ready):
             self.marks.on_ready(rank, msg.times)
             if self.pool.mark_ready(rank, msg.device) and self.sent:
-                self.notify("ranks_ready", self.info())
+                self._tell_info("ranks_ready")
         elif isinstance(msg, P.Loaded) and msg.job_id == self.job.job_id:
             self.loaded.add(rank)
             self.marks.on_loaded(rank)
@@ -281,7 +304,7 @@ class _Run:
             events = self.pool.release_node(name, account)
             if not cell_ended:
                 for event in events:
-                    self._handle(event)
+                    self.take(event)
 
     def cell_running(self) -> bool:
         """Every rank joined and has the cell (a stop then interrupts it rather than the start-up)."""
@@ -304,7 +327,7 @@ class _Run:
         deadline = time.monotonic() + END_MARK_WAIT_S
         while time.monotonic() < deadline and not all(self.relay.ended(r, self.job.job_id) for r in range(self.nprocs)):
             for event in self.pool.poll_events(0.05):
-                self._handle(event)
+                self.take(event)
         self.relay.flush()
 
     def drain(self, seconds: float, streams=("stdout", "stderr")) -> None:
@@ -312,16 +335,9 @@ class _Run:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and self.pool.output_open():
             for event in self.pool.poll_events(0.05):
-                self.take_late(event, streams)
+                self.take(event, late=streams)
         self.relay.flush()
 
-    def take_late(self, event, streams=("stdout", "stderr")) -> None:
-        """An event of ranks being stopped: keep their output (of ``streams``) and what they logged, nothing else."""
-        if isinstance(event, Output):
-            if event.stream in streams:
-                self.relay.feed(event.rank, event.stream, event.text)
-        elif isinstance(event, Message) and isinstance(event.message, P.Metrics):
-            self.history.add(event.rank, event.message.records)
 
 
 def run_cell(cell: CellRun, inputs: Inputs) -> RunResult:
@@ -379,7 +395,7 @@ def _drive(run: _Run, session, button: StopButton, sessions_here: list, started:
     try:
         try:
             with button.deferred():
-                if not warm and (why := manager.starter.start(pool, config.spawn)):
+                if not warm and (why := manager.start(pool, config.spawn)):
                     run.relay.write_direct("stdout", why)
             run.loop(button.requested)
         except KeyboardInterrupt:
@@ -395,7 +411,7 @@ def _drive(run: _Run, session, button: StopButton, sessions_here: list, started:
         manager.teardown(pool, grace=1.0, why=f"nbtrain failed: {reason(exc)}")
         raise
     finally:
-        cell.outcome.record(run.history)  # what was logged until here, however the run ends
+        cell.outcome.record(run.history, run.metering)  # what was logged until here, however the run ends
         inputs.arena.close()
     if session is not None:
         session.carry(run.history)
@@ -448,7 +464,7 @@ def _bring_back(run: _Run, seconds: float) -> RunResult:
         seconds=seconds, rank_seconds={r: d.seconds for r, d in sorted(run.done.items())},
         devices=run.pool.devices, warm=warm, backend=run.pool.spec.backend, history=run.history, notes=list(run.inputs.notes),
         profiles=run.profiles, setup=run.setup, cold_start=None if warm else _cold_start(run),
-        shared_bytes=run.inputs.arena.written, pack_seconds=run.inputs.seconds)
+        shared_bytes=run.inputs.arena.written, pack_seconds=run.inputs.seconds, metering=run.metering)
 
 
 def _cold_start(run: _Run) -> ColdStart | None:

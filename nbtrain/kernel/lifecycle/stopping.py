@@ -30,8 +30,6 @@ import signal
 import threading
 import time
 
-from ...wire import protocol as P
-from ..ranks.pool import Exited, Message
 from ..ranks.rankgroup import RankGroup
 
 REPORT_WAIT_S = 0.7  # after the SIGINT, how long the ranks get to say they were interrupted
@@ -104,6 +102,5 @@ def _await_reports(run, pool: RankGroup, button: StopButton) -> None:
     deadline = time.monotonic() + REPORT_WAIT_S
     while time.monotonic() < deadline and not button.escalated and len(reported) < pool.world_size:
         for event in pool.poll_events(0.05):
-            run.take_late(event, streams=("stdout",))  # its stdout, and the metrics the interrupted cell flushed
-            if isinstance(event, Exited) or (isinstance(event, Message) and isinstance(event.message, (P.Failed, P.Done))):
+            if run.take(event, late=("stdout",)):  # its stdout, and the metrics the interrupted cell flushed
                 reported.add(event.rank)

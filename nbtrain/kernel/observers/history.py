@@ -122,13 +122,15 @@ class History:
 @dataclass
 class RunOutcome:
     """What a run leaves its caller whatever way it ends — a result, a failure or the stop button: the series
-    the ranks logged until then. The caller passes one in (``run_source(..., outcome=...)``) and reads it after."""
+    the ranks logged until then, and what it held. The caller passes one in (``run_source(..., outcome=...)``)
+    and reads it after."""
 
     history: History = field(default_factory=History)
+    metering: Metering | None = None  # what the run held: GPUs or cores, and their price (None: no rank was asked for)
 
-    def record(self, history: History) -> None:
-        """What the run logged until it ended (the run calls it once, however it ends)."""
-        self.history = history
+    def record(self, history: History, metering: Metering) -> None:
+        """What the run logged until it ended, and what it held (the run calls it once, however it ends)."""
+        self.history, self.metering = history, metering
 
 
 @dataclass
@@ -147,7 +149,7 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
     profiles: dict[int, ProfileSummary] = field(default_factory=dict)  # --profile, by rank
     setup: dict[int, list[dict]] = field(default_factory=dict)  # per rank: what prepare() set up, model by model
-    metering: Metering | None = None  # what the run held: GPUs or cores, and their price (set by api.run_source)
+    metering: Metering | None = None  # what the run held: GPUs or cores, and their price
     cold_start: ColdStart | None = None  # new ranks on this machine: where the time to the first step went
     shared_bytes: int = 0  # the inputs written to shared memory before the ranks got the job
     pack_seconds: float = 0.0  # how long the inputs took to pack (those writes included), before the run's seconds

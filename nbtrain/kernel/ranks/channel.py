@@ -22,17 +22,11 @@ import contextlib
 import os
 import queue
 import secrets
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from ...wire.ranksocket import RankListener
 from ...wire import protocol as P
-
-
-@dataclass(frozen=True)
-class Message:
-    rank: int
-    message: object
+from .rank_events import Message
 
 
 def send(conn: Connection, message) -> None:

@@ -22,7 +22,7 @@ Both halves share a private directory (mode 0700): the channel's socket, the ran
 their stack dumps (:mod:`nbtrain.kernel.diagnostics.stacks`).
 
 Events: :meth:`LocalPool.poll_events` waits on every socket and pipe at once and returns what arrived:
-:class:`~.channel.Message`, :class:`~.procs.Output` and :class:`~.procs.Exited`. The run decides what
+:class:`~.rank_events.Message`, :class:`~.rank_events.Output` and :class:`~.rank_events.Exited` (:data:`~.rank_events.RankEvent`). The run decides what
 they mean; :meth:`LocalPool.failure` is the one place a rank's error or exit becomes a
 :class:`~nbtrain.kernel.diagnostics.failures.RankFailure`.
 
@@ -46,8 +46,9 @@ from ...wire import protocol as P
 from ..diagnostics.failures import RankFailure, rank_failure
 from ..diagnostics.stacks import request_stacks
 from ..request.config import PoolSpec
-from .channel import Channel, Message
-from .procs import Exited, Output, RankProcesses, stack_file_path, worker_env
+from .channel import Channel
+from .rank_events import Exited, Message, Output, RankEvent
+from .procs import RankProcesses, stack_file_path, worker_env
 from .rankgroup import GroupState, LocalStart
 from .storehost import StoreHost
 from .zygote_handle import ZygoteHandle
@@ -125,13 +126,13 @@ class LocalPool(GroupState):
         """Whether some rank's stdout or stderr may still have something."""
         return self.procs.output_open()
 
-    def poll_events(self, timeout: float) -> list:
+    def poll_events(self, timeout: float) -> list[RankEvent]:
         """Wait up to ``timeout`` for anything from the ranks; return the events (exits last)."""
         if not self.channel.connected():
             timeout = min(timeout, 0.05)  # connections still arriving through the accept thread
         conns, pipes = self.channel.waitables(), self.procs.waitables()
         sources = list(conns) + list(pipes)
-        events: list = []
+        events: list[RankEvent] = []
         if not sources:
             time.sleep(timeout)
         for ready in wait(sources, timeout) if sources else []:

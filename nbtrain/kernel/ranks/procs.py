@@ -37,21 +37,9 @@ import psutil
 from ...common import proctree
 from ...wire import stop_marks
 from ..request.config import PoolSpec
+from .rank_events import Exited, Output
 from .interpreter import interpreter_env
 from .zygote_handle import ForkedRank, ForkRefused, ZygoteHandle
-
-
-@dataclass(frozen=True)
-class Output:
-    rank: int
-    stream: str  # "stdout" | "stderr"
-    text: str
-
-
-@dataclass(frozen=True)
-class Exited:
-    rank: int
-    code: int  # negative: killed by that signal
 
 
 @dataclass
