@@ -5,8 +5,8 @@ Sub-packages, each importing only those listed above it (checked by tests/test_l
     relay         the ranks' output, displays and prompts, into the cell      (wire only)
     observers     following a run: events, history, registry, runs table, trackers, cost, cold start
     diagnostics   explaining a run: failures, stacks, uneven collectives, advisor, profile
+    ranks         PoolSpec, the RankGroup protocol and this machine's group: LocalPool, processes, channel, zygote
     request       the options and the checked configuration, the cell's analysis and inputs
-    ranks         the RankGroup protocol and this machine's group: LocalPool, processes, channel, zygote
     lifecycle     entry -> restarts -> run: one cell on a rank group; sessions, stop button, waiting
     cluster       several machines: the hub node agents join, NodePool, emulated / ssh / Slurm nodes
     dashboard     the live dashboard under a cell, and %gpus

@@ -20,7 +20,7 @@ import threading
 
 from ..ranks.pool import LocalPool
 from ..ranks.rankgroup import RankGroup
-from ..request.config import PoolSpec
+from ..ranks.spec import PoolSpec
 from .emulated import EmulatedNodes, check_loopback
 from .group import NodePool
 from .hub import Hub

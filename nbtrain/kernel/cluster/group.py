@@ -48,7 +48,7 @@ from ..ranks.pool import Exited, Message, Output
 from ..ranks.storehost import StoreHost
 from ..ranks.zygote_handle import ZygoteHandle
 from ..ranks.rankgroup import GroupState
-from ..request.config import PoolSpec
+from ..ranks.spec import PoolSpec
 from ...wire import nodes as N
 from ...wire import protocol as P
 from ...common.words import count

@@ -16,7 +16,8 @@ from ..observers.runlog import RunLog
 from ..ranks.pool import LocalPool
 from ..ranks.rankgroup import RankGroup
 from ..ranks.starter import RankStarter
-from ..request.config import DEFAULT_KEEP_ALIVE_S, PoolSpec
+from ..ranks.spec import PoolSpec
+from ..request.config import DEFAULT_KEEP_ALIVE_S
 from ..request.notebook_modules import Workdir, fresh_ranks_note, stale_modules
 from .sessions import SessionTable, stale_note
 

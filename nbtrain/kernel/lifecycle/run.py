@@ -50,7 +50,7 @@ from ..relay.displays import PendingDisplays
 from ..relay.output import OutputRelay
 from ..relay.stdin import PendingPrompts
 from ..request.cell import CELL_FILENAME, names_to_return
-from ..request.config import PoolSpec
+from ..ranks.spec import PoolSpec
 from ..request.notebook_modules import notebook_workdir
 from .cellrun import CellRun
 from .phase import RunPhase, checked_next

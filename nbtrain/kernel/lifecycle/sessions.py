@@ -41,7 +41,8 @@ from ...wire import protocol as P
 from ...common.words import count, plural
 from ..observers.history import History
 from ..ranks.rankgroup import RankGroup
-from ..request.config import ConfigError, PoolSpec
+from ..ranks.spec import PoolSpec
+from ..request.config import ConfigError
 
 SESSION_FAILURE_GRACE_S = 3.0  # a session survives a failure only if every rank answers: wait this long for them
 

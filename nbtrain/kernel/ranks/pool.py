@@ -45,7 +45,7 @@ from multiprocessing.connection import wait
 from ...wire import protocol as P
 from ..diagnostics.failures import RankFailure, rank_failure
 from ..diagnostics.stacks import request_stacks
-from ..request.config import PoolSpec
+from .spec import PoolSpec
 from .channel import Channel
 from .rank_events import Exited, Message, Output, RankEvent
 from .procs import RankProcesses, stack_file_path, worker_env

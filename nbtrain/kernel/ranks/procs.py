@@ -36,7 +36,7 @@ import psutil
 
 from ...common import proctree
 from ...wire import stop_marks
-from ..request.config import PoolSpec
+from .spec import PoolSpec
 from .rank_events import Exited, Output
 from .interpreter import interpreter_env
 from .zygote_handle import ForkedRank, ForkRefused, ZygoteHandle

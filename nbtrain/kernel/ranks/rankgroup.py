@@ -23,7 +23,7 @@ from typing import Protocol
 
 from ...wire import protocol as P
 from ..diagnostics.failures import RankFailure
-from ..request.config import PoolSpec
+from .spec import PoolSpec
 from .zygote_handle import ZygoteHandle
 
 _group_ids = itertools.count(1)

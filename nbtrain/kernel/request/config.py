@@ -24,6 +24,7 @@ from ..diagnostics.profiling import ProfileOptionError, parse_profile, profile_d
 from ..observers.trackers import TrackerSetupError, tensorboard_dir
 from .hosts import SshSetupError, parse_hosts, parse_remote_python, parse_slurm, parse_ssh_options
 from ..observers.cost import PriceError, parse_price
+from ..ranks.spec import PoolSpec
 from .mistakes import UserInputError
 from .notebook_modules import Workdir, WorkdirGone, notebook_workdir
 from ...wire.agent_options import AgentOptions, PreemptionURLError, check_url
@@ -127,33 +128,6 @@ class LaunchRequest(TrainOptions, AgentOptions):
         None, "--price-per-gpu-hour", "the price of one GPU for an hour (of one core on the CPU): the run's "
         "GPU-hours and cost are shown in the summary, the dashboard and nbtrain.runs()", group="tracking",
         type=float, metavar="PRICE", env="NBTRAIN_PRICE_PER_GPU_HOUR")
-@dataclass(frozen=True)
-class PoolSpec:
-    """What two runs must share to reuse the same warm processes."""
-
-    nprocs: int
-    backend: str
-    device_type: str  # "cuda" | "cpu"
-    gpu_ids: tuple[int, ...]  # physical NVML indices made visible to the ranks
-    timeout_s: float
-    env: tuple[tuple[str, str], ...] = ()
-    nodes: int = 1  # > 1, or rdzv_host set: the ranks run on joined nodes (nbtrain.kernel.cluster)
-    nproc_per_node: int = 0  # with nodes: ranks on each node (nprocs = nodes × nproc_per_node)
-    rdzv_host: str = ""  # with nodes: where the kernel listens for them and hosts the c10d store
-    hosts: tuple[str, ...] = ()  # --hosts: the kernel starts the node agents there over ssh (nbtrain.kernel.cluster.ssh)
-    ssh_options: tuple[str, ...] = ()
-    remote_python: str = ""
-    slurm: tuple[str, ...] | None = None  # --slurm: the agents run as a Slurm job, these sbatch/srun words (nbtrain.kernel.cluster.slurm)
-    min_nodes: int = 0  # elastic --nodes MIN:MAX: MIN (nodes is MAX); 0: exactly `nodes`
-    preemption_url: str = ""  # --preemption-url: what the agents nbtrain starts poll for a spot reclaim
-    last_call_s: float = field(default=0.0, compare=False)  # elastic: the wait for more nodes once MIN joined
-
-    def rank_devices(self) -> list[str]:
-        if self.device_type == "cpu":
-            return ["cpu"] * self.nprocs
-        return [f"cuda:{r % len(self.gpu_ids)}" for r in range(self.nprocs)]
-
-
 @dataclass(frozen=True)
 class LaunchConfig:
     pool: PoolSpec
