@@ -79,7 +79,7 @@ class LocalPool(GroupState):
     def alive(self) -> bool:
         """Ready, not broken, every rank running, and their store too (a flood may have ended its process)."""
         store = self._store
-        return self.ready and not self._broken and self.procs.all_running() and store is not None and store.alive()
+        return self.ready and not self.broken and self.procs.all_running() and store is not None and store.alive()
 
     def serves(self, spec: PoolSpec) -> bool:
         """Whether a cell asking for ``spec`` may run on these warm ranks (if they are alive)."""

@@ -8,13 +8,14 @@ Two implementations stand side by side, neither inheriting the other's parts:
   through the nodes' authenticated links.
 
 :mod:`nbtrain.kernel.lifecycle.run` and :class:`~nbtrain.kernel.lifecycle.pools.PoolManager` know only this protocol.
-:class:`GroupState` is the state both keep alike, written only through its methods: each rank's device once
-it is ready, whether the group is broken (a failure, a stop: never reused), the user's modules its ranks
-imported, and the job ids.
+:class:`GroupState` is the state both keep alike, written only through its methods: its :class:`GroupPhase`
+(forming → ready → broken, broken final: a failure or a stop, never reused), each rank's device once it is
+ready, the user's modules its ranks imported, and the job ids.
 """
 
 from __future__ import annotations
 
+import enum
 import itertools
 import os
 from collections.abc import Callable
@@ -29,6 +30,22 @@ from .zygote_handle import ZygoteHandle
 _group_ids = itertools.count(1)
 
 
+class GroupPhase(enum.Enum):
+    """A rank group's life, written only by :meth:`GroupState._enter` (as torch elastic's ``WorkerState``)."""
+
+    FORMING = "forming"  # started; not every rank has joined the process group yet
+    READY = "ready"  # every rank joined: the group can run cells, and stays warm between them
+    BROKEN = "broken"  # a rank failed or a run was stopped: final, the group is never reused
+
+
+_NEXT = {GroupPhase.FORMING: {GroupPhase.READY, GroupPhase.BROKEN}, GroupPhase.READY: {GroupPhase.BROKEN},
+         GroupPhase.BROKEN: set()}
+
+
+class IllegalGroupChange(RuntimeError):
+    """A change of a group's phase that its life does not have (a bug in nbtrain, never the user's)."""
+
+
 class GroupState:
     """The state every rank group keeps, and the only code that writes it."""
 
@@ -38,7 +55,7 @@ class GroupState:
         self.pool_id = next(_group_ids)
         self.run_id = f"nbtrain-{os.getpid()}-{self.pool_id}"
         self._devices: dict[int, str] = {}
-        self._broken = False
+        self._phase = GroupPhase.FORMING
         self._job_ids = itertools.count(1)
         self._module_stamps: dict[str, tuple] = {}  # path -> stamp of the user's modules the ranks imported
         self._rank_path: tuple[str, ...] = ()  # the ranks' own sys.path (see nbtrain.kernel.request.notebook_modules)
@@ -51,13 +68,27 @@ class GroupState:
     def formed(self, world_size: int) -> None:
         """An elastic group formed with ``world_size`` ranks (from ``spec.min_nodes`` to ``spec.nodes`` nodes)."""
         self._world_size = world_size
+        if self.ready:
+            self._enter(GroupPhase.READY)
+
+    @property
+    def phase(self) -> GroupPhase:
+        return self._phase
+
+    def _enter(self, phase: GroupPhase) -> None:
+        """The one place the phase changes. BROKEN is final: a rank's late Ready does not make a broken group ready."""
+        if phase is self._phase or self._phase is GroupPhase.BROKEN:
+            return
+        if phase not in _NEXT[self._phase]:
+            raise IllegalGroupChange(f"a rank group cannot go from {self._phase.name} to {phase.name}")
+        self._phase = phase
 
     def next_job_id(self) -> int:
         return next(self._job_ids)
 
     @property
     def ready(self) -> bool:
-        """Every rank has joined the process group."""
+        """Every rank has joined the process group (a fact that stays true once the group breaks: see :attr:`phase`)."""
         return len(self._devices) == self.world_size
 
     @property
@@ -68,6 +99,8 @@ class GroupState:
     def mark_ready(self, rank: int, device: str) -> bool:
         """Rank ``rank`` joined the process group on ``device``; returns whether every rank now has."""
         self._devices[rank] = device
+        if self.ready:
+            self._enter(GroupPhase.READY)
         return self.ready
 
     def not_ready(self) -> list[int]:
@@ -75,11 +108,11 @@ class GroupState:
 
     @property
     def broken(self) -> bool:
-        return self._broken
+        return self._phase is GroupPhase.BROKEN
 
     def mark_broken(self) -> None:
         """A rank failed or the run was stopped: this group is never reused."""
-        self._broken = True
+        self._enter(GroupPhase.BROKEN)
 
     @property
     def module_stamps(self) -> dict[str, tuple]:
@@ -114,6 +147,8 @@ class RankGroup(Protocol):
     @property
     def world_size(self) -> int: ...  # the ranks it runs: spec.nprocs, or what an elastic group formed with
     def next_job_id(self) -> int: ...
+    @property
+    def phase(self) -> GroupPhase: ...
     @property
     def ready(self) -> bool: ...
     @property
