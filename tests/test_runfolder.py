@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from nbtrain.wire import runfolder
+from nbtrain.wire.payload import pack_results
 from nbtrain.wire.runfolder import EventKind, RunFolder, RunFolderError, RunState
 from tests.helpers.attacker import needs_root, python_as_attacker
 
@@ -40,16 +41,39 @@ def test_a_reader_follows_a_live_run_from_its_offset_and_sees_every_event_once_i
     folder.metrics(0, [(2, 3.0, {"loss": 1.0})])
     folder.rank_exited(1, 0)
     folder.failure(1, "nothing wrong")
-    folder.results(b"\x80\x05payload")
+    folder.results(pack_results({"model": {"w": [1, 2]}, "n": 3}, ["model", "n", "absent"]))
     folder.finish(RunState.FINISHED)
     rest, end = runfolder.read_events("run-1", offset)
     assert [e["kind"] for e in rest] == ["metrics", "exit", "failure", "results"]
     assert rest[0]["records"] == [[2, 3.0, {"loss": 1.0}]]
-    assert runfolder.results_payload(rest[-1]) == b"\x80\x05payload"
+    assert runfolder.results_of(rest[-1]).names == ("model", "n")
     assert runfolder.read_events("run-1", end) == ([], end)
 
     (run,) = runfolder.list_runs()
     assert (run.run_id, run.state, run.agent_pid, run.nprocs, run.step) == ("run-1", RunState.FINISHED, 4242, 2, 2)
+
+
+def test_a_finished_run_reads_back_as_the_names_and_history_a_blocking_cell_returns(runs):
+    folder = RunFolder("run-5", nprocs=2)
+    for step in range(3):
+        folder.metrics(0, [(step, float(step), {"loss": 1.0 / (step + 1)})])
+        folder.metrics(1, [(step, float(step), {"loss": 9.0})])
+    folder.output(1, "stderr", "warning\n")
+    folder.failure(1, "rank 1 said something")
+    with pytest.raises(RunFolderError, match="still running"):
+        runfolder.replay("run-5")
+    shared = [1, 2]
+    folder.results(pack_results({"a": shared, "b": {"same": shared}}, ["a", "b", "c"]))
+    folder.finish(RunState.FINISHED)
+
+    back = runfolder.replay("run-5")
+    assert back.state is RunState.FINISHED
+    assert back.values == {"a": [1, 2], "b": {"same": [1, 2]}} and back.values["b"]["same"] is back.values["a"]
+    assert back.missing == ("c",) and back.failed == {}
+    assert [record[0] for record in back.history] == [0, 1, 2]
+    assert back.output == [(1, "stderr", "warning\n")] and back.failures == [(1, "rank 1 said something")]
+    with pytest.raises(RunFolderError, match="no run"):
+        runfolder.replay("run-6")
 
 
 def test_a_line_still_being_written_is_left_for_the_next_read(runs):

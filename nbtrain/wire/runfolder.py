@@ -8,13 +8,13 @@ The folder holds two files:
   of ranks and the last step logged; rewritten whole through a temporary file and ``os.replace``, so a reader
   sees the old manifest or the new one, never half of one;
 * ``events.jsonl`` — append-only, one JSON object a line, in the order the kernel would have been told: each
-  rank's output lines, logged metric batches, rank exits, failures' texts and, last, rank 0's results as the
-  bytes of :mod:`.payload`'s format (base64). A reader follows a live run by reading on from the offset it
+  rank's output lines, logged metric batches, rank exits, failures' texts and, last, rank 0's results in
+  :mod:`.payload`'s format (the pickle's bytes in base64, packed without shared memory). A reader follows a live run by reading on from the offset it
   reached (:func:`read_events`).
 
 Both sides import this module: the node agent writes (:class:`RunFolder`), a kernel reads (:func:`list_runs`,
-:func:`read_events`). Nothing here is pickled: the results' bytes are only carried, and unpickled by the
-kernel that asks for them, as a blocking cell's results are.
+:func:`read_events`). The agent never unpickles: the results' bytes are only carried, and unpickled by the
+kernel that asks for them (:func:`replay`), as a blocking cell's results are.
 
 The folders are private (0700, files 0600). A reader judges every entry by ``lstat`` and the descriptor it
 opened (``O_NOFOLLOW``, owner, type) before reading it, so another user's folder, link, FIFO or file in the
@@ -32,7 +32,9 @@ import re
 import stat
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from .payload import Results, unpack_results
 
 MANIFEST = "manifest.json"
 EVENTS = "events.jsonl"
@@ -146,8 +148,12 @@ class RunFolder:
     def failure(self, rank: int, text: str) -> None:
         self._append(EventKind.FAILURE, rank=rank, text=text)
 
-    def results(self, payload: bytes) -> None:
-        self._append(EventKind.RESULTS, payload=base64.b64encode(payload).decode("ascii"))
+    def results(self, results: Results) -> None:
+        """Rank 0's results, packed without shared memory (no kernel may be there to map it): the bundle's
+        bytes are carried, never unpickled, here."""
+        bundle = base64.b64encode(results.bundle).decode("ascii") if results.bundle else None
+        self._append(EventKind.RESULTS, bundle=bundle, names=list(results.names), skipped=dict(results.skipped),
+                     missing=list(results.missing), moved_to_cpu=list(results.moved_to_cpu))
 
     def finish(self, state: RunState) -> None:
         """The run has ended: its state is final and the log is closed."""
@@ -259,6 +265,47 @@ def read_events(run_id: str, offset: int = 0, directory: str | None = None) -> t
     return events, offset + len(whole)
 
 
-def results_payload(event: dict) -> bytes:
-    """A results event's payload bytes, for :mod:`.payload` to unpack in the kernel that asked."""
-    return base64.b64decode(event["payload"])
+def results_of(event: dict) -> Results:
+    """A results event as :mod:`.payload`'s :class:`Results`, for the kernel that asked to unpack."""
+    bundle = event.get("bundle")
+    return Results(bundle=base64.b64decode(bundle) if bundle else None, names=tuple(event.get("names", ())),
+                   skipped=dict(event.get("skipped", {})), missing=tuple(event.get("missing", ())),
+                   moved_to_cpu=list(event.get("moved_to_cpu", [])))
+
+
+@dataclass
+class Replay:
+    """What a blocking cell would have returned, read back from a finished run's folder."""
+
+    state: RunState
+    values: dict = field(default_factory=dict)  # rank 0's names, unpickled
+    failed: dict[str, str] = field(default_factory=dict)  # name -> why it did not come back
+    missing: tuple[str, ...] = ()
+    history: list = field(default_factory=list)  # rank 0's metric records: [step, time, {name: value}]
+    output: list[tuple[int, str, str]] = field(default_factory=list)  # (rank, stream, text), in order
+    failures: list[tuple[int, str]] = field(default_factory=list)  # (rank, text)
+
+
+def replay(run_id: str, directory: str | None = None) -> Replay:
+    """A finished run's names and history, as a blocking cell would have brought them back. The results are
+    unpickled here, in the user's kernel, from the user's own 0600 file that the user's agent wrote."""
+    summary = read_manifest(run_id, directory)
+    if summary is None:
+        raise RunFolderError(f"there is no run {run_id!r} of this user's in {directory or runs_directory()}")
+    if summary.state is RunState.RUNNING:
+        raise RunFolderError(f"run {run_id!r} is still running: follow it with read_events, or wait for its end")
+    events, _ = read_events(run_id, 0, directory)
+    out = Replay(state=summary.state)
+    for event in events:
+        kind = event.get("kind")
+        if kind == EventKind.OUTPUT.value:
+            out.output.append((event["rank"], event["stream"], event["text"]))
+        elif kind == EventKind.METRICS.value and event.get("rank") == 0:
+            out.history.extend(event["records"])
+        elif kind == EventKind.FAILURE.value:
+            out.failures.append((event["rank"], event["text"]))
+        elif kind == EventKind.RESULTS.value:
+            results = results_of(event)
+            out.values, out.failed = unpack_results(results)
+            out.missing = results.missing
+    return out
