@@ -1,0 +1,311 @@
+"""A detached run's folder: what its ranks said, kept on disk for any kernel of the same user to replay.
+
+A run that outlives its kernel is recorded by the node agent that runs its ranks, one folder per run under
+:func:`runs_directory` (``<jupyter data dir>/nbtrain/runs/<run id>/``, ``NBTRAIN_RUNS_DIR`` overrides it).
+The folder holds two files:
+
+* ``manifest.json`` — the run id, its :class:`RunState`'s value, when it started, the agent's pid, the number
+  of ranks and the last step logged; rewritten whole through a temporary file and ``os.replace``, so a reader
+  sees the old manifest or the new one, never half of one;
+* ``events.jsonl`` — append-only, one JSON object a line, in the order the kernel would have been told: each
+  rank's output lines, logged metric batches, rank exits, failures' texts and, last, rank 0's results in
+  :mod:`.payload`'s format (the pickle's bytes in base64, packed without shared memory). A reader follows a live run by reading on from the offset it
+  reached (:func:`read_events`).
+
+Both sides import this module: the node agent writes (:class:`RunFolder`), a kernel reads (:func:`list_runs`,
+:func:`read_events`). The agent never unpickles: the results' bytes are only carried, and unpickled by the
+kernel that asks for them (:func:`replay`), as a blocking cell's results are.
+
+The folders are private (0700, files 0600). A reader judges every entry by ``lstat`` and the descriptor it
+opened (``O_NOFOLLOW``, owner, type) before reading it, so another user's folder, link, FIFO or file in the
+runs directory is passed over, never followed, read or crashed on, and no run of another user is listed.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import enum
+import json
+import os
+import re
+import stat
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from .payload import Results, unpack_results
+
+MANIFEST = "manifest.json"
+EVENTS = "events.jsonl"
+MANIFEST_LIMIT_BYTES = 64 * 1024  # a manifest is a few hundred bytes; a larger file is not one of ours
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+
+
+class RunFolderError(Exception):
+    """A run folder that cannot be made or read safely; the message says what was found and what to do."""
+
+
+class RunState(enum.Enum):
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+
+
+class EventKind(enum.Enum):
+    OUTPUT = "output"  # rank, stream, text: one rank's output lines
+    METRICS = "metrics"  # rank, records: [[step, time, {name: value}], ...], as the ranks log them
+    EXIT = "exit"  # rank, code
+    FAILURE = "failure"  # rank, text: a failure's text as the kernel would show it
+    RESULTS = "results"  # payload: rank 0's results in nbtrain.wire.payload's format, base64
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_id: str
+    state: RunState
+    started: float
+    agent_pid: int
+    nprocs: int
+    step: int | None
+
+
+def runs_directory() -> str:
+    """Where this user's run folders live: ``NBTRAIN_RUNS_DIR``, else ``<jupyter data dir>/nbtrain/runs``.
+
+    The Jupyter data directory is resolved as jupyter_core does on Linux, without importing it: a node agent
+    may run where Jupyter is not installed."""
+    override = os.environ.get("NBTRAIN_RUNS_DIR")
+    if override:
+        return override
+    data = os.environ.get("JUPYTER_DATA_DIR")
+    if not data:
+        xdg = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+        data = os.path.join(xdg, "jupyter")
+    return os.path.join(data, "nbtrain", "runs")
+
+
+def check_run_id(run_id: str) -> str:
+    if not isinstance(run_id, str) or not RUN_ID.match(run_id):
+        raise RunFolderError(f"{run_id!r} is not a run id: use 1 to 64 letters, digits, '_', '-' or '.', "
+                             "starting with a letter or digit")
+    return run_id
+
+
+def _is_own_private_directory(info: os.stat_result) -> bool:
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o077
+
+
+def private_runs_directory(directory: str | None = None) -> str:
+    """The runs directory, made 0700 if it is missing; one that is a link or another user's is refused."""
+    directory = directory or runs_directory()
+    os.makedirs(os.path.dirname(directory) or ".", mode=0o700, exist_ok=True)
+    try:
+        os.mkdir(directory, 0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(directory)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        raise RunFolderError(f"{directory} is not a folder of this user's (a link, a file or another user's "
+                             "folder): remove it, or point NBTRAIN_RUNS_DIR at a folder of your own")
+    if info.st_mode & 0o077:
+        os.chmod(directory, 0o700)
+    return directory
+
+
+class RunFolder:
+    """The writer's side: one run's folder, made by the agent that runs the ranks, which alone writes it."""
+
+    def __init__(self, run_id: str, nprocs: int, agent_pid: int | None = None, directory: str | None = None):
+        self.run_id = check_run_id(run_id)
+        self.path = os.path.join(private_runs_directory(directory), run_id)
+        try:
+            os.mkdir(self.path, 0o700)
+        except FileExistsError:
+            raise RunFolderError(f"a run folder {self.path} already exists: each detached run needs a new "
+                                 "run id") from None
+        self.manifest = {"run_id": run_id, "state": RunState.RUNNING.value, "started": time.time(),
+                         "agent_pid": agent_pid or os.getpid(), "nprocs": int(nprocs), "step": None}
+        self._write_manifest()
+        fd = os.open(os.path.join(self.path, EVENTS),
+                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        self._events = os.fdopen(fd, "ab", buffering=0)
+
+    def output(self, rank: int, stream: str, text: str) -> None:
+        self._append(EventKind.OUTPUT, rank=rank, stream=stream, text=text)
+
+    def metrics(self, rank: int, records: list) -> None:
+        """One batch of logged metrics; rank 0's last step goes into the manifest."""
+        self._append(EventKind.METRICS, rank=rank, records=[[step, when, values] for step, when, values in records])
+        steps = [step for step, _, _ in records if isinstance(step, int)]
+        if rank == 0 and steps:
+            self.manifest["step"] = max(steps)
+            self._write_manifest()
+
+    def rank_exited(self, rank: int, code: int) -> None:
+        self._append(EventKind.EXIT, rank=rank, code=code)
+
+    def failure(self, rank: int, text: str) -> None:
+        self._append(EventKind.FAILURE, rank=rank, text=text)
+
+    def results(self, results: Results) -> None:
+        """Rank 0's results, packed without shared memory (no kernel may be there to map it): the bundle's
+        bytes are carried, never unpickled, here."""
+        bundle = base64.b64encode(results.bundle).decode("ascii") if results.bundle else None
+        self._append(EventKind.RESULTS, bundle=bundle, names=list(results.names), skipped=dict(results.skipped),
+                     missing=list(results.missing), moved_to_cpu=list(results.moved_to_cpu))
+
+    def finish(self, state: RunState) -> None:
+        """The run has ended: its state is final and the log is closed."""
+        self.manifest["state"] = state.value
+        self.manifest["ended"] = time.time()
+        self._write_manifest()
+        self._events.close()
+
+    def _append(self, kind: EventKind, **fields) -> None:
+        # One write() of one whole line on an O_APPEND file: a reader never sees two lines interleaved
+        self._events.write((json.dumps({"kind": kind.value, **fields}) + "\n").encode())
+
+    def _write_manifest(self) -> None:
+        fd, temporary = tempfile.mkstemp(dir=self.path, prefix=".manifest-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as fh:
+                json.dump(self.manifest, fh)
+            os.replace(temporary, os.path.join(self.path, MANIFEST))
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
+            raise
+
+
+def _open_own_file(folder_fd: int, name: str) -> int | None:
+    """A descriptor on ``name`` in the folder, or None unless it is a regular file of this user's (a link, a
+    FIFO or another user's file is never followed, read or waited on)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder_fd)
+    except OSError:
+        return None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+        os.close(fd)
+        return None
+    return fd
+
+
+def _open_own_folder(directory: str, run_id: str) -> int | None:
+    try:
+        fd = os.open(os.path.join(directory, run_id), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    if not _is_own_private_directory(os.fstat(fd)):
+        os.close(fd)
+        return None
+    return fd
+
+
+def _summary(manifest) -> RunSummary | None:
+    try:
+        step = manifest["step"]
+        return RunSummary(run_id=check_run_id(manifest["run_id"]), state=RunState(manifest["state"]),
+                          started=float(manifest["started"]), agent_pid=int(manifest["agent_pid"]),
+                          nprocs=int(manifest["nprocs"]), step=None if step is None else int(step))
+    except (KeyError, TypeError, ValueError, RunFolderError):
+        return None
+
+
+def read_manifest(run_id: str, directory: str | None = None) -> RunSummary | None:
+    """One run's manifest, or None where there is no such run of this user's (or its manifest is not one)."""
+    folder = _open_own_folder(directory or runs_directory(), check_run_id(run_id))
+    if folder is None:
+        return None
+    try:
+        fd = _open_own_file(folder, MANIFEST)
+        if fd is None:
+            return None
+        with os.fdopen(fd, "rb") as fh:
+            data = fh.read(MANIFEST_LIMIT_BYTES + 1)
+    finally:
+        os.close(folder)
+    try:
+        manifest = json.loads(data) if len(data) <= MANIFEST_LIMIT_BYTES else None
+    except ValueError:
+        return None
+    summary = _summary(manifest) if isinstance(manifest, dict) else None
+    return summary if summary is not None and summary.run_id == run_id else None
+
+
+def list_runs(directory: str | None = None) -> list[RunSummary]:
+    """This user's runs, oldest first; anything else in the runs directory is passed over."""
+    directory = directory or runs_directory()
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return []
+    runs = [read_manifest(name, directory) for name in names if RUN_ID.match(name)]
+    return sorted((run for run in runs if run is not None), key=lambda run: run.started)
+
+
+def read_events(run_id: str, offset: int = 0, directory: str | None = None) -> tuple[list[dict], int]:
+    """The whole event lines from byte ``offset`` on, and the offset to read on from next time (a line the
+    agent is still writing is left for then)."""
+    folder = _open_own_folder(directory or runs_directory(), check_run_id(run_id))
+    if folder is None:
+        raise RunFolderError(f"there is no run {run_id!r} of this user's in {directory or runs_directory()}")
+    try:
+        fd = _open_own_file(folder, EVENTS)
+    finally:
+        os.close(folder)
+    if fd is None:
+        raise RunFolderError(f"run {run_id!r} has no event log of this user's")
+    with os.fdopen(fd, "rb") as fh:
+        fh.seek(offset)
+        data = fh.read()
+    whole = data[:data.rfind(b"\n") + 1]
+    events = [json.loads(line) for line in whole.splitlines()]
+    return events, offset + len(whole)
+
+
+def results_of(event: dict) -> Results:
+    """A results event as :mod:`.payload`'s :class:`Results`, for the kernel that asked to unpack."""
+    bundle = event.get("bundle")
+    return Results(bundle=base64.b64decode(bundle) if bundle else None, names=tuple(event.get("names", ())),
+                   skipped=dict(event.get("skipped", {})), missing=tuple(event.get("missing", ())),
+                   moved_to_cpu=list(event.get("moved_to_cpu", [])))
+
+
+@dataclass
+class Replay:
+    """What a blocking cell would have returned, read back from a finished run's folder."""
+
+    state: RunState
+    values: dict = field(default_factory=dict)  # rank 0's names, unpickled
+    failed: dict[str, str] = field(default_factory=dict)  # name -> why it did not come back
+    missing: tuple[str, ...] = ()
+    history: list = field(default_factory=list)  # rank 0's metric records: [step, time, {name: value}]
+    output: list[tuple[int, str, str]] = field(default_factory=list)  # (rank, stream, text), in order
+    failures: list[tuple[int, str]] = field(default_factory=list)  # (rank, text)
+
+
+def replay(run_id: str, directory: str | None = None) -> Replay:
+    """A finished run's names and history, as a blocking cell would have brought them back. The results are
+    unpickled here, in the user's kernel, from the user's own 0600 file that the user's agent wrote."""
+    summary = read_manifest(run_id, directory)
+    if summary is None:
+        raise RunFolderError(f"there is no run {run_id!r} of this user's in {directory or runs_directory()}")
+    if summary.state is RunState.RUNNING:
+        raise RunFolderError(f"run {run_id!r} is still running: follow it with read_events, or wait for its end")
+    events, _ = read_events(run_id, 0, directory)
+    out = Replay(state=summary.state)
+    for event in events:
+        kind = event.get("kind")
+        if kind == EventKind.OUTPUT.value:
+            out.output.append((event["rank"], event["stream"], event["text"]))
+        elif kind == EventKind.METRICS.value and event.get("rank") == 0:
+            out.history.extend(event["records"])
+        elif kind == EventKind.FAILURE.value:
+            out.failures.append((event["rank"], event["text"]))
+        elif kind == EventKind.RESULTS.value:
+            results = results_of(event)
+            out.values, out.failed = unpack_results(results)
+            out.missing = results.missing
+    return out
