@@ -13,8 +13,8 @@ import pytest
 
 from nbtrain.wire import runfolder
 from nbtrain.wire.payload import pack_results
-from nbtrain.wire.runfolder import EventKind, RunFolder, RunFolderError, RunState
-from tests.helpers.attacker import needs_root, python_as_attacker
+from nbtrain.wire.runfolder import EventKind, RunFolder, RunFolderError, RecordedState
+from helpers.attacker import needs_root, python_as_attacker
 
 
 @pytest.fixture
@@ -42,7 +42,7 @@ def test_a_reader_follows_a_live_run_from_its_offset_and_sees_every_event_once_i
     folder.rank_exited(1, 0)
     folder.failure(1, "nothing wrong")
     folder.results(pack_results({"model": {"w": [1, 2]}, "n": 3}, ["model", "n", "absent"]))
-    folder.finish(RunState.FINISHED)
+    folder.finish(RecordedState.FINISHED)
     rest, end = runfolder.read_events("run-1", offset)
     assert [e["kind"] for e in rest] == ["metrics", "exit", "failure", "results"]
     assert rest[0]["records"] == [[2, 3.0, {"loss": 1.0}]]
@@ -50,7 +50,7 @@ def test_a_reader_follows_a_live_run_from_its_offset_and_sees_every_event_once_i
     assert runfolder.read_events("run-1", end) == ([], end)
 
     (run,) = runfolder.list_runs()
-    assert (run.run_id, run.state, run.agent_pid, run.nprocs, run.step) == ("run-1", RunState.FINISHED, 4242, 2, 2)
+    assert (run.run_id, run.state, run.agent_pid, run.nprocs, run.step) == ("run-1", RecordedState.FINISHED, 4242, 2, 2)
 
 
 def test_a_finished_run_reads_back_as_the_names_and_history_a_blocking_cell_returns(runs):
@@ -64,10 +64,10 @@ def test_a_finished_run_reads_back_as_the_names_and_history_a_blocking_cell_retu
         runfolder.replay("run-5")
     shared = [1, 2]
     folder.results(pack_results({"a": shared, "b": {"same": shared}}, ["a", "b", "c"]))
-    folder.finish(RunState.FINISHED)
+    folder.finish(RecordedState.FINISHED)
 
     back = runfolder.replay("run-5")
-    assert back.state is RunState.FINISHED
+    assert back.state is RecordedState.FINISHED
     assert back.values == {"a": [1, 2], "b": {"same": [1, 2]}} and back.values["b"]["same"] is back.values["a"]
     assert back.missing == ("c",) and back.failed == {}
     assert [record[0] for record in back.history] == [0, 1, 2]

@@ -4,7 +4,7 @@ A run that outlives its kernel is recorded by the node agent that runs its ranks
 :func:`runs_directory` (``<jupyter data dir>/nbtrain/runs/<run id>/``, ``NBTRAIN_RUNS_DIR`` overrides it).
 The folder holds two files:
 
-* ``manifest.json`` — the run id, its :class:`RunState`'s value, when it started, the agent's pid, the number
+* ``manifest.json`` — the run id, its :class:`RecordedState`'s value, when it started, the agent's pid, the number
   of ranks and the last step logged; rewritten whole through a temporary file and ``os.replace``, so a reader
   sees the old manifest or the new one, never half of one;
 * ``events.jsonl`` — append-only, one JSON object a line, in the order the kernel would have been told: each
@@ -46,7 +46,7 @@ class RunFolderError(Exception):
     """A run folder that cannot be made or read safely; the message says what was found and what to do."""
 
 
-class RunState(enum.Enum):
+class RecordedState(enum.Enum):
     RUNNING = "running"
     FINISHED = "finished"
     FAILED = "failed"
@@ -63,7 +63,7 @@ class EventKind(enum.Enum):
 @dataclass(frozen=True)
 class RunSummary:
     run_id: str
-    state: RunState
+    state: RecordedState
     started: float
     agent_pid: int
     nprocs: int
@@ -124,7 +124,7 @@ class RunFolder:
         except FileExistsError:
             raise RunFolderError(f"a run folder {self.path} already exists: each detached run needs a new "
                                  "run id") from None
-        self.manifest = {"run_id": run_id, "state": RunState.RUNNING.value, "started": time.time(),
+        self.manifest = {"run_id": run_id, "state": RecordedState.RUNNING.value, "started": time.time(),
                          "agent_pid": agent_pid or os.getpid(), "nprocs": int(nprocs), "step": None}
         self._write_manifest()
         fd = os.open(os.path.join(self.path, EVENTS),
@@ -155,7 +155,7 @@ class RunFolder:
         self._append(EventKind.RESULTS, bundle=bundle, names=list(results.names), skipped=dict(results.skipped),
                      missing=list(results.missing), moved_to_cpu=list(results.moved_to_cpu))
 
-    def finish(self, state: RunState) -> None:
+    def finish(self, state: RecordedState) -> None:
         """The run has ended: its state is final and the log is closed."""
         self.manifest["state"] = state.value
         self.manifest["ended"] = time.time()
@@ -206,7 +206,7 @@ def _open_own_folder(directory: str, run_id: str) -> int | None:
 def _summary(manifest) -> RunSummary | None:
     try:
         step = manifest["step"]
-        return RunSummary(run_id=check_run_id(manifest["run_id"]), state=RunState(manifest["state"]),
+        return RunSummary(run_id=check_run_id(manifest["run_id"]), state=RecordedState(manifest["state"]),
                           started=float(manifest["started"]), agent_pid=int(manifest["agent_pid"]),
                           nprocs=int(manifest["nprocs"]), step=None if step is None else int(step))
     except (KeyError, TypeError, ValueError, RunFolderError):
@@ -277,7 +277,7 @@ def results_of(event: dict) -> Results:
 class Replay:
     """What a blocking cell would have returned, read back from a finished run's folder."""
 
-    state: RunState
+    state: RecordedState
     values: dict = field(default_factory=dict)  # rank 0's names, unpickled
     failed: dict[str, str] = field(default_factory=dict)  # name -> why it did not come back
     missing: tuple[str, ...] = ()
@@ -292,7 +292,7 @@ def replay(run_id: str, directory: str | None = None) -> Replay:
     summary = read_manifest(run_id, directory)
     if summary is None:
         raise RunFolderError(f"there is no run {run_id!r} of this user's in {directory or runs_directory()}")
-    if summary.state is RunState.RUNNING:
+    if summary.state is RecordedState.RUNNING:
         raise RunFolderError(f"run {run_id!r} is still running: follow it with read_events, or wait for its end")
     events, _ = read_events(run_id, 0, directory)
     out = Replay(state=summary.state)
