@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from helpers.labhelp import CHROMIUM, LAUNCH_ARGS, JupyterLab, browser_or_skip, screenshot_path, write_notebook
+from helpers.labhelp import browser_or_skip, lab_page, screenshot_path
 
 from nbtrain.kernel.dashboard import final
 from nbtrain.kernel.dashboard.model import RunModel
@@ -55,42 +55,27 @@ def smallest_text_px() -> float:
 
 
 def test_the_final_pictures_text_stays_readable_in_a_narrow_notebook(tmp_path):
-    lab = JupyterLab(tmp_path, extension_under_test=True)
-    write_notebook(lab.notebooks / "narrow.ipynb", ["%load_ext nbtrain", TRAINING])
-    lab.start()
-    lab.start_session("narrow.ipynb")
-    try:
-        with sync_api.sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS, headless=True)
-            page = browser.new_page(viewport={"width": NARROW + 70, "height": 1000})
-            try:
-                page.goto(f"{lab.url}/lab/tree/narrow.ipynb?reset&token={lab.token}")
-                page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=90_000)
-                cells = page.locator(".jp-Notebook .jp-Cell")
-                sync_api.expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_have_count(
-                    1, timeout=60_000)
-                page.locator(".jp-SideBar.jp-mod-left .lm-TabBar-tab.lm-mod-current").click()  # the file browser closes
-                sync_api.expect(page.locator(".jp-SideBar.jp-mod-left .lm-TabBar-tab.lm-mod-current")).to_have_count(0)
-                notebook = page.locator(".jp-NotebookPanel").evaluate("panel => panel.getBoundingClientRect().width")
-                assert abs(notebook - NARROW) < 20, f"the notebook is {notebook:.0f} px wide"
-                cells.nth(0).locator(".jp-InputArea-editor").click()
-                page.keyboard.press("Shift+Enter")
-                sync_api.expect(cells.nth(0).locator(".jp-InputPrompt")).to_have_text("[1]:", timeout=60_000)
-                page.keyboard.press("Control+Enter")
-                picture = cells.nth(1).locator(".jp-OutputArea img")
-                sync_api.expect(picture).to_have_count(1, timeout=120_000)
-                page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=picture.element_handle())
-                shown, natural = picture.evaluate("img => [img.getBoundingClientRect().width, img.naturalWidth]")
-                on_page = smallest_text_px() * shown / natural
-                print(f"a {notebook:.0f} px notebook shows the {natural} px picture {shown:.0f} px wide: its smallest text "
-                      f"is {on_page:.1f} px on the page")
-                cells.nth(1).screenshot(path=str(screenshot_path("final-narrow.png", tmp_path)))
-                assert on_page >= READABLE_PX, f"the picture's text is {on_page:.1f} px on a {NARROW} px page"
-            except BaseException:
-                page.screenshot(path=str(tmp_path / "failure.png"))
-                print(f"browser at failure: {tmp_path / 'failure.png'}\njupyter lab log:\n{lab.log()}")
-                raise
-            finally:
-                browser.close()
-    finally:
-        lab.stop()
+    sources, viewport = ["%load_ext nbtrain", TRAINING], {"width": NARROW + 70, "height": 1000}
+    with lab_page(tmp_path, "narrow.ipynb", sources, viewport) as (lab, page):
+        page.goto(f"{lab.url}/lab/tree/narrow.ipynb?reset&token={lab.token}")
+        page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=90_000)
+        cells = page.locator(".jp-Notebook .jp-Cell")
+        sync_api.expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_have_count(
+            1, timeout=60_000)
+        page.locator(".jp-SideBar.jp-mod-left .lm-TabBar-tab.lm-mod-current").click()  # the file browser closes
+        sync_api.expect(page.locator(".jp-SideBar.jp-mod-left .lm-TabBar-tab.lm-mod-current")).to_have_count(0)
+        notebook = page.locator(".jp-NotebookPanel").evaluate("panel => panel.getBoundingClientRect().width")
+        assert abs(notebook - NARROW) < 20, f"the notebook is {notebook:.0f} px wide"
+        cells.nth(0).locator(".jp-InputArea-editor").click()
+        page.keyboard.press("Shift+Enter")
+        sync_api.expect(cells.nth(0).locator(".jp-InputPrompt")).to_have_text("[1]:", timeout=60_000)
+        page.keyboard.press("Control+Enter")
+        picture = cells.nth(1).locator(".jp-OutputArea img")
+        sync_api.expect(picture).to_have_count(1, timeout=120_000)
+        page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=picture.element_handle())
+        shown, natural = picture.evaluate("img => [img.getBoundingClientRect().width, img.naturalWidth]")
+        on_page = smallest_text_px() * shown / natural
+        print(f"a {notebook:.0f} px notebook shows the {natural} px picture {shown:.0f} px wide: its smallest text "
+              f"is {on_page:.1f} px on the page")
+        cells.nth(1).screenshot(path=str(screenshot_path("final-narrow.png", tmp_path)))
+        assert on_page >= READABLE_PX, f"the picture's text is {on_page:.1f} px on a {NARROW} px page"

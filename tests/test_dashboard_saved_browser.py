@@ -13,7 +13,7 @@ import re
 import shutil
 
 import pytest
-from helpers.labhelp import CHROMIUM, LAUNCH_ARGS, JupyterLab, browser_or_skip, write_notebook
+from helpers.labhelp import browser_or_skip, lab_page
 
 sync_api = browser_or_skip()
 
@@ -52,61 +52,46 @@ def _text(data: dict) -> str:
 
 
 def test_a_notebook_saved_mid_run_shows_the_latest_state_when_opened_later(tmp_path):
-    lab = JupyterLab(tmp_path, extension_under_test=True)
-    write_notebook(lab.notebooks / "dash.ipynb", ["%load_ext nbtrain", TRAINING])
-    lab.start()
-    lab.start_session("dash.ipynb")
-    try:
-        with sync_api.sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS, headless=True)
-            page = browser.new_page(viewport={"width": 1100, "height": 1000})
-            try:
-                cells = _open(page, lab, "dash.ipynb")
-                cells.nth(0).locator(".jp-InputArea-editor").click()
-                page.keyboard.press("Shift+Enter")
-                sync_api.expect(cells.nth(0).locator(".jp-InputPrompt")).to_have_text("[1]:", timeout=60_000)
-                page.keyboard.press("Control+Enter")
-                output = cells.nth(1).locator(".jp-OutputArea")
-                sync_api.expect(output.locator(".nbt-chart[data-points]")).to_have_count(1, timeout=60_000)
-                words = output.locator(".jp-OutputArea-child").filter(has=page.locator(".nbtrain-snapshot"))
-                # the ticker's refresh reached the page: its words name a step (they said "starting" at first)
-                sync_api.expect(words).to_contain_text(STEP, timeout=30_000)
-                sync_api.expect(words).to_be_hidden()  # the live page shows the dashboard once
-                _save(page)  # as autosave does while the run goes on
-                shutil.copy(lab.notebooks / "dash.ipynb", lab.notebooks / "saved.ipynb")
-                saved = _outputs(lab.notebooks / "saved.ipynb")
-                assert any(WIDGET in d for d in saved), [sorted(d) for d in saved]
-                step = next(int(m.group(1)) for d in saved if (m := STEP.search(_text(d))))
-                assert 0 < step < 399, step  # saved mid-run, with a step the ranks had reached
+    sources, viewport = ["%load_ext nbtrain", TRAINING], {"width": 1100, "height": 1000}
+    with lab_page(tmp_path, "dash.ipynb", sources, viewport) as (lab, page):
+        cells = _open(page, lab, "dash.ipynb")
+        cells.nth(0).locator(".jp-InputArea-editor").click()
+        page.keyboard.press("Shift+Enter")
+        sync_api.expect(cells.nth(0).locator(".jp-InputPrompt")).to_have_text("[1]:", timeout=60_000)
+        page.keyboard.press("Control+Enter")
+        output = cells.nth(1).locator(".jp-OutputArea")
+        sync_api.expect(output.locator(".nbt-chart[data-points]")).to_have_count(1, timeout=60_000)
+        words = output.locator(".jp-OutputArea-child").filter(has=page.locator(".nbtrain-snapshot"))
+        # the ticker's refresh reached the page: its words name a step (they said "starting" at first)
+        sync_api.expect(words).to_contain_text(STEP, timeout=30_000)
+        sync_api.expect(words).to_be_hidden()  # the live page shows the dashboard once
+        _save(page)  # as autosave does while the run goes on
+        shutil.copy(lab.notebooks / "dash.ipynb", lab.notebooks / "saved.ipynb")
+        saved = _outputs(lab.notebooks / "saved.ipynb")
+        assert any(WIDGET in d for d in saved), [sorted(d) for d in saved]
+        step = next(int(m.group(1)) for d in saved if (m := STEP.search(_text(d))))
+        assert 0 < step < 399, step  # saved mid-run, with a step the ranks had reached
 
-                sync_api.expect(output.locator("img")).to_have_count(1, timeout=120_000)  # the run's end
-                sync_api.expect(output).to_contain_text("2 ranks on gloo on cpu finished", timeout=30_000)
-                _save(page)
-                finished = _outputs(lab.notebooks / "dash.ipynb")
-                kinds = [sorted(d) for d in finished]
-                summaries = ["".join(d["text/markdown"]) for d in finished if "text/markdown" in d]
-                assert sum("image/png" in d for d in finished) == 1 and len(summaries) == 1, kinds
-                assert "finished" in summaries[0] and "nbtrain-snapshot" not in summaries[0], summaries
-                assert not any(WIDGET in d for d in finished), kinds
+        sync_api.expect(output.locator("img")).to_have_count(1, timeout=120_000)  # the run's end
+        sync_api.expect(output).to_contain_text("2 ranks on gloo on cpu finished", timeout=30_000)
+        _save(page)
+        finished = _outputs(lab.notebooks / "dash.ipynb")
+        kinds = [sorted(d) for d in finished]
+        summaries = ["".join(d["text/markdown"]) for d in finished if "text/markdown" in d]
+        assert sum("image/png" in d for d in finished) == 1 and len(summaries) == 1, kinds
+        assert "finished" in summaries[0] and "nbtrain-snapshot" not in summaries[0], summaries
+        assert not any(WIDGET in d for d in finished), kinds
 
-                cells = _open(page, lab, "saved.ipynb")  # opened later: its widget's models are gone
-                output = cells.nth(1).locator(".jp-OutputArea")
-                widget = output.locator(".jp-OutputArea-output").filter(has_text="model not found")
-                sync_api.expect(widget).to_have_count(1, timeout=60_000)  # the widget manager gave up on it
-                sync_api.expect(widget).to_be_hidden()
-                sync_api.expect(page.get_by_text("model not found")).to_be_hidden()
-                shown = output.locator(".jp-OutputArea-child").filter(has=page.locator(".nbtrain-snapshot"))
-                sync_api.expect(shown).to_be_visible()
-                sync_api.expect(shown).to_contain_text(f"step {step} of 400")
-                sync_api.expect(shown).to_contain_text("Logged: loss")
-                sync_api.expect(shown).to_contain_text("Last seen at")
-                cells.nth(1).screenshot(path=str(tmp_path / "saved-mid-run.png"))
-                print(f"the reopened cell: {tmp_path / 'saved-mid-run.png'}; it shows step {step}")
-            except BaseException:
-                page.screenshot(path=str(tmp_path / "failure.png"))
-                print(f"browser at failure: {tmp_path / 'failure.png'}\njupyter lab log:\n{lab.log()}")
-                raise
-            finally:
-                browser.close()
-    finally:
-        lab.stop()
+        cells = _open(page, lab, "saved.ipynb")  # opened later: its widget's models are gone
+        output = cells.nth(1).locator(".jp-OutputArea")
+        widget = output.locator(".jp-OutputArea-output").filter(has_text="model not found")
+        sync_api.expect(widget).to_have_count(1, timeout=60_000)  # the widget manager gave up on it
+        sync_api.expect(widget).to_be_hidden()
+        sync_api.expect(page.get_by_text("model not found")).to_be_hidden()
+        shown = output.locator(".jp-OutputArea-child").filter(has=page.locator(".nbtrain-snapshot"))
+        sync_api.expect(shown).to_be_visible()
+        sync_api.expect(shown).to_contain_text(f"step {step} of 400")
+        sync_api.expect(shown).to_contain_text("Logged: loss")
+        sync_api.expect(shown).to_contain_text("Last seen at")
+        cells.nth(1).screenshot(path=str(tmp_path / "saved-mid-run.png"))
+        print(f"the reopened cell: {tmp_path / 'saved-mid-run.png'}; it shows step {step}")

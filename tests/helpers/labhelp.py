@@ -8,6 +8,7 @@ which Jupyter searches first.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -180,3 +181,29 @@ def browser_or_skip():
 def screenshot_path(name: str, scratch: Path) -> Path:
     """docs/NAME when NBTRAIN_SCREENSHOTS=1 (refreshing the README's pictures), else a scratch copy."""
     return DOCS / name if os.environ.get("NBTRAIN_SCREENSHOTS") else Path(scratch) / name
+
+
+@contextlib.contextmanager
+def lab_page(tmp_path: Path, notebook: str, cells: list[str], viewport: dict):
+    """A JupyterLab with the extension under test, ``notebook`` written with ``cells`` and a kernel session on it,
+    and a headless Chromium page: ``(lab, page)``. On a failure a screenshot and the lab's log are printed; the
+    browser and the lab are stopped however the test ends."""
+    sync_api = browser_or_skip()
+    lab = JupyterLab(tmp_path, extension_under_test=True)
+    write_notebook(lab.notebooks / notebook, cells)
+    lab.start()
+    lab.start_session(notebook)
+    try:
+        with sync_api.sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS, headless=True)
+            page = browser.new_page(viewport=viewport)
+            try:
+                yield lab, page
+            except BaseException:
+                page.screenshot(path=str(tmp_path / "failure.png"))
+                print(f"browser at failure: {tmp_path / 'failure.png'}\njupyter lab log:\n{lab.log()}")
+                raise
+            finally:
+                browser.close()
+    finally:
+        lab.stop()
