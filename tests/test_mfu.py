@@ -105,7 +105,7 @@ def test_the_peak_is_looked_up_by_the_gpus_name(name, precision, peak):
 
 def test_the_summary_says_mfu_or_why_there_is_none():
     def words(**fact):
-        return setup_words({0: [{"model": 0, "amp": "bf16"}, {"precision": "bf16", **fact}]})
+        return setup_words({0: [{"model": 0, "amp": "bf16"}, {"precision": "bf16", "steps_timed": 20, **fact}]})
     assert words(tflops=406.0, mfu=41.03, peak_tflops=989.4)[-1] == ("MFU 41 % (406 TFLOP/s of bf16's dense peak "
                                                                      "989 TFLOP/s)")
     assert words(tflops=0.0123, peak_tflops=None, on_cpu=True)[-1] == "12 GFLOP/s per rank (no MFU on the CPU)"
@@ -114,6 +114,7 @@ def test_the_summary_says_mfu_or_why_there_is_none():
     assert words(flops_uncounted="a compiled model's FLOPs are not counted")[-1] == (
         "MFU not measured: a compiled model's FLOPs are not counted")
     assert words(tflops=1.0)[0] == "bf16"  # the step meter's fact is not taken for a model
+    assert words(tflops=1.0, steps_timed=3) == ["bf16"]  # three steps say nothing of a rate
     assert words(tflops=1.0, data_wait=38.2, on_cpu=True)[-1] == "38 % of each step waiting for data"
     assert "waiting for data" not in " ".join(words(tflops=1.0, data_wait=6.0, on_cpu=True))
 

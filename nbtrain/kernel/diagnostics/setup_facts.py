@@ -13,6 +13,7 @@ from ...common.words import count
 
 NOT_A_MODEL = {"shard_state", "shard_unused", "precision"}  # Setup facts that describe no prepared model
 DATA_WAIT_WORTH_SAYING_PCT = 10.0
+MIN_TIMED_STEPS = 5  # steps timed (the first, counted one left out) before the summary speaks of rates
 
 
 def setup_words(setup: dict[int, list[dict]]) -> list[str]:
@@ -40,9 +41,10 @@ def setup_words(setup: dict[int, list[dict]]) -> list[str]:
 def mfu_words(setup: dict[int, list[dict]]) -> list[str]:
     """``["MFU 41 % (406 TFLOP/s of bf16's dense peak 989 TFLOP/s)", "38 % of each step waiting for data"]``, from
     rank 0's step meter (:mod:`nbtrain.rank.train.stepmeter`): the achieved rate alone where the peak is unknown, or
-    why nothing was counted; the data wait where it is at least :data:`DATA_WAIT_WORTH_SAYING_PCT` %."""
+    why nothing was counted; the data wait where it is at least :data:`DATA_WAIT_WORTH_SAYING_PCT` %. Nothing
+    for a cell that timed fewer than :data:`MIN_TIMED_STEPS` steps."""
     fact = step_meter_fact(setup, 0)
-    if fact is None:
+    if fact is None or fact.get("steps_timed", 0) < MIN_TIMED_STEPS:  # a few steps say nothing of a rate
         return []
     words = []
     if fact.get("flops_uncounted"):
