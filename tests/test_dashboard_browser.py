@@ -13,7 +13,7 @@ import re
 import time
 
 import pytest
-from helpers.labhelp import CHROMIUM, LAUNCH_ARGS, JupyterLab, browser_or_skip, screenshot_path, write_notebook
+from helpers.labhelp import browser_or_skip, lab_page, screenshot_path
 
 sync_api = browser_or_skip()
 
@@ -52,36 +52,21 @@ def _in_lab(tmp_path, second_cell: str, check, more_cells: tuple[str, ...] = (),
     """Open a notebook of ``%load_ext nbtrain``, ``second_cell`` and ``more_cells`` in JupyterLab, run the first
     cell, start the second (Ctrl+Enter), then ``check(page, lab, cells)``; on failure, a screenshot and the
     server's log. Any JavaScript error the page logged meanwhile fails the test."""
-    lab = JupyterLab(tmp_path, extension_under_test=True)
-    write_notebook(lab.notebooks / "dash.ipynb", ["%load_ext nbtrain", second_cell, *more_cells])
-    lab.start()
-    lab.start_session("dash.ipynb")
-    try:
-        with sync_api.sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS, headless=True)
-            try:
-                page = browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
-                errors = console_errors(page)
-                page.goto(f"{lab.url}/lab/tree/dash.ipynb?reset&token={lab.token}")
-                page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=90_000)
-                cells = page.locator(".jp-Notebook .jp-Cell")
-                sync_api.expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_have_count(
-                    1, timeout=60_000)
-                cells.nth(0).locator(".jp-InputArea-editor").click()
-                page.keyboard.press("Shift+Enter")
-                sync_api.expect(cells.nth(0).locator(".jp-InputPrompt")).to_have_text("[1]:", timeout=60_000)
-                page.keyboard.press("Control+Enter")
-                check(page, lab, cells)
-                errors = [error for error in errors if not NOT_OURS.search(error)]
-                assert not errors, "the page logged errors:\n" + "\n".join(errors)
-            except BaseException:
-                page.screenshot(path=str(tmp_path / "failure.png"))
-                print(f"browser at failure: {tmp_path / 'failure.png'}\njupyter lab log:\n{lab.log()}")
-                raise
-            finally:
-                browser.close()
-    finally:
-        lab.stop()
+    sources, size = ["%load_ext nbtrain", second_cell, *more_cells], {"width": viewport[0], "height": viewport[1]}
+    with lab_page(tmp_path, "dash.ipynb", sources, size) as (lab, page):
+        errors = console_errors(page)
+        page.goto(f"{lab.url}/lab/tree/dash.ipynb?reset&token={lab.token}")
+        page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=90_000)
+        cells = page.locator(".jp-Notebook .jp-Cell")
+        sync_api.expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_have_count(
+            1, timeout=60_000)
+        cells.nth(0).locator(".jp-InputArea-editor").click()
+        page.keyboard.press("Shift+Enter")
+        sync_api.expect(cells.nth(0).locator(".jp-InputPrompt")).to_have_text("[1]:", timeout=60_000)
+        page.keyboard.press("Control+Enter")
+        check(page, lab, cells)
+        errors = [error for error in errors if not NOT_OURS.search(error)]
+        assert not errors, "the page logged errors:\n" + "\n".join(errors)
 
 
 def test_the_dashboard_renders_updates_and_leaves_a_picture(tmp_path):
