@@ -1,5 +1,5 @@
 """A cell's run path stays narrow: no function on it takes more than five parameters, and run_source's keyword
-options are one checked value (nbtrain/kernel/lifecycle/entry.py's RunOptions); the pool manager starts the ranks;
+options are one checked value (nbtrain/kernel/lifecycle/entry.py's RunOptions); the pool manager hands out started groups;
 the run says what it held (its metering) in its own result or outcome; every event from the ranks goes through
 the run's one dispatcher, which refuses an event of a kind it does not know."""
 
@@ -80,7 +80,7 @@ def test_the_run_gets_its_ranks_started_by_the_pool_manager_alone():
         if module_name.endswith(".pools"):
             continue
         source = inspect.getsource(importlib.import_module(module_name))
-        assert ".starter" not in source, f"{module_name} starts ranks itself instead of through PoolManager.start"
+        assert ".starter" not in source, f"{module_name} starts ranks itself instead of through PoolManager.acquire"
 
 
 @pytest.mark.slow

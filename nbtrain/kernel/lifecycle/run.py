@@ -54,6 +54,7 @@ from ..ranks.spec import PoolSpec
 from ..request.notebook_modules import notebook_workdir
 from .cellrun import CellRun
 from .phase import RunPhase, checked_next
+from .pools import Acquired
 from .preemption import PreemptionWatch
 from .sessions import SESSION_FAILURE_GRACE_S, ended_sentence, kept_sentence, stuck_sentence
 from .stopping import StopButton, stop_button, stop_run
@@ -76,10 +77,11 @@ def _physical_gpu(spec: PoolSpec, device: str | None) -> int | None:
 class _Run:
     """The event loop of one cell on one pool."""
 
-    def __init__(self, cell: CellRun, pool: RankGroup, job: P.Job, inputs: Inputs, warm: bool) -> None:
+    def __init__(self, cell: CellRun, acquired: Acquired, job: P.Job, inputs: Inputs, observers: FanOut) -> None:
+        pool = acquired.pool
         self.cell, self.pool, self.job, self.inputs, self.config = cell, pool, job, inputs, cell.config
-        self.started = time.time()  # when the ranks were asked for (the summary's time counts from it)
-        self.observers, self.warm = FanOut(cell.observers), warm
+        self.started = acquired.asked_at  # when the ranks were asked for (the summary's time counts from it)
+        self.observers, self.warm = observers, acquired.warm
         self.history = History()
         self.marks = StartMarks()  # the cold start's split (nbtrain.kernel.observers.coldstart)
         self.displays = PendingDisplays(cell.write)  # rank 0's figures and display() (nbtrain.rank.display)
@@ -354,24 +356,14 @@ def run_cell(cell: CellRun, inputs: Inputs) -> RunResult:
 
 
 def _run_and_bring_back(cell: CellRun, inputs: Inputs, result_prefix: str, started: float) -> RunResult:
-    config, manager, info = cell.config, cell.manager, cell.info
-    workdir = config.workdir or notebook_workdir()
-    pool, warm, stale_note = manager.acquire(config.pool, config.fresh, workdir, config.session)
-    session = manager.sessions.open(config.session, pool) if config.session else None
-    job = P.Job(pool.next_job_id(), info.source, f"{CELL_FILENAME[:-1]} {id(info):x}>", inputs.data,
-                names_to_return(info, config.out_names), train=config.train, cwd=workdir.cwd, sys_path=workdir.sys_path,
-                result_prefix=result_prefix, shared_files=tuple(inputs.arena.paths), session=config.session,
-                line_offset=info.line_offset)
-    sessions_here = manager.sessions.on(pool)
-    run = _Run(cell, pool, job, inputs, warm)
-    if session is not None:  # the session's series go on (its ranks continue their step counters)
-        run.history = session.history.copy()
-    if stale_note:
-        run.relay.write_direct("stdout", stale_note)
+    observers = FanOut(cell.observers)
     ending = (RunState.FAILED, "nbtrain failed before the run ended")
     with stop_button() as button:  # held until the end is announced: a press while the final picture is drawn is
         try:  # only noted (run_finished is announced here alone, exactly once, however the run ends)
-            result = _drive(run, session, button, sessions_here, started)
+            with button.deferred():  # a press while the group starts is acted on by the run's loop
+                acquired = cell.manager.acquire(cell.config, cell.config.workdir or notebook_workdir())
+            run = _Run(cell, acquired, _job(cell, acquired.pool, inputs, result_prefix), inputs, observers)
+            result = _drive(run, acquired, button, started)
             ending = (RunState.FINISHED, f"{count('rank', len(result.devices))} finished in {result.seconds:.1f} s")
             return result
         except RankFailedError as error:
@@ -385,18 +377,32 @@ def _run_and_bring_back(cell: CellRun, inputs: Inputs, result_prefix: str, start
             raise
         finally:
             with button.deferred():
-                run.notify("run_finished", *ending)
+                observers.notify("run_finished", *ending)
 
 
-def _drive(run: _Run, session, button: StopButton, sessions_here: list, started: float) -> RunResult:
-    """Start the pool unless it is warm, run the loop, and end the run: its results, or its failure raised."""
-    cell, pool, inputs, warm = run.cell, run.pool, run.inputs, run.warm
+def _job(cell: CellRun, pool: RankGroup, inputs: Inputs, result_prefix: str) -> P.Job:
+    """The job every rank of ``pool`` gets: the cell's source, its inputs, and where its results go."""
+    config, info = cell.config, cell.info
+    workdir = config.workdir or notebook_workdir()
+    return P.Job(pool.next_job_id(), info.source, f"{CELL_FILENAME[:-1]} {id(info):x}>", inputs.data,
+                 names_to_return(info, config.out_names), train=config.train, cwd=workdir.cwd,
+                 sys_path=workdir.sys_path, result_prefix=result_prefix, shared_files=tuple(inputs.arena.paths),
+                 session=config.session, line_offset=info.line_offset)
+
+
+def _drive(run: _Run, acquired: Acquired, button: StopButton, started: float) -> RunResult:
+    """Run the loop on the started group and end the run: its results, or its failure raised."""
+    cell, pool, inputs = run.cell, run.pool, run.inputs
     config, manager = cell.config, cell.manager
+    session = manager.sessions.open(config.session, pool) if config.session else None
+    sessions_here = manager.sessions.on(pool)
+    if session is not None:  # the session's series go on (its ranks continue their step counters)
+        run.history = session.history.copy()
+    for note in acquired.notes:
+        if note:
+            run.relay.write_direct("stdout", note)
     try:
         try:
-            with button.deferred():
-                if not warm and (why := manager.start(pool, config.spawn)):
-                    run.relay.write_direct("stdout", why)
             run.loop(button.requested)
         except KeyboardInterrupt:
             stop_run(run, pool, manager, button)  # still under the button: a second press escalates it
