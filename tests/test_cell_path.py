@@ -22,7 +22,11 @@ from nbtrain.kernel.request.config import LaunchRequest
 
 MOST_PARAMETERS = 5
 PATH_MODULES = [f"{lifecycle.__name__}.{m.name}" for m in pkgutil.iter_modules(lifecycle.__path__)] + [
-    "nbtrain.kernel.observers.cost"]
+    # what the run calls on its way: the groups and their launcher, the relay, failures and their report, the log
+    "nbtrain.kernel.observers.cost", "nbtrain.kernel.observers.runlog", "nbtrain.kernel.relay.output",
+    "nbtrain.kernel.diagnostics.failures", "nbtrain.kernel.diagnostics.stacks", "nbtrain.kernel.ranks.pool",
+    "nbtrain.kernel.ranks.rankgroup", "nbtrain.kernel.ranks.starter", "nbtrain.kernel.cluster.group",
+    "nbtrain.kernel.cluster.launcher"]
 
 
 def _functions_of(module):

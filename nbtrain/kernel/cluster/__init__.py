@@ -58,9 +58,9 @@ class Cluster:
             return self._hub
 
     def make_pool(self, spec: PoolSpec) -> RankGroup:
-        if spec.nodes <= 1 and not spec.rdzv_host:
+        if spec.nodes is None:
             return LocalPool(spec)
-        return NodePool(spec, self.hub(spec.rdzv_host), ssh=self.ssh, slurm=self.slurm)
+        return NodePool(spec, self.hub(spec.nodes.rdzv_host), ssh=self.ssh, slurm=self.slurm)
 
     def start_hosts(self, host: str, hosts: tuple[str, ...], options=(), python: str = "",
                     preemption_url: str = "") -> list[str]:

@@ -83,14 +83,16 @@ class RemoteRank:
 
 
 class NodePool(GroupState):
-    """Ranks on ``spec.nodes`` joined nodes, a :class:`~nbtrain.kernel.ranks.rankgroup.RankGroup` (see the module
+    """Ranks on ``spec.nodes.count`` joined nodes, a :class:`~nbtrain.kernel.ranks.rankgroup.RankGroup` (see the module
     docstring)."""
 
     def __init__(self, spec: PoolSpec, hub: Hub, say: Callable[[str], None] | None = None,
                  ssh: SshNodes | None = None, slurm: SlurmNodes | None = None) -> None:
         super().__init__(spec)
+        assert spec.nodes is not None, "a NodePool runs on several machines: its spec has nodes"
+        self.where = spec.nodes
         self._say = say or (lambda text: print(text, flush=True))
-        self.launcher = NodeLauncher(spec, hub, self._say, ssh, slurm)  # the nodes' coming, until the group forms
+        self.launcher = NodeLauncher(spec.nodes, hub, self._say, ssh, slurm)  # the nodes' coming, until the group forms
         self.hub = hub
         self.nodes: list[NodeConn] = []
         self._ranks: dict[int, RemoteRank] = {}  # rank -> what its node said of it
@@ -117,9 +119,9 @@ class NodePool(GroupState):
         if not nodes:
             return
         self.nodes = nodes
-        if self.spec.min_nodes:  # elastic: the world size is decided now
-            self.formed(len(nodes) * self.spec.nproc_per_node)
-        start = N.StartRanks(self.run_id, self.launcher.store_address(), len(nodes), self.spec.nproc_per_node,
+        if self.where.min_nodes:  # elastic: the world size is decided now
+            self.formed(len(nodes) * self.where.nproc_per_node)
+        start = N.StartRanks(self.run_id, self.launcher.store_address(), len(nodes), self.where.nproc_per_node,
                              self.spec.backend, self.spec.device_type, self.spec.timeout_s, self.spec.env, os.getpid())
         for group_rank, node in enumerate(nodes):
             while not node.link.incoming.empty():  # what an earlier pool's ranks said last; the agent's notes are said
@@ -135,7 +137,7 @@ class NodePool(GroupState):
         joined since (torch elastic's scale-up restarts the workers too)."""
         if spec != self.spec:
             return False
-        return not (self.spec.min_nodes and self._started and len(self.nodes) < self.spec.nodes
+        return not (self.where.min_nodes and self._started and len(self.nodes) < self.where.count
                     and self.hub.idle_nodes())
 
     def start_hint(self) -> str:
@@ -164,8 +166,9 @@ class NodePool(GroupState):
         """As on one machine, named by its node, with the node's account of an exit (its error file, a loss)."""
         record = self._known(rank)
         recorded = None if isinstance(cause, P.RemoteError) else record.error
-        return rank_failure(rank, cause, output_tail, starting=rank not in self.devices, error_file_message=recorded,
-                            diagnosis=diagnosis, label=self.rank_label(rank), account=record.account)
+        return rank_failure(cause, RankFailure(rank, output_tail=list(output_tail), starting=rank not in self.devices,
+                                               error_file_message=recorded, diagnosis=diagnosis,
+                                               label=self.rank_label(rank), account=record.account))
 
     def spawn_reason(self) -> str:
         return ""  # the agents start the ranks: the kernel's zygote forks none
@@ -299,8 +302,8 @@ class NodePool(GroupState):
     def _node_ranks(self, node: NodeConn) -> list[int]:
         ranks = [rank for rank, r in self._ranks.items() if r.node is node]
         if not ranks:  # before the rendezvous told us: the ranks it would have had, in join order
-            first = self.nodes.index(node) * self.spec.nproc_per_node
-            ranks = list(range(first, first + self.spec.nproc_per_node))
+            first = self.nodes.index(node) * self.where.nproc_per_node
+            ranks = list(range(first, first + self.where.nproc_per_node))
         return ranks
 
     def _node_failed(self, node: NodeConn, text: str, code: int) -> list:

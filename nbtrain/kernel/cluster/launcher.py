@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 
 from ...common.words import count
-from ..ranks.spec import PoolSpec
+from ..ranks.spec import NodesSpec
 from ..ranks.storehost import StoreHost
 from ..ranks.zygote_handle import ZygoteHandle
 from .elastic import Formation
@@ -26,47 +26,47 @@ StartFailure = tuple[list[int], int, str]
 
 
 class NodeLauncher:
-    """Brings ``spec.nodes`` node agents to the hub and forms the group from them (see the module docstring)."""
+    """Brings ``where.count`` node agents to the hub and forms the group from them (see the module docstring)."""
 
-    def __init__(self, spec: PoolSpec, hub: Hub, say: Callable[[str], None], ssh: SshNodes | None = None,
+    def __init__(self, where: NodesSpec, hub: Hub, say: Callable[[str], None], ssh: SshNodes | None = None,
                  slurm: SlurmNodes | None = None) -> None:
-        self.spec = spec
+        self.where = where
         self.hub = hub
         self.ssh = ssh  # with --hosts: the sessions that start the agents (the Cluster's, kept between pools)
-        self.slurm = slurm if spec.slurm is not None else None  # with --slurm: the job that runs the agents
-        self.formation = Formation(spec.min_nodes or spec.nodes, spec.nodes, spec.last_call_s)
+        self.slurm = slurm if where.slurm is not None else None  # with --slurm: the job that runs the agents
+        self.formation = Formation(where.min_nodes or where.count, where.count, where.last_call_s)
         self._say = say
         self._store: StoreHost | None = None  # the c10d store the group's ranks bootstrap from, on --rdzv-host
 
     # ------------------------------------------------------------------------------- start
     def begin(self, zygote: ZygoteHandle | None) -> None:
         """Start the agents (or say how to), then the store (forked by ``zygote`` where it can)."""
-        spec, hub = self.spec, self.hub
-        if spec.hosts and self.ssh is not None:  # first: the agents start while this kernel imports torch
-            if len(hub.idle_nodes()) < spec.nodes:
-                started = self.ssh.start(spec.hosts, f"{hub.host}:{hub.port}", hub.valid_token(),
-                                         spec.ssh_options, spec.remote_python, spec.preemption_url)
+        where, hub = self.where, self.hub
+        if where.hosts and self.ssh is not None:  # first: the agents start while this kernel imports torch
+            if len(hub.idle_nodes()) < where.count:
+                started = self.ssh.start(where.hosts, f"{hub.host}:{hub.port}", hub.valid_token(),
+                                         where.ssh_options, where.remote_python, where.preemption_url)
                 if started:
                     self._say(f"nbtrain: starting node agents over ssh on {', '.join(started)}")
         elif self.slurm is not None:
             self._start_slurm()
-        elif len(hub.idle_nodes()) < spec.nodes and hub.announce():
+        elif len(hub.idle_nodes()) < where.count and hub.announce():
             self._say(f"nbtrain: waiting for {self.wanted()}; on each node run:\n  {hub.join_command()}\n"
                       f"{hub.join_help()}")
-        self._store = StoreHost(spec.rdzv_host, zygote)
+        self._store = StoreHost(where.rdzv_host, zygote)
 
     def _start_slurm(self) -> None:
         """Submit the agents' job unless one runs or waits already (it was kept when a cell was stopped)."""
-        spec, hub = self.spec, self.hub
-        assert self.slurm is not None and spec.slurm is not None
-        if len(hub.idle_nodes()) >= spec.nodes:
+        where, hub = self.where, self.hub
+        assert self.slurm is not None and where.slurm is not None
+        if len(hub.idle_nodes()) >= where.count:
             return
         if self.slurm.active():
             self._say(self.slurm.news(again=True) or f"nbtrain: waiting for the nodes of Slurm job {self.slurm.job_id}")
             return
         hub.valid_token()  # the file the agents read holds a live token
-        self._say(self.slurm.start(spec.nodes, spec.min_nodes, f"{hub.host}:{hub.port}", hub.token_file.path,
-                                   spec.slurm, spec.remote_python, bool(loopback(hub.host)), spec.preemption_url))
+        self._say(self.slurm.start(where.count, where.min_nodes, f"{hub.host}:{hub.port}", hub.token_file.path,
+                                   where.slurm, where.remote_python, bool(loopback(hub.host)), where.preemption_url))
 
     def form(self) -> list[NodeConn]:
         """The nodes the group starts on, once enough have joined (elastic: once the last call is over); [] until then."""
@@ -77,13 +77,13 @@ class NodeLauncher:
         if self.slurm is not None and (news := self.slurm.news(ask_now=True)):  # nodes joined before a poll saw it run
             self._say(news)
         nodes = idle[:size]
-        if self.spec.min_nodes:  # elastic: said now, with the world size it decided
-            self._say(self.formation.announce([n.name for n in nodes], self.spec.nproc_per_node))
+        if self.where.min_nodes:  # elastic: said now, with the world size it decided
+            self._say(self.formation.announce([n.name for n in nodes], self.where.nproc_per_node))
         return nodes
 
     def store_address(self) -> str:
         assert self._store is not None, "begin() starts the store"
-        return f"{self.spec.rdzv_host}:{self._store.port}"
+        return f"{self.where.rdzv_host}:{self._store.port}"
 
     def start_failures(self) -> list[StartFailure]:
         """Before the ranks start: a host whose ssh session failed, or a Slurm job that ended, fails those ranks in
@@ -91,17 +91,17 @@ class NodeLauncher:
         return self._ssh_failures() + self._slurm_failures()
 
     def _ssh_failures(self) -> list[StartFailure]:
-        spec = self.spec
-        if self.ssh is None or not spec.hosts:
+        where = self.where
+        if self.ssh is None or not where.hosts:
             return []
         failures: list[StartFailure] = []
         for host, why in self.ssh.failed():
-            if host not in spec.hosts:
+            if host not in where.hosts:
                 continue
-            first = spec.hosts.index(host) * spec.nproc_per_node
+            first = where.hosts.index(host) * where.nproc_per_node
             text = f"the node on {host} could not be started over ssh: {why}"
             self._say(f"nbtrain: {text}")
-            failures.append((list(range(first, first + spec.nproc_per_node)), 255, text))
+            failures.append((list(range(first, first + where.nproc_per_node)), 255, text))
         return failures
 
     def _slurm_failures(self) -> list[StartFailure]:
@@ -115,7 +115,7 @@ class NodeLauncher:
         if not why:
             return []
         self._say(f"nbtrain: {why}")
-        return [(list(range(self.spec.nprocs)), 1, f"the node agents' {why}")]
+        return [(list(range(self.where.count * self.where.nproc_per_node)), 1, f"the node agents' {why}")]
 
     def end_reason(self) -> str:
         """Why the Slurm job's nodes went (TIMEOUT, CANCELLED by …), or "" without a job or a reason."""
@@ -124,8 +124,8 @@ class NodeLauncher:
     # ------------------------------------------------------------------------------- words
     def wanted(self) -> str:
         """``2 nodes``, ``1 node``, ``2 to 4 nodes`` (elastic)."""
-        spec = self.spec
-        return f"{spec.min_nodes} to {count('node', spec.nodes)}" if spec.min_nodes else count("node", spec.nodes)
+        where = self.where
+        return f"{where.min_nodes} to {count('node', where.count)}" if where.min_nodes else count("node", where.count)
 
     def start_hint(self) -> str:
         """What a start that takes long waits for, and how to start the missing nodes."""
@@ -135,7 +135,7 @@ class NodeLauncher:
 
     def nodes_joined(self) -> str:
         joined = self.hub.idle_nodes()
-        if self.spec.min_nodes and len(joined) >= self.spec.min_nodes:
+        if self.where.min_nodes and len(joined) >= self.where.min_nodes:
             return ""  # elastic, enough there: the group forms after the last call, no node is missing
         have = ", ".join(f"{n.name} from {n.address}" for n in joined) or "none"
         return f"{len(joined)} of {self.wanted()} joined ({have})"

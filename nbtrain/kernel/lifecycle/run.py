@@ -37,17 +37,17 @@ from ...wire import protocol as P
 from ...wire.payload import Inputs, Results, reason, unpack_results
 from ...wire.shm import new_result_prefix, sweep_prefix
 from ...common.words import count
-from ..diagnostics.failures import RankFailedError, RankFailure, order_failures
+from ..diagnostics.failures import CellPlace, RankFailedError, RankFailure, StopAccount, order_failures
 from ..diagnostics.mismatch import MismatchWatcher
 from ..diagnostics.stacks import whereabouts
 from ..observers.cost import metering_for
-from ..observers.events import FanOut, RankInfo, RunInfo, RunState
+from ..observers.events import FanOut, NodeState, RankInfo, RunInfo, RunState
 from ..observers.coldstart import ColdStart, StartMarks
 from ..observers.history import History, RunResult
 from ..ranks.rank_events import Exited, Message, Output, RankEvent
 from ..ranks.rankgroup import RankGroup
 from ..relay.displays import PendingDisplays
-from ..relay.output import OutputRelay
+from ..relay.output import AtMarks, OutputRelay
 from ..relay.stdin import PendingPrompts
 from ..request.cell import CELL_FILENAME, names_to_return
 from ..ranks.spec import PoolSpec
@@ -98,7 +98,7 @@ class _Run:
         self.phase, self.phase_since = RunPhase.STARTING, time.monotonic()  # changed by _enter() alone
         self.start_deadline = time.monotonic() + cell.config.start_timeout_s
         self.nodes_told_at = 0.0
-        self.nodes_told_states: tuple[str, ...] = ()
+        self.nodes_told_states: tuple[NodeState, ...] = ()
         self.waiting_told_at = 0.0  # a restart waiting for nodes: when it last said so
         # what the run holds: as the spec says until the ranks start, then as the last RunInfo told (an elastic
         # group's size, the nodes' cores) — in the result and the outcome, failed runs' too
@@ -113,8 +113,8 @@ class _Run:
     def _talk_to_ranks(self, nprocs: int) -> None:
         """The relay of the ranks' output and prompts, which label ranks only when there are several."""
         self.prompts = PendingPrompts(self.pool.send_to, self._write, nprocs)  # input() and pdb in a rank
-        self.relay = OutputRelay(self._write, nprocs, shown=self.config.shown_rank, show_display=self.displays.show,
-                                 answer_prompt=self.prompts.answer, label=self.pool.rank_label)
+        self.relay = OutputRelay(self._write, nprocs, self.config.shown_rank,
+                                 AtMarks(self.displays.show, self.prompts.answer), self.pool.rank_label)
 
     def loop(self, stop_requested: threading.Event) -> None:
         while True:
@@ -314,7 +314,7 @@ class _Run:
 
     def where_each_rank_is(self, wait: float) -> dict[int, str]:
         info = self.cell.info
-        return whereabouts(self.pool, self.job.filename, info.source, info.line_offset, wait=wait)
+        return whereabouts(self.pool, CellPlace(self.job.filename, info.source, info.line_offset), wait=wait)
 
     def reported_ranks(self) -> set[int]:
         """The ranks that finished the cell or failed."""
@@ -439,7 +439,8 @@ def _failure(run: _Run) -> RankFailedError:
     stopped = [] if kept else [r for r in range(pool.world_size) if r not in run.failures]
     unfinished = [r for r in stopped if r not in run.done]  # a rank that finished is in nbtrain's loop
     stuck = [] if run.preemption.done else unfinished  # after a preemption's checkpoint they wait, as they should
-    where = whereabouts(pool, job.filename, info.source, info.line_offset, 0.4, stuck) if stuck else {}
+    place = CellPlace(job.filename, info.source, info.line_offset, run.cell.code_name)
+    where = whereabouts(pool, place, 0.4, stuck) if stuck else {}
     if kept:
         run.finish_output()
         manager.release(healthy=True, keep_alive_s=run.config.keep_alive_s)
@@ -450,10 +451,8 @@ def _failure(run: _Run) -> RankFailedError:
         notes = [ended_sentence(ended)] if ended else []
         if ended and unfinished and set(run.failures) <= run.raised:  # the others were in the cell: say why it ended
             notes.insert(0, stuck_sentence(sorted(run.raised), unfinished, pool.spec.backend))
-    error = RankFailedError(list(run.failures.values()), cell_filename=job.filename, cell_source=info.source,
-                            line_offset=info.line_offset, code_name=run.cell.code_name, stopped=stopped,
-                            whereabouts=where, notes=notes, device_type=pool.spec.device_type)
-    return error
+    account = StopAccount(tuple(stopped), where, tuple(notes), pool.spec.device_type)
+    return RankFailedError(list(run.failures.values()), place, account)
 
 
 def _bring_back(run: _Run, seconds: float) -> RunResult:
