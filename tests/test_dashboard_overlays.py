@@ -105,7 +105,7 @@ def test_the_picture_left_after_a_run_draws_the_earlier_runs_beside_it(monkeypat
     import base64
 
     from nbtrain.kernel.dashboard import theme
-    from nbtrain.kernel.dashboard.final import final_figure
+    from nbtrain.kernel.dashboard.final import Beside, final_figure
     from nbtrain.kernel.dashboard.model import RunModel
     from nbtrain.kernel.dashboard.widget import RunDashboard
 
@@ -115,7 +115,7 @@ def test_the_picture_left_after_a_run_draws_the_earlier_runs_beside_it(monkeypat
     model.set_earlier(log.earlier("lr = 0.2\n", ""))
     model.add_metrics(0, [(s, 100.0 + s, {"loss": 1.0 / (s + 1)}) for s in range(20)])
     model.finish(RunState.FINISHED, "2 ranks finished")
-    ax = final_figure(model.store, model.telemetry, "run", 0.6, model.earlier).axes[0]
+    ax = final_figure(model.store, model.telemetry, "run", 0.6, Beside(tuple(model.earlier))).axes[0]
     faded = [line for line in ax.get_lines() if line.get_alpha() == theme.OVERLAY_ALPHA]
     assert [line.get_label() for line in faded] == ["loss · run 1: finished · --amp bf16 · cell line 2: lr = 0.1"]
     assert faded[0].get_linestyle() == "--" and faded[0].get_color() == theme.series_color(0)
@@ -135,7 +135,7 @@ def test_the_picture_follows_this_run_and_marks_how_each_earlier_run_ended():
     """A 20-step run drawn beside a stopped 200-step run and a failed one: the x axis spans this run's 20 steps (it
     spanned the earlier run's 200), each earlier run's label says how it ended, and the legend sits beside the
     plot, over none of its lines (it sat inside the plot, over the curves, where matplotlib found room)."""
-    from nbtrain.kernel.dashboard.final import final_figure
+    from nbtrain.kernel.dashboard.final import Beside, final_figure
     from nbtrain.kernel.dashboard.model import RunModel
 
     log = RunLog()
@@ -145,7 +145,7 @@ def test_the_picture_follows_this_run_and_marks_how_each_earlier_run_ended():
     model.set_earlier(log.earlier("lr = 0.2\n", ""))
     model.add_metrics(0, [(s, 100.0 + s, {"loss": 1.0 / (s + 1)}) for s in range(20)])
     model.finish(RunState.FINISHED, "2 ranks finished")
-    figure = final_figure(model.store, model.telemetry, "run", 0.6, model.earlier)
+    figure = final_figure(model.store, model.telemetry, "run", 0.6, Beside(tuple(model.earlier)))
     ax = figure.axes[0]
     low, high = ax.get_xlim()
     assert low > -1 and 19 <= high < 20, f"the x axis spans {low:.1f} to {high:.1f}, not this run's steps 0 to 19"

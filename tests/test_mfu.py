@@ -195,3 +195,27 @@ def test_the_step_split_under_accumulation_counts_each_micro_steps_backward_apar
     split = next(f for f in result.setup[0] if "split" in f)["split"]
     assert split["data"] > 50 and 0 < split["backward"] < 20, split  # the wait between micro-steps is data's
     assert sum(split.values()) == pytest.approx(100.0, abs=0.01) and split["other"] < 10, split
+
+
+def test_the_final_picture_draws_each_ranks_step_split_as_a_stacked_bar():
+    from matplotlib import colors as matplotlib_colors
+
+    from nbtrain.kernel.dashboard.final import Beside, final_figure
+    from nbtrain.kernel.dashboard.metric_store import MetricStore
+    from nbtrain.kernel.dashboard.step_split import PHASE_COLORS, splits_of
+    from nbtrain.kernel.dashboard.telemetry_series import TelemetrySeries
+
+    split = {"data": 60.0, "forward": 20.0, "backward": 15.0, "optimizer": 4.0, "other": 1.0}
+    setup = {0: [{"model": 0}, {"precision": "fp32", "split": split}],
+             1: [{"precision": "fp32", "split": {**split, "data": 15.0, "other": 46.0}}], 2: [{"model": 0}]}
+    splits = splits_of(setup)
+    assert list(splits) == [0, 1]  # rank 2 sent no split: no bar
+    ax, = final_figure(MetricStore(), TelemetrySeries(), "run", beside=Beside(splits=splits)).axes
+    bars = ax.patches
+    assert len(bars) == 2 * 5
+    widths = [(round(bar.get_y() + bar.get_height() / 2), bar.get_width()) for bar in bars]
+    assert widths[:5] == [(0, 60.0), (0, 20.0), (0, 15.0), (0, 4.0), (0, 1.0)]
+    assert [matplotlib_colors.to_hex(bar.get_facecolor()) for bar in bars[:5]] == list(PHASE_COLORS.values())
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0", "rank 1"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == list(split)
+    assert "60%" in [t.get_text() for t in ax.texts] and "4%" not in [t.get_text() for t in ax.texts]

@@ -21,6 +21,7 @@ from ..observers.events import NodeInfo, RankInfo, RunInfo, RunState
 from .metric_store import MetricStore
 from .progress import Progress, progress
 from .series import DEFAULT_CAPACITY
+from .step_split import splits_of
 from .telemetry_series import TelemetrySeries
 
 
@@ -79,6 +80,11 @@ class RunModel:
         """What limited the run so far, from what was measured so far (:func:`~nbtrain.kernel.diagnostics.advisor.advise`)."""
         with self._evidence_lock:
             return advise(self.evidence)
+
+    def step_splits(self) -> dict[int, dict[str, float]]:
+        """Each rank's step split, as it sent it when the cell ended (:mod:`.step_split`)."""
+        with self._evidence_lock:
+            return splits_of(self.evidence.setup)
 
     def setup_words(self) -> list[str]:
         """Precision, memory format and compile time, as the ranks reported them."""
