@@ -202,7 +202,8 @@ def test_the_final_picture_draws_each_ranks_step_split_as_a_stacked_bar():
 
     from nbtrain.kernel.dashboard.final import Beside, final_figure
     from nbtrain.kernel.dashboard.metric_store import MetricStore
-    from nbtrain.kernel.dashboard.step_split import PHASE_COLORS, splits_of
+    from nbtrain.kernel.dashboard.step_split import PHASE_COLORS
+    from nbtrain.kernel.diagnostics.setup_facts import splits_of
     from nbtrain.kernel.dashboard.telemetry_series import TelemetrySeries
 
     split = {"data": 60.0, "forward": 20.0, "backward": 15.0, "optimizer": 4.0, "other": 1.0}

@@ -16,12 +16,11 @@ import time
 from ...gpu.devices import DeviceReader
 from ...gpu.telemetry import Snapshot, Telemetry
 from ..diagnostics.advisor import Evidence, Hint, advise
-from ..diagnostics.setup_facts import setup_words
+from ..diagnostics.setup_facts import setup_words, splits_of
 from ..observers.events import NodeInfo, RankInfo, RunInfo, RunState
 from .metric_store import MetricStore
 from .progress import Progress, progress
 from .series import DEFAULT_CAPACITY
-from .step_split import splits_of
 from .telemetry_series import TelemetrySeries
 
 
@@ -82,7 +81,7 @@ class RunModel:
             return advise(self.evidence)
 
     def step_splits(self) -> dict[int, dict[str, float]]:
-        """Each rank's step split, as it sent it when the cell ended (:mod:`.step_split`)."""
+        """Each rank's step split, as it sent it when the cell ended (drawn by :mod:`.step_split`)."""
         with self._evidence_lock:
             return splits_of(self.evidence.setup)
 

@@ -1,28 +1,17 @@
 """The final picture's step split: one stacked bar per rank — data, forward, backward, optimizer, other.
 
 Each rank's split is the percent of its steps' time it sent when the cell ended (:mod:`nbtrain.rank.train.stepsplit`,
-in the step meter's fact); a cell that trained on no prepared optimizer has none, and the picture no such row.
+in the step meter's fact, gathered by :func:`~nbtrain.kernel.diagnostics.setup_facts.splits_of`); a cell that trained on no prepared optimizer has none, and the picture no such row.
 Bars side by side show a straggler at a glance: the rank whose data share is four times the others'.
 """
 
 from __future__ import annotations
 
-from ..diagnostics.setup_facts import step_meter_fact
 from . import theme
 
 PHASE_COLORS = {"data": "#d62728", "forward": "#1f77b4", "backward": "#2ca02c", "optimizer": "#9467bd",
                 "other": theme.OTHER_COLOR}
 LABEL_AT_PCT = 8.0  # a segment this wide or wider carries its percent
-
-
-def splits_of(setup: dict[int, list[dict]]) -> dict[int, dict[str, float]]:
-    """``{rank: {phase: percent}}`` of the ranks that sent a step split, in rank order."""
-    found = {}
-    for rank in sorted(setup):
-        fact = step_meter_fact({rank: setup[rank]}, rank)
-        if fact is not None and fact.get("split"):
-            found[rank] = fact["split"]
-    return found
 
 
 def draw_step_split(ax, splits: dict[int, dict[str, float]]) -> None:

@@ -77,6 +77,16 @@ def step_meter_fact(setup: dict[int, list[dict]], rank: int) -> dict | None:
     return next((f for f in facts if "precision" in f), None)
 
 
+def splits_of(setup: dict[int, list[dict]]) -> dict[int, dict[str, float]]:
+    """``{rank: {phase: percent}}`` of the ranks that sent a step split, in rank order."""
+    found = {}
+    for rank in sorted(setup):
+        fact = step_meter_fact({rank: setup[rank]}, rank)
+        if fact is not None and fact.get("split"):
+            found[rank] = fact["split"]
+    return found
+
+
 def _flop_rate(tflops: float) -> str:
     """``406 TFLOP/s``, ``2.1 TFLOP/s``, ``9.3 GFLOP/s``."""
     if tflops >= 1:
