@@ -117,6 +117,8 @@ def test_the_summary_says_mfu_or_why_there_is_none():
     assert words(tflops=1.0, steps_timed=3) == ["bf16"]  # three steps say nothing of a rate
     assert words(tflops=1.0, data_wait=38.2, on_cpu=True)[-1] == "38 % of each step waiting for data"
     assert "waiting for data" not in " ".join(words(tflops=1.0, data_wait=6.0, on_cpu=True))
+    assert words(tflops=406.0, mfu=41.03, peak_tflops=989.4, samples_per_s=4120.4, tokens_per_s=2.1e6)[-3:] == [
+        "MFU 41 % (406 TFLOP/s of bf16's dense peak 989 TFLOP/s)", "4,120 samples/s", "2.1 M tokens/s"]
     split = {"data": 38.2, "forward": 30.4, "backward": 24.9, "optimizer": 5.8, "other": 0.7}
     assert words(tflops=1.0, data_wait=38.2, split=split, on_cpu=True)[-1] == (
         "each step: 38 % data · 30 % forward · 25 % backward · 6 % optimizer")  # under 1 %: left out
@@ -176,6 +178,8 @@ def test_steps_that_wait_for_their_batches_say_so_and_the_advisor_names_the_load
     _, result = run_cell(pools, SLOW_LOADER_CELL)
     fact = next(f for f in result.setup[0] if "data_wait" in f)
     assert fact["data_wait"] > 50 and fact["steps_timed"] >= 50
+    # 2 ranks × 4 samples a step, each step at least the 4 × 10 ms its batch sleeps: at most 200 samples/s
+    assert 40 < fact["samples_per_s"] <= 200 and "tokens_per_s" not in fact, fact
     split = fact["split"]  # percent of the step: the data wait, then the phases the prepared objects timed
     assert list(split) == ["data", "forward", "backward", "optimizer", "other"]
     assert split["data"] == pytest.approx(fact["data_wait"])
@@ -220,3 +224,13 @@ def test_the_final_picture_draws_each_ranks_step_split_as_a_stacked_bar():
     assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0", "rank 1"]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == list(split)
     assert "60%" in [t.get_text() for t in ax.texts] and "4%" not in [t.get_text() for t in ax.texts]
+
+
+def test_a_batch_counts_its_samples_and_token_ids_count_as_tokens():
+    from nbtrain.rank.train.stepmeter import samples_and_tokens
+
+    ids = torch.randint(0, 1000, (8, 128))
+    assert samples_and_tokens(ids) == (8, 8 * 128)
+    assert samples_and_tokens({"input_ids": ids, "labels": ids}) == (8, 8 * 128)  # a Hugging Face batch
+    assert samples_and_tokens((torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,)))) == (16, 0)  # images
+    assert samples_and_tokens(["no", "tensor"]) == (0, 0)

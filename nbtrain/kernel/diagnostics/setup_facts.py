@@ -41,7 +41,8 @@ def setup_words(setup: dict[int, list[dict]]) -> list[str]:
 def mfu_words(setup: dict[int, list[dict]]) -> list[str]:
     """``["MFU 41 % (406 TFLOP/s of bf16's dense peak 989 TFLOP/s)", "each step: 38 % data · 30 % forward · …"]``,
     from rank 0's step meter (:mod:`nbtrain.rank.train.stepmeter`): the achieved rate alone where the peak is
-    unknown, or why nothing was counted; where each step's time went (:func:`split_words`), or from a rank that
+    unknown, or why nothing was counted; the samples (and, for token ids, tokens) per second over every rank;
+    where each step's time went (:func:`split_words`), or from a rank that
     does not split its steps the data wait where it is at least :data:`DATA_WAIT_WORTH_SAYING_PCT` %. Nothing
     for a cell that timed fewer than :data:`MIN_TIMED_STEPS` steps."""
     fact = step_meter_fact(setup, 0)
@@ -58,6 +59,10 @@ def mfu_words(setup: dict[int, list[dict]]) -> list[str]:
         else:
             words.append(f"{achieved} per rank" + (" (no MFU on the CPU)" if fact.get("on_cpu")
                                                    else " (MFU: this GPU's peak is unknown)"))
+    if fact.get("samples_per_s"):
+        words.append(f"{fact['samples_per_s']:,.0f} samples/s")
+    if fact.get("tokens_per_s"):
+        words.append(f"{_count_rate(fact['tokens_per_s'])} tokens/s")
     if fact.get("split"):
         words.append(split_words(fact["split"]))
     elif fact.get("data_wait", 0.0) >= DATA_WAIT_WORTH_SAYING_PCT:
@@ -85,6 +90,13 @@ def splits_of(setup: dict[int, list[dict]]) -> dict[int, dict[str, float]]:
         if fact is not None and fact.get("split"):
             found[rank] = fact["split"]
     return found
+
+
+def _count_rate(per_second: float) -> str:
+    """``2.1 M``, ``412 k``, ``950``."""
+    if per_second >= 1e6:
+        return f"{per_second / 1e6:.1f} M"
+    return f"{per_second / 1e3:.0f} k" if per_second >= 1e4 else f"{per_second:,.0f}"
 
 
 def _flop_rate(tflops: float) -> str:

@@ -109,6 +109,8 @@ class PreparedLoader(DataLoader):
         batch = next(iterator, _END)
         if self._context is not None:
             self._context.meter.data_waited(time.perf_counter() - started)
+            if batch is not _END:
+                self._context.meter.batch_read(batch)
         return batch
 
     def describe(self) -> dict:

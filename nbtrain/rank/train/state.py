@@ -60,7 +60,7 @@ class TrainContext:
         self.auto_resume_checked = False  # see nbtrain.rank.train.checkpoint.auto_resume
         self.pending_save: Callable[[], object] | None = None  # --checkpoint-async: waits for the save in progress
         self.sharded_params: dict[int, object] = {}  # id of a parameter before --shard -> the sharded one (rank/train/shard.py)
-        self.meter = stepmeter.for_device(rank, device, self.amp_dtype)  # step rate, MFU, data wait
+        self.meter = stepmeter.for_device(rank, device, self.amp_dtype, world_size)  # step rate, MFU, data wait
 
     @property
     def distributed(self) -> bool:

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import time
 
+import torch
+
 from . import metrics
 from .flops import FlopCount, peak_of, precision_of
 from .stepsplit import PHASES, StepSplit
@@ -29,15 +31,18 @@ REPORT_S = 2.0  # how often rank 0 logs its rates
 
 
 class _Window:
-    """Seconds, steps, seconds of data wait and seconds per phase (:mod:`.stepsplit`), summed."""
+    """Seconds, steps, seconds of data wait, samples and tokens read, and seconds per phase (:mod:`.stepsplit`),
+    summed."""
 
     def __init__(self) -> None:
         self.seconds, self.steps, self.data_s = 0.0, 0, 0.0
+        self.samples, self.tokens = 0, 0
         self.phases = dict.fromkeys(PHASES, 0.0)
 
     def add(self, other: _Window) -> None:
         self.seconds, self.steps, self.data_s = (self.seconds + other.seconds, self.steps + other.steps,
                                                  self.data_s + other.data_s)
+        self.samples, self.tokens = self.samples + other.samples, self.tokens + other.tokens
         for phase, seconds in other.phases.items():
             self.phases[phase] += seconds
 
@@ -54,8 +59,10 @@ class _Window:
 class StepMeter:
     """One cell's step measurements on one rank (owned by its TrainContext)."""
 
-    def __init__(self, rank: int, precision: str, peak_tflops: float | None, on_cpu: bool) -> None:
+    def __init__(self, rank: int, precision: str, peak_tflops: float | None, on_cpu: bool, world_size: int = 1) -> None:
         self.rank, self.precision, self.peak_tflops, self.on_cpu = rank, precision, peak_tflops, on_cpu
+        self.world_size = world_size  # the ranks reading as many samples as this one: the rate over all of them
+        self._read = (0, 0)  # samples and tokens read since the last optimizer step
         self.flops = FlopCount()
         self.split = StepSplit(on_gpu=not on_cpu)  # forward, backward, optimizer
         self._started: float | None = None  # when the current window began (at an optimizer step)
@@ -73,6 +80,11 @@ class StepMeter:
         """A prepared loader's ``next()`` took ``seconds``."""
         self._data_s += seconds
 
+    def batch_read(self, batch) -> None:
+        """A prepared loader gave ``batch``: its samples, and its tokens where it holds token ids."""
+        samples, tokens = samples_and_tokens(batch)
+        self._read = (self._read[0] + samples, self._read[1] + tokens)
+
     def optimizer_began(self) -> None:
         self.split.optimizer_began()
 
@@ -82,12 +94,14 @@ class StepMeter:
         now = time.perf_counter()
         self.flops.finish()
         data_s, self._data_s = self._data_s, 0.0
+        (samples, tokens), self._read = self._read, (0, 0)
         if self._started is None:  # the first step: its window is left out
             self._started = now
             self.split.forget()
             return
         window = self._window
         window.steps, window.data_s = window.steps + 1, window.data_s + data_s
+        window.samples, window.tokens = window.samples + samples, window.tokens + tokens
         window.seconds = now - self._started
         if window.seconds < REPORT_S:
             return
@@ -99,6 +113,10 @@ class StepMeter:
 
     def rates(self, window: _Window) -> dict[str, float]:
         rates = {"data_wait": 100.0 * window.data_s / window.seconds} if window.seconds > 0 else {}
+        if window.samples and window.seconds > 0:  # over every rank: each reads as many as this one
+            rates["samples_per_s"] = window.samples * self.world_size / window.seconds
+        if window.tokens and window.seconds > 0:
+            rates["tokens_per_s"] = window.tokens * self.world_size / window.seconds
         if self.flops.per_step and window.seconds > 0:
             rates["tflops"] = self.flops.per_step * window.steps / window.seconds / 1e12
             if self.peak_tflops:
@@ -122,7 +140,28 @@ class StepMeter:
         metrics.send_setup(fact)
 
 
-def for_device(rank: int, device, amp_dtype) -> StepMeter:
+def samples_and_tokens(batch) -> tuple[int, int]:
+    """A batch's samples (its first tensor's first dimension) and tokens (that tensor's elements, where it holds
+    integer ids of two dimensions or more: a language model's input); (0, 0) for a batch with no tensor."""
+    first = _first_tensor(batch)
+    if first is None or first.dim() == 0:
+        return 0, 0
+    is_ids = not first.is_floating_point() and not first.is_complex() and first.dtype != torch.bool
+    return int(first.shape[0]), int(first.numel()) if is_ids and first.dim() >= 2 else 0
+
+
+def _first_tensor(batch):
+    if isinstance(batch, torch.Tensor):
+        return batch
+    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
+    for value in values:
+        found = _first_tensor(value)
+        if found is not None:
+            return found
+    return None
+
+
+def for_device(rank: int, device, amp_dtype, world_size: int = 1) -> StepMeter:
     """A rank's StepMeter: the peak of its GPU for the precision in use (none on the CPU)."""
     precision = precision_of(amp_dtype)
-    return StepMeter(rank, precision, peak_of(device, precision), on_cpu=device.type != "cuda")
+    return StepMeter(rank, precision, peak_of(device, precision), device.type != "cuda", world_size)
