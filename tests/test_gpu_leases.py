@@ -178,8 +178,9 @@ def test_shared_server_auto_choice_picks_free_close_gpus_or_says_who_holds_the_r
         assert choice.gpus == (6,) and choice.account == ""
         waiting = choose(4, gpus, held, known_pids={7777}, owner_of=owner)
         assert waiting.gpus == ()
-        assert waiting.account.startswith("waiting for 4 GPUs (1 free): GPU 0 held by root (notebooks/llm.ipynb, "
-                                          "training since ")
+        assert waiting.account.startswith("waiting for 4 GPUs (1 free): GPU 0\u20134 held by root "
+                                          "(notebooks/llm.ipynb, training since ")
+        assert ", GPU 7 held by root (notebooks/llm.ipynb, training since " in waiting.account
         assert waiting.account.endswith("GPU 5 by a process of carol's (python rank/train.py, 38 GiB)")
     finally:
         holder.kill()

@@ -46,7 +46,7 @@ def choose(wanted: int, gpus: list[GpuStatus], leases: list[HeldLease], known_pi
             sum(memory for _, memory in in_use[gpu.index]) < FOREIGN_MEMORY_LIMIT]
     if len(free) >= wanted:
         return Choice(_closest(free, wanted, distance), "")
-    reasons = [describe(lease) for lease in leases]
+    reasons = describe_held(leases)
     for index, processes in sorted(in_use.items()):
         if index in leased:
             continue
@@ -54,6 +54,18 @@ def choose(wanted: int, gpus: list[GpuStatus], leases: list[HeldLease], known_pi
             user, command = owner_of(pid)
             reasons.append(f"GPU {index} by a process of {user}'s ({command}, {memory / GIB:.0f} GiB)")
     return Choice((), f"waiting for {count('GPU', wanted)} ({len(free)} free): " + ", ".join(reasons))
+
+
+def describe_held(leases: list[HeldLease]) -> list[str]:
+    """``GPU 0–1 held by bob (notebooks/llm.ipynb, training since 12:04)``: one phrase per holder's run of GPUs."""
+    runs: list[list[HeldLease]] = []
+    for lease in sorted(leases, key=lambda held: held.gpu):
+        if runs and runs[-1][-1].pid == lease.pid and runs[-1][-1].gpu + 1 == lease.gpu:
+            runs[-1].append(lease)
+        else:
+            runs.append([lease])
+    return [describe(run[0]).replace(f"GPU {run[0].gpu}", f"GPU {run[0].gpu}\u2013{run[-1].gpu}", 1) if len(run) > 1
+            else describe(run[0]) for run in runs]
 
 
 def _foreign(gpu: GpuStatus, known_pids: set[int]) -> list[tuple[int, int]]:

@@ -356,7 +356,8 @@ def run_cell(cell: CellRun, inputs: Inputs) -> RunResult:
 def _run_and_bring_back(cell: CellRun, inputs: Inputs, result_prefix: str, started: float) -> RunResult:
     config, manager, info = cell.config, cell.manager, cell.info
     workdir = config.workdir or notebook_workdir()
-    pool, warm, stale_note = manager.acquire(config.pool, config.fresh, workdir, config.session)
+    spec = manager.lease_gpus(config, lambda text: cell.write("stdout", text))  # may wait in the machine's GPU queue
+    pool, warm, stale_note = manager.acquire(spec, config.fresh, workdir, config.session)
     session = manager.sessions.open(config.session, pool) if config.session else None
     job = P.Job(pool.next_job_id(), info.source, f"{CELL_FILENAME[:-1]} {id(info):x}>", inputs.data,
                 names_to_return(info, config.out_names), train=config.train, cwd=workdir.cwd, sys_path=workdir.sys_path,

@@ -29,6 +29,7 @@ class PoolSpec:
     slurm: tuple[str, ...] | None = None  # --slurm: the agents run as a Slurm job, these sbatch/srun words (nbtrain.kernel.cluster.slurm)
     min_nodes: int = 0  # elastic --nodes MIN:MAX: MIN (nodes is MAX); 0: exactly `nodes`
     preemption_url: str = ""  # --preemption-url: what the agents nbtrain starts poll for a spot reclaim
+    gpu_count: int = 0  # --gpus auto: lease this many free GPUs when the pool starts (gpu_ids then names them)
     last_call_s: float = field(default=0.0, compare=False)  # elastic: the wait for more nodes once MIN joined
 
     def rank_devices(self) -> list[str]:

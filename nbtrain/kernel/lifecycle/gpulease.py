@@ -1,0 +1,108 @@
+"""The GPUs a run leases on a shared server: taken in the kernel before any rank starts, waited for in turn.
+
+A pool on this machine's GPUs holds a lease (:mod:`nbtrain.gpu.leases`) on each GPU it makes visible to its ranks,
+from before its first rank starts until it stops; :class:`~.pools.PoolManager` keeps it with the pool. Only NVML
+is read here (the kernel never initialises CUDA). ``--gpus auto`` gets as many free GPUs as ranks
+(:func:`~nbtrain.gpu.leasechoice.choose`); GPUs named by ``--gpus 0,2`` (or every visible GPU, without ``--gpus``)
+are refused at once when another user leases one, naming who. When the GPUs are not free the cell takes a place
+in the machine's first-come queue (:mod:`nbtrain.gpu.leasequeue`) and says under the cell what it waits for, each
+time that changes; the stop button leaves the queue at once, ``--no-wait`` fails at once with the same words and
+``--gpu-timeout`` after that many seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import psutil
+
+from ...common.words import count, plural
+from ...gpu import leases
+from ...gpu.devices import DeviceReader
+from ...gpu.leasechoice import Choice, choose, describe_held
+from ...gpu.leasequeue import WaitTicket
+from ..observers.registry import kernel_identity
+from ..ranks.spec import PoolSpec
+from ..request.mistakes import UserInputError
+from .checkpoint_lock import NOTEBOOK_ENV
+
+POLL_S = 0.1  # how often a waiting cell looks again: the next in line starts well within a second of a release
+COMMAND_SHOWN = 60  # characters of another process's command line shown
+
+
+class GpusNotFree(UserInputError):
+    """The GPUs asked for are not free and the cell may not wait (longer); the message says who holds them."""
+
+
+def wants_lease(spec: PoolSpec) -> bool:
+    """Whether ``spec``'s ranks use GPUs of this machine (a pool of joined nodes leases nothing here)."""
+    return spec.nodes <= 1 and not spec.rdzv_host and bool(spec.gpu_ids or spec.gpu_count)
+
+
+def lease_gpus(spec: PoolSpec, wait_s: float | None, say: Callable[[str], None]) -> tuple[PoolSpec, leases.Lease]:
+    """Lease the GPUs ``spec`` asks for, waiting in turn up to ``wait_s`` seconds (None: no limit); the spec
+    naming them and the lease. Raises :class:`GpusNotFree`, or KeyboardInterrupt from the stop button."""
+    directory = leases.lease_dir()
+    info = leases.LeaseInfo(notebook=os.environ.get(NOTEBOOK_ENV), kernel_id=kernel_identity()[0])
+    if not spec.gpu_count:
+        _refuse_other_users(spec.gpu_ids, directory)
+    deadline = None if wait_s is None else time.monotonic() + wait_s
+    reader = DeviceReader() if spec.gpu_count else None
+    said = ""
+    try:
+        with WaitTicket(directory) as ticket:
+            while True:
+                ahead = ticket.ahead()
+                choice = _choose(spec, directory, reader)
+                if choice.gpus and not ahead:
+                    try:
+                        return replace(spec, gpu_ids=choice.gpus), leases.take(list(choice.gpus), info, directory)
+                    except leases.LeaseBusy:
+                        continue  # taken by someone else in between: look again
+                account = choice.account or "waiting for GPUs"
+                account += f"; {count('run', ahead)} waiting before this one" if ahead else ""
+                if wait_s == 0:
+                    raise GpusNotFree(f"nbtrain: {account}. --no-wait: the cell did not wait.")
+                if deadline is not None and time.monotonic() > deadline:
+                    raise GpusNotFree(f"nbtrain: {account}. Waited {wait_s:g} s (--gpu-timeout); the cell did not run.")
+                if account != said:
+                    say(f"nbtrain: {account} (the stop button leaves the queue)\n")
+                    said = account
+                time.sleep(POLL_S)
+    finally:
+        if reader is not None:
+            reader.close()
+
+
+def _choose(spec: PoolSpec, directory: str, reader: DeviceReader | None) -> Choice:
+    """The GPUs to take now, or why not in plain words."""
+    held = leases.held(directory)
+    if reader is not None:
+        return choose(spec.gpu_count, reader.read(), held, known_pids=set(), owner_of=_owner_of)
+    in_the_way = [lease for lease in held if lease.gpu in spec.gpu_ids]
+    if not in_the_way:
+        return Choice(spec.gpu_ids, "")
+    free = len(spec.gpu_ids) - len({lease.gpu for lease in in_the_way})
+    return Choice((), f"waiting for {plural('GPU', len(spec.gpu_ids))} {', '.join(map(str, spec.gpu_ids))} "
+                      f"({free} free): " + ", ".join(describe_held(in_the_way)))
+
+
+def _refuse_other_users(gpu_ids: tuple[int, ...], directory: str) -> None:
+    """GPUs pinned by number are not waited for when another user leases them: that user decides when."""
+    theirs = [lease for lease in leases.held(directory) if lease.gpu in gpu_ids and lease.uid != os.geteuid()]
+    if theirs:
+        raise GpusNotFree(f"nbtrain: {', '.join(describe_held(theirs))}. --gpus {','.join(map(str, gpu_ids))} names "
+                          f"GPUs another user leases: ask them, or use --gpus auto to wait for free ones.")
+
+
+def _owner_of(pid: int) -> tuple[str, str]:
+    """(user, command line) of a process NVML lists, as far as this user may see them."""
+    try:
+        process = psutil.Process(pid)
+        user, command = process.username(), " ".join(process.cmdline())
+    except (psutil.Error, KeyError):
+        return "another user", "a process nbtrain cannot see"
+    return user, (command[:COMMAND_SHOWN] + "…" if len(command) > COMMAND_SHOWN else command) or "a process"
