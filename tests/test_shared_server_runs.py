@@ -13,10 +13,13 @@ import re
 import secrets
 import shutil
 import signal
+import subprocess
+import textwrap
 import time
 
 import pytest
 from helpers import fake_nvml
+from helpers.attacker import attacker, attacker_python, needs_root
 from helpers.kernelhelp import Kernel
 
 from nbtrain.gpu import leases
@@ -31,6 +34,18 @@ HOLDING = ("%%distributed 2 --gpus auto --keep-alive 0\n"
 NO_CUDA = "from nbtrain.kernel.request import config\nconfig._torch_has_cuda = lambda: False\n"
 QUICK = ("%%distributed 2 --gpus auto --keep-alive 0{extra}\n"
          "import os, time\nvisible = os.environ['CUDA_VISIBLE_DEVICES']\nstarted = time.time()\n")
+
+
+# Another user's run holding GPU argv[2] (standard library only, as that user has no nbtrain).
+ANOTHER_USERS_LEASE = textwrap.dedent("""
+    import fcntl, json, os, secrets, sys, time
+    path = os.path.join(sys.argv[1], f"gpu-{sys.argv[2]}-{os.geteuid()}-{secrets.token_hex(8)}.lease")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, json.dumps({"notebook": "notebooks/bob.ipynb", "since": time.time(), "state": "busy"}).encode())
+    print("held", flush=True)
+    time.sleep(600)
+""")
 
 
 @pytest.fixture
@@ -124,6 +139,11 @@ def test_shared_server_no_wait_fails_at_once_and_the_stop_button_leaves_the_queu
         assert "waiting for 2 GPUs (0 free): GPU 0\u20133 held by root (notebooks/llm.ipynb, training since" in said
         assert "--no-wait: the cell did not wait" in said
 
+        began = time.monotonic()
+        reply, said = other.execute(QUICK.format(extra=" --gpu-timeout 1"), timeout=60)
+        assert reply["status"] == "error" and 1.0 <= time.monotonic() - began < 10
+        assert "Waited 1 s (--gpu-timeout); the cell did not run" in said
+
         cell = other.start(QUICK.format(extra=""))
         other.collect(cell, 60, until=lambda text: "held by" in text, poll=0.05)
         assert [name for name in os.listdir(shared_machine) if name.endswith(".ticket")]  # its place in the queue
@@ -142,9 +162,34 @@ def test_shared_server_no_wait_fails_at_once_and_the_stop_button_leaves_the_queu
 def test_shared_server_a_sigkilled_kernels_gpu_lease_frees_itself(shared_machine, tmp_path):
     hold = hold_file(tmp_path, "hold")
     with kernels("notebooks/llm.ipynb", "notebooks/next.ipynb") as (doomed, survivor):
+        doomed.run(QUICK.format(extra="").replace(" --keep-alive 0", ""))  # warm ranks keep their GPUs between cells
+        assert [(lease.gpu, lease.state) for lease in leases.held(shared_machine)] == [
+            (0, leases.LeaseState.IDLE_WARM), (1, leases.LeaseState.IDLE_WARM)]
         doomed.start(HOLDING.format(hold=hold).replace("%%distributed 2", "%%distributed 4"))
         wait_for(lambda: len(leased_by(shared_machine, doomed.pid())) == 4)
         os.kill(doomed.pid(), signal.SIGKILL)
         wait_for(lambda: leases.held(shared_machine) == [], timeout=10)
         reply, said = survivor.execute(QUICK.format(extra=" --no-wait"), timeout=120)
         assert reply["status"] == "ok", said
+
+
+@needs_root
+def test_shared_server_pinning_a_gpu_another_user_leases_is_refused_naming_them(shared_machine):
+    who = attacker()
+    other = subprocess.Popen([attacker_python(), "-I", "-c", ANOTHER_USERS_LEASE, shared_machine, "1"],
+                             stdout=subprocess.PIPE, text=True, user=who.pw_uid, group=who.pw_gid, extra_groups=[],
+                             cwd="/", env={"PATH": "/usr/bin"})
+    try:
+        assert other.stdout.readline().strip() == "held"
+        with kernels("notebooks/llm.ipynb") as (kernel,):
+            began = time.monotonic()
+            reply, said = kernel.execute(QUICK.format(extra="").replace("--gpus auto", "--gpus 0,1"), timeout=60)
+            assert reply["status"] == "error" and time.monotonic() - began < 10
+            assert f"GPU 1 held by {who.pw_name} (notebooks/bob.ipynb, training since" in said
+            assert "--gpus 0,1 names GPUs another user leases: ask them, or use --gpus auto" in said
+            assert leases.held(shared_machine)[0].uid == who.pw_uid and len(leases.held(shared_machine)) == 1
+            kernel.run(QUICK.format(extra=""))  # auto passes over the leased GPU
+            assert kernel.run("print(visible)").strip() == "0,2"
+    finally:
+        other.kill()
+        other.wait()
