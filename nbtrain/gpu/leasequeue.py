@@ -29,10 +29,11 @@ class WaitTicket:
         self._fd: int | None = fd
         self.name = os.path.basename(self.path)
 
-    def ahead(self) -> int:
-        """How many waiting runs come before this one (0: its turn)."""
-        order = [ticket.name for ticket in queue_order(waiting(self.directory))]
-        return order.index(self.name) if self.name in order else 0
+    def ahead(self) -> list[Ticket]:
+        """The waiting runs that come before this one (none: its turn)."""
+        order = queue_order(waiting(self.directory))
+        names = [ticket.name for ticket in order]
+        return order[:names.index(self.name)] if self.name in names else []
 
     def leave(self) -> None:
         if self._fd is not None:

@@ -22,7 +22,7 @@ import psutil
 from ...common.words import count, plural
 from ...gpu import leases
 from ...gpu.devices import DeviceReader
-from ...gpu.leasechoice import Choice, choose, describe_held
+from ...gpu.leasechoice import Choice, Ticket, choose, describe_held
 from ...gpu.leasequeue import WaitTicket
 from ..observers.registry import kernel_identity
 from ..ranks.spec import PoolSpec
@@ -63,7 +63,7 @@ def lease_gpus(spec: PoolSpec, wait_s: float | None, say: Callable[[str], None])
                     except leases.LeaseBusy:
                         continue  # taken by someone else in between: look again
                 account = choice.account or "waiting for GPUs"
-                account += f"; {count('run', ahead)} waiting before this one" if ahead else ""
+                account += _queue_words(ahead) if ahead else ""
                 if wait_s == 0:
                     raise GpusNotFree(f"nbtrain: {account}. --no-wait: the cell did not wait.")
                 if deadline is not None and time.monotonic() > deadline:
@@ -75,6 +75,12 @@ def lease_gpus(spec: PoolSpec, wait_s: float | None, say: Callable[[str], None])
     finally:
         if reader is not None:
             reader.close()
+
+
+def _queue_words(ahead: list[Ticket]) -> str:
+    """``; 2 runs wait before this one (bob's, carol's)``: who is in front, from the tickets' owners."""
+    owners = ", ".join(f"{leases.user_name(uid)}'s" for uid in dict.fromkeys(ticket.uid for ticket in ahead))
+    return f"; {count('run', len(ahead))} {'waits' if len(ahead) == 1 else 'wait'} before this one ({owners})"
 
 
 def _choose(spec: PoolSpec, directory: str, reader: DeviceReader | None) -> Choice:

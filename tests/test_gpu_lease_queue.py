@@ -1,0 +1,67 @@
+"""The first-come queue of runs waiting for GPUs: ticket files, a real second Unix user (docs/shared-servers.md)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+import textwrap
+
+import pytest
+from helpers.attacker import attacker, attacker_python, needs_root, plant
+
+from nbtrain.gpu import leases
+from nbtrain.gpu.leasequeue import WaitTicket, waiting
+
+# The other user's lock on a file of theirs, held until killed (standard library only).
+LOCK = textwrap.dedent("""
+    import fcntl, os, sys, time
+    fd = os.open(sys.argv[1], os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    print("locked", flush=True)
+    time.sleep(600)
+""")
+
+
+@pytest.fixture
+def shared_dir():
+    path = f"/tmp/nbtrain-leases-test-{secrets.token_hex(4)}"
+    yield leases.lease_dir({"NBTRAIN_LEASE_DIR": path})
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@needs_root
+def test_gpu_lease_queue_is_first_come_and_counts_only_tickets_their_owner_holds(shared_dir):
+    who = attacker()
+    with WaitTicket(shared_dir) as first:
+        assert first.ahead() == []
+        with WaitTicket(shared_dir) as second:
+            assert [ticket.name for ticket in second.ahead()] == [first.name]
+        assert [ticket.name for ticket in waiting(shared_dir)] == [first.name]  # the second left the queue
+        # Another user's ticket nobody holds, and one named as root's: neither is a place in the queue.
+        plant(os.path.join(shared_dir, f"wait-{who.pw_uid}-{'a' * 16}.ticket"))
+        forged = plant(os.path.join(shared_dir, f"wait-0-{'b' * 16}.ticket"))
+        locker = subprocess.Popen([attacker_python(), "-I", "-c", LOCK, forged], stdout=subprocess.PIPE, text=True,
+                                  user=who.pw_uid, group=who.pw_gid, extra_groups=[], cwd="/", env={"PATH": "/usr/bin"})
+        try:
+            assert locker.stdout.readline().strip() == "locked"
+            with WaitTicket(shared_dir) as late:
+                assert [ticket.name for ticket in late.ahead()] == [first.name]
+        finally:
+            locker.kill()
+            locker.wait()
+        # The other user's own ticket, held: a real place, after the first.
+        theirs = plant(os.path.join(shared_dir, f"wait-{who.pw_uid}-{'c' * 16}.ticket"))
+        locker = subprocess.Popen([attacker_python(), "-I", "-c", LOCK, theirs], stdout=subprocess.PIPE, text=True,
+                                  user=who.pw_uid, group=who.pw_gid, extra_groups=[], cwd="/", env={"PATH": "/usr/bin"})
+        try:
+            assert locker.stdout.readline().strip() == "locked"
+            with WaitTicket(shared_dir) as mine:
+                assert [(ticket.uid, ticket.name) for ticket in mine.ahead()] == [
+                    (0, first.name), (who.pw_uid, os.path.basename(theirs))]
+        finally:
+            locker.kill()
+            locker.wait()
+    assert waiting(shared_dir) == []
+    assert leases.held(shared_dir) == []  # tickets are not leases, and are not reported as strangers either
