@@ -186,7 +186,7 @@ def test_shared_server_pinning_a_gpu_another_user_leases_is_refused_naming_them(
             reply, said = kernel.execute(QUICK.format(extra="").replace("--gpus auto", "--gpus 0,1"), timeout=60)
             assert reply["status"] == "error" and time.monotonic() - began < 10
             assert f"GPU 1 held by {who.pw_name} (notebooks/bob.ipynb, training since" in said
-            assert "--gpus 0,1 names GPUs another user leases: ask them, or use --gpus auto" in said
+            assert "--gpus 0,1: another user leases one of these GPUs; ask them, or use --gpus auto" in said
             assert leases.held(shared_machine)[0].uid == who.pw_uid and len(leases.held(shared_machine)) == 1
             kernel.run(QUICK.format(extra=""))  # auto passes over the leased GPU
             assert kernel.run("print(visible)").strip() == "0,2"

@@ -100,8 +100,8 @@ def _refuse_other_users(gpu_ids: tuple[int, ...], directory: str) -> None:
     """GPUs pinned by number are not waited for when another user leases them: that user decides when."""
     theirs = [lease for lease in leases.held(directory) if lease.gpu in gpu_ids and lease.uid != os.geteuid()]
     if theirs:
-        raise GpusNotFree(f"nbtrain: {', '.join(describe_held(theirs))}. --gpus {','.join(map(str, gpu_ids))} names "
-                          f"GPUs another user leases: ask them, or use --gpus auto to wait for free ones.")
+        raise GpusNotFree(f"nbtrain: {', '.join(describe_held(theirs))}. --gpus {','.join(map(str, gpu_ids))}: another "
+                          f"user leases one of these GPUs; ask them, or use --gpus auto to wait for free ones.")
 
 
 def _owner_of(pid: int) -> tuple[str, str]:
