@@ -75,6 +75,7 @@ def time_queue(directory: str, rounds: int) -> list[float]:
     for _ in range(rounds):
         holder = subprocess.Popen([sys.executable, "-c", HOLDER, directory], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, text=True, env=env)
+        assert holder.stdin is not None and holder.stdout is not None
         assert holder.stdout.readline().strip() == "held"
         got: list[float] = []
         waiting = threading.Event()

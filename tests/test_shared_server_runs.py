@@ -190,6 +190,10 @@ def test_shared_server_pinning_a_gpu_another_user_leases_is_refused_naming_them(
             assert leases.held(shared_machine)[0].uid == who.pw_uid and len(leases.held(shared_machine)) == 1
             kernel.run(QUICK.format(extra=""))  # auto passes over the leased GPU
             assert kernel.run("print(visible)").strip() == "0,2"
+            for _ in range(2):  # a session's next cell runs on the GPUs auto chose for its first
+                kernel.run(QUICK.format(extra=" --session s"))
+            assert kernel.run("print(visible)").strip() == "0,2"
+            kernel.run("%distributed_close s")
     finally:
         other.kill()
         other.wait()

@@ -51,6 +51,9 @@ def choose(wanted: int, gpus: list[GpuStatus], leases: list[HeldLease], known_pi
         if index in leased:
             continue
         for pid, memory in processes:
+            if not pid:
+                reasons.append(f"GPU {index} by processes NVML does not list ({memory / GIB:.0f} GiB used)")
+                continue
             user, command = owner_of(pid)
             reasons.append(f"GPU {index} by a process of {user}'s ({command}, {memory / GIB:.0f} GiB)")
     return Choice((), f"waiting for {count('GPU', wanted)} ({len(free)} free): " + ", ".join(reasons))
@@ -69,9 +72,11 @@ def describe_held(leases: list[HeldLease]) -> list[str]:
 
 
 def _foreign(gpu: GpuStatus, known_pids: set[int]) -> list[tuple[int, int]]:
-    """(pid, bytes) of the processes on ``gpu`` that nbtrain does not know of."""
-    return [(process.pid, process.used_memory or 0) for process in gpu.processes or ()
-            if process.pid not in known_pids]
+    """(pid, bytes) of the processes on ``gpu`` that nbtrain does not know of; where NVML lists none (a container
+    that hides them), the GPU's used memory, as pid 0's."""
+    if gpu.processes is None:
+        return [(0, gpu.memory_used)] if gpu.memory_used and gpu.memory_used >= FOREIGN_MEMORY_LIMIT else []
+    return [(process.pid, process.used_memory or 0) for process in gpu.processes if process.pid not in known_pids]
 
 
 def _closest(free: list[int], size: int, distance: Callable[[int, int], int] | None) -> tuple[int, ...]:

@@ -21,7 +21,7 @@ import psutil
 
 from ...common.words import count, plural
 from ...gpu import leases
-from ...gpu.devices import DeviceReader
+from ...gpu.devices import DeviceReader, GpuStatus
 from ...gpu.leasechoice import Choice, Ticket, choose, describe_held
 from ...gpu.leasequeue import WaitTicket
 from ..observers.registry import kernel_identity
@@ -30,6 +30,7 @@ from ..request.mistakes import UserInputError
 from .checkpoint_lock import NOTEBOOK_ENV
 
 POLL_S = 0.05  # how often a waiting cell looks again (each look costs well under a millisecond)
+NVML_EVERY_S = 1.0  # other processes' GPU memory changes slowly; leases are looked at every POLL_S
 COMMAND_SHOWN = 60  # characters of another process's command line shown
 
 
@@ -42,15 +43,28 @@ def wants_lease(spec: PoolSpec) -> bool:
     return spec.nodes <= 1 and not spec.rdzv_host and bool(spec.gpu_ids or spec.gpu_count)
 
 
+def _lease_info() -> leases.LeaseInfo:
+    return leases.LeaseInfo(notebook=os.environ.get(NOTEBOOK_ENV), kernel_id=kernel_identity()[0])
+
+
+def lease_now(gpu_ids: tuple[int, ...]) -> leases.Lease:
+    """Lease ``gpu_ids`` again at once, out of turn: a pool made anew on GPUs its predecessor just gave back."""
+    try:
+        return leases.take(list(gpu_ids), _lease_info())
+    except leases.LeaseBusy as busy:
+        raise GpusNotFree(f"nbtrain: {', '.join(describe_held(busy.holders))}: taken while this kernel's ranks "
+                          "were started again. Run the cell again to wait for free GPUs.") from None
+
+
 def lease_gpus(spec: PoolSpec, wait_s: float | None, say: Callable[[str], None]) -> tuple[PoolSpec, leases.Lease]:
     """Lease the GPUs ``spec`` asks for, waiting in turn up to ``wait_s`` seconds (None: no limit); the spec
     naming them and the lease. Raises :class:`GpusNotFree`, or KeyboardInterrupt from the stop button."""
     directory = leases.lease_dir()
-    info = leases.LeaseInfo(notebook=os.environ.get(NOTEBOOK_ENV), kernel_id=kernel_identity()[0])
+    info = _lease_info()
     if not spec.gpu_count:
         _refuse_other_users(spec.gpu_ids, directory)
     deadline = None if wait_s is None else time.monotonic() + wait_s
-    reader = DeviceReader() if spec.gpu_count else None
+    reader = _Readings() if spec.gpu_count else None
     said = ""
     try:
         with WaitTicket(directory) as ticket:
@@ -83,11 +97,28 @@ def _queue_words(ahead: list[Ticket]) -> str:
     return f"; {count('run', len(ahead))} {'waits' if len(ahead) == 1 else 'wait'} before this one ({owners})"
 
 
-def _choose(spec: PoolSpec, directory: str, reader: DeviceReader | None) -> Choice:
+class _Readings:
+    """NVML's GPUs and their processes, read again at most every :data:`NVML_EVERY_S` while a cell waits."""
+
+    def __init__(self) -> None:
+        self._reader = DeviceReader()
+        self._gpus: list[GpuStatus] = []
+        self._read_at = -NVML_EVERY_S
+
+    def gpus(self) -> list[GpuStatus]:
+        if time.monotonic() - self._read_at >= NVML_EVERY_S:
+            self._gpus, self._read_at = self._reader.read(), time.monotonic()
+        return self._gpus
+
+    def close(self) -> None:
+        self._reader.close()
+
+
+def _choose(spec: PoolSpec, directory: str, readings: _Readings | None) -> Choice:
     """The GPUs to take now, or why not in plain words."""
     held = leases.held(directory)
-    if reader is not None:
-        return choose(spec.gpu_count, reader.read(), held, known_pids=set(), owner_of=_owner_of)
+    if readings is not None:
+        return choose(spec.gpu_count, readings.gpus(), held, known_pids=set(), owner_of=_owner_of)
     in_the_way = [lease for lease in held if lease.gpu in spec.gpu_ids]
     if not in_the_way:
         return Choice(spec.gpu_ids, "")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import atexit
 import threading
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Protocol
 
 from ...gpu import leases
@@ -95,8 +94,7 @@ class PoolManager:
             pending[1].release()
         if gpulease.wants_lease(pool.spec):
             asked = pending[0] if pending is not None else pool.spec
-            pinned = replace(pool.spec, gpu_count=0)
-            self._gpu_leases[id(pool)] = (asked, gpulease.lease_gpus(pinned, 0, lambda _: None)[1])
+            self._gpu_leases[id(pool)] = (asked, gpulease.lease_now(pool.spec.gpu_ids))
 
     def _stop(self, pool: RankGroup, **how) -> None:
         """Stop ``pool`` (``how``: :meth:`RankGroup.teardown`'s arguments), then give back the GPUs it leased."""
@@ -133,7 +131,11 @@ class PoolManager:
             except BaseException:
                 self._give_back_pending()
                 raise
-            self._hold_gpus(self.pool)
+            try:
+                self._hold_gpus(self.pool)
+            except BaseException:
+                self.pool = None  # made, never started: nothing to stop
+                raise
             return self.pool, False, note
 
     def start(self, pool: RankGroup, spawn: bool) -> str:
