@@ -55,6 +55,7 @@ def shared_machine(monkeypatch, tmp_path):
     for name, value in fake_nvml.process_env(FOUR_GPUS).items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("NBTRAIN_LEASE_DIR", directory)
+    monkeypatch.setenv("NBTRAIN_POLICY", str(tmp_path / "policy.toml"))  # none until a test writes it
     yield leases.lease_dir({"NBTRAIN_LEASE_DIR": directory})
     shutil.rmtree(directory, ignore_errors=True)
 
@@ -157,6 +158,11 @@ def test_shared_server_no_wait_fails_at_once_and_the_stop_button_leaves_the_queu
         assert "NameError" in other.execute("visible")[1]  # the cell never ran
         os.unlink(hold)
         assert holder.collect(held_cell, 60)[0]["status"] == "ok"
+
+        (tmp_path / "policy.toml").write_text("max_gpus_per_user = 1\n")  # the administrator's limit, read by each run
+        reply, said = other.execute(QUICK.format(extra=""), timeout=60)
+        assert reply["status"] == "error"
+        assert "lets each user hold 1 GPU at once; this cell asks for 2. Ask for fewer." in said
 
 
 def test_shared_server_a_sigkilled_kernels_gpu_lease_frees_itself(shared_machine, tmp_path):

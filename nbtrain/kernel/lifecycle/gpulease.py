@@ -20,7 +20,7 @@ from dataclasses import replace
 import psutil
 
 from ...common.words import count, plural
-from ...gpu import leases
+from ...gpu import leasepolicy, leases
 from ...gpu.devices import DeviceReader, GpuStatus
 from ...gpu.leasechoice import Choice, Ticket, choose, describe_held
 from ...gpu.leasequeue import WaitTicket
@@ -61,6 +61,7 @@ def lease_gpus(spec: PoolSpec, wait_s: float | None, say: Callable[[str], None])
     naming them and the lease. Raises :class:`GpusNotFree`, or KeyboardInterrupt from the stop button."""
     directory = leases.lease_dir()
     info = _lease_info()
+    _check_policy(spec, directory)
     if not spec.gpu_count:
         _refuse_other_users(spec.gpu_ids, directory)
     deadline = None if wait_s is None else time.monotonic() + wait_s
@@ -125,6 +126,16 @@ def _choose(spec: PoolSpec, directory: str, readings: _Readings | None) -> Choic
     free = len(spec.gpu_ids) - len({lease.gpu for lease in in_the_way})
     return Choice((), f"waiting for {plural('GPU', len(spec.gpu_ids))} {', '.join(map(str, spec.gpu_ids))} "
                       f"({free} free): " + ", ".join(describe_held(in_the_way)))
+
+
+def _check_policy(spec: PoolSpec, directory: str) -> None:
+    """The administrator's most GPUs per user (:mod:`nbtrain.gpu.leasepolicy`), counting this user's other leases."""
+    try:
+        policy = leasepolicy.load()
+        mine = {lease.gpu for lease in leases.held(directory) if lease.uid == os.geteuid()}
+        policy.check(spec.gpu_count or len(spec.gpu_ids), len(mine))
+    except leasepolicy.PolicyError as exc:
+        raise GpusNotFree(f"nbtrain: {exc}") from None
 
 
 def _refuse_other_users(gpu_ids: tuple[int, ...], directory: str) -> None:
