@@ -104,6 +104,7 @@ def test_shared_server_two_kernels_get_disjoint_gpus_and_a_third_waits_in_turn(s
         held = {lease.gpu: lease for lease in leases.held(shared_machine)}
         assert held[first_gpus[0]].notebook == "notebooks/llm.ipynb"
         assert held[first_gpus[0]].state is leases.LeaseState.BUSY
+        assert held[first_gpus[0]].kernel_id and held[first_gpus[0]].kernel_id in first.km.connection_file
 
         third_cell = third.start(QUICK.format(extra=""))
         _, said = third.collect(third_cell, 60, until=lambda text: "held by" in text and "\n" in text, poll=0.05)

@@ -44,7 +44,12 @@ def wants_lease(spec: PoolSpec) -> bool:
 
 
 def _lease_info() -> leases.LeaseInfo:
-    return leases.LeaseInfo(notebook=os.environ.get(NOTEBOOK_ENV), kernel_id=kernel_identity()[0])
+    """What others see of this kernel's lease: the notebook, and the kernel's id (Jupyter's server names its
+    connection file kernel-<id>.json; a kernel started otherwise is named by its connection file)."""
+    kernel_id, connection_file = kernel_identity()
+    if kernel_id is None and connection_file:
+        kernel_id = os.path.basename(connection_file).removesuffix(".json")
+    return leases.LeaseInfo(notebook=os.environ.get(NOTEBOOK_ENV), kernel_id=kernel_id)
 
 
 def lease_now(gpu_ids: tuple[int, ...]) -> leases.Lease:
