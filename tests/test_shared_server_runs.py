@@ -114,7 +114,7 @@ def test_shared_server_two_kernels_get_disjoint_gpus_and_a_third_waits_in_turn(s
 
         os.unlink(first_hold)  # the first cell ends; its pool stops (--keep-alive 0) and gives its GPUs back
         wait_for(lambda: leased_by(shared_machine, first.pid()) == [], poll=0.002)
-        released = time.monotonic()
+        released, released_at = time.monotonic(), time.time()
         third_gpus = wait_for(lambda: leased_by(shared_machine, third.pid()), poll=0.002)
         queue_s = time.monotonic() - released
         assert sorted(third_gpus) == sorted(first_gpus)
@@ -122,6 +122,8 @@ def test_shared_server_two_kernels_get_disjoint_gpus_and_a_third_waits_in_turn(s
         reply, _ = third.collect(third_cell, 120)
         assert reply["status"] == "ok"
         assert third.run("print(visible)").strip() == ",".join(map(str, sorted(first_gpus)))
+        cell_started_s = float(third.run("print(started)")) - released_at  # rank 0's first line of the cell
+        print(f"release to the queued cell's first line: {cell_started_s * 1000:.0f} ms")
         assert first.collect(first_cell, 60)[0]["status"] == "ok"
         os.unlink(second_hold)
         assert second.collect(second_cell, 60)[0]["status"] == "ok"
