@@ -9,10 +9,12 @@ import subprocess
 import textwrap
 
 import pytest
-from helpers.attacker import attacker, attacker_python, needs_root, plant
+from helpers.attacker import attacker, attacker_python, needs_root, plant, python_as_attacker
 
 from nbtrain.gpu import leases
 from nbtrain.gpu.leasequeue import WaitTicket, waiting
+from nbtrain.kernel.lifecycle.gpulease import GpusNotFree, lease_gpus
+from nbtrain.kernel.ranks.spec import PoolSpec
 
 # The other user's lock on a file of theirs, held until killed (standard library only).
 LOCK = textwrap.dedent("""
@@ -65,3 +67,17 @@ def test_gpu_lease_queue_is_first_come_and_counts_only_tickets_their_owner_holds
             locker.wait()
     assert waiting(shared_dir) == []
     assert leases.held(shared_dir) == []  # tickets are not leases, and are not reported as strangers either
+
+
+@needs_root
+def test_gpu_lease_directory_made_first_by_another_user_refuses_the_cell_naming_the_fix(monkeypatch):
+    path = f"/tmp/nbtrain-leases-test-{secrets.token_hex(4)}"
+    python_as_attacker("import os, sys; os.mkdir(sys.argv[1]); os.chmod(sys.argv[1], 0o1777)", path)
+    monkeypatch.setenv("NBTRAIN_LEASE_DIR", path)
+    try:
+        with pytest.raises(GpusNotFree, match=r"belongs to nbtrain-attacker, who could remove other users' leases; "
+                                              r".*sudo install -d -m 1777 -o root .*The cell did not run"):
+            lease_gpus(PoolSpec(nprocs=1, backend="gloo", device_type="cpu", gpu_ids=(0,), timeout_s=60.0), None, print)
+        assert os.listdir(path) == []  # nothing of the user's was put in the other user's directory
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

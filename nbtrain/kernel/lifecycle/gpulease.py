@@ -64,7 +64,10 @@ def lease_now(gpu_ids: tuple[int, ...]) -> leases.Lease:
 def lease_gpus(spec: PoolSpec, wait_s: float | None, say: Callable[[str], None]) -> tuple[PoolSpec, leases.Lease]:
     """Lease the GPUs ``spec`` asks for, waiting in turn up to ``wait_s`` seconds (None: no limit); the spec
     naming them and the lease. Raises :class:`GpusNotFree`, or KeyboardInterrupt from the stop button."""
-    directory = leases.lease_dir()
+    try:
+        directory = leases.lease_dir()
+    except leases.LeaseDirError as exc:
+        raise GpusNotFree(f"nbtrain: {exc}. The cell did not run: its GPUs could not be leased.") from None
     info = _lease_info()
     _check_policy(spec, directory)
     if not spec.gpu_count:
