@@ -7,10 +7,11 @@
    up — against the same field of ``nvidia-smi -q -x`` (and ``nvidia-smi nvlink -s``), read one after the other
    on an idle GPU (the SM clock may move between the two reads: it is compared within 15 %).
 2. The Xid watcher registers for the GPU's events (or says why not) and counts 0 on a healthy GPU.
-3. What one sample costs, as the live sampler reads it (no PCIe throughput; NVLink and Xid included).
+3. What one sample costs, as the live sampler reads it (no PCIe throughput; NVLink, Xid and GPM included).
 4. A 1-rank run under a bf16 matrix-product load, observed by the dashboard: the advisor's hints, the device
    panel's HTML while the GPU was busy (written to ``DIR/device_panel.html``: docs/device-panel.png is
-   rendered from it) and the heartbeat a node agent sends now (``DIR/heartbeat.json``).
+   rendered from it) and the heartbeat a node agent sends now (``DIR/heartbeat.json``); GPM's SM active (Hopper
+   and later) above 0 while the GPU was busy and near 0 once it is idle, or why the GPU has no GPM.
 
 Prints PASS / FAIL / INFO lines and the raw ``nvidia-smi -q`` to ``DIR``; exits non-zero on a FAIL.
 """
@@ -28,6 +29,7 @@ import time
 import xml.etree.ElementTree as ET
 
 from nbtrain.gpu.devices import DeviceReader
+from nbtrain.gpu.health import describe_activity
 from nbtrain.gpu.health import GpuHealth
 
 # nvidia-smi's clocks event reason tags (…_reason_<name>) -> nbtrain's words (nbtrain.gpu.health.CLOCK_EVENT_REASONS)
@@ -155,6 +157,7 @@ def observed_run(seconds: float, out: str, cpu: bool) -> None:
     dashboard = DashboardObserver(RunDashboard, interval=0.25)
     model = dashboard.model
     busy_panel: list[str] = []
+    busy_sm: list[int] = []  # GPM's SM active in the samples where NVML called the GPU busy
     done = threading.Event()
 
     def keep_busy_panel() -> None:  # the panel as the cell showed it while the GPU worked (the ranks alive)
@@ -162,6 +165,8 @@ def observed_run(seconds: float, out: str, cpu: bool) -> None:
             latest = model.telemetry.latest
             if latest is not None and latest.ranks and any((g.utilization or 0) >= 50 for g in latest.gpus):
                 busy_panel[:] = [devices_html(latest, model.telemetry.sparks())]
+                busy_sm.extend(g.health.sm_active for g in latest.gpus
+                               if g.health is not None and g.health.sm_active is not None)
 
     watcher = threading.Thread(target=keep_busy_panel, daemon=True)
     watcher.start()
@@ -181,6 +186,7 @@ def observed_run(seconds: float, out: str, cpu: bool) -> None:
     with open(os.path.join(out, "device_panel.html"), "w") as f:
         f.write(busy_panel[0] if busy_panel else devices_html(model.telemetry.latest, model.telemetry.sparks()))
     print("summary:", getattr(shown[-1], "text", shown[-1]) if shown else "(none)")
+    gpm_check(busy_sm)
     reader = DeviceReader(xid_events=True)
     try:
         beat = telemetry(reader)
@@ -193,6 +199,27 @@ def observed_run(seconds: float, out: str, cpu: bool) -> None:
     report("PASS" if decoded == beat["gpus"] else "FAIL", "the kernel reads the heartbeat's GPUs back field for field",
            f"{len(decoded)} GPU(s)")
     report("PASS" if not torch.cuda.is_initialized() else "FAIL", "this process never initialised CUDA")
+
+
+def gpm_check(busy_sm: list[int]) -> None:
+    """GPM's SM active: above 0 in the busy samples of the load run, near 0 on the idle GPU now (or why none)."""
+    reader = DeviceReader()
+    try:
+        reader.read()
+        time.sleep(1.0)
+        idle = reader.read()
+    finally:
+        reader.close()
+    for gpu in idle:
+        why = [reason for reason in gpu.health.unread if reason.startswith("GPM")] if gpu.health else ["no health"]
+        if why or gpu.health is None:
+            report("INFO", f"GPU {gpu.index} GPM", why[0])
+            continue
+        report("PASS" if busy_sm and max(busy_sm) > 0 else "FAIL", f"GPU {gpu.index} GPM SM active under load",
+               f"{len(busy_sm)} busy samples, SM active {min(busy_sm, default='N/A')}–{max(busy_sm, default='N/A')} %")
+        idle_sm = gpu.health.sm_active
+        report("PASS" if idle_sm is not None and idle_sm <= 5 else "FAIL", f"GPU {gpu.index} GPM SM active idle",
+               f"{idle_sm} %, {describe_activity(gpu.health)}")
 
 
 def main() -> int:

@@ -1,5 +1,5 @@
 """A cell's run path stays narrow: no function on it takes more than five parameters, and run_source's keyword
-options are one checked value (nbtrain/kernel/lifecycle/entry.py's RunOptions); the pool manager starts the ranks;
+options are one checked value (nbtrain/kernel/lifecycle/entry.py's RunOptions); the pool manager hands out started groups;
 the run says what it held (its metering) in its own result or outcome; every event from the ranks goes through
 the run's one dispatcher, which refuses an event of a kind it does not know."""
 
@@ -22,7 +22,11 @@ from nbtrain.kernel.request.config import LaunchRequest
 
 MOST_PARAMETERS = 5
 PATH_MODULES = [f"{lifecycle.__name__}.{m.name}" for m in pkgutil.iter_modules(lifecycle.__path__)] + [
-    "nbtrain.kernel.observers.cost"]
+    # what the run calls on its way: the groups and their launcher, the relay, failures and their report, the log
+    "nbtrain.kernel.observers.cost", "nbtrain.kernel.observers.runlog", "nbtrain.kernel.relay.output",
+    "nbtrain.kernel.diagnostics.failures", "nbtrain.kernel.diagnostics.stacks", "nbtrain.kernel.ranks.pool",
+    "nbtrain.kernel.ranks.rankgroup", "nbtrain.kernel.ranks.starter", "nbtrain.kernel.cluster.group",
+    "nbtrain.kernel.cluster.launcher"]
 
 
 def _functions_of(module):
@@ -80,7 +84,7 @@ def test_the_run_gets_its_ranks_started_by_the_pool_manager_alone():
         if module_name.endswith(".pools"):
             continue
         source = inspect.getsource(importlib.import_module(module_name))
-        assert ".starter" not in source, f"{module_name} starts ranks itself instead of through PoolManager.start"
+        assert ".starter" not in source, f"{module_name} starts ranks itself instead of through PoolManager.acquire"
 
 
 @pytest.mark.slow

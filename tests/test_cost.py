@@ -14,28 +14,33 @@ from helpers.workers import nbtrain_workers
 from nbtrain.kernel.dashboard.metric_store import MetricStore
 from nbtrain.kernel.dashboard.run_view import run_html
 from nbtrain.kernel.request.config import ConfigError, LaunchRequest, PoolSpec, resolve
+from nbtrain.kernel.ranks.spec import NodesSpec
 from nbtrain.kernel.observers.cost import Metering, metering_for
-from nbtrain.kernel.observers.events import NodeInfo
+from nbtrain.kernel.observers.events import NodeInfo, NodeState
 
 
-def spec(**fields) -> PoolSpec:
+def spec(nodes: int = 0, **fields) -> PoolSpec:
+    """A pool spec; ``nodes``: that many machines of nprocs / nodes ranks each."""
     base = dict(nprocs=2, backend="gloo", device_type="cpu", gpu_ids=(), timeout_s=600.0)
-    return PoolSpec(**{**base, **fields})
+    where = {**base, **fields}
+    if nodes:
+        where["nodes"] = NodesSpec(nodes, where["nprocs"] // nodes, "h")
+    return PoolSpec(**where)
 
 
 def node(name: str, ranks, cpus) -> NodeInfo:
-    return NodeInfo(name, name, "10.0.0.1", tuple(ranks), "running", time.time(), None, None, (), cpus)
+    return NodeInfo(name, name, "10.0.0.1", tuple(ranks), NodeState.RUNNING, time.time(), None, None, (), cpus)
 
 
 @pytest.mark.parametrize("pool, nodes, unit, count", [
     (spec(nprocs=4, backend="nccl", device_type="cuda", gpu_ids=(0, 1, 2, 3)), (), "GPU", 4),
     (spec(nprocs=2, backend="nccl", device_type="cuda", gpu_ids=(0, 1, 2, 3)), (), "GPU", 2),
     (spec(nprocs=8, device_type="cuda", gpu_ids=(0, 2)), (), "GPU", 2),  # gloo: 4 ranks on each GPU, held once
-    (spec(nprocs=16, backend="nccl", device_type="cuda", nodes=2, nproc_per_node=8, rdzv_host="h"), (), "GPU", 16),
+    (spec(nprocs=16, backend="nccl", device_type="cuda", nodes=2), (), "GPU", 16),
     (spec(nprocs=4, env=(("OMP_NUM_THREADS", "3"),)), (), "core", min(12, os.cpu_count() or 1)),
-    (spec(nprocs=4, nodes=2, nproc_per_node=2, rdzv_host="h", env=(("OMP_NUM_THREADS", "1"),)),
+    (spec(nprocs=4, nodes=2, env=(("OMP_NUM_THREADS", "1"),)),
      (node("a", (0, 1), 32), node("b", (2, 3), 32)), "core", 4),
-    (spec(nprocs=4, nodes=2, nproc_per_node=2, rdzv_host="h"),  # the nodes' cores divided among their ranks
+    (spec(nprocs=4, nodes=2),  # the nodes' cores divided among their ranks
      (node("a", (0, 1), 32), node("b", (2, 3), 7)), "core", 32 + 6),
 ])
 def test_a_run_holds_its_gpus_or_its_ranks_cores(pool, nodes, unit, count, monkeypatch):

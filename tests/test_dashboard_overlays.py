@@ -13,7 +13,7 @@ from nbtrain.kernel.dashboard.chart_feed import OVERLAY_POINTS, ChartFeed, reduc
 from nbtrain.kernel.dashboard.metric_store import MetricStore
 from nbtrain.kernel.observers.history import History
 from nbtrain.kernel.observers.events import RunObserver, RunState
-from nbtrain.kernel.observers.runlog import KEEP_SERIES, EarlierRun, RunLog, differences
+from nbtrain.kernel.observers.runlog import KEEP_SERIES, EarlierRun, RunEnd, RunLog, differences
 
 CELL = "import nbtrain\nfor step in range(4):\n    nbtrain.log(loss=LR / (step + 1))\n"
 
@@ -41,8 +41,8 @@ def history(*values: float) -> History:
 def test_the_log_keeps_the_series_of_its_last_runs_that_logged_anything():
     log = RunLog()
     for number in range(KEEP_SERIES + 2):
-        log.add(f"x = {number}\n", "", 0.0, 1.0, 2, history(float(number)), "finished", None)
-    log.add("pass\n", "", 0.0, 1.0, 2, History(), "finished", None)  # nothing logged: nothing to compare with
+        log.add(RunEnd(f"x = {number}\n", "", 0.0, 1.0, 2, RunState.FINISHED), history(float(number)))
+    log.add(RunEnd("pass\n", "", 0.0, 1.0, 2, RunState.FINISHED), History())  # nothing logged: nothing to compare with
     earlier = log.earlier("x = 11\n", "--fresh", count=3)
     assert [run.number for run in earlier] == [10, 11, 12]
     assert [run.label for run in earlier] == ["finished · no --fresh · cell line 2: x = 9",
@@ -105,17 +105,17 @@ def test_the_picture_left_after_a_run_draws_the_earlier_runs_beside_it(monkeypat
     import base64
 
     from nbtrain.kernel.dashboard import theme
-    from nbtrain.kernel.dashboard.final import final_figure
+    from nbtrain.kernel.dashboard.final import Beside, final_figure
     from nbtrain.kernel.dashboard.model import RunModel
     from nbtrain.kernel.dashboard.widget import RunDashboard
 
     log = RunLog()
-    log.add("lr = 0.1\n", "--amp bf16", 0.0, 1.0, 2, history(*(1.0 / (s + 2) for s in range(20))), "finished", None)
+    log.add(RunEnd("lr = 0.1\n", "--amp bf16", 0.0, 1.0, 2, RunState.FINISHED), history(*(1.0 / (s + 2) for s in range(20))))
     model = RunModel()
     model.set_earlier(log.earlier("lr = 0.2\n", ""))
     model.add_metrics(0, [(s, 100.0 + s, {"loss": 1.0 / (s + 1)}) for s in range(20)])
     model.finish(RunState.FINISHED, "2 ranks finished")
-    ax = final_figure(model.store, model.telemetry, "run", 0.6, model.earlier).axes[0]
+    ax = final_figure(model.store, model.telemetry, "run", 0.6, Beside(tuple(model.earlier))).axes[0]
     faded = [line for line in ax.get_lines() if line.get_alpha() == theme.OVERLAY_ALPHA]
     assert [line.get_label() for line in faded] == ["loss · run 1: finished · --amp bf16 · cell line 2: lr = 0.1"]
     assert faded[0].get_linestyle() == "--" and faded[0].get_color() == theme.series_color(0)
@@ -135,17 +135,17 @@ def test_the_picture_follows_this_run_and_marks_how_each_earlier_run_ended():
     """A 20-step run drawn beside a stopped 200-step run and a failed one: the x axis spans this run's 20 steps (it
     spanned the earlier run's 200), each earlier run's label says how it ended, and the legend sits beside the
     plot, over none of its lines (it sat inside the plot, over the curves, where matplotlib found room)."""
-    from nbtrain.kernel.dashboard.final import final_figure
+    from nbtrain.kernel.dashboard.final import Beside, final_figure
     from nbtrain.kernel.dashboard.model import RunModel
 
     log = RunLog()
-    log.add("lr = 0.1\n", "", 0.0, 1.0, 2, history(*(1.0 / (s + 2) for s in range(200))), "interrupted", None)
-    log.add("lr = 0.3\n", "", 0.0, 1.0, 2, history(*(1.0 / (s + 3) for s in range(50))), "failed", None)
+    log.add(RunEnd("lr = 0.1\n", "", 0.0, 1.0, 2, RunState.INTERRUPTED), history(*(1.0 / (s + 2) for s in range(200))))
+    log.add(RunEnd("lr = 0.3\n", "", 0.0, 1.0, 2, RunState.FAILED), history(*(1.0 / (s + 3) for s in range(50))))
     model = RunModel()
     model.set_earlier(log.earlier("lr = 0.2\n", ""))
     model.add_metrics(0, [(s, 100.0 + s, {"loss": 1.0 / (s + 1)}) for s in range(20)])
     model.finish(RunState.FINISHED, "2 ranks finished")
-    figure = final_figure(model.store, model.telemetry, "run", 0.6, model.earlier)
+    figure = final_figure(model.store, model.telemetry, "run", 0.6, Beside(tuple(model.earlier)))
     ax = figure.axes[0]
     low, high = ax.get_xlim()
     assert low > -1 and 19 <= high < 20, f"the x axis spans {low:.1f} to {high:.1f}, not this run's steps 0 to 19"

@@ -9,7 +9,7 @@ from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook
 
 from nbtrain.kernel.relay.displays import PendingDisplays
-from nbtrain.kernel.relay.output import OutputRelay
+from nbtrain.kernel.relay.output import AtMarks, OutputRelay
 from nbtrain.wire import protocol as P
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -21,7 +21,7 @@ def test_a_mark_that_comes_before_its_bundle_holds_the_text_after_it():
     shown: list = []
     text = Captured()
     displays = PendingDisplays(text, publish=lambda message: shown.append((len(text.text()), message.data)))
-    relay = OutputRelay(text, 1, show_display=displays.show)
+    relay = OutputRelay(text, 1, at_marks=AtMarks(show_display=displays.show))
     relay.feed(0, "stdout", f"before\n{P.DISPLAY_MARK}1\nafter\n")
     assert text.text() == "before\n" and not shown
     displays.add(P.Display(7, 0, 1, {"text/plain": "fig"}), relay)

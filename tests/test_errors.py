@@ -9,7 +9,7 @@ it caused, ties, what counts as a communication error, and the report's text.
 
 from __future__ import annotations
 
-from nbtrain.kernel.diagnostics.failures import Frame, RankFailedError, RankFailure, RemoteError, first_sentence
+from nbtrain.kernel.diagnostics.failures import CellPlace, Frame, RankFailedError, RankFailure, RemoteError, first_sentence
 
 CELL = "<%%distributed cell 1f2e>"
 SOURCE = "import torch.distributed as dist\nbatch = load(rank)\nloss = step(batch)\ndist.all_reduce(loss)\n"
@@ -20,7 +20,7 @@ def error(type_name: str, message: str, *frames) -> RemoteError:
 
 
 def first(*failures: RankFailure) -> RankFailedError:
-    return RankFailedError(list(failures), cell_filename=CELL, cell_source=SOURCE, line_offset=1)
+    return RankFailedError(list(failures), CellPlace(CELL, SOURCE, 1))
 
 
 PEER_LOST = error("RuntimeError", "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:29500")

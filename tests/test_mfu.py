@@ -117,6 +117,9 @@ def test_the_summary_says_mfu_or_why_there_is_none():
     assert words(tflops=1.0, steps_timed=3) == ["bf16"]  # three steps say nothing of a rate
     assert words(tflops=1.0, data_wait=38.2, on_cpu=True)[-1] == "38 % of each step waiting for data"
     assert "waiting for data" not in " ".join(words(tflops=1.0, data_wait=6.0, on_cpu=True))
+    split = {"data": 38.2, "forward": 30.4, "backward": 24.9, "optimizer": 5.8, "other": 0.7}
+    assert words(tflops=1.0, data_wait=38.2, split=split, on_cpu=True)[-1] == (
+        "each step: 38 % data · 30 % forward · 25 % backward · 6 % optimizer")  # under 1 %: left out
 
 
 CELL = """
@@ -173,7 +176,47 @@ def test_steps_that_wait_for_their_batches_say_so_and_the_advisor_names_the_load
     _, result = run_cell(pools, SLOW_LOADER_CELL)
     fact = next(f for f in result.setup[0] if "data_wait" in f)
     assert fact["data_wait"] > 50 and fact["steps_timed"] >= 50
+    split = fact["split"]  # percent of the step: the data wait, then the phases the prepared objects timed
+    assert list(split) == ["data", "forward", "backward", "optimizer", "other"]
+    assert split["data"] == pytest.approx(fact["data_wait"])
+    assert all(split[phase] > 0 for phase in ("forward", "backward", "optimizer")), split
+    assert sum(split.values()) == pytest.approx(100.0, abs=0.01)
+    assert split["other"] < 10, split  # the loop holds nothing else: the timed phases are nearly the whole step
     lines = format_summary(result)
-    assert "waiting for data" in lines[0], lines
+    assert f"each step: {split['data']:.0f} % data · " in lines[0], lines
     hint = next(line for line in lines if "waited for data" in line)
     assert "(a DataLoader with no workers): raise num_workers (4 or more)" in hint, hint
+
+
+@pytest.mark.slow
+def test_the_step_split_under_accumulation_counts_each_micro_steps_backward_apart_from_the_next_batchs_wait(pools):
+    cell = SLOW_LOADER_CELL.replace("model(batch).pow(2).mean().backward()", "nbtrain.backward(model(batch).pow(2).mean())")
+    _, result = run_cell(pools, cell, grad_accum=2)
+    split = next(f for f in result.setup[0] if "split" in f)["split"]
+    assert split["data"] > 50 and 0 < split["backward"] < 20, split  # the wait between micro-steps is data's
+    assert sum(split.values()) == pytest.approx(100.0, abs=0.01) and split["other"] < 10, split
+
+
+def test_the_final_picture_draws_each_ranks_step_split_as_a_stacked_bar():
+    from matplotlib import colors as matplotlib_colors
+
+    from nbtrain.kernel.dashboard.final import Beside, final_figure
+    from nbtrain.kernel.dashboard.metric_store import MetricStore
+    from nbtrain.kernel.dashboard.step_split import PHASE_COLORS
+    from nbtrain.kernel.diagnostics.setup_facts import splits_of
+    from nbtrain.kernel.dashboard.telemetry_series import TelemetrySeries
+
+    split = {"data": 60.0, "forward": 20.0, "backward": 15.0, "optimizer": 4.0, "other": 1.0}
+    setup = {0: [{"model": 0}, {"precision": "fp32", "split": split}],
+             1: [{"precision": "fp32", "split": {**split, "data": 15.0, "other": 46.0}}], 2: [{"model": 0}]}
+    splits = splits_of(setup)
+    assert list(splits) == [0, 1]  # rank 2 sent no split: no bar
+    ax, = final_figure(MetricStore(), TelemetrySeries(), "run", beside=Beside(splits=splits)).axes
+    bars = ax.patches
+    assert len(bars) == 2 * 5
+    widths = [(round(bar.get_y() + bar.get_height() / 2), bar.get_width()) for bar in bars]
+    assert widths[:5] == [(0, 60.0), (0, 20.0), (0, 15.0), (0, 4.0), (0, 1.0)]
+    assert [matplotlib_colors.to_hex(bar.get_facecolor()) for bar in bars[:5]] == list(PHASE_COLORS.values())
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0", "rank 1"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == list(split)
+    assert "60%" in [t.get_text() for t in ax.texts] and "4%" not in [t.get_text() for t in ax.texts]

@@ -50,11 +50,11 @@ def test_a_bad_range_in_the_magic_is_a_usage_error_before_any_process_or_listene
 
 def test_an_elastic_spec_holds_min_and_max_and_its_last_call_does_not_split_warm_pools():
     spec = resolve(LaunchRequest(nodes="1:3", nproc_per_node=2, rdzv_host="127.0.0.1", cpu=True)).pool
-    assert (spec.min_nodes, spec.nodes, spec.nprocs, spec.last_call_s) == (1, 3, 6, 3.0)
+    assert (spec.nodes.min_nodes, spec.nodes.count, spec.nprocs, spec.nodes.last_call_s) == (1, 3, 6, 3.0)
     longer = resolve(LaunchRequest(nodes="1:3", nproc_per_node=2, rdzv_host="127.0.0.1", cpu=True, last_call=9)).pool
-    assert longer.last_call_s == 9.0 and longer == spec
+    assert longer.nodes.last_call_s == 9.0 and longer == spec
     fixed = resolve(LaunchRequest(nodes="2:2", rdzv_host="127.0.0.1", cpu=True)).pool
-    assert (fixed.min_nodes, fixed.nodes) == (0, 2)  # MIN = MAX is the fixed size
+    assert (fixed.nodes.min_nodes, fixed.nodes.count) == (0, 2)  # MIN = MAX is the fixed size
 
 
 def test_formation_waits_for_min_then_the_last_call_and_never_exceeds_max():

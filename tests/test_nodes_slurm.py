@@ -58,10 +58,10 @@ def test_missing_slurm_commands_are_said_before_anything_starts(monkeypatch, tmp
 
 def test_nbtrain_slurm_applies_to_node_cells_only(monkeypatch):
     monkeypatch.setenv("NBTRAIN_SLURM", "--time=10")
-    assert resolve(LaunchRequest(nprocs=2, cpu=True)).pool.slurm is None  # a one-machine cell is unaffected
+    assert resolve(LaunchRequest(nprocs=2, cpu=True)).pool.nodes is None  # a one-machine cell is unaffected
     monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}")
-    assert resolve(LaunchRequest(nodes="2", rdzv_host="10.0.0.5", cpu=True)).pool.slurm == ("--time=10",)
-    assert resolve(LaunchRequest(nodes="1", rdzv_host="10.0.0.5", cpu=True, hosts="gpu1")).pool.slurm is None
+    assert resolve(LaunchRequest(nodes="2", rdzv_host="10.0.0.5", cpu=True)).pool.nodes.slurm == ("--time=10",)
+    assert resolve(LaunchRequest(nodes="1", rdzv_host="10.0.0.5", cpu=True, hosts="gpu1")).pool.nodes.slurm is None
 
 
 def test_the_commands_name_the_token_file_never_the_token():

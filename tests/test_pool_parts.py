@@ -14,7 +14,7 @@ from multiprocessing.connection import AuthenticationError, Client, Connection
 import pytest
 
 from nbtrain.common import proctree
-from nbtrain.kernel.diagnostics.failures import RankFailedError, order_failures, rank_failure
+from nbtrain.kernel.diagnostics.failures import CellPlace, RankFailedError, RankFailure, order_failures, rank_failure
 from nbtrain.kernel.ranks.channel import Channel, Message, admit, receive, send
 from nbtrain.kernel.ranks.pool import LocalPool
 from nbtrain.kernel.ranks.procs import RankProcesses, error_file_path
@@ -26,6 +26,10 @@ def _error(type_name: str, message: str) -> P.RemoteError:
     return P.RemoteError(type_name, message, ())
 
 
+def _failed(rank: int, cause) -> RankFailure:
+    return rank_failure(cause, RankFailure(rank))
+
+
 def _arrived(*failures):
     for order, failure in enumerate(failures):
         failure.order = order
@@ -33,31 +37,32 @@ def _arrived(*failures):
 
 
 def test_the_cause_comes_before_the_peer_errors_it_caused_even_when_it_arrives_later():
-    failures = _arrived(rank_failure(1, _error("DistBackendError", "Connection closed by peer")),
-                        rank_failure(2, _error("RuntimeError", "gloo/transport: Connection reset by peer")),
-                        rank_failure(0, _error("KeyError", "'x'")))
+    failures = _arrived(_failed(1, _error("DistBackendError", "Connection closed by peer")),
+                        _failed(2, _error("RuntimeError", "gloo/transport: Connection reset by peer")),
+                        _failed(0, _error("KeyError", "'x'")))
     assert [f.rank for f in order_failures(failures)] == [0, 1, 2]
 
 
 def test_an_error_with_a_message_comes_before_a_bare_exit_and_otherwise_the_first_to_arrive():
-    bare = rank_failure(0, 1)
-    recorded = rank_failure(1, 1, error_file_message="ValueError: could not convert")
+    bare = _failed(0, 1)
+    recorded = rank_failure(1, RankFailure(1, error_file_message="ValueError: could not convert"))
     assert [f.rank for f in order_failures(_arrived(bare, recorded))] == [1, 0]
-    first, second = rank_failure(3, -9), rank_failure(1, -9)
+    first, second = _failed(3, -9), _failed(1, -9)
     assert [f.rank for f in order_failures(_arrived(first, second))] == [3, 1]
-    error = RankFailedError(_arrived(rank_failure(1, _error("DistBackendError", "broken pipe")),
-                                     rank_failure(0, _error("ValueError", "bad"))),
-                            cell_filename="<cell>", cell_source="", line_offset=0)
+    error = RankFailedError(_arrived(_failed(1, _error("DistBackendError", "broken pipe")),
+                                     _failed(0, _error("ValueError", "bad"))),
+                            CellPlace("<cell>", "", 0))
     assert error.rank == 0 and str(error).startswith("rank 0 raised ValueError: bad")
 
 
 def test_a_failure_is_built_from_an_exit_code_or_a_reported_exception():
-    died = rank_failure(1, 3, ["last words"], starting=True)
+    died = rank_failure(3, RankFailure(1, output_tail=["last words"], starting=True))
     assert (died.exit_code, died.error, died.output_tail) == (3, None, ["last words"])
     assert died.summary() == "rank 1 exited with code 3 while starting, before the cell ran"
-    assert rank_failure(0, -9).summary().startswith("rank 0 was killed by SIGKILL")
-    raised = rank_failure(0, _error("KeyError", "'x'"), ["tail"])
+    assert _failed(0, -9).summary().startswith("rank 0 was killed by SIGKILL")
+    raised = rank_failure(_error("KeyError", "'x'"), RankFailure(0, output_tail=["tail"], error_file_message="stale"))
     assert (raised.exit_code, raised.summary()) == (None, "rank 0 raised KeyError: 'x'")
+    assert raised.error_file_message is None  # the exception it reported says more than an error file
 
 
 def test_messages_keep_their_frames_and_contents_over_a_socket():

@@ -190,4 +190,4 @@ def test_a_cells_preemption_url_is_checked_with_its_other_options(tmp_path):
     with pytest.raises(ConfigError, match="--preemption-url takes the cloud's metadata URL"):
         resolve(_request(tmp_path, "2", preemption_url="169.254.169.254/latest"))
     spec = resolve(_request(tmp_path, "2", preemption_url="http://169.254.169.254/latest/meta-data/spot/instance-action")).pool
-    assert spec.preemption_url == "http://169.254.169.254/latest/meta-data/spot/instance-action"
+    assert spec.nodes.preemption_url == "http://169.254.169.254/latest/meta-data/spot/instance-action"

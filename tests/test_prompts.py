@@ -13,7 +13,7 @@ from helpers.workers import assert_no_workers
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook
 
-from nbtrain.kernel.relay.output import OutputRelay
+from nbtrain.kernel.relay.output import AtMarks, OutputRelay
 from nbtrain.kernel.relay.stdin import PendingPrompts
 from nbtrain.wire import protocol as P
 
@@ -139,7 +139,7 @@ def test_the_prompt_waits_for_the_text_printed_before_it():
     text, asked, replies = Captured(), [], []
     prompts = PendingPrompts(lambda rank, reply: replies.append((rank, reply)), text, 2,
                              ask=lambda prompt: asked.append((len(text.text()), prompt)) or "yes")
-    relay = OutputRelay(text, 2, answer_prompt=prompts.answer)
+    relay = OutputRelay(text, 2, at_marks=AtMarks(answer_prompt=prompts.answer))
     relay.feed(1, "stdout", f"listing\n{P.INPUT_MARK}1\nafter\n")
     assert text.text() == "[rank 1] listing\n" and not asked
     prompts.add(P.InputRequest(5, 1, 1, "(Pdb) "), relay)

@@ -26,6 +26,8 @@ NOT_NBTRAINS = {
     ("nbtrain/wire/link.py", "context.minimum_version"): "an ssl.SSLContext being configured",
     ("nbtrain/kernel/lifecycle/entry.py", "exc.with_traceback(None)._render_traceback_"): "IPython's hook on an exception",
     ("nbtrain/kernel/lifecycle/run.py", "exc.with_traceback(None)._render_traceback_"): "IPython's hook on an exception",
+    **{("nbtrain/gpu/gpm.py", f"request.{field}"): "NVML's c_nvmlGpmMetricsGet_t being filled in for its call"
+       for field in ("version", "numMetrics", "sample1", "sample2", "metrics[position].metricId")},
     ("nbtrain/kernel/lifecycle/pools.py", "self._idle_timer.daemon"): "a threading.Timer before it starts",
     ("nbtrain/kernel/observers/events.py", "forward.__name__"): "a function's own metadata (as functools.wraps)",
     ("nbtrain/kernel/observers/events.py", "forward.__qualname__"): "a function's own metadata (as functools.wraps)",

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from . import jsonfields as J
 from . import nvml
+from .gpm import GpmSampler
 from .fabric import MigDevice, MigSlot, NvLinkRates, mig_slots, nvlink_links, read_mig_devices
 from .health import GpuHealth, read_health, read_throughput
 from .xid import XidWatcher
@@ -119,6 +120,7 @@ class DeviceReader:
         self._links: dict[int, tuple[int | None, str | None]] = {}  # index -> (links up, why N/A)
         self._nvlink: dict[int, NvLinkRates] = {}
         self._mig: dict[int, tuple[MigSlot, ...]] = {}
+        self._gpm = GpmSampler()
 
     def available(self) -> bool:
         return nvml.library() is not None
@@ -133,9 +135,11 @@ class DeviceReader:
         return [self._read_one(lib, gpu) for gpu in gpus]
 
     def close(self) -> None:
-        """Stop watching for Xid errors (nothing else is held)."""
+        """Stop watching for Xid errors and free the GPM samples (nothing else is held)."""
         if self._xid is not None:
             self._xid.close()
+        if (lib := nvml.library()) is not None:
+            self._gpm.close(lib)
 
     def _read_one(self, lib, gpu: nvml.GpuInfo) -> GpuStatus:
         handle = gpu.handle
@@ -154,12 +158,12 @@ class DeviceReader:
             power_limit=gpu.power_limit,
             processes=self._processes(lib, handle),
             mig=gpu.mig,
-            health=read_health(lib, gpu, self._pcie(lib, gpu), **self._fabric_and_xid(lib, gpu)),
+            health=read_health(lib, gpu, self._pcie(lib, gpu), **self._read_elsewhere(lib, gpu)),
             mig_devices=self._mig_devices(lib, gpu),
         )
 
-    def _fabric_and_xid(self, lib, gpu: nvml.GpuInfo) -> dict:
-        """The NVLink and Xid fields of :class:`~nbtrain.gpu.health.GpuHealth`, with why each reads N/A."""
+    def _read_elsewhere(self, lib, gpu: nvml.GpuInfo) -> dict:
+        """The NVLink, Xid and GPM fields of :class:`~nbtrain.gpu.health.GpuHealth`, with why each reads N/A."""
         if gpu.index not in self._links:
             self._links[gpu.index] = nvlink_links(lib, gpu.handle)
         links, why = self._links[gpu.index]
@@ -176,6 +180,10 @@ class DeviceReader:
             fields["xid_errors"], fields["xid_last"], why = self._xid.read(gpu.index)
             if why:
                 unread.append(f"Xid: {why}")
+        activity, why = self._gpm.read(lib, gpu)
+        fields.update(activity)
+        if why:
+            unread.append(why)
         fields["unread"] = tuple(unread)
         return fields
 

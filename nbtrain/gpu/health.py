@@ -8,8 +8,8 @@ boost, …: why the clock is below its maximum), the PCIe link's generation and 
 (shown as N/A), never an error: consumer boards have no ECC, MIG instances no clocks of their own, some
 drivers no PCIe counters. What the reader of the GPU learnt about a field it could not read travels in
 :attr:`GpuHealth.unread` (said once under the panel, as a note). The reader (:class:`~nbtrain.gpu.devices.DeviceReader`)
-adds the NVLink links and traffic (:mod:`nbtrain.gpu.fabric`) and, where it watches them, the Xid errors
-since it started (:mod:`nbtrain.gpu.xid`). :meth:`GpuHealth.to_json` / :meth:`GpuHealth.from_json` carry it in a
+adds the NVLink links and traffic (:mod:`nbtrain.gpu.fabric`), what the SMs did since its last read
+(:mod:`nbtrain.gpu.gpm`) and, where it watches them, the Xid errors since it started (:mod:`nbtrain.gpu.xid`). :meth:`GpuHealth.to_json` / :meth:`GpuHealth.from_json` carry it in a
 node's heartbeat, every field. The maxima never change and are read once per GPU, with the GPU's other fixed
 facts (:class:`~nbtrain.gpu.nvml.GpuInfo`); the PCIe throughput, which NVML samples (62 ms a call on an
 H200), only where the caller asks for it (:class:`~nbtrain.gpu.devices.DeviceReader`).
@@ -56,6 +56,10 @@ class GpuHealth:
     nvlink_tx: int | None = None
     xid_errors: int | None = None  # Xid errors since the watcher started; None: not watched, or not readable
     xid_last: int | None = None  # the last Xid code
+    sm_active: int | None = None  # GPM (nbtrain.gpu.gpm), % since the last read: SMs busy
+    sm_occupancy: int | None = None  # warps resident, of the maximum
+    tensor_active: int | None = None  # time any tensor core ran
+    dram_bw: int | None = None  # DRAM bandwidth used, of the maximum
     unread: tuple[str, ...] = ()  # why fields read N/A, such as "NVLink: no NVLink (Not Supported)"
 
     @property
@@ -147,9 +151,20 @@ def describe(health: GpuHealth | None) -> str:
         parts.append(f"Xid {h.xid_errors}" + (f" (last {h.xid_last})" if h.xid_errors else ""))
     elif any(reason.startswith("Xid") for reason in h.unread):
         parts.append("Xid N/A")
+    if (activity := describe_activity(h)):
+        parts.append(activity)
     if h.slowed_by:
         parts.append("slowed by " + ", ".join(h.slowed_by))
     return " · ".join(parts)
+
+
+def describe_activity(health: GpuHealth | None) -> str:
+    """``SM active 62 %, occupancy 40 %, tensor 41 %, DRAM 30 %`` from GPM; "" where the GPU has none (yet)."""
+    if health is None:
+        return ""
+    named = (("SM active", health.sm_active), ("occupancy", health.sm_occupancy), ("tensor", health.tensor_active),
+             ("DRAM", health.dram_bw))
+    return ", ".join(f"{name} {value} %" for name, value in named if value is not None)
 
 
 def _or(value, fallback: str):

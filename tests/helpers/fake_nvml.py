@@ -70,6 +70,8 @@ class FakeGpu:
     nvlink_kib_s: tuple | None = (0, 0)  # NVLink rx, tx KiB/s: the counters grow so with time; None: not counted
     mig_devices: list | None = None  # with mig: its instances (FakeGpu each, with a "MIG-…" uuid)
     xid_events: bool = True  # False: registering for Xid events is not supported
+    gpm: tuple | None = (50.0, 30.0, 20.0, 10.0)  # GPM's SM active, occupancy, tensor active, DRAM bandwidth (%)
+    # over the next interval, each None where NVML cannot compute it; None: no GPM (boards before Hopper)
 
 
 # NVML function -> (FakeGpu field, the item of it answered or None for all of it); a None field: Not Supported
@@ -239,6 +241,8 @@ def make_module(gpus: list[FakeGpu]) -> types.ModuleType:
     def nvmlEventSetFree(event_set):
         event_sets.remove(event_set)
 
+    _gpm_module(mod, counted)
+
     def xid(gpu, code):
         """The driver reports Xid ``code`` on ``gpu`` (to every event set it is registered in)."""
         for event_set in event_sets:
@@ -247,6 +251,62 @@ def make_module(gpus: list[FakeGpu]) -> types.ModuleType:
 
     mod.xid = xid
     return mod
+
+
+GPM_IDS = {2: 0, 3: 1, 5: 2, 10: 3}  # NVML_GPM_METRIC_* -> the item of FakeGpu.gpm
+
+
+class _GpmMetric:
+    def __init__(self) -> None:
+        self.metricId, self.nvmlReturn, self.value = 0, 0, 0.0
+
+
+class _GpmMetricsGet:
+    """``c_nvmlGpmMetricsGet_t``: what nbtrain fills in, and NVML answers in."""
+
+    def __init__(self) -> None:
+        self.version = self.numMetrics = 0
+        self.sample1 = self.sample2 = None
+        self.metrics = [_GpmMetric() for _ in range(16)]
+
+
+def _gpm_module(mod, counted) -> None:
+    """GPM's calls: a sample holds the board's ``gpm`` values when it was taken; the metrics between two samples
+    are the second one's (NVML_ERROR_NOT_SUPPORTED, 3, where a value is None)."""
+    mod.NVML_GPM_METRICS_GET_VERSION = 1
+    mod.c_nvmlGpmMetricsGet_t = _GpmMetricsGet
+    mod.gpm_samples = []  # every sample allocated, and whether it was freed
+
+    @counted
+    def nvmlGpmQueryDeviceSupport(gpu):
+        return types.SimpleNamespace(version=1, isSupportedDevice=int(gpu.gpm is not None))
+
+    @counted
+    def nvmlGpmSampleAlloc():
+        sample = types.SimpleNamespace(gpu=None, values=None, freed=False)
+        mod.gpm_samples.append(sample)
+        return sample
+
+    @counted
+    def nvmlGpmSampleGet(gpu, sample):
+        if gpu.gpm is None:
+            raise NVMLError_NotSupported()
+        sample.gpu, sample.values = gpu, gpu.gpm
+        return sample
+
+    @counted
+    def nvmlGpmSampleFree(sample):
+        sample.freed = True
+
+    @counted
+    def nvmlGpmMetricsGet(request):
+        first, second = request.sample1, request.sample2
+        if first.gpu is None or first.gpu is not second.gpu or request.version != 1:
+            raise NVMLError("Invalid Argument")
+        for metric in request.metrics[:request.numMetrics]:
+            value = second.values[GPM_IDS[metric.metricId]]
+            metric.nvmlReturn, metric.value = (3, 0.0) if value is None else (0, float(value))
+        return request
 
 
 def install(monkeypatch, gpus: list[FakeGpu]) -> types.ModuleType:

@@ -2,8 +2,10 @@
 
 * :mod:`.tls` — the pool's self-signed certificate, pinned through the join token;
 * :mod:`.hub` — the TLS listener on ``--rdzv-host``, the join token, the registry of joined nodes, heartbeats;
+* :mod:`.launcher` — :class:`~.launcher.NodeLauncher`: the agents started (ssh, Slurm) or waited for, the group
+  formed from the joined nodes, the c10d store;
 * :mod:`.group` — :class:`~.group.NodePool`, the pool implementation whose ranks run on the nodes under
-  torch elastic's agent; :mod:`nbtrain.kernel.lifecycle.run` drives it like the local one.
+  torch elastic's agent (its launcher brings the nodes); :mod:`nbtrain.kernel.lifecycle.run` drives it like the local one.
 
 :class:`Cluster` is what the magics hold: it makes the hub on first use and hands :class:`~nbtrain.kernel.lifecycle.pools.PoolManager`
 a pool factory (:meth:`Cluster.make_pool`) that returns a local :class:`~nbtrain.kernel.ranks.pool.LocalPool` for a
@@ -56,9 +58,9 @@ class Cluster:
             return self._hub
 
     def make_pool(self, spec: PoolSpec) -> RankGroup:
-        if spec.nodes <= 1 and not spec.rdzv_host:
+        if spec.nodes is None:
             return LocalPool(spec)
-        return NodePool(spec, self.hub(spec.rdzv_host), ssh=self.ssh, slurm=self.slurm)
+        return NodePool(spec, self.hub(spec.nodes.rdzv_host), ssh=self.ssh, slurm=self.slurm)
 
     def start_hosts(self, host: str, hosts: tuple[str, ...], options=(), python: str = "",
                     preemption_url: str = "") -> list[str]:

@@ -4,7 +4,7 @@
 :class:`~nbtrain.kernel.ranks.pool.LocalPool` (it shares only :class:`~nbtrain.kernel.ranks.rankgroup.GroupState`, the
 state both keep); :mod:`nbtrain.kernel.lifecycle.run` drives it exactly as it drives local ranks and sees the same events (:class:`Message`, :class:`Output`, :class:`Exited`):
 
-* **start** (:meth:`NodePool.spawn`): the c10d store listens on ``--rdzv-host``, hosted by a process of its own
+* **start** (:meth:`NodePool.spawn`, through its :class:`~.launcher.NodeLauncher`): the c10d store listens on ``--rdzv-host``, hosted by a process of its own
   with a memory limit (:mod:`~nbtrain.kernel.ranks.storehost`), never by the kernel; once ``--nodes``
   nodes have joined the hub (:mod:`.hub`; the join command is printed once) — or, elastic ``--nodes MIN:MAX``,
   once MIN have and the last call for more is over (:mod:`.elastic`; ``spec`` then becomes the group's size
@@ -45,17 +45,15 @@ from dataclasses import dataclass, replace
 
 from ..diagnostics.failures import RankFailure, rank_failure
 from ..ranks.pool import Exited, Message, Output
-from ..ranks.storehost import StoreHost
 from ..ranks.zygote_handle import ZygoteHandle
 from ..ranks.rankgroup import GroupState
 from ..ranks.spec import PoolSpec
 from ...wire import nodes as N
 from ...wire import protocol as P
-from ...common.words import count
-from .elastic import Formation
 from .hub import LOST_AFTER_S, Hub, NodeConn
+from .launcher import NodeLauncher
 from .slurm import SlurmNodes
-from .ssh import SshNodes, loopback
+from .ssh import SshNodes
 
 STOP_WAIT_S = 2.5  # a node answers StopRanks within this (its own SIGTERM → SIGKILL takes about 1.5 s)
 
@@ -85,18 +83,17 @@ class RemoteRank:
 
 
 class NodePool(GroupState):
-    """Ranks on ``spec.nodes`` joined nodes, a :class:`~nbtrain.kernel.ranks.rankgroup.RankGroup` (see the module
+    """Ranks on ``spec.nodes.count`` joined nodes, a :class:`~nbtrain.kernel.ranks.rankgroup.RankGroup` (see the module
     docstring)."""
 
     def __init__(self, spec: PoolSpec, hub: Hub, say: Callable[[str], None] | None = None,
                  ssh: SshNodes | None = None, slurm: SlurmNodes | None = None) -> None:
         super().__init__(spec)
-        self._store: StoreHost | None = None  # the c10d store this pool's ranks bootstrap from, on --rdzv-host
-        self.formation = Formation(spec.min_nodes or spec.nodes, spec.nodes, spec.last_call_s)
-        self.hub = hub
-        self.ssh = ssh  # with --hosts: the sessions that start the agents (the Cluster's, kept between pools)
-        self.slurm = slurm if spec.slurm is not None else None  # with --slurm: the job that runs the agents (the Cluster's)
+        assert spec.nodes is not None, "a NodePool runs on several machines: its spec has nodes"
+        self.where = spec.nodes
         self._say = say or (lambda text: print(text, flush=True))
+        self.launcher = NodeLauncher(spec.nodes, hub, self._say, ssh, slurm)  # the nodes' coming, until the group forms
+        self.hub = hub
         self.nodes: list[NodeConn] = []
         self._ranks: dict[int, RemoteRank] = {}  # rank -> what its node said of it
         self._pending: list[N.Deliver] = []  # to the ranks, once the nodes run them
@@ -112,57 +109,21 @@ class NodePool(GroupState):
     def spawn(self, zygote: ZygoteHandle | None = None, fork_ranks: bool = True) -> None:
         """Start the agents (or wait for them) and the pool's store (forked by ``zygote`` where it can); the ranks
         are the agents' to start, so ``fork_ranks`` changes nothing here."""
-        spec = self.spec
-        if spec.hosts and self.ssh is not None:  # first: the agents start while this kernel imports torch
-            if len(self.hub.idle_nodes()) < spec.nodes:
-                started = self.ssh.start(spec.hosts, f"{self.hub.host}:{self.hub.port}", self.hub.valid_token(),
-                                         spec.ssh_options, spec.remote_python, spec.preemption_url)
-                if started:
-                    self._say(f"nbtrain: starting node agents over ssh on {', '.join(started)}")
-        elif self.slurm is not None:
-            self._start_slurm()
-        elif len(self.hub.idle_nodes()) < spec.nodes and self.hub.announce():
-            self._say(f"nbtrain: waiting for {self._wanted()}; on each node run:\n  {self.hub.join_command()}\n"
-                      f"{self.hub.join_help()}")
-        self._store = StoreHost(spec.rdzv_host, zygote)
+        self.launcher.begin(zygote)
         self._start_if_joined()
-
-    def _start_slurm(self) -> None:
-        """Submit the agents' job unless one runs or waits already (it was kept when a cell was stopped)."""
-        spec, hub = self.spec, self.hub
-        assert self.slurm is not None and spec.slurm is not None
-        if len(hub.idle_nodes()) >= spec.nodes:
-            return
-        if self.slurm.active():
-            self._say(self.slurm.news(again=True) or f"nbtrain: waiting for the nodes of Slurm job {self.slurm.job_id}")
-            return
-        hub.valid_token()  # the file the agents read holds a live token
-        self._say(self.slurm.start(spec.nodes, spec.min_nodes, f"{hub.host}:{hub.port}", hub.token_file.path,
-                                   spec.slurm, spec.remote_python, bool(loopback(hub.host)), spec.preemption_url))
-
-    def _wanted(self) -> str:
-        """``2 nodes``, ``1 node``, ``2 to 4 nodes`` (elastic)."""
-        spec = self.spec
-        return f"{spec.min_nodes} to {count('node', spec.nodes)}" if spec.min_nodes else count("node", spec.nodes)
 
     def _start_if_joined(self) -> None:
         if self._started:
             return
-        idle = self.hub.idle_nodes()
-        count = self.formation.size(len(idle), time.monotonic())
-        if count == 0:
+        nodes = self.launcher.form()
+        if not nodes:
             return
-        if self.slurm is not None and (news := self.slurm.news(ask_now=True)):  # nodes joined before a poll saw it run
-            self._say(news)
-        self.nodes = idle[:count]
-        if self.spec.min_nodes:  # elastic: the world size is decided now
-            self.formed(count * self.spec.nproc_per_node)
-            self._say(self.formation.announce([n.name for n in self.nodes], self.spec.nproc_per_node))
-        assert self._store is not None
-        start = N.StartRanks(self.run_id, f"{self.spec.rdzv_host}:{self._store.port}", len(self.nodes),
-                             self.spec.nproc_per_node, self.spec.backend, self.spec.device_type, self.spec.timeout_s,
-                             self.spec.env, os.getpid())
-        for group_rank, node in enumerate(self.nodes):
+        self.nodes = nodes
+        if self.where.min_nodes:  # elastic: the world size is decided now
+            self.formed(len(nodes) * self.where.nproc_per_node)
+        start = N.StartRanks(self.run_id, self.launcher.store_address(), len(nodes), self.where.nproc_per_node,
+                             self.spec.backend, self.spec.device_type, self.spec.timeout_s, self.spec.env, os.getpid())
+        for group_rank, node in enumerate(nodes):
             while not node.link.incoming.empty():  # what an earlier pool's ranks said last; the agent's notes are said
                 self._note(node, node.link.incoming.get_nowait())
             self.hub.mark_running(node)
@@ -176,24 +137,14 @@ class NodePool(GroupState):
         joined since (torch elastic's scale-up restarts the workers too)."""
         if spec != self.spec:
             return False
-        return not (self.spec.min_nodes and self._started and len(self.nodes) < self.spec.nodes
+        return not (self.where.min_nodes and self._started and len(self.nodes) < self.where.count
                     and self.hub.idle_nodes())
 
     def start_hint(self) -> str:
-        if self._started:
-            return ""
-        if self.slurm is not None and (job := self.slurm.describe()):
-            return f"; {self.nodes_joined()}; {job[0]}"
-        return f"; {self.nodes_joined()}. Start the missing nodes with:\n  {self.hub.join_command()}"
+        return "" if self._started else self.launcher.start_hint()
 
     def nodes_joined(self) -> str:
-        if self._started:
-            return ""
-        joined = self.hub.idle_nodes()
-        if self.spec.min_nodes and len(joined) >= self.spec.min_nodes:
-            return ""  # elastic, enough there: the group forms after the last call, no node is missing
-        have = ", ".join(f"{n.name} from {n.address}" for n in joined) or "none"
-        return f"{len(joined)} of {self._wanted()} joined ({have})"
+        return "" if self._started else self.launcher.nodes_joined()
 
     # --------------------------------------------------------------------------------- state
     def alive(self) -> bool:
@@ -215,8 +166,9 @@ class NodePool(GroupState):
         """As on one machine, named by its node, with the node's account of an exit (its error file, a loss)."""
         record = self._known(rank)
         recorded = None if isinstance(cause, P.RemoteError) else record.error
-        return rank_failure(rank, cause, output_tail, starting=rank not in self.devices, error_file_message=recorded,
-                            diagnosis=diagnosis, label=self.rank_label(rank), account=record.account)
+        return rank_failure(cause, RankFailure(rank, output_tail=list(output_tail), starting=rank not in self.devices,
+                                               error_file_message=recorded, diagnosis=diagnosis,
+                                               label=self.rank_label(rank), account=record.account))
 
     def spawn_reason(self) -> str:
         return ""  # the agents start the ranks: the kernel's zygote forks none
@@ -274,37 +226,14 @@ class NodePool(GroupState):
             self.hub.drain_wake()
             self._start_if_joined()
             events = self._collect()
-        return events + self._check_lost() + self._ssh_failures() + self._slurm_events()
+        return events + self._check_lost() + self._start_failures()
 
-    def _ssh_failures(self) -> list:
-        """Before the ranks start: a host whose ssh session ended with an error fails its ranks now, with ssh's words."""
-        if self._started or self.ssh is None or not self.spec.hosts:
+    def _start_failures(self) -> list:
+        """Before the ranks start: the ranks of a node that could not be started (ssh, Slurm) end, in its words."""
+        if self._started:
             return []
-        events: list = []
-        for host, why in self.ssh.failed():
-            if host not in self.spec.hosts:
-                continue
-            first = self.spec.hosts.index(host) * self.spec.nproc_per_node
-            text = f"the node on {host} could not be started over ssh: {why}"
-            self._say(f"nbtrain: {text}")
-            events.extend(self._end(rank, 255, text) for rank in range(first, first + self.spec.nproc_per_node))
-        return events
-
-    def _slurm_events(self) -> list:
-        """Before the ranks start: the job's state as it changes, and a job that ended fails the ranks, in Slurm's
-        words and its output's last lines."""
-        if self._started or self.slurm is None:
-            return []
-        self.hub.valid_token()  # however long the job waits, its agents find a live token in the file
-        news = self.slurm.news()
-        if news:
-            self._say(news)
-        why = self.slurm.ended()
-        if not why:
-            return []
-        self._say(f"nbtrain: {why}")
-        return [self._end(rank, 1, f"the node agents' {why}") for rank in range(self.world_size)
-                if not self._rank(rank).exited()]
+        return [self._end(rank, code, text) for ranks, code, text in self.launcher.start_failures()
+                for rank in ranks if not self._rank(rank).exited()]
 
     def _collect(self) -> list:
         events: list = []
@@ -361,9 +290,9 @@ class NodePool(GroupState):
     def _account_slurm_end(self, node: NodeConn, rank: int) -> None:
         """A rank SIGTERMed from outside while its Slurm job ends (someone's ``scancel``: Slurm signals every process
         of the job) is its node lost, in Slurm's words — whether its agent was killed first or not."""
-        if self.slurm is None or self.broken or self._rank(rank).account is not None:
-            return  # no job; the pool's own stop; or its account is known (a preempted node let go)
-        why = self.slurm.end_reason()
+        if self.broken or self._rank(rank).account is not None:
+            return  # the pool's own stop; or its account is known (a preempted node let go)
+        why = self.launcher.end_reason()  # "" without a Slurm job
         if why:
             self._rank(rank).account = f"node {node.name} ({rank_span(self._node_ranks(node))}) lost: {why}"
 
@@ -373,8 +302,8 @@ class NodePool(GroupState):
     def _node_ranks(self, node: NodeConn) -> list[int]:
         ranks = [rank for rank, r in self._ranks.items() if r.node is node]
         if not ranks:  # before the rendezvous told us: the ranks it would have had, in join order
-            first = self.nodes.index(node) * self.spec.nproc_per_node
-            ranks = list(range(first, first + self.spec.nproc_per_node))
+            first = self.nodes.index(node) * self.where.nproc_per_node
+            ranks = list(range(first, first + self.where.nproc_per_node))
         return ranks
 
     def _node_failed(self, node: NodeConn, text: str, code: int) -> list:
@@ -418,7 +347,7 @@ class NodePool(GroupState):
                 continue
             self._lost.add(node.name)
             why = "its connection broke" if node.link.closed.is_set() else f"no heartbeat for {LOST_AFTER_S:.0f} s"
-            why = (self.slurm.end_reason() if self.slurm is not None else "") or why  # TIMEOUT, CANCELLED by …
+            why = self.launcher.end_reason() or why  # TIMEOUT, CANCELLED by …
             text = f"node {node.name} ({rank_span(self._node_ranks(node))}) lost: {why}"
             self._say(f"nbtrain: {text}; stopping the other ranks")  # now: stopping them takes a few seconds more
             events.extend(self._node_failed(node, text, -9))
@@ -430,9 +359,8 @@ class NodePool(GroupState):
             node.link.send(N.Interrupt())
 
     def teardown(self, graceful: bool = True, grace: float = 1.0, drain: Callable[[], None] | None = None) -> None:
-        if not self._started and self.slurm is not None and self.slurm.active():  # the stop button ends the wait only
-            self._say(f"nbtrain: Slurm job {self.slurm.job_id} stays; its nodes join when it starts, for the next "
-                      "cell (%distributed_shutdown cancels it)")
+        if not self._started:
+            self.launcher.say_job_kept()
         polite = graceful and self.alive()
         self.mark_broken()
         try:
@@ -450,9 +378,7 @@ class NodePool(GroupState):
                 if node.name in self._lost:
                     node.link.close()
                 self.hub.mark_idle(node)  # a node slow to confirm still ends its ranks; the next pool may use it
-            if self._store is not None:
-                self._store.close()
-            self._store = None
+            self.launcher.close()
 
     def _wait_stopped(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds

@@ -25,6 +25,8 @@ from . import text, theme
 from .telemetry_series import MACHINE, DeviceKey, panel_loads
 
 _NO_SPARK: tuple[list, list] = ([], [])
+# NVML's utilization, said for what it is; what the SMs did is GPM's (the health line: "SM active 62 %, …")
+UTIL_MEANS = "share of the time a kernel was running (NVML), however few SMs it used"
 
 
 def _bar(segments: list[tuple[float, str]], title: str = "") -> str:
@@ -47,7 +49,8 @@ def _gpu_row(gpu, ranks, busy_spark: str, health: str, pad: str = "") -> str:
             f" · {text.NA if gpu.power is None else f'{gpu.power:.0f}'}/"
             f"{text.NA if gpu.power_limit is None else f'{gpu.power_limit:.0f}'} W" + (" · MIG" if gpu.mig else ""))
     busy = (gpu.utilization or 0) / 100
-    util = f"util {_bar([(busy, theme.busy_color(gpu.utilization))])}{text.percent(gpu.utilization):>4} {busy_spark}"
+    util = (f"util {_bar([(busy, theme.busy_color(gpu.utilization))], UTIL_MEANS)}{text.percent(gpu.utilization):>4} "
+            f"{busy_spark}")
     segments, legend, owned = [], [], 0
     total = gpu.memory_total or 0
     for r in ranks:

@@ -12,21 +12,36 @@ how busy the devices were.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from ..observers.events import RunState
 from ...common.words import count, plural
 from . import plotting, text, theme
 from .metric_store import MetricStore
 from .progress import Progress
 from .series import DEFAULT_SMOOTHING
+from .step_split import draw_step_split
 from .telemetry_series import MACHINE, DeviceKind, TelemetrySeries
 
 WIDTH_IN, ROW_HEIGHT_IN, DPI = 7.0, 2.6, 90  # 630 px wide: the picture is shown scaled down less in a narrow notebook
 NO_LINE = "the run ended after one sample of it"
 
 
+SPLIT_ROW_IN, SPLIT_RANK_IN = 0.9, 0.3  # the step split's row: its axis and title, and each rank's bar
+
+
+@dataclass(frozen=True)
+class Beside:
+    """What the final picture draws beside the run's own series and load: the kernel's earlier runs the live chart
+    drew (:class:`~nbtrain.kernel.observers.runlog.EarlierRun`), and each rank's step split (:mod:`.step_split`)."""
+
+    earlier: tuple = ()
+    splits: dict = field(default_factory=dict)
+
+
 def final_png(store: MetricStore, telemetry: TelemetrySeries, title: str, smoothing: float = DEFAULT_SMOOTHING,
-              earlier=()) -> bytes:
-    return plotting.png_bytes(final_figure(store, telemetry, title, smoothing, earlier))
+              beside: Beside = Beside()) -> bytes:
+    return plotting.png_bytes(final_figure(store, telemetry, title, smoothing, beside))
 
 
 def earlier_series(earlier) -> list[tuple[str, dict]]:
@@ -41,27 +56,31 @@ def earlier_series(earlier) -> list[tuple[str, dict]]:
 
 
 def final_figure(store: MetricStore, telemetry: TelemetrySeries, title: str, smoothing: float = DEFAULT_SMOOTHING,
-                 earlier=()):
-    """The matplotlib figure behind :func:`final_png`; ``earlier``: the runs the live chart drew beside this one."""
+                 beside: Beside = Beside()):
+    """The matplotlib figure behind :func:`final_png`: the series, the load, and the step split where ranks sent one."""
     series = store.snapshot_series()
     timelines = telemetry.timelines() if telemetry.has_line() else {}  # one sample: no line, an axis of nothing
     panels = min(len(plotting.group_names(series)), plotting.MAX_PANELS)
     rows = plotting.grid_shape(panels)[0] if panels else 0
-    height = ROW_HEIGHT_IN * (rows + (1 if timelines else 0)) + 0.5
-    fig = plotting.new_figure(WIDTH_IN, max(height, 2.0), DPI)
+    heights = [ROW_HEIGHT_IN * rows if panels else 0.0, ROW_HEIGHT_IN if timelines else 0.0,
+               SPLIT_ROW_IN + SPLIT_RANK_IN * len(beside.splits) if beside.splits else 0.0]
+    fig = plotting.new_figure(WIDTH_IN, max(sum(heights) + 0.5, 2.0), DPI)
     fig.suptitle(text.plot_literal(title), fontsize=theme.SUPTITLE_SIZE)
-    if panels and timelines:
-        top, bottom = fig.subfigures(2, 1, height_ratios=[rows, 1])
-    else:
-        top, bottom = (fig, None) if panels else (None, fig)
+    drawn = [height for height in heights if height]
+    parts = list(fig.subfigures(len(drawn), 1, height_ratios=drawn)) if len(drawn) > 1 else [fig] * len(drawn)
+    places = iter(parts)
+    top = next(places) if panels else None
+    bottom = next(places) if timelines else None
     if top is not None:
-        plotting.draw_series(top, series, smoothing, earlier_series(earlier))
-    if bottom is not None and timelines:
+        plotting.draw_series(top, series, smoothing, earlier_series(beside.earlier))
+    if bottom is not None:
         ax_busy, ax_memory = bottom.subplots(1, 2)
         styles = {key: theme.device_style(key) for key in timelines}
         plotting.draw_timelines(ax_busy, ax_memory, timelines, styles, telemetry.titles())
     elif telemetry.latest is not None:
         fig.text(0.01, 0.005, f"load over the run not drawn: {NO_LINE}", fontsize=theme.FOOTNOTE_SIZE, color=theme.MUTED)
+    if beside.splits:
+        draw_step_split(next(places).subplots(1, 1), beside.splits)
     return fig
 
 

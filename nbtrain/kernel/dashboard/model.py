@@ -16,7 +16,7 @@ import time
 from ...gpu.devices import DeviceReader
 from ...gpu.telemetry import Snapshot, Telemetry
 from ..diagnostics.advisor import Evidence, Hint, advise
-from ..diagnostics.setup_facts import setup_words
+from ..diagnostics.setup_facts import setup_words, splits_of
 from ..observers.events import NodeInfo, RankInfo, RunInfo, RunState
 from .metric_store import MetricStore
 from .progress import Progress, progress
@@ -79,6 +79,11 @@ class RunModel:
         """What limited the run so far, from what was measured so far (:func:`~nbtrain.kernel.diagnostics.advisor.advise`)."""
         with self._evidence_lock:
             return advise(self.evidence)
+
+    def step_splits(self) -> dict[int, dict[str, float]]:
+        """Each rank's step split, as it sent it when the cell ended (drawn by :mod:`.step_split`)."""
+        with self._evidence_lock:
+            return splits_of(self.evidence.setup)
 
     def setup_words(self) -> list[str]:
         """Precision, memory format and compile time, as the ranks reported them."""

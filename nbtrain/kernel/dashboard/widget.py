@@ -32,7 +32,7 @@ from ...common.words import count
 from . import kernel_status, reopen
 from .chart import ChartPanel
 from .devices_view import DevicePanel
-from .final import final_png, summary_paragraph
+from .final import Beside, final_png, summary_paragraph
 from .model import RunModel
 from .run_view import RunPanel
 from .series import DEFAULT_SMOOTHING
@@ -127,7 +127,8 @@ class RunDashboard:
         paragraph = summary_paragraph(model.store, model.telemetry, model.status or RunState.FINISHED, model.detail,
                                       len(model.ranks), model.where, progress, model.cold_start)
         title = f"nbtrain · {count('rank', len(model.ranks))} · {model.where} · {model.status_text() or ''}"
-        figure = FinalFigure(final_png(model.store, model.telemetry, title, self.chart.smoothing, self.earlier), paragraph)
+        beside = Beside(tuple(self.earlier), model.step_splits())
+        figure = FinalFigure(final_png(model.store, model.telemetry, title, self.chart.smoothing, beside), paragraph)
         from IPython.display import display
 
         if self.handle is not None:

@@ -22,7 +22,9 @@ Each rule fires only on its own measurement, and its hint quotes it:
 * **GPU health** (:mod:`nbtrain.gpu.health`) — a busy GPU slowed (power cap, thermal, …) in at least
   :data:`SLOWED_FRACTION` of its samples; a PCIe link narrower than the board's; uncorrected ECC errors
   counted during the run; any Xid error the driver reported for it while the dashboard watched (from the run's
-  first sample on: :mod:`nbtrain.gpu.xid`), with the count and the last Xid code. On a ``--nodes`` run the
+  first sample on: :mod:`nbtrain.gpu.xid`), with the count and the last Xid code; a GPU that ran kernels most of
+  the time with, on average, fewer than :data:`FEW_SMS_PCT` % of its SMs active (GPM, :mod:`nbtrain.gpu.gpm`:
+  small kernels that NVML's utilization calls busy). On a ``--nodes`` run the
   nodes' GPUs are judged alike, from their heartbeats (:meth:`Evidence.add_nodes`), and named ``node b GPU 1``.
 
 Telemetry taken before the first logged step is left out when the run logs steps (start-up is not
@@ -46,6 +48,7 @@ BUSIER_BY_PCT = 20.0  # a GPU this many points busier than the others' mean, and
 MIN_SAMPLES = 3
 MIN_STEPS = 5
 SLOWED_FRACTION = 0.2
+FEW_SMS_PCT = 40.0  # GPM's SM active in a GPU's busy samples: below it, its kernels leave most SMs idle
 DATA_WAIT_PCT = 30.0  # of each step spent waiting for the next batch: the input pipeline holds training back
 DATA_WAIT_RATIO = 3.0
 
@@ -75,11 +78,14 @@ class _Health:
     ecc_last: int | None = None
     xid_errors: int = 0  # Xid errors since the watcher started, and the last code
     xid_last: int | None = None
+    sm_active: list = field(default_factory=list)  # GPM's SM active % in busy samples (Hopper and later)
 
     def add(self, gpu) -> None:
         health = gpu.health
         if health is None:
             return
+        if (gpu.utilization or 0) >= IDLE_GPU_PCT and health.sm_active is not None:
+            self.sm_active.append(health.sm_active)
         if health.xid_errors:
             self.xid_errors, self.xid_last = max(self.xid_errors, health.xid_errors), health.xid_last
         if (gpu.utilization or 0) >= IDLE_GPU_PCT:
@@ -205,6 +211,11 @@ def _gpu_health(evidence: Evidence) -> list[Hint]:
                     power = f" ({draw:.0f} of {health.power[-1][1]:.0f} W)"
                 hints.append(Hint("gpu-slowed", f"{gpu} spent {100 * samples / health.busy:.0f} % of the run "
                                                 f"slowed by its {reason}{power}."))
+        if len(health.sm_active) >= MIN_SAMPLES and (active := statistics.fmean(health.sm_active)) < FEW_SMS_PCT:
+            hints.append(Hint("few-sms", f"{gpu} ran a kernel most of the time, yet only {active:.0f} % of its SMs "
+                                         "were active on average (GPM): its kernels are too small to fill it — "
+                                         "take bigger batches, or --compile (fused kernels; reduce-overhead uses "
+                                         "CUDA graphs)."))
         if health.narrow_link is not None:
             lanes, full = health.narrow_link
             hints.append(Hint("pcie", f"{gpu}'s PCIe link runs at x{lanes} (x{full} possible): data loading "

@@ -33,7 +33,8 @@ from __future__ import annotations
 import linecache
 import re
 import signal
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 from ...wire.protocol import Frame, RemoteError
 from ...common.words import count
@@ -106,15 +107,12 @@ class RankFailure:
         return f"{self.who} exited with code {self.exit_code} {when}"
 
 
-def rank_failure(rank: int, cause: RemoteError | int, output_tail=(), *, starting: bool = False,
-                 error_file_message: str | None = None, diagnosis: str | None = None, label: str | None = None,
-                 account: str | None = None) -> RankFailure:
-    """How ``rank`` failed, from what showed it: the exception it reported, or its process's exit code."""
+def rank_failure(cause: RemoteError | int, known: RankFailure) -> RankFailure:
+    """``known`` (a rank, with what its group knows of it) failed by ``cause``: the exception it reported, or its
+    process's exit code. An exception it reported says more than an error file: that file is then left out."""
     if isinstance(cause, RemoteError):
-        return RankFailure(rank, cause, output_tail=list(output_tail), starting=starting, diagnosis=diagnosis,
-                           label=label, account=account)
-    return RankFailure(rank, exit_code=cause, error_file_message=error_file_message, output_tail=list(output_tail),
-                       starting=starting, diagnosis=diagnosis, label=label, account=account)
+        return replace(known, error=cause, error_file_message=None)
+    return replace(known, exit_code=cause)
 
 
 def order_failures(failures: list[RankFailure]) -> list[RankFailure]:
@@ -123,20 +121,40 @@ def order_failures(failures: list[RankFailure]) -> list[RankFailure]:
     return sorted(failures, key=lambda f: (f.secondary, not (f.error or f.error_file_message), f.order, f.rank))
 
 
+@dataclass(frozen=True)
+class CellPlace:
+    """Where a failed rank's code came from: the cell's code name, its source and its first line in the notebook,
+    and IPython's name for the cell's code (``code_name``), to map a rank's traceback onto the cell."""
+
+    filename: str
+    source: str
+    line_offset: int
+    code_name: Callable[[str], str] | None = None
+
+
+@dataclass(frozen=True)
+class StopAccount:
+    """What became of the other ranks: those stopped, where each stood, notes on the run's session, and the run's
+    device type (``"cpu"``, ``"cuda"``) for the hints under the error."""
+
+    stopped: tuple[int, ...] = ()
+    whereabouts: dict[int, str] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    device_type: str | None = None
+
+
 class RankFailedError(RuntimeError):
     """One or more ranks failed; the others were stopped. Shows the first failure's mapped traceback."""
 
-    def __init__(self, failures: list[RankFailure], *, cell_filename: str, cell_source: str, line_offset: int,
-                 code_name=None, stopped: list[int] | None = None, whereabouts: dict[int, str] | None = None,
-                 notes: list[str] | None = None, device_type: str | None = None):
+    def __init__(self, failures: list[RankFailure], cell: CellPlace, account: StopAccount = StopAccount()):
         self.failures = order_failures(failures)
         self.rank = self.failures[0].rank
-        self._cell = (cell_filename, cell_source.splitlines(), line_offset)
-        self._code_name = code_name
-        self.stopped = stopped or []
-        self.whereabouts = whereabouts or {}
-        self.notes = notes or []  # what became of the run's session
-        self.device_type = device_type  # the run's ("cpu", "cuda"), for the hints under the error
+        self._cell = (cell.filename, cell.source.splitlines(), cell.line_offset)
+        self._code_name = cell.code_name
+        self.stopped = list(account.stopped)
+        self.whereabouts = dict(account.whereabouts)
+        self.notes = list(account.notes)  # what became of the run's session
+        self.device_type = account.device_type  # the run's ("cpu", "cuda"), for the hints under the error
         super().__init__(self.failures[0].summary())
 
     @property

@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass
 
 from ...wire.stackfiles import request_stacks
+from .failures import CellPlace
 
 __all__ = ["request_stacks", "summarise", "whereabouts"]
 
@@ -105,9 +106,8 @@ def summarise(dump: str, cell_filename_prefix: str, cell_lines: list[str], line_
     return f"at {pos.where}" + (f" (inside {pos.inside})" if pos.inside else "")
 
 
-def whereabouts(pool, cell_filename: str, cell_source: str, line_offset: int, wait: float,
-                ranks=None) -> dict[int, str]:
-    """One line per live rank of ``pool`` (of ``ranks``, default all) saying where it is."""
-    lines = cell_source.splitlines()
-    return {rank: summarise(dump, cell_filename, lines, line_offset)
+def whereabouts(pool, cell: CellPlace, wait: float, ranks=None) -> dict[int, str]:
+    """One line per live rank of ``pool`` (of ``ranks``, default all) saying where it is in ``cell``."""
+    lines = cell.source.splitlines()
+    return {rank: summarise(dump, cell.filename, lines, cell.line_offset)
             for rank, dump in sorted(pool.dump_stacks(wait, ranks).items())}

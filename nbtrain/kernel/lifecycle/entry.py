@@ -31,6 +31,7 @@ from ..diagnostics.setup_facts import memory_size, setup_words
 from ..observers.cost import Metering, metering_for
 from ..observers.events import FanOut, RunObserver, RunState
 from ..observers.history import RunOutcome
+from ..observers.runlog import RunEnd
 from ..observers.trackers import trackers_for
 from ..relay.output import write_to_std_stream
 from ..request.cell import CellInfo, CellSyntaxError, analyse_cell, names_to_send
@@ -101,8 +102,9 @@ def run_source(source: str, request: LaunchRequest, namespace: dict, **options: 
             (write or write_to_std_stream)("stdout", kept + "\n")
         if manager is not None and state is not None and source.strip():  # nbtrain.runs(), however they ended
             seconds = result.seconds if result is not None else time.time() - started  # the summary's, when there is one
-            manager.runs.add(source, changed_options(request), started, seconds, config.pool.nprocs, outcome.history,
-                             state, config.train.checkpoint_dir, outcome.metering or _spec_metering(config))
+            ended = RunEnd(source, changed_options(request), started, seconds, config.pool.nprocs, state,
+                           config.train.checkpoint_dir)
+            manager.runs.add(ended, outcome.history, outcome.metering or _spec_metering(config))
 
 
 def _spec_metering(config: LaunchConfig) -> Metering:

@@ -40,7 +40,7 @@ class GpusNotFree(UserInputError):
 
 def wants_lease(spec: PoolSpec) -> bool:
     """Whether ``spec``'s ranks use GPUs of this machine (a pool of joined nodes leases nothing here)."""
-    return spec.nodes <= 1 and not spec.rdzv_host and bool(spec.gpu_ids or spec.gpu_count)
+    return spec.nodes is None and bool(spec.gpu_ids or spec.gpu_count)
 
 
 def _lease_info() -> leases.LeaseInfo:
@@ -83,8 +83,9 @@ def lease_gpus(spec: PoolSpec, wait_s: float | None, say: Callable[[str], None])
                 if choice.gpus and not ahead:
                     try:
                         return replace(spec, gpu_ids=choice.gpus), leases.take(list(choice.gpus), info, directory)
-                    except leases.LeaseBusy:
-                        continue  # taken by someone else in between: look again
+                    except leases.LeaseBusy:  # another taker at the same moment (both back off): look again
+                        time.sleep(POLL_S)
+                        continue
                 account = choice.account or "waiting for GPUs"
                 account += _queue_words(ahead) if ahead else ""
                 if wait_s == 0:

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import atexit
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from ...gpu import leases
 from ...wire import protocol as P
+from ...wire.payload import reason
 from ..observers.runlog import RunLog
 from ..ranks.pool import LocalPool
 from ..ranks.rankgroup import RankGroup
@@ -22,6 +25,17 @@ from ..request.config import DEFAULT_KEEP_ALIVE_S, LaunchConfig
 from ..request.notebook_modules import Workdir, fresh_ranks_note, stale_modules
 from . import gpulease
 from .sessions import SessionTable, stale_note
+
+
+@dataclass(frozen=True)
+class Acquired:
+    """What :meth:`PoolManager.acquire` hands a run: a started group, whether its ranks were warm, and lines for
+    the cell (why warm ranks were not reused, a session that ended, ranks spawned although a zygote was there)."""
+
+    pool: RankGroup
+    warm: bool
+    notes: tuple[str, ...] = ()
+    asked_at: float = 0.0  # time.time() when the run asked for it: the summary's time counts from here
 
 
 class Machines(Protocol):
@@ -105,8 +119,23 @@ class PoolManager:
             if lease is not None:
                 lease.release()
 
-    def acquire(self, spec: PoolSpec, fresh: bool, workdir: Workdir, session: str = "") -> tuple[RankGroup, bool, str]:
-        """The pool to run on, whether it is warm, and a note: why warm ranks were not reused, or a session ended."""
+    def acquire(self, config: LaunchConfig, workdir: Workdir) -> Acquired:
+        """A started group for ``config``: the warm one when it serves, else a new one whose ranks are started here
+        (forked from the zygote unless ``--spawn``). A start that fails tears the new group down and raises.
+        Called by the run with its stop button's presses deferred, so that a press lands in the run's loop."""
+        asked_at = time.time()
+        pool, warm, note = self._choose(config.pool, config.fresh, workdir, config.session)
+        if warm:
+            return Acquired(pool, True, (note,), asked_at)
+        try:
+            started = self.starter.start(pool, config.spawn)
+        except BaseException as exc:
+            self.teardown(pool, grace=1.0, why=f"nbtrain failed: {reason(exc)}")
+            raise
+        return Acquired(pool, False, (note, started), asked_at)
+
+    def _choose(self, spec: PoolSpec, fresh: bool, workdir: Workdir, session: str) -> tuple[RankGroup, bool, str]:
+        """The group to run on, whether it is warm, and a note: why warm ranks were not reused, or a session ended."""
         with self._lock:
             self._cancel_timer()
             held, note = self.sessions.pool_for(session) if session else (None, "")
@@ -137,12 +166,6 @@ class PoolManager:
                 self.pool = None  # made, never started: nothing to stop
                 raise
             return self.pool, False, note
-
-    def start(self, pool: RankGroup, spawn: bool) -> str:
-        """Start the ranks of a pool :meth:`acquire` made cold (forked from the zygote unless ``spawn``): a line for
-        the cell when they were spawned although a zygote was there, or "". Called by the run under its stop
-        button, so that a failed start is the run's failure: it tears the pool down and says why."""
-        return self.starter.start(pool, spawn)
 
     def _set_aside(self) -> None:
         """The plain pool is being replaced: stop it, unless sessions live on it."""

@@ -37,23 +37,24 @@ from ...wire import protocol as P
 from ...wire.payload import Inputs, Results, reason, unpack_results
 from ...wire.shm import new_result_prefix, sweep_prefix
 from ...common.words import count
-from ..diagnostics.failures import RankFailedError, RankFailure, order_failures
+from ..diagnostics.failures import CellPlace, RankFailedError, RankFailure, StopAccount, order_failures
 from ..diagnostics.mismatch import MismatchWatcher
 from ..diagnostics.stacks import whereabouts
 from ..observers.cost import metering_for
-from ..observers.events import FanOut, RankInfo, RunInfo, RunState
+from ..observers.events import FanOut, NodeState, RankInfo, RunInfo, RunState
 from ..observers.coldstart import ColdStart, StartMarks
 from ..observers.history import History, RunResult
 from ..ranks.rank_events import Exited, Message, Output, RankEvent
 from ..ranks.rankgroup import RankGroup
 from ..relay.displays import PendingDisplays
-from ..relay.output import OutputRelay
+from ..relay.output import AtMarks, OutputRelay
 from ..relay.stdin import PendingPrompts
 from ..request.cell import CELL_FILENAME, names_to_return
 from ..ranks.spec import PoolSpec
 from ..request.notebook_modules import notebook_workdir
 from .cellrun import CellRun
 from .phase import RunPhase, checked_next
+from .pools import Acquired
 from .preemption import PreemptionWatch
 from .sessions import SESSION_FAILURE_GRACE_S, ended_sentence, kept_sentence, stuck_sentence
 from .stopping import StopButton, stop_button, stop_run
@@ -76,10 +77,11 @@ def _physical_gpu(spec: PoolSpec, device: str | None) -> int | None:
 class _Run:
     """The event loop of one cell on one pool."""
 
-    def __init__(self, cell: CellRun, pool: RankGroup, job: P.Job, inputs: Inputs, warm: bool) -> None:
+    def __init__(self, cell: CellRun, acquired: Acquired, job: P.Job, inputs: Inputs, observers: FanOut) -> None:
+        pool = acquired.pool
         self.cell, self.pool, self.job, self.inputs, self.config = cell, pool, job, inputs, cell.config
-        self.started = time.time()  # when the ranks were asked for (the summary's time counts from it)
-        self.observers, self.warm = FanOut(cell.observers), warm
+        self.started = acquired.asked_at  # when the ranks were asked for (the summary's time counts from it)
+        self.observers, self.warm = observers, acquired.warm
         self.history = History()
         self.marks = StartMarks()  # the cold start's split (nbtrain.kernel.observers.coldstart)
         self.displays = PendingDisplays(cell.write)  # rank 0's figures and display() (nbtrain.rank.display)
@@ -96,7 +98,7 @@ class _Run:
         self.phase, self.phase_since = RunPhase.STARTING, time.monotonic()  # changed by _enter() alone
         self.start_deadline = time.monotonic() + cell.config.start_timeout_s
         self.nodes_told_at = 0.0
-        self.nodes_told_states: tuple[str, ...] = ()
+        self.nodes_told_states: tuple[NodeState, ...] = ()
         self.waiting_told_at = 0.0  # a restart waiting for nodes: when it last said so
         # what the run holds: as the spec says until the ranks start, then as the last RunInfo told (an elastic
         # group's size, the nodes' cores) — in the result and the outcome, failed runs' too
@@ -111,8 +113,8 @@ class _Run:
     def _talk_to_ranks(self, nprocs: int) -> None:
         """The relay of the ranks' output and prompts, which label ranks only when there are several."""
         self.prompts = PendingPrompts(self.pool.send_to, self._write, nprocs)  # input() and pdb in a rank
-        self.relay = OutputRelay(self._write, nprocs, shown=self.config.shown_rank, show_display=self.displays.show,
-                                 answer_prompt=self.prompts.answer, label=self.pool.rank_label)
+        self.relay = OutputRelay(self._write, nprocs, self.config.shown_rank,
+                                 AtMarks(self.displays.show, self.prompts.answer), self.pool.rank_label)
 
     def loop(self, stop_requested: threading.Event) -> None:
         while True:
@@ -312,7 +314,7 @@ class _Run:
 
     def where_each_rank_is(self, wait: float) -> dict[int, str]:
         info = self.cell.info
-        return whereabouts(self.pool, self.job.filename, info.source, info.line_offset, wait=wait)
+        return whereabouts(self.pool, CellPlace(self.job.filename, info.source, info.line_offset), wait=wait)
 
     def reported_ranks(self) -> set[int]:
         """The ranks that finished the cell or failed."""
@@ -354,25 +356,17 @@ def run_cell(cell: CellRun, inputs: Inputs) -> RunResult:
 
 
 def _run_and_bring_back(cell: CellRun, inputs: Inputs, result_prefix: str, started: float) -> RunResult:
-    config, manager, info = cell.config, cell.manager, cell.info
-    workdir = config.workdir or notebook_workdir()
-    spec = manager.lease_gpus(config, lambda text: cell.write("stdout", text))  # may wait in the machine's GPU queue
-    pool, warm, stale_note = manager.acquire(spec, config.fresh, workdir, config.session)
-    session = manager.sessions.open(config.session, pool) if config.session else None
-    job = P.Job(pool.next_job_id(), info.source, f"{CELL_FILENAME[:-1]} {id(info):x}>", inputs.data,
-                names_to_return(info, config.out_names), train=config.train, cwd=workdir.cwd, sys_path=workdir.sys_path,
-                result_prefix=result_prefix, shared_files=tuple(inputs.arena.paths), session=config.session,
-                line_offset=info.line_offset)
-    sessions_here = manager.sessions.on(pool)
-    run = _Run(cell, pool, job, inputs, warm)
-    if session is not None:  # the session's series go on (its ranks continue their step counters)
-        run.history = session.history.copy()
-    if stale_note:
-        run.relay.write_direct("stdout", stale_note)
+    write = cell.write
+    leased = cell.manager.lease_gpus(cell.config, lambda text: write("stdout", text))  # may wait in the GPU queue
+    cell = replace(cell, config=replace(cell.config, pool=leased))
+    observers = FanOut(cell.observers)
     ending = (RunState.FAILED, "nbtrain failed before the run ended")
     with stop_button() as button:  # held until the end is announced: a press while the final picture is drawn is
         try:  # only noted (run_finished is announced here alone, exactly once, however the run ends)
-            result = _drive(run, session, button, sessions_here, started)
+            with button.deferred():  # a press while the group starts is acted on by the run's loop
+                acquired = cell.manager.acquire(cell.config, cell.config.workdir or notebook_workdir())
+            run = _Run(cell, acquired, _job(cell, acquired.pool, inputs, result_prefix), inputs, observers)
+            result = _drive(run, acquired, button, started)
             ending = (RunState.FINISHED, f"{count('rank', len(result.devices))} finished in {result.seconds:.1f} s")
             return result
         except RankFailedError as error:
@@ -386,18 +380,32 @@ def _run_and_bring_back(cell: CellRun, inputs: Inputs, result_prefix: str, start
             raise
         finally:
             with button.deferred():
-                run.notify("run_finished", *ending)
+                observers.notify("run_finished", *ending)
 
 
-def _drive(run: _Run, session, button: StopButton, sessions_here: list, started: float) -> RunResult:
-    """Start the pool unless it is warm, run the loop, and end the run: its results, or its failure raised."""
-    cell, pool, inputs, warm = run.cell, run.pool, run.inputs, run.warm
+def _job(cell: CellRun, pool: RankGroup, inputs: Inputs, result_prefix: str) -> P.Job:
+    """The job every rank of ``pool`` gets: the cell's source, its inputs, and where its results go."""
+    config, info = cell.config, cell.info
+    workdir = config.workdir or notebook_workdir()
+    return P.Job(pool.next_job_id(), info.source, f"{CELL_FILENAME[:-1]} {id(info):x}>", inputs.data,
+                 names_to_return(info, config.out_names), train=config.train, cwd=workdir.cwd,
+                 sys_path=workdir.sys_path, result_prefix=result_prefix, shared_files=tuple(inputs.arena.paths),
+                 session=config.session, line_offset=info.line_offset)
+
+
+def _drive(run: _Run, acquired: Acquired, button: StopButton, started: float) -> RunResult:
+    """Run the loop on the started group and end the run: its results, or its failure raised."""
+    cell, pool, inputs = run.cell, run.pool, run.inputs
     config, manager = cell.config, cell.manager
+    session = manager.sessions.open(config.session, pool) if config.session else None
+    sessions_here = manager.sessions.on(pool)
+    if session is not None:  # the session's series go on (its ranks continue their step counters)
+        run.history = session.history.copy()
+    for note in acquired.notes:
+        if note:
+            run.relay.write_direct("stdout", note)
     try:
         try:
-            with button.deferred():
-                if not warm and (why := manager.start(pool, config.spawn)):
-                    run.relay.write_direct("stdout", why)
             run.loop(button.requested)
         except KeyboardInterrupt:
             stop_run(run, pool, manager, button)  # still under the button: a second press escalates it
@@ -434,7 +442,8 @@ def _failure(run: _Run) -> RankFailedError:
     stopped = [] if kept else [r for r in range(pool.world_size) if r not in run.failures]
     unfinished = [r for r in stopped if r not in run.done]  # a rank that finished is in nbtrain's loop
     stuck = [] if run.preemption.done else unfinished  # after a preemption's checkpoint they wait, as they should
-    where = whereabouts(pool, job.filename, info.source, info.line_offset, 0.4, stuck) if stuck else {}
+    place = CellPlace(job.filename, info.source, info.line_offset, run.cell.code_name)
+    where = whereabouts(pool, place, 0.4, stuck) if stuck else {}
     if kept:
         run.finish_output()
         manager.release(healthy=True, keep_alive_s=run.config.keep_alive_s)
@@ -445,10 +454,8 @@ def _failure(run: _Run) -> RankFailedError:
         notes = [ended_sentence(ended)] if ended else []
         if ended and unfinished and set(run.failures) <= run.raised:  # the others were in the cell: say why it ended
             notes.insert(0, stuck_sentence(sorted(run.raised), unfinished, pool.spec.backend))
-    error = RankFailedError(list(run.failures.values()), cell_filename=job.filename, cell_source=info.source,
-                            line_offset=info.line_offset, code_name=run.cell.code_name, stopped=stopped,
-                            whereabouts=where, notes=notes, device_type=pool.spec.device_type)
-    return error
+    account = StopAccount(tuple(stopped), where, tuple(notes), pool.spec.device_type)
+    return RankFailedError(list(run.failures.values()), place, account)
 
 
 def _bring_back(run: _Run, seconds: float) -> RunResult:

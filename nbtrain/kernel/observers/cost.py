@@ -80,7 +80,7 @@ def metering_for(spec, nodes: Sequence = (), price: float | None = None, world_s
     """What the ranks of pool ``spec`` hold (a :class:`~nbtrain.kernel.request.config.PoolSpec`); ``nodes``: a
     ``--nodes`` run's machines (:class:`~.events.NodeInfo`, whose ``cpus`` their agents reported);
     ``world_size``: the ranks an elastic group formed with (default: the spec's)."""
-    several = spec.nodes > 1 or bool(spec.rdzv_host)
+    several = spec.nodes is not None
     ranks = spec.nprocs if world_size is None else world_size
     if spec.device_type == "cuda":
         count = ranks if several else min(ranks, len(spec.gpu_ids))

@@ -40,6 +40,20 @@ _HIGHER_IS_BETTER = re.compile(r"acc|score|f1|auc|precision|recall", re.I)
 
 
 @dataclass(frozen=True)
+class RunEnd:
+    """One run as :meth:`RunLog.add` takes it: its cell and the options that differed, when it began (unix time),
+    how long it took (a finished run's: its summary line's), its ranks, how it ended, its checkpoint folder."""
+
+    cell: str
+    options: str
+    started: float
+    seconds: float
+    world_size: int
+    state: RunState
+    checkpoint: str | None = None
+
+
+@dataclass(frozen=True)
 class RunRow:
     number: int
     cell: str  # its first line that is not an import (:func:`title`)
@@ -145,20 +159,19 @@ class RunLog:
         self._count = 0
         self._series: list[EarlierRun] = []  # the last KEEP_SERIES runs that logged anything
 
-    def add(self, cell: str, options: str, started: float, seconds: float, world_size: int, history: History,
-            state: RunState, checkpoint: str | None, metering: Metering | None = None) -> None:
-        """A run that began at unix time ``started`` and took ``seconds`` (a finished run's: its summary line's)."""
+    def add(self, run: RunEnd, history: History, metering: Metering | None = None) -> None:
+        """One more run, with what it logged and what it held."""
         self._count += 1
         steps, series = summarise(history)
-        first = title(cell)
-        hours = metering.hours(seconds) if metering else None
+        first = title(run.cell)
+        hours = metering.hours(run.seconds) if metering else None
         on_gpus = metering is not None and metering.unit == "GPU"
-        self._rows.append(RunRow(self._count, first[:80], options, started, seconds, world_size, steps, series,
-                                 state, checkpoint, hours if on_gpus else None, None if on_gpus else hours,
-                                 metering.cost(seconds) if metering else None))
+        self._rows.append(RunRow(self._count, first[:80], run.options, run.started, run.seconds, run.world_size, steps,
+                                 series, run.state, run.checkpoint, hours if on_gpus else None,
+                                 None if on_gpus else hours, metering.cost(run.seconds) if metering else None))
         del self._rows[:-KEEP]
         if len(history):
-            self._series.append(EarlierRun(self._count, cell, options, history, state=RunState(state)))
+            self._series.append(EarlierRun(self._count, run.cell, run.options, history, state=RunState(run.state)))
             del self._series[:-KEEP_SERIES]
 
     def earlier(self, cell: str, options: str, count: int = KEEP_SERIES) -> tuple[EarlierRun, ...]:

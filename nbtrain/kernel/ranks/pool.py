@@ -108,8 +108,8 @@ class LocalPool(GroupState):
     def failure(self, rank: int, cause: P.RemoteError | int, output_tail=(), diagnosis: str | None = None) -> RankFailure:
         """How ``rank`` failed: an exception it reported, or its exit code (with its ``@record`` error file)."""
         recorded = None if isinstance(cause, P.RemoteError) else self.procs.error_file_message(rank, cause)
-        return rank_failure(rank, cause, output_tail, starting=rank not in self._devices,
-                            error_file_message=recorded, diagnosis=diagnosis)
+        return rank_failure(cause, RankFailure(rank, output_tail=list(output_tail), starting=rank not in self._devices,
+                                               error_file_message=recorded, diagnosis=diagnosis))
 
     # --------------------------------------------------------------------------------- events
     def connected(self) -> bool:

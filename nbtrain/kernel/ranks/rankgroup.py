@@ -66,7 +66,7 @@ class GroupState:
         return self._world_size
 
     def formed(self, world_size: int) -> None:
-        """An elastic group formed with ``world_size`` ranks (from ``spec.min_nodes`` to ``spec.nodes`` nodes)."""
+        """An elastic group formed with ``world_size`` ranks (from ``spec.nodes.min_nodes`` to ``spec.nodes.count`` nodes)."""
         self._world_size = world_size
         if self.ready:
             self._enter(GroupPhase.READY)

@@ -1,4 +1,5 @@
-"""What a group of ranks is made of: the :class:`PoolSpec` every rank group is built from (torch elastic's ``WorkerSpec``).
+"""What a group of ranks is made of: the :class:`PoolSpec` every rank group is built from (torch elastic's ``WorkerSpec``),
+with a :class:`NodesSpec` for a group on several machines.
 
 Two runs whose specs are equal share the same warm ranks (:meth:`~nbtrain.kernel.ranks.rankgroup.RankGroup.serves`).
 The request layer (:func:`nbtrain.kernel.request.config.resolve`) builds it from the cell's options, checked;
@@ -11,26 +12,34 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
-class PoolSpec:
-    """What two runs must share to reuse the same warm processes."""
+class NodesSpec:
+    """Where a group on several machines runs and how its node agents come (``--nodes``, ``--hosts``, ``--slurm``):
+    what only a :class:`~nbtrain.kernel.cluster.group.NodePool` reads."""
 
-    nprocs: int
-    backend: str
-    device_type: str  # "cuda" | "cpu"
-    gpu_ids: tuple[int, ...]  # physical NVML indices made visible to the ranks
-    timeout_s: float
-    env: tuple[tuple[str, str], ...] = ()
-    nodes: int = 1  # > 1, or rdzv_host set: the ranks run on joined nodes (nbtrain.kernel.cluster)
-    nproc_per_node: int = 0  # with nodes: ranks on each node (nprocs = nodes × nproc_per_node)
-    rdzv_host: str = ""  # with nodes: where the kernel listens for them and hosts the c10d store
+    count: int  # nodes (elastic --nodes MIN:MAX: MAX)
+    nproc_per_node: int  # ranks on each node (nprocs = count × nproc_per_node)
+    rdzv_host: str  # where the kernel listens for them and hosts the c10d store
     hosts: tuple[str, ...] = ()  # --hosts: the kernel starts the node agents there over ssh (nbtrain.kernel.cluster.ssh)
     ssh_options: tuple[str, ...] = ()
     remote_python: str = ""
     slurm: tuple[str, ...] | None = None  # --slurm: the agents run as a Slurm job, these sbatch/srun words (nbtrain.kernel.cluster.slurm)
-    min_nodes: int = 0  # elastic --nodes MIN:MAX: MIN (nodes is MAX); 0: exactly `nodes`
+    min_nodes: int = 0  # elastic --nodes MIN:MAX: MIN; 0: exactly `count`
     preemption_url: str = ""  # --preemption-url: what the agents nbtrain starts poll for a spot reclaim
-    gpu_count: int = 0  # --gpus auto: lease this many free GPUs when the pool starts (gpu_ids then names them)
     last_call_s: float = field(default=0.0, compare=False)  # elastic: the wait for more nodes once MIN joined
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """What two runs must share to reuse the same warm processes; ``nodes`` is set for a group on several machines."""
+
+    nprocs: int
+    backend: str
+    device_type: str  # "cuda" | "cpu"
+    gpu_ids: tuple[int, ...]  # physical NVML indices made visible to the ranks (this machine's; none with nodes)
+    timeout_s: float
+    env: tuple[tuple[str, str], ...] = ()
+    nodes: NodesSpec | None = None  # the ranks run on joined nodes (nbtrain.kernel.cluster)
+    gpu_count: int = 0  # --gpus auto: lease this many free GPUs when the pool starts (gpu_ids then names them)
 
     def rank_devices(self) -> list[str]:
         if self.device_type == "cpu":

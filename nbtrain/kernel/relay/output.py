@@ -38,6 +38,7 @@ import collections
 import re
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ...wire.protocol import DISPLAY_MARK, END_MARK, INPUT_MARK, MARKS
 
@@ -70,17 +71,27 @@ class _Stream:
         self.partial = ""
 
 
+def _always(rank: int, number: int) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class AtMarks:
+    """What the relay does where a rank's output holds a mark: show its display number N (rank 0's figures), answer
+    its prompt N (``input()``, pdb); each says whether it could, now."""
+
+    show_display: Callable[[int, int], bool] = _always
+    answer_prompt: Callable[[int, int], bool] = _always
+
+
 class OutputRelay:
     """``shown``: the one rank whose output is shown, or None for every rank."""
 
     def __init__(self, write: Callable[[str, str], None], nprocs: int, shown: int | None = None,
-                 show_display: Callable[[int, int], bool] | None = None,
-                 answer_prompt: Callable[[int, int], bool] | None = None,
-                 label: Callable[[int], str] | None = None) -> None:
+                 at_marks: AtMarks = AtMarks(), label: Callable[[int], str] | None = None) -> None:
         self._write = write
         self._label = label or (lambda rank: f"rank {rank}")  # several machines: "node b rank 3"
-        self._at_mark = {DISPLAY_MARK: show_display or (lambda rank, number: True),
-                         INPUT_MARK: answer_prompt or (lambda rank, number: True)}
+        self._at_mark = {DISPLAY_MARK: at_marks.show_display, INPUT_MARK: at_marks.answer_prompt}
         self._nprocs = self.nprocs = nprocs
         self._shown = shown
         self._line_mode = nprocs > 1 and shown is None

@@ -24,7 +24,7 @@ from ..diagnostics.profiling import ProfileOptionError, parse_profile, profile_d
 from ..observers.trackers import TrackerSetupError, tensorboard_dir
 from .hosts import SshSetupError, parse_hosts, parse_remote_python, parse_slurm, parse_ssh_options
 from ..observers.cost import PriceError, parse_price
-from ..ranks.spec import PoolSpec
+from ..ranks.spec import NodesSpec, PoolSpec
 from .mistakes import UserInputError
 from .notebook_modules import Workdir, WorkdirGone, notebook_workdir
 from ...wire.agent_options import AgentOptions, PreemptionURLError, check_url
@@ -282,11 +282,10 @@ def _node_pool(request: LaunchRequest, placement: tuple[int, int, str, int], bac
     device_type = "cpu" if request.cpu else "cuda"
     if device_type == "cpu" and backend == "nccl":
         raise ConfigError("The nccl backend needs GPUs, but --cpu was given. Use --backend gloo (or leave --backend out).")
+    where = NodesSpec(nodes, per_node, host, hosts, ssh[0], ssh[1], slurm, min_nodes, preemption_url,
+                      DEFAULT_LAST_CALL_S if request.last_call is None else float(request.last_call))
     return _pool_spec(request, backend or ("gloo" if device_type == "cpu" else "nccl"), nprocs=nodes * per_node,
-                      device_type=device_type, gpu_ids=(), nodes=nodes, nproc_per_node=per_node, rdzv_host=host,
-                      hosts=hosts, ssh_options=ssh[0], remote_python=ssh[1], slurm=slurm, min_nodes=min_nodes,
-                      preemption_url=preemption_url,
-                      last_call_s=DEFAULT_LAST_CALL_S if request.last_call is None else float(request.last_call))
+                      device_type=device_type, gpu_ids=(), nodes=where)
 
 
 def _pool_spec(request: LaunchRequest, backend: str, **where) -> PoolSpec:
@@ -434,7 +433,7 @@ def _finish(request: LaunchRequest, pool: PoolSpec, output: str, workdir: Workdi
     if train.shard_offload and pool.device_type != "cuda":
         raise ConfigError("--shard-offload keeps the shards in CPU memory while the ranks compute on GPUs; these ranks "
                           "run on the CPU, where the shards are already. Leave it out.")
-    if train.shard == "hybrid" and pool.nodes <= 1:
+    if train.shard == "hybrid" and (pool.nodes is None or pool.nodes.count <= 1):
         raise ConfigError("--shard hybrid replicates the model across nodes and shards it within each, so it needs "
                           "--nodes N (on one machine, use --shard).")
     session = _parse_session(request.session, request.max_restarts)

@@ -88,28 +88,28 @@ def save_checkpoint(path: str | None = None, **extra) -> str:
                       "are not saved. Save after optimizer.step().", stacklevel=2)
     context.flush_scaler_update()
     mine = {"rng": _rng_state(context.device), "metric_steps": metrics.step_counters(),
-            "metric_history": metrics.logged_history()}
+            "metric_history": metrics.logged_history(), "shards_token": secrets.token_hex(4)}
     ranks: list = [mine]
     if context.distributed and context.world_size > 1:
         ranks = [None] * context.world_size
         dist.all_gather_object(ranks, mine)
+    token = ranks[0]["shards_token"]  # rank 0's names the new shard folder: one gather, no second collective
+    for entry in ranks:
+        entry.pop("shards_token", None)
     sharded = any(shard.is_sharded(m) for m in context.models)
     if sharded and context.settings.checkpoint_async and path is None:
-        return _save_in_background(context, target, ranks, extra)
-    states = _save_shards(context, target) if sharded else None
+        return _save_in_background(context, target, ranks, extra, token)
+    states = _save_shards(context, target, token) if sharded else None
     error = None
     if context.rank == 0:
         try:
             if states is not None:
                 writable_by_owner_only(os.path.join(os.path.dirname(target), states[0][0]["dcp"]))
             write_atomic(_snapshot(context, ranks, extra, states), target)
-            _remove_older_shards(target, states[0][0]["dcp"] if states is not None else None)  # none left unsharded
+            _remove_older_shards_later(context, target, states[0][0]["dcp"] if states is not None else None)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-    if context.distributed and context.world_size > 1:
-        box = [error]
-        dist.broadcast_object_list(box, src=0)
-        error = box[0]
+    error = _rank0s_error(context, error)
     if error:
         raise CheckpointError(f"rank 0 could not write the checkpoint {target}: {error}. The previous checkpoint "
                               "there is unchanged; free disk space (or give --checkpoint another directory) and "
@@ -127,16 +127,28 @@ def _target(context: TrainContext, path: str | None) -> str:
     return context.settings.checkpoint_path
 
 
-def _save_shards(context: TrainContext, target: str, done=None) -> tuple[list, list]:
+def _rank0s_error(context: TrainContext, error: str | None) -> str | None:
+    """Rank 0's error in writing the file, on every rank: a flag first, its words only when there is one."""
+    if not (context.distributed and context.world_size > 1):
+        return error
+    flag = torch.tensor([1 if error else 0], device=context.device)
+    dist.broadcast(flag, src=0)
+    if not int(flag.item()):
+        return None
+    box = [error]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _save_shards(context: TrainContext, target: str, token: str, done=None) -> tuple[list, list]:
     """--shard: every rank writes its shards to a new DCP folder beside the checkpoint file, which names it only
-    once all are written — a save killed half-way leaves the previous checkpoint, and its folder, as they were."""
-    name = [f"{os.path.basename(target)}.shards-{context.step}-{secrets.token_hex(4)}" if context.rank == 0 else None]
-    if context.distributed and context.world_size > 1:
-        dist.broadcast_object_list(name, src=0)
-    return shard.save_states(context, os.path.join(os.path.dirname(target), str(name[0])), done)
+    once all are written — a save killed half-way leaves the previous checkpoint, and its folder, as they were.
+    ``token``: rank 0's random part of the folder's name, the same on every rank."""
+    name = f"{os.path.basename(target)}.shards-{context.step}-{token}"
+    return shard.save_states(context, os.path.join(os.path.dirname(target), name), done)
 
 
-def _save_in_background(context: TrainContext, target: str, ranks: list, extra: dict) -> str:
+def _save_in_background(context: TrainContext, target: str, ranks: list, extra: dict, token: str) -> str:
     """--checkpoint-async: the shards are copied now and written in the background; rank 0 writes the file that
     names them once DCP has finished (every rank's part), and the next wait raises what went wrong."""
     snapshot: dict = {}
@@ -158,15 +170,15 @@ def _save_in_background(context: TrainContext, target: str, ranks: list, extra: 
                 failure.append(error)
             finished.set()
 
-    states = _save_shards(context, target, done)
+    states = _save_shards(context, target, token, done)
     snapshot.update(_snapshot(context, ranks, extra, states))
     taken.set()
     written = context.pending_save
     assert written is not None  # set by the background save
 
     def wait() -> None:
-        # The future's callbacks run after its result is set: wait for done() itself too. The next save's name
-        # is broadcast by rank 0 only after this, so no rank writes a folder that rank 0 is still clearing.
+        # The future's callbacks run after its result is set: wait for done() itself too. Rank 0 joins the next
+        # save's gather only after this, so no rank writes a folder that rank 0 is still clearing.
         with contextlib.suppress(Exception):  # its error is the one done() recorded
             written()
         finished.wait()
@@ -177,13 +189,33 @@ def _save_in_background(context: TrainContext, target: str, ranks: list, extra: 
     return target
 
 
+def _remove_older_shards_later(context: TrainContext, target: str, keep: str | None) -> None:
+    """Remove the shard folders the new file no longer names on a thread of their own (deleting a large model's
+    folder takes a while, and training need not wait for it); the next save and the cell's end wait for it. The
+    folders are listed now: a later save's new folder is never among them."""
+    older = _older_shards(target, keep)
+    if not older:
+        return
+    remover = threading.Thread(target=_remove_folders, args=(older,), name="nbtrain-old-shards", daemon=True)
+    remover.start()
+    context.save_in_background(remover.join)
+
+
 def _remove_older_shards(target: str, keep: str | None) -> None:
     """The shard folders the file at ``target`` no longer names (all of them once a run without --shard saved) —
     this user's own folders only: in a folder others can write (``--checkpoint /tmp/run``) another user's shards, or
     a link, under the same names are left as they are."""
-    for folder in glob.glob(f"{glob.escape(target)}.shards-*"):
-        if os.path.basename(folder) != keep and _own_folder(folder):
-            shutil.rmtree(folder, ignore_errors=True)
+    _remove_folders(_older_shards(target, keep))
+
+
+def _older_shards(target: str, keep: str | None) -> list[str]:
+    return [folder for folder in glob.glob(f"{glob.escape(target)}.shards-*")
+            if os.path.basename(folder) != keep and _own_folder(folder)]
+
+
+def _remove_folders(folders: list[str]) -> None:
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _own_folder(path: str) -> bool:

@@ -104,6 +104,8 @@ class PreparedLoader(DataLoader):
     def _next(self, iterator):
         """The next batch, its wait counted as the step's data wait (rank/train/stepmeter.py)."""
         started = time.perf_counter()
+        if self._context is not None:
+            self._context.meter.split.backward_ended()  # the wait is not backward's (accumulation's micro-steps)
         batch = next(iterator, _END)
         if self._context is not None:
             self._context.meter.data_waited(time.perf_counter() - started)

@@ -88,6 +88,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
         context = self._context
         if not context.accum.at_boundary():
             return None
+        context.meter.optimizer_began()
         scaler = context.scaler
         if scaler is not None:
             if not context.accum.backward_used:

@@ -213,11 +213,21 @@ def _bf16_supported(device) -> bool | None:
 
 def _forward(self, super_forward, args, kwargs):
     context = self._nbtrain_context  # the cell's TrainContext, set by _prepare_model
-    model_speed = self._nbtrain_speed
-    if context.meter.flops.per_step is None and torch.is_grad_enabled():  # the first training forward: FLOPs
-        context.meter.training_forward(model_speed)
-    if torch.is_grad_enabled() and hasattr(self, "require_backward_grad_sync"):
+    if not torch.is_grad_enabled():  # evaluation: not a training step's forward, not timed
+        return _forward_under_autocast(self, super_forward, args, kwargs)
+    meter = context.meter
+    if meter.flops.per_step is None:  # the first training forward: FLOPs
+        meter.training_forward(self._nbtrain_speed)
+    if hasattr(self, "require_backward_grad_sync"):
         self.require_backward_grad_sync = context.accum.sync_next()  # what no_sync() does, decided per forward
+    meter.split.forward_began()
+    out = _forward_under_autocast(self, super_forward, args, kwargs)
+    meter.split.forward_ended(out)
+    return out
+
+
+def _forward_under_autocast(self, super_forward, args, kwargs):
+    context, model_speed = self._nbtrain_context, self._nbtrain_speed
     if model_speed.first_call:
         with context.autocast():
             out = model_speed.first_forward(self.module, super_forward, args, kwargs)

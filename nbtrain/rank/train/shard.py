@@ -364,6 +364,7 @@ def save_states(context: TrainContext, directory: str, done=None) -> tuple[list,
     and written in the background: ``done(error or None)`` runs when this rank's part is over, and
     ``context.pending_save`` waits for it."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import DefaultSavePlanner
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
     state: dict[str, Any] = {}
@@ -379,10 +380,11 @@ def save_states(context: TrainContext, directory: str, done=None) -> tuple[list,
             continue
         state[f"optim{index}"] = get_optimizer_state_dict(_plain(owner), optimizer.optimizer)
         optimizers.append({"dcp": os.path.basename(directory), "key": f"optim{index}"})
+    planner = DefaultSavePlanner(enable_plan_caching=True)  # the same state each save: its plan is made once
     if done is None:
-        dcp.save(state, checkpoint_id=directory)
+        dcp.save(state, checkpoint_id=directory, planner=planner)
         return models, optimizers
-    future = dcp.async_save(state, checkpoint_id=directory, process_group=_background_group())
+    future = dcp.async_save(state, checkpoint_id=directory, process_group=_background_group(), planner=planner)
     assert isinstance(future, Future)  # the thread checkpointer's answer (a response object is the process one's)
 
     def finished(f) -> None:

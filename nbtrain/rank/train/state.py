@@ -109,11 +109,12 @@ class TrainContext:
         self.epoch, self.epochs_used = epoch, True
 
     def save_in_background(self, wait: Callable[[], object]) -> None:
-        """--checkpoint-async: ``wait`` finishes the save in progress (the next save, the cell's end call it)."""
+        """``wait`` finishes what the last save left going on in the background — its write under
+        --checkpoint-async, the removal of older shard folders — (the next save and the cell's end call it)."""
         self.pending_save = wait
 
     def wait_for_save(self) -> None:
-        """The background save of --checkpoint-async, finished (its error raised here)."""
+        """The last save's background part, finished (a background write's error raised here)."""
         wait, self.pending_save = self.pending_save, None
         if wait is not None:
             wait()

@@ -1,5 +1,8 @@
 """Where a cell's steps go, measured on each rank: the step rate, the FLOPs it achieves, the share spent waiting for data.
 
+**The split.** Each window also sums the time of each step's forward, backward and optimizer (:mod:`.stepsplit`);
+with the data wait they make the cell's step split, in percent of the step, with the rest as *other*.
+
 **The clock.** Wall time between optimizer steps, summed over windows of at least :data:`REPORT_S` seconds:
 on a GPU the host waits for the device once its launch queue is full, so over a window the host's step time
 is the device's. The window before the first optimizer step is left out (the FLOP count, compiling and the
@@ -20,19 +23,32 @@ import time
 
 from . import metrics
 from .flops import FlopCount, peak_of, precision_of
+from .stepsplit import PHASES, StepSplit
 
 REPORT_S = 2.0  # how often rank 0 logs its rates
 
 
 class _Window:
-    """Seconds, steps and seconds of data wait, summed."""
+    """Seconds, steps, seconds of data wait and seconds per phase (:mod:`.stepsplit`), summed."""
 
     def __init__(self) -> None:
         self.seconds, self.steps, self.data_s = 0.0, 0, 0.0
+        self.phases = dict.fromkeys(PHASES, 0.0)
 
     def add(self, other: _Window) -> None:
         self.seconds, self.steps, self.data_s = (self.seconds + other.seconds, self.steps + other.steps,
                                                  self.data_s + other.data_s)
+        for phase, seconds in other.phases.items():
+            self.phases[phase] += seconds
+
+    def split(self) -> dict[str, float]:
+        """Percent of the steps' time: data, forward, backward, optimizer, and the rest (other)."""
+        if self.seconds <= 0:
+            return {}
+        shares = {"data": 100.0 * self.data_s / self.seconds,
+                  **{phase: 100.0 * seconds / self.seconds for phase, seconds in self.phases.items()}}
+        shares["other"] = max(0.0, 100.0 - sum(shares.values()))
+        return shares
 
 
 class StepMeter:
@@ -41,6 +57,7 @@ class StepMeter:
     def __init__(self, rank: int, precision: str, peak_tflops: float | None, on_cpu: bool) -> None:
         self.rank, self.precision, self.peak_tflops, self.on_cpu = rank, precision, peak_tflops, on_cpu
         self.flops = FlopCount()
+        self.split = StepSplit(on_gpu=not on_cpu)  # forward, backward, optimizer
         self._started: float | None = None  # when the current window began (at an optimizer step)
         self._window = _Window()
         self._total = _Window()  # over the cell, the windows already closed
@@ -56,19 +73,25 @@ class StepMeter:
         """A prepared loader's ``next()`` took ``seconds``."""
         self._data_s += seconds
 
+    def optimizer_began(self) -> None:
+        self.split.optimizer_began()
+
     def optimizer_stepped(self, step: int) -> None:
         """An optimizer step ended (``step`` steps so far)."""
+        self.split.optimizer_ended()
         now = time.perf_counter()
         self.flops.finish()
         data_s, self._data_s = self._data_s, 0.0
         if self._started is None:  # the first step: its window is left out
             self._started = now
+            self.split.forget()
             return
         window = self._window
         window.steps, window.data_s = window.steps + 1, window.data_s + data_s
         window.seconds = now - self._started
         if window.seconds < REPORT_S:
             return
+        window.phases = self.split.take()
         self._total.add(window)
         self._started, self._window = now, _Window()
         if self.rank == 0:
@@ -87,12 +110,13 @@ class StepMeter:
         self.flops.drop()
         if self._started is None:
             return
+        self._window.phases = self.split.take()
         total = _Window()
         total.add(self._total)
         total.add(self._window)
         fact: dict = {"flops_per_step": self.flops.per_step, "precision": self.precision,
                       "peak_tflops": self.peak_tflops, "on_cpu": self.on_cpu, "steps_timed": total.steps,
-                      "loaders": loaders, **self.rates(total)}
+                      "loaders": loaders, "split": total.split(), **self.rates(total)}
         if self.flops.uncounted:
             fact["flops_uncounted"] = self.flops.uncounted
         metrics.send_setup(fact)

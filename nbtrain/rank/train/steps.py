@@ -24,6 +24,7 @@ def backward(loss, **kwargs) -> None:
     if context.scaler is not None:
         loss = context.scaler.scale(loss)
     loss.backward(**kwargs)
+    context.meter.split.backward_ended()  # exact here: the step split's backward ends with the call
 
 
 def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0):

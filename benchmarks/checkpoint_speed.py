@@ -1,0 +1,149 @@
+"""save_checkpoint() under --shard against DCP called by hand, on the same state in the same ranks.
+
+One ``%%distributed --shard --checkpoint DIR`` cell prepares a model of ``--layers`` linear layers of width
+``--width`` with AdamW (one step, so the optimizer holds its state), then, alternately for ``--rounds``:
+
+* ``nbtrain.save_checkpoint()`` — what training is blocked for (sync; with ``--checkpoint-async`` in a second
+  cell, the call's time: the state is staged, the write goes on in the background);
+* ``dcp.save`` / ``dcp.async_save`` of the same model and optimizer state dicts, written by hand, with the same
+  planner settings nbtrain uses (plan caching on).
+
+A third cell resumes from the checkpoint (``prepare()`` reads it), a fourth prepares the same model with
+``--no-resume``: the difference is nbtrain's resume, timed against ``dcp.load`` of the same state by hand.
+Each figure is the median over the rounds of the slowest rank's time (barriers around each call); which of the
+two saves goes first alternates from round to round.
+Goal: nbtrain ≤ 1.05× raw for each.
+
+    python benchmarks/checkpoint_speed.py [--ranks 2] [--rounds 5] [--layers 8] [--width 1024] [--gpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+
+CELL = """
+import os, time, torch, nbtrain
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import DefaultSavePlanner
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(*(torch.nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+model, opt = nbtrain.prepare(model, opt)
+model(torch.randn(4, WIDTH, device=device)).sum().backward()
+opt.step()
+gloo = dist.new_group(backend="gloo")
+
+def slowest(seconds):
+    box = torch.tensor([seconds])
+    dist.all_reduce(box, op=dist.ReduceOp.MAX, group=gloo)
+    return float(box)
+
+def timed(call):
+    dist.barrier(group=gloo)
+    began = time.perf_counter()
+    waited = call()
+    took = time.perf_counter() - began
+    if waited is not None:
+        waited()  # the background write, outside the time training was blocked for
+    return slowest(took)
+
+def raw_state():
+    return {"model0": get_model_state_dict(model), "optim0": get_optimizer_state_dict(model, opt.optimizer)}
+
+def raw_save(round_):
+    target = os.path.join(RAW_DIR, f"r{round_}")
+    planner = DefaultSavePlanner(enable_plan_caching=True)
+    if ASYNC:
+        future = dcp.async_save(raw_state(), checkpoint_id=target, process_group=gloo, planner=planner)
+        return future.result
+    dcp.save(raw_state(), checkpoint_id=target, planner=planner)
+
+def ours():
+    nbtrain.save_checkpoint()
+    if ASYNC:
+        from nbtrain.rank.train.state import current
+        return current().wait_for_save
+
+times = {"nbtrain": [], "raw": []}
+for round_ in range(ROUNDS):  # which goes first alternates: the disk's state after a write favours neither
+    for who in (("nbtrain", "raw") if round_ % 2 == 0 else ("raw", "nbtrain")):
+        times[who].append(timed(ours if who == "nbtrain" else lambda: raw_save(round_)))
+"""
+
+RESUME = """
+import time, torch, nbtrain
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+gloo = dist.new_group(backend="gloo")
+def slowest(seconds):
+    box = torch.tensor([seconds])
+    dist.all_reduce(box, op=dist.ReduceOp.MAX, group=gloo)
+    return float(box)
+
+model = torch.nn.Sequential(*(torch.nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+dist.barrier(group=gloo)
+began = time.perf_counter()
+model, opt = nbtrain.prepare(model, opt)  # resumes: reads the checkpoint the first cell wrote
+resume = {"nbtrain": slowest(time.perf_counter() - began)}
+state = {"model0": get_model_state_dict(model), "optim0": get_optimizer_state_dict(model, opt.optimizer)}
+dist.barrier(group=gloo)
+began = time.perf_counter()
+dcp.load(state, checkpoint_id=RAW_DIR + "/r0")
+resume["raw"] = slowest(time.perf_counter() - began)
+"""
+
+
+def run(args, cell: str, names: dict, **options) -> dict:
+    from nbtrain.kernel.lifecycle.entry import run_source
+    from nbtrain.kernel.request.config import LaunchRequest
+
+    request = LaunchRequest(nprocs=args.ranks, cpu=not args.gpu, keep_alive=0, fresh=True, shard="full",
+                            checkpoint=names["CHECKPOINT"], **options)
+    namespace = dict(names)
+    run_source(cell, request, namespace)
+    return namespace
+
+
+def line(what: str, ours: list[float], raw: list[float]) -> str:
+    ours_s, raw_s = statistics.median(ours), statistics.median(raw)
+    return f"{what:<28} nbtrain {ours_s * 1000:8.1f} ms   raw {raw_s * 1000:8.1f} ms   ratio {ours_s / raw_s:5.2f}×"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--gpu", action="store_true")
+    args = parser.parse_args()
+    params = args.layers * (args.width * args.width + args.width)
+    print(f"{args.ranks} ranks, {params / 1e6:.1f} M parameters (AdamW: {params * 12 / 2**20:.0f} MiB of state), "
+          f"{args.rounds} rounds, {'GPU' if args.gpu else 'CPU (gloo)'}")
+    with tempfile.TemporaryDirectory(prefix="nbtrain-ckpt-bench-") as folder:
+        names = {"WIDTH": args.width, "LAYERS": args.layers, "ROUNDS": args.rounds}
+        for mode in ("sync", "async"):
+            where = os.path.join(folder, mode)
+            ns = run(args, CELL, {**names, "ASYNC": mode == "async", "RAW_DIR": os.path.join(where, "raw"),
+                                  "CHECKPOINT": os.path.join(where, "nbtrain")}, checkpoint_async=mode == "async")
+            print(line(f"save_checkpoint(), {mode}", ns["times"]["nbtrain"], ns["times"]["raw"]))
+        where = os.path.join(folder, "sync")
+        resumed, fresh = ([run(args, RESUME, {**names, "RAW_DIR": os.path.join(where, "raw"),
+                                             "CHECKPOINT": os.path.join(where, "nbtrain")}, resume=resume)["resume"]
+                           for _ in range(args.rounds)] for resume in (True, False))
+        extra = [r["nbtrain"] - f["nbtrain"] for r, f in zip(resumed, fresh, strict=True)]
+        print(line("resume (prepare()'s extra)", extra, [r["raw"] for r in resumed]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
