@@ -6,6 +6,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -81,3 +82,19 @@ def test_gpu_lease_directory_made_first_by_another_user_refuses_the_cell_naming_
         assert os.listdir(path) == []  # nothing of the user's was put in the other user's directory
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def test_gpu_lease_queue_a_sigkilled_waiter_leaves_it_and_its_ticket_is_swept(shared_dir):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = ("import sys, time\nfrom nbtrain.gpu.leasequeue import WaitTicket\nticket = WaitTicket(sys.argv[1])\n"
+            "print(ticket.name, flush=True)\ntime.sleep(600)\n")
+    waiter = subprocess.Popen([sys.executable, "-c", code, shared_dir], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": root})
+    name = waiter.stdout.readline().strip()
+    with WaitTicket(shared_dir) as mine:
+        assert [ticket.name for ticket in mine.ahead()] == [name]
+        waiter.kill()
+        waiter.wait()
+        assert mine.ahead() == []  # its lock went with it: this cell's turn
+    with WaitTicket(shared_dir):
+        assert name not in os.listdir(shared_dir)  # the next ticket of its user swept the file
