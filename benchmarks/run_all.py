@@ -57,6 +57,10 @@ BENCHMARKS = (
               ("log_overhead.py",), ("log_overhead.py", "--blocks", "3")),
     Benchmark("dashboard", "Kernel cost of the live dashboard", "≤ 2 % of one core; ≤ 4 widget messages/s; flat memory",
               ("dashboard_cost.py", "--seconds", "30"), ("dashboard_cost.py", "--seconds", "10")),
+    Benchmark("leases", "GPU leases on a shared server: taking them in a cold start, and a release to the next "
+              "queued cell", "taking the leases < 5 ms of the cold start; the next queued cell holds the GPUs within "
+              "2 s of their release", ("gpu_leases.py", "--repeats", "200", "--rounds", "10"),
+              ("gpu_leases.py", "--repeats", "50", "--rounds", "3")),
     Benchmark("results", "Large results back into the notebook (shared memory)",
               "1 GiB back in ≤ 1.5 s; peak extra memory ≤ 1.3× the tensor",
               ("results_transfer.py", "--mib", "1024", "--repeats", "3"), ("results_transfer.py", "--repeats", "1")),

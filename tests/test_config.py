@@ -88,3 +88,29 @@ def test_output_names_one_rank_or_all(monkeypatch):
     assert resolve(LaunchRequest(nprocs=2)).shown_rank is None
     assert resolve(LaunchRequest(nprocs=2, output="rank0")).shown_rank == 0
     assert resolve(LaunchRequest(nprocs=3, output="Rank 2")).output == "rank2"
+
+
+def test_shared_server_gpus_auto_asks_for_one_free_gpu_per_rank_and_says_what_is_missing(monkeypatch, cuda_torch):
+    install(monkeypatch, gpus(4))
+    pool = resolve(LaunchRequest(nprocs=2, gpus="auto")).pool
+    assert (pool.gpu_count, pool.gpu_ids, pool.backend, pool.device_type) == (2, (), "nccl", "cuda")
+    with pytest.raises(ConfigError, match=r"needs the number of ranks: %%distributed 2 --gpus auto"):
+        resolve(LaunchRequest(gpus="auto"))
+    with pytest.raises(ConfigError, match="5 ranks need 5 GPUs, but this machine has 4"):
+        resolve(LaunchRequest(nprocs=5, gpus="auto"))
+    with pytest.raises(ConfigError, match="--gpu-timeout must be a positive number of seconds"):
+        resolve(LaunchRequest(nprocs=2, gpus="auto", gpu_timeout=0))
+    assert resolve(LaunchRequest(nprocs=2, gpus="auto", no_wait=True)).gpu_wait_s == 0.0
+    monkeypatch.setenv("NBTRAIN_GPUS", "auto")  # set for a shared server: a cell's own --gpus and --cpu still win
+    assert resolve(LaunchRequest(nprocs=2)).pool.gpu_count == 2
+    assert resolve(LaunchRequest(nprocs=2, gpus="1,3")).pool.gpu_ids == (1, 3)
+    assert resolve(LaunchRequest(nprocs=2, cpu=True)).pool.device_type == "cpu"
+
+
+def test_shared_server_gpus_named_on_a_cpu_only_torch_are_leased_while_the_ranks_run_on_cpu(monkeypatch):
+    install(monkeypatch, gpus(4))
+    monkeypatch.setattr(config_module, "_torch_has_cuda", lambda: False)
+    pool = resolve(LaunchRequest(nprocs=2, gpus="1,2")).pool
+    assert (pool.gpu_ids, pool.device_type, pool.backend) == ((1, 2), "cpu", "gloo")
+    assert pool.rank_devices() == ["cpu", "cpu"]
+    assert resolve(LaunchRequest()).pool.gpu_ids == ()  # without --gpus nothing is leased, as before

@@ -178,8 +178,9 @@ def test_shared_server_auto_choice_picks_free_close_gpus_or_says_who_holds_the_r
         assert choice.gpus == (6,) and choice.account == ""
         waiting = choose(4, gpus, held, known_pids={7777}, owner_of=owner)
         assert waiting.gpus == ()
-        assert waiting.account.startswith("waiting for 4 GPUs (1 free): GPU 0 held by root (notebooks/llm.ipynb, "
-                                          "training since ")
+        assert waiting.account.startswith("waiting for 4 GPUs (1 free): GPU 0\u20134 held by root "
+                                          "(notebooks/llm.ipynb, training since ")
+        assert ", GPU 7 held by root (notebooks/llm.ipynb, training since " in waiting.account
         assert waiting.account.endswith("GPU 5 by a process of carol's (python rank/train.py, 38 GiB)")
     finally:
         holder.kill()
@@ -232,3 +233,14 @@ def test_gpu_lease_of_no_gpu_index_is_refused_saying_what_to_pass(shared_dir, gp
                                          r"numbers them \(got .*\): pass e.g. \[0, 1\]"):
         leases.take(gpus, directory=directory)
     assert os.listdir(directory) == []
+
+
+def test_shared_server_auto_choice_counts_used_memory_where_nvml_lists_no_processes(monkeypatch):
+    gib = 2**30
+    fake_nvml.install(monkeypatch, [fake_nvml.FakeGpu(processes=None, used=38 * gib),  # a container hides them
+                                    fake_nvml.FakeGpu(processes=None, used=gib // 4),
+                                    fake_nvml.FakeGpu(processes=[])])
+    gpus = DeviceReader().read()
+    assert choose(2, gpus, [], known_pids=set(), owner_of=lambda pid: ("?", "?")).gpus == (1, 2)
+    waiting = choose(3, gpus, [], known_pids=set(), owner_of=lambda pid: ("?", "?"))
+    assert waiting.account == "waiting for 3 GPUs (2 free): GPU 0 by processes NVML does not list (38 GiB used)"

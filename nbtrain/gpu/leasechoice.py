@@ -46,20 +46,37 @@ def choose(wanted: int, gpus: list[GpuStatus], leases: list[HeldLease], known_pi
             sum(memory for _, memory in in_use[gpu.index]) < FOREIGN_MEMORY_LIMIT]
     if len(free) >= wanted:
         return Choice(_closest(free, wanted, distance), "")
-    reasons = [describe(lease) for lease in leases]
+    reasons = describe_held(leases)
     for index, processes in sorted(in_use.items()):
         if index in leased:
             continue
         for pid, memory in processes:
+            if not pid:
+                reasons.append(f"GPU {index} by processes NVML does not list ({memory / GIB:.0f} GiB used)")
+                continue
             user, command = owner_of(pid)
             reasons.append(f"GPU {index} by a process of {user}'s ({command}, {memory / GIB:.0f} GiB)")
     return Choice((), f"waiting for {count('GPU', wanted)} ({len(free)} free): " + ", ".join(reasons))
 
 
+def describe_held(leases: list[HeldLease]) -> list[str]:
+    """``GPU 0–1 held by bob (notebooks/llm.ipynb, training since 12:04)``: one phrase per holder's run of GPUs."""
+    runs: list[list[HeldLease]] = []
+    for lease in sorted(leases, key=lambda held: held.gpu):
+        if runs and runs[-1][-1].pid == lease.pid and runs[-1][-1].gpu + 1 == lease.gpu:
+            runs[-1].append(lease)
+        else:
+            runs.append([lease])
+    return [describe(run[0]).replace(f"GPU {run[0].gpu}", f"GPU {run[0].gpu}\u2013{run[-1].gpu}", 1) if len(run) > 1
+            else describe(run[0]) for run in runs]
+
+
 def _foreign(gpu: GpuStatus, known_pids: set[int]) -> list[tuple[int, int]]:
-    """(pid, bytes) of the processes on ``gpu`` that nbtrain does not know of."""
-    return [(process.pid, process.used_memory or 0) for process in gpu.processes or ()
-            if process.pid not in known_pids]
+    """(pid, bytes) of the processes on ``gpu`` that nbtrain does not know of; where NVML lists none (a container
+    that hides them), the GPU's used memory, as pid 0's."""
+    if gpu.processes is None:
+        return [(0, gpu.memory_used)] if gpu.memory_used and gpu.memory_used >= FOREIGN_MEMORY_LIMIT else []
+    return [(process.pid, process.used_memory or 0) for process in gpu.processes if process.pid not in known_pids]
 
 
 def _closest(free: list[int], size: int, distance: Callable[[int, int], int] | None) -> tuple[int, ...]:

@@ -25,6 +25,7 @@ import re
 import secrets
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from nbtrain.gpu import jsonfields, nvml
@@ -35,6 +36,7 @@ FILE_MODE = 0o644  # every user reads who holds what
 MAX_RECORD = 4096  # bytes of a lease's JSON read; a larger file is not a lease
 MAX_GPU_INDEX = 9999  # the most digits a lease's name may give its GPU
 NAME = re.compile(r"^gpu-([0-9]{1,4})-([0-9]{1,10})-([0-9a-f]{16})\.lease$")
+TICKET_NAME = re.compile(r"^wait-([0-9]{1,10})-([0-9a-f]{16})\.ticket$")  # a place in the queue (nbtrain.gpu.leasequeue)
 
 
 class LeaseState(enum.Enum):
@@ -113,14 +115,25 @@ def user_name(uid: int) -> str:
 class Lease:
     """GPUs this process holds until :meth:`release` (or its exit); a context manager."""
 
-    def __init__(self, directory: str, gpus: list[int], files: list[tuple[str, int]]) -> None:
+    def __init__(self, directory: str, gpus: list[int], files: list[tuple[str, int]], record: dict) -> None:
         self.directory = directory
         self.gpus = gpus
         self._files = files  # (path, locked descriptor) per GPU
+        self._record = record
+
+    def set_state(self, state: LeaseState) -> None:
+        """Say whether a cell runs on the GPUs or the ranks only wait warm (what ``%gpus`` shows others)."""
+        if self._record.get("state") == state.value:
+            return
+        self._record = {**self._record, "state": state.value}
+        data = json.dumps(self._record).encode()
+        for _, fd in self._files:
+            os.ftruncate(fd, 0)  # a reader in between sees no details for a moment, never a mix of two records
+            os.pwrite(fd, data, 0)
 
     def release(self) -> None:
         for path, fd in self._files:
-            _unlink_quietly(path)  # unlinked before unlocking: nobody sees a free file of ours that is still held
+            unlink_quietly(path)  # unlinked before unlocking: nobody sees a free file of ours that is still held
             os.close(fd)
         self._files = []
 
@@ -136,10 +149,10 @@ def take(gpu_ids: list[int], info: LeaseInfo = LeaseInfo(), directory: str | Non
     check_gpu_ids(gpu_ids)
     directory = directory or lease_dir()
     sweep_own(directory)
-    record = json.dumps({"user": user_name(os.geteuid()), "notebook": info.notebook, "kernel_id": info.kernel_id,
-                         "pid": os.getpid(), "since": time.time(), "state": info.state.value}).encode()
-    files = [_make_locked(directory, gpu, record) for gpu in gpu_ids]
-    lease = Lease(directory, list(gpu_ids), files)
+    record = {"user": user_name(os.geteuid()), "notebook": info.notebook, "kernel_id": info.kernel_id,
+              "pid": os.getpid(), "since": time.time(), "state": info.state.value}
+    files = [_make_locked(directory, gpu, json.dumps(record).encode()) for gpu in gpu_ids]
+    lease = Lease(directory, list(gpu_ids), files, record)
     ours = {path for path, _ in files}
     # Everyone locks first and looks second, so of two takers at once at least one sees the other.
     others = [held_lease for held_lease in held(directory) if held_lease.gpu in gpu_ids and held_lease.path not in ours]
@@ -160,8 +173,13 @@ def check_gpu_ids(gpu_ids: list[int]) -> None:
 
 
 def _make_locked(directory: str, gpu: int, record: bytes) -> tuple[str, int]:
+    return make_locked(lambda: os.path.join(directory, f"gpu-{gpu}-{os.geteuid()}-{secrets.token_hex(8)}.lease"), record)
+
+
+def make_locked(fresh_path: Callable[[], str], record: bytes) -> tuple[str, int]:
+    """A new file at ``fresh_path()`` holding ``record``, ``flock``-ed by this process: (path, descriptor)."""
     while True:
-        path, fd = _create_locked(directory, gpu, record)
+        path, fd = _create_locked(fresh_path(), record)
         if _still_linked(path, fd):
             return path, fd
         os.close(fd)  # our own sweep in another kernel removed it between create and lock: make another
@@ -174,8 +192,7 @@ def _still_linked(path: str, fd: int) -> bool:
         return False
 
 
-def _create_locked(directory: str, gpu: int, record: bytes) -> tuple[str, int]:
-    path = os.path.join(directory, f"gpu-{gpu}-{os.geteuid()}-{secrets.token_hex(8)}.lease")
+def _create_locked(path: str, record: bytes) -> tuple[str, int]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
     fcntl.flock(fd, fcntl.LOCK_EX)  # a fresh name nobody else knows: this never waits
     os.fchmod(fd, FILE_MODE)
@@ -189,6 +206,8 @@ def held(directory: str | None = None) -> list[HeldLease]:
     holders = lock_holders()
     found = []
     for name in sorted(os.listdir(directory)):
+        if TICKET_NAME.match(name):
+            continue  # a waiting run's place in the queue, not a lease
         lease = _read_lease(directory, name, holders)
         if lease is not None:
             found.append(lease)
@@ -215,7 +234,7 @@ def _read_lease(directory: str, name: str, holders: dict[tuple[int, int, int], i
             _report(path, f"its name says uid {match.group(2)} but {user_name(info.st_uid)} owns it")
             return None
         pid = holders.get((os.major(info.st_dev), os.minor(info.st_dev), info.st_ino))
-        if pid is None or _uid_of(pid) != info.st_uid:
+        if pid is None or uid_of(pid) != info.st_uid:
             return None  # not held, or locked by a process of another user: a stale lease
         record = os.read(fd, MAX_RECORD + 1)
     finally:
@@ -258,7 +277,8 @@ def lock_holders() -> dict[tuple[int, int, int], int]:
     return holders
 
 
-def _uid_of(pid: int) -> int | None:
+def uid_of(pid: int) -> int | None:
+    """The owner of process ``pid``, None when it is gone."""
     try:
         return os.stat(f"/proc/{pid}").st_uid
     except OSError:
@@ -272,11 +292,12 @@ def free_gpus(all_gpu_ids: list[int], directory: str | None = None) -> list[int]
 
 
 def sweep_own(directory: str) -> None:
-    """Remove this user's lease files whose holder is gone (a SIGKILLed kernel's)."""
+    """Remove this user's lease and ticket files whose holder is gone (a SIGKILLed kernel's)."""
     holders = lock_holders()
     for name in os.listdir(directory):
-        match = NAME.match(name)
-        if match is None or int(match.group(2)) != os.geteuid():
+        lease, ticket = NAME.match(name), TICKET_NAME.match(name)
+        owner = int(lease.group(2)) if lease else int(ticket.group(1)) if ticket else None
+        if owner != os.geteuid():
             continue
         path = os.path.join(directory, name)
         try:
@@ -285,10 +306,10 @@ def sweep_own(directory: str) -> None:
             continue
         if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid() and \
                 (os.major(info.st_dev), os.minor(info.st_dev), info.st_ino) not in holders:
-            _unlink_quietly(path)
+            unlink_quietly(path)
 
 
-def _unlink_quietly(path: str) -> None:
+def unlink_quietly(path: str) -> None:
     try:
         os.unlink(path)
     except FileNotFoundError:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from ...gpu import leases
 from ...wire import protocol as P
 from ...wire.payload import reason
 from ..observers.runlog import RunLog
@@ -22,6 +23,7 @@ from ..ranks.starter import RankStarter
 from ..ranks.spec import PoolSpec
 from ..request.config import DEFAULT_KEEP_ALIVE_S, LaunchConfig
 from ..request.notebook_modules import Workdir, fresh_ranks_note, stale_modules
+from . import gpulease
 from .sessions import SessionTable, stale_note
 
 
@@ -65,6 +67,57 @@ class PoolManager:
         self._idle_timer: threading.Timer | None = None
         self._atexit = False
         self._keep_alive_s = DEFAULT_KEEP_ALIVE_S
+        self._gpu_leases: dict[int, tuple[PoolSpec, leases.Lease]] = {}  # id(pool) -> (the spec asked, its lease)
+        self._pending: tuple[PoolSpec, leases.Lease] | None = None  # leased for the pool acquire makes next
+
+    def lease_gpus(self, config: LaunchConfig, say: Callable[[str], None]) -> PoolSpec:
+        """The spec to :meth:`acquire` with: the cell's, its GPUs leased (waited for in turn, said with ``say``)
+        unless warm ranks that hold them serve it. Raises :class:`~.gpulease.GpusNotFree` or KeyboardInterrupt."""
+        spec = config.pool
+        if not gpulease.wants_lease(spec):
+            return spec
+        with self._lock:
+            self._give_back_pending()
+            session = self.sessions.live.get(config.session)
+            if session is not None and session.pool.alive():
+                return spec  # the session's ranks run it, on the GPUs they hold
+            for pool in [self.pool, *self.sessions.pools()]:
+                asked, lease = self._gpu_leases.get(id(pool), (None, None))
+                if pool is not None and lease is not None and not config.fresh and asked == spec and pool.alive():
+                    lease.set_state(leases.LeaseState.BUSY)
+                    return pool.spec
+            self._cancel_timer()
+            self._set_aside()  # warm ranks of ours on other GPUs must not make this cell wait for them
+        leased, lease = gpulease.lease_gpus(spec, config.gpu_wait_s, say)
+        self._pending = (spec, lease)
+        return leased
+
+    def _give_back_pending(self) -> None:
+        if self._pending is not None:
+            self._pending[1].release()
+            self._pending = None
+
+    def _hold_gpus(self, pool: RankGroup) -> None:
+        """Keep the lease taken for ``pool`` with it until it stops; a pool made again on GPUs its predecessor
+        just gave back (a module changed) leases them again, without waiting."""
+        pending, self._pending = self._pending, None
+        if pending is not None and pending[1].gpus == list(pool.spec.gpu_ids):
+            self._gpu_leases[id(pool)] = pending
+            return
+        if pending is not None:
+            pending[1].release()
+        if gpulease.wants_lease(pool.spec):
+            asked = pending[0] if pending is not None else pool.spec
+            self._gpu_leases[id(pool)] = (asked, gpulease.lease_now(pool.spec.gpu_ids))
+
+    def _stop(self, pool: RankGroup, **how) -> None:
+        """Stop ``pool`` (``how``: :meth:`RankGroup.teardown`'s arguments), then give back the GPUs it leased."""
+        try:
+            pool.teardown(**how)
+        finally:
+            _, lease = self._gpu_leases.pop(id(pool), (None, None))
+            if lease is not None:
+                lease.release()
 
     def acquire(self, config: LaunchConfig, workdir: Workdir) -> Acquired:
         """A started group for ``config``: the warm one when it serves, else a new one whose ranks are started here
@@ -102,18 +155,30 @@ class PoolManager:
             if not self._atexit:
                 atexit.register(self.shutdown)
                 self._atexit = True
-            self.pool = self.pool_factory(spec)
+            try:
+                self.pool = self.pool_factory(spec)
+            except BaseException:
+                self._give_back_pending()
+                raise
+            try:
+                self._hold_gpus(self.pool)
+            except BaseException:
+                self.pool = None  # made, never started: nothing to stop
+                raise
             return self.pool, False, note
 
     def _set_aside(self) -> None:
         """The plain pool is being replaced: stop it, unless sessions live on it."""
         pool, self.pool = self.pool, None
         if pool is not None and not self.sessions.on(pool):
-            pool.teardown(graceful=True)
+            self._stop(pool, graceful=True)
 
     def release(self, healthy: bool, keep_alive_s: float) -> None:
         with self._lock:
             self._keep_alive_s = keep_alive_s
+            _, lease = self._gpu_leases.get(id(self.pool), (None, None))
+            if lease is not None:
+                lease.set_state(leases.LeaseState.IDLE_WARM)  # until the next cell, or until the pool stops
             if self.sessions.on(self.pool):
                 return  # its sessions keep it until they end
             if not healthy or keep_alive_s <= 0:
@@ -154,7 +219,7 @@ class PoolManager:
                 self._cancel_timer()
                 self.pool = None
             ended = self.sessions.end_pool(pool, why)
-        pool.teardown(graceful=False, grace=grace, drain=drain)
+        self._stop(pool, graceful=False, grace=grace, drain=drain)
         return ended
 
     def close_session(self, name: str) -> None:
@@ -170,7 +235,7 @@ class PoolManager:
                 self.pool = None
             if self.machines is not None and not self.sessions.pools() and self._idle_timer is None:
                 self._start_timer(self._keep_alive_s)  # the last session held the machines: now as after a cell
-        pool.teardown(graceful=True)
+        self._stop(pool, graceful=True)
 
     def shutdown(self, graceful: bool = True) -> bool:
         """Stop every pool: the warm one and those sessions hold (their sessions end)."""
@@ -181,7 +246,7 @@ class PoolManager:
             for pool in pools:
                 self.sessions.end_pool(pool, "the ranks were shut down")
         for pool in dict.fromkeys(pools):
-            pool.teardown(graceful=graceful)
+            self._stop(pool, graceful=graceful)
         return bool(pools)
 
     def _cancel_timer(self) -> None:

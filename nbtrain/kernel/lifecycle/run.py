@@ -356,6 +356,9 @@ def run_cell(cell: CellRun, inputs: Inputs) -> RunResult:
 
 
 def _run_and_bring_back(cell: CellRun, inputs: Inputs, result_prefix: str, started: float) -> RunResult:
+    write = cell.write
+    leased = cell.manager.lease_gpus(cell.config, lambda text: write("stdout", text))  # may wait in the GPU queue
+    cell = replace(cell, config=replace(cell.config, pool=leased))
     observers = FanOut(cell.observers)
     ending = (RunState.FAILED, "nbtrain failed before the run ended")
     with stop_button() as button:  # held until the end is announced: a press while the final picture is drawn is

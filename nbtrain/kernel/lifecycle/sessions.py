@@ -33,7 +33,7 @@ The rules it decides:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 import psutil
 
@@ -111,7 +111,8 @@ class SessionTable:
         if fresh:
             raise SessionError(f"--fresh would start new ranks, but session {name!r} lives on its ranks. "
                                f"End it first with %distributed_close {name}, or leave --fresh out.")
-        if session.pool.spec != spec:
+        chosen = spec.gpu_count and replace(session.pool.spec, gpu_ids=()) == spec  # --gpus auto chose its GPUs
+        if session.pool.spec != spec and not chosen:
             differences = "; ".join(spec_differences(session.pool.spec, spec))
             raise SessionError(f"Session {name!r} runs on {describe_spec(session.pool.spec)}, with other options than "
                                f"this cell's: {differences}. Give the options the session started with, or end it "

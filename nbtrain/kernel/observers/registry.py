@@ -82,7 +82,7 @@ def read_runs(directory: str | None = None) -> list[dict]:
     return sorted(records, key=lambda r: r.get("updated", 0), reverse=True)
 
 
-def _kernel_identity() -> tuple[str | None, str | None]:
+def kernel_identity() -> tuple[str | None, str | None]:
     """This kernel's id and connection file, when running inside ipykernel."""
     try:
         from ipykernel.connect import get_connection_file
@@ -103,7 +103,7 @@ class RunRegistry(RunObserver):
         self.directory = directory or runs_dir()
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
         self.path = os.path.join(self.directory, f"kernel-{os.getpid()}.json")
-        kernel_id, connection_file = _kernel_identity()
+        kernel_id, connection_file = kernel_identity()
         self.record: dict = {"version": VERSION, "kernel_pid": os.getpid(), "kernel_id": kernel_id,
                              "connection_file": connection_file}
         self._last_write = 0.0

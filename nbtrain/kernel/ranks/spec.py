@@ -39,6 +39,7 @@ class PoolSpec:
     timeout_s: float
     env: tuple[tuple[str, str], ...] = ()
     nodes: NodesSpec | None = None  # the ranks run on joined nodes (nbtrain.kernel.cluster)
+    gpu_count: int = 0  # --gpus auto: lease this many free GPUs when the pool starts (gpu_ids then names them)
 
     def rank_devices(self) -> list[str]:
         if self.device_type == "cpu":

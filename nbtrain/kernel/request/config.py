@@ -55,8 +55,16 @@ class LaunchRequest(TrainOptions, AgentOptions):
     nprocs: int | None = option(None, None, "number of ranks (default: one per visible GPU, else 2)",
                                 group="placement", type=int)
     cpu: bool = option(False, "--cpu", "run on CPU (gloo) even when GPUs are present", group="placement", switch=True)
-    gpus: str | None = option(None, "--gpus", "GPUs to use, such as 0,2 (NVML/nvidia-smi numbering)",
-                              group="placement", metavar="IDS")
+    gpus: str | None = option(None, "--gpus", "GPUs to use, such as 0,2 (NVML/nvidia-smi numbering); auto: as many "
+                              "free GPUs as ranks, none leased by another run and none used by other processes, waiting "
+                              "in the machine's first-come queue until they are free", group="placement",
+                              metavar="IDS|auto", env="NBTRAIN_GPUS")
+    no_wait: bool = option(False, "--no-wait", "fail at once, saying who holds them, when the GPUs asked for are not "
+                           "free, instead of waiting in the queue", group="placement", switch=True)
+    gpu_timeout: float | None = option(
+        None, "--gpu-timeout", "how long the cell waits in the queue for its GPUs before it fails (default: as long "
+        "as it takes; the stop button leaves the queue)", group="placement", type=float, metavar="SECONDS",
+        env="NBTRAIN_GPU_TIMEOUT")
     backend: str | None = option(None, "--backend", "process-group backend (default: nccl on GPUs, gloo on CPU)",
                                  group="placement", choices=("nccl", "gloo"))
     timeout: float | None = option(None, "--timeout", "collective timeout of the process group (default 600)",
@@ -144,6 +152,7 @@ class LaunchConfig:
     price_per_hour: float | None = None  # --price-per-gpu-hour (per core-hour on the CPU; nbtrain.kernel.observers.cost)
     spawn: bool = False  # --spawn: new ranks are new interpreters, not forks of the zygote
     preemption_grace_s: float = DEFAULT_PREEMPTION_GRACE_S  # a notice's checkpoint must be written within this
+    gpu_wait_s: float | None = None  # how long to wait in the queue for the GPUs (0: --no-wait; None: no limit)
 
     @property
     def shown_rank(self) -> int | None:
@@ -267,7 +276,7 @@ def _node_pool(request: LaunchRequest, placement: tuple[int, int, str, int], bac
         slurm = None  # --hosts on the cell wins over NBTRAIN_SLURM
     if hosts and slurm is not None:
         raise ConfigError("--hosts and --slurm both start the node agents (over ssh, as a Slurm job); give one of them.")
-    if request.gpus:
+    if request.gpus and not _is_auto(request.gpus):  # NBTRAIN_GPUS=auto, set for a shared server, is no mistake here
         raise ConfigError("--gpus picks GPUs of this machine; with --nodes each node uses its first "
                           "--nproc-per-node GPUs (set CUDA_VISIBLE_DEVICES on the node to choose).")
     device_type = "cpu" if request.cpu else "cuda"
@@ -309,7 +318,7 @@ def resolve(request: LaunchRequest) -> LaunchConfig:
         raise ConfigError(str(exc)) from None
     if request.nprocs is not None and request.nprocs < 1:
         raise ConfigError(f"The number of ranks must be at least 1 (got {request.nprocs}).")
-    if request.cpu and request.gpus:
+    if request.cpu and request.gpus and not _is_auto(request.gpus):
         raise ConfigError("--cpu and --gpus contradict each other; use one of them.")
     backend = request.backend.lower() if request.backend else None
     if backend not in (None, "nccl", "gloo"):
@@ -325,10 +334,12 @@ def resolve(request: LaunchRequest) -> LaunchConfig:
 
     visible = [] if request.cpu else nvml.visible_gpus()
     notes: list[str] = []
-    if visible and not _torch_has_cuda():
+    on_gpu = bool(visible) and _torch_has_cuda()
+    if visible and not on_gpu:
         notes.append("this PyTorch build has no CUDA support, so the ranks run on CPU")
-        visible = []
-    if request.gpus:
+    if _is_auto(request.gpus) and not request.cpu:
+        return _finish(request, _auto_pool(request, backend, visible, on_gpu), output, workdir, notes)
+    if request.gpus and not request.cpu:  # on a CPU-only PyTorch the GPUs named are still leased, so that no one else trains on them
         wanted = _parse_gpu_ids(request.gpus)
         known = {g.index: g for g in visible}
         unknown = [i for i in wanted if i not in known]
@@ -337,7 +348,9 @@ def resolve(request: LaunchRequest) -> LaunchConfig:
             raise ConfigError(f"GPU {', '.join(map(str, unknown))} not found; the GPUs this kernel can use are: {have}.")
         gpus = [known[i] for i in wanted]
     else:
-        gpus = visible
+        gpus = visible if on_gpu else []
+    leased = tuple(g.index for g in gpus)
+    gpus = gpus if on_gpu else []
 
     if backend == "nccl" and not gpus:
         why = "--cpu was given" if request.cpu else "no NVIDIA GPU is visible"
@@ -349,9 +362,40 @@ def resolve(request: LaunchRequest) -> LaunchConfig:
             f"{count('rank', nprocs)} on nccl need {count('GPU', nprocs)}, but only {len(gpus)} "
             f"({', '.join(str(g.index) for g in gpus)}) can be used. Run {count('rank', len(gpus))}, or use --backend gloo."
         )
-    pool = _pool_spec(request, backend, nprocs=nprocs, device_type="cuda" if gpus else "cpu",
-                      gpu_ids=tuple(g.index for g in gpus))
+    pool = _pool_spec(request, backend, nprocs=nprocs, device_type="cuda" if gpus else "cpu", gpu_ids=leased)
     return _finish(request, pool, output, workdir, notes)
+
+
+def _gpu_wait(request: LaunchRequest) -> float | None:
+    """How long the cell waits in the queue for its GPUs: 0 with --no-wait, None for as long as it takes."""
+    if request.no_wait:
+        return 0.0
+    if request.gpu_timeout is not None and request.gpu_timeout <= 0:
+        raise ConfigError(f"--gpu-timeout must be a positive number of seconds (got {request.gpu_timeout}); "
+                          "--no-wait fails at once.")
+    return request.gpu_timeout
+
+
+def _is_auto(gpus: str | None) -> bool:
+    return (gpus or "").strip().lower() == "auto"
+
+
+def _auto_pool(request: LaunchRequest, backend: str | None, visible: list, on_gpu: bool) -> PoolSpec:
+    """``--gpus auto``: as many GPUs as ranks, chosen among the free ones when the pool starts
+    (:mod:`nbtrain.kernel.lifecycle.gpulease`)."""
+    if request.nprocs is None:
+        raise ConfigError("--gpus auto leases one free GPU per rank, so it needs the number of ranks: "
+                          "%%distributed 2 --gpus auto.")
+    if not visible:
+        raise ConfigError("--gpus auto chooses among this machine's GPUs, but no NVIDIA GPU is visible. "
+                          "Leave --gpus out.")
+    if request.nprocs > len(visible):
+        raise ConfigError(f"--gpus auto: {count('rank', request.nprocs)} need {count('GPU', request.nprocs)}, but "
+                          f"this machine has {len(visible)}. Run {count('rank', len(visible))} at most.")
+    if backend == "nccl" and not on_gpu:
+        raise ConfigError("The nccl backend needs CUDA, but this PyTorch build has none. Use --backend gloo.")
+    return _pool_spec(request, backend or ("nccl" if on_gpu else "gloo"), nprocs=request.nprocs,
+                      device_type="cuda" if on_gpu else "cpu", gpu_ids=(), gpu_count=request.nprocs)
 
 
 def _finish(request: LaunchRequest, pool: PoolSpec, output: str, workdir: Workdir, notes: list[str]) -> LaunchConfig:
@@ -403,4 +447,4 @@ def _finish(request: LaunchRequest, pool: PoolSpec, output: str, workdir: Workdi
     return LaunchConfig(pool, _parse_names(request.out), output, keep_alive, request.fresh,
                         start_timeout_s=start_timeout, notes=tuple(notes), train=train, workdir=workdir,
                         tensorboard=tensorboard, session=session, price_per_hour=price, spawn=request.spawn,
-                        preemption_grace_s=grace)
+                        preemption_grace_s=grace, gpu_wait_s=_gpu_wait(request))
