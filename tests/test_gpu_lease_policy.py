@@ -72,3 +72,16 @@ def test_gpu_lease_policy_that_cannot_be_used_refuses_the_run_saying_why(shared_
         lease_gpus(pinned(0), 0, print)
     assert says in str(refused.value)
     assert leases.held(shared_dir) == []
+
+
+def test_gpu_lease_policy_may_hide_other_users_notebook_names_and_says_a_wrong_value(tmp_path):
+    from nbtrain.gpu import leasepolicy
+
+    path = tmp_path / "policy.toml"
+    path.write_text("show_notebooks = false\n")
+    assert leasepolicy.load({"NBTRAIN_POLICY": str(path)}).show_notebooks is False
+    path.write_text("max_gpus_per_user = 2\n")
+    assert leasepolicy.load({"NBTRAIN_POLICY": str(path)}).show_notebooks is True  # the default
+    path.write_text('show_notebooks = "no"\n')
+    with pytest.raises(leasepolicy.PolicyError, match="show_notebooks must be true or false"):
+        leasepolicy.load({"NBTRAIN_POLICY": str(path)})

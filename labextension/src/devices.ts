@@ -1,9 +1,10 @@
 /**
- * The panel's device section: each GPU's load and memory now and as a short history, or the CPU and RAM
- * on a machine without a usable GPU. Rows are keyed by GPU uuid (index when the driver gives none).
+ * The panel's device section: each GPU's load and memory now and as a short history, who holds it (every
+ * user's nbtrain runs on the machine lease the GPUs they use) and who waits for GPUs, or the CPU and RAM on a
+ * machine without a usable GPU. Rows are keyed by GPU uuid (index when the driver gives none).
  */
 import { el, IRow, setAttr, setClass, setShown, setText } from './dom';
-import { count, gib, percent } from './format';
+import { count, gib, leaseText, percent, queueText } from './format';
 import { NbtrainModel } from './model';
 import { createSparkline, drawSparkline } from './sparkline';
 import { Section } from './views';
@@ -14,6 +15,7 @@ interface IDeviceItem {
   name: string;
   now: string;
   historyKey: string;
+  holders: string[];
 }
 
 export class DevicesView {
@@ -27,10 +29,15 @@ export class DevicesView {
     const machine = this._model.machine;
     const cpuOnly = machine !== null && machine.gpus.length === 0;
     const note = this._section.note;
-    setShown(note, cpuOnly);
+    const queue = machine ? queueText(machine.queue ?? []) : '';
+    const leaseError = machine?.lease_error ?? '';
+    setShown(note, cpuOnly || queue !== '' || leaseError !== '');
     if (cpuOnly) {
       setText(note, 'No NVIDIA GPU visible: showing CPU and RAM.');
       setAttr(note, 'title', machine.gpu_error ?? '');
+    } else {
+      setText(note, [queue, leaseError && `GPU leases not read: ${leaseError}`].filter(Boolean).join(' · '));
+      setAttr(note, 'title', null);
     }
     this._section.update(cpuOnly ? 'CPU and memory' : 'GPUs', this._items(), 'Waiting for the server…');
   }
@@ -44,7 +51,7 @@ export class DevicesView {
       const { cpu, ram } = machine;
       const now = `${percent(cpu.percent)} · RAM ${gib(ram.used)}/${gib(ram.total)} GiB`;
       const name = `CPU (${count('core', cpu.count)})`;
-      return [{ key: 'cpu', className: 'nbtrain-Device-cpu', name, now, historyKey: 'cpu' }];
+      return [{ key: 'cpu', className: 'nbtrain-Device-cpu', name, now, historyKey: 'cpu', holders: [] }];
     }
     return machine.gpus.map(gpu => {
       const temperature = gpu.temperature === null ? '' : ` · ${gpu.temperature} °C`;
@@ -53,7 +60,8 @@ export class DevicesView {
         className: `nbtrain-Device-gpu${gpu.index}`,
         name: `GPU${gpu.index} ${gpu.name}`,
         now: `${percent(gpu.utilization)} · ${gib(gpu.memory_used)}/${gib(gpu.memory_total)} GiB${temperature}`,
-        historyKey: `gpu${gpu.index}`
+        historyKey: `gpu${gpu.index}`,
+        holders: (machine.leases ?? []).filter(lease => lease.gpu === gpu.index).map(leaseText)
       };
     });
   }
@@ -77,13 +85,15 @@ class DeviceRow implements IRow<IDeviceItem> {
     const memoryBox = el('div', 'nbtrain-Chart', 'memory');
     memoryBox.appendChild(this._memory);
     charts.append(loadBox, memoryBox);
-    this.node.append(head, charts);
+    this.node.append(head, this._holders, charts);
   }
 
   update(item: IDeviceItem): void {
     setClass(this.node, `nbtrain-Device ${item.className}`);
     setText(this._name, item.name);
     setText(this._now, item.now);
+    setText(this._holders, item.holders.length ? `leased: ${item.holders.join('; ')}` : '');
+    setShown(this._holders, item.holders.length > 0);
     const history = this._model.history(item.historyKey);
     drawSparkline(this._load, history.load, this._model.historyLength);
     drawSparkline(this._memory, history.memory, this._model.historyLength);
@@ -91,6 +101,7 @@ class DeviceRow implements IRow<IDeviceItem> {
 
   private _name = el('span', 'nbtrain-Device-name');
   private _now = el('span', 'nbtrain-Device-now');
+  private _holders = el('div', 'nbtrain-Device-lease');
   private _load = createSparkline('nbtrain-Sparkline-load');
   private _memory = createSparkline('nbtrain-Sparkline-memory');
 }

@@ -1,7 +1,7 @@
 /**
  * Short human forms of the numbers the panel and the status bar show.
  */
-import { IMachine, INode, IRun } from './types';
+import { ILease, IMachine, IWaiting, INode, IRun } from './types';
 
 const GiB = 2 ** 30;
 
@@ -80,4 +80,31 @@ export function nodeText(node: INode): string {
 export function pidsText(run: IRun): string {
   const ranks = run.ranks.map(r => `rank ${r.rank} ${r.pid}${r.alive ? '' : ' (gone)'}`);
   return ['process ids: kernel ' + (run.kernel_pid ?? '?'), ...ranks].join(' · ');
+}
+
+/** "12:04": a time of day on this browser's clock, from seconds since the epoch. */
+export function clock(seconds: number): string {
+  const when = new Date(seconds * 1000);
+  const two = (n: number) => String(n).padStart(2, '0');
+  return `${two(when.getHours())}:${two(when.getMinutes())}`;
+}
+
+/** "bob · llm.ipynb · training since 12:04", "you · nb/a.ipynb · warm since 12:10": who holds a GPU, and how. */
+export function leaseText(lease: ILease): string {
+  const parts = [lease.mine ? 'you' : lease.user];
+  if (lease.notebook) {
+    parts.push(lease.notebook);
+  }
+  const doing = lease.state === 'idle-warm' ? 'warm' : lease.state === 'busy' ? 'training' : 'held';
+  parts.push(lease.since === null ? doing : `${doing} since ${clock(lease.since)}`);
+  return parts.join(' · ');
+}
+
+/** "2 runs wait for GPUs: carol (since 12:10), you (since 12:12)", first in line first; "" when none waits. */
+export function queueText(queue: IWaiting[]): string {
+  if (queue.length === 0) {
+    return '';
+  }
+  const waiting = queue.map(w => `${w.mine ? 'you' : w.user} (since ${clock(w.since)})`);
+  return `${count('run', queue.length)} ${queue.length === 1 ? 'waits' : 'wait'} for GPUs: ${waiting.join(', ')}`;
 }

@@ -26,6 +26,23 @@ export interface IGpu {
   processes: IGpuProcess[] | null;
 }
 
+/** A GPU leased by a run or a warm pool of any nbtrain kernel on the machine (another user's: name and file only). */
+export interface ILease {
+  gpu: number;
+  user: string;
+  notebook: string | null;
+  since: number | null;
+  state: 'busy' | 'idle-warm' | null;
+  mine: boolean;
+}
+
+/** A run waiting in the machine's queue for GPUs, first in line first. */
+export interface IWaiting {
+  user: string;
+  since: number;
+  mine: boolean;
+}
+
 export interface IMachine {
   time: number;
   gpu_error: string | null;
@@ -33,6 +50,9 @@ export interface IMachine {
   cpu: { percent: number; count: number };
   ram: { used: number; total: number };
   notes?: string[];
+  leases: ILease[];
+  queue: IWaiting[];
+  lease_error: string | null;
 }
 
 export interface IRank {

@@ -2,7 +2,7 @@
 // module: tests/test_lab_unit.py compiles src/ with tsconfig.unit.json and runs `node --test` on this folder.
 const { test } = require("node:test");
 const assert = require("node:assert/strict");
-const { gib, percent, statusText, count, loss, duration, rankSpan, nodeText, pidsText } = require("../src/format.js");
+const { gib, percent, statusText, count, loss, duration, rankSpan, nodeText, pidsText, leaseText, queueText } = require("../src/format.js");
 
 test("GiB: one decimal below 10, none above, ? when unknown", () => {
   assert.equal(gib(1.5 * 2 ** 30), "1.5");
@@ -65,4 +65,20 @@ test("a run's process ids say whose they are: the kernel's, then each rank's", (
   const run = { kernel_pid: 15790, ranks: [{ rank: 0, pid: 15792, alive: true }, { rank: 1, pid: 15793, alive: false }] };
   assert.equal(pidsText(run), "process ids: kernel 15790 · rank 0 15792 · rank 1 15793 (gone)");
   assert.equal(pidsText({ kernel_pid: null, ranks: [] }), "process ids: kernel ?");
+});
+
+test("who holds a GPU: the user (you for yours), the notebook's file, and since when it trains or waits warm", () => {
+  const since = new Date(2026, 10, 27, 12, 4).getTime() / 1000;  // 12:04 on this machine's clock
+  const lease = { gpu: 0, user: "bob", notebook: "llm.ipynb", since, state: "busy", mine: false };
+  assert.equal(leaseText(lease), "bob · llm.ipynb · training since 12:04");
+  assert.equal(leaseText({ ...lease, mine: true, notebook: "nb/a.ipynb", state: "idle-warm" }), "you · nb/a.ipynb · warm since 12:04");
+  assert.equal(leaseText({ ...lease, notebook: null, since: null, state: null }), "bob · held");  // hidden by the policy
+});
+
+test("the queue names who waits, first in line first, or says nothing when nobody waits", () => {
+  const at = (h, m) => new Date(2026, 10, 27, h, m).getTime() / 1000;
+  assert.equal(queueText([{ user: "carol", since: at(12, 10), mine: false }, { user: "root", since: at(12, 12), mine: true }]),
+               "2 runs wait for GPUs: carol (since 12:10), you (since 12:12)");
+  assert.equal(queueText([{ user: "carol", since: at(9, 5), mine: false }]), "1 run waits for GPUs: carol (since 09:05)");
+  assert.equal(queueText([]), "");
 });

@@ -3,6 +3,7 @@
 It is a TOML file, ``/etc/nbtrain/policy.toml`` (``NBTRAIN_POLICY`` names another)::
 
     max_gpus_per_user = 4
+    show_notebooks = false   # others see who holds a GPU, not in which notebook (default: true)
 
 No file, no limit. A file nbtrain cannot use (not TOML, an unknown key, a value that is not a positive whole
 number) refuses every run that would lease GPUs, saying what is wrong and where, rather than letting anyone past
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from nbtrain.common.words import count
 
 DEFAULT_PATH = "/etc/nbtrain/policy.toml"
-KEYS = ("max_gpus_per_user",)
+KEYS = ("max_gpus_per_user", "show_notebooks")
 
 
 class PolicyError(ValueError):
@@ -30,6 +31,7 @@ class PolicyError(ValueError):
 class Policy:
     path: str
     max_gpus_per_user: int | None = None  # None: no limit
+    show_notebooks: bool = True  # other users see a lease's notebook file name (never its folder)
 
     def check(self, asked: int, holding: int) -> None:
         """Raise :class:`PolicyError` unless a user holding ``holding`` GPUs may lease ``asked`` more."""
@@ -61,4 +63,8 @@ def load(environ=os.environ) -> Policy:
     if limit is not None and (type(limit) is not int or limit < 1):
         raise PolicyError(f"The GPU policy {path}: max_gpus_per_user must be a whole number of GPUs, 1 or more "
                           f"(got {limit!r}). Ask the administrator to fix it.")
-    return Policy(path, limit)
+    shown = table.get("show_notebooks", True)
+    if type(shown) is not bool:
+        raise PolicyError(f"The GPU policy {path}: show_notebooks must be true or false (got {shown!r}). Ask the "
+                          "administrator to fix it.")
+    return Policy(path, limit, shown)

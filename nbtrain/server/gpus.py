@@ -20,7 +20,14 @@ Snapshot (JSON; bytes for memory, percent for load)::
                "power": 310.5 | null, "power_limit": 700.0 | null,
                "processes": [{"pid": 456, "memory_used": 40000000000 | null}] | null}],
      "cpu": {"percent": 12.5, "count": 16}, "ram": {"used": 5368709120, "total": 25769803776},
-     "notes": ["GPU 0: the driver lists no processes …"]}
+     "notes": ["GPU 0: the driver lists no processes …"],
+     "leases": [{"gpu": 0, "user": "bob", "notebook": "llm.ipynb" | null, "since": 1760000000.0 | null,
+                 "state": "busy" | "idle-warm" | null, "mine": false}],
+     "queue": [{"user": "carol", "since": 1760000100.0, "mine": false}],
+     "lease_error": null | "the GPU lease directory … belongs to …"}
+
+``leases`` and ``queue`` are every nbtrain kernel's on the machine, every user's (:mod:`.lease_rows`): what
+another user sees of them is a user name and a notebook's file name.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import threading
 import time
 
 from nbtrain.gpu import telemetry
+from nbtrain.server.lease_rows import lease_rows
 
 MIN_INTERVAL_S = 0.5
 
@@ -42,6 +50,7 @@ def machine_snapshot() -> dict:
         "cpu": {"percent": snap.host.cpu_percent, "count": snap.host.cpu_count},
         "ram": {"used": snap.host.memory_used, "total": snap.host.memory_total},
         "notes": list(snap.notes),
+        **lease_rows(),
     }
 
 

@@ -1,0 +1,48 @@
+"""Who holds which GPU, and who waits, as the ``/nbtrain/gpus`` route tells the JupyterLab panel.
+
+Every nbtrain kernel on the machine leases the GPUs its runs use in one shared directory (:mod:`nbtrain.gpu.leases`)
+and waits its turn there (:mod:`nbtrain.gpu.leasequeue`); this module reads both for the panel. What a user sees of
+another user's lease is their user name and the notebook's file name alone — never its folder, kernel or pid —
+and not even the file name where the administrator's policy sets ``show_notebooks = false``. The route never makes
+the directory: a machine where no kernel leased a GPU has none, and no leases.
+"""
+
+from __future__ import annotations
+
+import os
+
+from nbtrain.gpu import leasepolicy, leases
+from nbtrain.gpu.leasechoice import queue_order
+from nbtrain.gpu.leasequeue import waiting
+
+
+def lease_rows(environ=os.environ) -> dict:
+    """``{"leases": [...], "queue": [...], "lease_error": str | None}`` (see :mod:`nbtrain.server.gpus`)."""
+    directory = environ.get("NBTRAIN_LEASE_DIR") or leases.DEFAULT_DIR
+    if not os.path.isdir(directory):
+        return {"leases": [], "queue": [], "lease_error": None}
+    try:
+        leases.check_dir(directory)
+        held, queued = leases.held(directory), queue_order(waiting(directory))
+    except (leases.LeaseDirError, OSError) as exc:
+        return {"leases": [], "queue": [], "lease_error": str(exc)}
+    me, shown = os.geteuid(), _notebooks_shown(environ)
+    return {"leases": [_lease_json(lease, lease.uid == me, shown) for lease in held],
+            "queue": [{"user": leases.user_name(ticket.uid), "since": ticket.since, "mine": ticket.uid == me}
+                      for ticket in queued],
+            "lease_error": None}
+
+
+def _lease_json(lease: leases.HeldLease, mine: bool, notebooks_shown: bool) -> dict:
+    notebook = lease.notebook if mine else (os.path.basename(lease.notebook) if lease.notebook and notebooks_shown
+                                            else None)
+    return {"gpu": lease.gpu, "user": lease.user, "notebook": notebook, "since": lease.since,
+            "state": lease.state.value if lease.state is not None else None, "mine": mine}
+
+
+def _notebooks_shown(environ) -> bool:
+    """Other users' notebook names, unless the policy hides them (or cannot be read: then hidden, to be safe)."""
+    try:
+        return leasepolicy.load(environ).show_notebooks
+    except leasepolicy.PolicyError:
+        return False
