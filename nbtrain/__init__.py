@@ -126,6 +126,11 @@ def __getattr__(name):
         from .kernel.observers.trackers import Tracker
 
         return Tracker
+    if name == "last_run":  # the latest %%distributed --background run's handle (None before the first)
+        from IPython import get_ipython
+
+        magics = getattr(get_ipython(), "_nbtrain_magics", None)
+        return magics.last_run if magics is not None else None
     raise AttributeError(f"module 'nbtrain' has no attribute {name!r}")
 
 

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1] / "nbtrain"
 PROCESSES = {"kernel", "rank", "node", "server"}  # the first folder under nbtrain/: the process a module runs in
 SHARED = {"wire", "gpu", "common"}
 KERNEL_LAYERS = ("relay", "observers", "diagnostics", "ranks", "request", "lifecycle", "cluster", "dashboard",
-                 "magics")  # lowest first
+                 "background", "magics")  # lowest first
 SERVER_READS = {"nbtrain.kernel.observers.events", "nbtrain.kernel.observers.registry"}  # the run records the kernel writes
 SAME_NAME_ALLOWED = {"__init__.py", "__main__.py", "main.py"}
 

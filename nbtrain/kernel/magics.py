@@ -23,6 +23,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from . import dashboard
+from .background import BackgroundCell, BackgroundRun, BackgroundRuns
 from .cluster import Cluster
 from .cluster.tokens import parse_ttl
 from ..gpu import leases
@@ -40,8 +41,12 @@ from ..wire.options import OptionEnvError, from_arguments, option, options_of, w
 
 @dataclass(frozen=True)
 class CellDisplay:
-    """The options of ``%%distributed`` that decide what the notebook shows, not how the cell runs."""
+    """The options of ``%%distributed`` that decide what the notebook shows and whether it waits, not how the
+    ranks run."""
 
+    background: bool = option(False, "--background", "return at once with a handle (nbtrain.last_run) while the "
+                              "ranks train; the cell's names arrive between later cells", group="display",
+                              switch=True, env="NBTRAIN_BACKGROUND")
     quiet: bool = option(False, "--quiet", "do not print the one-line summary after the run", group="display",
                          switch=True)
     dashboard: bool = option(True, "--no-dashboard", "do not show the live dashboard (GPU use, logged curves)",
@@ -141,6 +146,8 @@ class DistributedMagics(Magics):
         super().__init__(shell)
         self.cluster = Cluster()  # joined nodes (--nodes), kept between cells
         self.pools = PoolManager(self.cluster.make_pool, machines=self.cluster)  # a Slurm job: released when idle
+        self.background = BackgroundRuns(shell, self.pools) if shell is not None else None
+        self.last_run: BackgroundRun | None = None
         self._registry = None
 
     def observers(self) -> list:
@@ -186,8 +193,15 @@ class DistributedMagics(Magics):
             %%distributed 2 --session s1 --out -   # variables stay on the ranks for the next s1 cell
         """
         args = parse_argstring(self.distributed, line, "%%distributed")
-        return distributed_cell(self.shell, cell, from_arguments(LaunchRequest, args),
-                                from_arguments(CellDisplay, args), self.pools, self.observers())
+        try:
+            display = with_env_fallbacks(from_arguments(CellDisplay, args))
+        except OptionEnvError as exc:
+            raise UsageError(str(exc)) from None
+        side = ShellSide(self.shell, self.pools, tuple(self.observers()))
+        if display.background:
+            self.last_run = start_background(side, cell, from_arguments(LaunchRequest, args), display, self.background)
+            return self.last_run
+        return distributed_cell(side, cell, from_arguments(LaunchRequest, args), display)
 
     @magic_arguments()
     @argument("--once", action="store_true", help="print a table of the GPUs (or CPU/RAM) now instead of a live view")
@@ -334,27 +348,52 @@ def _preemption_url(nodes: LaunchRequest) -> str:
     return check_url(nodes.preemption_url) if nodes.preemption_url else ""
 
 
-def distributed_cell(shell, cell: str, request: LaunchRequest, display: CellDisplay, pools: PoolManager,
-                     observers=()) -> None:
+@dataclass(frozen=True)
+class ShellSide:
+    """Where a ``%%distributed`` cell runs: the IPython shell, the kernel's pools, who follows each run."""
+
+    shell: Any
+    pools: PoolManager
+    observers: tuple = ()
+
+
+def distributed_cell(side: ShellSide, cell: str, request: LaunchRequest, display: CellDisplay) -> None:
     """What ``%%distributed`` does once its line is parsed: add the dashboard, run, show the summary."""
+    observer = _dashboard(side.shell, display)
+    with_dashboard = replace(side, observers=(*side.observers, *([observer] if observer is not None else [])))
+    return run_in_shell(with_dashboard, cell, request, quiet=display.quiet, advisor=observer)
+
+
+def start_background(side: ShellSide, cell: str, request: LaunchRequest, display: CellDisplay,
+                     runs: BackgroundRuns | None) -> BackgroundRun:
+    """``%%distributed --background``: the cell's mistakes are said now; then it returns the run's handle."""
+    if runs is None:
+        raise UsageError("--background needs IPython's shell: run the cell in a notebook or IPython.")
+    observer = _dashboard(side.shell, display)
+    observers = (*side.observers, *([observer] if observer is not None else []))
     try:
-        observer = dashboard.observer_for(shell, enabled=display.dashboard)
+        return runs.start(BackgroundCell(cell, request, observers, observer, display.quiet))
+    except UserInputError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _dashboard(shell, display: CellDisplay):
+    try:
+        return dashboard.observer_for(shell, enabled=display.dashboard)
     except ValueError as exc:  # NBTRAIN_DASHBOARD set to something unknown
         raise UsageError(str(exc)) from None
-    return run_in_shell(shell, cell, request, pools, quiet=display.quiet,
-                        observers=[*observers, *([observer] if observer is not None else [])], advisor=observer)
 
 
-def run_in_shell(shell, cell: str, request: LaunchRequest, pools: PoolManager, quiet: bool = False,
-                 observers=(), advisor=None) -> None:
-    """Run a cell in ``shell``'s namespace; user mistakes become UsageError, before any process starts.
+def run_in_shell(side: ShellSide, cell: str, request: LaunchRequest, quiet: bool = False, advisor=None) -> None:
+    """Run a cell in ``side.shell``'s namespace; user mistakes become UsageError, before any process starts.
     ``advisor``: the dashboard that sampled the run's telemetry, whose hints the summary shows (None: the
     hints the run's own records support)."""
+    shell = side.shell
     code_name = getattr(getattr(shell, "compile", None), "format_code_name", None)
     outcome = RunOutcome()
     try:
-        result = run_source(cell, request, shell.user_ns, manager=pools, code_name=code_name, observers=observers,
-                            outcome=outcome)
+        result = run_source(cell, request, shell.user_ns, manager=side.pools, code_name=code_name,
+                            observers=side.observers, outcome=outcome)
     except UserInputError as exc:
         raise UsageError(str(exc)) from None
     except BaseException:  # failed or stopped: what was logged until then is still the notebook's

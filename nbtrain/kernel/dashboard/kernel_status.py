@@ -23,7 +23,10 @@ _wrapped: set[int] = set()  # the kernels (by id) whose status publisher is wrap
 
 
 def follow(key: int) -> None:
-    """From now until :func:`unfollow`, the kernel says the cell running now is busy after any other request's idle."""
+    """From now until :func:`unfollow`, the kernel says the cell running now is busy after any other request's idle.
+    A background run (off the main thread) is followed by no cell: the kernel is idle while it trains."""
+    if threading.current_thread() is not threading.main_thread():
+        return
     kernel = _kernel()
     request = kernel.get_parent("shell") if kernel is not None else None
     if not request or not request.get("header"):

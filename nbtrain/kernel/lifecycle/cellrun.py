@@ -8,6 +8,7 @@ again (:meth:`CellRun.again`): resuming from its checkpoint, heard by the restar
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -31,6 +32,7 @@ class CellRun:
     observers: tuple[RunObserver, ...] = ()
     code_name: Callable | None = None  # IPython's name for the cell's code, for tracebacks
     names: tuple[str, ...] = ()  # the notebook's names the ranks get
+    stop: threading.Event | None = None  # set from elsewhere, it stops the run as the stop button does
 
     def again(self, restart: int, observers) -> CellRun:
         """The same cell after a lost rank or node (``restart`` of ``--max-restarts``): it resumes from its

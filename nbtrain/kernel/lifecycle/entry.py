@@ -19,6 +19,7 @@ notebook variable that cannot be sent (:class:`~.payload.PayloadError`).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
@@ -58,6 +59,7 @@ class RunOptions:
     code_name: Callable | None = None  # IPython's name for the cell's code, for tracebacks
     observers: tuple[RunObserver, ...] = ()
     outcome: RunOutcome = field(default_factory=RunOutcome)  # receives what was logged, however the run ends
+    stop: threading.Event | None = None  # set from another thread, it stops the run as the stop button does
 
     @classmethod
     def of(cls, options: dict[str, Any]) -> RunOptions:
@@ -76,7 +78,8 @@ def run_source(source: str, request: LaunchRequest, namespace: dict, **options: 
 
     Keyword options (:class:`RunOptions`): ``manager`` keeps the warm pool between calls; without one, the pool
     is stopped after the run. ``outcome`` (a :class:`~.run.RunOutcome`) receives what was logged however the
-    run ends: a result, a failure, a stop. ``line_offset``, ``write``, ``code_name``, ``observers``.
+    run ends: a result, a failure, a stop. ``line_offset``, ``write``, ``code_name``, ``observers``; ``stop`` (a
+    ``threading.Event``), set from another thread, stops the run as the stop button does.
     """
     given = RunOptions.of(options)
     manager, write, observers, outcome = given.manager, given.write, given.observers, given.outcome
@@ -135,7 +138,7 @@ def _cell_run(config: LaunchConfig, info: CellInfo, namespace: dict, given: RunO
         config = replace(config, keep_alive_s=0.0)
     observers = (*given.observers, *trackers_for(config.tensorboard))  # --tensorboard, nbtrain.track()
     return CellRun(info, config, namespace, manager, given.write or write_to_std_stream, given.outcome,
-                   observers, given.code_name)
+                   observers, given.code_name, stop=given.stop)
 
 
 def _run(cell: CellRun) -> RunResult:

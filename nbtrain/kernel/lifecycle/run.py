@@ -361,7 +361,7 @@ def _run_and_bring_back(cell: CellRun, inputs: Inputs, result_prefix: str, start
     cell = replace(cell, config=replace(cell.config, pool=leased))
     observers = FanOut(cell.observers)
     ending = (RunState.FAILED, "nbtrain failed before the run ended")
-    with stop_button() as button:  # held until the end is announced: a press while the final picture is drawn is
+    with stop_button(cell.stop) as button:  # held until the end is announced: a press while the final picture is drawn is
         try:  # only noted (run_finished is announced here alone, exactly once, however the run ends)
             with button.deferred():  # a press while the group starts is acted on by the run's loop
                 acquired = cell.manager.acquire(cell.config, cell.config.workdir or notebook_workdir())

@@ -40,8 +40,8 @@ ESCALATED_GRACE_S = 0.1  # the same after a second press of stop
 class StopButton:
     """What the kernel's SIGINT handler saw during one run."""
 
-    def __init__(self) -> None:
-        self.requested = threading.Event()
+    def __init__(self, requested: threading.Event | None = None) -> None:
+        self.requested = requested or threading.Event()  # given: a stop from elsewhere too (a background run's stop())
         self.presses = 0
         self._deferred = False
 
@@ -66,9 +66,10 @@ class StopButton:
 
 
 @contextlib.contextmanager
-def stop_button():
-    """Notice SIGINT (the kernel's stop button) for the run's whole length, whatever code it lands in."""
-    button = StopButton()
+def stop_button(requested: threading.Event | None = None):
+    """Notice SIGINT (the kernel's stop button) for the run's whole length, whatever code it lands in; and
+    ``requested``, set from elsewhere (a background run's ``stop()``; off the main thread, the only way)."""
+    button = StopButton(requested)
     if threading.current_thread() is not threading.main_thread():
         yield button
         return
