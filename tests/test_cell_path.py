@@ -26,7 +26,8 @@ PATH_MODULES = [f"{lifecycle.__name__}.{m.name}" for m in pkgutil.iter_modules(l
     "nbtrain.kernel.observers.cost", "nbtrain.kernel.observers.runlog", "nbtrain.kernel.relay.output",
     "nbtrain.kernel.diagnostics.failures", "nbtrain.kernel.diagnostics.stacks", "nbtrain.kernel.ranks.pool",
     "nbtrain.kernel.ranks.rankgroup", "nbtrain.kernel.ranks.starter", "nbtrain.kernel.cluster.group",
-    "nbtrain.kernel.cluster.launcher"]
+    "nbtrain.kernel.cluster.launcher", "nbtrain.kernel.magics", "nbtrain.kernel.background.runner",
+    "nbtrain.kernel.background.handle", "nbtrain.kernel.background.arrivals"]
 
 
 def _functions_of(module):

@@ -81,7 +81,7 @@ class BackgroundRuns:
                                   "(nbtrain.last_run.stop(), or the run's own handle).")
 
     def _run(self, run: BackgroundRun, cell: BackgroundCell, namespace: dict) -> None:
-        manager = PoolManager(self.pools.pool_factory, self.pools.starter)  # ranks of its own, stopped at its end
+        manager = self.pools.companion()  # ranks of its own, stopped at its end
         outcome = RunOutcome()
         live = _LiveHistory(run)
         code_name = getattr(getattr(self.shell, "compile", None), "format_code_name", None)

@@ -119,6 +119,11 @@ class PoolManager:
             if lease is not None:
                 lease.release()
 
+    def companion(self) -> PoolManager:
+        """A manager of its own, for a background run's ranks: it shares this one's pool factory and zygote,
+        never its warm pool or sessions (a blocking cell's ranks are not taken from it)."""
+        return PoolManager(self.pool_factory, self.starter)
+
     def acquire(self, config: LaunchConfig, workdir: Workdir) -> Acquired:
         """A started group for ``config``: the warm one when it serves, else a new one whose ranks are started here
         (forked from the zygote unless ``--spawn``). A start that fails tears the new group down and raises.
