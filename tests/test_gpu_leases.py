@@ -244,3 +244,24 @@ def test_shared_server_auto_choice_counts_used_memory_where_nvml_lists_no_proces
     assert choose(2, gpus, [], known_pids=set(), owner_of=lambda pid: ("?", "?")).gpus == (1, 2)
     waiting = choose(3, gpus, [], known_pids=set(), owner_of=lambda pid: ("?", "?"))
     assert waiting.account == "waiting for 3 GPUs (2 free): GPU 0 by processes NVML does not list (38 GiB used)"
+
+
+def test_shared_server_gpus_auto_takes_gpus_close_in_nvml_topology_before_the_lowest(shared_dir, monkeypatch):
+    """Two ranks asking for any two GPUs get two under one PCIe switch, or joined by NVLink, as NVML tells."""
+    from nbtrain.kernel.lifecycle.gpulease import lease_gpus
+    from nbtrain.kernel.ranks.spec import PoolSpec
+
+    monkeypatch.setenv("NBTRAIN_LEASE_DIR", shared_dir)
+    boards = [fake_nvml.FakeGpu(processes=[], uuid=f"GPU-{i}", switch=i % 2) for i in range(4)]  # 0, 2 | 1, 3
+    fake_nvml.install(monkeypatch, boards)
+    spec = PoolSpec(nprocs=2, backend="nccl", device_type="cuda", gpu_ids=(), timeout_s=60.0, gpu_count=2)
+    leased, lease = lease_gpus(spec, 0, print)
+    try:
+        assert leased.gpu_ids == (0, 2)  # not (0, 1): those two are under different switches
+    finally:
+        lease.release()
+    boards[1].nvlink_peers, boards[3].nvlink_peers = (3,), (1,)  # 1 and 3 joined by NVLink: nearer still
+    fake_nvml.install(monkeypatch, boards)
+    leased, lease = lease_gpus(spec, 0, print)
+    lease.release()
+    assert leased.gpu_ids == (1, 3)

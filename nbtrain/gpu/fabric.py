@@ -127,3 +127,17 @@ def read_mig_devices(lib, slots: tuple[MigSlot, ...]) -> tuple[MigDevice, ...]:
                                  slot.memory_total if slot.memory_total is not None else getattr(memory, "total", None),
                                  tuple(int(p.pid) for p in listed)))
     return tuple(devices)
+
+
+# nvmlGpuTopologyLevel_t: how far apart two GPUs are, nearest first (NVLink counts as nearest, NVML's own level 0)
+TOPOLOGY_FAR = 60  # unknown: as far as two GPUs on one machine can be (NVML's SYSTEM is 50)
+
+
+def topology_distance(lib, first, second) -> int:
+    """How close two GPUs (NVML handles) are: 0 on one board, 10 under one PCIe switch, 20 under several, 30 on one
+    host bridge, 40 on one NUMA node, 50 across the system (NVML's common ancestor); NVLink between them counts as
+    0. Unknown (no topology, a VM): :data:`TOPOLOGY_FAR`."""
+    if nvml.optional(lib, "nvmlDeviceGetP2PStatus", first, second, getattr(lib, "NVML_P2P_CAPS_INDEX_NVLINK", 3)) == 0:
+        return 0  # NVML_P2P_STATUS_OK over NVLink
+    level = nvml.optional(lib, "nvmlDeviceGetTopologyCommonAncestor", first, second)
+    return TOPOLOGY_FAR if level is None else int(level)

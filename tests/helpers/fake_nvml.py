@@ -70,6 +70,8 @@ class FakeGpu:
     nvlink_kib_s: tuple | None = (0, 0)  # NVLink rx, tx KiB/s: the counters grow so with time; None: not counted
     mig_devices: list | None = None  # with mig: its instances (FakeGpu each, with a "MIG-…" uuid)
     xid_events: bool = True  # False: registering for Xid events is not supported
+    switch: int = 0  # GPUs with the same switch are under one PCIe switch (NVML topology 10), others across (50)
+    nvlink_peers: tuple = ()  # the indices of GPUs this one reaches over NVLink (P2P status OK)
     gpm: tuple | None = (50.0, 30.0, 20.0, 10.0)  # GPM's SM active, occupancy, tensor active, DRAM bandwidth (%)
     # over the next interval, each None where NVML cannot compute it; None: no GPM (boards before Hopper)
 
@@ -242,6 +244,15 @@ def make_module(gpus: list[FakeGpu]) -> types.ModuleType:
         event_sets.remove(event_set)
 
     _gpm_module(mod, counted)
+
+    @counted
+    def nvmlDeviceGetTopologyCommonAncestor(first, second):
+        return 0 if first is second else 10 if first.switch == second.switch else 50
+
+    @counted
+    def nvmlDeviceGetP2PStatus(first, second, caps):
+        return 0 if gpus.index(second) in first.nvlink_peers else 4  # NVML_P2P_STATUS_NOT_SUPPORTED
+
 
     def xid(gpu, code):
         """The driver reports Xid ``code`` on ``gpu`` (to every event set it is registered in)."""

@@ -21,7 +21,9 @@ import psutil
 
 from ...common.words import count, plural
 from ...gpu import leasepolicy, leases
+from ...gpu import nvml
 from ...gpu.devices import DeviceReader, GpuStatus
+from ...gpu.fabric import TOPOLOGY_FAR, topology_distance
 from ...gpu.leasechoice import Choice, Ticket, choose, describe_held
 from ...gpu.leasequeue import WaitTicket
 from ..observers.registry import kernel_identity
@@ -114,11 +116,22 @@ class _Readings:
         self._reader = DeviceReader()
         self._gpus: list[GpuStatus] = []
         self._read_at = -NVML_EVERY_S
+        self._distances: dict[tuple[int, int], int] = {}
 
     def gpus(self) -> list[GpuStatus]:
         if time.monotonic() - self._read_at >= NVML_EVERY_S:
             self._gpus, self._read_at = self._reader.read(), time.monotonic()
         return self._gpus
+
+    def distance(self, first: int, second: int) -> int:
+        """How close two GPUs are (NVML's topology: :func:`~nbtrain.gpu.fabric.topology_distance`), read once."""
+        pair = (min(first, second), max(first, second))
+        if pair not in self._distances:
+            lib, handles = nvml.library(), {gpu.index: gpu.handle for gpu in nvml.all_gpus()}
+            known = lib is not None and first in handles and second in handles
+            self._distances[pair] = (topology_distance(lib, handles[first], handles[second]) if known
+                                     else TOPOLOGY_FAR)
+        return self._distances[pair]
 
     def close(self) -> None:
         self._reader.close()
@@ -128,7 +141,8 @@ def _choose(spec: PoolSpec, directory: str, readings: _Readings | None) -> Choic
     """The GPUs to take now, or why not in plain words."""
     held = leases.held(directory)
     if readings is not None:
-        return choose(spec.gpu_count, readings.gpus(), held, known_pids=set(), owner_of=_owner_of)
+        return choose(spec.gpu_count, readings.gpus(), held, known_pids=set(), owner_of=_owner_of,
+                      distance=readings.distance)  # GPUs on one NVLink or PCIe switch before scattered ones
     in_the_way = [lease for lease in held if lease.gpu in spec.gpu_ids]
     if not in_the_way:
         return Choice(spec.gpu_ids, "")
