@@ -61,8 +61,8 @@ def test_gpu_lease_policy_limits_each_users_gpus_counting_their_other_runs(share
 
 
 @pytest.mark.parametrize("text, says", [
-    ("max_gpus_per_user = 0\n", "must be a whole number of GPUs, 1 or more (got 0)"),
-    ("max_gpus_per_user = \"4\"\n", "must be a whole number of GPUs, 1 or more (got '4')"),
+    ("max_gpus_per_user = 0\n", "must be a whole number, 1 or more (got 0)"),
+    ("max_gpus_per_user = \"4\"\n", "must be a whole number, 1 or more (got '4')"),
     ("max_gpus = 4\n", "has keys nbtrain does not know (max_gpus); it knows max_gpus_per_user"),
     ("max_gpus_per_user 4\n", "cannot be read"),
 ])

@@ -206,3 +206,61 @@ def test_shared_server_pinning_a_gpu_another_user_leases_is_refused_naming_them(
     finally:
         other.kill()
         other.wait()
+
+
+def _until(check, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "not within the time"
+        time.sleep(0.1)
+
+
+def test_shared_server_idle_warm_ranks_give_their_gpus_back_and_the_next_cell_says_why(shared_machine, tmp_path):
+    (tmp_path / "policy.toml").write_text("idle_release_s = 1\n")  # the administrator's --keep-alive default
+    with kernels("notebooks/a.ipynb") as (kernel,):
+        kernel.run("%%distributed 2 --gpus auto\nimport os\nvisible = os.environ['CUDA_VISIBLE_DEVICES']\n")
+        assert leased_by(shared_machine, kernel.pid()) == [0, 1]
+        _until(lambda: not leased_by(shared_machine, kernel.pid()))  # after 1 s without a cell
+        again = kernel.run("%%distributed 2 --gpus auto\nimport os\nvisible = os.environ['CUDA_VISIBLE_DEVICES']\n")
+        assert "nbtrain: the warm ranks were stopped after 1 s without a cell (--keep-alive), giving their GPUs " \
+               "back; started fresh ranks" in again
+
+
+def test_shared_server_an_idle_session_is_offered_then_closed_by_the_policy_not_silently(shared_machine, tmp_path):
+    (tmp_path / "policy.toml").write_text("session_release_s = 4\n")
+    with kernels("notebooks/a.ipynb") as (kernel,):
+        kernel.run("%%distributed 2 --gpus auto --session s1 --keep-alive 1\nweights = [1, 2, 3]\n")
+        time.sleep(2.0)  # past --keep-alive: a plain cell's ranks would have gone
+        assert leased_by(shared_machine, kernel.pid()) == [0, 1]  # a session is not released without its user
+        offered = "".join(_iopub_text(kernel, 3.0))
+        assert "nbtrain: session s1 keeps GPU 0, 1 while idle; %distributed_close s1 gives them back; the server " \
+               "closes idle sessions after 4 s" in offered
+        _until(lambda: not leased_by(shared_machine, kernel.pid()))
+        closed = "".join(_iopub_text(kernel, 1.0))
+        assert "nbtrain: session s1 closed after 4 s without a cell (the administrator's session_release_s)" in offered + closed
+        listed = kernel.run("%distributed_sessions")
+        assert "s1" not in listed
+
+
+def _iopub_text(kernel, seconds: float) -> list[str]:
+    """What the kernel printed, whichever cell it is shown under, for ``seconds``."""
+    from helpers.outputs import output_text
+
+    texts, deadline = [], time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            msg = kernel.kc.get_iopub_msg(timeout=0.1)
+        except Exception:
+            continue
+        texts.append(output_text(msg["msg_type"], msg["content"]))
+    return texts
+
+
+def test_shared_server_reserved_gpus_go_only_to_their_users(shared_machine, tmp_path):
+    (tmp_path / "policy.toml").write_text('reserved_gpus = [0, 1]\nreserved_for = ["teacher"]\n')
+    with kernels("notebooks/a.ipynb") as (kernel,):
+        kernel.run(QUICK.format(extra=""))
+        assert kernel.run("print(visible)").strip() == "2,3"  # auto passes over the teacher's GPUs
+        reply, out = kernel.execute("%%distributed 2 --gpus 0,1 --keep-alive 0\nx = 1\n")
+        assert reply["status"] == "error"
+        assert "GPU 0, 1 are reserved for teacher by the administrator's policy" in out

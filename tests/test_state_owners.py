@@ -29,6 +29,7 @@ NOT_NBTRAINS = {
     **{("nbtrain/gpu/gpm.py", f"request.{field}"): "NVML's c_nvmlGpmMetricsGet_t being filled in for its call"
        for field in ("version", "numMetrics", "sample1", "sample2", "metrics[position].metricId")},
     ("nbtrain/kernel/lifecycle/pools.py", "self._idle_timer.daemon"): "a threading.Timer before it starts",
+    ("nbtrain/kernel/lifecycle/pools.py", "timer.daemon"): "a threading.Timer before it starts",
     ("nbtrain/kernel/observers/events.py", "forward.__name__"): "a function's own metadata (as functools.wraps)",
     ("nbtrain/kernel/observers/events.py", "forward.__qualname__"): "a function's own metadata (as functools.wraps)",
     ("nbtrain/rank/cellcode.py", "sys.displayhook"): "the interpreter's hook, set for the cell and restored",

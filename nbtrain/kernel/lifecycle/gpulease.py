@@ -71,9 +71,10 @@ def lease_gpus(spec: PoolSpec, wait_s: float | None, say: Callable[[str], None])
     except leases.LeaseDirError as exc:
         raise GpusNotFree(f"nbtrain: {exc}. The cell did not run: its GPUs could not be leased.") from None
     info = _lease_info()
-    _check_policy(spec, directory)
+    policy = _check_policy(spec, directory)
     if not spec.gpu_count:
         _refuse_other_users(spec.gpu_ids, directory)
+        _refuse_reserved(spec.gpu_ids, policy)
     deadline = None if wait_s is None else time.monotonic() + wait_s
     reader = _Readings() if spec.gpu_count else None
     said = ""
@@ -81,7 +82,7 @@ def lease_gpus(spec: PoolSpec, wait_s: float | None, say: Callable[[str], None])
         with WaitTicket(directory) as ticket:
             while True:
                 ahead = ticket.ahead()
-                choice = _choose(spec, directory, reader)
+                choice = _choose(spec, directory, reader, policy)
                 if choice.gpus and not ahead:
                     try:
                         return replace(spec, gpu_ids=choice.gpus), leases.take(list(choice.gpus), info, directory)
@@ -137,11 +138,13 @@ class _Readings:
         self._reader.close()
 
 
-def _choose(spec: PoolSpec, directory: str, readings: _Readings | None) -> Choice:
-    """The GPUs to take now, or why not in plain words."""
+def _choose(spec: PoolSpec, directory: str, readings: _Readings | None, policy: leasepolicy.Policy) -> Choice:
+    """The GPUs to take now, or why not in plain words (GPUs the policy reserves for others are not offered)."""
     held = leases.held(directory)
     if readings is not None:
-        return choose(spec.gpu_count, readings.gpus(), held, known_pids=set(), owner_of=_owner_of,
+        me = leases.user_name(os.geteuid())
+        allowed = [gpu for gpu in readings.gpus() if policy.may_use(gpu.index, me)]
+        return choose(spec.gpu_count, allowed, held, known_pids=set(), owner_of=_owner_of,
                       distance=readings.distance)  # GPUs on one NVLink or PCIe switch before scattered ones
     in_the_way = [lease for lease in held if lease.gpu in spec.gpu_ids]
     if not in_the_way:
@@ -151,14 +154,35 @@ def _choose(spec: PoolSpec, directory: str, readings: _Readings | None) -> Choic
                       f"({free} free): " + ", ".join(describe_held(in_the_way)))
 
 
-def _check_policy(spec: PoolSpec, directory: str) -> None:
-    """The administrator's most GPUs per user (:mod:`nbtrain.gpu.leasepolicy`), counting this user's other leases."""
+def _check_policy(spec: PoolSpec, directory: str) -> leasepolicy.Policy:
+    """The administrator's policy (:mod:`nbtrain.gpu.leasepolicy`): its most GPUs per user, counting this user's
+    other leases, checked; the policy, for the GPUs it reserves."""
     try:
         policy = leasepolicy.load()
         mine = {lease.gpu for lease in leases.held(directory) if lease.uid == os.geteuid()}
         policy.check(spec.gpu_count or len(spec.gpu_ids), len(mine))
     except leasepolicy.PolicyError as exc:
         raise GpusNotFree(f"nbtrain: {exc}") from None
+    return policy
+
+
+def session_release_s() -> float | None:
+    """The administrator's limit on an idle session holding GPUs (None: none, or a policy that cannot be read)."""
+    try:
+        limit = leasepolicy.load().session_release_s
+    except leasepolicy.PolicyError:
+        return None
+    return None if limit is None else float(limit)
+
+
+def _refuse_reserved(gpu_ids: tuple[int, ...], policy: leasepolicy.Policy) -> None:
+    """GPUs the policy reserves for other users are refused by number, saying for whom."""
+    me = leases.user_name(os.geteuid())
+    reserved = [gpu for gpu in gpu_ids if not policy.may_use(gpu, me)]
+    if reserved:
+        raise GpusNotFree(f"nbtrain: GPU {', '.join(map(str, reserved))} {'is' if len(reserved) == 1 else 'are'} "
+                          f"reserved for {', '.join(policy.reserved_for) or 'nobody'} by the administrator's policy "
+                          f"({policy.path}); give --gpus others, or --gpus auto.")
 
 
 def _refuse_other_users(gpu_ids: tuple[int, ...], directory: str) -> None:

@@ -67,6 +67,8 @@ class PoolManager:
         self._idle_timer: threading.Timer | None = None
         self._atexit = False
         self._keep_alive_s = DEFAULT_KEEP_ALIVE_S
+        self._released_note = ""  # why the next cell's ranks are fresh: the idle timer stopped the warm ones
+        self._session_timers: list[threading.Timer] = []  # idle sessions holding GPUs: the offer, the policy's limit
         self._gpu_leases: dict[int, tuple[PoolSpec, leases.Lease]] = {}  # id(pool) -> (the spec asked, its lease)
         self._pending: tuple[PoolSpec, leases.Lease] | None = None  # leased for the pool acquire makes next
 
@@ -170,7 +172,8 @@ class PoolManager:
             except BaseException:
                 self.pool = None  # made, never started: nothing to stop
                 raise
-            return self.pool, False, note
+            released, self._released_note = self._released_note, ""
+            return self.pool, False, note or released
 
     def _set_aside(self) -> None:
         """The plain pool is being replaced: stop it, unless sessions live on it."""
@@ -185,7 +188,8 @@ class PoolManager:
             if lease is not None:
                 lease.set_state(leases.LeaseState.IDLE_WARM)  # until the next cell, or until the pool stops
             if self.sessions.on(self.pool):
-                return  # its sessions keep it until they end
+                self._watch_idle_sessions(keep_alive_s)
+                return  # its sessions keep it until they end (or the administrator's limit)
             if not healthy or keep_alive_s <= 0:
                 self.shutdown(graceful=healthy)
                 return
@@ -212,6 +216,12 @@ class PoolManager:
         with self._lock:
             self._idle_timer = None
             if not self.sessions.on(self.pool):  # a session opened since the timer started keeps it
+                if self.pool is not None:  # the next cell starts fresh ranks: it says why
+                    held_gpus = id(self.pool) in self._gpu_leases
+                    self._released_note = (f"nbtrain: the warm ranks were stopped after {self._keep_alive_s:g} s "
+                                           "without a cell (--keep-alive)"
+                                           + (", giving their GPUs back" if held_gpus else "")
+                                           + "; started fresh ranks\n")
                 self._set_aside()
             if self.machines is not None and not self.sessions.pools():
                 self.machines.release()  # no cell to say it in: %distributed_nodes no longer lists the job
@@ -258,3 +268,35 @@ class PoolManager:
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
+        for timer in self._session_timers:
+            timer.cancel()
+        self._session_timers = []
+
+    def _watch_idle_sessions(self, keep_alive_s: float) -> None:
+        """Sessions' ranks that hold GPUs are not stopped silently when idle: after ``keep_alive_s`` a line under the
+        last cell offers to give the GPUs back, and the administrator's ``session_release_s`` closes them."""
+        held = self._gpu_leases.get(id(self.pool))
+        if held is None or keep_alive_s <= 0:
+            return
+        limit = gpulease.session_release_s()
+        self._session_timers = [threading.Timer(keep_alive_s, self._offer_release, (self.pool, held[1].gpus, limit))]
+        if limit is not None:
+            self._session_timers.append(threading.Timer(limit, self._close_idle_sessions, (self.pool, limit)))
+        for timer in self._session_timers:
+            timer.daemon = True
+            timer.start()
+
+    def _offer_release(self, pool: RankGroup, gpus: list[int], limit: float | None) -> None:
+        names = self.sessions.on(pool)
+        if names:  # printed with no cell running: it shows under the notebook's last cell
+            later = f"; the server closes idle sessions after {limit:g} s" if limit is not None else ""
+            print(f"nbtrain: session {', '.join(names)} keeps GPU {', '.join(map(str, gpus))} while idle; "
+                  f"%distributed_close {names[0]} gives {'it' if len(gpus) == 1 else 'them'} back{later}", flush=True)
+
+    def _close_idle_sessions(self, pool: RankGroup, limit: float) -> None:
+        names = self.sessions.on(pool)
+        for name in names:
+            self.close_session(name)
+        if names:
+            print(f"nbtrain: session {', '.join(names)} closed after {limit:g} s without a cell (the administrator's "
+                  "session_release_s), its GPUs given back; its variables on the ranks are gone", flush=True)

@@ -17,7 +17,7 @@ import os
 import re
 from dataclasses import dataclass, field, replace
 
-from ...gpu import nvml
+from ...gpu import leasepolicy, nvml
 from ...wire.settings import TrainOptions, TrainSettings, TrainSettingsError, parse_size, parse_train_settings
 from ...common.words import count
 from ..diagnostics.profiling import ProfileOptionError, parse_profile, profile_dir
@@ -288,6 +288,16 @@ def _node_pool(request: LaunchRequest, placement: tuple[int, int, str, int], bac
                       device_type=device_type, gpu_ids=(), nodes=where)
 
 
+def _default_keep_alive() -> float:
+    """How long warm ranks wait for the next cell when the cell gives no --keep-alive: the administrator's
+    ``idle_release_s`` on a shared server (:mod:`nbtrain.gpu.leasepolicy`), else nbtrain's default."""
+    try:
+        policy = leasepolicy.load()
+    except leasepolicy.PolicyError:
+        return DEFAULT_KEEP_ALIVE_S  # a policy that cannot be read refuses the run's GPUs, saying why, later
+    return DEFAULT_KEEP_ALIVE_S if policy.idle_release_s is None else float(policy.idle_release_s)
+
+
 def _pool_spec(request: LaunchRequest, backend: str, **where) -> PoolSpec:
     """The one place a :class:`PoolSpec` is made: what every pool takes from the request, and where it runs."""
     return PoolSpec(backend=backend, timeout_s=float(request.timeout or DEFAULT_TIMEOUT_S),
@@ -403,7 +413,7 @@ def _finish(request: LaunchRequest, pool: PoolSpec, output: str, workdir: Workdi
     nprocs = pool.nprocs
     if output != "all" and int(output[len("rank"):]) >= nprocs:
         raise ConfigError(f"--output {output}: there is no such rank; this run's ranks are numbered 0 to {nprocs - 1}.")
-    keep_alive = DEFAULT_KEEP_ALIVE_S if request.keep_alive is None else float(request.keep_alive)
+    keep_alive = _default_keep_alive() if request.keep_alive is None else float(request.keep_alive)
     if keep_alive < 0:
         raise ConfigError(f"--keep-alive must be 0 or more seconds (got {request.keep_alive}).")
     try:
