@@ -29,7 +29,8 @@ pytestmark = pytest.mark.usefixtures("no_leftover_workers")
 
 LABEXTENSION = Path(__file__).resolve().parent.parent / "labextension"
 # Each route's successful answer, by the interface in types.ts that describes it.
-REPLIES = {"gpus": "IMachine", "runs": "IRunsReply", "processes": "IProcessesReply", "stop": "IStopReply"}
+REPLIES = {"gpus": "IMachine", "runs": "IRunsReply", "processes": "IProcessesReply", "stop": "IStopReply",
+           "leases/release": "IReleaseReply"}
 
 
 @pytest.fixture
@@ -81,6 +82,9 @@ async def _answers_of_a_real_run(jp_fetch, jp_serverapp) -> list[tuple[str, str,
         answers.append(("runs (ended)", "IRunsReply", (await fetch_json(jp_fetch, "nbtrain", "runs"))[1]))
         answers.append(("stop (refused, 409)", "IErrorReply", await _refusal(jp_fetch, {"kernel_id": kernel_id})))
         answers.append(("stop (refused, 400)", "IErrorReply", await _refusal(jp_fetch, {})))
+        # A GPU nobody leases: refused (the browser test gives one back: tests/test_shared_server_lab_browser.py)
+        answers.append(("leases/release (refused, 404)", "IErrorReply",
+                        await _refusal(jp_fetch, {"gpu": 7}, "leases/release")))
     finally:
         kernel.close()
     return answers
@@ -129,9 +133,9 @@ async def _running(jp_fetch, kernel_id) -> dict:
     return await wait_for(probe, "the run to be listed as running", timeout=90)
 
 
-async def _refusal(jp_fetch, body: dict) -> dict:
+async def _refusal(jp_fetch, body: dict, route: str = "stop") -> dict:
     with pytest.raises(HTTPClientError) as caught:
-        await jp_fetch("nbtrain", "stop", method="POST", body=json.dumps(body))
+        await jp_fetch("nbtrain", *route.split("/"), method="POST", body=json.dumps(body))
     return json.loads(caught.value.response.body)
 
 

@@ -8,6 +8,7 @@ a folder the panel must not show to anyone else. Needs root (to act as the secon
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -15,6 +16,7 @@ import shutil
 import subprocess
 import textwrap
 import time
+import urllib.error
 
 import pytest
 from helpers.attacker import attacker, attacker_python, needs_root
@@ -69,6 +71,12 @@ def test_shared_server_panel_shows_each_gpus_holder_and_the_queue(tmp_path, shar
             answer = lab.api("GET", "nbtrain/gpus")
             assert [(lease["gpu"], lease["mine"]) for lease in answer["leases"]] == [(0, True), (1, True), (2, False)]
             assert answer["leases"][2]["notebook"] == "llm.ipynb"  # another user's: the file's name, not its folder
+            for gpu, why in ((2, "GPU 2 holds no lease of yours (it is nbtrain-attacker's)"),
+                             (0, "is leased by process")):  # another user's; and one of no kernel of this server
+                with pytest.raises(urllib.error.HTTPError) as refused:
+                    lab.api("POST", "nbtrain/leases/release", {"gpu": gpu})
+                assert why in json.loads(refused.value.read())["message"]
+            assert len(lab.api("GET", "nbtrain/gpus")["leases"]) == 3  # nothing given back
             assert len(answer["gpus"]) == 4, answer
             page.goto(f"{lab.url}/lab/tree/shared.ipynb?reset&token={lab.token}")
             page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=90_000)
@@ -103,3 +111,34 @@ def _stand_in_gpus_for_the_lab(monkeypatch):
     """The lab's server process gets the stand-in NVML over four boards (its ``import pynvml``)."""
     for name, value in process_env(BOARDS).items():
         monkeypatch.setenv(name, value)
+
+
+WARM_CELLS = ["%load_ext nbtrain",
+              "from nbtrain.kernel.request import config\nconfig._torch_has_cuda = lambda: False  # ranks on the CPU",
+              "%%distributed 2 --gpus auto\nx = 1"]
+
+
+def test_shared_server_panel_gives_back_the_gpus_of_this_users_idle_warm_ranks(tmp_path, shared_dir, monkeypatch):
+    monkeypatch.setenv("NBTRAIN_LEASE_DIR", shared_dir)
+    with lab_page(tmp_path, "warm.ipynb", WARM_CELLS, {"width": 1400, "height": 900}) as (lab, page):
+        page.goto(f"{lab.url}/lab/tree/warm.ipynb?reset&token={lab.token}")
+        page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=90_000)
+        page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
+        page.locator(".jp-Notebook .jp-Cell").nth(0).locator(".jp-InputArea-editor").click()
+        for _ in WARM_CELLS:
+            page.keyboard.press("Shift+Enter")
+        deadline = time.monotonic() + 90
+        while [(lease["gpu"], lease["state"]) for lease in lab.api("GET", "nbtrain/gpus")["leases"]] != \
+                [(0, "idle-warm"), (1, "idle-warm")]:
+            assert time.monotonic() < deadline, lab.api("GET", "nbtrain/gpus")["leases"]
+            time.sleep(0.5)
+        page.locator("#nbtrain-status").click()
+        give_back = page.locator("#nbtrain-panel .nbtrain-Device").nth(0).locator(".nbtrain-Release")
+        give_back.wait_for(state="visible", timeout=30_000)
+        assert not page.locator("#nbtrain-panel .nbtrain-Device").nth(2).locator(".nbtrain-Release").is_visible()
+        give_back.click()
+        deadline = time.monotonic() + 30
+        while lab.api("GET", "nbtrain/gpus")["leases"]:  # the kernel's warm ranks stopped: both leases gone
+            assert time.monotonic() < deadline, "the GPUs were not given back"
+            time.sleep(0.3)
+        give_back.wait_for(state="hidden", timeout=15_000)

@@ -36,6 +36,14 @@ export interface ILease {
   mine: boolean;
 }
 
+/** POST leases/release: the GPU given back, and whose warm ranks were stopped for it. */
+export interface IReleaseReply {
+  gpu: number;
+  kernel_id: string;
+  path: string | null;
+  message: string;
+}
+
 /** A run waiting in the machine's queue for GPUs, first in line first. */
 export interface IWaiting {
   user: string;

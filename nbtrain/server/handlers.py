@@ -5,6 +5,9 @@
 * ``GET  /nbtrain/processes`` — the GPU processes, each with the kernel and notebook it belongs to
 * ``POST /nbtrain/stop``      — body ``{"kernel_id": "…"}`` or ``{"pid": 123}``: interrupt the kernel whose
   nbtrain run that is. 202 when sent; 404 when it names no run of this server; 409 when the run is over.
+* ``POST /nbtrain/leases/release`` — body ``{"gpu": 0}``: give back a GPU this user's idle warm ranks lease (their
+  kernel runs ``%distributed_shutdown``). 200 when done; 404 when no lease of this user's is on it; 409 when a
+  cell runs on it, or a process this server did not start holds it.
 
 Every route needs the server's authentication (token or cookie); without it the answer is 403. Each
 handler method is ``@tornado.web.authenticated`` and ``@authorized`` (resource ``kernels``), and every path in
@@ -21,6 +24,7 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
+from .lease_rows import ReleaseRefused
 from .runs import StopRefused
 
 
@@ -75,8 +79,26 @@ class StopHandler(_NbtrainHandler):
         self.finish(json.dumps(result))
 
 
+class ReleaseHandler(_NbtrainHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def post(self):
+        body = self.get_json_body()
+        gpu = body.get("gpu") if isinstance(body, dict) else None
+        if not isinstance(gpu, int) or isinstance(gpu, bool) or gpu < 0:
+            raise tornado.web.HTTPError(400, 'send {"gpu": <GPU index>}')
+        try:
+            result = await self.service.release_gpu(gpu)
+        except ReleaseRefused as refused:  # answered, not raised: the message may hold a notebook path (see stop)
+            self.set_status(refused.status)
+            self.finish(json.dumps({"message": refused.message}))
+            return
+        self.finish(json.dumps(result))
+
+
 # Path under <base_url>/nbtrain/ -> handler.
-ROUTES = {"gpus": GpusHandler, "runs": RunsHandler, "processes": ProcessesHandler, "stop": StopHandler}
+ROUTES = {"gpus": GpusHandler, "runs": RunsHandler, "processes": ProcessesHandler, "stop": StopHandler,
+          "leases/release": ReleaseHandler}
 
 
 def setup_handlers(web_app) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 from nbtrain.gpu import leasepolicy, leases
+from nbtrain.server.kernels import KernelView, owning_kernel
 from nbtrain.gpu.leasechoice import queue_order
 from nbtrain.gpu.leasequeue import waiting
 
@@ -46,3 +47,32 @@ def _notebooks_shown(environ) -> bool:
         return leasepolicy.load(environ).show_notebooks
     except leasepolicy.PolicyError:
         return False
+
+
+class ReleaseRefused(Exception):
+    """A GPU the panel cannot give back now: ``status`` (404, 409) and a message saying why and what to do."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def releasable(gpu: int, kernels_by_pid: dict[int, KernelView], environ=os.environ) -> KernelView:
+    """The kernel of this server whose warm ranks hold ``gpu`` under this user's lease, idle: giving it back is
+    stopping them. A lease of another user, of a cell still running, or of a process this server did not start is
+    refused, saying what to do instead."""
+    directory = environ.get("NBTRAIN_LEASE_DIR") or leases.DEFAULT_DIR
+    held = [lease for lease in (leases.held(directory) if os.path.isdir(directory) else []) if lease.gpu == gpu]
+    mine = [lease for lease in held if lease.uid == os.geteuid()]
+    if not mine:
+        whose = f"it is {held[0].user}'s" if held else "nobody leases it"
+        raise ReleaseRefused(404, f"GPU {gpu} holds no lease of yours ({whose}); only its holder gives it back.")
+    lease = mine[0]
+    kernel = owning_kernel(lease.pid, kernels_by_pid)
+    if kernel is None:
+        raise ReleaseRefused(409, f"GPU {gpu} is leased by process {lease.pid}, not a kernel of this server: run "
+                                  "%distributed_shutdown in its notebook.")
+    if lease.state is not leases.LeaseState.IDLE_WARM:
+        raise ReleaseRefused(409, f"a cell of {kernel.path or 'kernel ' + kernel.kernel_id[:8]} is running on GPU "
+                                  f"{gpu}: stop it first (its Stop button under Training runs).")
+    return kernel

@@ -17,7 +17,8 @@ from jupyter_core.utils import ensure_async
 from nbtrain.kernel.observers.registry import read_runs, runs_dir
 
 from .gpus import gpu_states, machine_snapshot
-from .kernels import managed_kernels
+from .kernels import by_pid, managed_kernels
+from .lease_rows import releasable
 from .runs import describe_runs, gpu_processes, resolve_stop
 
 
@@ -61,6 +62,28 @@ class NbtrainService:
         await ensure_async(self.kernel_manager.interrupt_kernel(run.kernel.kernel_id))
         return {"kernel_id": run.kernel.kernel_id, "path": run.kernel.path, "run_id": run.record.get("run_id"),
                 "message": "interrupt sent; the run's ranks stop within a few seconds"}
+
+    async def release_gpu(self, gpu: int) -> dict:
+        """Give back a GPU this user's idle warm ranks hold: ``%distributed_shutdown`` in their kernel (raises
+        lease_rows.ReleaseRefused when that is not the way)."""
+        kernels = await self._kernels()
+        kernel = await self._blocking(releasable, gpu, by_pid(kernels))
+        await self._run_quietly(kernel.kernel_id, "%distributed_shutdown")
+        return {"gpu": gpu, "kernel_id": kernel.kernel_id, "path": kernel.path,
+                "message": f"GPU {gpu} given back: the warm ranks of {kernel.path or 'the kernel'} were stopped"}
+
+    async def _run_quietly(self, kernel_id: str, code: str, timeout: float = 30.0) -> None:
+        """Run ``code`` in the kernel as a silent request (no history, no prompt number), and wait for its reply."""
+        client = self.kernel_manager.get_kernel(kernel_id).client()
+        client.start_channels()
+        try:
+            msg_id = client.execute(code, silent=True, store_history=False)
+            while True:
+                reply = await ensure_async(client.get_shell_msg(timeout=timeout))
+                if reply["parent_header"].get("msg_id") == msg_id:
+                    return
+        finally:
+            client.stop_channels()
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
