@@ -51,11 +51,11 @@ async def _every_route_needs_authentication(jp_fetch):
     # jp_fetch puts every path under pytest-jupyter's non-root base_url, so this also checks that each
     # route is joined to it.
     no_token = {"Authorization": ""}
-    assert set(ROUTES) == {"gpus", "runs", "processes", "stop"}
+    assert set(ROUTES) == {"gpus", "runs", "processes", "stop", "leases/release"}
     for route, handler in ROUTES.items():
         if "post" in vars(handler):
-            code, _ = await _refused(jp_fetch, "nbtrain", route, method="POST", body=json.dumps({"pid": os.getpid()}),
-                                     headers=no_token)
+            code, _ = await _refused(jp_fetch, "nbtrain", *route.split("/"), method="POST",
+                                     body=json.dumps({"pid": os.getpid(), "gpu": 0}), headers=no_token)
             assert code == 403, route
             continue
         code, _ = await _refused(jp_fetch, "nbtrain", route, headers=no_token)
@@ -204,3 +204,25 @@ async def _stop_and_see_the_cell_end(jp_fetch, kernel, cell, request, rank_pids)
         assert time.monotonic() < deadline, f"ranks {rank_pids} still alive 5 s after the cell ended"
         time.sleep(0.1)
     print(f"stop request -> cell ended in {ended:.2f} s")
+
+
+def test_a_background_run_is_listed_as_such_and_the_kernels_stop_does_not_claim_it(jp_fetch, jp_serverapp,
+                                                                                     jp_asyncio_loop):
+    jp_asyncio_loop.run_until_complete(_background_run_listed(jp_fetch, jp_serverapp))
+
+
+async def _background_run_listed(jp_fetch, jp_serverapp):
+    kernel_id, kernel = await open_notebook_kernel(jp_fetch, jp_serverapp, NOTEBOOK)
+    try:
+        await kernel.ready()
+        await kernel.run("%load_ext nbtrain")
+        await kernel.run(ENDLESS_RUN.replace("--cpu", "--cpu --background --no-dashboard", 1))
+        run = await _running(jp_fetch, kernel_id)
+        assert run["background"] == 1 and run["path"] == NOTEBOOK
+        code, body = await _refused(jp_fetch, "nbtrain", "stop", method="POST", body=json.dumps({"kernel_id": kernel_id}))
+        assert code == 409 and "is background run 1" in body["message"] and "nbtrain.last_run.stop()" in body["message"]
+        await kernel.run("import nbtrain; nbtrain.last_run.stop()")
+        _, body = await fetch_json(jp_fetch, "nbtrain", "runs")
+        assert [(r["background"], r["state"]) for r in body["runs"]] == [(1, "interrupted")]
+    finally:
+        kernel.close()

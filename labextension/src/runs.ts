@@ -104,7 +104,9 @@ class RunRow implements IRow<IRun> {
 
   private _updateStop(run: IRun): void {
     const stopping = this._runs.isStopping(run);
-    setShown(this._stop, run.active);
+    // A background run is stopped from its notebook (run.stop()): interrupting the kernel does not reach it.
+    setShown(this._stop, run.active && !run.background);
+    setText(this._state, run.background ? `${run.state} · background run ${run.background}` : run.state);
     setText(this._stop, stopping ? 'Stopping…' : 'Stop');
     setAttr(this._stop, 'aria-disabled', stopping ? 'true' : null);
     this._stop.classList.toggle('nbtrain-mod-stopping', stopping);

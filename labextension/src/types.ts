@@ -122,6 +122,8 @@ export interface IRun {
   summary: string | null;
   /** A --nodes run's machines; empty on one machine. */
   nodes: INode[];
+  /** 0, or the kernel's background run of that number (--background: stopped with run.stop(), not from here). */
+  background: number;
 }
 
 export interface IProcess {

@@ -150,8 +150,14 @@ class DistributedMagics(Magics):
         self.last_run: BackgroundRun | None = None
         self._registry = None
 
-    def observers(self) -> list:
-        """Who follows each run: the run registry (read by the Jupyter server extension)."""
+    def observers(self, background: int = 0) -> list:
+        """Who follows each run: the run registry (read by the Jupyter server extension); a background run's own
+        record (``background``: its number), beside the kernel's blocking cells' one."""
+        if background:
+            try:
+                return [RunRegistry(background=background)]
+            except OSError:
+                return []
         if self._registry is None:
             try:
                 self._registry = RunRegistry()
@@ -197,7 +203,8 @@ class DistributedMagics(Magics):
             display = with_env_fallbacks(from_arguments(CellDisplay, args))
         except OptionEnvError as exc:
             raise UsageError(str(exc)) from None
-        side = ShellSide(self.shell, self.pools, tuple(self.observers()))
+        background = self.background.count + 1 if display.background and self.background is not None else 0
+        side = ShellSide(self.shell, self.pools, tuple(self.observers(background)))
         if display.background:
             self.last_run = start_background(side, cell, from_arguments(LaunchRequest, args), display, self.background)
             return self.last_run

@@ -67,6 +67,7 @@ def describe_runs(kernels: dict[str, KernelView], records: list[dict]) -> list[d
             "ranks": ranks, "step": record.get("step"), "loss": metrics.get("loss"), "metrics": metrics,
             "started": record.get("started"), "updated": record.get("updated"), "ended": record.get("ended"),
             "summary": record.get("summary"), "nodes": record.get("nodes") or [],
+            "background": int(record.get("background") or 0),
         })
     return described
 
@@ -99,7 +100,13 @@ def resolve_stop(kernels: dict[str, KernelView], records: list[dict], kernel_id:
     if kernel_id is not None:
         if kernel_id not in kernels:
             raise StopRefused(404, f"no kernel {kernel_id!r} on this server")
-        run = next((r for r in runs if r.kernel.kernel_id == kernel_id), None)
+        mine = [r for r in runs if r.kernel.kernel_id == kernel_id]
+        run = next((r for r in mine if not r.record.get("background")), None)
+        if run is None and mine:
+            number = mine[0].record.get("background")
+            raise StopRefused(409, f"the run in {mine[0].kernel.path or kernel_id} is background run {number}: the "
+                                   "kernel's stop button does not reach it; stop it in its notebook with "
+                                   "nbtrain.last_run.stop() (or its own handle)")
         if run is None:
             raise StopRefused(404, f"kernel {kernel_id!r} has no nbtrain run (no distributed cell has run in it)")
     else:

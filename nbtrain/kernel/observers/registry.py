@@ -11,6 +11,7 @@ Removed when the kernel exits; a record whose kernel pid is dead is stale and is
 Record (JSON)::
 
     {"version": 1, "kernel_pid": 123, "kernel_id": "4f1c…" | null, "connection_file": "…/kernel-4f1c….json",
+     "background": 0 | 2 (the kernel's background run of that number: kernel-<pid>-background-2.json),
      "state": "starting" | "running" | "finished" | "failed" | "interrupted",
      "run_id": "nbtrain-123-1/4", "started": 1760000000.0, "updated": 1760000003.2, "ended": null,
      "backend": "nccl", "device_type": "cuda", "gpu_ids": [0, 1], "nprocs": 2,
@@ -58,7 +59,7 @@ def sweep_records(directory: str | None = None) -> int:
     """Remove the records of kernels that are no longer running (killed: their atexit never ran)."""
     from ...common.leftovers import sweep_dead
 
-    return sweep_dead(directory or runs_dir(), re.compile(r"kernel-(\d+)\.json$"))
+    return sweep_dead(directory or runs_dir(), re.compile(r"kernel-(\d+)(?:-background-\d+)?\.json$"))
 
 
 def read_runs(directory: str | None = None) -> list[dict]:
@@ -99,13 +100,14 @@ class RunRegistry(RunObserver):
 
     _shown_as = "the run list of JupyterLab's nbtrain panel"
 
-    def __init__(self, directory: str | None = None) -> None:
+    def __init__(self, directory: str | None = None, background: int = 0) -> None:
         self.directory = directory or runs_dir()
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
-        self.path = os.path.join(self.directory, f"kernel-{os.getpid()}.json")
+        suffix = f"-background-{background}" if background else ""  # a background run: a record of its own
+        self.path = os.path.join(self.directory, f"kernel-{os.getpid()}{suffix}.json")
         kernel_id, connection_file = kernel_identity()
         self.record: dict = {"version": VERSION, "kernel_pid": os.getpid(), "kernel_id": kernel_id,
-                             "connection_file": connection_file}
+                             "connection_file": connection_file, "background": background}
         self._last_write = 0.0
         atexit.register(self.remove)
 
