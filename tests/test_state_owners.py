@@ -42,6 +42,7 @@ NOT_NBTRAINS = {
     ("nbtrain/rank/compat.py", "module.init_process_group"): "torch.distributed's functions, wrapped for pasted scripts",
     ("nbtrain/rank/compat.py", "module.destroy_process_group"): "torch.distributed's functions, wrapped for pasted scripts",
     ("nbtrain/rank/ipython_display.py", "spec.loader"): "an importlib ModuleSpec being built",
+    ("nbtrain/rank/integrations/imports.py", "spec.loader"): "an importlib ModuleSpec being found (a post-import hook)",
     ("nbtrain/rank/train/optim.py", "self.optimizer.param_groups"): "the wrapped torch optimizer, through its wrapper",
     ("nbtrain/rank/train/optim.py", "self.optimizer.state"): "the wrapped torch optimizer, through its wrapper",
     ("nbtrain/rank/train/optim.py", "self.optimizer.defaults"): "the wrapped torch optimizer, through its wrapper",

@@ -64,7 +64,7 @@ from ..wire import stop_marks
 from ..wire.names import RUNTIME_NAMES
 from ..wire.payload import load_inputs, pack_results
 from ..wire.shm import abandon_and_sweep
-from . import cellcode, compat, display, ipython_display, prompts, stop
+from . import cellcode, compat, display, integrations, ipython_display, prompts, stop
 from .modules import LocalModules
 from .session import RankSessions
 
@@ -271,6 +271,7 @@ class Rank:
             scopes.enter_context(display.scope(job.job_id, self.rank, RESULT_RANK, self.send))
             scopes.enter_context(prompts.scope(job.job_id, self.rank, self.send, self.receive))  # asked in the notebook
             scopes.enter_context(train_state.scope(job.train, self.device, self.rank, int(os.environ["WORLD_SIZE"])))
+            scopes.enter_context(integrations.scope(job.train.integrations))  # Trainers' logs as nbtrain's series
             scopes.enter_context(preempt_checkpoint.scope(job.job_id, self.rank, self.send))
             scopes.enter_context(profile.scope(job.train.profile, job.train.profile_dir, self.rank, self.device,
                                                job.job_id, self.send))

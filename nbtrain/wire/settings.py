@@ -76,6 +76,9 @@ class TrainOptions:
     activation_checkpointing: bool = option(
         False, "--activation-checkpointing", "with --shard: recompute each block's activations in backward instead "
         "of keeping them (less memory, more compute)", group="training", switch=True)
+    integrations: bool = option(
+        True, "--no-integrations", "do not turn what Hugging Face's Trainer or Lightning's Trainer logs into the "
+        "dashboard's curves and history", group="training", switch=True, env="NBTRAIN_INTEGRATIONS")
     compile_fallback: bool = option(
         False, "--compile-fallback", "with --compile: when compiling fails, say why and run the model uncompiled "
         "instead of failing the cell", group="speed", switch=True)
@@ -99,6 +102,7 @@ class TrainSettings:
     activation_checkpointing: bool = False  # each sharded block recomputes its activations in backward
     checkpoint_async: bool = False  # --shard: save_checkpoint() writes in the background (dcp.async_save)
     out_limit: int | None = None  # bytes: a sharded model larger than this stays on the ranks (None: no limit)
+    integrations: bool = True  # Hugging Face's and Lightning's Trainers log into nbtrain (rank/integrations)
 
     @property
     def checkpoint_path(self) -> str | None:
@@ -168,7 +172,7 @@ def parse_train_settings(options: TrainOptions, cwd: str | None = None) -> Train
                          compile_fallback=bool(compile_fallback), shard=shard_mode,
                          shard_offload=bool(options.shard_offload),
                          activation_checkpointing=bool(options.activation_checkpointing),
-                         checkpoint_async=bool(checkpoint_async))
+                         checkpoint_async=bool(checkpoint_async), integrations=bool(options.integrations))
 
 
 def settings_from_environment(environ: Mapping[str, str] | None = None) -> TrainSettings:
