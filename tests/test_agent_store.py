@@ -24,6 +24,7 @@ pytestmark = pytest.mark.timeout(120)
 AGENT = textwrap.dedent("""
     import pathlib, signal, sys
     from nbtrain.node.agent_store import AgentStore
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # taken by sigwait below, then the store closed
     store = AgentStore()
     out = pathlib.Path(sys.argv[1])
     out.with_suffix(".tmp").write_text(f"{store.port} {store.pid}")
