@@ -1,0 +1,48 @@
+"""Which detached run an attach means: the one named, else this user's only running run, else the latest finished.
+
+With no id and several runs still running, or an id that names none of this user's runs, the attach stops
+before anything is replayed, with a table of this user's runs (id, started, state, step) and how to name one.
+Only this user's runs are seen (:func:`nbtrain.wire.runfolder.list_runs` passes over anything another user planted).
+"""
+
+from __future__ import annotations
+
+import time
+
+from ...wire.runfolder import RecordedState, RunSummary, check_run_id, list_runs
+
+
+class AttachChoiceError(Exception):
+    """No run, or more than one, answers an attach; the message lists this user's runs and says what to do."""
+
+
+def choose_run(run_id: str | None = None, directory: str | None = None) -> RunSummary:
+    """The run ``%distributed_attach [RUN]`` attaches to (see the module docstring)."""
+    runs = list_runs(directory)
+    if run_id is not None:
+        check_run_id(run_id)
+        named = [run for run in runs if run.run_id == run_id]
+        if named:
+            return named[0]
+        raise AttachChoiceError(f"No detached run {run_id!r} of yours.\n{runs_table(runs)}")
+    running = [run for run in runs if run.state is RecordedState.RUNNING]
+    if len(running) == 1:
+        return running[0]
+    if len(running) > 1:
+        raise AttachChoiceError(f"{len(running)} detached runs are running; name one: "
+                                f"%distributed_attach RUN_ID\n{runs_table(runs)}")
+    if runs:
+        return runs[-1]  # the most recently started of the finished ones
+    raise AttachChoiceError("No detached run of yours: start one with %%distributed N --detach.")
+
+
+def runs_table(runs: list[RunSummary]) -> str:
+    """This user's runs, a line each: id, when it started, its state and the last step logged."""
+    if not runs:
+        return "(no detached runs)"
+    lines = [f"{'id':<24} {'started':<19} {'state':<8} step"]
+    for run in runs:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started))
+        step = "-" if run.step is None else str(run.step)
+        lines.append(f"{run.run_id:<24} {started:<19} {run.state.value:<8} {step}")
+    return "\n".join(lines)
