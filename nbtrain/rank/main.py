@@ -57,6 +57,7 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from . import integrations
 from .train import debug, metrics, preempt_checkpoint, profile, shard
 from .train import state as train_state
 from ..wire import protocol as P
@@ -274,6 +275,7 @@ class Rank:
             scopes.enter_context(preempt_checkpoint.scope(job.job_id, self.rank, self.send))
             scopes.enter_context(profile.scope(job.train.profile, job.train.profile_dir, self.rank, self.device,
                                                job.job_id, self.send))
+            scopes.enter_context(integrations.scope())  # a Trainer the cell runs logs to nbtrain
             return scopes.pop_all()  # entered whole, or (one failed to start) the ones entered ended again
 
     def _release_memory(self) -> None:
