@@ -40,5 +40,12 @@ def test_a_hugging_face_trainer_logs_its_loss_at_its_own_steps_and_its_length(po
     assert result.history["eval_loss"].steps == [3, 6]
     assert result.history["learning_rate"].steps == [2, 4, 6]
     assert result.history.total_steps == 6  # the dashboard's progress bar and ETA
-    finished_bars = [line for line in output.lines() if "6/6 [" in line]
-    assert len(finished_bars) == 1, output.text()  # rank 0's progress bar, once
+    bars = [line for line in output.lines() if "/6 [" in line]
+    assert bars and not [line for line in bars if "[rank 1]" in line], output.text()  # rank 0's progress bar only
+
+
+@pytest.mark.slow
+def test_no_integrations_leaves_the_trainer_unobserved(pools, tmp_path, monkeypatch):
+    monkeypatch.setenv("OUT", str(tmp_path))
+    _, result = run_cell(pools, HF_TRAINER_CELL, integrations=False)
+    assert "loss" not in result.history and result.history.total_steps is None

@@ -275,7 +275,8 @@ class Rank:
             scopes.enter_context(preempt_checkpoint.scope(job.job_id, self.rank, self.send))
             scopes.enter_context(profile.scope(job.train.profile, job.train.profile_dir, self.rank, self.device,
                                                job.job_id, self.send))
-            scopes.enter_context(integrations.scope())  # a Trainer the cell runs logs to nbtrain
+            if job.train.integrations:
+                scopes.enter_context(integrations.scope())  # a Trainer the cell runs logs to nbtrain
             return scopes.pop_all()  # entered whole, or (one failed to start) the ones entered ended again
 
     def _release_memory(self) -> None:

@@ -79,6 +79,9 @@ class TrainOptions:
     compile_fallback: bool = option(
         False, "--compile-fallback", "with --compile: when compiling fails, say why and run the model uncompiled "
         "instead of failing the cell", group="speed", switch=True)
+    integrations: bool = option(
+        True, "--no-integrations", "a Hugging Face Trainer run in the cell does not log to nbtrain's series (its own "
+        "output is unchanged)", group="training", switch=True)
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,7 @@ class TrainSettings:
     shard_offload: bool = False  # sharded parameters and optimizer state live on the CPU (CPUOffloadPolicy)
     activation_checkpointing: bool = False  # each sharded block recomputes its activations in backward
     checkpoint_async: bool = False  # --shard: save_checkpoint() writes in the background (dcp.async_save)
+    integrations: bool = True  # a training library's loop in the cell logs to nbtrain (rank/integrations)
     out_limit: int | None = None  # bytes: a sharded model larger than this stays on the ranks (None: no limit)
 
     @property
@@ -168,7 +172,7 @@ def parse_train_settings(options: TrainOptions, cwd: str | None = None) -> Train
                          compile_fallback=bool(compile_fallback), shard=shard_mode,
                          shard_offload=bool(options.shard_offload),
                          activation_checkpointing=bool(options.activation_checkpointing),
-                         checkpoint_async=bool(checkpoint_async))
+                         checkpoint_async=bool(checkpoint_async), integrations=bool(options.integrations))
 
 
 def settings_from_environment(environ: Mapping[str, str] | None = None) -> TrainSettings:
