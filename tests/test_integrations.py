@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from helpers.runhelp import Captured, run_cell
 
+from nbtrain.kernel.diagnostics.setup_facts import setup_words
+
 pytest.importorskip("transformers")
 
 HF_TRAINER_CELL = """
@@ -40,6 +42,7 @@ def test_a_hugging_face_trainer_logs_its_loss_at_its_own_steps_and_its_length(po
     assert result.history["eval_loss"].steps == [3, 6]
     assert result.history["learning_rate"].steps == [2, 4, 6]
     assert result.history.total_steps == 6  # the dashboard's progress bar and ETA
+    assert "logged by Hugging Face Trainer" in setup_words(result.setup)  # the summary's line
     bars = [line for line in output.lines() if "/6 [" in line]
     assert bars and not [line for line in bars if "[rank 1]" in line], output.text()  # rank 0's progress bar only
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ...common.words import count
 
-NOT_A_MODEL = {"shard_state", "shard_unused", "precision"}  # Setup facts that describe no prepared model
+NOT_A_MODEL = {"shard_state", "shard_unused", "precision", "integration"}  # Setup facts that describe no prepared model
 DATA_WAIT_WORTH_SAYING_PCT = 10.0
 MIN_TIMED_STEPS = 5  # steps timed (the first, counted one left out) before the summary speaks of rates
 
@@ -20,7 +20,7 @@ def setup_words(setup: dict[int, list[dict]]) -> list[str]:
     """``["bf16", "channels_last", "compiled (default) in 41.2 s"]``; empty when nothing was prepared."""
     models = [m for m in setup.get(0) or next(iter(setup.values()), []) if not NOT_A_MODEL & m.keys()]
     if not models:
-        return sharding_words(setup) + mfu_words(setup)
+        return integration_words(setup) + sharding_words(setup) + mfu_words(setup)
     words = []
     amps = sorted({m.get("amp", "off") for m in models})
     words.append("fp32" if amps == ["off"] else "/".join(a for a in amps if a != "off"))
@@ -35,7 +35,14 @@ def setup_words(setup: dict[int, list[dict]]) -> list[str]:
     failed = next((m["compile_error"] for m in models if m.get("compile_error")), None)
     if failed:
         words.append("not compiled: torch.compile failed, see above")
-    return words + sharding_words(setup) + mfu_words(setup)
+    return integration_words(setup) + words + sharding_words(setup) + mfu_words(setup)
+
+
+def integration_words(setup: dict[int, list[dict]]) -> list[str]:
+    """``["logged by Hugging Face Trainer"]``: the training library whose own logs became the series
+    (:mod:`nbtrain.rank.integrations`), once however many ranks said so."""
+    names = sorted({f["integration"] for models in setup.values() for f in models if "integration" in f})
+    return [f"logged by {', '.join(names)}"] if names else []
 
 
 def mfu_words(setup: dict[int, list[dict]]) -> list[str]:

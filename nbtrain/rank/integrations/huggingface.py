@@ -31,6 +31,7 @@ def _callback_class() -> type:
         """Every scalar the Trainer logs, at the Trainer's global step; max_steps as the run's length."""
 
         def on_train_begin(self, args, state, control, **kwargs):
+            metrics.send_setup({"integration": "Hugging Face Trainer"})  # named in the summary
             metrics.log_own(0, {"total_steps": state.max_steps})  # the dashboard's progress and ETA
 
         def on_log(self, args, state, control, logs=None, **kwargs):
