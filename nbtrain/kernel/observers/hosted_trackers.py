@@ -16,6 +16,7 @@ import importlib.util
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from .events import RunInfo, RunObserver, RunState
 
@@ -67,7 +68,7 @@ class MlflowTracker(RunObserver):
 
     def __init__(self, uri: str | None) -> None:
         self.uri = uri
-        self._client = None
+        self._client: Any = None  # an MlflowClient once the run started (mlflow is imported only then)
         self._run_id: str | None = None
 
     def run_started(self, info: RunInfo) -> None:
