@@ -47,3 +47,20 @@ def test_a_missing_tracker_package_is_a_usage_error_before_ranks_start(monkeypat
 def test_an_unknown_tracker_says_which_ones_exist():
     with pytest.raises(ConfigError, match="nbtrain tracks to mlflow"):
         resolve(LaunchRequest(nprocs=2, cpu=True, track=("neptune",)))
+
+
+@pytest.mark.slow
+def test_track_wandb_offline_writes_rank_0s_series_the_options_and_the_summary(pools, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("wandb")
+    from helpers import wandb_offline
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run_cell(pools, LOGGING_CELL, write=Captured(), track=("wandb=exp1",))
+    (log,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
+    steps = [(h["_step"], h["loss"]) for h in wandb_offline.history(str(log)) if "loss" in h]
+    assert steps == [(step, 10.0 - step) for step in range(4)]  # rank 0's
+    assert wandb_offline.config(str(log))["nprocs"] == 2
+    assert "summary.txt" in wandb_offline.saved_files(str(log))
+    assert "nbtrain: W&B run" in capsys.readouterr().out

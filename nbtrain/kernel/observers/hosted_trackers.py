@@ -1,4 +1,4 @@
-"""``--track mlflow[=URI]``: the run's series, options and summary in a tracking service, from the kernel.
+"""``--track mlflow[=URI]``, ``--track wandb[=PROJECT]``: the run's series, options and summary in a tracking service, from the kernel.
 
 Like ``--tensorboard`` (:mod:`nbtrain.kernel.observers.trackers`), the tracker runs in the kernel, which already
 receives every rank's series: the ranks import nothing and are not slowed. Rank 0's series are the run's
@@ -20,14 +20,14 @@ from typing import Any
 
 from .events import RunInfo, RunObserver, RunState
 
-_PACKAGES = {"mlflow": ("mlflow", "mlflow-skinny")}  # name -> (module to import, what pip installs)
+_PACKAGES = {"mlflow": ("mlflow", "mlflow-skinny"), "wandb": ("wandb", "wandb")}  # name -> (module to import, what pip installs)
 TRACKED_RANK = 0
 
 
 @dataclass(frozen=True)
 class TrackSpec:
     name: str  # a key of _PACKAGES
-    where: str | None  # mlflow: the tracking URI (a directory: a local file store); None: the package's default
+    where: str | None  # mlflow: the tracking URI (a directory: a local file store); wandb: the project; None: default
 
 
 def parse_tracks(texts: tuple[str, ...], cwd: str) -> tuple[TrackSpec, ...]:
@@ -39,14 +39,15 @@ def parse_tracks(texts: tuple[str, ...], cwd: str) -> tuple[TrackSpec, ...]:
         name, _, where = text.strip().partition("=")
         name = name.strip().lower()
         if name not in _PACKAGES:
-            raise TrackerSetupError(f"--track {text}: nbtrain tracks to {', '.join(_PACKAGES)} (such as --track "
+            raise TrackerSetupError(f"--track {text}: nbtrain tracks to {' and '.join(_PACKAGES)} (such as --track "
                                     "mlflow=runs/mlflow); for another service, register a nbtrain.Tracker.")
         module, package = _PACKAGES[name]
         if importlib.util.find_spec(module) is None:
             raise TrackerSetupError(f"--track {name} needs the {module} package, which is not installed in this "
                                     f"kernel's environment: pip install 'nbtrain[{name}]' (or pip install {package}), "
                                     "then restart the kernel.")
-        specs.append(TrackSpec(name, _local_uri(where.strip(), cwd) if where.strip() else None))
+        where = where.strip()
+        specs.append(TrackSpec(name, (_local_uri(where, cwd) if name == "mlflow" else where) if where else None))
     return tuple(specs)
 
 
@@ -58,7 +59,7 @@ def _local_uri(where: str, cwd: str) -> str:
 
 
 def tracker_for(spec: TrackSpec) -> RunObserver:
-    return MlflowTracker(spec.where)
+    return MlflowTracker(spec.where) if spec.name == "mlflow" else WandbTracker(spec.where)
 
 
 class MlflowTracker(RunObserver):
@@ -100,6 +101,44 @@ class MlflowTracker(RunObserver):
         client.log_text(run_id, summary, "summary.txt")
         client.set_terminated(run_id, "FINISHED" if status == RunState.FINISHED else "FAILED", end_time=int(time.time() * 1000))
         print(f"nbtrain: MLflow run {run_id} in {client.tracking_uri} (experiment nbtrain)")
+
+
+class WandbTracker(RunObserver):
+    """One W&B run per cell (restarts included) in ``project`` (default ``nbtrain``): rank 0's series, at their steps.
+
+    ``WANDB_MODE=offline`` keeps the run in the notebook's folder (``wandb/offline-run-*``) for ``wandb sync``."""
+
+    _shown_as = "the W&B tracker (--track wandb)"
+
+    def __init__(self, project: str | None) -> None:
+        self.project = project or "nbtrain"
+        self._run: Any = None
+
+    def run_started(self, info: RunInfo) -> None:
+        if self._run is not None:  # --max-restarts: the same run goes on
+            return
+        import wandb
+
+        self._run = wandb.init(project=self.project, name=info.run_id, config=_parameters(info),
+                               reinit="create_new")
+
+    def metrics(self, rank: int, records: list) -> None:
+        if rank != TRACKED_RANK or self._run is None:
+            return
+        for step, _when, values in records:
+            self._run.log(values, step=step)
+
+    def run_finished(self, status: RunState, summary: str) -> None:
+        run, self._run = self._run, None
+        if run is None:
+            return
+        with open(os.path.join(run.dir, "summary.txt"), "w") as file:
+            file.write(summary)
+        run.save(os.path.join(run.dir, "summary.txt"), base_path=run.dir, policy="now")
+        run.summary["status"] = str(status)
+        where = run.url or run.dir
+        run.finish(exit_code=0 if status == RunState.FINISHED else 1)
+        print(f"nbtrain: W&B run {run.name} ({where})")
 
 
 def _parameters(info: RunInfo) -> dict[str, object]:
