@@ -45,7 +45,7 @@ def test_a_missing_tracker_package_is_a_usage_error_before_ranks_start(monkeypat
 
 
 def test_an_unknown_tracker_says_which_ones_exist():
-    with pytest.raises(ConfigError, match="nbtrain tracks to mlflow"):
+    with pytest.raises(ConfigError, match="nbtrain tracks to mlflow, wandb, trackio"):
         resolve(LaunchRequest(nprocs=2, cpu=True, track=("neptune",)))
 
 
@@ -64,3 +64,21 @@ def test_track_wandb_offline_writes_rank_0s_series_the_options_and_the_summary(p
     assert wandb_offline.config(str(log))["nprocs"] == 2
     assert "summary.txt" in wandb_offline.saved_files(str(log))
     assert "nbtrain: W&B run" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_track_trackio_writes_rank_0s_series_and_the_options_locally(pools, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("trackio")
+    monkeypatch.setenv("TRACKIO_DIR", str(tmp_path))  # read when trackio is imported: in the kernel, by the run
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    for module in [m for m in sys.modules if m == "trackio" or m.startswith("trackio.")]:
+        monkeypatch.delitem(sys.modules, module)
+    run_cell(pools, LOGGING_CELL, write=Captured(), track=("trackio=exp1", f"mlflow={tmp_path / 'mlruns'}"))
+    assert (tmp_path / "exp1.db").exists()
+    from trackio.sqlite_storage import SQLiteStorage
+
+    (name,) = SQLiteStorage.get_runs("exp1")
+    assert [(m["step"], m["loss"]) for m in SQLiteStorage.get_logs("exp1", name)] == [(s, 10.0 - s) for s in range(4)]
+    assert SQLiteStorage.get_run_config("exp1", name)["nprocs"] == 2
+    out = capsys.readouterr().out
+    assert f"nbtrain: trackio run {name} in project exp1" in out and "MLflow run" in out  # both at once

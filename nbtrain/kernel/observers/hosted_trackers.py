@@ -1,4 +1,4 @@
-"""``--track mlflow[=URI]``, ``--track wandb[=PROJECT]``: the run's series, options and summary in a tracking service, from the kernel.
+"""``--track mlflow[=URI]``, ``--track wandb[=PROJECT]``, ``--track trackio[=PROJECT]``: the run's series, options and summary in a tracking service, from the kernel.
 
 Like ``--tensorboard`` (:mod:`nbtrain.kernel.observers.trackers`), the tracker runs in the kernel, which already
 receives every rank's series: the ranks import nothing and are not slowed. Rank 0's series are the run's
@@ -20,14 +20,15 @@ from typing import Any
 
 from .events import RunInfo, RunObserver, RunState
 
-_PACKAGES = {"mlflow": ("mlflow", "mlflow-skinny"), "wandb": ("wandb", "wandb")}  # name -> (module to import, what pip installs)
+_PACKAGES = {"mlflow": ("mlflow", "mlflow-skinny"), "wandb": ("wandb", "wandb"),
+             "trackio": ("trackio", "trackio")}  # name -> (module to import, what pip installs)
 TRACKED_RANK = 0
 
 
 @dataclass(frozen=True)
 class TrackSpec:
     name: str  # a key of _PACKAGES
-    where: str | None  # mlflow: the tracking URI (a directory: a local file store); wandb: the project; None: default
+    where: str | None  # mlflow: the tracking URI (a directory: a local file store); wandb, trackio: the project; None: default
 
 
 def parse_tracks(texts: tuple[str, ...], cwd: str) -> tuple[TrackSpec, ...]:
@@ -39,7 +40,7 @@ def parse_tracks(texts: tuple[str, ...], cwd: str) -> tuple[TrackSpec, ...]:
         name, _, where = text.strip().partition("=")
         name = name.strip().lower()
         if name not in _PACKAGES:
-            raise TrackerSetupError(f"--track {text}: nbtrain tracks to {' and '.join(_PACKAGES)} (such as --track "
+            raise TrackerSetupError(f"--track {text}: nbtrain tracks to {', '.join(_PACKAGES)} (such as --track "
                                     "mlflow=runs/mlflow); for another service, register a nbtrain.Tracker.")
         module, package = _PACKAGES[name]
         if importlib.util.find_spec(module) is None:
@@ -59,7 +60,9 @@ def _local_uri(where: str, cwd: str) -> str:
 
 
 def tracker_for(spec: TrackSpec) -> RunObserver:
-    return MlflowTracker(spec.where) if spec.name == "mlflow" else WandbTracker(spec.where)
+    if spec.name == "mlflow":
+        return MlflowTracker(spec.where)
+    return WandbTracker(spec.where) if spec.name == "wandb" else TrackioTracker(spec.where)
 
 
 class MlflowTracker(RunObserver):
@@ -139,6 +142,37 @@ class WandbTracker(RunObserver):
         where = run.url or run.dir
         run.finish(exit_code=0 if status == RunState.FINISHED else 1)
         print(f"nbtrain: W&B run {run.name} ({where})")
+
+
+class TrackioTracker(RunObserver):
+    """One trackio run per cell (restarts included) in ``project`` (default ``nbtrain``), stored locally
+    (``TRACKIO_DIR``): rank 0's series at their steps, the run's facts as its config. trackio keeps no files
+    with a run, so the summary is only printed."""
+
+    _shown_as = "the trackio tracker (--track trackio)"
+
+    def __init__(self, project: str | None) -> None:
+        self.project = project or "nbtrain"
+        self._run: Any = None
+
+    def run_started(self, info: RunInfo) -> None:
+        if self._run is not None:  # --max-restarts: the same run goes on
+            return
+        import trackio
+
+        self._run = trackio.init(project=self.project, name=info.run_id, config=_parameters(info))
+
+    def metrics(self, rank: int, records: list) -> None:
+        if rank != TRACKED_RANK or self._run is None:
+            return
+        for step, _when, values in records:
+            self._run.log(values, step=step)
+
+    def run_finished(self, status: RunState, summary: str) -> None:
+        run, self._run = self._run, None
+        if run is not None:
+            run.finish()
+            print(f"nbtrain: trackio run {run.name} in project {self.project} (trackio show --project {self.project})")
 
 
 def _parameters(info: RunInfo) -> dict[str, object]:

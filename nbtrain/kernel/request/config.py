@@ -121,8 +121,8 @@ class LaunchRequest(TrainOptions, AgentOptions):
         None, "--tensorboard", "write every nbtrain.log() series as TensorBoard events, each rank's in DIR/rank<k> "
         "(relative to the notebook's current directory; needs the tensorboard package)", group="tracking",
         metavar="DIR", env="NBTRAIN_TENSORBOARD")
-    track: tuple[str, ...] = option((), "--track", "follow the run in mlflow[=URI] (a directory: a local store) or "
-                                    "wandb[=PROJECT]: rank 0's series, the options and the summary (repeatable)", group="tracking",
+    track: tuple[str, ...] = option((), "--track", "follow the run in mlflow[=URI] (a directory: a local store), "
+                                    "wandb[=PROJECT] or trackio[=PROJECT]: rank 0's series, the options and the summary (repeatable)", group="tracking",
                                     metavar="NAME[=WHERE]", repeat=True)
     profile: str | None = option(
         None, "--profile", "record a torch.profiler trace of STEPS optimizer steps on every rank (after 1 skipped "
