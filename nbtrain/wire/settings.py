@@ -80,7 +80,7 @@ class TrainOptions:
         False, "--compile-fallback", "with --compile: when compiling fails, say why and run the model uncompiled "
         "instead of failing the cell", group="speed", switch=True)
     integrations: bool = option(
-        True, "--no-integrations", "a Hugging Face Trainer run in the cell does not log to nbtrain's series (its own "
+        True, "--no-integrations", "a Hugging Face or Lightning Trainer run in the cell does not log to nbtrain's series (its own "
         "output is unchanged)", group="training", switch=True)
 
 
