@@ -55,6 +55,9 @@ BENCHMARKS = (
               ("helper_overhead_us.py",), ("helper_overhead_us.py", "--repeats", "3")),
     Benchmark("logging", "Logging every step: nothing vs nbtrain.log vs loss.item()", "nbtrain.log ≤ 1 % cost (GPU)",
               ("log_overhead.py",), ("log_overhead.py", "--blocks", "3")),
+    Benchmark("integrations", "A Hugging Face Trainer logging every step: alone vs with nbtrain's integration",
+              "≤ 1.02× the Trainer's time per step", ("integration_overhead.py",),
+              ("integration_overhead.py", "--blocks", "2")),
     Benchmark("dashboard", "Kernel cost of the live dashboard", "≤ 2 % of one core; ≤ 4 widget messages/s; flat memory",
               ("dashboard_cost.py", "--seconds", "30"), ("dashboard_cost.py", "--seconds", "10")),
     Benchmark("leases", "GPU leases on a shared server: taking them in a cold start, and a release to the next "

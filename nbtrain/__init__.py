@@ -105,7 +105,7 @@ def runs():
     """This kernel's ``%%distributed`` runs, one row each: the cell, the options that differed, start, duration,
     world size, steps, the final and best value of each logged series, how it ended, its checkpoint, its GPU-hours
     (core-hours on the CPU) and their cost at ``--price-per-gpu-hour``. Shows as a table; ``.to_dicts()`` and
-    ``.to_csv(path)`` give the rows."""
+    ``.to_csv(path)`` give the rows, ``.to_pandas()`` a DataFrame and ``.plot("loss")`` each run's loss (pandas)."""
     from IPython import get_ipython
 
     from .kernel.observers.runlog import RunLog

@@ -84,3 +84,20 @@ def test_a_cells_title_is_its_first_line_past_the_imports(cell, shown):
     from nbtrain.kernel.observers.runlog import title
 
     assert title(cell) == shown
+
+
+def test_the_runs_are_a_pandas_frame_that_plots_a_series_per_run(pools):
+    pandas = pytest.importorskip("pandas")
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    run_cell(pools, CELL)
+    run_cell(pools, CELL, grad_accum=2)
+    table = pools.runs.table()
+    frame = table.to_pandas()
+    assert isinstance(frame, pandas.DataFrame) and list(frame["loss final"])[-2:] == pytest.approx([0.2, 0.2])
+    axes = table.plot("loss")
+    assert [line.get_label() for line in axes.get_lines()] == ["loss final", "loss best"]
+    assert len(axes.get_lines()[0].get_xdata()) == len(table)
+    with pytest.raises(KeyError, match="no run of this kernel logged 'lr'; the runs logged: accuracy, loss"):
+        table.plot("lr")
+    matplotlib.pyplot.close("all")

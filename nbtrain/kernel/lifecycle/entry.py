@@ -136,7 +136,7 @@ def _cell_run(config: LaunchConfig, info: CellInfo, namespace: dict, given: RunO
                               "(a PoolManager) to every run_source call of the session.")
         manager = PoolManager()
         config = replace(config, keep_alive_s=0.0)
-    observers = (*given.observers, *trackers_for(config.tensorboard))  # --tensorboard, nbtrain.track()
+    observers = (*given.observers, *trackers_for(config.tensorboard, config.tracks))  # --tensorboard, --track, nbtrain.track()
     return CellRun(info, config, namespace, manager, given.write or write_to_std_stream, given.outcome,
                    observers, given.code_name, stop=given.stop)
 

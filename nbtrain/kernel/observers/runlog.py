@@ -211,6 +211,21 @@ class RunsTable:
                 f.write(out.getvalue())
         return out.getvalue()
 
+    def to_pandas(self):
+        """The table as a pandas DataFrame, one row per run, indexed by the run's number (needs pandas)."""
+        import pandas
+
+        return pandas.DataFrame(self.to_dicts()).set_index("number") if self.rows else pandas.DataFrame()
+
+    def plot(self, name: str, **options):
+        """Each run's final and best ``name`` (``runs().plot("loss")``), drawn by pandas with matplotlib; the Axes."""
+        frame = self.to_pandas()
+        columns = [c for c in (f"{name} final", f"{name} best") if c in frame.columns]
+        if not columns:
+            logged = sorted({c.rsplit(" ", 1)[0] for c in frame.columns if c.endswith(" final")})
+            raise KeyError(f"no run of this kernel logged {name!r}; the runs logged: {', '.join(logged) or 'nothing'}")
+        return frame[columns].plot(marker="o", title=name, **options)
+
     def _cells(self) -> tuple[list[str], list[list[str]]]:
         dicts = self.to_dicts()
         columns = list(dict.fromkeys(key for row in dicts for key in row))

@@ -31,6 +31,7 @@ import threading
 from typing import Any
 
 from .events import RunInfo, RunObserver
+from .hosted_trackers import TrackSpec, tracker_for
 
 
 class Tracker(RunObserver):
@@ -57,9 +58,10 @@ def untrack(tracker: RunObserver) -> None:
         _registered.remove(tracker)
 
 
-def trackers_for(tensorboard_dir: str | None) -> list[RunObserver]:
-    """The trackers of one run: those registered, and TensorBoard's if ``--tensorboard`` was given."""
-    return [*_registered, *([TensorBoardTracker(tensorboard_dir)] if tensorboard_dir else [])]
+def trackers_for(tensorboard_dir: str | None, tracks: tuple[TrackSpec, ...] = ()) -> list[RunObserver]:
+    """The trackers of one run: those registered, TensorBoard's if ``--tensorboard`` was given, and each ``--track``."""
+    return [*_registered, *([TensorBoardTracker(tensorboard_dir)] if tensorboard_dir else []),
+            *(tracker_for(spec) for spec in tracks)]
 
 
 class TrackerSetupError(ValueError):

@@ -21,6 +21,7 @@ from ...gpu import leasepolicy, nvml
 from ...wire.settings import TrainOptions, TrainSettings, TrainSettingsError, parse_size, parse_train_settings
 from ...common.words import count
 from ..diagnostics.profiling import ProfileOptionError, parse_profile, profile_dir
+from ..observers.hosted_trackers import TrackSpec, parse_tracks
 from ..observers.trackers import TrackerSetupError, tensorboard_dir
 from .hosts import SshSetupError, parse_hosts, parse_remote_python, parse_slurm, parse_ssh_options
 from ..observers.cost import PriceError, parse_price
@@ -128,6 +129,9 @@ class LaunchRequest(TrainOptions, AgentOptions):
         None, "--tensorboard", "write every nbtrain.log() series as TensorBoard events, each rank's in DIR/rank<k> "
         "(relative to the notebook's current directory; needs the tensorboard package)", group="tracking",
         metavar="DIR", env="NBTRAIN_TENSORBOARD")
+    track: tuple[str, ...] = option((), "--track", "follow the run in mlflow[=URI] (a directory: a local store), "
+                                    "wandb[=PROJECT] or trackio[=PROJECT]: rank 0's series, the options and the summary (repeatable)", group="tracking",
+                                    metavar="NAME[=WHERE]", repeat=True)
     profile: str | None = option(
         None, "--profile", "record a torch.profiler trace of STEPS optimizer steps on every rank (after 1 skipped "
         "and 1 warm-up step; or WAIT,WARMUP,ACTIVE) and show the top operators and the communication time",
@@ -148,6 +152,7 @@ class LaunchConfig:
     train: TrainSettings = field(default_factory=TrainSettings)  # sent to the ranks with each Job
     workdir: Workdir | None = None  # the notebook's directory and sys.path when the cell runs (each Job)
     tensorboard: str | None = None  # absolute --tensorboard DIR (see nbtrain.kernel.observers.trackers)
+    tracks: tuple[TrackSpec, ...] = ()  # --track (see nbtrain.kernel.observers.hosted_trackers)
     session: str = ""  # --session: the namespace kept on the ranks that the cell runs in; "" = a fresh one
     price_per_hour: float | None = None  # --price-per-gpu-hour (per core-hour on the CPU; nbtrain.kernel.observers.cost)
     spawn: bool = False  # --spawn: new ranks are new interpreters, not forks of the zygote
@@ -426,6 +431,7 @@ def _finish(request: LaunchRequest, pool: PoolSpec, output: str, workdir: Workdi
         raise ConfigError(f"--preemption-grace must be a positive number of seconds (got {request.preemption_grace}).")
     try:
         tensorboard = tensorboard_dir(request.tensorboard, workdir.cwd) if request.tensorboard is not None else None
+        tracks = parse_tracks(tuple(request.track), workdir.cwd)
     except TrackerSetupError as exc:
         raise ConfigError(str(exc)) from None
     if request.profile is not None:
@@ -456,5 +462,5 @@ def _finish(request: LaunchRequest, pool: PoolSpec, output: str, workdir: Workdi
                           "Leave out one of them.")
     return LaunchConfig(pool, _parse_names(request.out), output, keep_alive, request.fresh,
                         start_timeout_s=start_timeout, notes=tuple(notes), train=train, workdir=workdir,
-                        tensorboard=tensorboard, session=session, price_per_hour=price, spawn=request.spawn,
-                        preemption_grace_s=grace, gpu_wait_s=_gpu_wait(request))
+                        tensorboard=tensorboard, tracks=tracks, session=session, price_per_hour=price,
+                        spawn=request.spawn, preemption_grace_s=grace, gpu_wait_s=_gpu_wait(request))
