@@ -55,7 +55,9 @@ def main() -> int:
     manager, client = start_new_kernel(kernel_name="python3")
     try:
         execute(client, "%load_ext nbtrain")
-        kernel = psutil.Process(manager.provisioner.process.pid)
+        pid = getattr(manager.provisioner, "pid", None)  # a local kernel's process
+        assert isinstance(pid, int), "the kernel runs on this machine"
+        kernel = psutil.Process(pid)
         returns, cpu = [], []
         for _ in range(args.repeats):
             returns.append(execute(client, TRAINING))

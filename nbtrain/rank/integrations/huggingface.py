@@ -47,7 +47,7 @@ def _callback_class():
             values = new_values({name: float(value) for name, value in logs.items() if isinstance(value, (int, float))
                                  and not isinstance(value, bool) and math.isfinite(value)})
             if values:
-                metrics.log(step=state.global_step, **values)
+                metrics.log_own(state.global_step, values)
 
     _made.append(NbtrainCallback)
     return NbtrainCallback

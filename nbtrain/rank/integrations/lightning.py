@@ -31,8 +31,8 @@ def _callback_class():
         return _made[0]
     try:
         from lightning.pytorch import Callback
-    except ImportError:  # the standalone pytorch_lightning package
-        from pytorch_lightning import Callback
+    except ImportError:  # the standalone pytorch_lightning package: the same class under its older name
+        from pytorch_lightning import Callback  # type: ignore[assignment]
 
     class NbtrainLightningCallback(Callback):
         def on_train_start(self, trainer, pl_module):
@@ -59,7 +59,7 @@ def _log(trainer) -> None:
     values = new_values({name: number for name, value in trainer.logged_metrics.items()
                          if (number := _number(value)) is not None})
     if values:
-        metrics.log(step=trainer.global_step, **values)
+        metrics.log_own(trainer.global_step, values)
 
 
 def _number(value) -> float | None:

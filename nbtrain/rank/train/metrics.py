@@ -241,7 +241,8 @@ def send_setup(facts: dict) -> None:
 
 
 def log_own(step: int, values: dict[str, float]) -> None:
-    """Series nbtrain itself measures on the rank (``tflops``, ``mfu``): logged inside a cell, dropped outside."""
+    """Series nbtrain measures or hears on the rank (``tflops``, ``mfu``; what a Trainer logs,
+    :mod:`nbtrain.rank.integrations`): logged inside a cell, dropped outside."""
     if _sink is not None:
         _sink.log(values, step)
 
