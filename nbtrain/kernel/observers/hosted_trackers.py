@@ -106,30 +106,39 @@ class MlflowTracker(RunObserver):
         print(f"nbtrain: MLflow run {run_id} in {client.tracking_uri} (experiment nbtrain)")
 
 
-class WandbTracker(RunObserver):
-    """One W&B run per cell (restarts included) in ``project`` (default ``nbtrain``): rank 0's series, at their steps.
-
-    ``WANDB_MODE=offline`` keeps the run in the notebook's folder (``wandb/offline-run-*``) for ``wandb sync``."""
-
-    _shown_as = "the W&B tracker (--track wandb)"
+class _ProjectTracker(RunObserver):
+    """A tracker whose run lives in a project (W&B, trackio): one run per cell, restarts included, started by
+    :meth:`_start`; rank 0's series logged at their steps."""
 
     def __init__(self, project: str | None) -> None:
         self.project = project or "nbtrain"
         self._run: Any = None
 
     def run_started(self, info: RunInfo) -> None:
-        if self._run is not None:  # --max-restarts: the same run goes on
-            return
-        import wandb
+        if self._run is None:  # --max-restarts: the same run goes on
+            self._run = self._start(info)
 
-        self._run = wandb.init(project=self.project, name=info.run_id, config=_parameters(info),
-                               reinit="create_new")
+    def _start(self, info: RunInfo) -> Any:
+        raise NotImplementedError
 
     def metrics(self, rank: int, records: list) -> None:
         if rank != TRACKED_RANK or self._run is None:
             return
         for step, _when, values in records:
             self._run.log(values, step=step)
+
+
+class WandbTracker(_ProjectTracker):
+    """One W&B run per cell (restarts included) in ``project`` (default ``nbtrain``): rank 0's series, at their steps.
+
+    ``WANDB_MODE=offline`` keeps the run in the notebook's folder (``wandb/offline-run-*``) for ``wandb sync``."""
+
+    _shown_as = "the W&B tracker (--track wandb)"
+
+    def _start(self, info: RunInfo) -> Any:
+        import wandb
+
+        return wandb.init(project=self.project, name=info.run_id, config=_parameters(info), reinit="create_new")
 
     def run_finished(self, status: RunState, summary: str) -> None:
         run, self._run = self._run, None
@@ -144,29 +153,17 @@ class WandbTracker(RunObserver):
         print(f"nbtrain: W&B run {run.name} ({where})")
 
 
-class TrackioTracker(RunObserver):
+class TrackioTracker(_ProjectTracker):
     """One trackio run per cell (restarts included) in ``project`` (default ``nbtrain``), stored locally
     (``TRACKIO_DIR``): rank 0's series at their steps, the run's facts as its config. trackio keeps no files
     with a run, so the summary is only printed."""
 
     _shown_as = "the trackio tracker (--track trackio)"
 
-    def __init__(self, project: str | None) -> None:
-        self.project = project or "nbtrain"
-        self._run: Any = None
-
-    def run_started(self, info: RunInfo) -> None:
-        if self._run is not None:  # --max-restarts: the same run goes on
-            return
+    def _start(self, info: RunInfo) -> Any:
         import trackio
 
-        self._run = trackio.init(project=self.project, name=info.run_id, config=_parameters(info))
-
-    def metrics(self, rank: int, records: list) -> None:
-        if rank != TRACKED_RANK or self._run is None:
-            return
-        for step, _when, values in records:
-            self._run.log(values, step=step)
+        return trackio.init(project=self.project, name=info.run_id, config=_parameters(info))
 
     def run_finished(self, status: RunState, summary: str) -> None:
         run, self._run = self._run, None

@@ -25,7 +25,7 @@ import torch
 
 from . import metrics
 from .flops import FlopCount, peak_of, precision_of
-from .stepsplit import PHASES, StepSplit
+from .stepsplit import PHASES, StepSplit, first_tensor
 
 REPORT_S = 2.0  # how often rank 0 logs its rates
 
@@ -143,22 +143,11 @@ class StepMeter:
 def samples_and_tokens(batch) -> tuple[int, int]:
     """A batch's samples (its first tensor's first dimension) and tokens (that tensor's elements, where it holds
     integer ids of two dimensions or more: a language model's input); (0, 0) for a batch with no tensor."""
-    first = _first_tensor(batch)
+    first = first_tensor(batch)
     if first is None or first.dim() == 0:
         return 0, 0
     is_ids = not first.is_floating_point() and not first.is_complex() and first.dtype != torch.bool
     return int(first.shape[0]), int(first.numel()) if is_ids and first.dim() >= 2 else 0
-
-
-def _first_tensor(batch):
-    if isinstance(batch, torch.Tensor):
-        return batch
-    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
-    for value in values:
-        found = _first_tensor(value)
-        if found is not None:
-            return found
-    return None
 
 
 def for_device(rank: int, device, amp_dtype, world_size: int = 1) -> StepMeter:

@@ -80,7 +80,7 @@ class StepSplit:
             return
         self._marks.append(("forward", self._forward_at, self._clock.mark()))
         self._forward_at = None
-        tensor = _first_grad_tensor(output)
+        tensor = first_tensor(output, lambda t: t.requires_grad)
         if tensor is not None:
             tensor.register_hook(self._backward_began)
 
@@ -114,13 +114,14 @@ class StepSplit:
         return seconds
 
 
-def _first_grad_tensor(output):
-    """The first tensor in a model's output (a tensor, a tuple/list, a dict, a ModelOutput) that needs a gradient."""
-    if isinstance(output, torch.Tensor):
-        return output if output.requires_grad else None
-    values = output.values() if isinstance(output, dict) else output if isinstance(output, (list, tuple)) else ()
-    for value in values:
-        found = _first_grad_tensor(value)
+def first_tensor(value, accept=lambda tensor: True):
+    """The first tensor ``accept`` takes in a nested value — a tensor, a tuple/list, a dict, a ModelOutput (a
+    model's output, a loader's batch) — or None."""
+    if isinstance(value, torch.Tensor):
+        return value if accept(value) else None
+    values = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    for item in values:
+        found = first_tensor(item, accept)
         if found is not None:
             return found
     return None
