@@ -203,12 +203,14 @@ class DistributedMagics(Magics):
             display = with_env_fallbacks(from_arguments(CellDisplay, args))
         except OptionEnvError as exc:
             raise UsageError(str(exc)) from None
+        request = from_arguments(LaunchRequest, args)
+        display = replace(display, background=display.background or request.detach)  # --detach implies --background
         background = self.background.count + 1 if display.background and self.background is not None else 0
         side = ShellSide(self.shell, self.pools, tuple(self.observers(background)))
         if display.background:
-            self.last_run = start_background(side, cell, from_arguments(LaunchRequest, args), display, self.background)
+            self.last_run = start_background(side, (line, cell), request, display, self.background)
             return self.last_run
-        return distributed_cell(side, cell, from_arguments(LaunchRequest, args), display)
+        return distributed_cell(side, cell, request, display)
 
     @magic_arguments()
     @argument("--once", action="store_true", help="print a table of the GPUs (or CPU/RAM) now instead of a live view")
@@ -371,17 +373,22 @@ def distributed_cell(side: ShellSide, cell: str, request: LaunchRequest, display
     return run_in_shell(with_dashboard, cell, request, quiet=display.quiet, advisor=observer)
 
 
-def start_background(side: ShellSide, cell: str, request: LaunchRequest, display: CellDisplay,
+def start_background(side: ShellSide, cell: tuple[str, str], request: LaunchRequest, display: CellDisplay,
                      runs: BackgroundRuns | None) -> BackgroundRun:
-    """``%%distributed --background``: the cell's mistakes are said now; then it returns the run's handle."""
+    """``%%distributed --background`` (``cell``: the magic's line and the cell): the cell's mistakes are said now;
+    then it returns the run's handle."""
     if runs is None:
         raise UsageError("--background needs IPython's shell: run the cell in a notebook or IPython.")
     observer = _dashboard(side.shell, display)
     observers = (*side.observers, *([observer] if observer is not None else []))
     try:
-        return runs.start(BackgroundCell(cell, request, observers, observer, display.quiet))
+        run = runs.start(BackgroundCell(cell[1], request, observers, observer, display.quiet, line=cell[0]))
     except UserInputError as exc:
         raise UsageError(str(exc)) from None
+    if run.detached:
+        print(f"nbtrain: detached run {run.detached}: it goes on if this kernel stops or restarts; "
+              f"%distributed_attach {run.detached} follows it from any kernel of yours on this machine")
+    return run
 
 
 def _dashboard(shell, display: CellDisplay):

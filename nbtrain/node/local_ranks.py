@@ -202,6 +202,14 @@ class LocalRanks:
         """The stop button: one SIGINT to each rank and its descendants (:func:`nbtrain.common.proctree.interrupt`)."""
         proctree.interrupt(self.pids())
 
+    def shut_down(self) -> None:
+        """Every rank finished the cell and no kernel will send another: they leave the group and exit 0."""
+        shutdown = pickle.dumps(P.Shutdown(), protocol=pickle.HIGHEST_PROTOCOL)
+        with self._lock:
+            conns = list(self._conns.values())
+        for conn in conns:
+            _send_bytes(conn, shutdown)
+
     def stop(self, grace: float = STOP_GRACE_S) -> None:
         """SIGTERM, then SIGKILL, to every rank's session and descendants (:func:`nbtrain.common.proctree.stop`), announced
         first on their channel: this SIGTERM is no preemption notice (:mod:`nbtrain.rank.stop`)."""

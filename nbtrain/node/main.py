@@ -18,7 +18,8 @@
    second SIGTERM, ends it at once).
 3. **leave** — on :class:`~nbtrain.wire.nodes.Bye` (the pool ended), when the link breaks, or when the kernel
    has been silent for :data:`KERNEL_SILENT_S`: the ranks are stopped (SIGTERM → SIGKILL), the node's
-   shared-memory files and private directory removed, and the agent exits. It never outlives its pool.
+   shared-memory files and private directory removed, and the agent exits. It never outlives its pool —
+   except the agent of a detached run (:mod:`.detached`), which sees that run to its end first.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import replace
 
 import psutil
 
@@ -42,6 +44,7 @@ from ..wire import nodes as N
 from ..wire.link import JoinToken, Link, LinkError, LinkRetry, connect
 from ..wire.shm import sweep_orphans
 from .agent import run_ranks
+from .detached import DetachedRecorder, Outbox, run_alone
 from .console import route_output, say
 from ..wire.agent_options import AgentOptions, PreemptionURLError, check_url
 from ..wire.options import OptionEnvError, options_of, with_env_fallbacks
@@ -141,38 +144,63 @@ def _pause_unless_stopped(seconds: float, notices: Notices) -> None:
 
 
 def serve(link: Link, name: str, address: str | None, notices: Notices | None = None) -> str:
-    """Until the pool ends; returns why it ended."""
+    """Until the pool ends; returns why it ended. A detached run (:mod:`.detached`) goes on alone if the kernel goes."""
     notices = notices or Notices()
     sweep_dead_agents()
     directory = tempfile.mkdtemp(prefix=f"nbtrain-node-{os.getpid()}-")
     os.chmod(directory, 0o700)
-    ranks = LocalRanks(directory, link.send)
+    outbox = Outbox(link)
+    ranks = LocalRanks(directory, outbox.send)
     beat = threading.Event()
     threading.Thread(target=_heartbeats, args=(link, beat), name="nbtrain-node-heartbeat", daemon=True).start()
     try:
-        while True:
-            try:
-                message = link.incoming.get(timeout=NOTICE_CHECK_S)
-            except queue.Empty:
-                message = ...
-            why = _preemption(notices, ranks, link)
-            if why:
-                return why
-            if message is None:
-                return "the connection to the kernel broke"
-            if time.monotonic() - link.last_heard > KERNEL_SILENT_S:
-                return f"the kernel was silent for {KERNEL_SILENT_S:.0f} s"
-            if isinstance(message, N.Bye):
-                return message.reason
-            _handle(message, ranks, link, address)
+        why = _serve_kernel(link, ranks, outbox, address, notices)
+        if outbox.recorder is not None and ranks.running():
+            say(f"{why}")
+            why = run_alone(ranks, outbox.recorder)
+        return why
     finally:
         beat.set()
         if ranks.pids():
             ranks.stop(0.5)
+        if outbox.recorder is not None:
+            outbox.recorder.close()  # after the ranks' last word: its state is final
         ranks.close()
         link.close()
         link.join(2.0)
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def _serve_kernel(link: Link, ranks: LocalRanks, outbox: Outbox, address: str | None, notices: Notices) -> str:
+    """What the kernel asks, until it says Bye, its link breaks or it falls silent; returns which."""
+    acted = 0
+    while True:
+        try:
+            message = link.incoming.get(timeout=NOTICE_CHECK_S)
+        except queue.Empty:
+            message = ...
+        why = _preemption(notices, ranks, link)
+        if why:
+            return why
+        if outbox.recorder is not None:
+            acted = outbox.recorder.act_on_interrupts(ranks, acted)
+        if message is None:
+            return "the connection to the kernel broke"
+        if time.monotonic() - link.last_heard > KERNEL_SILENT_S:
+            return f"the kernel was silent for {KERNEL_SILENT_S:.0f} s"
+        if isinstance(message, N.Bye):
+            return message.reason
+        if isinstance(message, N.StartRanks) and message.detached_run:
+            message = _record(message, outbox)
+        _handle(message, ranks, link, address, outbox.send)
+
+
+def _record(start: N.StartRanks, outbox: Outbox) -> N.StartRanks:
+    """A run that outlives its kernel: recorded from here on, its store on this agent (:mod:`.detached`)."""
+    recorder = DetachedRecorder(start)
+    recorder.count_sigints()
+    outbox.recorder = recorder
+    return replace(start, rdzv_endpoint=recorder.endpoint)
 
 
 def _preemption(notices: Notices, ranks: LocalRanks, link: Link) -> str:
@@ -194,9 +222,9 @@ def sweep_dead_agents() -> None:
     sweep_quietly(sweep_temp, sweep_orphans)  # whatever another user planted under those names, this agent serves
 
 
-def _handle(message, ranks: LocalRanks, link: Link, address: str | None) -> None:
+def _handle(message, ranks: LocalRanks, link: Link, address: str | None, send) -> None:
     if isinstance(message, N.StartRanks):
-        run_ranks(message, ranks, address, link.send)
+        run_ranks(message, ranks, address, send)
     elif isinstance(message, N.Deliver):
         ranks.deliver(message)
     elif isinstance(message, N.ToRank):

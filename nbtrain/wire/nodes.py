@@ -50,7 +50,7 @@ class Heartbeat:
 @dataclass(frozen=True)
 class StartRanks:
     run_id: str
-    rdzv_endpoint: str  # host:port of the c10d store the kernel hosts
+    rdzv_endpoint: str  # host:port of the c10d store the kernel hosts ("" for a detached run: the agent's own)
     nnodes: int
     nproc_per_node: int
     backend: str
@@ -60,6 +60,7 @@ class StartRanks:
     kernel_pid: int  # names the kernel's shared-memory files, which the node recreates under its own names
     group_rank: int = 0  # this node's place in the group, decided by the kernel (its ranks: group_rank × nproc …)
     join_timeout_s: float = 180.0
+    detached_run: str = ""  # a run that outlives its kernel: the agent hosts the store and records the run (node.detached)
 
 
 @dataclass(frozen=True)

@@ -7,14 +7,16 @@ The folder holds two files:
 * ``manifest.json`` — the run id, its :class:`RecordedState`'s value, when it started, the agent's pid, the number
   of ranks and the last step logged; rewritten whole through a temporary file and ``os.replace``, so a reader
   sees the old manifest or the new one, never half of one;
-* ``events.jsonl`` — append-only, one JSON object a line, in the order the kernel would have been told: each
-  rank's output lines, logged metric batches, rank exits, failures' texts and, last, rank 0's results in
-  :mod:`.payload`'s format (the pickle's bytes in base64, packed without shared memory). A reader follows a live run by reading on from the offset it
-  reached (:func:`read_events`).
+* ``events.jsonl`` — append-only, one JSON object a line, in the order the kernel would have been told: which
+  process runs each rank, each rank's output lines, each message a rank sent (the bytes it pickled, in base64:
+  logged metrics, displays, ``Done`` with rank 0's results in :mod:`.payload`'s format) and each rank's exit.
+  A reader follows a live run by reading on from the offset it reached (:func:`read_events`);
+* ``cell.json`` — written first, by the kernel that started the run (:func:`reserve`): the cell's magic line and
+  source, its notebook and kernel, so that any kernel can attach to the run as the cell would have run.
 
 Both sides import this module: the node agent writes (:class:`RunFolder`), a kernel reads (:func:`list_runs`,
-:func:`read_events`). The agent never unpickles: the results' bytes are only carried, and unpickled by the
-kernel that asks for them (:func:`replay`), as a blocking cell's results are.
+:func:`read_events`, :func:`read_about`). The ranks' messages are unpickled by the kernel that attaches, from the
+user's own 0600 file that the user's agent wrote after the ranks' HMAC handshake, as a blocking cell's are.
 
 The folders are private (0700, files 0600). A reader judges every entry by ``lstat`` and the descriptor it
 opened (``O_NOFOLLOW``, owner, type) before reading it, so another user's folder, link, FIFO or file in the
@@ -38,7 +40,9 @@ from .payload import Results, unpack_results
 
 MANIFEST = "manifest.json"
 EVENTS = "events.jsonl"
+ABOUT = "cell.json"
 MANIFEST_LIMIT_BYTES = 64 * 1024  # a manifest is a few hundred bytes; a larger file is not one of ours
+ABOUT_LIMIT_BYTES = 16 * 1024 * 1024  # a cell's source and options
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 
 
@@ -50,12 +54,15 @@ class RecordedState(enum.Enum):
     RUNNING = "running"
     FINISHED = "finished"
     FAILED = "failed"
+    STOPPED = "stopped"  # the stop button (or a signal to the agent) ended it
 
 
 class EventKind(enum.Enum):
     OUTPUT = "output"  # rank, stream, text: one rank's output lines
     METRICS = "metrics"  # rank, records: [[step, time, {name: value}], ...], as the ranks log them
-    EXIT = "exit"  # rank, code
+    EXIT = "exit"  # rank, code, error: torch elastic's error file, where the rank wrote one
+    MESSAGE = "message"  # rank, data: a message the rank sent (wire.protocol, pickled by the rank), base64
+    STARTED = "started"  # ranks: {rank: pid}, once the ranks' processes run
     FAILURE = "failure"  # rank, text: a failure's text as the kernel would show it
     RESULTS = "results"  # payload: rank 0's results in nbtrain.wire.payload's format, base64
 
@@ -119,11 +126,11 @@ class RunFolder:
     def __init__(self, run_id: str, nprocs: int, agent_pid: int | None = None, directory: str | None = None):
         self.run_id = check_run_id(run_id)
         self.path = os.path.join(private_runs_directory(directory), run_id)
-        try:
+        with contextlib.suppress(FileExistsError):  # made already by the kernel that reserved the run (reserve())
             os.mkdir(self.path, 0o700)
-        except FileExistsError:
-            raise RunFolderError(f"a run folder {self.path} already exists: each detached run needs a new "
-                                 "run id") from None
+        if not _is_own_private_directory(os.lstat(self.path)) or os.path.lexists(os.path.join(self.path, MANIFEST)):
+            raise RunFolderError(f"{self.path} is not a new run folder of this user's: each detached run needs a "
+                                 "new run id")
         self.manifest = {"run_id": run_id, "state": RecordedState.RUNNING.value, "started": time.time(),
                          "agent_pid": agent_pid or os.getpid(), "nprocs": int(nprocs), "step": None}
         self._write_manifest()
@@ -142,8 +149,21 @@ class RunFolder:
             self.manifest["step"] = max(steps)
             self._write_manifest()
 
-    def rank_exited(self, rank: int, code: int) -> None:
-        self._append(EventKind.EXIT, rank=rank, code=code)
+    def rank_exited(self, rank: int, code: int, error: str | None = None) -> None:
+        self._append(EventKind.EXIT, rank=rank, code=code, error=error)
+
+    def message(self, rank: int, data: bytes) -> None:
+        """A message rank ``rank`` sent, as the bytes it pickled (never unpickled for this)."""
+        self._append(EventKind.MESSAGE, rank=rank, data=base64.b64encode(data).decode("ascii"))
+
+    def started(self, pids: dict[int, int]) -> None:
+        self._append(EventKind.STARTED, ranks={str(rank): pid for rank, pid in pids.items()})
+
+    def step(self, step: int) -> None:
+        """Rank 0 logged ``step``: the manifest's last step (what a table of runs shows)."""
+        if self.manifest["step"] is None or step > self.manifest["step"]:
+            self.manifest["step"] = step
+            self._write_manifest()
 
     def failure(self, rank: int, text: str) -> None:
         self._append(EventKind.FAILURE, rank=rank, text=text)
@@ -176,6 +196,52 @@ class RunFolder:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temporary)
             raise
+
+
+def new_run_id() -> str:
+    """A run id that sorts by start time: ``20261127-031502-3f9a1c``."""
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + os.urandom(3).hex()
+
+
+def reserved_path(run_id: str, directory: str | None = None) -> str:
+    """The folder of ``run_id``: the one :func:`reserve` made, else a new one (a run started without a cell)."""
+    path = os.path.join(private_runs_directory(directory), check_run_id(run_id))
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    if not _is_own_private_directory(os.lstat(path)):
+        raise RunFolderError(f"{path} is not a folder of this user's: remove it")
+    return path
+
+
+def reserve(run_id: str, about: dict, directory: str | None = None) -> str:
+    """The kernel's side, before the agent starts: the run's folder (0700) with ``cell.json`` (0600) in it —
+    the cell's magic line, source and notebook, so a kernel that attaches runs the cell's options again."""
+    path = os.path.join(private_runs_directory(directory), check_run_id(run_id))
+    os.mkdir(path, 0o700)
+    fd = os.open(os.path.join(path, ABOUT), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(about, fh)
+    return path
+
+
+def read_about(run_id: str, directory: str | None = None) -> dict:
+    """What :func:`reserve` wrote for ``run_id``; {} where there is none of this user's."""
+    folder = _open_own_folder(directory or runs_directory(), check_run_id(run_id))
+    if folder is None:
+        return {}
+    try:
+        fd = _open_own_file(folder, ABOUT)
+    finally:
+        os.close(folder)
+    if fd is None:
+        return {}
+    with os.fdopen(fd, "rb") as fh:
+        data = fh.read(ABOUT_LIMIT_BYTES + 1)
+    try:
+        about = json.loads(data) if len(data) <= ABOUT_LIMIT_BYTES else {}
+    except ValueError:
+        return {}
+    return about if isinstance(about, dict) else {}
 
 
 def _open_own_file(folder_fd: int, name: str) -> int | None:

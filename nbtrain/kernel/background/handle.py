@@ -23,8 +23,9 @@ class BackgroundRun:
     below, read by anyone."""
 
     def __init__(self, number: int, source: str, assigns: tuple[str, ...],
-                 deliver: Callable[[BackgroundRun], None] = lambda run: None) -> None:
+                 deliver: Callable[[BackgroundRun], None] = lambda run: None, detached: str = "") -> None:
         self.number = number  # the kernel's background runs, counted from 1
+        self.detached = detached  # --detach: the run's id (%distributed_attach ID follows it from any kernel)
         self.source = source
         self.assigns = assigns  # the names rank 0 will bring back: a cell reading them early is warned
         self.state = RunState.STARTING
@@ -78,4 +79,5 @@ class BackgroundRun:
         step = len(self.history.series(self.history.names[0])) if self.history.names else 0
         logged = f", {step} logged steps" if step else ""
         ended = f": {self.error}" if self.error else ""
-        return f"<nbtrain background run {self.number}: {self.state.value}{logged}{ended}>"
+        kind = f"detached run {self.detached}" if self.detached else f"background run {self.number}"
+        return f"<nbtrain {kind}: {self.state.value}{logged}{ended}>"

@@ -15,9 +15,11 @@ warm ranks that the next cell of the session uses, which a background run's own 
 from __future__ import annotations
 
 import contextvars
+import os
 import sys
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 
 from ..diagnostics.failures import RankFailedError
 from ..lifecycle.entry import format_summary, run_source
@@ -26,6 +28,7 @@ from ..observers.events import RunObserver, RunState
 from ..observers.history import RunOutcome
 from ..request.cell import analyse_cell, names_to_return
 from ..request.config import ConfigError, LaunchRequest, resolve
+from ...wire.runfolder import new_run_id, reserve
 from .arrivals import Arrivals
 from .handle import BackgroundRun
 
@@ -40,6 +43,7 @@ class BackgroundCell:
     observers: tuple = ()
     advisor: object | None = None
     quiet: bool = False
+    line: str = ""  # the magic's line, kept with a detached run so that a kernel attaching runs the same options
 
 
 class BackgroundRuns:
@@ -54,15 +58,20 @@ class BackgroundRuns:
 
     def start(self, cell: BackgroundCell) -> BackgroundRun:
         """Check the cell (a mistake raises before anything starts), then run it in a thread; its handle."""
+        if cell.request.detach:  # one id for the run, chosen before its options are checked
+            cell = replace(cell, request=replace(cell.request, run_id=new_run_id()))
         config = resolve(cell.request)
         info = analyse_cell(cell.source)
         if config.session:
             raise ConfigError("--session keeps the cell's variables on warm ranks for the session's next cell; a "
                               "--background run has ranks of its own, stopped at its end. Leave out one of them.")
         self._check_gpus(config.pool.gpu_ids)
+        if cell.request.detach:
+            reserve(cell.request.run_id, {"line": cell.line, "source": cell.source, "kernel_pid": os.getpid(),
+                                          "started": time.time(), "cwd": config.workdir.cwd if config.workdir else ""})
         self.count += 1
         run = BackgroundRun(self.count, cell.source, tuple(names_to_return(info, config.out_names)),
-                            deliver=self.arrivals.deliver)
+                            deliver=self.arrivals.deliver, detached=cell.request.run_id)
         self._gpus[run.number] = tuple(config.pool.gpu_ids)
         self.arrivals.add(run)
         namespace = dict(self.shell.user_ns)  # the inputs as they are now, whatever later cells assign
@@ -81,7 +90,7 @@ class BackgroundRuns:
                                   "(nbtrain.last_run.stop(), or the run's own handle).")
 
     def _run(self, run: BackgroundRun, cell: BackgroundCell, namespace: dict) -> None:
-        manager = self.pools.companion()  # ranks of its own, stopped at its end
+        manager = self.pools.companion(detached=cell.request.detach)  # ranks of its own, stopped at its end
         outcome = RunOutcome()
         live = _LiveHistory(run)
         code_name = getattr(getattr(self.shell, "compile", None), "format_code_name", None)

@@ -60,6 +60,8 @@ class Cluster:
     def make_pool(self, spec: PoolSpec) -> RankGroup:
         if spec.nodes is None:
             return LocalPool(spec)
+        if spec.nodes.detached:  # a hub of the run's own: no other cell's pool is given its agent
+            return NodePool(spec, Hub(spec.nodes.rdzv_host))
         return NodePool(spec, self.hub(spec.nodes.rdzv_host), ssh=self.ssh, slurm=self.slurm)
 
     def start_hosts(self, host: str, hosts: tuple[str, ...], options=(), python: str = "",

@@ -122,7 +122,8 @@ class NodePool(GroupState):
         if self.where.min_nodes:  # elastic: the world size is decided now
             self.formed(len(nodes) * self.where.nproc_per_node)
         start = N.StartRanks(self.run_id, self.launcher.store_address(), len(nodes), self.where.nproc_per_node,
-                             self.spec.backend, self.spec.device_type, self.spec.timeout_s, self.spec.env, os.getpid())
+                             self.spec.backend, self.spec.device_type, self.spec.timeout_s, self.spec.env, os.getpid(),
+                             detached_run=self.where.detached)
         for group_rank, node in enumerate(nodes):
             while not node.link.incoming.empty():  # what an earlier pool's ranks said last; the agent's notes are said
                 self._note(node, node.link.incoming.get_nowait())
@@ -160,7 +161,7 @@ class NodePool(GroupState):
 
     def rank_label(self, rank: int) -> str:
         node = self._known(rank).node
-        return f"node {node.name} rank {rank}" if node is not None else f"rank {rank}"
+        return f"node {node.name} rank {rank}" if node is not None and not self.where.detached else f"rank {rank}"
 
     def failure(self, rank: int, cause: P.RemoteError | int, output_tail=(), diagnosis: str | None = None) -> RankFailure:
         """As on one machine, named by its node, with the node's account of an exit (its error file, a loss)."""

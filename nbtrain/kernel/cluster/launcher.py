@@ -16,6 +16,8 @@ from ...common.words import count
 from ..ranks.spec import NodesSpec
 from ..ranks.storehost import StoreHost
 from ..ranks.zygote_handle import ZygoteHandle
+from ...wire.runfolder import reserved_path
+from .detached_agent import DetachedAgent
 from .elastic import Formation
 from .hub import Hub, NodeConn
 from .slurm import SlurmNodes
@@ -37,11 +39,15 @@ class NodeLauncher:
         self.formation = Formation(where.min_nodes or where.count, where.count, where.last_call_s)
         self._say = say
         self._store: StoreHost | None = None  # the c10d store the group's ranks bootstrap from, on --rdzv-host
+        self.agent: DetachedAgent | None = None  # --detach: the run's own agent (it hosts the store itself)
 
     # ------------------------------------------------------------------------------- start
     def begin(self, zygote: ZygoteHandle | None) -> None:
         """Start the agents (or say how to), then the store (forked by ``zygote`` where it can)."""
         where, hub = self.where, self.hub
+        if where.detached:
+            self.agent = DetachedAgent(hub, reserved_path(where.detached))
+            return
         if where.hosts and self.ssh is not None:  # first: the agents start while this kernel imports torch
             if len(hub.idle_nodes()) < where.count:
                 started = self.ssh.start(where.hosts, f"{hub.host}:{hub.port}", hub.valid_token(),
@@ -71,6 +77,8 @@ class NodeLauncher:
     def form(self) -> list[NodeConn]:
         """The nodes the group starts on, once enough have joined (elastic: once the last call is over); [] until then."""
         idle = self.hub.idle_nodes()
+        if self.agent is not None:  # a detached run: its own agent alone
+            return [node for node in idle if node.hello.pid == self.agent.pid][:1]
         size = self.formation.size(len(idle), time.monotonic())
         if size == 0:
             return []
@@ -82,13 +90,22 @@ class NodeLauncher:
         return nodes
 
     def store_address(self) -> str:
+        if self.agent is not None:
+            return ""  # a detached run's agent hosts the store (nbtrain.node.detached)
         assert self._store is not None, "begin() starts the store"
         return f"{self.where.rdzv_host}:{self._store.port}"
 
     def start_failures(self) -> list[StartFailure]:
         """Before the ranks start: a host whose ssh session failed, or a Slurm job that ended, fails those ranks in
-        ssh's or Slurm's words (the job's changes of state are said as they come)."""
-        return self._ssh_failures() + self._slurm_failures()
+        ssh's or Slurm's words (the job's changes of state are said as they come); a detached run's agent that
+        exited before joining, in its log's words."""
+        return self._ssh_failures() + self._slurm_failures() + self._agent_failures()
+
+    def _agent_failures(self) -> list[StartFailure]:
+        if self.agent is None or self.agent.alive() or self.hub.idle_nodes():
+            return []
+        text = f"the detached run's agent exited before it joined (its log: {self.agent.log_tail()})"
+        return [(list(range(self.where.nproc_per_node)), 1, text)]
 
     def _ssh_failures(self) -> list[StartFailure]:
         where = self.where
@@ -148,7 +165,10 @@ class NodeLauncher:
                       "cell (%distributed_shutdown cancels it)")
 
     def close(self) -> None:
-        """Stop the store (the agents stay joined, warm for the next group)."""
+        """Stop the store (the agents stay joined, warm for the next group); a detached run's hub is its own:
+        closed, its agent leaves (or, if its ranks still run, sees the run to its end alone)."""
         if self._store is not None:
             self._store.close()
         self._store = None
+        if self.agent is not None:
+            self.hub.close("the detached run's cell ended")

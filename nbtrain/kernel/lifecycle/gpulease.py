@@ -41,8 +41,9 @@ class GpusNotFree(UserInputError):
 
 
 def wants_lease(spec: PoolSpec) -> bool:
-    """Whether ``spec``'s ranks use GPUs of this machine (a pool of joined nodes leases nothing here)."""
-    return spec.nodes is None and bool(spec.gpu_ids or spec.gpu_count)
+    """Whether ``spec``'s ranks use GPUs of this machine (a pool of joined nodes leases nothing here; a detached
+    run's agent is on this machine)."""
+    return (spec.nodes is None or bool(spec.nodes.detached)) and bool(spec.gpu_ids or spec.gpu_count)
 
 
 def _lease_info() -> leases.LeaseInfo:

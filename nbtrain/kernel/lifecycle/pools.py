@@ -56,7 +56,7 @@ class PoolManager:
     """
 
     def __init__(self, pool_factory: Callable[[PoolSpec], RankGroup] = LocalPool, starter: RankStarter | None = None,
-                 machines: Machines | None = None) -> None:
+                 machines: Machines | None = None, stop_at_exit: bool = True) -> None:
         self.runs = RunLog()  # nbtrain.runs(): every run of this kernel, one row each
         self.pool: RankGroup | None = None
         self.pool_factory = pool_factory  # a spec -> a pool (several machines: nbtrain.kernel.cluster.Cluster.make_pool)
@@ -65,7 +65,7 @@ class PoolManager:
         self.machines = machines
         self._lock = threading.RLock()
         self._idle_timer: threading.Timer | None = None
-        self._atexit = False
+        self._atexit = not stop_at_exit  # a detached run's ranks must outlive the kernel's exit
         self._keep_alive_s = DEFAULT_KEEP_ALIVE_S
         self._released_note = ""  # why the next cell's ranks are fresh: the idle timer stopped the warm ones
         self._session_timers: list[threading.Timer] = []  # idle sessions holding GPUs: the offer, the policy's limit
@@ -121,10 +121,11 @@ class PoolManager:
             if lease is not None:
                 lease.release()
 
-    def companion(self) -> PoolManager:
+    def companion(self, detached: bool = False) -> PoolManager:
         """A manager of its own, for a background run's ranks: it shares this one's pool factory and zygote,
-        never its warm pool or sessions (a blocking cell's ranks are not taken from it)."""
-        return PoolManager(self.pool_factory, self.starter)
+        never its warm pool or sessions (a blocking cell's ranks are not taken from it). A ``detached`` run's are
+        not stopped when the kernel exits."""
+        return PoolManager(self.pool_factory, self.starter, stop_at_exit=not detached)
 
     def acquire(self, config: LaunchConfig, workdir: Workdir) -> Acquired:
         """A started group for ``config``: the warm one when it serves, else a new one whose ranks are started here

@@ -387,10 +387,17 @@ def _job(cell: CellRun, pool: RankGroup, inputs: Inputs, result_prefix: str) -> 
     """The job every rank of ``pool`` gets: the cell's source, its inputs, and where its results go."""
     config, info = cell.config, cell.info
     workdir = config.workdir or notebook_workdir()
-    return P.Job(pool.next_job_id(), info.source, f"{CELL_FILENAME[:-1]} {id(info):x}>", inputs.data,
+    return P.Job(pool.next_job_id(), info.source, cell_filename(info, pool.spec), inputs.data,
                  names_to_return(info, config.out_names), train=config.train, cwd=workdir.cwd,
                  sys_path=workdir.sys_path, result_prefix=result_prefix, shared_files=tuple(inputs.arena.paths),
                  session=config.session, line_offset=info.line_offset)
+
+
+def cell_filename(info, spec: PoolSpec) -> str:
+    """The name the ranks compile the cell under (its tracebacks' frames): a detached run's names its run, so that
+    a kernel attaching later maps them to the cell's lines too."""
+    detached = spec.nodes.detached if spec.nodes is not None else ""
+    return f"{CELL_FILENAME[:-1]} {detached or format(id(info), 'x')}>"
 
 
 def _drive(run: _Run, acquired: Acquired, button: StopButton, started: float) -> RunResult:

@@ -26,6 +26,7 @@ class NodesSpec:
     min_nodes: int = 0  # elastic --nodes MIN:MAX: MIN; 0: exactly `count`
     preemption_url: str = ""  # --preemption-url: what the agents nbtrain starts poll for a spot reclaim
     last_call_s: float = field(default=0.0, compare=False)  # elastic: the wait for more nodes once MIN joined
+    detached: str = ""  # --detach: the run id of a run on this machine under an agent of its own (node.detached)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from .mistakes import UserInputError
 from .notebook_modules import Workdir, WorkdirGone, notebook_workdir
 from ...wire.agent_options import AgentOptions, PreemptionURLError, check_url
 from ...wire.options import OptionEnvError, option, with_env_fallbacks
+from ...wire.runfolder import new_run_id
 
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_START_TIMEOUT_S = 180.0
@@ -73,6 +74,9 @@ class LaunchRequest(TrainOptions, AgentOptions):
     start_timeout: float | None = option(
         None, "--start-timeout", "seconds the ranks may take to start and join the process group (default 180)",
         group="placement", type=float, metavar="SECONDS", env="NBTRAIN_START_TIMEOUT")
+    detach: bool = option(False, "--detach", "the run outlives the kernel: its ranks run under an agent of their own "
+                          "on this machine, recorded as they go; %%distributed_attach follows it from any kernel "
+                          "(implies --background)", group="placement", switch=True)
     nodes: str | None = option(None, "--nodes", "run on N machines: nodes join with the command the cell prints "
                                "(python -m nbtrain.node); the number of ranks is N × --nproc-per-node. MIN:MAX is "
                                "elastic, as torchrun's --nnodes MIN:MAX: the group forms with the nodes joined once "
@@ -140,6 +144,9 @@ class LaunchRequest(TrainOptions, AgentOptions):
         None, "--price-per-gpu-hour", "the price of one GPU for an hour (of one core on the CPU): the run's "
         "GPU-hours and cost are shown in the summary, the dashboard and nbtrain.runs()", group="tracking",
         type=float, metavar="PRICE", env="NBTRAIN_PRICE_PER_GPU_HOUR")
+    run_id: str = ""  # --detach: the run's id, chosen once by the caller that records the run (not an option)
+
+
 @dataclass(frozen=True)
 class LaunchConfig:
     pool: PoolSpec
@@ -345,6 +352,9 @@ def resolve(request: LaunchRequest) -> LaunchConfig:
     output = _parse_output(request.output)
     placement = _node_placement(request)
     if placement[0] > 1 or placement[2]:
+        if request.detach:
+            raise ConfigError("--detach runs the ranks under an agent on this machine; it does not go with --nodes "
+                              "yet (a --slurm job outlives the kernel by itself). Leave out one of them.")
         return _finish(request, _node_pool(request, placement, backend), output, workdir, [])
 
     visible = [] if request.cpu else nvml.visible_gpus()
@@ -353,6 +363,9 @@ def resolve(request: LaunchRequest) -> LaunchConfig:
     if visible and not on_gpu:
         notes.append("this PyTorch build has no CUDA support, so the ranks run on CPU")
     if _is_auto(request.gpus) and not request.cpu:
+        if request.detach:
+            raise ConfigError("--gpus auto leases GPUs for the kernel's own ranks; a --detach run needs them named: "
+                              "--gpus 0,1 (%gpus shows which are free).")
         return _finish(request, _auto_pool(request, backend, visible, on_gpu), output, workdir, notes)
     if request.gpus and not request.cpu:  # on a CPU-only PyTorch the GPUs named are still leased, so that no one else trains on them
         wanted = _parse_gpu_ids(request.gpus)
@@ -378,7 +391,24 @@ def resolve(request: LaunchRequest) -> LaunchConfig:
             f"({', '.join(str(g.index) for g in gpus)}) can be used. Run {count('rank', len(gpus))}, or use --backend gloo."
         )
     pool = _pool_spec(request, backend, nprocs=nprocs, device_type="cuda" if gpus else "cpu", gpu_ids=leased)
-    return _finish(request, pool, output, workdir, notes)
+    return _finish(request, _detach(request, pool) if request.detach else pool, output, workdir, notes)
+
+
+def _detach(request: LaunchRequest, pool: PoolSpec) -> PoolSpec:
+    """``--detach``: the same ranks, under a node agent of their own on this machine (``nodes.detached``), which
+    sees the run to its end if the kernel goes; the GPUs chosen reach the ranks as CUDA_VISIBLE_DEVICES."""
+    if request.session is not None:
+        raise ConfigError("--session keeps variables on the kernel's warm ranks for the session's next cell; a "
+                          "--detach run has ranks of its own that end with it. Leave out one of them.")
+    if request.max_restarts:
+        raise ConfigError("--max-restarts starts the run again from the kernel, which a detached run must not "
+                          "need; it does not go with --detach yet. Leave out one of them (--checkpoint still "
+                          "saves, and a new cell with --checkpoint resumes).")
+    env = pool.env
+    if pool.device_type == "cuda":
+        env = (*env, ("CUDA_VISIBLE_DEVICES", ",".join(map(str, pool.gpu_ids))))
+    where = NodesSpec(1, pool.nprocs, "127.0.0.1", detached=request.run_id or new_run_id())
+    return replace(pool, env=env, nodes=where)
 
 
 def _gpu_wait(request: LaunchRequest) -> float | None:
@@ -419,6 +449,8 @@ def _finish(request: LaunchRequest, pool: PoolSpec, output: str, workdir: Workdi
     if output != "all" and int(output[len("rank"):]) >= nprocs:
         raise ConfigError(f"--output {output}: there is no such rank; this run's ranks are numbered 0 to {nprocs - 1}.")
     keep_alive = _default_keep_alive() if request.keep_alive is None else float(request.keep_alive)
+    if pool.nodes is not None and pool.nodes.detached:
+        keep_alive = 0.0  # a detached run's agent and ranks end with the run
     if keep_alive < 0:
         raise ConfigError(f"--keep-alive must be 0 or more seconds (got {request.keep_alive}).")
     try:

@@ -1,0 +1,153 @@
+"""A detached run on its node agent: recorded as it goes, and carried on alone when the kernel goes.
+
+A ``%%distributed --detach`` cell starts a node agent of its own on this machine, in a session of its own
+(``setsid``), and its :class:`~nbtrain.wire.nodes.StartRanks` names the run (``detached_run``). For that run the
+agent:
+
+* **hosts the c10d store** (:class:`~.agent_store.AgentStore`): the ranks' store must outlive the kernel;
+* **records** every message it sends the kernel into the run's folder (:class:`~nbtrain.wire.runfolder.RunFolder`):
+  which processes run the ranks, their output, each message a rank sent (as the bytes it pickled) and their
+  exits — :class:`Outbox` tees what :class:`~.local_ranks.LocalRanks` sends. It reads only what it must to
+  know how the run stands (:class:`DetachedRecorder`): the messages of its own ranks, which passed the HMAC
+  handshake, as :class:`~.local_ranks.LocalRanks` reads their ``Loaded``;
+* **goes on alone** when the link breaks, the kernel falls silent or says Bye (:func:`run_alone`): the ranks
+  keep training; once every rank finished the cell they are shut down (a rank's failure stops the others, as
+  the kernel would); a prompt (``input()``) gets no answer (EOFError in the rank); then the folder's state is
+  final and the agent exits. Nothing keeps the machine's GPUs after the run.
+
+The stop button of a kernel attached later is a SIGINT to the agent (:mod:`nbtrain.kernel.cluster.detached_stop`):
+the first interrupts the ranks, a second stops them (SIGTERM, then SIGKILL).
+"""
+
+from __future__ import annotations
+
+import pickle
+import signal
+import time
+
+from ..wire import nodes as N
+from ..wire import protocol as P
+from ..wire.runfolder import RecordedState, RunFolder
+from .agent_store import AgentStore
+from .console import say
+from .local_ranks import LocalRanks
+
+FAILURE_GRACE_S = 0.5  # the other ranks' chance to report the same error before they are stopped
+SHUTDOWN_WAIT_S = 10.0  # ranks told to shut down after the cell exit within this, or are stopped
+LOOP_S = 0.05
+
+
+class DetachedRecorder:
+    """One detached run's folder and what the agent knows of how the run stands (see the module docstring)."""
+
+    def __init__(self, start: N.StartRanks) -> None:
+        self.nprocs = start.nnodes * start.nproc_per_node
+        self.store = AgentStore("127.0.0.1")
+        self.folder = RunFolder(start.detached_run, self.nprocs)
+        self.done: set[int] = set()
+        self.failed_at: float | None = None  # when the first rank failed (an exception, or an exit before Done)
+        self.prompts: list[tuple[int, int]] = []  # (rank, seq) of input() calls no kernel will answer
+        self.interrupts = 0  # SIGINTs to the agent: the stop button of an attached kernel
+        self._closed = False
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.store.port}"
+
+    def record(self, message) -> None:
+        if isinstance(message, N.RankOutput):
+            self.folder.output(message.rank, message.stream, message.text)
+        elif isinstance(message, N.RankMessage):
+            self.folder.message(message.rank, message.data)
+            self._read(message.rank, pickle.loads(message.data))  # an authenticated rank of this agent's
+        elif isinstance(message, N.RankExited):
+            self.folder.rank_exited(message.rank, message.code, message.error)
+            if message.rank not in self.done and self.failed_at is None:
+                self.failed_at = time.monotonic()
+        elif isinstance(message, N.RanksStarted):
+            self.folder.started({rank: pid for rank, (_local, pid) in message.ranks.items()})
+
+    def _read(self, rank: int, said) -> None:
+        if isinstance(said, P.Done):
+            self.done.add(rank)
+        elif isinstance(said, P.Failed) and self.failed_at is None:
+            self.failed_at = time.monotonic()
+        elif isinstance(said, P.Metrics) and rank == 0:
+            steps = [record[0] for record in said.records if isinstance(record[0], int)]
+            if steps:
+                self.folder.step(max(steps))
+        elif isinstance(said, P.InputRequest):
+            self.prompts.append((rank, said.seq))
+
+    def finished(self) -> bool:
+        return len(self.done) == self.nprocs
+
+    def outcome(self) -> RecordedState:
+        if self.interrupts:
+            return RecordedState.STOPPED
+        return RecordedState.FINISHED if self.finished() and self.failed_at is None else RecordedState.FAILED
+
+    def close(self) -> None:
+        """The ranks have ended: the state is final, the store goes."""
+        if self._closed:
+            return
+        self._closed = True
+        self.folder.finish(self.outcome())
+        self.store.close()
+
+    def count_sigints(self) -> None:
+        """From now SIGINT is the stop button (:meth:`act_on_interrupts`); call from the main thread."""
+        def interrupt(_signum, _frame) -> None:
+            self.interrupts += 1
+        signal.signal(signal.SIGINT, interrupt)
+
+    def act_on_interrupts(self, ranks: LocalRanks, acted: int) -> int:
+        """Do what the SIGINTs since ``acted`` ask; returns how many have been acted on."""
+        for press in range(acted, self.interrupts):
+            if press == 0:
+                say("SIGINT: interrupting the detached run's ranks (a second one stops them)")
+                ranks.interrupt()
+            elif press == 1:
+                say("second SIGINT: stopping the detached run's ranks")
+                ranks.stop()
+        return self.interrupts
+
+
+class Outbox:
+    """What the agent sends the kernel: on its link, and, for a detached run, into the run's folder first."""
+
+    def __init__(self, link) -> None:
+        self.link = link
+        self.recorder: DetachedRecorder | None = None
+
+    def send(self, message) -> None:
+        recorder = self.recorder
+        if recorder is not None:
+            recorder.record(message)
+        self.link.send(message)  # a closed link drops it: the folder has it
+
+
+def run_alone(ranks: LocalRanks, recorder: DetachedRecorder) -> str:
+    """The kernel is gone and the ranks run: see the run to its end here (see the module docstring)."""
+    say("the kernel left: the detached run goes on; its record is in " + recorder.folder.path)
+    acted, asked_to_end, stopping = recorder.interrupts, 0.0, False
+    while not ranks.idle.wait(LOOP_S):
+        acted = recorder.act_on_interrupts(ranks, acted)
+        for rank, seq in recorder.prompts:
+            no_input = P.InputReply(seq, None, "the run is detached: no notebook is attached to answer input()")
+            ranks.send_one(N.ToRank(rank, pickle.dumps(no_input, protocol=pickle.HIGHEST_PROTOCOL)))
+        recorder.prompts.clear()
+        now = time.monotonic()
+        if stopping:
+            continue
+        if recorder.failed_at is not None and now - recorder.failed_at > FAILURE_GRACE_S:
+            say("a rank failed: stopping the others")
+            ranks.stop()
+            stopping = True
+        elif recorder.finished() and not asked_to_end:
+            ranks.shut_down()
+            asked_to_end = now
+        elif asked_to_end and now - asked_to_end > SHUTDOWN_WAIT_S:
+            ranks.stop()
+            stopping = True
+    return f"the detached run ended ({recorder.outcome().value})"
