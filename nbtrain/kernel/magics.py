@@ -25,6 +25,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from . import dashboard
 from .background import BackgroundCell, BackgroundRun, BackgroundRuns
 from .cluster import Cluster
+from .cluster.detached_runs import AttachChoiceError, choose_run, runs_table
 from .cluster.tokens import parse_ttl
 from ..gpu import leases
 from .lifecycle import entry
@@ -36,6 +37,7 @@ from .request.config import LaunchRequest
 from .request.hosts import parse_hosts, parse_remote_python, parse_slurm, parse_ssh_options
 from ..common.words import count
 from ..wire.agent_options import check_url
+from ..wire.runfolder import RunFolderError, list_runs, read_about
 from ..wire.options import OptionEnvError, from_arguments, option, options_of, with_env_fallbacks
 
 
@@ -234,6 +236,40 @@ class DistributedMagics(Magics):
         if not args.stop:
             for line in leases.view_lines():  # who holds which GPU of this machine (docs/shared-servers.md)
                 print(line)
+
+    @magic_arguments()
+    @argument("run", nargs="?", help="the detached run's id (default: your only running one; if none runs, the "
+              "one that finished last)")
+    @argument("--background", action="store_true", help="return at once with a handle (nbtrain.last_run) while "
+              "the run goes on, as %%%%distributed --background does")
+    @argument("--list", action="store_true", help="list your detached runs on this machine and attach to none")
+    @line_magic
+    def distributed_attach(self, line):
+        """Follow a ``%%distributed --detach`` run from this kernel, as its cell would have run: its output and
+        curves from the start, then live; the stop button stops it; its names and ``history`` arrive at its end
+        (at once, if it ended already). Examples: ``%distributed_attach``, ``%distributed_attach RUN_ID``,
+        ``%distributed_attach --background``, ``%distributed_attach --list``.
+        """
+        args = parse_argstring(self.distributed_attach, line)
+        if args.list:
+            print(runs_table(list_runs()))
+            return None
+        try:
+            run = choose_run(args.run)
+        except (AttachChoiceError, RunFolderError) as exc:
+            raise UsageError(str(exc)) from None
+        about = read_about(run.run_id)
+        cell_line, source = str(about.get("line", "")), str(about.get("source", ""))
+        recorded = parse_argstring(self.distributed, cell_line, "%%distributed")
+        request = replace(from_arguments(LaunchRequest, recorded), detach=False, attach=run.run_id)
+        display = replace(from_arguments(CellDisplay, recorded), background=args.background)
+        print(f"nbtrain: attached to detached run {run.run_id} ({run.state.value}"
+              + (f", step {run.step}" if run.step is not None else "") + ")")
+        side = ShellSide(self.shell, self.pools, tuple(self.observers(0)))
+        if args.background:
+            self.last_run = start_background(side, (cell_line, source), request, display, self.background)
+            return self.last_run
+        return distributed_cell(side, source, request, display)
 
     @line_magic
     def distributed_shutdown(self, line):

@@ -71,7 +71,7 @@ class BackgroundRuns:
                                           "started": time.time(), "cwd": config.workdir.cwd if config.workdir else ""})
         self.count += 1
         run = BackgroundRun(self.count, cell.source, tuple(names_to_return(info, config.out_names)),
-                            deliver=self.arrivals.deliver, detached=cell.request.run_id)
+                            deliver=self.arrivals.deliver, detached=cell.request.run_id or cell.request.attach)
         self._gpus[run.number] = tuple(config.pool.gpu_ids)
         self.arrivals.add(run)
         namespace = dict(self.shell.user_ns)  # the inputs as they are now, whatever later cells assign

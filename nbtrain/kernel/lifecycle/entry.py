@@ -143,11 +143,12 @@ def _cell_run(config: LaunchConfig, info: CellInfo, namespace: dict, given: RunO
 
 def _run(cell: CellRun) -> RunResult:
     config, manager = cell.config, cell.manager
-    names = names_to_send(cell.info, cell.namespace)
+    names = [] if config.attach else names_to_send(cell.info, cell.namespace)  # attached: the ranks have their inputs
     if config.session:  # before anything is packed: the session's ranks must fit the cell
         manager.sessions.check(config.session, config.pool, config.fresh)
         names = manager.sessions.names_to_send(config.session, names, cell.namespace)
-    with hold_checkpoint_folder(config.train.checkpoint_dir):  # one run per folder, restarts included
+    held = None if config.attach else config.train.checkpoint_dir  # an attached run's folder is its own run's
+    with hold_checkpoint_folder(held):  # one run per folder, restarts included
         return _run_held(replace(cell, names=tuple(names)))
 
 

@@ -145,6 +145,7 @@ class LaunchRequest(TrainOptions, AgentOptions):
         "GPU-hours and cost are shown in the summary, the dashboard and nbtrain.runs()", group="tracking",
         type=float, metavar="PRICE", env="NBTRAIN_PRICE_PER_GPU_HOUR")
     run_id: str = ""  # --detach: the run's id, chosen once by the caller that records the run (not an option)
+    attach: str = ""  # %distributed_attach: the detached run this cell follows instead of starting ranks (not an option)
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,7 @@ class LaunchConfig:
     spawn: bool = False  # --spawn: new ranks are new interpreters, not forks of the zygote
     preemption_grace_s: float = DEFAULT_PREEMPTION_GRACE_S  # a notice's checkpoint must be written within this
     gpu_wait_s: float | None = None  # how long to wait in the queue for the GPUs (0: --no-wait; None: no limit)
+    attach: str = ""  # %distributed_attach: the detached run followed (its ranks run already; nothing is sent)
 
     @property
     def shown_rank(self) -> int | None:
@@ -451,6 +453,8 @@ def _finish(request: LaunchRequest, pool: PoolSpec, output: str, workdir: Workdi
     keep_alive = _default_keep_alive() if request.keep_alive is None else float(request.keep_alive)
     if pool.nodes is not None and pool.nodes.detached:
         keep_alive = 0.0  # a detached run's agent and ranks end with the run
+    if request.attach:
+        keep_alive = 0.0  # nothing of this kernel's runs: the attached run's ranks are its agent's
     if keep_alive < 0:
         raise ConfigError(f"--keep-alive must be 0 or more seconds (got {request.keep_alive}).")
     try:
@@ -495,4 +499,5 @@ def _finish(request: LaunchRequest, pool: PoolSpec, output: str, workdir: Workdi
     return LaunchConfig(pool, _parse_names(request.out), output, keep_alive, request.fresh,
                         start_timeout_s=start_timeout, notes=tuple(notes), train=train, workdir=workdir,
                         tensorboard=tensorboard, tracks=tracks, session=session, price_per_hour=price,
-                        spawn=request.spawn, preemption_grace_s=grace, gpu_wait_s=_gpu_wait(request))
+                        spawn=request.spawn, preemption_grace_s=grace, gpu_wait_s=_gpu_wait(request),
+                        attach=request.attach)

@@ -1,0 +1,150 @@
+"""RecordedGroup: a detached run's ranks as a kernel that attaches later sees them — read from the run's folder.
+
+A :class:`~nbtrain.kernel.ranks.rankgroup.RankGroup` like the two that start ranks, so that
+:mod:`nbtrain.kernel.lifecycle.run` drives an attached run exactly as it drives a cell: the same output relay, the
+dashboard, failures mapped to the cell's lines, rank 0's names into the namespace, ``history``. Its events are
+those the run's agent recorded (:mod:`nbtrain.node.detached`), read from the first on, then followed as they come
+(:func:`nbtrain.wire.runfolder.read_events`): a run that ended is replayed whole, a running one is caught up, then
+live. The ranks' messages are unpickled here, from the user's own private file their agent wrote (the ranks
+passed the agent's HMAC handshake), as a blocking cell's messages are.
+
+Nothing is sent to these ranks: the job went to them when the run started. The stop button is a SIGINT to the
+run's agent, only once ``/proc`` shows it is that agent (:mod:`.detached_stop`): the first interrupts the ranks,
+the one that follows when they do not stop in time ends them.
+"""
+
+from __future__ import annotations
+
+import base64
+import pickle
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from ...wire.runfolder import EventKind, RecordedState, RunSummary, read_events, read_manifest
+from ..diagnostics.failures import RankFailure, rank_failure
+from ..ranks.rank_events import Exited, Message, Output
+from ..ranks.rankgroup import GroupState
+from ..ranks.spec import NodesSpec, PoolSpec
+from ..ranks.zygote_handle import ZygoteHandle
+from .detached_stop import NotTheRunsAgent, stop_run
+
+POLL_S = 0.1  # a live run's log is read again this often while the run's loop waits
+
+
+class RecordedGroup(GroupState):
+    """The ranks of detached run ``summary``, read back (see the module docstring)."""
+
+    def __init__(self, spec: PoolSpec, summary: RunSummary) -> None:
+        where = NodesSpec(1, summary.nprocs, "127.0.0.1", detached=summary.run_id)
+        super().__init__(replace(spec, nprocs=summary.nprocs, nodes=where))
+        self.summary = summary
+        self.run_id = summary.run_id
+        self._offset = 0
+        self._pids: dict[int, int] = {}
+        self._errors: dict[int, str] = {}  # rank -> torch elastic's error file, as its agent recorded it
+        self._ended_at_read = False  # the manifest was final before the last read: nothing more will come
+
+    # ------------------------------------------------------------------------------ lifecycle
+    def spawn(self, zygote: ZygoteHandle | None = None, fork_ranks: bool = True) -> None:
+        pass  # the run's agent started its ranks long ago
+
+    def spawn_reason(self) -> str:
+        return ""
+
+    def serves(self, spec: PoolSpec) -> bool:
+        return False  # never reused: the run's ranks end with it
+
+    def alive(self) -> bool:
+        return not self.broken and not self._ended_at_read
+
+    def interrupt(self) -> None:
+        self._signal_agent()
+
+    def teardown(self, graceful: bool = True, grace: float = 1.0, drain: Callable[[], None] | None = None) -> None:
+        """A failure or the stop button: the agent's second SIGINT ends the ranks, if they still run."""
+        stopping = not graceful and not self._ended_at_read
+        self.mark_broken()
+        if stopping:
+            self._signal_agent()
+        if drain is not None:
+            drain()
+
+    def _signal_agent(self) -> None:
+        try:
+            stop_run(self.summary)
+        except NotTheRunsAgent:
+            pass  # its agent ended: so did the ranks, and their last words are in the log
+
+    # -------------------------------------------------------------------------------- events
+    def connected(self) -> bool:
+        return True
+
+    def send_all(self, message) -> None:
+        pass  # the job reached the ranks when the run started
+
+    def send_to(self, rank: int, message) -> None:
+        pass  # an answer to input() cannot reach them: the agent answers it with EOFError when no kernel is there
+
+    def output_open(self) -> bool:
+        return not self._ended_at_read
+
+    def poll_events(self, timeout: float) -> list:
+        events = self._read()
+        deadline = time.monotonic() + timeout
+        while not events and not self._ended_at_read and time.monotonic() < deadline:
+            time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
+            events = self._read()
+        return events
+
+    def _read(self) -> list:
+        summary = read_manifest(self.run_id)
+        final = summary is None or summary.state is not RecordedState.RUNNING
+        recorded, self._offset = read_events(self.run_id, self._offset)
+        self._ended_at_read = final  # the agent writes the final state after its last event
+        return [event for record in recorded for event in self._translate(record)]
+
+    def _translate(self, record: dict) -> list:
+        kind, rank = record.get("kind"), record.get("rank", 0)
+        if kind == EventKind.OUTPUT.value:
+            return [Output(rank, record["stream"], record["text"])]
+        if kind == EventKind.MESSAGE.value:
+            return [Message(rank, pickle.loads(base64.b64decode(record["data"])))]
+        if kind == EventKind.EXIT.value:
+            if record.get("error"):
+                self._errors[rank] = record["error"]
+            return [Exited(rank, record["code"])]
+        if kind == EventKind.STARTED.value:
+            self._pids.update({int(r): int(pid) for r, pid in record["ranks"].items()})
+        return []
+
+    # ------------------------------------------------------------------------- describing
+    def pids(self) -> list[int]:
+        return [self._pids.get(rank, 0) for rank in range(self.world_size)]
+
+    def rank_label(self, rank: int) -> str:
+        return f"rank {rank}"
+
+    def node_infos(self) -> tuple:
+        return ()
+
+    def start_hint(self) -> str:
+        return f"; detached run {self.run_id} has not started its ranks yet"
+
+    def nodes_joined(self) -> str:
+        return ""
+
+    def failure(self, rank: int, cause, output_tail=(), diagnosis: str | None = None) -> RankFailure:
+        recorded = None if not isinstance(cause, int) else self._errors.get(rank)
+        return rank_failure(cause, RankFailure(rank, output_tail=list(output_tail), starting=rank not in self.devices,
+                                               error_file_message=recorded, diagnosis=diagnosis,
+                                               label=self.rank_label(rank)))
+
+    def dump_stacks(self, wait: float = 0.5, ranks=None) -> dict[int, str]:
+        return {}  # the ranks' stacks are their agent's to ask for; an attached kernel reads only the log
+
+    def local_start(self) -> None:
+        return None  # the ranks started before this kernel attached
+
+    def release_node(self, name: str, account: str) -> list:
+        return []
