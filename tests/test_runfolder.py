@@ -92,7 +92,7 @@ def test_run_folders_are_private_and_a_run_id_is_used_once(runs):
     assert stat.S_IMODE(os.stat(folder.path).st_mode) == 0o700
     for name in (runfolder.MANIFEST, runfolder.EVENTS):
         assert stat.S_IMODE(os.stat(os.path.join(folder.path, name)).st_mode) == 0o600
-    with pytest.raises(RunFolderError, match="already exists"):
+    with pytest.raises(RunFolderError, match="not a new run folder"):
         RunFolder("run-3", nprocs=1)
     with pytest.raises(RunFolderError, match="not a run id"):
         RunFolder("../elsewhere", nprocs=1)
@@ -138,7 +138,7 @@ def test_another_users_folders_links_and_files_in_the_runs_directory_are_passed_
             runfolder.read_events(planted)
         assert runfolder.read_manifest(planted) is None
     assert runfolder.read_events("ours")[0] == [{"kind": "output", "rank": 0, "stream": "stdout", "text": "mine\n"}]
-    with pytest.raises(RunFolderError, match="already exists"):
+    with pytest.raises(RunFolderError, match="not a new run folder"):
         RunFolder("theirs", nprocs=1)  # never writes into the attacker's folder
 
 

@@ -48,6 +48,7 @@ class DetachedRecorder:
         self.failed_at: float | None = None  # when the first rank failed (an exception, or an exit before Done)
         self.prompts: list[tuple[int, int]] = []  # (rank, seq) of input() calls no kernel will answer
         self.interrupts = 0  # SIGINTs to the agent: the stop button of an attached kernel
+        self.stopped = False  # a stop asked (SIGINT, or the kernel's Interrupt) before any rank failed
         self._closed = False
 
     @property
@@ -83,9 +84,11 @@ class DetachedRecorder:
         return len(self.done) == self.nprocs
 
     def outcome(self) -> RecordedState:
-        if self.interrupts:
+        if self.stopped:  # the interrupted ranks' KeyboardInterrupt is no failure of the run
             return RecordedState.STOPPED
-        return RecordedState.FINISHED if self.finished() and self.failed_at is None else RecordedState.FAILED
+        if self.finished() and self.failed_at is None:
+            return RecordedState.FINISHED
+        return RecordedState.FAILED if self.failed_at is not None else RecordedState.STOPPED
 
     def close(self) -> None:
         """The ranks have ended: the state is final, the store goes."""
@@ -101,9 +104,14 @@ class DetachedRecorder:
             self.interrupts += 1
         signal.signal(signal.SIGINT, interrupt)
 
+    def stop_asked(self) -> None:
+        """Someone stopped the run; a stop that follows a rank's failure (the kernel ending the others) is not one."""
+        self.stopped = self.stopped or self.failed_at is None
+
     def act_on_interrupts(self, ranks: LocalRanks, acted: int) -> int:
         """Do what the SIGINTs since ``acted`` ask; returns how many have been acted on."""
         for press in range(acted, self.interrupts):
+            self.stop_asked()
             if press == 0:
                 say("SIGINT: interrupting the detached run's ranks (a second one stops them)")
                 ranks.interrupt()

@@ -192,6 +192,8 @@ def _serve_kernel(link: Link, ranks: LocalRanks, outbox: Outbox, address: str | 
             return message.reason
         if isinstance(message, N.StartRanks) and message.detached_run:
             message = _record(message, outbox)
+        elif isinstance(message, N.Interrupt) and outbox.recorder is not None:
+            outbox.recorder.stop_asked()
         _handle(message, ranks, link, address, outbox.send)
 
 

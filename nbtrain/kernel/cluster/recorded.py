@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+from ...wire import protocol as P
 from ...wire.runfolder import EventKind, RecordedState, RunSummary, read_events, read_manifest
 from ..diagnostics.failures import RankFailure, rank_failure
 from ..ranks.rank_events import Exited, Message, Output
@@ -42,6 +43,7 @@ class RecordedGroup(GroupState):
         self.run_id = summary.run_id
         self._offset = 0
         self._pids: dict[int, int] = {}
+        self._finished: set[int] = set()  # ranks that finished the cell (their Done was read)
         self._errors: dict[int, str] = {}  # rank -> torch elastic's error file, as its agent recorded it
         self._ended_at_read = False  # the manifest was final before the last read: nothing more will come
 
@@ -109,8 +111,13 @@ class RecordedGroup(GroupState):
         if kind == EventKind.OUTPUT.value:
             return [Output(rank, record["stream"], record["text"])]
         if kind == EventKind.MESSAGE.value:
-            return [Message(rank, pickle.loads(base64.b64decode(record["data"])))]
+            said = pickle.loads(base64.b64decode(record["data"]))
+            if isinstance(said, P.Done):
+                self._finished.add(rank)
+            return [Message(rank, said)]
         if kind == EventKind.EXIT.value:
+            if rank in self._finished:
+                return []  # the agent shut down a rank that had finished the cell: a live run had ended before
             if record.get("error"):
                 self._errors[rank] = record["error"]
             return [Exited(rank, record["code"])]

@@ -1,0 +1,205 @@
+"""``%%distributed --detach`` and ``%distributed_attach`` in real kernels (jupyter_client; 2 CPU ranks on gloo):
+the run outlives a SIGKILLed or restarted kernel, any kernel of the user's attaches and sees the whole run (no gap,
+no duplicate) and its names, a failure is reported on attach as the cell would have, the stop button of an
+attached kernel stops the run, another Unix user can neither read nor stop it, and nothing is left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+
+import psutil
+import pytest
+from helpers.attacker import needs_root, python_as_attacker
+from helpers.kernelhelp import Kernel
+from helpers.workers import assert_no_workers, nbtrain_workers
+
+from nbtrain.wire import runfolder
+from nbtrain.wire.runfolder import RecordedState
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+TRAINING = """%%distributed 2 --cpu --detach --no-dashboard
+import time, torch, nbtrain
+w = torch.zeros(3)
+for step in range(STEPS):
+    w += step
+    nbtrain.log(seen=step)
+    if rank == 0 and step % 25 == 0:
+        print(f"step {step}", flush=True)
+    time.sleep(0.05)
+total = float(w.sum())
+nbtrain.log(checksum=total)
+"""
+FAILING = """%%distributed 2 --cpu --detach --no-dashboard
+import time, nbtrain
+for step in range(40):
+    nbtrain.log(seen=step)
+    if rank == 1 and step == 30:
+        raise ValueError("the data ran dry")
+    time.sleep(0.05)
+"""
+
+
+@pytest.fixture
+def runs(tmp_path, monkeypatch):
+    """A runs directory of the test's own, which the kernels (and their agents) inherit."""
+    directory = tmp_path / "runs"
+    monkeypatch.setenv("NBTRAIN_RUNS_DIR", str(directory))
+    return directory
+
+
+@pytest.fixture
+def kernels():
+    started: list[Kernel] = []
+
+    def start() -> Kernel:
+        kernel = Kernel()
+        started.append(kernel)
+        kernel.run("%load_ext nbtrain")
+        return kernel
+
+    yield start
+    for kernel in started:
+        kernel.shutdown()
+
+
+def _start(kernel: Kernel, cell: str, steps: int = 100) -> tuple[str, float]:
+    began = time.monotonic()
+    out = kernel.run(cell.replace("STEPS", str(steps)))
+    seconds = time.monotonic() - began
+    found = re.search(r"detached run (\S+): it goes on", out)
+    assert found, out
+    return found.group(1), seconds
+
+
+def _wait_for_step(run_id: str, step: int, timeout: float = 90) -> runfolder.RunSummary:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        summary = runfolder.read_manifest(run_id)
+        if summary is not None and summary.step is not None and summary.step >= step:
+            return summary
+        time.sleep(0.05)
+    raise AssertionError(f"run {run_id} did not reach step {step}: {runfolder.read_manifest(run_id)}")
+
+
+def _assert_nothing_left(summary: runfolder.RunSummary) -> None:
+    deadline = time.monotonic() + 15
+    while psutil.pid_exists(summary.agent_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    with pytest.raises(psutil.NoSuchProcess):
+        if psutil.Process(summary.agent_pid).status() != psutil.STATUS_ZOMBIE:
+            raise AssertionError(f"the run's agent {summary.agent_pid} is still running")
+        raise psutil.NoSuchProcess(summary.agent_pid)
+    assert_no_workers(timeout=5)
+    leftovers = [name for name in os.listdir("/dev/shm") if name.startswith(f"nbtrain-{summary.agent_pid}")]
+    assert not leftovers
+
+
+def test_a_detached_run_outlives_a_killed_kernel_and_another_kernel_attaches_to_all_of_it(runs, kernels):
+    first = kernels()
+    run_id, seconds = _start(first, TRAINING)
+    assert seconds < 1.0  # the cell returned while the ranks start and train
+    at_kill = _wait_for_step(run_id, 20)
+    os.kill(first.pid(), signal.SIGKILL)
+    later = _wait_for_step(run_id, at_kill.step + 10)  # the ranks keep stepping with no kernel
+    assert later.state is RecordedState.RUNNING
+
+    second = kernels()
+    out = second.run("%distributed_attach", timeout=120)
+    assert f"attached to detached run {run_id} (running" in out
+    assert "step 0" in out and "step 75" in out  # the output from the start, then live
+    assert "back in the notebook:" in out and "total" in out
+    check = json.loads(second.run("import json; print(json.dumps([total, history['checksum'].last, "
+                                  "history.series('seen', 0).steps, list(history.series('seen', 0))]))"))
+    total, logged, steps, seen = check
+    assert total == logged == 3 * sum(range(100))  # the model the ranks held
+    assert seen == list(range(100)) and steps == sorted(set(steps))  # from step 0, no gap, no duplicate
+
+    again = second.run("del total\n%distributed_attach " + run_id)  # after its end: the same result
+    assert "back in the notebook:" in again
+    assert second.run("print(total)").strip() == str(float(3 * sum(range(100))))
+    final = runfolder.read_manifest(run_id)
+    assert final is not None and final.state is RecordedState.FINISHED
+    _assert_nothing_left(final)
+
+
+def test_a_restarted_kernel_and_a_second_kernel_both_follow_the_run_and_get_its_names(runs, kernels):
+    first = kernels()
+    run_id, _ = _start(first, TRAINING, steps=80)
+    _wait_for_step(run_id, 10)
+    first.km.restart_kernel(now=False)  # a clean restart: the kernel's exit must not stop the run
+    first.kc.wait_for_ready(timeout=60)
+    assert runfolder.read_manifest(run_id).state is RecordedState.RUNNING
+    first.run("%load_ext nbtrain")
+    second = kernels()
+    out = second.run("%distributed_attach --background")
+    assert "<nbtrain detached run" in out
+    first.run(f"%distributed_attach {run_id}", timeout=120)
+    assert first.run("print(total)").strip() == str(float(3 * sum(range(80))))
+    second.run("import nbtrain; nbtrain.last_run.wait(60)")
+    assert second.run("print(total)").strip() == str(float(3 * sum(range(80))))
+    _assert_nothing_left(runfolder.read_manifest(run_id))
+
+
+def test_a_detached_runs_failure_is_reported_on_attach_as_the_cell_would_have(runs, kernels):
+    first = kernels()
+    run_id, _ = _start(first, FAILING)
+    _wait_for_step(run_id, 5)
+    os.kill(first.pid(), signal.SIGKILL)
+    second = kernels()
+    reply, out = second.execute("%distributed_attach", timeout=120)
+    assert reply["status"] == "error"
+    assert "ValueError: the data ran dry" in out
+    assert "Cell line 6, in <module>" in out and 'raise ValueError("the data ran dry")' in out  # mapped to the cell's own lines
+    final = runfolder.read_manifest(run_id)
+    assert final.state is RecordedState.FAILED
+    _assert_nothing_left(final)
+
+
+def test_the_stop_button_of_an_attached_kernel_stops_the_detached_run(runs, kernels):
+    first = kernels()
+    run_id, _ = _start(first, TRAINING, steps=2000)
+    _wait_for_step(run_id, 5)
+    os.kill(first.pid(), signal.SIGKILL)
+    second = kernels()
+    second.run("%distributed_attach --background")
+    _wait_for_step(run_id, 15)
+    began = time.monotonic()
+    second.run("import nbtrain; nbtrain.last_run.stop(); print(nbtrain.last_run.state)")
+    deadline = time.monotonic() + 10
+    while runfolder.read_manifest(run_id).state is RecordedState.RUNNING and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert runfolder.read_manifest(run_id).state is RecordedState.STOPPED
+    assert time.monotonic() - began < 10
+    _assert_nothing_left(runfolder.read_manifest(run_id))
+
+
+@needs_root
+def test_another_user_can_neither_read_nor_stop_a_detached_run(runs, kernels):
+    first = kernels()
+    run_id, _ = _start(first, TRAINING, steps=400)
+    summary = _wait_for_step(run_id, 3)
+    os.chmod(runs.parent, 0o755)  # the attacker may reach the runs directory itself: it is the folder that says no
+    attack = python_as_attacker(
+        "import os, signal, sys\n"
+        "tried = []\n"
+        "for what, act in [('list', lambda: os.listdir(sys.argv[1])),\n"
+        "                  ('read', lambda: open(os.path.join(sys.argv[1], sys.argv[2], 'events.jsonl')).read()),\n"
+        "                  ('stop', lambda: os.kill(int(sys.argv[3]), signal.SIGINT))]:\n"
+        "    try:\n"
+        "        act(); tried.append(what + ': done')\n"
+        "    except PermissionError:\n"
+        "        tried.append(what + ': refused')\n"
+        "print(', '.join(tried))\n", str(runs), run_id, str(summary.agent_pid))
+    assert attack.stdout.strip() == "list: refused, read: refused, stop: refused", attack.stderr
+    assert runfolder.read_manifest(run_id).state is RecordedState.RUNNING
+    first.run("import nbtrain; nbtrain.last_run.stop()")
+    deadline = time.monotonic() + 10
+    while runfolder.read_manifest(run_id).state is RecordedState.RUNNING and time.monotonic() < deadline:
+        time.sleep(0.1)
+    _assert_nothing_left(runfolder.read_manifest(run_id))
+    assert nbtrain_workers() == []
