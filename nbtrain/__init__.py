@@ -114,6 +114,18 @@ def runs():
     return (magics.pools.runs if magics is not None else RunLog()).table()
 
 
+def attach(run_id=None, background=False):
+    """Follow a ``%%distributed --detach`` run from this kernel, as ``%distributed_attach [RUN_ID] [--background]``
+    does: with no id, your only running detached run (if none runs, the one that finished last)."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if getattr(shell, "_nbtrain_magics", None) is None:
+        raise RuntimeError("nbtrain.attach() needs the extension: run %load_ext nbtrain first")
+    words = [run_id] if run_id else []
+    return shell.run_line_magic("distributed_attach", " ".join(words + (["--background"] if background else [])))
+
+
 def untrack(tracker):
     """Stop following cells with a tracker given to ``nbtrain.track``."""
     from .kernel.observers.trackers import untrack as _untrack
@@ -141,7 +153,14 @@ def load_ipython_extension(ipython):
     from .kernel.magics import DistributedMagics
     from .wire.shm import sweep_orphans
 
-    sweep_quietly(sweep_orphans, sweep_temp, sweep_records, sweep_tokens)  # what killed kernels and agents left behind
+    from .kernel.cluster.detached_runs import running_note
+    from .wire.runfolder import sweep_ended
+
+    sweep_quietly(sweep_orphans, sweep_temp, sweep_records, sweep_tokens, sweep_ended)  # what killed kernels and agents
+    # left behind, and detached runs that ended more than NBTRAIN_RUNS_KEEP_DAYS ago
+    note = running_note()
+    if note:
+        print(note)
 
     magics = DistributedMagics(ipython)
     ipython.register_magics(magics)

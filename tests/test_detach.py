@@ -203,3 +203,22 @@ def test_another_user_can_neither_read_nor_stop_a_detached_run(runs, kernels):
         time.sleep(0.1)
     _assert_nothing_left(runfolder.read_manifest(run_id))
     assert nbtrain_workers() == []
+
+
+def test_a_new_kernel_is_told_of_a_running_detached_run_and_can_shut_it_down(runs, kernels):
+    first = kernels()
+    run_id, _ = _start(first, TRAINING, steps=2000)
+    _wait_for_step(run_id, 5)
+    os.kill(first.pid(), signal.SIGKILL)
+    second = Kernel()
+    try:
+        loaded = second.run("%load_ext nbtrain")
+        assert f"detached run {run_id} is running" in loaded and "%distributed_attach" in loaded
+        listed = second.run("%distributed_attach --list")
+        assert run_id in listed and "running" in listed
+        said = second.run("%distributed_shutdown --detached")
+        assert f"detached run {run_id} was stopped" in said
+        assert runfolder.read_manifest(run_id).state is RecordedState.STOPPED
+        _assert_nothing_left(runfolder.read_manifest(run_id))
+    finally:
+        second.shutdown()

@@ -7,6 +7,7 @@ import os
 import shutil
 import stat
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -153,3 +154,18 @@ def test_a_runs_directory_another_user_made_first_is_refused_naming_it(reachable
     with pytest.raises(RunFolderError, match="not a folder of this user's"):
         RunFolder("run-4", nprocs=1)
     assert runfolder.list_runs() == []
+
+
+def test_a_run_that_ended_a_week_ago_is_swept_and_a_running_or_recent_one_stays(runs, monkeypatch):
+    now = time.time()
+    for run_id, ended in (("old", now - 8 * 86400), ("recent", now - 6 * 86400)):
+        folder = RunFolder(run_id, nprocs=1)
+        with monkeypatch.context() as clock:
+            clock.setattr(runfolder.time, "time", lambda: ended)
+            folder.finish(RecordedState.FINISHED)
+    RunFolder("running", nprocs=1)
+    assert runfolder.sweep_ended(now=now) == ["old"]
+    assert sorted(run.run_id for run in runfolder.list_runs()) == ["recent", "running"]
+    monkeypatch.setenv("NBTRAIN_RUNS_KEEP_DAYS", "1")
+    assert runfolder.sweep_ended(now=now) == ["recent"]
+    assert [run.run_id for run in runfolder.list_runs()] == ["running"]  # a running run is never swept

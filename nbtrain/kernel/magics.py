@@ -26,6 +26,7 @@ from . import dashboard
 from .background import BackgroundCell, BackgroundRun, BackgroundRuns
 from .cluster import Cluster
 from .cluster.detached_runs import AttachChoiceError, choose_run, runs_table
+from .cluster.detached_stop import stop_all_detached
 from .cluster.tokens import parse_ttl
 from ..gpu import leases
 from .lifecycle import entry
@@ -271,10 +272,16 @@ class DistributedMagics(Magics):
             return self.last_run
         return distributed_cell(side, source, request, display)
 
+    @magic_arguments()
+    @argument("--detached", action="store_true", help="also stop every detached run of yours on this machine "
+              "(%%%%distributed --detach), wherever it was started")
     @line_magic
     def distributed_shutdown(self, line):
         """Stop the warm ranks kept for fast re-runs, end every session (they also stop at kernel exit), and let
-        joined nodes go (their agents exit)."""
+        joined nodes go (their agents exit). ``--detached`` also stops your detached runs."""
+        args = parse_argstring(self.distributed_shutdown, line)
+        if args.detached:
+            print("\n".join(stop_all_detached()) or "nbtrain: no detached run of yours is running.")
         sessions = list(self.pools.sessions.live)
         if self.pools.shutdown():
             ended = f" (sessions ended: {', '.join(sessions)})" if sessions else ""

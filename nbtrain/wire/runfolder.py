@@ -31,6 +31,7 @@ import enum
 import json
 import os
 import re
+import shutil
 import stat
 import tempfile
 import time
@@ -75,6 +76,7 @@ class RunSummary:
     agent_pid: int
     nprocs: int
     step: int | None
+    ended: float | None = None
 
 
 def runs_directory() -> str:
@@ -271,10 +273,11 @@ def _open_own_folder(directory: str, run_id: str) -> int | None:
 
 def _summary(manifest) -> RunSummary | None:
     try:
-        step = manifest["step"]
+        step, ended = manifest["step"], manifest.get("ended")
         return RunSummary(run_id=check_run_id(manifest["run_id"]), state=RecordedState(manifest["state"]),
                           started=float(manifest["started"]), agent_pid=int(manifest["agent_pid"]),
-                          nprocs=int(manifest["nprocs"]), step=None if step is None else int(step))
+                          nprocs=int(manifest["nprocs"]), step=None if step is None else int(step),
+                          ended=None if ended is None else float(ended))
     except (KeyError, TypeError, ValueError, RunFolderError):
         return None
 
@@ -309,6 +312,26 @@ def list_runs(directory: str | None = None) -> list[RunSummary]:
         return []
     runs = [read_manifest(name, directory) for name in names if RUN_ID.match(name)]
     return sorted((run for run in runs if run is not None), key=lambda run: run.started)
+
+
+KEEP_DAYS = 7.0  # a finished run's folder can be attached this long (NBTRAIN_RUNS_KEEP_DAYS), then it is swept
+
+
+def sweep_ended(directory: str | None = None, now: float | None = None) -> list[str]:
+    """Remove this user's run folders that ended more than ``NBTRAIN_RUNS_KEEP_DAYS`` (default 7) days ago; the
+    ids removed. A running run, a folder without a manifest of ours, and anything another user planted stay."""
+    directory = directory or runs_directory()
+    keep_s = float(os.environ.get("NBTRAIN_RUNS_KEEP_DAYS") or KEEP_DAYS) * 86400
+    now = time.time() if now is None else now
+    swept = []
+    for run in list_runs(directory):
+        if run.state is RecordedState.RUNNING or run.ended is None or now - run.ended < keep_s:
+            continue
+        path = os.path.join(directory, run.run_id)
+        if _is_own_private_directory(os.lstat(path)):  # checked again: list_runs judged it a moment ago
+            shutil.rmtree(path, ignore_errors=True)
+            swept.append(run.run_id)
+    return swept
 
 
 def read_events(run_id: str, offset: int = 0, directory: str | None = None) -> tuple[list[dict], int]:

@@ -46,3 +46,15 @@ def runs_table(runs: list[RunSummary]) -> str:
         step = "-" if run.step is None else str(run.step)
         lines.append(f"{run.run_id:<24} {started:<19} {run.state.value:<8} {step}")
     return "\n".join(lines)
+
+
+def running_note() -> str:
+    """What ``%load_ext nbtrain`` says when detached runs of this user's run on this machine ("" if none)."""
+    running = [run for run in list_runs() if run.state is RecordedState.RUNNING]
+    if not running:
+        return ""
+    if len(running) == 1:
+        return (f"nbtrain: detached run {running[0].run_id} is running (step {running[0].step if running[0].step is not None else '-'}): "
+                "%distributed_attach follows it")
+    return (f"nbtrain: {len(running)} detached runs of yours are running: %distributed_attach --list shows them, "
+            "%distributed_attach RUN_ID follows one")

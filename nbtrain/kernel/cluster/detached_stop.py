@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import psutil
 
-from ...wire.runfolder import RunSummary
+from ...wire.runfolder import RecordedState, RunSummary, list_runs, read_manifest
+
+ESCALATE_AFTER_S = 3.0  # a run still running this long after the first SIGINT gets the second (its ranks stopped)
 
 START_SLACK_S = 1.0  # /proc's start time is rounded to clock ticks; the agent writes the manifest after it started
 
@@ -41,3 +44,30 @@ def runs_agent(run: RunSummary) -> psutil.Process:
 def stop_run(run: RunSummary) -> None:
     """Ask ``run``'s agent to stop the run (SIGINT, as the stop button is to ranks)."""
     runs_agent(run).send_signal(signal.SIGINT)
+
+
+def stop_all_detached() -> list[str]:
+    """``%distributed_shutdown --detached``: stop every running detached run of this user's (its agent's SIGINT,
+    then the second one where the ranks did not stop); what was done, a line each."""
+    said = []
+    for run in [run for run in list_runs() if run.state is RecordedState.RUNNING]:
+        try:
+            stop_run(run)
+        except NotTheRunsAgent as exc:
+            said.append(f"nbtrain: detached run {run.run_id}: not stopped: {exc}")
+            continue
+        deadline = time.monotonic() + ESCALATE_AFTER_S
+        while _running(run.run_id) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _running(run.run_id):
+            try:
+                stop_run(run)
+            except NotTheRunsAgent:
+                pass  # it ended meanwhile
+        said.append(f"nbtrain: detached run {run.run_id} was stopped")
+    return said
+
+
+def _running(run_id: str) -> bool:
+    summary = read_manifest(run_id)
+    return summary is not None and summary.state is RecordedState.RUNNING
