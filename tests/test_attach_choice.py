@@ -28,7 +28,7 @@ def _finished(run_id: str) -> RunFolder:
 
 
 def test_with_no_id_the_only_running_run_is_chosen_over_later_finished_ones(runs):
-    RunFolder("training", nprocs=2).metrics(0, [[7, 0.0, {"loss": 1.0}]])
+    RunFolder("training", nprocs=2).step(7)
     _finished("later")
     assert choose_run().run_id == "training"
 

@@ -3,7 +3,9 @@ and read safely where another user planted folders, links and files."""
 
 from __future__ import annotations
 
+import base64
 import os
+import pickle
 import shutil
 import stat
 import tempfile
@@ -13,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from nbtrain.wire import runfolder
-from nbtrain.wire.payload import pack_results
+from nbtrain.wire import protocol as P
 from nbtrain.wire.runfolder import EventKind, RunFolder, RunFolderError, RecordedState
 from helpers.attacker import needs_root, python_as_attacker
 
@@ -33,48 +35,39 @@ def test_the_runs_directory_follows_jupyter_data_dir(monkeypatch, tmp_path):
 
 def test_a_reader_follows_a_live_run_from_its_offset_and_sees_every_event_once_in_order(runs):
     folder = RunFolder("run-1", nprocs=2, agent_pid=4242)
+    folder.started({0: 100, 1: 101})
     folder.output(0, "stdout", "hello\n")
-    folder.metrics(0, [(0, 1.0, {"loss": 2.0}), (1, 2.0, {"loss": 1.5})])
+    folder.message(0, pickle.dumps(P.Metrics(0, [(0, 1.0, {"loss": 2.0})])))
+    folder.step(1)
     first, offset = runfolder.read_events("run-1")
-    assert [e["kind"] for e in first] == [EventKind.OUTPUT.value, EventKind.METRICS.value]
+    assert [e["kind"] for e in first] == [EventKind.STARTED.value, EventKind.OUTPUT.value, EventKind.MESSAGE.value]
+    assert first[0]["ranks"] == {"0": 100, "1": 101}
     assert runfolder.list_runs()[0].step == 1
 
-    folder.metrics(0, [(2, 3.0, {"loss": 1.0})])
-    folder.rank_exited(1, 0)
-    folder.failure(1, "nothing wrong")
-    folder.results(pack_results({"model": {"w": [1, 2]}, "n": 3}, ["model", "n", "absent"]))
+    folder.step(0)  # the last step only grows
+    folder.rank_exited(1, 1, "Traceback: ...")
+    folder.message(0, b"\x00raw bytes, carried unread")
     folder.finish(RecordedState.FINISHED)
     rest, end = runfolder.read_events("run-1", offset)
-    assert [e["kind"] for e in rest] == ["metrics", "exit", "failure", "results"]
-    assert rest[0]["records"] == [[2, 3.0, {"loss": 1.0}]]
-    assert runfolder.results_of(rest[-1]).names == ("model", "n")
+    assert [e["kind"] for e in rest] == ["exit", "message"]
+    assert rest[0] == {"kind": "exit", "rank": 1, "code": 1, "error": "Traceback: ..."}
+    assert base64.b64decode(rest[1]["data"]) == b"\x00raw bytes, carried unread"
     assert runfolder.read_events("run-1", end) == ([], end)
 
     (run,) = runfolder.list_runs()
-    assert (run.run_id, run.state, run.agent_pid, run.nprocs, run.step) == ("run-1", RecordedState.FINISHED, 4242, 2, 2)
+    assert (run.run_id, run.state, run.agent_pid, run.nprocs, run.step) == ("run-1", RecordedState.FINISHED, 4242, 2, 1)
+    assert run.ended is not None and run.ended >= run.started
 
 
-def test_a_finished_run_reads_back_as_the_names_and_history_a_blocking_cell_returns(runs):
-    folder = RunFolder("run-5", nprocs=2)
-    for step in range(3):
-        folder.metrics(0, [(step, float(step), {"loss": 1.0 / (step + 1)})])
-        folder.metrics(1, [(step, float(step), {"loss": 9.0})])
-    folder.output(1, "stderr", "warning\n")
-    folder.failure(1, "rank 1 said something")
-    with pytest.raises(RunFolderError, match="still running"):
-        runfolder.replay("run-5")
-    shared = [1, 2]
-    folder.results(pack_results({"a": shared, "b": {"same": shared}}, ["a", "b", "c"]))
-    folder.finish(RecordedState.FINISHED)
-
-    back = runfolder.replay("run-5")
-    assert back.state is RecordedState.FINISHED
-    assert back.values == {"a": [1, 2], "b": {"same": [1, 2]}} and back.values["b"]["same"] is back.values["a"]
-    assert back.missing == ("c",) and back.failed == {}
-    assert [record[0] for record in back.history] == [0, 1, 2]
-    assert back.output == [(1, "stderr", "warning\n")] and back.failures == [(1, "rank 1 said something")]
-    with pytest.raises(RunFolderError, match="no run"):
-        runfolder.replay("run-6")
+def test_the_kernel_reserves_the_folder_with_the_cell_and_the_agent_writes_into_it(runs):
+    path = runfolder.reserve("run-7", {"line": "2 --cpu --detach", "source": "x = 1\n"})
+    assert stat.S_IMODE(os.stat(os.path.join(path, runfolder.ABOUT)).st_mode) == 0o600
+    folder = RunFolder("run-7", nprocs=2)
+    assert folder.path == path
+    assert runfolder.read_about("run-7") == {"line": "2 --cpu --detach", "source": "x = 1\n"}
+    assert runfolder.read_about("run-8") == {}
+    with pytest.raises(FileExistsError):
+        runfolder.reserve("run-7", {})
 
 
 def test_a_line_still_being_written_is_left_for_the_next_read(runs):
@@ -161,7 +154,7 @@ def test_a_run_that_ended_a_week_ago_is_swept_and_a_running_or_recent_one_stays(
     for run_id, ended in (("old", now - 8 * 86400), ("recent", now - 6 * 86400)):
         folder = RunFolder(run_id, nprocs=1)
         with monkeypatch.context() as clock:
-            clock.setattr(runfolder.time, "time", lambda: ended)
+            clock.setattr(runfolder.time, "time", lambda ended=ended: ended)
             folder.finish(RecordedState.FINISHED)
     RunFolder("running", nprocs=1)
     assert runfolder.sweep_ended(now=now) == ["old"]

@@ -262,12 +262,12 @@ class DistributedMagics(Magics):
         about = read_about(run.run_id)
         cell_line, source = str(about.get("line", "")), str(about.get("source", ""))
         recorded = parse_argstring(self.distributed, cell_line, "%%distributed")
-        request = replace(from_arguments(LaunchRequest, recorded), detach=False, attach=run.run_id)
+        request = replace(from_arguments(LaunchRequest, recorded), detach=False, run_id=None)
         display = replace(from_arguments(CellDisplay, recorded), background=args.background)
         print(f"nbtrain: attached to detached run {run.run_id} ({run.state.value}"
               + (f", step {run.step}" if run.step is not None else "") + ")")
-        side = ShellSide(self.shell, self.pools, tuple(self.observers(0)))
-        if args.background:
+        side = ShellSide(self.shell, self.pools.companion(), tuple(self.observers(0)), attach=run.run_id)
+        if args.background:  # (the companion: the kernel's warm ranks stay the blocking cells')
             self.last_run = start_background(side, (cell_line, source), request, display, self.background)
             return self.last_run
         return distributed_cell(side, source, request, display)
@@ -407,6 +407,7 @@ class ShellSide:
     shell: Any
     pools: PoolManager
     observers: tuple = ()
+    attach: str = ""  # %distributed_attach: the detached run the cell follows instead of starting ranks
 
 
 def distributed_cell(side: ShellSide, cell: str, request: LaunchRequest, display: CellDisplay) -> None:
@@ -425,10 +426,10 @@ def start_background(side: ShellSide, cell: tuple[str, str], request: LaunchRequ
     observer = _dashboard(side.shell, display)
     observers = (*side.observers, *([observer] if observer is not None else []))
     try:
-        run = runs.start(BackgroundCell(cell[1], request, observers, observer, display.quiet, line=cell[0]))
+        run = runs.start(BackgroundCell(cell[1], request, observers, observer, display.quiet, cell[0], side.attach))
     except UserInputError as exc:
         raise UsageError(str(exc)) from None
-    if run.detached:
+    if run.detached and not side.attach:
         print(f"nbtrain: detached run {run.detached}: it goes on if this kernel stops or restarts; "
               f"%distributed_attach {run.detached} follows it from any kernel of yours on this machine")
     return run
@@ -450,7 +451,7 @@ def run_in_shell(side: ShellSide, cell: str, request: LaunchRequest, quiet: bool
     outcome = RunOutcome()
     try:
         result = run_source(cell, request, shell.user_ns, manager=side.pools, code_name=code_name,
-                            observers=side.observers, outcome=outcome)
+                            observers=side.observers, outcome=outcome, attach=side.attach)
     except UserInputError as exc:
         raise UsageError(str(exc)) from None
     except BaseException:  # failed or stopped: what was logged until then is still the notebook's

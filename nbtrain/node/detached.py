@@ -24,6 +24,7 @@ from __future__ import annotations
 import pickle
 import signal
 import time
+from dataclasses import replace
 
 from ..wire import nodes as N
 from ..wire import protocol as P
@@ -127,6 +128,12 @@ class Outbox:
     def __init__(self, link) -> None:
         self.link = link
         self.recorder: DetachedRecorder | None = None
+
+    def record(self, start: N.StartRanks) -> N.StartRanks:
+        """From now on the run ``start`` names is recorded, its store on this agent: the StartRanks to act on."""
+        self.recorder = DetachedRecorder(start)
+        self.recorder.count_sigints()
+        return replace(start, rdzv_endpoint=self.recorder.endpoint)
 
     def send(self, message) -> None:
         recorder = self.recorder

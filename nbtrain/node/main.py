@@ -35,7 +35,6 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import replace
 
 import psutil
 
@@ -44,7 +43,7 @@ from ..wire import nodes as N
 from ..wire.link import JoinToken, Link, LinkError, LinkRetry, connect
 from ..wire.shm import sweep_orphans
 from .agent import run_ranks
-from .detached import DetachedRecorder, Outbox, run_alone
+from .detached import Outbox, run_alone
 from .console import route_output, say
 from ..wire.agent_options import AgentOptions, PreemptionURLError, check_url
 from ..wire.options import OptionEnvError, options_of, with_env_fallbacks
@@ -191,18 +190,10 @@ def _serve_kernel(link: Link, ranks: LocalRanks, outbox: Outbox, address: str | 
         if isinstance(message, N.Bye):
             return message.reason
         if isinstance(message, N.StartRanks) and message.detached_run:
-            message = _record(message, outbox)
+            message = outbox.record(message)
         elif isinstance(message, N.Interrupt) and outbox.recorder is not None:
             outbox.recorder.stop_asked()
         _handle(message, ranks, link, address, outbox.send)
-
-
-def _record(start: N.StartRanks, outbox: Outbox) -> N.StartRanks:
-    """A run that outlives its kernel: recorded from here on, its store on this agent (:mod:`.detached`)."""
-    recorder = DetachedRecorder(start)
-    recorder.count_sigints()
-    outbox.recorder = recorder
-    return replace(start, rdzv_endpoint=recorder.endpoint)
 
 
 def _preemption(notices: Notices, ranks: LocalRanks, link: Link) -> str:

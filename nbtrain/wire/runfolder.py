@@ -35,9 +35,7 @@ import shutil
 import stat
 import tempfile
 import time
-from dataclasses import dataclass, field
-
-from .payload import Results, unpack_results
+from dataclasses import dataclass
 
 MANIFEST = "manifest.json"
 EVENTS = "events.jsonl"
@@ -60,12 +58,9 @@ class RecordedState(enum.Enum):
 
 class EventKind(enum.Enum):
     OUTPUT = "output"  # rank, stream, text: one rank's output lines
-    METRICS = "metrics"  # rank, records: [[step, time, {name: value}], ...], as the ranks log them
     EXIT = "exit"  # rank, code, error: torch elastic's error file, where the rank wrote one
     MESSAGE = "message"  # rank, data: a message the rank sent (wire.protocol, pickled by the rank), base64
     STARTED = "started"  # ranks: {rank: pid}, once the ranks' processes run
-    FAILURE = "failure"  # rank, text: a failure's text as the kernel would show it
-    RESULTS = "results"  # payload: rank 0's results in nbtrain.wire.payload's format, base64
 
 
 @dataclass(frozen=True)
@@ -143,14 +138,6 @@ class RunFolder:
     def output(self, rank: int, stream: str, text: str) -> None:
         self._append(EventKind.OUTPUT, rank=rank, stream=stream, text=text)
 
-    def metrics(self, rank: int, records: list) -> None:
-        """One batch of logged metrics; rank 0's last step goes into the manifest."""
-        self._append(EventKind.METRICS, rank=rank, records=[[step, when, values] for step, when, values in records])
-        steps = [step for step, _, _ in records if isinstance(step, int)]
-        if rank == 0 and steps:
-            self.manifest["step"] = max(steps)
-            self._write_manifest()
-
     def rank_exited(self, rank: int, code: int, error: str | None = None) -> None:
         self._append(EventKind.EXIT, rank=rank, code=code, error=error)
 
@@ -169,13 +156,6 @@ class RunFolder:
 
     def failure(self, rank: int, text: str) -> None:
         self._append(EventKind.FAILURE, rank=rank, text=text)
-
-    def results(self, results: Results) -> None:
-        """Rank 0's results, packed without shared memory (no kernel may be there to map it): the bundle's
-        bytes are carried, never unpickled, here."""
-        bundle = base64.b64encode(results.bundle).decode("ascii") if results.bundle else None
-        self._append(EventKind.RESULTS, bundle=bundle, names=list(results.names), skipped=dict(results.skipped),
-                     missing=list(results.missing), moved_to_cpu=list(results.moved_to_cpu))
 
     def finish(self, state: RecordedState) -> None:
         """The run has ended: its state is final and the log is closed."""
@@ -352,49 +332,3 @@ def read_events(run_id: str, offset: int = 0, directory: str | None = None) -> t
     whole = data[:data.rfind(b"\n") + 1]
     events = [json.loads(line) for line in whole.splitlines()]
     return events, offset + len(whole)
-
-
-def results_of(event: dict) -> Results:
-    """A results event as :mod:`.payload`'s :class:`Results`, for the kernel that asked to unpack."""
-    bundle = event.get("bundle")
-    return Results(bundle=base64.b64decode(bundle) if bundle else None, names=tuple(event.get("names", ())),
-                   skipped=dict(event.get("skipped", {})), missing=tuple(event.get("missing", ())),
-                   moved_to_cpu=list(event.get("moved_to_cpu", [])))
-
-
-@dataclass
-class Replay:
-    """What a blocking cell would have returned, read back from a finished run's folder."""
-
-    state: RecordedState
-    values: dict = field(default_factory=dict)  # rank 0's names, unpickled
-    failed: dict[str, str] = field(default_factory=dict)  # name -> why it did not come back
-    missing: tuple[str, ...] = ()
-    history: list = field(default_factory=list)  # rank 0's metric records: [step, time, {name: value}]
-    output: list[tuple[int, str, str]] = field(default_factory=list)  # (rank, stream, text), in order
-    failures: list[tuple[int, str]] = field(default_factory=list)  # (rank, text)
-
-
-def replay(run_id: str, directory: str | None = None) -> Replay:
-    """A finished run's names and history, as a blocking cell would have brought them back. The results are
-    unpickled here, in the user's kernel, from the user's own 0600 file that the user's agent wrote."""
-    summary = read_manifest(run_id, directory)
-    if summary is None:
-        raise RunFolderError(f"there is no run {run_id!r} of this user's in {directory or runs_directory()}")
-    if summary.state is RecordedState.RUNNING:
-        raise RunFolderError(f"run {run_id!r} is still running: follow it with read_events, or wait for its end")
-    events, _ = read_events(run_id, 0, directory)
-    out = Replay(state=summary.state)
-    for event in events:
-        kind = event.get("kind")
-        if kind == EventKind.OUTPUT.value:
-            out.output.append((event["rank"], event["stream"], event["text"]))
-        elif kind == EventKind.METRICS.value and event.get("rank") == 0:
-            out.history.extend(event["records"])
-        elif kind == EventKind.FAILURE.value:
-            out.failures.append((event["rank"], event["text"]))
-        elif kind == EventKind.RESULTS.value:
-            results = results_of(event)
-            out.values, out.failed = unpack_results(results)
-            out.missing = results.missing
-    return out

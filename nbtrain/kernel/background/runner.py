@@ -44,6 +44,7 @@ class BackgroundCell:
     advisor: object | None = None
     quiet: bool = False
     line: str = ""  # the magic's line, kept with a detached run so that a kernel attaching runs the same options
+    attach: str = ""  # %distributed_attach --background: the detached run followed
 
 
 class BackgroundRuns:
@@ -58,7 +59,7 @@ class BackgroundRuns:
 
     def start(self, cell: BackgroundCell) -> BackgroundRun:
         """Check the cell (a mistake raises before anything starts), then run it in a thread; its handle."""
-        if cell.request.detach:  # one id for the run, chosen before its options are checked
+        if cell.request.detach and not cell.request.run_id:  # one id for the run, chosen before its options are checked
             cell = replace(cell, request=replace(cell.request, run_id=new_run_id()))
         config = resolve(cell.request)
         info = analyse_cell(cell.source)
@@ -67,11 +68,10 @@ class BackgroundRuns:
                               "--background run has ranks of its own, stopped at its end. Leave out one of them.")
         self._check_gpus(config.pool.gpu_ids)
         if cell.request.detach:
-            reserve(cell.request.run_id, {"line": cell.line, "source": cell.source, "kernel_pid": os.getpid(),
-                                          "started": time.time(), "cwd": config.workdir.cwd if config.workdir else ""})
+            _reserve(cell, config)
         self.count += 1
         run = BackgroundRun(self.count, cell.source, tuple(names_to_return(info, config.out_names)),
-                            deliver=self.arrivals.deliver, detached=cell.request.run_id or cell.request.attach)
+                            deliver=self.arrivals.deliver, detached=cell.attach or cell.request.run_id or "")
         self._gpus[run.number] = tuple(config.pool.gpu_ids)
         self.arrivals.add(run)
         namespace = dict(self.shell.user_ns)  # the inputs as they are now, whatever later cells assign
@@ -96,7 +96,8 @@ class BackgroundRuns:
         code_name = getattr(getattr(self.shell, "compile", None), "format_code_name", None)
         try:
             result = run_source(cell.source, cell.request, namespace, manager=manager, code_name=code_name,
-                                observers=(*cell.observers, live), outcome=outcome, stop=run.stop_event)
+                                observers=(*cell.observers, live), outcome=outcome, stop=run.stop_event,
+                                attach=cell.attach)
         except KeyboardInterrupt:
             run.ended(RunState.INTERRUPTED, {}, outcome.history, "stopped")
             print("nbtrain: the background run was stopped: every rank and its child processes were ended.")
@@ -114,6 +115,18 @@ class BackgroundRuns:
         finally:
             self._gpus.pop(run.number, None)
             manager.shutdown()
+
+
+def _reserve(cell: BackgroundCell, config) -> None:
+    """A detached run's folder, with its cell, before its agent starts; a name used before is a mistake said now."""
+    run_id = cell.request.run_id or ""
+    about = {"line": cell.line, "source": cell.source, "kernel_pid": os.getpid(), "started": time.time(),
+             "cwd": config.workdir.cwd if config.workdir else ""}
+    try:
+        reserve(run_id, about)
+    except FileExistsError:
+        raise ConfigError(f"a detached run named {run_id!r} exists already: give --run-id another name, or follow it "
+                          f"with %distributed_attach {run_id}") from None
 
 
 class _LiveHistory(RunObserver):

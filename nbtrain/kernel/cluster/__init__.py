@@ -26,6 +26,7 @@ from ..ranks.spec import PoolSpec
 from .emulated import EmulatedNodes, check_loopback
 from .group import NodePool
 from .hub import Hub
+from .recorded import RecordedGroup
 from .slurm import SlurmNodes
 from .ssh import SshNodes, loopback
 
@@ -60,6 +61,8 @@ class Cluster:
     def make_pool(self, spec: PoolSpec) -> RankGroup:
         if spec.nodes is None:
             return LocalPool(spec)
+        if spec.nodes.recorded:  # %distributed_attach: the run's record, read back
+            return RecordedGroup(spec)
         if spec.nodes.detached:  # a hub of the run's own: no other cell's pool is given its agent
             return NodePool(spec, Hub(spec.nodes.rdzv_host))
         return NodePool(spec, self.hub(spec.nodes.rdzv_host), ssh=self.ssh, slurm=self.slurm)

@@ -22,11 +22,11 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from ...wire import protocol as P
-from ...wire.runfolder import EventKind, RecordedState, RunSummary, read_events, read_manifest
+from ...wire.runfolder import EventKind, RecordedState, RunFolderError, read_events, read_manifest
 from ..diagnostics.failures import RankFailure, rank_failure
 from ..ranks.rank_events import Exited, Message, Output
 from ..ranks.rankgroup import GroupState
-from ..ranks.spec import NodesSpec, PoolSpec
+from ..ranks.spec import PoolSpec
 from ..ranks.zygote_handle import ZygoteHandle
 from .detached_stop import NotTheRunsAgent, stop_run
 
@@ -34,11 +34,14 @@ POLL_S = 0.1  # a live run's log is read again this often while the run's loop w
 
 
 class RecordedGroup(GroupState):
-    """The ranks of detached run ``summary``, read back (see the module docstring)."""
+    """The ranks of the detached run ``spec.nodes.detached``, read back (see the module docstring)."""
 
-    def __init__(self, spec: PoolSpec, summary: RunSummary) -> None:
-        where = NodesSpec(1, summary.nprocs, "127.0.0.1", detached=summary.run_id)
-        super().__init__(replace(spec, nprocs=summary.nprocs, nodes=where))
+    def __init__(self, spec: PoolSpec) -> None:
+        assert spec.nodes is not None and spec.nodes.recorded, "a recorded group follows a detached run's record"
+        summary = read_manifest(spec.nodes.detached)
+        if summary is None:
+            raise RunFolderError(f"there is no detached run {spec.nodes.detached!r} of yours to attach to")
+        super().__init__(replace(spec, nprocs=summary.nprocs, nodes=replace(spec.nodes, nproc_per_node=summary.nprocs)))
         self.summary = summary
         self.run_id = summary.run_id
         self._offset = 0

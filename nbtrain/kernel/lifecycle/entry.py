@@ -36,7 +36,7 @@ from ..observers.runlog import RunEnd
 from ..observers.trackers import trackers_for
 from ..relay.output import write_to_std_stream
 from ..request.cell import CellInfo, CellSyntaxError, analyse_cell, names_to_send
-from ..request.config import DEFAULT_KEEP_ALIVE_S, ConfigError, LaunchConfig, LaunchRequest, resolve
+from ..request.config import DEFAULT_KEEP_ALIVE_S, ConfigError, LaunchConfig, LaunchRequest, attached, resolve
 from ..request.inputs import PayloadError, pack_inputs
 from ..request.mistakes import UserInputError
 from ..request.notebook_modules import WorkdirGone, notebook_workdir
@@ -60,6 +60,7 @@ class RunOptions:
     observers: tuple[RunObserver, ...] = ()
     outcome: RunOutcome = field(default_factory=RunOutcome)  # receives what was logged, however the run ends
     stop: threading.Event | None = None  # set from another thread, it stops the run as the stop button does
+    attach: str = ""  # %distributed_attach: follow this detached run (its ranks run already) instead of starting ranks
 
     @classmethod
     def of(cls, options: dict[str, Any]) -> RunOptions:
@@ -84,6 +85,8 @@ def run_source(source: str, request: LaunchRequest, namespace: dict, **options: 
     given = RunOptions.of(options)
     manager, write, observers, outcome = given.manager, given.write, given.observers, given.outcome
     config = resolve(request)
+    if given.attach:
+        config = attached(config, given.attach)
     info = analyse_cell(source, given.line_offset)
     started = time.time()
     state: RunState | None = RunState.FAILED

@@ -43,7 +43,8 @@ class GpusNotFree(UserInputError):
 def wants_lease(spec: PoolSpec) -> bool:
     """Whether ``spec``'s ranks use GPUs of this machine (a pool of joined nodes leases nothing here; a detached
     run's agent is on this machine)."""
-    return (spec.nodes is None or bool(spec.nodes.detached)) and bool(spec.gpu_ids or spec.gpu_count)
+    local = spec.nodes is None or (bool(spec.nodes.detached) and not spec.nodes.recorded)  # attached: the agent's
+    return local and bool(spec.gpu_ids or spec.gpu_count)
 
 
 def _lease_info() -> leases.LeaseInfo:

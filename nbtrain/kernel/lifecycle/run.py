@@ -37,8 +37,6 @@ from ...wire import protocol as P
 from ...wire.payload import Inputs, Results, reason, unpack_results
 from ...wire.shm import new_result_prefix, sweep_prefix
 from ...common.words import count
-from ...wire.runfolder import RunFolderError, read_manifest
-from ..cluster.recorded import RecordedGroup
 from ..diagnostics.failures import CellPlace, RankFailedError, RankFailure, StopAccount, order_failures
 from ..diagnostics.mismatch import MismatchWatcher
 from ..diagnostics.stacks import whereabouts
@@ -359,15 +357,14 @@ def run_cell(cell: CellRun, inputs: Inputs) -> RunResult:
 
 def _run_and_bring_back(cell: CellRun, inputs: Inputs, result_prefix: str, started: float) -> RunResult:
     write = cell.write
-    if not cell.config.attach:  # an attached run's GPUs are its agent's
-        leased = cell.manager.lease_gpus(cell.config, lambda text: write("stdout", text))  # may wait in the GPU queue
-        cell = replace(cell, config=replace(cell.config, pool=leased))
+    leased = cell.manager.lease_gpus(cell.config, lambda text: write("stdout", text))  # may wait in the GPU queue
+    cell = replace(cell, config=replace(cell.config, pool=leased))
     observers = FanOut(cell.observers)
     ending = (RunState.FAILED, "nbtrain failed before the run ended")
     with stop_button(cell.stop) as button:  # held until the end is announced: a press while the final picture is drawn is
         try:  # only noted (run_finished is announced here alone, exactly once, however the run ends)
             with button.deferred():  # a press while the group starts is acted on by the run's loop
-                acquired = _acquire(cell)
+                acquired = cell.manager.acquire(cell.config, cell.config.workdir or notebook_workdir())
             run = _Run(cell, acquired, _job(cell, acquired.pool, inputs, result_prefix), inputs, observers)
             result = _drive(run, acquired, button, started)
             ending = (RunState.FINISHED, f"{count('rank', len(result.devices))} finished in {result.seconds:.1f} s")
@@ -384,18 +381,6 @@ def _run_and_bring_back(cell: CellRun, inputs: Inputs, result_prefix: str, start
         finally:
             with button.deferred():
                 observers.notify("run_finished", *ending)
-
-
-def _acquire(cell: CellRun) -> Acquired:
-    """The run's started group: the pool manager's, or, attaching (``%distributed_attach``), a detached run's ranks
-    read from its folder (:class:`~nbtrain.kernel.cluster.recorded.RecordedGroup`)."""
-    config = cell.config
-    if not config.attach:
-        return cell.manager.acquire(config, config.workdir or notebook_workdir())
-    summary = read_manifest(config.attach)
-    if summary is None:
-        raise RunFolderError(f"there is no detached run {config.attach!r} of yours to attach to")
-    return Acquired(RecordedGroup(config.pool, summary), False, asked_at=summary.started)
 
 
 def _job(cell: CellRun, pool: RankGroup, inputs: Inputs, result_prefix: str) -> P.Job:

@@ -27,6 +27,7 @@ class NodesSpec:
     preemption_url: str = ""  # --preemption-url: what the agents nbtrain starts poll for a spot reclaim
     last_call_s: float = field(default=0.0, compare=False)  # elastic: the wait for more nodes once MIN joined
     detached: str = ""  # --detach: the run id of a run on this machine under an agent of its own (node.detached)
+    recorded: bool = False  # %distributed_attach: follow that run's record (kernel.cluster.recorded); start nothing
 
 
 @dataclass(frozen=True)

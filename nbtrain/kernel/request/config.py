@@ -30,7 +30,7 @@ from .mistakes import UserInputError
 from .notebook_modules import Workdir, WorkdirGone, notebook_workdir
 from ...wire.agent_options import AgentOptions, PreemptionURLError, check_url
 from ...wire.options import OptionEnvError, option, with_env_fallbacks
-from ...wire.runfolder import new_run_id
+from ...wire.runfolder import RunFolderError, check_run_id, new_run_id
 
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_START_TIMEOUT_S = 180.0
@@ -74,6 +74,9 @@ class LaunchRequest(TrainOptions, AgentOptions):
     start_timeout: float | None = option(
         None, "--start-timeout", "seconds the ranks may take to start and join the process group (default 180)",
         group="placement", type=float, metavar="SECONDS", env="NBTRAIN_START_TIMEOUT")
+    run_id: str | None = option(None, "--run-id", "with --detach: the run's name, for %%distributed_attach NAME "
+                                "(letters, digits, '_', '-', '.'; default: the date and time and a random suffix)",
+                                group="placement", metavar="NAME")
     detach: bool = option(False, "--detach", "the run outlives the kernel: its ranks run under an agent of their own "
                           "on this machine, recorded as they go; %%distributed_attach follows it from any kernel "
                           "(implies --background)", group="placement", switch=True)
@@ -144,8 +147,6 @@ class LaunchRequest(TrainOptions, AgentOptions):
         None, "--price-per-gpu-hour", "the price of one GPU for an hour (of one core on the CPU): the run's "
         "GPU-hours and cost are shown in the summary, the dashboard and nbtrain.runs()", group="tracking",
         type=float, metavar="PRICE", env="NBTRAIN_PRICE_PER_GPU_HOUR")
-    run_id: str = ""  # --detach: the run's id, chosen once by the caller that records the run (not an option)
-    attach: str = ""  # %distributed_attach: the detached run this cell follows instead of starting ranks (not an option)
 
 
 @dataclass(frozen=True)
@@ -393,7 +394,9 @@ def resolve(request: LaunchRequest) -> LaunchConfig:
             f"({', '.join(str(g.index) for g in gpus)}) can be used. Run {count('rank', len(gpus))}, or use --backend gloo."
         )
     pool = _pool_spec(request, backend, nprocs=nprocs, device_type="cuda" if gpus else "cpu", gpu_ids=leased)
-    return _finish(request, _detach(request, pool) if request.detach else pool, output, workdir, notes)
+    if request.detach:
+        pool = _detach(request, pool)
+    return _finish(request, pool, output, workdir, notes)
 
 
 def _detach(request: LaunchRequest, pool: PoolSpec) -> PoolSpec:
@@ -409,8 +412,18 @@ def _detach(request: LaunchRequest, pool: PoolSpec) -> PoolSpec:
     env = pool.env
     if pool.device_type == "cuda":
         env = (*env, ("CUDA_VISIBLE_DEVICES", ",".join(map(str, pool.gpu_ids))))
-    where = NodesSpec(1, pool.nprocs, "127.0.0.1", detached=request.run_id or new_run_id())
-    return replace(pool, env=env, nodes=where)
+    try:
+        run_id = check_run_id(request.run_id) if request.run_id else new_run_id()
+    except RunFolderError as exc:
+        raise ConfigError(f"--run-id: {exc}") from None
+    return replace(pool, env=env, nodes=NodesSpec(1, pool.nprocs, "127.0.0.1", detached=run_id))
+
+
+def attached(config: LaunchConfig, run_id: str) -> LaunchConfig:
+    """``%distributed_attach``: the cell's own options, its ranks those of detached run ``run_id``, followed through
+    the run's record instead of started (:mod:`nbtrain.kernel.cluster.recorded`)."""
+    where = NodesSpec(1, config.pool.nprocs, "127.0.0.1", detached=check_run_id(run_id), recorded=True)
+    return replace(config, pool=replace(config.pool, nodes=where), keep_alive_s=0.0, attach=run_id)
 
 
 def _gpu_wait(request: LaunchRequest) -> float | None:
@@ -453,8 +466,8 @@ def _finish(request: LaunchRequest, pool: PoolSpec, output: str, workdir: Workdi
     keep_alive = _default_keep_alive() if request.keep_alive is None else float(request.keep_alive)
     if pool.nodes is not None and pool.nodes.detached:
         keep_alive = 0.0  # a detached run's agent and ranks end with the run
-    if request.attach:
-        keep_alive = 0.0  # nothing of this kernel's runs: the attached run's ranks are its agent's
+    elif request.run_id is not None:
+        raise ConfigError("--run-id names a detached run: give --detach too, or leave --run-id out.")
     if keep_alive < 0:
         raise ConfigError(f"--keep-alive must be 0 or more seconds (got {request.keep_alive}).")
     try:
@@ -499,5 +512,4 @@ def _finish(request: LaunchRequest, pool: PoolSpec, output: str, workdir: Workdi
     return LaunchConfig(pool, _parse_names(request.out), output, keep_alive, request.fresh,
                         start_timeout_s=start_timeout, notes=tuple(notes), train=train, workdir=workdir,
                         tensorboard=tensorboard, tracks=tracks, session=session, price_per_hour=price,
-                        spawn=request.spawn, preemption_grace_s=grace, gpu_wait_s=_gpu_wait(request),
-                        attach=request.attach)
+                        spawn=request.spawn, preemption_grace_s=grace, gpu_wait_s=_gpu_wait(request))
