@@ -74,11 +74,11 @@ class LaunchRequest(TrainOptions, AgentOptions):
     start_timeout: float | None = option(
         None, "--start-timeout", "seconds the ranks may take to start and join the process group (default 180)",
         group="placement", type=float, metavar="SECONDS", env="NBTRAIN_START_TIMEOUT")
-    run_id: str | None = option(None, "--run-id", "with --detach: the run's name, for %%distributed_attach NAME "
+    run_id: str | None = option(None, "--run-id", "with --detach: the run's name, to attach to it by that name "
                                 "(letters, digits, '_', '-', '.'; default: the date and time and a random suffix)",
                                 group="placement", metavar="NAME")
     detach: bool = option(False, "--detach", "the run outlives the kernel: its ranks run under an agent of their own "
-                          "on this machine, recorded as they go; %%distributed_attach follows it from any kernel "
+                          "on this machine, recorded as they go, and any kernel of yours can attach to it "
                           "(implies --background)", group="placement", switch=True)
     nodes: str | None = option(None, "--nodes", "run on N machines: nodes join with the command the cell prints "
                                "(python -m nbtrain.node); the number of ranks is N × --nproc-per-node. MIN:MAX is "
