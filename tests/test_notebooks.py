@@ -187,3 +187,33 @@ def test_sharded_finetune_trains_sharded_resumes_on_one_rank_and_comes_back(tmp_
     losses = [float(v) for v in re.findall(r"epoch \d: loss (\d+\.\d+)", text)]
     assert losses[-1] < losses[0], losses
     assert "the untrained big model: loss" in text and "uninitialised" not in text
+
+
+RESTART_HERE = "## Restart the kernel now"
+
+
+def test_detached_trains_through_a_kernel_restart_and_attaches_from_the_new_kernel(tmp_path, monkeypatch):
+    """The notebook in two kernels, as its reader runs it: the part before the restart, then the rest."""
+    from nbtrain.wire import runfolder
+
+    monkeypatch.setenv("NBTRAIN_RUNS_DIR", str(tmp_path / "runs"))  # the kernels, and the run's agent, inherit it
+    nb = nbformat.read(os.path.join(ROOT, "notebooks", "detached.ipynb"), as_version=4)
+    apply_parameters(nb, {"STEPS": "300"})
+    cut = next(i for i, cell in enumerate(nb.cells) if cell.source.startswith(RESTART_HERE))
+    parameters = [cell for cell in nb.cells if "parameters" in cell.metadata.get("tags", [])]
+    before, after = nb.copy(), nb.copy()
+    before.cells, after.cells = nb.cells[:cut], parameters + nb.cells[cut:]
+    options = {"timeout": 300, "kernel_name": "python3",
+               "resources": {"metadata": {"path": os.path.join(ROOT, "notebooks")}}}
+    NotebookClient(before, **options).execute()  # its kernel shuts down at the end: the restart
+    started = "\n".join(cell_text(c) for c in before.cells)
+    run_id = re.search(r"detached run (\S+): it goes on", started).group(1)
+    assert runfolder.read_manifest(run_id).state is runfolder.RecordedState.RUNNING  # the kernel is gone, not the run
+
+    NotebookClient(after, **options).execute()
+    text = "\n".join(cell_text(c) for c in after.cells)
+    assert f"detached run {run_id} is running" in text
+    assert f"attached to detached run {run_id}" in text and "step 0: loss" in text
+    assert "back in the notebook: model, final_loss, checksum" in text
+    assert "300 logged steps" in text and "the model that came back is the one the ranks held: True" in text
+    assert runfolder.read_manifest(run_id).state is runfolder.RecordedState.FINISHED

@@ -36,6 +36,8 @@ from .local_ranks import LocalRanks
 FAILURE_GRACE_S = 0.5  # the other ranks' chance to report the same error before they are stopped
 SHUTDOWN_WAIT_S = 10.0  # ranks told to shut down after the cell exit within this, or are stopped
 LOOP_S = 0.05
+START_WAIT_S = 180.0  # a kernel gone while the ranks start: how long the agent waits for them (the cell's default
+# --start-timeout)
 
 
 class DetachedRecorder:
@@ -49,6 +51,8 @@ class DetachedRecorder:
         self.failed_at: float | None = None  # when the first rank failed (an exception, or an exit before Done)
         self.prompts: list[tuple[int, int]] = []  # (rank, seq) of input() calls no kernel will answer
         self.interrupts = 0  # SIGINTs to the agent: the stop button of an attached kernel
+        self.ranks_started = False  # torch elastic's agent started the ranks (RanksStarted)
+        self.start_failed = ""  # why it could not (NodeError)
         self.stopped = False  # a stop asked (SIGINT, or the kernel's Interrupt) before any rank failed
         self._closed = False
 
@@ -68,6 +72,9 @@ class DetachedRecorder:
                 self.failed_at = time.monotonic()
         elif isinstance(message, N.RanksStarted):
             self.folder.started({rank: pid for rank, (_local, pid) in message.ranks.items()})
+            self.ranks_started = True
+        elif isinstance(message, N.NodeError):
+            self.start_failed = message.text
 
     def _read(self, rank: int, said) -> None:
         if isinstance(said, P.Done):
@@ -80,6 +87,10 @@ class DetachedRecorder:
                 self.folder.step(max(steps))
         elif isinstance(said, P.InputRequest):
             self.prompts.append((rank, said.seq))
+
+    def under_way(self, ranks: LocalRanks) -> bool:
+        """The run still needs the agent: its ranks run, or are being started."""
+        return ranks.running() or not (self.ranks_started or self.start_failed)
 
     def finished(self) -> bool:
         return len(self.done) == self.nprocs
@@ -145,7 +156,10 @@ class Outbox:
 def run_alone(ranks: LocalRanks, recorder: DetachedRecorder) -> str:
     """The kernel is gone and the ranks run: see the run to its end here (see the module docstring)."""
     say("the kernel left: the detached run goes on; its record is in " + recorder.folder.path)
-    acted, asked_to_end, stopping = recorder.interrupts, 0.0, False
+    acted = _await_start(ranks, recorder)
+    if not recorder.ranks_started:
+        return f"the detached run's ranks did not start: {recorder.start_failed or 'stopped while starting'}"
+    asked_to_end, stopping = 0.0, False
     while not ranks.idle.wait(LOOP_S):
         acted = recorder.act_on_interrupts(ranks, acted)
         for rank, seq in recorder.prompts:
@@ -166,3 +180,12 @@ def run_alone(ranks: LocalRanks, recorder: DetachedRecorder) -> str:
             ranks.stop()
             stopping = True
     return f"the detached run ended ({recorder.outcome().value})"
+
+
+def _await_start(ranks: LocalRanks, recorder: DetachedRecorder) -> int:
+    """Until torch elastic's agent has started the ranks (the kernel may go right after the cell), it failed, or
+    :data:`START_WAIT_S` passed; a SIGINT meanwhile ends the wait. Returns the SIGINTs acted on."""
+    deadline = time.monotonic() + START_WAIT_S
+    while not (recorder.ranks_started or recorder.start_failed or recorder.interrupts) and time.monotonic() < deadline:
+        time.sleep(LOOP_S)
+    return recorder.act_on_interrupts(ranks, 0) if recorder.ranks_started else recorder.interrupts

@@ -154,7 +154,7 @@ def serve(link: Link, name: str, address: str | None, notices: Notices | None = 
     threading.Thread(target=_heartbeats, args=(link, beat), name="nbtrain-node-heartbeat", daemon=True).start()
     try:
         why = _serve_kernel(link, ranks, outbox, address, notices)
-        if outbox.recorder is not None and ranks.running():
+        if outbox.recorder is not None and outbox.recorder.under_way(ranks):
             say(f"{why}")
             why = run_alone(ranks, outbox.recorder)
         return why
@@ -193,6 +193,8 @@ def _serve_kernel(link: Link, ranks: LocalRanks, outbox: Outbox, address: str | 
             message = outbox.record(message)
         elif isinstance(message, N.Interrupt) and outbox.recorder is not None:
             outbox.recorder.stop_asked()
+        elif isinstance(message, N.Deliver) and outbox.recorder is not None:
+            outbox.recorder.folder.delivered()
         _handle(message, ranks, link, address, outbox.send)
 
 

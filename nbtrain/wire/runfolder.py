@@ -72,6 +72,7 @@ class RunSummary:
     nprocs: int
     step: int | None
     ended: float | None = None
+    delivered: bool = False  # the cell has reached the agent: a kernel that exits now leaves the run going
 
 
 def runs_directory() -> str:
@@ -147,6 +148,11 @@ class RunFolder:
 
     def started(self, pids: dict[int, int]) -> None:
         self._append(EventKind.STARTED, ranks={str(rank): pid for rank, pid in pids.items()})
+
+    def delivered(self) -> None:
+        """The cell has reached the agent: from now on the run needs no kernel."""
+        self.manifest["delivered"] = True
+        self._write_manifest()
 
     def step(self, step: int) -> None:
         """Rank 0 logged ``step``: the manifest's last step (what a table of runs shows)."""
@@ -257,7 +263,7 @@ def _summary(manifest) -> RunSummary | None:
         return RunSummary(run_id=check_run_id(manifest["run_id"]), state=RecordedState(manifest["state"]),
                           started=float(manifest["started"]), agent_pid=int(manifest["agent_pid"]),
                           nprocs=int(manifest["nprocs"]), step=None if step is None else int(step),
-                          ended=None if ended is None else float(ended))
+                          ended=None if ended is None else float(ended), delivered=manifest.get("delivered") is True)
     except (KeyError, TypeError, ValueError, RunFolderError):
         return None
 

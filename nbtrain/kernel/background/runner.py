@@ -14,6 +14,7 @@ warm ranks that the next cell of the session uses, which a background run's own 
 
 from __future__ import annotations
 
+import atexit
 import contextvars
 import os
 import sys
@@ -28,9 +29,12 @@ from ..observers.events import RunObserver, RunState
 from ..observers.history import RunOutcome
 from ..request.cell import analyse_cell, names_to_return
 from ..request.config import ConfigError, LaunchRequest, resolve
-from ...wire.runfolder import new_run_id, reserve
+from ...wire.runfolder import RecordedState, new_run_id, read_manifest, reserve
 from .arrivals import Arrivals
 from .handle import BackgroundRun
+
+
+HAND_OVER_S = 60.0  # the kernel's exit waits at most this long for detached runs' agents to get their cells
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,7 @@ class BackgroundRuns:
         self.arrivals = Arrivals(shell)
         self.count = 0
         self._gpus: dict[int, tuple[int, ...]] = {}  # a running background run -> the GPUs it uses
+        self._handing_over: list[str] = []  # detached runs started here: the kernel's exit waits for their cells to go
 
     def start(self, cell: BackgroundCell) -> BackgroundRun:
         """Check the cell (a mistake raises before anything starts), then run it in a thread; its handle."""
@@ -69,6 +74,9 @@ class BackgroundRuns:
         self._check_gpus(config.pool.gpu_ids)
         if cell.request.detach:
             _reserve(cell, config)
+            self._handing_over.append(cell.request.run_id or "")
+            if len(self._handing_over) == 1:
+                atexit.register(self._hand_over)
         self.count += 1
         run = BackgroundRun(self.count, cell.source, tuple(names_to_return(info, config.out_names)),
                             deliver=self.arrivals.deliver, detached=cell.attach or cell.request.run_id or "")
@@ -80,6 +88,18 @@ class BackgroundRuns:
                                   name=f"nbtrain-background-{run.number}", daemon=True)
         thread.start()
         return run
+
+    def _hand_over(self) -> None:
+        """At the kernel's exit (a restart): a detached run whose agent has not got its cell yet gets it first — a
+        restart right after the cell would otherwise take the run with it."""
+        deadline = time.monotonic() + HAND_OVER_S
+        for run_id in self._handing_over:
+            said = False
+            while time.monotonic() < deadline and not _has_its_cell(run_id):
+                if not said:
+                    print(f"nbtrain: detached run {run_id} gets its cell before the kernel exits", flush=True)
+                    said = True
+                time.sleep(0.1)
 
     def _check_gpus(self, gpu_ids) -> None:
         for number, theirs in self._gpus.items():
@@ -115,6 +135,11 @@ class BackgroundRuns:
         finally:
             self._gpus.pop(run.number, None)
             manager.shutdown()
+
+
+def _has_its_cell(run_id: str) -> bool:
+    summary = read_manifest(run_id)
+    return summary is not None and (summary.delivered or summary.state is not RecordedState.RUNNING)
 
 
 def _reserve(cell: BackgroundCell, config) -> None:
