@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 import time
 import uuid
 
@@ -50,6 +51,8 @@ def pytest_runtest_call(item):
 
 # Ranks (and kernels started by tests) inherit this, so a check only sees this test run's processes.
 os.environ.setdefault(SESSION_VARIABLE, uuid.uuid4().hex)
+# Detached runs' folders of this test run (kernels and agents inherit it): never the user's own runs directory
+os.environ.setdefault("NBTRAIN_RUNS_DIR", tempfile.mkdtemp(prefix="nbtrain-test-runs-"))
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,6 @@ the run gets no signal."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
 import subprocess
 import sys
@@ -15,10 +14,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+from helpers.agents import start_waiting_agent
 from helpers.attacker import attacker, attacker_python, needs_root
 
 from nbtrain.kernel.cluster.detached_stop import NotTheRunsAgent, runs_agent, stop_run
-from nbtrain.wire.link import JoinToken
 from nbtrain.wire.runfolder import RecordedState, RunSummary
 
 pytestmark = pytest.mark.timeout(120)
@@ -29,17 +28,6 @@ def _run(pid: int) -> RunSummary:
                       nprocs=2, step=3)
 
 
-def _agent() -> subprocess.Popen:
-    """A real node agent, trying to join a kernel that is not there yet (it keeps trying)."""
-    token = JoinToken("127.0.0.1", 1, "pool", "00" * 32, "00" * 32, time.time() + 600).encode()
-    agent = subprocess.Popen([sys.executable, "-m", "nbtrain.node", "--join", "127.0.0.1:1", "--token", "-",
-                              "--start-timeout", "60"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, text=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
-    agent.stdin.write(token + "\n")
-    agent.stdin.flush()
-    return agent
-
-
 def _alive(process: subprocess.Popen) -> bool:
     time.sleep(0.5)
     return process.poll() is None
@@ -47,7 +35,7 @@ def _alive(process: subprocess.Popen) -> bool:
 
 def test_the_runs_own_agent_is_stopped_and_a_process_of_ours_that_is_no_agent_is_not_signalled():
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    agent = _agent()
+    agent = start_waiting_agent()
     try:
         with pytest.raises(NotTheRunsAgent, match="is not a node agent"):
             stop_run(_run(other.pid))

@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import tempfile
 from pathlib import Path
 
 import pytest
 from helpers import fake_nvml
+from helpers.agents import waiting_agent
 from helpers.serverhelp import ENDLESS_RUN, fetch_json, open_notebook_kernel, wait_for
 from helpers.tsinterfaces import literals, mismatches, parse_interfaces
 
@@ -24,13 +26,14 @@ from pytest_jupyter.jupyter_server import *  # noqa: F403
 from tornado.httpclient import HTTPClientError
 
 from nbtrain.server.handlers import ROUTES
+from nbtrain.wire.runfolder import RunFolder, reserve
 
 pytestmark = pytest.mark.usefixtures("no_leftover_workers")
 
 LABEXTENSION = Path(__file__).resolve().parent.parent / "labextension"
 # Each route's successful answer, by the interface in types.ts that describes it.
 REPLIES = {"gpus": "IMachine", "runs": "IRunsReply", "processes": "IProcessesReply", "stop": "IStopReply",
-           "leases/release": "IReleaseReply"}
+           "leases/release": "IReleaseReply", "detached/stop": "IDetachedStopReply"}
 
 
 @pytest.fixture
@@ -85,9 +88,26 @@ async def _answers_of_a_real_run(jp_fetch, jp_serverapp) -> list[tuple[str, str,
         # A GPU nobody leases: refused (the browser test gives one back: tests/test_shared_server_lab_browser.py)
         answers.append(("leases/release (refused, 404)", "IErrorReply",
                         await _refusal(jp_fetch, {"gpu": 7}, "leases/release")))
+        answers += await _detached_answers(jp_fetch)
     finally:
         kernel.close()
     return answers
+
+
+async def _detached_answers(jp_fetch) -> list[tuple[str, str, object]]:
+    """A detached run of this user's (its folder, and a real agent as /proc shows it): listed, then stopped."""
+    with tempfile.TemporaryDirectory() as runs, pytest.MonkeyPatch.context() as patch, waiting_agent() as agent:
+        patch.setenv("NBTRAIN_RUNS_DIR", runs)
+        reserve("train-2", {"notebook": "train.ipynb"})
+        RunFolder("train-2", nprocs=2, agent_pid=agent.pid).step(3)
+        listed = (await fetch_json(jp_fetch, "nbtrain", "runs"))[1]
+        assert listed["detached"], listed
+        code, stopped = await fetch_json(jp_fetch, "nbtrain", "detached", "stop", method="POST",
+                                         body=json.dumps({"run_id": "train-2"}))
+        assert code == 202
+        refused = await _refusal(jp_fetch, {"run_id": "gone"}, "detached/stop")
+    return [("runs (detached)", "IRunsReply", listed), ("detached/stop", "IDetachedStopReply", stopped),
+            ("detached/stop (refused, 404)", "IErrorReply", refused)]
 
 
 def test_a_node_runs_answer_lists_its_nodes_as_types_ts_declares(jp_fetch, jp_serverapp, jp_asyncio_loop):
@@ -165,3 +185,6 @@ def test_run_and_node_states_have_the_same_names_in_python_and_types_ts():
     shapes = interfaces()
     assert literals(shapes, "RunState") == {state.value for state in RunState}
     assert literals(shapes, "NodeState") == {state.value for state in NodeState}
+    from nbtrain.wire.runfolder import RecordedState
+
+    assert literals(shapes, "DetachedState") == {state.value for state in RecordedState}

@@ -51,7 +51,7 @@ async def _every_route_needs_authentication(jp_fetch):
     # jp_fetch puts every path under pytest-jupyter's non-root base_url, so this also checks that each
     # route is joined to it.
     no_token = {"Authorization": ""}
-    assert set(ROUTES) == {"gpus", "runs", "processes", "stop", "leases/release"}
+    assert set(ROUTES) == {"gpus", "runs", "processes", "stop", "leases/release", "detached/stop"}
     for route, handler in ROUTES.items():
         if "post" in vars(handler):
             code, _ = await _refused(jp_fetch, "nbtrain", *route.split("/"), method="POST",
@@ -163,7 +163,7 @@ async def _refusals_before_any_run(jp_fetch, jp_serverapp, kernel_id):
               "updated": time.time()}
     with open(os.path.join(service.runs_directory, "kernel-forged.json"), "w") as fh:
         json.dump(forged, fh)
-    assert (await fetch_json(jp_fetch, "nbtrain", "runs"))[1] == {"runs": []}
+    assert (await fetch_json(jp_fetch, "nbtrain", "runs"))[1]["runs"] == []
     code, _ = await _refused(jp_fetch, "nbtrain", "stop", method="POST", body=json.dumps({"kernel_id": kernel_id}))
     assert code == 404
 
@@ -226,3 +226,35 @@ async def _background_run_listed(jp_fetch, jp_serverapp):
         assert [(r["background"], r["state"]) for r in body["runs"]] == [(1, "interrupted")]
     finally:
         kernel.close()
+
+
+def test_detached_runs_are_listed_and_stopped_through_their_own_agent(jp_fetch, tmp_path, monkeypatch, jp_asyncio_loop):
+    monkeypatch.setenv("NBTRAIN_RUNS_DIR", str(tmp_path / "runs"))
+    jp_asyncio_loop.run_until_complete(_detached_listed_and_stopped(jp_fetch))
+
+
+async def _detached_listed_and_stopped(jp_fetch):
+    from helpers.agents import waiting_agent
+
+    from nbtrain.wire.runfolder import RecordedState, RunFolder, reserve
+
+    with waiting_agent() as agent:  # a real node agent: the run's, as /proc shows it
+        reserve("train-1", {"line": "2 --detach", "source": "pass", "notebook": "work/train.ipynb"})
+        running = RunFolder("train-1", nprocs=2, agent_pid=agent.pid)
+        running.step(41)
+        ended = RunFolder("old-1", nprocs=4, agent_pid=agent.pid)
+        ended.finish(RecordedState.FINISHED)
+        _, listed = await fetch_json(jp_fetch, "nbtrain", "runs")
+        rows = {row["run_id"]: row for row in listed["detached"]}
+        assert rows["train-1"]["active"] and rows["train-1"]["step"] == 41 and rows["train-1"]["nprocs"] == 2
+        assert rows["train-1"]["notebook"] == "work/train.ipynb"
+        assert rows["train-1"]["attach"] == "%distributed_attach train-1"
+        assert rows["old-1"]["state"] == "finished" and not rows["old-1"]["active"]
+        for body, status in ((json.dumps({"run_id": "../x"}), 400), (json.dumps({"run_id": "nope"}), 404),
+                             (json.dumps({"run_id": "old-1"}), 409)):
+            code, refused = await _refused(jp_fetch, "nbtrain", "detached", "stop", method="POST", body=body)
+            assert code == status and refused["message"], body
+        assert agent.poll() is None  # none of those reached it
+        code = (await jp_fetch("nbtrain", "detached", "stop", method="POST", body=json.dumps({"run_id": "train-1"}))).code
+        assert code == 202
+        agent.wait(30)  # the run's agent ended on the signal (a TimeoutExpired fails the test)

@@ -11,7 +11,7 @@ import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { requestAPI } from './request';
-import { IMachine, IProcess, IProcessesReply, IRun, IRunsReply } from './types';
+import { IDetachedRun, IMachine, IProcess, IProcessesReply, IRun, IRunsReply } from './types';
 
 /** One series per device: GPU utilisation and memory use, or CPU load and RAM use (percent). */
 export interface ISeries {
@@ -45,6 +45,11 @@ export class NbtrainModel {
 
   get runs(): IRun[] {
     return this._runs;
+  }
+
+  /** This user's --detach runs on this machine, newest first. */
+  get detached(): IDetachedRun[] {
+    return this._detached;
   }
 
   get processes(): IProcess[] {
@@ -98,7 +103,8 @@ export class NbtrainModel {
 
   /** Fast while a kernel is busy or a run is active, else the setting's interval. */
   private _pace(): void {
-    const running = this._busyKernels.size > 0 || this._runs.some(run => run.active);
+    const running =
+      this._busyKernels.size > 0 || this._runs.some(run => run.active) || this._detached.some(run => run.active);
     this._poll.frequency = this._frequency(running ? Math.min(ACTIVE_INTERVAL_SECONDS, this._idleSeconds) : this._idleSeconds);
   }
 
@@ -116,6 +122,7 @@ export class NbtrainModel {
       ]);
       this._machine = machine;
       this._runs = runs.runs;
+      this._detached = runs.detached;
       this._processes = processes.processes;
       this._error = null;
       this._record(machine);
@@ -161,4 +168,5 @@ export class NbtrainModel {
   private _poll: Poll;
   private _processes: IProcess[] = [];
   private _runs: IRun[] = [];
+  private _detached: IDetachedRun[] = [];
 }

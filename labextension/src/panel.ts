@@ -1,12 +1,13 @@
 /**
- * The nbtrain sidebar: each GPU's load and memory history, the training runs with a stop button, and the
- * GPU processes grouped by the notebook they belong to.
+ * The nbtrain sidebar: each GPU's load and memory history, the training runs with a stop button, this user's
+ * detached runs, and the GPU processes grouped by the notebook they belong to.
  *
  * Its nodes are made once; every poll updates them in place (see dom.ts for why). Each section is its own
- * view: devices.ts, runs.ts, processes.ts.
+ * view: devices.ts, runs.ts, detached.ts, processes.ts.
  */
 import { Widget } from '@lumino/widgets';
 
+import { DetachedView } from './detached';
 import { DevicesView } from './devices';
 import { el, setShown, setText } from './dom';
 import { NbtrainModel } from './model';
@@ -32,12 +33,14 @@ export class NbtrainPanel extends Widget {
     const open = (path: string) => actions.open(path);
     this._devices = new DevicesView(_model);
     this._runs = new RunsView(_model, open);
+    this._detached = new DetachedView(_model, open);
     this._processes = new ProcessesView(_model, open);
     this.node.append(
       el('h2', 'nbtrain-Panel-title', 'nbtrain'),
       this._error,
       this._devices.node,
       this._runs.node,
+      this._detached.node,
       this._processes.node
     );
     this._model.changed.connect(this._update, this);
@@ -55,11 +58,13 @@ export class NbtrainPanel extends Widget {
     setText(this._error, error === null ? '' : `Server not answering: ${error}`);
     this._devices.update();
     this._runs.update();
+    this._detached.update();
     this._processes.update();
   }
 
   private _error = el('div', 'nbtrain-Error');
   private _devices: DevicesView;
   private _runs: RunsView;
+  private _detached: DetachedView;
   private _processes: ProcessesView;
 }

@@ -86,6 +86,9 @@ export type RunState = 'starting' | 'running' | 'finished' | 'failed' | 'interru
 /** A joined node's state: nbtrain.kernel.cluster.hub.NodeState's values (leaving: preempted, told to go), or lost. */
 export type NodeState = 'idle' | 'running' | 'leaving' | 'lost';
 
+/** A detached run's state: nbtrain.wire.runfolder.RecordedState's values (checked as RunState's are). */
+export type DetachedState = 'running' | 'finished' | 'failed' | 'stopped';
+
 /** A machine of a `--nodes` run: what its heartbeats say (telemetry null before the first one). */
 export interface INode {
   name: string;
@@ -137,9 +140,31 @@ export interface IProcess {
   rank: number | null;
 }
 
+/** A --detach run of this user's on this machine, read from its folder (it may have outlived its kernel). */
+export interface IDetachedRun {
+  run_id: string;
+  state: DetachedState;
+  active: boolean;
+  step: number | null;
+  nprocs: number;
+  started: number;
+  ended: number | null;
+  /** The notebook that started it, where its kernel knew (null: unknown). */
+  notebook: string | null;
+  /** The line that follows it from a notebook: `%distributed_attach <run_id>`. */
+  attach: string;
+}
+
 /** GET /nbtrain/runs */
 export interface IRunsReply {
   runs: IRun[];
+  detached: IDetachedRun[];
+}
+
+/** POST /nbtrain/detached/stop (202); a refusal (4xx) is `{ message }` alone. */
+export interface IDetachedStopReply {
+  run_id: string;
+  message: string;
 }
 
 /** GET /nbtrain/processes */

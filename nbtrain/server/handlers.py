@@ -5,6 +5,9 @@
 * ``GET  /nbtrain/processes`` — the GPU processes, each with the kernel and notebook it belongs to
 * ``POST /nbtrain/stop``      — body ``{"kernel_id": "…"}`` or ``{"pid": 123}``: interrupt the kernel whose
   nbtrain run that is. 202 when sent; 404 when it names no run of this server; 409 when the run is over.
+* ``POST /nbtrain/detached/stop`` — body ``{"run_id": "…"}``: stop one of this user's detached runs (``--detach``),
+  through its agent. 202 when asked; 400 for no run id; 404 when there is no such run of this user's; 409 when it
+  has ended (``GET /nbtrain/runs`` lists them under ``detached``).
 * ``POST /nbtrain/leases/release`` — body ``{"gpu": 0}``: give back a GPU this user's idle warm ranks lease (their
   kernel runs ``%distributed_shutdown``). 200 when done; 404 when no lease of this user's is on it; 409 when a
   cell runs on it, or a process this server did not start holds it.
@@ -97,8 +100,23 @@ class ReleaseHandler(_NbtrainHandler):
 
 
 # Path under <base_url>/nbtrain/ -> handler.
+class DetachedStopHandler(_NbtrainHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def post(self):
+        body = self.get_json_body()
+        try:
+            result = await self.service.stop_detached(body.get("run_id") if isinstance(body, dict) else None)
+        except StopRefused as refused:
+            self.set_status(refused.status)
+            self.finish(json.dumps({"message": refused.message}))
+            return
+        self.set_status(202)
+        self.finish(json.dumps(result))
+
+
 ROUTES = {"gpus": GpusHandler, "runs": RunsHandler, "processes": ProcessesHandler, "stop": StopHandler,
-          "leases/release": ReleaseHandler}
+          "leases/release": ReleaseHandler, "detached/stop": DetachedStopHandler}
 
 
 def setup_handlers(web_app) -> None:

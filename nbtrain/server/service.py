@@ -16,6 +16,7 @@ from jupyter_core.utils import ensure_async
 
 from nbtrain.kernel.observers.registry import read_runs, runs_dir
 
+from .detached_rows import detached_rows, stop_detached
 from .gpus import gpu_states, machine_snapshot
 from .kernels import by_pid, managed_kernels
 from .lease_rows import releasable
@@ -46,7 +47,8 @@ class NbtrainService:
 
     async def runs(self) -> dict:
         kernels = await self._kernels()
-        return {"runs": await self._blocking(lambda: describe_runs(kernels, self._records()))}
+        runs = await self._blocking(lambda: describe_runs(kernels, self._records()))
+        return {"runs": runs, "detached": await self._blocking(detached_rows)}
 
     async def processes(self) -> dict:
         kernels = await self._kernels()
@@ -62,6 +64,10 @@ class NbtrainService:
         await ensure_async(self.kernel_manager.interrupt_kernel(run.kernel.kernel_id))
         return {"kernel_id": run.kernel.kernel_id, "path": run.kernel.path, "run_id": run.record.get("run_id"),
                 "message": "interrupt sent; the run's ranks stop within a few seconds"}
+
+    async def stop_detached(self, run_id: object) -> dict:
+        """Stop one of this user's detached runs (raises runs.StopRefused when it is not one that runs)."""
+        return await self._blocking(stop_detached, run_id)
 
     async def release_gpu(self, gpu: int) -> dict:
         """Give back a GPU this user's idle warm ranks hold: ``%distributed_shutdown`` in their kernel (raises

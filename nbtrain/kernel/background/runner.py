@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, replace
 
 from ..diagnostics.failures import RankFailedError
+from ..lifecycle.checkpoint_lock import NOTEBOOK_ENV
 from ..lifecycle.entry import format_summary, run_source
 from ..lifecycle.pools import PoolManager
 from ..observers.events import RunObserver, RunState
@@ -146,7 +147,7 @@ def _reserve(cell: BackgroundCell, config) -> None:
     """A detached run's folder, with its cell, before its agent starts; a name used before is a mistake said now."""
     run_id = cell.request.run_id or ""
     about = {"line": cell.line, "source": cell.source, "kernel_pid": os.getpid(), "started": time.time(),
-             "cwd": config.workdir.cwd if config.workdir else ""}
+             "cwd": config.workdir.cwd if config.workdir else "", "notebook": os.environ.get(NOTEBOOK_ENV, "")}
     try:
         reserve(run_id, about)
     except FileExistsError:

@@ -1,0 +1,44 @@
+"""The panel's detached runs: this user's ``--detach`` runs on this machine, read from their folders, and their Stop.
+
+The server runs as the user whose runs these are, so it reads the same runs directory as the user's kernels
+(:func:`nbtrain.wire.runfolder.list_runs`: only this user's folders, judged before they are read). Stop is what
+``%distributed_shutdown --detached`` does for one run: a SIGINT to the run's agent, once ``/proc`` shows it is
+that agent (:mod:`nbtrain.kernel.cluster.detached_stop`) — never a pid taken from the request.
+"""
+
+from __future__ import annotations
+
+from ..kernel.cluster.detached_stop import NotTheRunsAgent, stop_run
+from ..wire.runfolder import RecordedState, RunFolderError, check_run_id, list_runs, read_about, read_manifest
+from .runs import StopRefused
+
+
+def detached_rows() -> list[dict]:
+    """One entry per detached run of this user's, newest first: its id, state, step, ranks, times, notebook."""
+    rows = []
+    for run in reversed(list_runs()):
+        about = read_about(run.run_id)
+        notebook = about.get("notebook") if isinstance(about.get("notebook"), str) else None
+        rows.append({"run_id": run.run_id, "state": run.state.value, "active": run.state is RecordedState.RUNNING,
+                     "step": run.step, "nprocs": run.nprocs, "started": run.started, "ended": run.ended,
+                     "notebook": notebook or None, "attach": f"%distributed_attach {run.run_id}"})
+    return rows
+
+
+def stop_detached(run_id: object) -> dict:
+    """Stop the detached run ``run_id`` (202's body); :class:`StopRefused` 400/404/409 says why not."""
+    try:
+        check_run_id(run_id)  # type: ignore[arg-type]
+    except RunFolderError as exc:
+        raise StopRefused(400, str(exc)) from None
+    run = read_manifest(str(run_id))
+    if run is None:
+        raise StopRefused(404, f"no detached run {run_id!r} of yours on this machine")
+    if run.state is not RecordedState.RUNNING:
+        raise StopRefused(409, f"detached run {run_id} has {run.state.value} already")
+    try:
+        stop_run(run)
+    except NotTheRunsAgent as exc:
+        raise StopRefused(409, str(exc)) from None
+    return {"run_id": run.run_id, "message": "its agent interrupts the ranks; they stop within a few seconds"}
+
