@@ -1,4 +1,4 @@
-"""The stop button while attached signals only the run's own agent (nbtrain/kernel/cluster/detached_stop.py):
+"""The stop button while attached signals only the run's own agent (nbtrain/wire/detached_stop.py):
 a manifest naming another user's process, a process of ours that is no agent, or an agent that started after
 the run gets no signal."""
 
@@ -17,7 +17,7 @@ import pytest
 from helpers.agents import start_waiting_agent
 from helpers.attacker import attacker, attacker_python, needs_root
 
-from nbtrain.kernel.cluster.detached_stop import NotTheRunsAgent, runs_agent, stop_run
+from nbtrain.wire.detached_stop import NotTheRunsAgent, runs_agent, stop_run
 from nbtrain.wire.runfolder import RecordedState, RunSummary
 
 pytestmark = pytest.mark.timeout(120)

@@ -26,7 +26,7 @@ from . import dashboard
 from .background import BackgroundCell, BackgroundRun, BackgroundRuns
 from .cluster import Cluster
 from .cluster.detached_runs import AttachChoiceError, choose_run, runs_table
-from .cluster.detached_stop import stop_all_detached
+from ..wire.detached_stop import stop_all_detached
 from .cluster.tokens import parse_ttl
 from ..gpu import leases
 from .lifecycle import entry

@@ -15,7 +15,7 @@ agent:
   the kernel would); a prompt (``input()``) gets no answer (EOFError in the rank); then the folder's state is
   final and the agent exits. Nothing keeps the machine's GPUs after the run.
 
-The stop button of a kernel attached later is a SIGINT to the agent (:mod:`nbtrain.kernel.cluster.detached_stop`):
+The stop button of a kernel attached later is a SIGINT to the agent (:mod:`nbtrain.wire.detached_stop`):
 the first interrupts the ranks, a second stops them (SIGTERM, then SIGKILL).
 """
 

@@ -3,12 +3,12 @@
 The server runs as the user whose runs these are, so it reads the same runs directory as the user's kernels
 (:func:`nbtrain.wire.runfolder.list_runs`: only this user's folders, judged before they are read). Stop is what
 ``%distributed_shutdown --detached`` does for one run: a SIGINT to the run's agent, once ``/proc`` shows it is
-that agent (:mod:`nbtrain.kernel.cluster.detached_stop`) — never a pid taken from the request.
+that agent (:mod:`nbtrain.wire.detached_stop`) — never a pid taken from the request.
 """
 
 from __future__ import annotations
 
-from ..kernel.cluster.detached_stop import NotTheRunsAgent, stop_run
+from ..wire.detached_stop import NotTheRunsAgent, stop_run
 from ..wire.runfolder import RecordedState, RunFolderError, check_run_id, list_runs, read_about, read_manifest
 from .runs import StopRefused
 

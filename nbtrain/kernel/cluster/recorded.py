@@ -28,7 +28,7 @@ from ..ranks.rank_events import Exited, Message, Output
 from ..ranks.rankgroup import GroupState
 from ..ranks.spec import PoolSpec
 from ..ranks.zygote_handle import ZygoteHandle
-from .detached_stop import NotTheRunsAgent, stop_run
+from ...wire.detached_stop import NotTheRunsAgent, stop_run
 
 POLL_S = 0.1  # a live run's log is read again this often while the run's loop waits
 

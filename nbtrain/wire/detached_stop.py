@@ -14,7 +14,7 @@ import time
 
 import psutil
 
-from ...wire.runfolder import RecordedState, RunSummary, list_runs, read_manifest
+from .runfolder import RecordedState, RunSummary, list_runs, read_manifest
 
 ESCALATE_AFTER_S = 3.0  # a run still running this long after the first SIGINT gets the second (its ranks stopped)
 
