@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 
 import pytest
 from helpers.labhelp import browser_or_skip, lab_page
@@ -95,3 +96,48 @@ def test_a_notebook_saved_mid_run_shows_the_latest_state_when_opened_later(tmp_p
         sync_api.expect(shown).to_contain_text("Last seen at")
         cells.nth(1).screenshot(path=str(tmp_path / "saved-mid-run.png"))
         print(f"the reopened cell: {tmp_path / 'saved-mid-run.png'}; it shows step {step}")
+
+
+BACKGROUND = """%%distributed 2 --cpu --background
+import time, nbtrain
+nbtrain.log(total_steps=100)
+for step in range(100):
+    nbtrain.log(loss=1.0 / (step + 1), step=step)
+    time.sleep(0.05)
+"""
+
+
+def test_a_background_run_that_ended_with_no_page_open_leaves_its_final_picture_in_the_reopened_notebook(tmp_path):
+    sources, viewport = ["%load_ext nbtrain", BACKGROUND], {"width": 1100, "height": 1000}
+    with lab_page(tmp_path, "bg.ipynb", sources, viewport) as (lab, page):
+        cells = _open(page, lab, "bg.ipynb")
+        cells.nth(0).locator(".jp-InputArea-editor").click()
+        page.keyboard.press("Shift+Enter")
+        sync_api.expect(cells.nth(0).locator(".jp-InputPrompt")).to_have_text("[1]:", timeout=60_000)
+        page.keyboard.press("Control+Enter")
+        output = cells.nth(1).locator(".jp-OutputArea")
+        sync_api.expect(output.locator(".nbt-chart[data-points]")).to_have_count(1, timeout=60_000)
+        _save(page)
+        context = page.context
+        page.close()  # the page goes while the run trains; the kernel stays
+        deadline = time.monotonic() + 90
+        while any(run["active"] for run in lab.api("GET", "nbtrain/runs")["runs"]):
+            assert time.monotonic() < deadline, "the background run did not end"
+            time.sleep(0.5)
+        assert not any("image/png" in d for d in _outputs(lab.notebooks / "bg.ipynb"))  # nothing reached the file
+
+        page = context.new_page()
+        cells = _open(page, lab, "bg.ipynb")  # the same kernel, idle: it gives the page the run's final picture
+        output = cells.nth(1).locator(".jp-OutputArea")
+        sync_api.expect(output.locator("img")).to_have_count(1, timeout=60_000)
+        sync_api.expect(output).to_contain_text("2 ranks on gloo on cpu finished", timeout=30_000)
+        _save(page)
+        finished = _outputs(lab.notebooks / "bg.ipynb")
+        assert sum("image/png" in d for d in finished) == 1, [sorted(d) for d in finished]
+        assert any("finished" in "".join(d.get("text/markdown", "")) for d in finished)
+
+        page.reload()  # opened once more: the same picture again changes nothing
+        cells = _open(page, lab, "bg.ipynb")
+        sync_api.expect(cells.nth(1).locator(".jp-OutputArea img")).to_have_count(1, timeout=60_000)
+        page.wait_for_timeout(3000)
+        sync_api.expect(page.locator(".jp-mod-dirty")).to_have_count(0)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import time
 
@@ -222,3 +223,13 @@ def test_a_new_kernel_is_told_of_a_running_detached_run_and_can_shut_it_down(run
         _assert_nothing_left(runfolder.read_manifest(run_id))
     finally:
         second.shutdown()
+
+
+def test_a_run_whose_folder_is_removed_goes_on_and_its_names_still_arrive_in_its_kernel(runs, kernels):
+    first = kernels()
+    run_id, _ = _start(first, TRAINING, steps=60)
+    summary = _wait_for_step(run_id, 5)
+    shutil.rmtree(runs / run_id)  # the user's own clean-up, mid-run
+    first.run("import nbtrain; nbtrain.last_run.wait(90); print(nbtrain.last_run.state)")
+    assert first.run("print(total)").strip() == str(float(3 * sum(range(60))))
+    _assert_nothing_left(summary)

@@ -11,7 +11,9 @@
  *   .ipynb) whatever happened to the page that ran the cell;
  * - when the page opens a notebook whose kernel is busy (its kernel info does not come), asks the kernel, on
  *   a subshell (JEP 91) since the main shell is busy, to show its live dashboards again: the kernel resends
- *   the widgets' state and the dashboard's output, which the first point puts into the cell.
+ *   the widgets' state and the dashboard's output, which the first point puts into the cell;
+ * - when the kernel is idle, asks the same on the main shell: the final picture and summary of the latest runs
+ *   that ended (a background run, a cell whose page was closed) reach their cells, and the saved .ipynb.
  */
 import type { ISessionContext } from '@jupyterlab/apputils';
 import type { DocumentRegistry } from '@jupyterlab/docregistry';
@@ -73,7 +75,7 @@ export class Reattach implements DocumentRegistry.IWidgetExtension<Widget, Docum
     const onMessage = (sender: ISessionContext, msg: KernelMessage.IMessage) => {
       adopt(cells(), sender.session?.kernel ?? null, msg, followed);
     };
-    const onKernel = () => void showAgainIfBusy(session.session?.kernel ?? null);
+    const onKernel = () => void showAgain(session.session?.kernel ?? null);
     session.iopubMessage.connect(onMessage);
     session.kernelChanged.connect(onKernel);
     void session.ready.then(onKernel);
@@ -174,8 +176,11 @@ function follow(cells: ICells, tag: INbtrainTag, msg: KernelMessage.IMessage, do
 function replaceRole(outputs: IOutputList, output: IOutputJSON): void {
   const role = output.metadata?.nbtrain?.role;
   for (let i = 0; i < outputs.length; i++) {
-    if (outputs.get(i).toJSON().metadata?.nbtrain?.role === role) {
-      outputs.set(i, output);
+    const held = outputs.get(i).toJSON();
+    if (held.metadata?.nbtrain?.role === role) {
+      if (JSON.stringify(held.data) !== JSON.stringify(output.data)) {
+        outputs.set(i, output); // the same picture again (a notebook reopened) leaves the notebook unchanged
+      }
       return;
     }
   }
@@ -186,8 +191,13 @@ function replaceRole(outputs: IOutputList, output: IOutputJSON): void {
 // kernel info then waits behind a running cell, and the run's own page would ask for its own dashboard again).
 const asked = new Set<string>();
 
-/** A kernel busy when the page connects may be running a dashboard this page never saw: ask for it again. */
-async function showAgainIfBusy(kernel: Kernel.IKernelConnection | null): Promise<void> {
+/**
+ * Ask a kernel the page just connected to for what this page never saw: a busy kernel may be running a dashboard
+ * (asked on a subshell, since the main shell is busy); an idle one may hold the final picture of a run that ended
+ * while no page had the notebook open (asked on the main shell, from a connection of its own so that the
+ * answer counts as another page's).
+ */
+async function showAgain(kernel: Kernel.IKernelConnection | null): Promise<void> {
   if (!kernel || asked.has(kernel.id)) {
     return;
   }
@@ -195,18 +205,17 @@ async function showAgainIfBusy(kernel: Kernel.IKernelConnection | null): Promise
   // Each loser of a race still settles later: its rejection (the kernel restarted, the page closed) is caught here,
   // or the page logs it as an uncaught error.
   const busy = await Promise.race([kernel.info.then(() => false, () => false), after(BUSY_AFTER_MS, true)]);
-  if (!busy || kernel.isDisposed) {
+  if (kernel.isDisposed) {
     return;
   }
   try {
-    const created = await Promise.race([createSubshell(kernel).catch(() => null), after(SUBSHELL_TIMEOUT_MS, null)]);
-    const subshellId = created?.content.status === 'ok' ? created.content.subshell_id : null;
-    if (!subshellId) {
+    const subshellId = busy ? await newSubshell(kernel) : null;
+    if (busy && !subshellId) {
       return; // a kernel without subshells: nothing to ask it while it is busy
     }
     // The subshell stays: replies to the widgets' messages are routed to it from now on.
     // clone() passes every connection option on (services 7.4+), though its type names three of them.
-    const options = { subshellId } as unknown as Parameters<Kernel.IKernelConnection['clone']>[0];
+    const options = (subshellId ? { subshellId } : {}) as unknown as Parameters<Kernel.IKernelConnection['clone']>[0];
     const side = kernel.clone(options);
     try {
       await side.requestExecute({ code: SHOW_AGAIN, silent: true, store_history: false, allow_stdin: false }).done;
@@ -214,8 +223,13 @@ async function showAgainIfBusy(kernel: Kernel.IKernelConnection | null): Promise
       side.dispose();
     }
   } catch (error) {
-    console.warn('nbtrain: could not ask the busy kernel for its live dashboard', error);
+    console.warn('nbtrain: could not ask the kernel for its dashboards', error);
   }
+}
+
+async function newSubshell(kernel: Kernel.IKernelConnection): Promise<string | null> {
+  const created = await Promise.race([createSubshell(kernel).catch(() => null), after(SUBSHELL_TIMEOUT_MS, null)]);
+  return created?.content.status === 'ok' ? (created.content.subshell_id ?? null) : null;
 }
 
 /**

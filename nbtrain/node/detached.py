@@ -49,6 +49,7 @@ class DetachedRecorder:
         self.folder = RunFolder(start.detached_run, self.nprocs)
         self.done: set[int] = set()
         self.failed_at: float | None = None  # when the first rank failed (an exception, or an exit before Done)
+        self.unwritable = ""  # why the folder could not be written any more ("": it can)
         self.prompts: list[tuple[int, int]] = []  # (rank, seq) of input() calls no kernel will answer
         self.interrupts = 0  # SIGINTs to the agent: the stop button of an attached kernel
         self.ranks_started = False  # torch elastic's agent started the ranks (RanksStarted)
@@ -61,17 +62,33 @@ class DetachedRecorder:
         return f"127.0.0.1:{self.store.port}"
 
     def record(self, message) -> None:
+        """Into the folder, then what it tells of the run. A folder that cannot be written any more (removed, a
+        full disk) is said once and no longer written: the run goes on, and its relay to the kernel with it."""
+        if not self.unwritable:
+            try:
+                self._write(message)
+            except OSError as exc:
+                self.unwritable = f"{exc.strerror or exc}: {getattr(exc, 'filename', '') or self.folder.path}"
+                say(f"the run's record can no longer be written ({self.unwritable}); the run goes on, unrecorded")
+        self._learn(message)
+
+    def _write(self, message) -> None:
         if isinstance(message, N.RankOutput):
             self.folder.output(message.rank, message.stream, message.text)
         elif isinstance(message, N.RankMessage):
             self.folder.message(message.rank, message.data)
-            self._read(message.rank, pickle.loads(message.data))  # an authenticated rank of this agent's
         elif isinstance(message, N.RankExited):
             self.folder.rank_exited(message.rank, message.code, message.error)
-            if message.rank not in self.done and self.failed_at is None:
-                self.failed_at = time.monotonic()
         elif isinstance(message, N.RanksStarted):
             self.folder.started({rank: pid for rank, (_local, pid) in message.ranks.items()})
+
+    def _learn(self, message) -> None:
+        """How the run stands, from what the agent relays."""
+        if isinstance(message, N.RankMessage):
+            self._read(message.rank, pickle.loads(message.data))  # an authenticated rank of this agent's
+        elif isinstance(message, N.RankExited) and message.rank not in self.done and self.failed_at is None:
+            self.failed_at = time.monotonic()
+        elif isinstance(message, N.RanksStarted):
             self.ranks_started = True
         elif isinstance(message, N.NodeError):
             self.start_failed = message.text
@@ -81,10 +98,13 @@ class DetachedRecorder:
             self.done.add(rank)
         elif isinstance(said, P.Failed) and self.failed_at is None:
             self.failed_at = time.monotonic()
-        elif isinstance(said, P.Metrics) and rank == 0:
+        elif isinstance(said, P.Metrics) and rank == 0 and not self.unwritable:
             steps = [record[0] for record in said.records if isinstance(record[0], int)]
             if steps:
-                self.folder.step(max(steps))
+                try:
+                    self.folder.step(max(steps))
+                except OSError:
+                    pass  # said by the next record() that fails; the step in a table is all that is lost
         elif isinstance(said, P.InputRequest):
             self.prompts.append((rank, said.seq))
 
@@ -107,7 +127,10 @@ class DetachedRecorder:
         if self._closed:
             return
         self._closed = True
-        self.folder.finish(self.outcome())
+        try:
+            self.folder.finish(self.outcome())
+        except (OSError, ValueError):  # removed meanwhile, or its log closed already: nothing left to finish
+            pass
         self.store.close()
 
     def count_sigints(self) -> None:

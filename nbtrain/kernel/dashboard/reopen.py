@@ -21,8 +21,13 @@ What holds instead:
   the same model ids, as when it was first shown, :func:`reopen_comms`) and displays the dashboard once
   more; the page draws it live from the next update on.
 
-Front ends other than JupyterLab, or a kernel without subshells, keep the earlier behaviour; a run that
-ends while no page has the notebook open still leaves its outputs only in the pages that were open.
+* a page that opens a notebook whose kernel is idle asks the same, on the main shell: the final picture and the
+  summary of the latest runs that ended (:func:`remember_final`, :data:`KEEP_ENDED` of them) are published
+  again, so a run that ended while no page had the notebook open — a ``--background`` run, or a cell whose
+  page was closed — leaves them in its cell when the notebook is opened again (the extension changes nothing
+  where the cell holds them already).
+
+Front ends other than JupyterLab, or a busy kernel without subshells, keep the earlier behaviour.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from dataclasses import dataclass
 
 _lock = threading.Lock()
 _live: dict[int, Callable[[], None]] = {}  # a live dashboard's key -> how it shows itself again
+_ended: dict[int, Callable[[], None]] = {}  # a finished dashboard's key -> how it shows its final picture again
+KEEP_ENDED = 8  # the latest runs whose final picture a page opened later is given
 
 
 def register(key: int, show: Callable[[], None]) -> None:
@@ -45,10 +52,19 @@ def unregister(key: int) -> None:
         _live.pop(key, None)
 
 
-def show_again() -> int:
-    """Show every live dashboard again (what the JupyterLab extension asks for); returns how many."""
+def remember_final(key: int, show: Callable[[], None]) -> None:
+    """A run ended: ``show`` publishes its final picture and summary again, for a page that was not open then."""
     with _lock:
-        shows = list(_live.values())
+        _ended[key] = show
+        while len(_ended) > KEEP_ENDED:
+            _ended.pop(next(iter(_ended)))
+
+
+def show_again() -> int:
+    """Show every live dashboard again, and the final picture of the latest runs that ended (what the JupyterLab
+    extension asks for when it opens a notebook); returns how many."""
+    with _lock:
+        shows = list(_live.values()) + list(_ended.values())
     for show in shows:
         show()
     return len(shows)

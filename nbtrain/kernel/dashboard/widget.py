@@ -24,6 +24,7 @@ the run (a reloaded page): see :mod:`~nbtrain.kernel.dashboard.reopen`.
 from __future__ import annotations
 
 import base64
+import functools
 import threading
 import time
 
@@ -141,6 +142,15 @@ class RunDashboard:
         else:
             display(Summary(paragraph), metadata=summary_metadata)
         close_tree(self.widget)  # the page shows the picture now; free the widgets' comms in the kernel too
+        if self.cell is not None:  # for a page that opens the notebook later (kernel/dashboard/reopen.py)
+            reopen.remember_final(id(self), functools.partial(_show_final, figure, paragraph, self.cell))
+
+
+def _show_final(figure, paragraph: str, cell: reopen.CellRun) -> None:
+    from IPython.display import display
+
+    display(figure, metadata=reopen.output_metadata(cell, "dashboard"))
+    display(Summary(paragraph), metadata=reopen.output_metadata(cell, "summary"))
 
 
 def close_tree(widget) -> None:
