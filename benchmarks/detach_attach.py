@@ -72,7 +72,9 @@ def main() -> int:
         execute(first_client, "%load_ext nbtrain")
         returned, _ = execute(first_client, TRAINING.format(steps=args.steps))
         wait_for_step(run_dir, args.steps - 1)
-        os.kill(first.provisioner.pid, signal.SIGKILL)
+        pid = getattr(first.provisioner, "pid", None)  # a local kernel's process
+        assert isinstance(pid, int), "the kernel runs on this machine"
+        os.kill(pid, signal.SIGKILL)
     finally:
         first_client.stop_channels()
     second, client = start_new_kernel(kernel_name="python3")

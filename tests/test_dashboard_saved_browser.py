@@ -110,23 +110,22 @@ for step in range(100):
 def test_a_background_run_that_ended_with_no_page_open_leaves_its_final_picture_in_the_reopened_notebook(tmp_path):
     sources, viewport = ["%load_ext nbtrain", BACKGROUND], {"width": 1100, "height": 1000}
     with lab_page(tmp_path, "bg.ipynb", sources, viewport) as (lab, page):
-        cells = _open(page, lab, "bg.ipynb")
+        first = page.context.browser.new_page(viewport=viewport)  # the page that starts the run, closed as it trains
+        cells = _open(first, lab, "bg.ipynb")
         cells.nth(0).locator(".jp-InputArea-editor").click()
-        page.keyboard.press("Shift+Enter")
+        first.keyboard.press("Shift+Enter")
         sync_api.expect(cells.nth(0).locator(".jp-InputPrompt")).to_have_text("[1]:", timeout=60_000)
-        page.keyboard.press("Control+Enter")
+        first.keyboard.press("Control+Enter")
         output = cells.nth(1).locator(".jp-OutputArea")
         sync_api.expect(output.locator(".nbt-chart[data-points]")).to_have_count(1, timeout=60_000)
-        _save(page)
-        context = page.context
-        page.close()  # the page goes while the run trains; the kernel stays
+        _save(first)
+        first.close()  # the kernel stays
         deadline = time.monotonic() + 90
         while any(run["active"] for run in lab.api("GET", "nbtrain/runs")["runs"]):
             assert time.monotonic() < deadline, "the background run did not end"
             time.sleep(0.5)
         assert not any("image/png" in d for d in _outputs(lab.notebooks / "bg.ipynb"))  # nothing reached the file
 
-        page = context.new_page()
         cells = _open(page, lab, "bg.ipynb")  # the same kernel, idle: it gives the page the run's final picture
         output = cells.nth(1).locator(".jp-OutputArea")
         sync_api.expect(output.locator("img")).to_have_count(1, timeout=60_000)

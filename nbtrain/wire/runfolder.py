@@ -131,6 +131,7 @@ class RunFolder:
                                  "new run id")
         self.manifest = {"run_id": run_id, "state": RecordedState.RUNNING.value, "started": time.time(),
                          "agent_pid": agent_pid or os.getpid(), "nprocs": int(nprocs), "step": None}
+        self._last_step: int | None = None
         self._write_manifest()
         fd = os.open(os.path.join(self.path, EVENTS),
                      os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -156,12 +157,9 @@ class RunFolder:
 
     def step(self, step: int) -> None:
         """Rank 0 logged ``step``: the manifest's last step (what a table of runs shows)."""
-        if self.manifest["step"] is None or step > self.manifest["step"]:
-            self.manifest["step"] = step
+        if self._last_step is None or step > self._last_step:
+            self._last_step = self.manifest["step"] = step
             self._write_manifest()
-
-    def failure(self, rank: int, text: str) -> None:
-        self._append(EventKind.FAILURE, rank=rank, text=text)
 
     def finish(self, state: RecordedState) -> None:
         """The run has ended: its state is final and the log is closed."""
