@@ -36,7 +36,8 @@ from ..observers.runlog import RunEnd
 from ..observers.trackers import trackers_for
 from ..relay.output import write_to_std_stream
 from ..request.cell import CellInfo, CellSyntaxError, analyse_cell, names_to_send
-from ..request.config import DEFAULT_KEEP_ALIVE_S, ConfigError, LaunchConfig, LaunchRequest, attached, resolve
+from ..request.config import DEFAULT_KEEP_ALIVE_S, ConfigError, LaunchConfig, LaunchRequest, resolve
+from ..request.detach import attached
 from ..request.inputs import PayloadError, pack_inputs
 from ..request.mistakes import UserInputError
 from ..request.notebook_modules import WorkdirGone, notebook_workdir

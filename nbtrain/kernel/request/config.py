@@ -26,11 +26,11 @@ from ..observers.trackers import TrackerSetupError, tensorboard_dir
 from .hosts import SshSetupError, parse_hosts, parse_remote_python, parse_slurm, parse_ssh_options
 from ..observers.cost import PriceError, parse_price
 from ..ranks.spec import NodesSpec, PoolSpec
-from .mistakes import UserInputError
+from .detach import detached_spec
+from .mistakes import ConfigError
 from .notebook_modules import Workdir, WorkdirGone, notebook_workdir
 from ...wire.agent_options import AgentOptions, PreemptionURLError, check_url
 from ...wire.options import OptionEnvError, option, with_env_fallbacks
-from ...wire.runfolder import RunFolderError, check_run_id, new_run_id
 
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_START_TIMEOUT_S = 180.0
@@ -38,10 +38,6 @@ DEFAULT_LAST_CALL_S = 3.0  # --nodes MIN:MAX: once MIN nodes joined, how long mo
 DEFAULT_KEEP_ALIVE_S = 900.0
 DEFAULT_PREEMPTION_GRACE_S = 25.0  # a preemption notice: how long the ranks have to save (AWS gives 120 s, GCP 30 s)
 SESSION_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
-
-
-class ConfigError(UserInputError):
-    """The user asked for something that cannot run; the message says how to fix it."""
 
 
 @dataclass(frozen=True)
@@ -395,35 +391,8 @@ def resolve(request: LaunchRequest) -> LaunchConfig:
         )
     pool = _pool_spec(request, backend, nprocs=nprocs, device_type="cuda" if gpus else "cpu", gpu_ids=leased)
     if request.detach:
-        pool = _detach(request, pool)
+        pool = detached_spec(request, pool)
     return _finish(request, pool, output, workdir, notes)
-
-
-def _detach(request: LaunchRequest, pool: PoolSpec) -> PoolSpec:
-    """``--detach``: the same ranks, under a node agent of their own on this machine (``nodes.detached``), which
-    sees the run to its end if the kernel goes; the GPUs chosen reach the ranks as CUDA_VISIBLE_DEVICES."""
-    if request.session is not None:
-        raise ConfigError("--session keeps variables on the kernel's warm ranks for the session's next cell; a "
-                          "--detach run has ranks of its own that end with it. Leave out one of them.")
-    if request.max_restarts:
-        raise ConfigError("--max-restarts starts the run again from the kernel, which a detached run must not "
-                          "need; it does not go with --detach yet. Leave out one of them (--checkpoint still "
-                          "saves, and a new cell with --checkpoint resumes).")
-    env = pool.env
-    if pool.device_type == "cuda":
-        env = (*env, ("CUDA_VISIBLE_DEVICES", ",".join(map(str, pool.gpu_ids))))
-    try:
-        run_id = check_run_id(request.run_id) if request.run_id else new_run_id()
-    except RunFolderError as exc:
-        raise ConfigError(f"--run-id: {exc}") from None
-    return replace(pool, env=env, nodes=NodesSpec(1, pool.nprocs, "127.0.0.1", detached=run_id))
-
-
-def attached(config: LaunchConfig, run_id: str) -> LaunchConfig:
-    """``%distributed_attach``: the cell's own options, its ranks those of detached run ``run_id``, followed through
-    the run's record instead of started (:mod:`nbtrain.kernel.cluster.recorded`)."""
-    where = NodesSpec(1, config.pool.nprocs, "127.0.0.1", detached=check_run_id(run_id), recorded=True)
-    return replace(config, pool=replace(config.pool, nodes=where), keep_alive_s=0.0, attach=run_id)
 
 
 def _gpu_wait(request: LaunchRequest) -> float | None:
