@@ -39,6 +39,19 @@ class _NbtrainHandler(APIHandler):
     def service(self):
         return self.settings["nbtrain"]
 
+    async def answer(self, work, status: int = 200) -> None:
+        """Finish with what ``work`` (a coroutine) returns, or with a refusal's status and message. A refusal is
+        answered here rather than raised: its message may hold a notebook path, and tornado would read a "%" in
+        it as a format directive when logging an HTTPError."""
+        try:
+            result = await work
+        except (StopRefused, ReleaseRefused) as refused:
+            self.set_status(refused.status)
+            self.finish(json.dumps({"message": refused.message}))
+            return
+        self.set_status(status)
+        self.finish(json.dumps(result))
+
 
 class GpusHandler(_NbtrainHandler):
     @tornado.web.authenticated
@@ -70,16 +83,7 @@ class StopHandler(_NbtrainHandler):
         valid_pid = isinstance(pid, int) and not isinstance(pid, bool) and pid > 0
         if not (isinstance(kernel_id, str) and kernel_id) and not valid_pid:
             raise tornado.web.HTTPError(400, 'send {"kernel_id": "<kernel id>"} or {"pid": <process id>}')
-        try:
-            result = await self.service.stop(kernel_id=kernel_id or None, pid=None if kernel_id else pid)
-        except StopRefused as refused:
-            # Answered here rather than raised: the message may hold a notebook path, and tornado would
-            # read a "%" in it as a format directive when logging an HTTPError.
-            self.set_status(refused.status)
-            self.finish(json.dumps({"message": refused.message}))
-            return
-        self.set_status(202)
-        self.finish(json.dumps(result))
+        await self.answer(self.service.stop(kernel_id=kernel_id or None, pid=None if kernel_id else pid), 202)
 
 
 class ReleaseHandler(_NbtrainHandler):
@@ -90,31 +94,18 @@ class ReleaseHandler(_NbtrainHandler):
         gpu = body.get("gpu") if isinstance(body, dict) else None
         if not isinstance(gpu, int) or isinstance(gpu, bool) or gpu < 0:
             raise tornado.web.HTTPError(400, 'send {"gpu": <GPU index>}')
-        try:
-            result = await self.service.release_gpu(gpu)
-        except ReleaseRefused as refused:  # answered, not raised: the message may hold a notebook path (see stop)
-            self.set_status(refused.status)
-            self.finish(json.dumps({"message": refused.message}))
-            return
-        self.finish(json.dumps(result))
+        await self.answer(self.service.release_gpu(gpu))
 
 
-# Path under <base_url>/nbtrain/ -> handler.
 class DetachedStopHandler(_NbtrainHandler):
     @tornado.web.authenticated
     @authorized
     async def post(self):
         body = self.get_json_body()
-        try:
-            result = await self.service.stop_detached(body.get("run_id") if isinstance(body, dict) else None)
-        except StopRefused as refused:
-            self.set_status(refused.status)
-            self.finish(json.dumps({"message": refused.message}))
-            return
-        self.set_status(202)
-        self.finish(json.dumps(result))
+        await self.answer(self.service.stop_detached(body.get("run_id") if isinstance(body, dict) else None), 202)
 
 
+# Path under <base_url>/nbtrain/ -> handler.
 ROUTES = {"gpus": GpusHandler, "runs": RunsHandler, "processes": ProcessesHandler, "stop": StopHandler,
           "leases/release": ReleaseHandler, "detached/stop": DetachedStopHandler}
 
