@@ -145,7 +145,9 @@ def test_a_node_channel_refuses_a_peer_without_its_key(tmp_path):
     try:
         kernel.run("%load_ext nbtrain\n%distributed_nodes --rdzv-host 127.0.0.1 --emulate 1")
         until(lambda: "idle" in kernel.run("%distributed_nodes"), 120, "the node")
-        agent = next(p for p in _agents_and_ranks() if "nbtrain.node" in " ".join(p.cmdline()))
+        # this kernel's own agent: one an earlier test shut down may still be on its way out, its folder gone
+        agent = next(p for p in psutil.Process(kernel.pid()).children(recursive=True)
+                     if "nbtrain.node" in " ".join(p.cmdline()))
         address = glob.glob(os.path.join(tempfile.gettempdir(), f"nbtrain-node-{agent.pid}-*", "node.sock"))[0]
         with pytest.raises((AuthenticationError, EOFError, OSError)):
             Client(address, family="AF_UNIX", authkey=b"not the key" * 3)
