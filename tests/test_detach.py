@@ -16,6 +16,7 @@ import psutil
 import pytest
 from helpers.attacker import needs_root, python_as_attacker
 from helpers.kernelhelp import Kernel
+from helpers.restart_cells import gated_killed_rank_cell
 from helpers.workers import assert_no_workers, nbtrain_workers
 
 from nbtrain.wire import runfolder
@@ -159,6 +160,64 @@ def test_a_detached_runs_failure_is_reported_on_attach_as_the_cell_would_have(ru
     final = runfolder.read_manifest(run_id)
     assert final.state is RecordedState.FAILED
     _assert_nothing_left(final)
+
+
+def _restarting_cell(tmp_path) -> tuple[str, os.PathLike]:
+    """A detached cell whose rank 1 dies once in epoch 1, when the test creates the returned file."""
+    go = tmp_path / "go"
+    head = (f"%%distributed 2 --cpu --detach --no-dashboard --checkpoint {tmp_path / 'ckpt'} --max-restarts 1 "
+            "--out steps,restart_count,world")
+    return head + gated_killed_rank_cell(tmp_path / "killed-once", go), go
+
+
+def _until_exists(path, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        time.sleep(0.05)
+
+
+def _until_final(run_id: str, timeout: float = 120) -> runfolder.RunSummary:
+    deadline = time.monotonic() + timeout
+    while (summary := runfolder.read_manifest(run_id)).state is RecordedState.RUNNING:
+        assert time.monotonic() < deadline, f"run {run_id} did not end"
+        time.sleep(0.1)
+    return summary
+
+
+def test_max_restarts_restart_a_detached_run_in_its_agent_with_no_kernel(runs, kernels, tmp_path):
+    first = kernels()
+    cell, go = _restarting_cell(tmp_path)
+    run_id, _ = _start(first, cell)
+    _until_exists(tmp_path / "killed-once")  # rank 1 is in epoch 1, waiting to die
+    os.kill(first.pid(), signal.SIGKILL)
+    go.touch()
+    final = _until_final(run_id)
+    assert final.state is RecordedState.FINISHED  # restarted by its agent, with no kernel anywhere
+    decisions = [e for e in runfolder.read_events(run_id)[0] if e["kind"] == "restart"]
+    assert [(e["attempt"], e["reason"]) for e in decisions] == [(1, "")]
+
+    second = kernels()
+    out = second.run(f"%distributed_attach {run_id}", timeout=120)  # the whole run, as the cell would have shown it
+    assert "rank 1 was killed by SIGKILL" in out
+    assert f"restarting the ranks from {tmp_path / 'ckpt' / 'checkpoint.pt'} (epoch 1, step 2) (restart 1 of 1)" in out
+    assert "finished after 1 restart from the checkpoint" in out
+    check = json.loads(second.run("import json; print(json.dumps([steps, restart_count, world, "
+                                  "history.series('loss', 0).steps, history.series('loss', 1).steps]))"))
+    assert check == [6, 1, 2, list(range(6)), list(range(6))]  # 3 epochs × 2 steps, no gap, no duplicate
+    _assert_nothing_left(final)
+
+
+def test_a_detached_run_restarted_while_its_kernel_watches_brings_its_names_back(runs, kernels, tmp_path):
+    first = kernels()
+    cell, go = _restarting_cell(tmp_path)
+    run_id, _ = _start(first, cell)
+    go.touch()
+    out = first.run("import nbtrain; nbtrain.last_run.wait(150); print(nbtrain.last_run.state)", timeout=180)
+    assert out.strip().endswith("finished"), out
+    assert first.run("print(steps, restart_count, world)").strip() == "6 1 2"
+    assert [e["attempt"] for e in runfolder.read_events(run_id)[0] if e["kind"] == "restart"] == [1]
+    _assert_nothing_left(_until_final(run_id))
 
 
 def test_the_stop_button_of_an_attached_kernel_stops_the_detached_run(runs, kernels):

@@ -14,7 +14,8 @@ elastic hands down to every worker.
 
 The agent runs in a thread: torch elastic installs its signal handlers only from the main thread, which stays
 the node's own (the kernel link). Restarts are the kernel's (``--max-restarts``: a fresh pool re-forms the
-group), so the agent's own ``max_restarts`` is 0.
+group) or, for a detached run, nbtrain's agent's (:mod:`.detached_restarts`: a new torch elastic agent per
+attempt), so torch elastic's own ``max_restarts`` is 0.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from dataclasses import replace
 
 from ..wire import nodes as N
 from ..wire import protocol as P
+from ..wire.restart_policy import FailureFacts
 from ..wire.runfolder import RecordedState, RunFolder
 from .agent_store import AgentStore
 from .console import say
@@ -46,20 +47,35 @@ class DetachedRecorder:
     def __init__(self, start: N.StartRanks) -> None:
         self.nprocs = start.nnodes * start.nproc_per_node
         self.store = AgentStore("127.0.0.1")
+        self.start = replace(start, rdzv_endpoint=f"127.0.0.1:{self.store.port}")  # what the ranks were started with
         self.folder = RunFolder(start.detached_run, self.nprocs)
-        self.done: set[int] = set()
-        self.failed_at: float | None = None  # when the first rank failed (an exception, or an exit before Done)
+        self.delivery: N.Deliver | None = None  # the cell, as the kernel delivered it: a restart delivers it again
         self.unwritable = ""  # why the folder could not be written any more ("": it can)
-        self.prompts: list[tuple[int, int]] = []  # (rank, seq) of input() calls no kernel will answer
         self.interrupts = 0  # SIGINTs to the agent: the stop button of an attached kernel
-        self.ranks_started = False  # torch elastic's agent started the ranks (RanksStarted)
-        self.start_failed = ""  # why it could not (NodeError)
         self.stopped = False  # a stop asked (SIGINT, or the kernel's Interrupt) before any rank failed
         self._closed = False
+        self.begin_attempt(0)
 
-    @property
-    def endpoint(self) -> str:
-        return f"127.0.0.1:{self.store.port}"
+    def begin_attempt(self, attempt: int) -> None:
+        """What the agent knows of the ranks starts afresh: ``attempt`` 0, or a restart (``--max-restarts``), which
+        gets a store of its own: torch elastic's workers key their process group by their agent's restart count,
+        and each attempt's agent is a new one that counts from 0 again."""
+        if attempt:
+            self.store.close()
+            self.store = AgentStore("127.0.0.1")
+            self.start = replace(self.start, rdzv_endpoint=f"127.0.0.1:{self.store.port}")
+        self.attempt = attempt
+        self.done: set[int] = set()
+        self.failed_at: float | None = None  # when the first rank failed (an exception, or an exit before Done)
+        self.failures: list[FailureFacts] = []  # this attempt's, in arrival order
+        self.prompts: list[tuple[int, int]] = []  # (rank, seq) of input() calls no kernel will answer
+        self.ranks_started = False  # torch elastic's agent started the ranks (RanksStarted)
+        self.start_failed = ""  # why it could not (NodeError)
+
+    def delivered(self, message: N.Deliver) -> None:
+        """The cell reached the agent: from now on the run needs no kernel."""
+        self.delivery = message
+        self.folder.delivered()
 
     def record(self, message) -> None:
         """Into the folder, then what it tells of the run. A folder that cannot be written any more (removed, a
@@ -86,8 +102,9 @@ class DetachedRecorder:
         """How the run stands, from what the agent relays."""
         if isinstance(message, N.RankMessage):
             self._read(message.rank, pickle.loads(message.data))  # an authenticated rank of this agent's
-        elif isinstance(message, N.RankExited) and message.rank not in self.done and self.failed_at is None:
-            self.failed_at = time.monotonic()
+        elif isinstance(message, N.RankExited) and message.rank not in self.done:
+            self.failures.append(FailureFacts(message.rank, exit_code=message.code))
+            self.failed_at = self.failed_at or time.monotonic()
         elif isinstance(message, N.RanksStarted):
             self.ranks_started = True
         elif isinstance(message, N.NodeError):
@@ -96,8 +113,9 @@ class DetachedRecorder:
     def _read(self, rank: int, said) -> None:
         if isinstance(said, P.Done):
             self.done.add(rank)
-        elif isinstance(said, P.Failed) and self.failed_at is None:
-            self.failed_at = time.monotonic()
+        elif isinstance(said, P.Failed):
+            self.failures.append(FailureFacts(rank, error_type=said.error.type_name, error_message=said.error.message))
+            self.failed_at = self.failed_at or time.monotonic()
         elif isinstance(said, P.Metrics) and rank == 0 and not self.unwritable:
             steps = [record[0] for record in said.records if isinstance(record[0], int)]
             if steps:
@@ -107,6 +125,14 @@ class DetachedRecorder:
                     pass  # said by the next record() that fails; the step in a table is all that is lost
         elif isinstance(said, P.InputRequest):
             self.prompts.append((rank, said.seq))
+
+    def decided(self, attempt: int, reason: str, resumes: str) -> None:
+        """The ``--max-restarts`` decision after a failed attempt (:mod:`.detached_restarts`), into the record."""
+        if not self.unwritable:
+            try:
+                self.folder.restart(attempt, reason, resumes)
+            except OSError:
+                pass  # said by the next record() that fails; a kernel that follows waits for the final state
 
     def under_way(self, ranks: LocalRanks) -> bool:
         """The run still needs the agent: its ranks run, or are being started."""
@@ -167,7 +193,7 @@ class Outbox:
         """From now on the run ``start`` names is recorded, its store on this agent: the StartRanks to act on."""
         self.recorder = DetachedRecorder(start)
         self.recorder.count_sigints()
-        return replace(start, rdzv_endpoint=self.recorder.endpoint)
+        return self.recorder.start
 
     def send(self, message) -> None:
         recorder = self.recorder
@@ -177,8 +203,8 @@ class Outbox:
 
 
 def run_alone(ranks: LocalRanks, recorder: DetachedRecorder) -> str:
-    """The kernel is gone and the ranks run: see the run to its end here (see the module docstring)."""
-    say("the kernel left: the detached run goes on; its record is in " + recorder.folder.path)
+    """The kernel is gone and the ranks run (or start): see this attempt to its end here (see the module
+    docstring)."""
     acted = _await_start(ranks, recorder)
     if not recorder.ranks_started:
         return f"the detached run's ranks did not start: {recorder.start_failed or 'stopped while starting'}"

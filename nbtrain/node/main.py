@@ -43,7 +43,8 @@ from ..wire import nodes as N
 from ..wire.link import JoinToken, Link, LinkError, LinkRetry, connect
 from ..wire.shm import sweep_orphans
 from .agent import run_ranks
-from .detached import Outbox, run_alone
+from .detached import Outbox
+from .detached_restarts import see_through
 from .console import route_output, say
 from ..wire.agent_options import AgentOptions, PreemptionURLError, check_url
 from ..wire.options import OptionEnvError, options_of, with_env_fallbacks
@@ -154,9 +155,9 @@ def serve(link: Link, name: str, address: str | None, notices: Notices | None = 
     threading.Thread(target=_heartbeats, args=(link, beat), name="nbtrain-node-heartbeat", daemon=True).start()
     try:
         why = _serve_kernel(link, ranks, outbox, address, notices)
-        if outbox.recorder is not None and outbox.recorder.under_way(ranks):
-            say(f"{why}")
-            why = run_alone(ranks, outbox.recorder)
+        if outbox.recorder is not None:  # a detached run: to its end, restarted as --max-restarts says
+            why = see_through(ranks, outbox.recorder, lambda start: _handle(start, ranks, link, address, outbox.send),
+                              why)
         return why
     finally:
         beat.set()
@@ -194,7 +195,7 @@ def _serve_kernel(link: Link, ranks: LocalRanks, outbox: Outbox, address: str | 
         elif isinstance(message, N.Interrupt) and outbox.recorder is not None:
             outbox.recorder.stop_asked()
         elif isinstance(message, N.Deliver) and outbox.recorder is not None:
-            outbox.recorder.folder.delivered()
+            outbox.recorder.delivered(message)
         _handle(message, ranks, link, address, outbox.send)
 
 

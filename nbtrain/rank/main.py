@@ -51,6 +51,7 @@ import threading
 import time
 import traceback
 import types
+from dataclasses import replace
 from datetime import timedelta
 from multiprocessing.connection import Client
 from typing import Any
@@ -63,6 +64,7 @@ from ..wire import protocol as P
 from ..wire import stop_marks
 from ..wire.names import RUNTIME_NAMES
 from ..wire.payload import load_inputs, pack_results
+from ..wire.restart_policy import ATTEMPT_ENV
 from ..wire.shm import abandon_and_sweep
 from . import cellcode, compat, display, integrations, ipython_display, prompts, stop
 from .modules import LocalModules
@@ -242,6 +244,7 @@ class Rank:
 
     def run(self, job: P.Job) -> None:
         started = time.perf_counter()
+        job = _as_attempt(job, int(os.environ.get(ATTEMPT_ENV, "0")))
         main = self.sessions.enter(job, self._namespace)  # fresh, or the session's kept namespace
         sys.modules["__main__"] = main
         reply: object
@@ -338,6 +341,15 @@ class Rank:
                 stream.flush()
             except Exception:
                 pass
+
+
+def _as_attempt(job: P.Job, attempt: int) -> P.Job:
+    """The job as attempt ``attempt`` runs it: a detached run's agent that restarts the ranks (``--max-restarts``
+    with no kernel there) delivers the first attempt's job again and says which attempt this is; it resumes
+    from the checkpoint, as a restart the kernel makes does (:meth:`nbtrain.kernel.lifecycle.cellrun.CellRun.again`)."""
+    if attempt <= job.train.restart:
+        return job
+    return replace(job, train=replace(job.train, resume=True, restart=attempt))
 
 
 class FirstStep:

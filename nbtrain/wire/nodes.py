@@ -30,6 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .restart_policy import RestartPolicy
+
 
 @dataclass(frozen=True)
 class NodeHello:
@@ -61,6 +63,7 @@ class StartRanks:
     group_rank: int = 0  # this node's place in the group, decided by the kernel (its ranks: group_rank × nproc …)
     join_timeout_s: float = 180.0
     detached_run: str = ""  # a run that outlives its kernel: the agent hosts the store and records the run (node.detached)
+    restarts: RestartPolicy | None = None  # a detached run's --max-restarts, which its agent carries out
 
 
 @dataclass(frozen=True)

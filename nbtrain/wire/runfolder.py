@@ -9,7 +9,8 @@ The folder holds two files:
   sees the old manifest or the new one, never half of one;
 * ``events.jsonl`` — append-only, one JSON object a line, in the order the kernel would have been told: which
   process runs each rank, each rank's output lines, each message a rank sent (the bytes it pickled, in base64:
-  logged metrics, displays, ``Done`` with rank 0's results in :mod:`.payload`'s format) and each rank's exit.
+  logged metrics, displays, ``Done`` with rank 0's results in :mod:`.payload`'s format) and each rank's exit;
+  with ``--max-restarts``, after an attempt that failed, whether the agent started the ranks again;
   A reader follows a live run by reading on from the offset it reached (:func:`read_events`);
 * ``cell.json`` — written first, by the kernel that started the run (:func:`reserve`): the cell's magic line and
   source, its notebook and kernel, so that any kernel can attach to the run as the cell would have run.
@@ -61,6 +62,8 @@ class EventKind(enum.Enum):
     EXIT = "exit"  # rank, code, error: torch elastic's error file, where the rank wrote one
     MESSAGE = "message"  # rank, data: a message the rank sent (wire.protocol, pickled by the rank), base64
     STARTED = "started"  # ranks: {rank: pid}, once the ranks' processes run
+    RESTART = "restart"  # attempt, reason, resumes: after an attempt failed, the agent's --max-restarts decision: attempt
+    # n > 0 started again from the checkpoint (reason ""), or 0 with why not (node.detached_restarts)
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,11 @@ class RunFolder:
 
     def started(self, pids: dict[int, int]) -> None:
         self._append(EventKind.STARTED, ranks={str(rank): pid for rank, pid in pids.items()})
+
+    def restart(self, attempt: int, reason: str = "", resumes: str = "") -> None:
+        """The failed attempt is followed by ``attempt``, which resumes from ``resumes`` (the checkpoint, where it
+        stands), or by none (0) for ``reason``."""
+        self._append(EventKind.RESTART, attempt=attempt, reason=reason, resumes=resumes)
 
     def delivered(self) -> None:
         """The cell has reached the agent: from now on the run needs no kernel."""
@@ -336,3 +344,32 @@ def read_events(run_id: str, offset: int = 0, directory: str | None = None) -> t
     whole = data[:data.rfind(b"\n") + 1]
     events = [json.loads(line) for line in whole.splitlines()]
     return events, offset + len(whole)
+
+
+DECISION_WAIT_S = 60.0  # how long a reader waits for the agent's --max-restarts decision after a failed attempt
+DECISION_POLL_S = 0.1
+
+
+def restart_decision(run_id: str, failed_attempt: int, wait_s: float = DECISION_WAIT_S,
+                     directory: str | None = None) -> tuple[str | None, str]:
+    """After attempt ``failed_attempt`` (0: the first) of run ``run_id`` failed: (None, the checkpoint it resumes
+    from) once its agent recorded that it started the next one, else (why not, "") — the agent's reason, or that
+    the run ended or its agent fell silent (as a reason that follows "not restarting: ")."""
+    offset, decisions = 0, 0
+    deadline = time.monotonic() + wait_s
+    while True:
+        summary = read_manifest(run_id, directory)  # before the events: a final state read first: all are written
+        events, offset = read_events(run_id, offset, directory)
+        for event in events:
+            if event.get("kind") != EventKind.RESTART.value:
+                continue
+            if decisions == failed_attempt:
+                if event.get("attempt"):
+                    return None, str(event.get("resumes") or "the checkpoint")
+                return str(event.get("reason") or "its agent did not restart it"), ""
+            decisions += 1
+        if summary is None or summary.state is not RecordedState.RUNNING:
+            return f"the run ended ({summary.state.value if summary else 'its record is gone'})", ""
+        if time.monotonic() > deadline:
+            return f"its agent said nothing of a restart within {wait_s:.0f} s (see its agent.log)", ""
+        time.sleep(DECISION_POLL_S)

@@ -57,3 +57,11 @@ def held_node_cell(marker: Path, samples: int = 16) -> str:
     outside (a Slurm job's time limit)."""
     hold = _once(0, marker, "print('held', flush=True)\ntime.sleep(300)", 4)
     return _CELL.format(samples=samples, mid_epoch="", after_checkpoint=hold)
+
+
+def gated_killed_rank_cell(marker: Path, go: Path, epoch: int = 1, samples: int = 16) -> str:
+    """As :func:`killed_rank_cell`, but rank 1 waits for the file ``go`` before it dies: the test first ends what
+    must be gone by then (the kernel of a detached run)."""
+    kill = _once(epoch, marker, f"while not os.path.exists({str(go)!r}):\n    time.sleep(0.05)\n"
+                                "os.kill(os.getpid(), signal.SIGKILL)", 8)
+    return _CELL.format(samples=samples, mid_epoch=kill, after_checkpoint="")

@@ -8,6 +8,10 @@ those the run's agent recorded (:mod:`nbtrain.node.detached`), read from the fir
 live. The ranks' messages are unpickled here, from the user's own private file their agent wrote (the ranks
 passed the agent's HMAC handshake), as a blocking cell's messages are.
 
+A run its agent restarted (``--max-restarts``) is followed one attempt at a time, as the kernel runs a restart: a
+group follows the attempt its spec names (``nodes.attempt``), the events between the agent's decisions
+(:meth:`~nbtrain.wire.runfolder.RunFolder.restart`), and ends where the next decision is recorded.
+
 Nothing is sent to these ranks: the job went to them when the run started. The stop button is a SIGINT to the
 run's agent, only once ``/proc`` shows it is that agent (:mod:`.detached_stop`): the first interrupts the ranks,
 the one that follows when they do not stop in time ends them.
@@ -44,6 +48,9 @@ class RecordedGroup(GroupState):
         super().__init__(replace(spec, nprocs=summary.nprocs, nodes=replace(spec.nodes, nproc_per_node=summary.nprocs)))
         self.summary = summary
         self.run_id = summary.run_id
+        self.attempt = spec.nodes.attempt  # the agent's restarts: this group is one attempt of the run
+        self._decisions = 0  # the agent's restart decisions read so far: attempt k follows the k-th
+        self._attempt_over = False  # the decision that ends this attempt was read
         self._offset = 0
         self._pids: dict[int, int] = {}
         self._finished: set[int] = set()  # ranks that finished the cell (their Done was read)
@@ -103,11 +110,22 @@ class RecordedGroup(GroupState):
         return events
 
     def _read(self) -> list:
+        if self._attempt_over:
+            return []
         summary = read_manifest(self.run_id)
         final = summary is None or summary.state is not RecordedState.RUNNING
         recorded, self._offset = read_events(self.run_id, self._offset)
         self._ended_at_read = final  # the agent writes the final state after its last event
-        return [event for record in recorded for event in self._translate(record)]
+        events = []
+        for record in recorded:
+            if record.get("kind") == EventKind.RESTART.value:
+                self._decisions += 1
+                if self._decisions > self.attempt:  # this attempt's end: what follows is the next one's
+                    self._ended_at_read = self._attempt_over = True
+                    break
+            elif self._decisions == self.attempt:
+                events.extend(self._translate(record))
+        return events
 
     def _translate(self, record: dict) -> list:
         kind, rank = record.get("kind"), record.get("rank", 0)

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from ...wire.protocol import Frame, RemoteError
+from ...wire.restart_policy import peer_lost
 from ...common.words import count
 from .error_hints import error_hints
 
@@ -50,9 +51,6 @@ _SIZE_SENTENCE = re.compile(r"\s*Tried to allocate [^.\n]*(\.\d+[^.\n]*)*\.", re
 
 # A frame in torch's own files (site-packages on this machine, or on a node's): folded into one line of the report
 _TORCH_FILE = re.compile(r"[/\\](site|dist)-packages[/\\]torch[/\\]")
-
-_PEER_LOST = ("connection reset by peer", "connection closed by peer", "broken pipe", "gloo/transport",
-              "nccl communicator was aborted", "socket closed")
 
 SIGNAL_HINTS = {
     signal.SIGKILL: "often the out-of-memory killer (see `dmesg`), or a `kill -9`",
@@ -86,8 +84,7 @@ class RankFailure:
         """A communication error that another rank's death causes: never shown as the cause if one is known."""
         if self.error is None:
             return False
-        text = f"{self.error.type_name} {self.error.message}".lower()
-        return self.error.type_name.startswith("Dist") or any(k in text for k in _PEER_LOST)
+        return peer_lost(self.error.type_name, self.error.message)
 
     def summary(self) -> str:
         if self.diagnosis is not None:

@@ -37,11 +37,12 @@ from ..observers.trackers import trackers_for
 from ..relay.output import write_to_std_stream
 from ..request.cell import CellInfo, CellSyntaxError, analyse_cell, names_to_send
 from ..request.config import DEFAULT_KEEP_ALIVE_S, ConfigError, LaunchConfig, LaunchRequest, resolve
-from ..request.detach import attached
+from ..request.detach import attached, followed_run
 from ..request.inputs import PayloadError, pack_inputs
 from ..request.mistakes import UserInputError
 from ..request.notebook_modules import WorkdirGone, notebook_workdir
 from ...wire.options import options_of
+from ...wire.runfolder import restart_decision
 from .cellrun import CellRun
 from .checkpoint_lock import hold_checkpoint_folder
 from .restarts import run_with_restarts
@@ -161,12 +162,18 @@ def _run_held(cell: CellRun) -> RunResult:
     if not cell.config.train.max_restarts:
         return run_cell(cell, inputs)
 
+    followed = followed_run(cell.config)  # a detached run: its agent restarts it, this kernel follows the record
+
     def attempt(restart: int, followers: list) -> RunResult:  # a restart resumes from the checkpoint, with fresh inputs
         if restart == 0:
             return run_cell(replace(cell, observers=tuple(followers)), inputs)
-        return run_cell(cell.again(restart, followers), pack_inputs(cell.namespace, cell.names))
+        again = cell.again(restart, followers)
+        if followed:  # the agent started the ranks again; the cell follows that attempt in the record
+            return run_cell(replace(again, config=attached(again.config, followed, restart)), pack_inputs({}, ()))
+        return run_cell(again, pack_inputs(cell.namespace, cell.names))
 
-    return run_with_restarts(attempt, cell.config.train, cell.write, cell.observers)
+    decide = (lambda _error, restarts: restart_decision(followed, restarts)) if followed else None
+    return run_with_restarts(attempt, cell.config.train, cell.write, cell.observers, decide)
 
 
 def list_sessions(manager: PoolManager) -> list[str]:

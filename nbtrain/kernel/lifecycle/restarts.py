@@ -21,6 +21,10 @@ Then the last failure is raised as usual. ``history`` holds the whole curve: eac
 with the series saved in the checkpoint (:mod:`nbtrain.rank.train.checkpoint`) and continues it. Restarts
 resume even when the cell was run with ``--no-resume``.
 
+A detached run (``--detach``) is restarted by its agent, not the kernel (:mod:`nbtrain.node.detached_restarts`):
+a kernel that follows it gets the agent's decision from the run's record (``decide``) and follows the next attempt
+there, so its cell shows the same lines as a restart of its own.
+
 The attempts are one run to the people watching it: the ranks see ``TORCHELASTIC_RESTART_COUNT`` (the
 attempt's number, as torchrun's agent sets it); the summary's time covers every attempt; and the
 observers (dashboard, run registry) hear of one ending only — an attempt that is restarted does not leave
@@ -29,14 +33,14 @@ a "failed" paragraph in a cell that ends well (:class:`_OneEnding`).
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Protocol, TypeVar
 
+from ...wire.restart_policy import FailureFacts, RestartPolicy, describe_checkpoint, why_not_restart
 from ...wire.settings import TrainSettings
-from ...common.words import checkpoint_position, count
+from ...common.words import count
 from ..diagnostics.failures import RankFailedError
 from ..observers.events import FanOut
 
@@ -48,10 +52,16 @@ class _Outcome(Protocol):
 _R = TypeVar("_R", bound=_Outcome)
 
 
+Decide = Callable[[RankFailedError, int], "tuple[str | None, str]"]  # (why not restart, what a restart resumes from)
+
+
 def run_with_restarts(attempt: Callable[[int, list], _R], settings: TrainSettings,
-                      write: Callable[[str, str], None], observers=()) -> _R:
+                      write: Callable[[str, str], None], observers=(), decide: Decide | None = None) -> _R:
     """Call ``attempt(restart_number, observers)`` until it succeeds or must not be repeated; re-raise the
-    last failure."""
+    last failure. ``decide(error, restarts)`` says why not to restart (None: restart) and what the restart resumes
+    from; by default this kernel decides (:func:`~nbtrain.wire.restart_policy.why_not_restart`), a detached run's is
+    its agent's to make."""
+    decide = decide or (lambda error, restarts: _kernel_decides(error, settings, restarts))
     started = time.monotonic()
     ending = _OneEnding(observers)
     restarts = 0
@@ -60,7 +70,7 @@ def run_with_restarts(attempt: Callable[[int, list], _R], settings: TrainSetting
             try:
                 result = attempt(restarts, [ending])
             except RankFailedError as error:
-                reason = _why_not_restart(error, settings, restarts)
+                reason, resumes = (_NEVER_STARTED, "") if _never_started(error) else decide(error, restarts)
                 if reason == _NEVER_STARTED:  # the error says all: nothing died, nothing to restart
                     raise
                 said = _unless_said(error)
@@ -70,7 +80,7 @@ def run_with_restarts(attempt: Callable[[int, list], _R], settings: TrainSetting
                 ending.forget()
                 restarts += 1
                 write("stderr", f"nbtrain: {said}restarting the ranks from "
-                                f"{_describe_checkpoint(settings.checkpoint_path or '')} (restart {restarts} of {settings.max_restarts}).\n")
+                                f"{resumes} (restart {restarts} of {settings.max_restarts}).\n")
                 continue
             if restarts:
                 result = result.finished_after(time.monotonic() - started,
@@ -111,23 +121,21 @@ class _OneEnding(FanOut):
 _NEVER_STARTED = "the ranks did not start"
 
 
+def _never_started(error: RankFailedError) -> bool:
+    first = error.failures[0]
+    return first.error is None and first.exit_code is None  # --start-timeout: no rank died (no node came, say)
+
+
+def _kernel_decides(error: RankFailedError, settings: TrainSettings, restarts: int) -> tuple[str | None, str]:
+    reason = _why_not_restart(error, settings, restarts)
+    return reason, "" if reason else describe_checkpoint(settings.checkpoint_path or "")
+
+
 def _why_not_restart(error: RankFailedError, settings: TrainSettings, restarts: int) -> str | None:
     first = error.failures[0]
-    if first.error is None and first.exit_code is None:  # --start-timeout: no rank died (no node came, say)
-        return _NEVER_STARTED
-    if first.machine_stopping:  # said in full by the failure: what was saved, how to resume
-        return "this machine is being stopped"
-    if first.diagnosis is not None:  # a program error nbtrain diagnosed (uneven collectives)
-        return "the ranks call different collectives, which a restart would repeat"
-    if first.error is not None and not first.secondary:
-        return (f"rank {first.rank} raised {first.error.type_name} in the cell, which a restart would raise again; "
-                "restarts are for ranks that die")
-    if restarts >= settings.max_restarts:
-        return f"--max-restarts {settings.max_restarts} used up"
-    if settings.checkpoint_path is None or not os.path.exists(settings.checkpoint_path):
-        return (f"the cell cannot resume: {settings.checkpoint_dir} holds no checkpoint yet "
-                "(nbtrain.save_checkpoint() had not run before the failure)")
-    return None
+    facts = FailureFacts(first.rank, first.exit_code, first.error.type_name if first.error else "",
+                         first.error.message if first.error else "", first.machine_stopping, first.diagnosis is not None)
+    return why_not_restart(facts, restarts, RestartPolicy.of(settings))
 
 
 def _unless_said(error: RankFailedError) -> str:
@@ -135,14 +143,3 @@ def _unless_said(error: RankFailedError) -> str:
     (a lost node: :class:`~nbtrain.kernel.cluster.group.NodePool` says so at once, before it stops the other ranks)."""
     first = error.failures[0]
     return "" if first.account is not None and first.error is None else f"{first.summary()}; "
-
-
-def _describe_checkpoint(path: str) -> str:
-    """``path (epoch e, step s)``, read without loading the tensors (mmap)."""
-    try:
-        import torch
-
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # tensors and plain values only
-        return f"{path} ({checkpoint_position(state['epoch'], state['step'], state.get('logged_step'))})"
-    except Exception:
-        return path

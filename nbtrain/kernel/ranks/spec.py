@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ...wire.restart_policy import RestartPolicy
+
 
 @dataclass(frozen=True)
 class NodesSpec:
@@ -28,6 +30,8 @@ class NodesSpec:
     last_call_s: float = field(default=0.0, compare=False)  # elastic: the wait for more nodes once MIN joined
     detached: str = ""  # --detach: the run id of a run on this machine under an agent of its own (node.detached)
     recorded: bool = False  # %distributed_attach: follow that run's record (kernel.cluster.recorded); start nothing
+    attempt: int = 0  # recorded: which attempt of the run to follow (its agent restarts it: --max-restarts)
+    restarts: RestartPolicy | None = None  # detached: the --max-restarts its agent carries out (node.detached_restarts)
 
 
 @dataclass(frozen=True)

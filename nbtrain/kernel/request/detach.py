@@ -8,7 +8,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from ...wire.restart_policy import RestartPolicy
 from ...wire.runfolder import RunFolderError, check_run_id, new_run_id
+from ...wire.settings import TrainSettings
 from ..ranks.spec import NodesSpec, PoolSpec
 from .mistakes import ConfigError
 
@@ -22,10 +24,6 @@ def detached_spec(request: LaunchRequest, pool: PoolSpec) -> PoolSpec:
     if request.session is not None:
         raise ConfigError("--session keeps variables on the kernel's warm ranks for the session's next cell; a "
                           "--detach run has ranks of its own that end with it. Leave out one of them.")
-    if request.max_restarts:
-        raise ConfigError("--max-restarts starts the run again from the kernel, which a detached run must not "
-                          "need; it does not go with --detach yet. Leave out one of them (--checkpoint still "
-                          "saves, and a new cell with --checkpoint resumes).")
     env = pool.env
     if pool.device_type == "cuda":
         env = (*env, ("CUDA_VISIBLE_DEVICES", ",".join(map(str, pool.gpu_ids))))
@@ -36,8 +34,25 @@ def detached_spec(request: LaunchRequest, pool: PoolSpec) -> PoolSpec:
     return replace(pool, env=env, nodes=NodesSpec(1, pool.nprocs, "127.0.0.1", detached=run_id))
 
 
-def attached(config: LaunchConfig, run_id: str) -> LaunchConfig:
-    """``%distributed_attach``: the cell's own options, its ranks those of detached run ``run_id``, followed through
-    the run's record instead of started (:mod:`nbtrain.kernel.cluster.recorded`)."""
-    where = NodesSpec(1, config.pool.nprocs, "127.0.0.1", detached=check_run_id(run_id), recorded=True)
+def with_restarts(pool: PoolSpec, train: TrainSettings) -> PoolSpec:
+    """A detached run's ``--max-restarts`` are its agent's to carry out (:mod:`nbtrain.node.detached_restarts`):
+    they travel in its spec, with the checkpoint they resume from."""
+    if pool.nodes is None or not pool.nodes.detached or not train.max_restarts:
+        return pool
+    return replace(pool, nodes=replace(pool.nodes, restarts=RestartPolicy.of(train)))
+
+
+def followed_run(config: LaunchConfig) -> str:
+    """The run id of a detached run this cell starts or attaches to ("" for any other): its restarts are its
+    agent's, which a kernel follows through the run's record."""
+    nodes = config.pool.nodes
+    return nodes.detached if nodes is not None else ""
+
+
+def attached(config: LaunchConfig, run_id: str, attempt: int = 0) -> LaunchConfig:
+    """``%distributed_attach``: the cell's own options, its ranks those of detached run ``run_id`` (from its attempt
+    ``attempt``: its agent restarts it with ``--max-restarts``), followed through the run's record instead of
+    started (:mod:`nbtrain.kernel.cluster.recorded`)."""
+    where = NodesSpec(1, config.pool.nprocs, "127.0.0.1", detached=check_run_id(run_id), recorded=True,
+                      attempt=attempt)
     return replace(config, pool=replace(config.pool, nodes=where), keep_alive_s=0.0, attach=run_id)
