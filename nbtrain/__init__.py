@@ -114,16 +114,17 @@ def runs():
     return (magics.pools.runs if magics is not None else RunLog()).table()
 
 
-def attach(run_id=None, background=False):
-    """Follow a ``%%distributed --detach`` run from this kernel, as ``%distributed_attach [RUN_ID] [--background]``
-    does: with no id, your only running detached run (if none runs, the one that finished last)."""
+def attach(run_id=None, background=False, force=False):
+    """Follow a ``%%distributed --detach`` run from this kernel, as ``%distributed_attach [RUN_ID] [--background]
+    [--force]`` does: with no id, your only running detached run (if none runs, the one that finished last)."""
     from IPython import get_ipython
 
     shell = get_ipython()
     if getattr(shell, "_nbtrain_magics", None) is None:
         raise RuntimeError("nbtrain.attach() needs the extension: run %load_ext nbtrain first")
     words = [run_id] if run_id else []
-    return shell.run_line_magic("distributed_attach", " ".join(words + (["--background"] if background else [])))
+    words += (["--background"] if background else []) + (["--force"] if force else [])
+    return shell.run_line_magic("distributed_attach", " ".join(words))
 
 
 def untrack(tracker):

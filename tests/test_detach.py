@@ -238,6 +238,28 @@ def test_the_stop_button_of_an_attached_kernel_stops_the_detached_run(runs, kern
     _assert_nothing_left(runfolder.read_manifest(run_id))
 
 
+def test_two_kernels_follow_one_run_and_only_the_one_in_control_stops_it_unless_forced(runs, kernels):
+    first = kernels()  # started the run: its stop button stops it
+    run_id, _ = _start(first, TRAINING, steps=2000)
+    _wait_for_step(run_id, 5)
+    second = kernels()
+    out = second.run("%distributed_attach --background")
+    assert "controls this run: this kernel follows it" in out and "--force takes control" in out
+    stopped = second.run("import nbtrain; nbtrain.last_run.stop(); nbtrain.last_run.wait(10); "
+                         "print(nbtrain.last_run.state)")
+    assert stopped.strip().endswith("interrupted"), stopped  # this kernel's following, not the run
+    at_stop = runfolder.read_manifest(run_id)
+    _wait_for_step(run_id, at_stop.step + 10)  # following ended there; the run goes on
+    assert runfolder.read_manifest(run_id).state is RecordedState.RUNNING
+
+    forced = second.run(f"%distributed_attach {run_id} --force --background")
+    assert "controls this run" not in forced
+    second.run("nbtrain.last_run.stop()")
+    final = _until_final(run_id, timeout=15)
+    assert final.state is RecordedState.STOPPED
+    _assert_nothing_left(final)
+
+
 @needs_root
 def test_another_user_can_neither_read_nor_stop_a_detached_run(runs, kernels):
     first = kernels()

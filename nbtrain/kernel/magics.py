@@ -25,7 +25,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from . import dashboard
 from .background import BackgroundCell, BackgroundRun, BackgroundRuns
 from .cluster import Cluster
-from .cluster.detached_runs import AttachChoiceError, choose_run, runs_table
+from .cluster.detached_runs import AttachChoiceError, choose_run, follow_or_control, runs_table
 from ..wire.detached_stop import stop_all_detached
 from .cluster.tokens import parse_ttl
 from ..gpu import leases
@@ -244,12 +244,16 @@ class DistributedMagics(Magics):
     @argument("--background", action="store_true", help="return at once with a handle (nbtrain.last_run) while "
               "the run goes on, as %%%%distributed --background does")
     @argument("--list", action="store_true", help="list your detached runs on this machine and attach to none")
+    @argument("--force", action="store_true", help="take control of the run from the kernel that has it (the one "
+              "that started it, while it lives): this kernel's stop button then stops the run")
     @line_magic
     def distributed_attach(self, line):
         """Follow a ``%%distributed --detach`` run from this kernel, as its cell would have run: its output and
         curves from the start, then live; the stop button stops it; its names and ``history`` arrive at its end
-        (at once, if it ended already). Examples: ``%distributed_attach``, ``%distributed_attach RUN_ID``,
-        ``%distributed_attach --background``, ``%distributed_attach --list``.
+        (at once, if it ended already). While the kernel that started it (or attached first) lives, that kernel's
+        stop button stops the run and this one's stops following only; ``--force`` takes control. Examples:
+        ``%distributed_attach``, ``%distributed_attach RUN_ID``, ``%distributed_attach --background``,
+        ``%distributed_attach --list``.
         """
         args = parse_argstring(self.distributed_attach, line)
         if args.list:
@@ -266,6 +270,9 @@ class DistributedMagics(Magics):
         display = replace(from_arguments(CellDisplay, recorded), background=args.background)
         print(f"nbtrain: attached to detached run {run.run_id} ({run.state.value}"
               + (f", step {run.step}" if run.step is not None else "") + ")")
+        following = follow_or_control(run, args.force)  # else another kernel's stop button stops the run
+        if following:
+            print(following)
         side = ShellSide(self.shell, self.pools.companion(), tuple(self.observers(0)), attach=run.run_id)
         if args.background:  # (the companion: the kernel's warm ranks stay the blocking cells')
             self.last_run = start_background(side, (cell_line, source), request, display, self.background)

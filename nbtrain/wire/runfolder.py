@@ -220,22 +220,45 @@ def reserve(run_id: str, about: dict, directory: str | None = None) -> str:
 
 def read_about(run_id: str, directory: str | None = None) -> dict:
     """What :func:`reserve` wrote for ``run_id``; {} where there is none of this user's."""
+    return read_json(run_id, ABOUT, ABOUT_LIMIT_BYTES, directory)
+
+
+def read_json(run_id: str, name: str, limit: int = MANIFEST_LIMIT_BYTES, directory: str | None = None) -> dict:
+    """The JSON object in file ``name`` of run ``run_id``'s folder; {} where there is none of this user's (or it is
+    no JSON object, or larger than ``limit`` bytes)."""
     folder = _open_own_folder(directory or runs_directory(), check_run_id(run_id))
     if folder is None:
         return {}
     try:
-        fd = _open_own_file(folder, ABOUT)
+        fd = _open_own_file(folder, name)
     finally:
         os.close(folder)
     if fd is None:
         return {}
     with os.fdopen(fd, "rb") as fh:
-        data = fh.read(ABOUT_LIMIT_BYTES + 1)
+        data = fh.read(limit + 1)
     try:
-        about = json.loads(data) if len(data) <= ABOUT_LIMIT_BYTES else {}
+        found = json.loads(data) if len(data) <= limit else {}
     except ValueError:
         return {}
-    return about if isinstance(about, dict) else {}
+    return found if isinstance(found, dict) else {}
+
+
+def write_json(run_id: str, name: str, data: dict, directory: str | None = None) -> None:
+    """File ``name`` in run ``run_id``'s folder (which must be this user's) holds ``data`` now: written whole to a
+    temporary file, then renamed over it, so a reader sees the old object or the new one."""
+    path = os.path.join(directory or runs_directory(), check_run_id(run_id))
+    if not _is_own_private_directory(os.lstat(path)):
+        raise RunFolderError(f"{path} is not a run folder of this user's")
+    fd, temporary = tempfile.mkstemp(dir=path, prefix=f".{name}-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh)
+        os.replace(temporary, os.path.join(path, name))
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
 
 
 def _open_own_file(folder_fd: int, name: str) -> int | None:

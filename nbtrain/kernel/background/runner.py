@@ -30,6 +30,7 @@ from ..observers.events import RunObserver, RunState
 from ..observers.history import RunOutcome
 from ..request.cell import analyse_cell, names_to_return
 from ..request.config import ConfigError, LaunchRequest, resolve
+from ...wire.run_control import take_control
 from ...wire.runfolder import RecordedState, new_run_id, read_manifest, reserve
 from .arrivals import Arrivals
 from .handle import BackgroundRun
@@ -153,6 +154,7 @@ def _reserve(cell: BackgroundCell, config) -> None:
     except FileExistsError:
         raise ConfigError(f"a detached run named {run_id!r} exists already: give --run-id another name, or follow it "
                           f"with %distributed_attach {run_id}") from None
+    take_control(run_id, os.environ.get(NOTEBOOK_ENV, ""))  # this kernel's stop button stops the run (wire/run_control.py)
 
 
 class _LiveHistory(RunObserver):

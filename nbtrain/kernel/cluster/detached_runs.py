@@ -3,13 +3,17 @@
 With no id and several runs still running, or an id that names none of this user's runs, the attach stops
 before anything is replayed, with a table of this user's runs (id, started, state, step) and how to name one.
 Only this user's runs are seen (:func:`nbtrain.wire.runfolder.list_runs` passes over anything another user planted).
+An attach to a running run takes control of it (:func:`follow_or_control`) unless another live kernel has it.
 """
 
 from __future__ import annotations
 
+import os
 import time
 
+from ...wire.run_control import take_control
 from ...wire.runfolder import RecordedState, RunSummary, check_run_id, list_runs
+from ..lifecycle.checkpoint_lock import NOTEBOOK_ENV
 
 
 class AttachChoiceError(Exception):
@@ -58,3 +62,15 @@ def running_note() -> str:
                 "%distributed_attach follows it")
     return (f"nbtrain: {len(running)} detached runs of yours are running: %distributed_attach --list shows them, "
             "%distributed_attach RUN_ID follows one")
+
+
+def follow_or_control(run: RunSummary, force: bool = False) -> str:
+    """This kernel takes control of ``run`` (its stop button stops it) unless another live kernel has it and
+    ``force`` is not given: then the line that says this kernel only follows ("" when it controls)."""
+    if run.state is not RecordedState.RUNNING:
+        return ""  # an ended run has nothing to stop
+    holder = take_control(run.run_id, os.environ.get(NOTEBOOK_ENV, ""), force)
+    if holder is None:
+        return ""
+    return (f"nbtrain: {holder.describe()} controls this run: this kernel follows it, and its stop button stops "
+            f"following only (%distributed_attach {run.run_id} --force takes control)")

@@ -50,6 +50,7 @@ from ..ranks.rankgroup import GroupState
 from ..ranks.spec import PoolSpec
 from ...wire import nodes as N
 from ...wire import protocol as P
+from ...wire.run_control import following_only
 from .hub import LOST_AFTER_S, Hub, NodeConn
 from .launcher import NodeLauncher
 from .slurm import SlurmNodes
@@ -359,7 +360,15 @@ class NodePool(GroupState):
         for node in self.nodes:
             node.link.send(N.Interrupt())
 
+    def stopped_elsewhere(self) -> str:
+        """A detached run another live kernel has taken control of (:mod:`nbtrain.wire.run_control`)."""
+        return following_only(self.where.detached) if self.where.detached else ""
+
     def teardown(self, graceful: bool = True, grace: float = 1.0, drain: Callable[[], None] | None = None) -> None:
+        if self.stopped_elsewhere():  # the run is another kernel's to stop: say Bye, its agent goes on alone
+            self.mark_broken()
+            self.launcher.close()
+            return
         if not self._started:
             self.launcher.say_job_kept()
         polite = graceful and self.alive()

@@ -12,7 +12,8 @@ A run its agent restarted (``--max-restarts``) is followed one attempt at a time
 group follows the attempt its spec names (``nodes.attempt``), the events between the agent's decisions
 (:meth:`~nbtrain.wire.runfolder.RunFolder.restart`), and ends where the next decision is recorded.
 
-Nothing is sent to these ranks: the job went to them when the run started. The stop button is a SIGINT to the
+Nothing is sent to these ranks: the job went to them when the run started. The stop button of the kernel in
+control of the run (:mod:`nbtrain.wire.run_control`; another kernel's only stops following) is a SIGINT to the
 run's agent, only once ``/proc`` shows it is that agent (:mod:`.detached_stop`): the first interrupts the ranks,
 the one that follows when they do not stop in time ends them.
 """
@@ -33,6 +34,7 @@ from ..ranks.rankgroup import GroupState
 from ..ranks.spec import PoolSpec
 from ..ranks.zygote_handle import ZygoteHandle
 from ...wire.detached_stop import NotTheRunsAgent, stop_run
+from ...wire.run_control import following_only
 
 POLL_S = 0.1  # a live run's log is read again this often while the run's loop waits
 
@@ -82,7 +84,13 @@ class RecordedGroup(GroupState):
         if drain is not None:
             drain()
 
+    def stopped_elsewhere(self) -> str:
+        """Another live kernel controls the run (:mod:`nbtrain.wire.run_control`): this one only stops following."""
+        return following_only(self.run_id)
+
     def _signal_agent(self) -> None:
+        if self.stopped_elsewhere():
+            return  # only the kernel in control stops the run
         try:
             stop_run(self.summary)
         except NotTheRunsAgent:

@@ -418,10 +418,11 @@ def _drive(run: _Run, acquired: Acquired, button: StopButton, started: float) ->
             stop_run(run, pool, manager, button)  # still under the button: a second press escalates it
             raise
     except KeyboardInterrupt as exc:
+        said = ("KeyboardInterrupt: stopped following; the detached run goes on." if pool.stopped_elsewhere() else
+                "KeyboardInterrupt: stopped by the user; every rank and its child processes were ended."
+                + (f" {ended_sentence(sessions_here)}" if sessions_here else ""))
         # IPython shows the lines _render_traceback_() returns instead of a traceback (an untyped hook)
-        exc.with_traceback(None)._render_traceback_ = lambda: [  # type: ignore[attr-defined]
-            "KeyboardInterrupt: stopped by the user; every rank and its child processes were ended."
-            + (f" {ended_sentence(sessions_here)}" if sessions_here else "")]
+        exc.with_traceback(None)._render_traceback_ = lambda: [said]  # type: ignore[attr-defined]
         raise exc from None
     except BaseException as exc:
         manager.teardown(pool, grace=1.0, why=f"nbtrain failed: {reason(exc)}")

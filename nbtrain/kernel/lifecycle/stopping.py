@@ -84,7 +84,10 @@ def stop_run(run, pool: RankGroup, manager, button: StopButton) -> None:
     """Say where each rank was, SIGINT each process once (if the cell runs), then escalate; within ~3 s.
     ``run`` is the run's loop (:class:`~nbtrain.kernel.lifecycle.run._Run`), asked through its methods."""
     run.flush_output()
-    if run.cell_running():
+    elsewhere = pool.stopped_elsewhere()
+    if elsewhere:  # a detached run another kernel controls: this kernel stops following it, the run goes on
+        run.say(f"\nnbtrain: {elsewhere}\n")
+    elif run.cell_running():
         where = run.where_each_rank_is(wait=0.4)
         report = "".join(f"  rank {rank}: {line}\n" for rank, line in where.items())
         run.say("\nnbtrain: stopped by the user." + (f" Where each rank was:\n{report}" if report else "\n"))

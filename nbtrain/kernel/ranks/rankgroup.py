@@ -127,6 +127,10 @@ class GroupState:
         self._module_stamps.update((stamp[1], stamp) for stamp in stamps)
         self._rank_path = tuple(rank_path)
 
+    def stopped_elsewhere(self) -> str:
+        """Why this kernel's stop button does not reach the ranks ("": it does — the ranks are this kernel's)."""
+        return ""
+
 
 class RankGroup(Protocol):
     """The ranks of one pool, as a run drives them (see the module docstring)."""
@@ -141,6 +145,7 @@ class RankGroup(Protocol):
     def serves(self, spec: PoolSpec) -> bool: ...
     def alive(self) -> bool: ...
     def interrupt(self) -> None: ...
+    def stopped_elsewhere(self) -> str: ...  # why this kernel's stop does not stop the ranks ("": it does)
     def teardown(self, graceful: bool = True, grace: float = 1.0, drain: Callable[[], None] | None = None) -> None: ...
 
     # state (GroupState)
