@@ -120,8 +120,10 @@ def attach(run_id=None, background=False, force=False):
     from IPython import get_ipython
 
     shell = get_ipython()
+    if shell is None:
+        raise RuntimeError("nbtrain.attach() follows a run in a notebook (an IPython kernel); none runs here")
     if getattr(shell, "_nbtrain_magics", None) is None:
-        raise RuntimeError("nbtrain.attach() needs the extension: run %load_ext nbtrain first")
+        shell.extension_manager.load_extension("nbtrain")  # as %load_ext nbtrain (the panel's "Follow here" relies on it)
     words = [run_id] if run_id else []
     words += (["--background"] if background else []) + (["--force"] if force else [])
     return shell.run_line_magic("distributed_attach", " ".join(words))

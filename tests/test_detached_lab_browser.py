@@ -8,6 +8,7 @@ import time
 
 import psutil
 import pytest
+from helpers.kernelhelp import Kernel
 from helpers.labhelp import lab_page
 from helpers.workers import assert_no_workers
 
@@ -51,4 +52,36 @@ def test_the_panel_lists_a_detached_run_with_its_notebook_and_stops_it(tmp_path,
         agent = psutil.Process(summary.agent_pid) if psutil.pid_exists(summary.agent_pid) else None
         if agent is not None:
             agent.wait(15)  # the run's agent exits after its run (a TimeoutExpired fails the test)
+    assert_no_workers(timeout=10)
+
+
+FOLLOWED = ("%%distributed 2 --cpu --detach --run-id lab-gone --no-dashboard\nimport time, nbtrain\n"
+            "for step in range(120):\n    nbtrain.log(seen=step)\n    time.sleep(0.05)\nlast = step")
+
+
+def test_a_run_whose_notebook_is_gone_is_followed_from_the_notebook_in_front(tmp_path, monkeypatch):
+    monkeypatch.setenv("NBTRAIN_RUNS_DIR", str(tmp_path / "runs"))
+    with lab_page(tmp_path, "other.ipynb", ["print('the notebook in front')"], {"width": 1400, "height": 900}) as (lab, page):
+        starter = Kernel(notebook=str(lab.notebooks / "deleted.ipynb"))  # its notebook was removed since
+        try:
+            starter.run("%load_ext nbtrain")
+            starter.run(FOLLOWED)
+            page.goto(f"{lab.url}/lab/tree/other.ipynb?reset&token={lab.token}")
+            page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=90_000)
+            page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
+            page.locator("#nbtrain-status").click()
+            row = page.locator("#nbtrain-panel .nbtrain-DetachedRun[data-run-id='lab-gone']")
+            row.wait_for(state="visible", timeout=60_000)
+            assert not row.locator(".nbtrain-Notebook").is_visible()  # nothing to open
+            row.locator(".nbtrain-DetachedRun-follow").click()
+            cells = page.locator(".jp-Notebook .jp-Cell")
+            cells.nth(1).locator(".jp-OutputArea-output").first.wait_for(timeout=60_000)
+            assert 'nbtrain.attach("lab-gone")' in cells.nth(1).locator(".jp-InputArea-editor").inner_text()
+            page.wait_for_function("document.querySelectorAll('.jp-Notebook .jp-Cell')[1].textContent"
+                                   ".includes('back in the notebook')", timeout=90_000)
+            text = cells.nth(1).locator(".jp-OutputArea").inner_text()
+            assert "attached to detached run lab-gone" in text
+            assert "controls this run: this kernel follows it" in text  # the kernel that started it lives
+        finally:
+            starter.shutdown()
     assert_no_workers(timeout=10)

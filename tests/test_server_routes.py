@@ -247,7 +247,8 @@ async def _detached_listed_and_stopped(jp_fetch):
         _, listed = await fetch_json(jp_fetch, "nbtrain", "runs")
         rows = {row["run_id"]: row for row in listed["detached"]}
         assert rows["train-1"]["active"] and rows["train-1"]["step"] == 41 and rows["train-1"]["nprocs"] == 2
-        assert rows["train-1"]["notebook"] == "work/train.ipynb"
+        assert rows["train-1"]["notebook"] == "work/train.ipynb" and rows["train-1"]["notebook_gone"]  # no such file
+        assert rows["old-1"]["notebook"] is None and rows["old-1"]["notebook_gone"]  # never known: follow it here
         assert rows["train-1"]["attach"] == "%distributed_attach train-1"
         assert rows["old-1"]["state"] == "finished" and not rows["old-1"]["active"]
         for body, status in ((json.dumps({"run_id": "../x"}), 400), (json.dumps({"run_id": "nope"}), 404),
@@ -258,3 +259,19 @@ async def _detached_listed_and_stopped(jp_fetch):
         code = (await jp_fetch("nbtrain", "detached", "stop", method="POST", body=json.dumps({"run_id": "train-1"}))).code
         assert code == 202
         agent.wait(30)  # the run's agent ended on the signal (a TimeoutExpired fails the test)
+
+
+def test_a_detached_runs_notebook_is_named_under_the_servers_root_and_said_gone_once_removed(tmp_path):
+    from nbtrain.server.detached_rows import _notebook
+
+    root = tmp_path / "root"
+    (root / "work").mkdir(parents=True)
+    (root / "work" / "train.ipynb").write_text("{}")
+    assert _notebook(str(root / "work" / "train.ipynb"), str(root)) == ("work/train.ipynb", False)  # Jupyter's full path
+    assert _notebook("work/train.ipynb", str(root)) == ("work/train.ipynb", False)  # a path under the root
+    (root / "work" / "train.ipynb").unlink()
+    assert _notebook("work/train.ipynb", str(root)) == ("work/train.ipynb", True)
+    outside = tmp_path / "elsewhere.ipynb"
+    outside.write_text("{}")
+    assert _notebook(str(outside), str(root)) == (None, True)  # there, but this server cannot open it
+    assert _notebook(None, str(root)) == (None, True)

@@ -2,7 +2,8 @@
  * The panel's detached runs: this user's `--detach` runs on this machine, which may have outlived the kernel
  * that started them. Each row says the run's id, state, step and ranks, the notebook that started it (a click
  * opens it), the line that follows it from any notebook (`%distributed_attach <id>`), and has a Stop button
- * while it runs: the server asks the run's agent to stop it (POST /nbtrain/detached/stop).
+ * while it runs: the server asks the run's agent to stop it (POST /nbtrain/detached/stop). When that notebook is
+ * gone, "Follow here" runs the attach in the notebook in front instead (follow.ts).
  *
  * A pressed Stop says "Stopping…" until the run is no longer running, as the runs' Stop does (runs.ts).
  */
@@ -18,7 +19,8 @@ import { NotebookLink, Section } from './views';
 export class DetachedView {
   constructor(
     private _model: NbtrainModel,
-    private _open: (path: string) => void
+    private _open: (path: string) => void,
+    private _follow: (runId: string) => Promise<void>
   ) {}
 
   get node(): HTMLElement {
@@ -60,6 +62,14 @@ export class DetachedView {
     await this._model.refresh();
   }
 
+  async follow(run: IDetachedRun): Promise<void> {
+    try {
+      await this._follow(run.run_id);
+    } catch (error) {
+      await showErrorMessage('nbtrain could not follow the detached run here', (error as Error).message);
+    }
+  }
+
   private _stopping = new Set<string>();
   private _section = new Section<IDetachedRun>(
     'nbtrain-Detached',
@@ -83,9 +93,15 @@ class DetachedRow implements IRow<IDetachedRun> {
         void this._view.stop(this._run);
       }
     };
+    this._followHere.title = "Its notebook is gone: follow the run from the notebook in front (a new one if none is)";
+    this._followHere.onclick = () => {
+      if (this._run) {
+        void this._view.follow(this._run);
+      }
+    };
     const head = el('div', 'nbtrain-Run-head');
     head.append(this._id, this._state, this._stop);
-    this.node.append(head, this._facts, this._link.node, this._attach);
+    this.node.append(head, this._facts, this._link.node, this._attach, this._followHere);
   }
 
   update(run: IDetachedRun): void {
@@ -102,8 +118,9 @@ class DetachedRow implements IRow<IDetachedRun> {
     const facts = [count('rank', run.nprocs), `step ${run.step ?? '–'}`, `started ${clock(run.started)}`,
                    duration((run.ended ?? now) - run.started)];
     setText(this._facts, facts.join(' · '));
-    setShown(this._link.node, Boolean(run.notebook));
+    setShown(this._link.node, Boolean(run.notebook) && !run.notebook_gone);
     this._link.update(run.notebook, run.run_id);
+    setShown(this._followHere, run.notebook_gone);
     setText(this._attach, run.attach);
     setAttr(this._attach, 'title', 'Run this line in any notebook of yours to follow the run there');
   }
@@ -115,4 +132,5 @@ class DetachedRow implements IRow<IDetachedRun> {
   private _stop = el('button', 'jp-Button jp-mod-styled jp-mod-warn nbtrain-Stop');
   private _facts = el('div', 'nbtrain-Run-facts');
   private _attach = el('code', 'nbtrain-DetachedRun-attach');
+  private _followHere = el('button', 'jp-Button jp-mod-styled nbtrain-DetachedRun-follow', 'Follow here');
 }

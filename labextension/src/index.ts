@@ -8,6 +8,7 @@ import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 
+import { followHere } from './follow';
 import { NbtrainModel } from './model';
 import { KernelPace } from './pace';
 import { NbtrainPanel, PANEL_ID } from './panel';
@@ -54,7 +55,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
     settings?.changed.connect(() => model.configure(readSettings(settings)));
 
     const panel = new NbtrainPanel(model, {
-      open: path => void app.commands.execute('docmanager:open', { path })
+      open: path => void app.commands.execute('docmanager:open', { path }),
+      follow: runId => followHere(app, shell, runId)
     });
     panel.title.icon = gpuIcon;
     shell.add(panel, 'right', { rank: 900 });

@@ -19,6 +19,8 @@ export const PANEL_ID = 'nbtrain-panel';
 export interface IPanelActions {
   /** Open a notebook (or any file) by its server path. */
   open(path: string): void;
+  /** Follow a detached run from the notebook in front (a new one if none is): see follow.ts. */
+  follow(runId: string): Promise<void>;
 }
 
 export class NbtrainPanel extends Widget {
@@ -33,7 +35,7 @@ export class NbtrainPanel extends Widget {
     const open = (path: string) => actions.open(path);
     this._devices = new DevicesView(_model);
     this._runs = new RunsView(_model, open);
-    this._detached = new DetachedView(_model, open);
+    this._detached = new DetachedView(_model, open, runId => actions.follow(runId));
     this._processes = new ProcessesView(_model, open);
     this.node.append(
       el('h2', 'nbtrain-Panel-title', 'nbtrain'),

@@ -149,8 +149,10 @@ export interface IDetachedRun {
   nprocs: number;
   started: number;
   ended: number | null;
-  /** The notebook that started it, where its kernel knew (null: unknown). */
+  /** The notebook that started it, as a path under the server's root (null: unknown, or outside the root). */
   notebook: string | null;
+  /** That notebook is no longer there (or was never known): the panel offers to follow the run from here. */
+  notebook_gone: boolean;
   /** The line that follows it from a notebook: `%distributed_attach <run_id>`. */
   attach: string;
 }

@@ -21,7 +21,7 @@ def _load_jupyter_server_extension(serverapp) -> None:
     from .handlers import setup_handlers
     from .service import NbtrainService
 
-    service = NbtrainService(serverapp.kernel_manager, serverapp.session_manager)
+    service = NbtrainService(serverapp.kernel_manager, serverapp.session_manager, root_dir=serverapp.root_dir)
     serverapp.web_app.settings["nbtrain"] = service
     setup_handlers(serverapp.web_app)
     untrack_subshell_requests(serverapp)

@@ -24,9 +24,10 @@ from .runs import describe_runs, gpu_processes, resolve_stop
 
 
 class NbtrainService:
-    def __init__(self, kernel_manager, session_manager, runs_directory: str | None = None) -> None:
+    def __init__(self, kernel_manager, session_manager, runs_directory: str | None = None, root_dir: str = "") -> None:
         self.kernel_manager = kernel_manager
         self.session_manager = session_manager
+        self.root_dir = root_dir  # the notebooks' root: detached runs name their notebook under it
         # Where kernels write their run records: the same runtime dir as the kernels this server starts,
         # which inherit the server's environment.
         self.runs_directory = runs_directory or runs_dir()
@@ -48,7 +49,7 @@ class NbtrainService:
     async def runs(self) -> dict:
         kernels = await self._kernels()
         runs = await self._blocking(lambda: describe_runs(kernels, self._records()))
-        return {"runs": runs, "detached": await self._blocking(detached_rows)}
+        return {"runs": runs, "detached": await self._blocking(detached_rows, self.root_dir)}
 
     async def processes(self) -> dict:
         kernels = await self._kernels()
