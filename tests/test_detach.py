@@ -19,6 +19,7 @@ from helpers.kernelhelp import Kernel
 from helpers.restart_cells import gated_killed_rank_cell
 from helpers.workers import assert_no_workers, nbtrain_workers
 
+from nbtrain.kernel.cluster.tokens import token_dir
 from nbtrain.wire import runfolder
 from nbtrain.wire.runfolder import RecordedState
 
@@ -106,6 +107,8 @@ def test_a_detached_run_outlives_a_killed_kernel_and_another_kernel_attaches_to_
     run_id, seconds = _start(first, TRAINING)
     assert seconds < 1.0  # the cell returned while the ranks start and train
     at_kill = _wait_for_step(run_id, 20)
+    tokens = token_dir()  # the agent got its token on stdin: no token of the run is on disk for the kill to leave
+    assert not [name for name in (os.listdir(tokens) if os.path.isdir(tokens) else []) if f"-{first.pid()}-" in name]
     os.kill(first.pid(), signal.SIGKILL)
     later = _wait_for_step(run_id, at_kill.step + 10)  # the ranks keep stepping with no kernel
     assert later.state is RecordedState.RUNNING

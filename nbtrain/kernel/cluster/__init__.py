@@ -64,7 +64,7 @@ class Cluster:
         if spec.nodes.recorded:  # %distributed_attach: the run's record, read back
             return RecordedGroup(spec)
         if spec.nodes.detached:  # a hub of the run's own: no other cell's pool is given its agent
-            return NodePool(spec, Hub(spec.nodes.rdzv_host))
+            return NodePool(spec, Hub(spec.nodes.rdzv_host, private=True))
         return NodePool(spec, self.hub(spec.nodes.rdzv_host), ssh=self.ssh, slurm=self.slurm)
 
     def start_hosts(self, host: str, hosts: tuple[str, ...], options=(), python: str = "",
@@ -81,7 +81,7 @@ class Cluster:
         if self.slurm.active():
             return f"nbtrain: Slurm job {self.slurm.job_id} runs the node agents already"
         hub.valid_token()
-        return self.slurm.start(nodes, min_nodes, f"{hub.host}:{hub.port}", hub.token_file.path, args, python,
+        return self.slurm.start(nodes, min_nodes, f"{hub.host}:{hub.port}", hub.token_path, args, python,
                                 bool(loopback(hub.host)), preemption_url)
 
     def kept(self, seconds: float) -> str:

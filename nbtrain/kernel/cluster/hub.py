@@ -109,7 +109,10 @@ def heartbeat_load(sample) -> tuple[float | None, float | None]:
 class Hub:
     """The kernel's end of the node links (see the module docstring)."""
 
-    def __init__(self, host: str, token_ttl_s: float = DEFAULT_TTL_S, token_dir: str | None = None) -> None:
+    def __init__(self, host: str, token_ttl_s: float = DEFAULT_TTL_S, token_dir: str | None = None,
+                 private: bool = False) -> None:
+        """``private``: the hub of one agent this kernel starts itself (a detached run's), which gets its token on
+        stdin: no token file is written, so a kernel killed meanwhile leaves no secret on disk."""
         self.host = host
         self.pool_id = secrets.token_hex(8)
         cert, key, self._fingerprint = make_certificate(host)
@@ -120,7 +123,7 @@ class Hub:
             raise OSError(f"cannot listen on --rdzv-host {host} ({exc.strerror}); give an address of this machine "
                           "that the nodes can reach") from None
         self.port = self._listener.getsockname()[1]
-        self.token_file = TokenFile(self.pool_id, token_dir)
+        self.token_file = None if private else TokenFile(self.pool_id, token_dir)
         self.token_ttl_s = token_ttl_s
         self.token = self.issue_token()
         self.nodes: list[NodeConn] = []
@@ -143,8 +146,16 @@ class Hub:
             self.token_ttl_s = ttl_s
         self.token = JoinToken(self.host, self.port, self.pool_id, secrets.token_hex(32), self._fingerprint,
                                time.time() + self.token_ttl_s)
-        self.token_file.write(self.token.encode())
+        if self.token_file is not None:
+            self.token_file.write(self.token.encode())
         return self.token
+
+    @property
+    def token_path(self) -> str:
+        """The token file's path (a private hub has none: its one agent got the token on stdin)."""
+        if self.token_file is None:
+            raise RuntimeError("a private hub writes no token file: its agent gets the token on stdin")
+        return self.token_file.path
 
     def valid_token(self) -> str:
         """The token to hand to an agent this kernel starts (stdin, never argv); an expired one is replaced."""
@@ -155,14 +166,14 @@ class Hub:
     def join_command(self) -> str:
         """The command that joins a node; it names the token's file, never the token (outputs are saved)."""
         self.valid_token()
-        return f"python -m nbtrain.node --join {self.host}:{self.port} --token-file {self.token_file.path}"
+        return f"python -m nbtrain.node --join {self.host}:{self.port} --token-file {self.token_path}"
 
     def join_help(self) -> str:
         """Where the token is and how to hand it to a node on another machine, under the join command."""
         left = max(0.0, self.token.expires - time.time())
         return (f"(the token is a secret: it stays in that file, mode 0600, valid {_duration(left)}; on a machine "
                 f"that does not share this home directory, give --token - instead and pipe the file in: "
-                f"ssh NODE '… --token -' < {self.token_file.path})")
+                f"ssh NODE '… --token -' < {self.token_path})")
 
     def announce(self) -> bool:
         """True the first time only: whether the join command still needs printing (it is printed once)."""
@@ -307,7 +318,8 @@ class Hub:
         for fd in (self.wake_r, self.wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
-        self.token_file.remove()
+        if self.token_file is not None:
+            self.token_file.remove()
 
     def describe(self) -> list[str]:
         """One line per joined node, for ``%distributed_nodes``."""

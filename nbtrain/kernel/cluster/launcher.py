@@ -71,7 +71,7 @@ class NodeLauncher:
             self._say(self.slurm.news(again=True) or f"nbtrain: waiting for the nodes of Slurm job {self.slurm.job_id}")
             return
         hub.valid_token()  # the file the agents read holds a live token
-        self._say(self.slurm.start(where.count, where.min_nodes, f"{hub.host}:{hub.port}", hub.token_file.path,
+        self._say(self.slurm.start(where.count, where.min_nodes, f"{hub.host}:{hub.port}", hub.token_path,
                                    where.slurm, where.remote_python, bool(loopback(hub.host)), where.preemption_url))
 
     def form(self) -> list[NodeConn]:
