@@ -111,6 +111,8 @@ def test_a_background_cell_returns_at_once_and_its_names_arrive_between_later_ce
         arrived = k.cells_saying("nbtrain: background run 1 finished: time, torch, nbtrain, w, step, total, history arrived")
         assert len(arrived) == 1 and arrived[0] != started  # once, between two later cells
         assert "total = 180.0 | logged 60" in k.text(after)
+        listed, _, _ = k.run("print([(str(r['state']), r['steps']) for r in nbtrain.runs().to_dicts()])")
+        assert "[('finished', 59)]" in k.text(listed)  # the kernel's runs list the background run (last step 59)
         run_output = k.text(started)
         assert "step 50" in run_output and "2 ranks" in run_output  # the run's lines and summary: in its own cell
         for msg_id, _, _ in others:

@@ -56,8 +56,8 @@ class PoolManager:
     """
 
     def __init__(self, pool_factory: Callable[[PoolSpec], RankGroup] = LocalPool, starter: RankStarter | None = None,
-                 machines: Machines | None = None, stop_at_exit: bool = True) -> None:
-        self.runs = RunLog()  # nbtrain.runs(): every run of this kernel, one row each
+                 machines: Machines | None = None, stop_at_exit: bool = True, runs: RunLog | None = None) -> None:
+        self.runs = runs or RunLog()  # nbtrain.runs(): every run of this kernel, one row each (companions share it)
         self.pool: RankGroup | None = None
         self.pool_factory = pool_factory  # a spec -> a pool (several machines: nbtrain.kernel.cluster.Cluster.make_pool)
         self.starter = starter or RankStarter()  # new ranks: forked from the kernel's zygote, or spawned
@@ -122,10 +122,10 @@ class PoolManager:
                 lease.release()
 
     def companion(self, detached: bool = False) -> PoolManager:
-        """A manager of its own, for a background run's ranks: it shares this one's pool factory and zygote,
-        never its warm pool or sessions (a blocking cell's ranks are not taken from it). A ``detached`` run's are
+        """A manager of its own, for a background run's ranks: it shares this one's pool factory, zygote and log of
+        runs (``nbtrain.runs()`` lists background, detached and attached runs too), never its warm pool or sessions (a blocking cell's ranks are not taken from it). A ``detached`` run's are
         not stopped when the kernel exits."""
-        return PoolManager(self.pool_factory, self.starter, stop_at_exit=not detached)
+        return PoolManager(self.pool_factory, self.starter, stop_at_exit=not detached, runs=self.runs)
 
     def acquire(self, config: LaunchConfig, workdir: Workdir) -> Acquired:
         """A started group for ``config``: the warm one when it serves, else a new one whose ranks are started here

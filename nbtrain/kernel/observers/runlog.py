@@ -27,6 +27,7 @@ import difflib
 import html
 import io
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -155,12 +156,17 @@ class RunLog:
     """This kernel's runs, in order; written only by :meth:`add`."""
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()  # background runs end on threads of their own
         self._rows: list[RunRow] = []
         self._count = 0
         self._series: list[EarlierRun] = []  # the last KEEP_SERIES runs that logged anything
 
     def add(self, run: RunEnd, history: History, metering: Metering | None = None) -> None:
         """One more run, with what it logged and what it held."""
+        with self._lock:
+            self._add(run, history, metering)
+
+    def _add(self, run: RunEnd, history: History, metering: Metering | None) -> None:
         self._count += 1
         steps, series = summarise(history)
         first = title(run.cell)
