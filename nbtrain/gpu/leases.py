@@ -146,6 +146,18 @@ class Lease:
 
 def take(gpu_ids: list[int], info: LeaseInfo = LeaseInfo(), directory: str | None = None) -> Lease:
     """Lease ``gpu_ids`` for this process, or raise :class:`LeaseBusy` naming who holds them."""
+    return _take(gpu_ids, info, directory, lambda holder: True, "already leased")
+
+
+def take_over(gpu_ids: list[int], info: LeaseInfo = LeaseInfo(), directory: str | None = None) -> Lease:
+    """Lease ``gpu_ids`` for this process while this user's other process holds them: a detached run's agent takes
+    over its kernel's lease, so the GPUs stay leased when that kernel goes. Another user's lease on one of them is
+    :class:`LeaseBusy`, as in :func:`take`."""
+    return _take(gpu_ids, info, directory, lambda holder: holder.uid != os.geteuid(), "leased by another user")
+
+
+def _take(gpu_ids: list[int], info: LeaseInfo, directory: str | None, in_the_way: Callable[[HeldLease], bool],
+          busy: str) -> Lease:
     check_gpu_ids(gpu_ids)
     directory = directory or lease_dir()
     sweep_own(directory)
@@ -155,10 +167,11 @@ def take(gpu_ids: list[int], info: LeaseInfo = LeaseInfo(), directory: str | Non
     lease = Lease(directory, list(gpu_ids), files, record)
     ours = {path for path, _ in files}
     # Everyone locks first and looks second, so of two takers at once at least one sees the other.
-    others = [held_lease for held_lease in held(directory) if held_lease.gpu in gpu_ids and held_lease.path not in ours]
+    others = [holder for holder in held(directory)
+              if holder.gpu in gpu_ids and holder.path not in ours and in_the_way(holder)]
     if others:
         lease.release()
-        raise LeaseBusy(f"GPU {', '.join(str(h.gpu) for h in others)} already leased: "
+        raise LeaseBusy(f"GPU {', '.join(str(h.gpu) for h in others)} {busy}: "
                         + "; ".join(describe(h) for h in others), others)
     return lease
 

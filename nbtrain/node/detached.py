@@ -10,6 +10,8 @@ agent:
   exits — :class:`Outbox` tees what :class:`~.local_ranks.LocalRanks` sends. It reads only what it must to
   know how the run stands (:class:`DetachedRecorder`): the messages of its own ranks, which passed the HMAC
   handshake, as :class:`~.local_ranks.LocalRanks` reads their ``Loaded``;
+* **leases the run's GPUs** (:mod:`nbtrain.gpu.leases`) beside the kernel that leased them, so they stay leased
+  to the run when that kernel goes, and gives them back when the run ends;
 * **goes on alone** when the link breaks, the kernel falls silent or says Bye (:func:`run_alone`): the ranks
   keep training; once every rank finished the cell they are shut down (a rank's failure stops the others, as
   the kernel would); a prompt (``input()``) gets no answer (EOFError in the rank); then the folder's state is
@@ -54,6 +56,7 @@ class DetachedRecorder:
         self.interrupts = 0  # SIGINTs to the agent: the stop button of an attached kernel
         self.stopped = False  # a stop asked (SIGINT, or the kernel's Interrupt) before any rank failed
         self._closed = False
+        self.lease = _lease(start)  # the run's GPUs, leased by the agent too: still leased when the kernel goes
         self.begin_attempt(0)
 
     def begin_attempt(self, attempt: int) -> None:
@@ -158,6 +161,8 @@ class DetachedRecorder:
         except (OSError, ValueError):  # removed meanwhile, or its log closed already: nothing left to finish
             pass
         self.store.close()
+        if self.lease is not None:
+            self.lease.release()
 
     def count_sigints(self) -> None:
         """From now SIGINT is the stop button (:meth:`act_on_interrupts`); call from the main thread."""
@@ -180,6 +185,20 @@ class DetachedRecorder:
                 say("second SIGINT: stopping the detached run's ranks")
                 ranks.stop()
         return self.interrupts
+
+
+def _lease(start: N.StartRanks):
+    """The agent's own lease on the run's GPUs, taken over from its kernel (:func:`nbtrain.gpu.leases.take_over`);
+    None without GPUs, or where it cannot be taken (said: the kernel's lease holds them while it lives)."""
+    if not start.leased_gpus:
+        return None
+    from ..gpu.leases import LeaseBusy, LeaseDirError, LeaseInfo, take_over
+
+    try:
+        return take_over(list(start.leased_gpus), LeaseInfo(notebook=f"detached run {start.detached_run}"))
+    except (LeaseBusy, LeaseDirError, OSError, ValueError) as exc:
+        say(f"the run's GPUs are leased by its kernel only (while it lives): {exc}")
+        return None
 
 
 class Outbox:

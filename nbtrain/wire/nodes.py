@@ -64,6 +64,7 @@ class StartRanks:
     join_timeout_s: float = 180.0
     detached_run: str = ""  # a run that outlives its kernel: the agent hosts the store and records the run (node.detached)
     restarts: RestartPolicy | None = None  # a detached run's --max-restarts, which its agent carries out
+    leased_gpus: tuple[int, ...] = ()  # a detached run's GPUs, which its agent leases too (they outlive the kernel)
 
 
 @dataclass(frozen=True)

@@ -124,7 +124,8 @@ class NodePool(GroupState):
             self.formed(len(nodes) * self.where.nproc_per_node)
         start = N.StartRanks(self.run_id, self.launcher.store_address(), len(nodes), self.where.nproc_per_node,
                              self.spec.backend, self.spec.device_type, self.spec.timeout_s, self.spec.env, os.getpid(),
-                             detached_run=self.where.detached, restarts=self.where.restarts)
+                             detached_run=self.where.detached, restarts=self.where.restarts,
+                             leased_gpus=self.spec.gpu_ids if self.where.detached else ())
         for group_rank, node in enumerate(nodes):
             while not node.link.incoming.empty():  # what an earlier pool's ranks said last; the agent's notes are said
                 self._note(node, node.link.incoming.get_nowait())
