@@ -5,6 +5,7 @@ attached kernel stops the run, another Unix user can neither read nor stop it, a
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -194,13 +195,15 @@ def test_max_restarts_restart_a_detached_run_in_its_agent_with_no_kernel(runs, k
     run_id, _ = _start(first, cell)
     _until_exists(tmp_path / "killed-once")  # rank 1 is in epoch 1, waiting to die
     os.kill(first.pid(), signal.SIGKILL)
+    second = kernels()  # the run's checkpoint folder is still the run's: its agent holds the lock
+    reply, out = second.execute(f"%%distributed 2 --cpu --no-dashboard --checkpoint {tmp_path / 'ckpt'}\npass")
+    assert reply["status"] == "error" and f"--checkpoint {tmp_path / 'ckpt'} is in use by" in out, out
     go.touch()
     final = _until_final(run_id)
     assert final.state is RecordedState.FINISHED  # restarted by its agent, with no kernel anywhere
     decisions = [e for e in runfolder.read_events(run_id)[0] if e["kind"] == "restart"]
     assert [(e["attempt"], e["reason"]) for e in decisions] == [(1, "")]
 
-    second = kernels()
     out = second.run(f"%distributed_attach {run_id}", timeout=120)  # the whole run, as the cell would have shown it
     assert "rank 1 was killed by SIGKILL" in out
     assert f"restarting the ranks from {tmp_path / 'ckpt' / 'checkpoint.pt'} (epoch 1, step 2) (restart 1 of 1)" in out
@@ -209,6 +212,8 @@ def test_max_restarts_restart_a_detached_run_in_its_agent_with_no_kernel(runs, k
                                   "history.series('loss', 0).steps, history.series('loss', 1).steps]))"))
     assert check == [6, 1, 2, list(range(6)), list(range(6))]  # 3 epochs × 2 steps, no gap, no duplicate
     _assert_nothing_left(final)
+    with open(tmp_path / "ckpt" / ".nbtrain-lock") as lock:  # the folder is free again once the run ended
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 def test_a_detached_run_restarted_while_its_kernel_watches_brings_its_names_back(runs, kernels, tmp_path):

@@ -23,7 +23,9 @@ PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(o
 class DetachedAgent:
     """The agent process of one detached run (see the module docstring)."""
 
-    def __init__(self, hub: Hub, run_folder: str) -> None:
+    def __init__(self, hub: Hub, run_folder: str, checkpoint_lock: int | None = None) -> None:
+        """``checkpoint_lock``: the kernel's locked descriptor on the run's ``--checkpoint`` folder, which the agent
+        inherits and keeps open, so the folder stays the run's when the kernel goes."""
         self.log = os.path.join(run_folder, "agent.log")
         log = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
         env = dict(os.environ)  # this checkout's nbtrain first, as for the ranks (node.agent.rank_env)
@@ -32,7 +34,8 @@ class DetachedAgent:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "nbtrain.node", "--join", f"{hub.host}:{hub.port}", "--token", "-",
                  "--address", hub.host], stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, env=env, cwd=run_folder)
+                start_new_session=True, env=env, cwd=run_folder,
+                pass_fds=() if checkpoint_lock is None else (checkpoint_lock,))
         finally:
             os.close(log)
         assert self.process.stdin is not None

@@ -17,6 +17,7 @@ from ..ranks.spec import NodesSpec
 from ..ranks.storehost import StoreHost
 from ..ranks.zygote_handle import ZygoteHandle
 from ...wire.runfolder import reserved_path
+from ..lifecycle.checkpoint_lock import descriptor_of
 from .detached_agent import DetachedAgent
 from .elastic import Formation
 from .hub import Hub, NodeConn
@@ -46,7 +47,7 @@ class NodeLauncher:
         """Start the agents (or say how to), then the store (forked by ``zygote`` where it can)."""
         where, hub = self.where, self.hub
         if where.detached:
-            self.agent = DetachedAgent(hub, reserved_path(where.detached))
+            self.agent = DetachedAgent(hub, reserved_path(where.detached), descriptor_of(where.checkpoint_dir))
             return
         if where.hosts and self.ssh is not None:  # first: the agents start while this kernel imports torch
             if len(hub.idle_nodes()) < where.count:

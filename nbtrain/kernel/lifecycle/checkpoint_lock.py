@@ -8,7 +8,9 @@ asks for the folder meanwhile is refused at once, before any rank runs it, with 
 it (they wrote their names into the file when they took it).
 
 The lock belongs to the open file, which only this kernel has (``O_CLOEXEC``: no rank inherits it), so it is
-released when the cell ends or the kernel dies, however it dies; a stale file left behind holds nothing.
+released when the cell ends or the kernel dies, however it dies; a stale file left behind holds nothing. The one
+process given the open file is a ``--detach`` run's agent (:func:`descriptor_of`): the run outlives the kernel,
+and so does its hold on the folder, until the run ends.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Iterator
 from ..request.mistakes import UserInputError
 
 LOCK_FILE = ".nbtrain-lock"
+_HELD: dict[str, int] = {}  # folder -> this process's locked descriptor on it, while held (written here alone)
 NOTEBOOK_ENV = "JPY_SESSION_NAME"  # the notebook's path, as Jupyter's server gives it to the kernel it starts
 
 
@@ -48,9 +51,19 @@ def hold_checkpoint_folder(folder: str | None) -> Iterator[None]:
                 "cell another --checkpoint folder.") from None
         os.ftruncate(descriptor, 0)
         os.pwrite(descriptor, json.dumps({"pid": os.getpid(), "notebook": os.environ.get(NOTEBOOK_ENV)}).encode(), 0)
-        yield
+        _HELD[folder] = descriptor
+        try:
+            yield
+        finally:
+            _HELD.pop(folder, None)
     finally:
-        os.close(descriptor)  # releases the lock
+        os.close(descriptor)  # releases the lock (unless a detached run's agent shares the open file)
+
+
+def descriptor_of(folder: str | None) -> int | None:
+    """This process's locked descriptor on ``folder`` while a cell holds it, for a ``--detach`` run's agent to
+    inherit (it then holds the folder as long as the run runs); None when none is held."""
+    return _HELD.get(folder) if folder else None
 
 
 def _holder(descriptor: int) -> str:

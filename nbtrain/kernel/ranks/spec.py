@@ -32,6 +32,7 @@ class NodesSpec:
     recorded: bool = False  # %distributed_attach: follow that run's record (kernel.cluster.recorded); start nothing
     attempt: int = 0  # recorded: which attempt of the run to follow (its agent restarts it: --max-restarts)
     restarts: RestartPolicy | None = None  # detached: the --max-restarts its agent carries out (node.detached_restarts)
+    checkpoint_dir: str = ""  # detached: the --checkpoint folder, whose lock its agent holds too (lifecycle.checkpoint_lock)
 
 
 @dataclass(frozen=True)

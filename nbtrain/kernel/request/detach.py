@@ -34,12 +34,13 @@ def detached_spec(request: LaunchRequest, pool: PoolSpec) -> PoolSpec:
     return replace(pool, env=env, nodes=NodesSpec(1, pool.nprocs, "127.0.0.1", detached=run_id))
 
 
-def with_restarts(pool: PoolSpec, train: TrainSettings) -> PoolSpec:
-    """A detached run's ``--max-restarts`` are its agent's to carry out (:mod:`nbtrain.node.detached_restarts`):
-    they travel in its spec, with the checkpoint they resume from."""
-    if pool.nodes is None or not pool.nodes.detached or not train.max_restarts:
+def with_training(pool: PoolSpec, train: TrainSettings) -> PoolSpec:
+    """What a detached run's agent needs of the training options: its ``--max-restarts``, which it carries out
+    (:mod:`nbtrain.node.detached_restarts`), and its ``--checkpoint`` folder, whose lock it holds too."""
+    if pool.nodes is None or not pool.nodes.detached:
         return pool
-    return replace(pool, nodes=replace(pool.nodes, restarts=RestartPolicy.of(train)))
+    restarts = RestartPolicy.of(train) if train.max_restarts else None
+    return replace(pool, nodes=replace(pool.nodes, restarts=restarts, checkpoint_dir=train.checkpoint_dir or ""))
 
 
 def followed_run(config: LaunchConfig) -> str:
