@@ -127,6 +127,9 @@ def test_a_detached_run_outlives_a_killed_kernel_and_another_kernel_attaches_to_
 
     again = second.run("del total\n%distributed_attach " + run_id)  # after its end: the same result
     assert "back in the notebook:" in again
+    seconds = float(re.search(r"· ([0-9.]+) s · back in the notebook", again).group(1))
+    final = runfolder.read_manifest(run_id)
+    assert abs(seconds - (final.ended - final.started)) < 2.0  # the run's own time, not the replay's
     assert second.run("print(total)").strip() == str(float(3 * sum(range(100))))
     final = runfolder.read_manifest(run_id)
     assert final is not None and final.state is RecordedState.FINISHED

@@ -54,6 +54,7 @@ class RecordedGroup(GroupState):
         self._decisions = 0  # the agent's restart decisions read so far: attempt k follows the k-th
         self._attempt_over = False  # the decision that ends this attempt was read
         self._offset = 0
+        self._attached_at = time.time()
         self._pids: dict[int, int] = {}
         self._finished: set[int] = set()  # ranks that finished the cell (their Done was read)
         self._errors: dict[int, str] = {}  # rank -> torch elastic's error file, as its agent recorded it
@@ -83,6 +84,13 @@ class RecordedGroup(GroupState):
             self._signal_agent()
         if drain is not None:
             drain()
+
+    def ran_before(self) -> float:
+        """An attach counts the run from its start: the summary's time and the dashboard's clock are the run's."""
+        if self.attempt:
+            return 0.0  # a restart: the attempts' times are added up by the restarts
+        until = min(self._attached_at, self.summary.ended or self._attached_at)  # an ended run: its own length
+        return max(0.0, until - self.summary.started)
 
     def stopped_elsewhere(self) -> str:
         """Another live kernel controls the run (:mod:`nbtrain.wire.run_control`): this one only stops following."""

@@ -80,7 +80,8 @@ class _Run:
     def __init__(self, cell: CellRun, acquired: Acquired, job: P.Job, inputs: Inputs, observers: FanOut) -> None:
         pool = acquired.pool
         self.cell, self.pool, self.job, self.inputs, self.config = cell, pool, job, inputs, cell.config
-        self.started = acquired.asked_at  # when the ranks were asked for (the summary's time counts from it)
+        # when the ranks were asked for (the summary's time counts from it); a run followed later: when it began
+        self.started = acquired.asked_at - pool.ran_before()
         self.observers, self.warm = observers, acquired.warm
         self.history = History()
         self.marks = StartMarks()  # the cold start's split (nbtrain.kernel.observers.coldstart)
@@ -435,7 +436,7 @@ def _drive(run: _Run, acquired: Acquired, button: StopButton, started: float) ->
     if run.phase is RunPhase.FAILED:
         raise _failure(run)
     manager.release(healthy=True, keep_alive_s=config.keep_alive_s)
-    result = _bring_back(run, time.monotonic() - started)
+    result = _bring_back(run, time.monotonic() - started + pool.ran_before())
     if config.session:
         manager.sessions.record(config.session, pool, run.done, cell.namespace)
     if result.cold_start is not None:

@@ -131,6 +131,10 @@ class GroupState:
         """Why this kernel's stop button does not reach the ranks ("": it does — the ranks are this kernel's)."""
         return ""
 
+    def ran_before(self) -> float:
+        """Seconds the ranks had been running the cell before this kernel took them up (0: it started them)."""
+        return 0.0
+
 
 class RankGroup(Protocol):
     """The ranks of one pool, as a run drives them (see the module docstring)."""
@@ -146,6 +150,7 @@ class RankGroup(Protocol):
     def alive(self) -> bool: ...
     def interrupt(self) -> None: ...
     def stopped_elsewhere(self) -> str: ...  # why this kernel's stop does not stop the ranks ("": it does)
+    def ran_before(self) -> float: ...  # seconds the ranks ran the cell before this kernel took them up
     def teardown(self, graceful: bool = True, grace: float = 1.0, drain: Callable[[], None] | None = None) -> None: ...
 
     # state (GroupState)
