@@ -55,6 +55,34 @@ trainer.fit(Net(), loader, loader)
 world = trainer.world_size
 """
 
+ACCELERATE = """
+import tempfile, torch
+from accelerate import Accelerator
+accelerator = Accelerator(cpu=True, log_with=["tensorboard", "nbtrain"] if NBTRAIN_TOO else "tensorboard",
+                          project_dir=tempfile.mkdtemp())
+model = torch.nn.Linear(8, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model, optimizer = accelerator.prepare(model, optimizer)
+accelerator.init_trackers("cell")
+for step in range(6):
+    loss = torch.nn.functional.mse_loss(model(torch.randn(4, 8)), torch.randn(4, 1))
+    accelerator.backward(loss)
+    optimizer.step(); optimizer.zero_grad()
+    accelerator.log({"loss": loss.item(), "lr": 0.1}, step=step)
+accelerator.end_training()
+world = accelerator.num_processes
+"""
+
+
+def test_an_accelerators_tracker_logs_are_the_runs_series_at_its_steps(pools):
+    ns, result = run_cell(pools, "NBTRAIN_TOO = False\n" + ACCELERATE)
+    assert ns["world"] == 2  # accelerate joined the cell's ranks
+    assert result.history.series("loss").steps == list(range(6))  # logged through its TensorBoard tracker
+    assert result.history.series("lr").steps == list(range(6))
+    assert "logged by accelerate" in format_summary(result)[0]
+    _, both = run_cell(pools, "NBTRAIN_TOO = True\n" + ACCELERATE)  # and log_with="nbtrain": each value once
+    assert both.history.series("loss").steps == list(range(6))
+
 
 def test_hugging_face_trainers_logs_are_the_runs_series_at_its_steps(pools):
     output = Captured()

@@ -77,8 +77,8 @@ class TrainOptions:
         False, "--activation-checkpointing", "with --shard: recompute each block's activations in backward instead "
         "of keeping them (less memory, more compute)", group="training", switch=True)
     integrations: bool = option(
-        True, "--no-integrations", "do not turn what Hugging Face's Trainer or Lightning's Trainer logs into the "
-        "dashboard's curves and history", group="training", switch=True, env="NBTRAIN_INTEGRATIONS")
+        True, "--no-integrations", "do not turn what Hugging Face's Trainer, Lightning's Trainer or accelerate's "
+        "trackers log into the dashboard's curves and history", group="training", switch=True, env="NBTRAIN_INTEGRATIONS")
     compile_fallback: bool = option(
         False, "--compile-fallback", "with --compile: when compiling fails, say why and run the model uncompiled "
         "instead of failing the cell", group="speed", switch=True)

@@ -1,11 +1,13 @@
 """The ecosystem's own training loops, logging into nbtrain with no change to the cell.
 
 While a cell runs on a rank (:func:`scope`, unless ``--no-integrations``), what Hugging Face's ``Trainer``
-(:mod:`.huggingface`) and Lightning's ``Trainer`` (:mod:`.lightning`) log becomes nbtrain's series — the dashboard's
+(:mod:`.huggingface`), Lightning's ``Trainer`` (:mod:`.lightning`) and accelerate's trackers (:mod:`.accelerate`)
+log becomes nbtrain's series — the dashboard's
 curves and ``history`` — at their own step, with their planned number of steps as the progress bar's end. Each is
 hooked in through the library's public extension point, never by changing its code: the Trainer's default
 callbacks for Hugging Face (added once the library is imported, :mod:`.imports`), the
-``lightning.pytorch.callbacks_factory`` entry point for Lightning. Outside a cell the callbacks do nothing.
+``lightning.pytorch.callbacks_factory`` entry point for Lightning, accelerate's registry of tracker classes. Outside a
+cell the callbacks do nothing.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from . import huggingface
+from . import accelerate, huggingface
 from .imports import after_import
 
 _state = {"active": False}
@@ -41,6 +43,7 @@ def scope(enabled: bool) -> Iterator[None]:
         yield
         return
     after_import("transformers.trainer", huggingface.install)  # now if imported already, else when it is
+    after_import("accelerate.tracking", accelerate.install)
     _state["active"] = True
     _last.clear()
     try:

@@ -240,9 +240,9 @@ def send_setup(facts: dict) -> None:
         _sink._send(Setup(_sink.rank, dict(facts)))
 
 
-def log_own(step: int, values: dict[str, float]) -> None:
+def log_own(step: int | None, values: dict[str, float]) -> None:
     """Series nbtrain measures or hears on the rank (``tflops``, ``mfu``; what a Trainer logs,
-    :mod:`nbtrain.rank.integrations`): logged inside a cell, dropped outside."""
+    :mod:`nbtrain.rank.integrations`): logged inside a cell, dropped outside. ``step`` None: each name's next."""
     if _sink is not None:
         _sink.log(values, step)
 
