@@ -217,3 +217,15 @@ def test_detached_trains_through_a_kernel_restart_and_attaches_from_the_new_kern
     assert "back in the notebook: model, final_loss, checksum" in text
     assert "300 logged steps" in text and "the model that came back is the one the ranks held: True" in text
     assert runfolder.read_manifest(run_id).state is runfolder.RecordedState.FINISHED
+
+
+def test_hf_finetune_trains_with_the_trainer_and_its_logs_are_the_runs_series():
+    pytest.importorskip("transformers")
+    text = "\n".join(execute("hf_finetune.ipynb"))
+    found = re.search(r"trained on 2 ranks: eval loss (\d+\.\d+), accuracy (\d\.\d+)", text)
+    assert found, text
+    assert float(found.group(2)) >= 0.7, text  # it learned the made-up task
+    logged = re.search(r"logged by the Trainer: (.*)", text).group(1).split(", ")
+    assert {"loss", "learning_rate", "eval_loss", "eval_accuracy"} <= set(logged), logged
+    assert "logged by Hugging Face Trainer" in text  # the summary says which integration logged
+    assert "the model says:" in text
