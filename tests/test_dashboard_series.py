@@ -95,6 +95,9 @@ def test_progress_without_total_has_no_eta():
     (["loss_val", "loss"], [("loss", ["loss", "loss_val"])]),
     (["validation_loss", "loss", "test_loss"], [("loss", ["loss", "validation_loss", "test_loss"])]),
     (["value", "val"], [("value", ["value"]), ("val", ["val"])]),
+    # what Hugging Face's Trainer logs: its eval_* metrics drawn as the validation twins of its training ones
+    (["loss", "learning_rate", "eval_loss", "eval_accuracy"],
+     [("loss", ["loss", "eval_loss"]), ("learning_rate", ["learning_rate"]), ("accuracy", ["eval_accuracy"])]),
 ])
 def test_training_and_validation_share_a_panel(names, panels):
     assert group_names(names) == panels
