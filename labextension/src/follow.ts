@@ -6,7 +6,7 @@
  * The notebook is reached through JupyterLab's commands and the few members of its panel used here, so the
  * extension needs no build-time dependency on @jupyterlab/notebook.
  */
-import type { ILabShell, JupyterFrontEnd } from '@jupyterlab/application';
+import type { JupyterFrontEnd } from '@jupyterlab/application';
 import type { Widget } from '@lumino/widgets';
 
 interface ICellLike {
@@ -30,7 +30,7 @@ export function followCode(runId: string): string {
 }
 
 /** Add the cell that follows `runId` to the notebook in front (a new one if none is) and run it. */
-export async function followHere(app: JupyterFrontEnd, shell: ILabShell, runId: string): Promise<void> {
+export async function followHere(app: JupyterFrontEnd, shell: JupyterFrontEnd.IShell, runId: string): Promise<void> {
   let notebook: Widget | null | undefined = shell.currentWidget;
   if (!isNotebook(notebook)) {
     notebook = (await app.commands.execute('notebook:create-new', { kernelName: 'python3' })) as Widget;

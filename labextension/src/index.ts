@@ -3,7 +3,7 @@
  * notebooks that hold each GPU. Data comes from nbtrain's server extension (nbtrain/server). It also brings
  * a run's dashboard back into a notebook reopened during the run (see reattach.ts).
  */
-import { ILabShell, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
@@ -35,14 +35,10 @@ const plugin: JupyterFrontEndPlugin<void> = {
   id: PLUGIN_ID,
   description: 'GPU status bar and a panel of GPUs, nbtrain runs and GPU processes by notebook.',
   autoStart: true,
-  requires: [ILabShell],
   optional: [IStatusBar, ISettingRegistry],
-  activate: async (
-    app: JupyterFrontEnd,
-    shell: ILabShell,
-    statusBar: IStatusBar | null,
-    settingRegistry: ISettingRegistry | null
-  ) => {
+  // The front end's own shell, not ILabShell: Notebook 7 has the same areas and calls, and no ILabShell.
+  activate: async (app: JupyterFrontEnd, statusBar: IStatusBar | null, settingRegistry: ISettingRegistry | null) => {
+    const shell = app.shell;
     let settings: ISettingRegistry.ISettings | null = null;
     if (settingRegistry) {
       try {

@@ -30,10 +30,12 @@ def free_port() -> int:
 
 
 class JupyterLab:
-    def __init__(self, root: Path, extension_under_test: bool = False) -> None:
+    def __init__(self, root: Path, extension_under_test: bool = False, app: str = "jupyterlab") -> None:
         """``extension_under_test``: serve the checkout's own build of the extension (see the module doc);
-        otherwise the lab serves whatever the environment has installed."""
+        otherwise the lab serves whatever the environment has installed. ``app``: the front end's server module,
+        ``jupyterlab`` or ``notebook`` (Notebook 7, whose pages load the same prebuilt extensions)."""
         self.root = root
+        self.app = app
         self.token = secrets.token_hex(16)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -48,17 +50,19 @@ class JupyterLab:
         self.notebooks.mkdir()
         self.extension = link_built_extension(home / "path" / "labextensions") if extension_under_test else None
         # A notebook attaches to its kernel without asking which; no news pop-up (no network, cleaner pictures).
-        self.user_setting("notebook-extension/tracker", {"autoStartDefaultKernel": True})
-        self.user_setting("apputils-extension/notification", {"fetchNews": "false"})
+        if app == "jupyterlab":
+            self.user_setting("notebook-extension/tracker", {"autoStartDefaultKernel": True})
+            self.user_setting("apputils-extension/notification", {"fetchNews": "false"})
         self.log_path = root / "lab.log"
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout: float = 90) -> None:
         tiers.starts("a JupyterLab server")
-        args = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+        args = [sys.executable, "-m", self.app, "--no-browser", "--ServerApp.ip=127.0.0.1",
                 f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
-                f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.notebooks}",
-                f"--LabApp.workspaces_dir={self.root / 'workspaces'}"]
+                f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.notebooks}"]
+        if self.app == "jupyterlab":
+            args.append(f"--LabApp.workspaces_dir={self.root / 'workspaces'}")
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             args.append("--allow-root")
         self.process = subprocess.Popen(args, env=self.env, stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT)
@@ -184,12 +188,12 @@ def screenshot_path(name: str, scratch: Path) -> Path:
 
 
 @contextlib.contextmanager
-def lab_page(tmp_path: Path, notebook: str, cells: list[str], viewport: dict):
-    """A JupyterLab with the extension under test, ``notebook`` written with ``cells`` and a kernel session on it,
-    and a headless Chromium page: ``(lab, page)``. On a failure a screenshot and the lab's log are printed; the
-    browser and the lab are stopped however the test ends."""
+def lab_page(tmp_path: Path, notebook: str, cells: list[str], viewport: dict, app: str = "jupyterlab"):
+    """A JupyterLab (``app="notebook"``: Notebook 7) with the extension under test, ``notebook`` written with
+    ``cells`` and a kernel session on it, and a headless Chromium page: ``(lab, page)``. On a failure a screenshot
+    and the lab's log are printed; the browser and the lab are stopped however the test ends."""
     sync_api = browser_or_skip()
-    lab = JupyterLab(tmp_path, extension_under_test=True)
+    lab = JupyterLab(tmp_path, extension_under_test=True, app=app)
     write_notebook(lab.notebooks / notebook, cells)
     lab.start()
     lab.start_session(notebook)
