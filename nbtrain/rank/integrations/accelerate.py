@@ -33,6 +33,8 @@ def install(tracking) -> None:
 
 def _teed(tracker: type) -> type:
     class Teed(tracker):
+        __doc__ = f"{tracker.__name__}, also logging into nbtrain."
+        __qualname__ = f"nbtrain.{tracker.__name__}"  # as accelerate's own messages name the class
         nbtrain_tee = True
 
         def start(self):
@@ -43,8 +45,6 @@ def _teed(tracker: type) -> type:
             super().log(values, step=step, **kwargs)
             _log(values, step)
 
-    Teed.__name__, Teed.__qualname__ = tracker.__name__, tracker.__qualname__  # as accelerate's messages name it
-    Teed.__doc__ = f"{tracker.__name__}, also logging into nbtrain."
     return Teed
 
 
