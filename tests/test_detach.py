@@ -231,6 +231,35 @@ def test_a_detached_run_restarted_while_its_kernel_watches_brings_its_names_back
     _assert_nothing_left(_until_final(run_id))
 
 
+SHARDED = """%%distributed 2 --cpu --detach --shard --no-dashboard
+import torch, nbtrain
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+model, opt = nbtrain.prepare(net, torch.optim.SGD(net.parameters(), lr=0.05))
+for step in range(30):
+    loss = model(torch.ones(4, 8)).pow(2).mean()
+    nbtrain.backward(loss)
+    opt.step(); opt.zero_grad()
+    nbtrain.log(loss=loss)
+"""
+
+
+def test_a_sharded_detached_run_brings_its_model_back_whole_on_attach(runs, kernels):
+    first = kernels()
+    run_id, _ = _start(first, SHARDED)
+    _wait_for_step(run_id, 3)
+    os.kill(first.pid(), signal.SIGKILL)  # while it trains: the run is the agent's
+    final = _until_final(run_id)
+    assert final.state is RecordedState.FINISHED
+    second = kernels()
+    out = second.run(f"%distributed_attach {run_id}", timeout=120)
+    assert "back in the notebook:" in out and "model" in out
+    check = second.run("import torch; print(type(model).__name__, sum(p.numel() for p in model.parameters()), "
+                       "len(history.series('loss', 0).steps))")
+    assert check.split() == ["Sequential", "161", "30"], check  # the plain module, whole: 8*16+16+16+1
+    _assert_nothing_left(final)
+
+
 def test_the_stop_button_of_an_attached_kernel_stops_the_detached_run(runs, kernels):
     first = kernels()
     run_id, _ = _start(first, TRAINING, steps=2000)
