@@ -11,6 +11,7 @@ from multiprocessing.connection import AuthenticationError, Client
 import psutil
 import pytest
 from helpers.runhelp import run_cell
+from helpers.tiers import load_factor
 
 from nbtrain.kernel.diagnostics.failures import RankFailedError
 from nbtrain.kernel.ranks.pool import LocalPool
@@ -52,7 +53,8 @@ def test_a_failure_stops_the_other_ranks_within_2_s(fresh_pools):
     started = time.monotonic()
     with pytest.raises(RankFailedError):
         run_cell(fresh_pools, "import torch.distributed as dist\nif rank == 0:\n    raise KeyError('x')\ndist.barrier()\n")
-    assert time.monotonic() - started < 2.0
+    # 2 s on an idle machine (not the collective's timeout of minutes); a loaded one stretches it by its load per core
+    assert time.monotonic() - started < 2.0 * load_factor()
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 

@@ -31,7 +31,11 @@ def starts(what: str) -> None:
                     "with `pytestmark = pytest.mark.slow`, so the fast tier (-m \"not slow\") stays fast", pytrace=False)
 
 
+def load_factor() -> float:
+    """The machine's load per core when above 1, else 1: how much longer than on an idle machine work takes now."""
+    return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+
+
 def fast_limit() -> float:
     """How long an unmarked test may run now: FAST_LIMIT_S, times the machine's load per core when above 1."""
-    load = os.getloadavg()[0] / (os.cpu_count() or 1)
-    return FAST_LIMIT_S * max(1.0, load)
+    return FAST_LIMIT_S * load_factor()
