@@ -8,14 +8,15 @@ nor a run whose restarts are used up or whose checkpoint folder is still empty. 
 record (:meth:`~nbtrain.wire.runfolder.RunFolder.restart`), where a kernel that follows the run reads it
 (:func:`~nbtrain.wire.runfolder.restart_decision`) and then follows the next attempt.
 
-A restart starts torch elastic's agent again for the same ranks, under a new rendezvous round (the store is the
-agent's own, so the attempts never share keys), with ``NBTRAIN_ATTEMPT`` telling the ranks which attempt they are,
+A restart starts torch elastic's agent again for the same ranks, with a c10d store of the attempt's own (torch
+elastic keys the ranks' process group by its agent's restart count, which a new agent starts at 0 again), with ``NBTRAIN_ATTEMPT`` telling the ranks which attempt they are,
 and delivers the cell the kernel delivered at the start: the ranks resume from the checkpoint as after a restart the
 kernel makes (``TORCHELASTIC_RESTART_COUNT`` is the attempt's number).
 """
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -75,4 +76,6 @@ def _what_happened(recorder: DetachedRecorder) -> str:
     if first.raised:
         return f"rank {first.rank} raised {first.error_type} (another rank had gone)"
     code = first.exit_code if first.exit_code is not None else 0
-    return f"rank {first.rank} was killed by signal {-code}" if code < 0 else f"rank {first.rank} exited with code {code}"
+    if code < 0:
+        return f"rank {first.rank} was killed by {signal.Signals(-code).name}"  # as the kernel says it
+    return f"rank {first.rank} exited with code {code}"
