@@ -181,9 +181,9 @@ def test_steps_that_wait_for_their_batches_say_so_and_the_advisor_names_the_load
     # 2 ranks × 4 samples a step, each step at least the 4 × 10 ms its batch sleeps: at most 200 samples/s
     assert 40 < fact["samples_per_s"] <= 200 and "tokens_per_s" not in fact, fact
     split = fact["split"]  # percent of the step: the data wait, then the phases the prepared objects timed
-    assert list(split) == ["data", "forward", "backward", "optimizer", "other"]
+    assert list(split) == ["data", "forward", "backward", "comm", "optimizer", "other"]
     assert split["data"] == pytest.approx(fact["data_wait"])
-    assert all(split[phase] > 0 for phase in ("forward", "backward", "optimizer")), split
+    assert all(split[phase] > 0 for phase in ("forward", "backward", "comm", "optimizer")), split
     assert sum(split.values()) == pytest.approx(100.0, abs=0.01)
     assert split["other"] < 10, split  # the loop holds nothing else: the timed phases are nearly the whole step
     lines = format_summary(result)
@@ -210,17 +210,17 @@ def test_the_final_picture_draws_each_ranks_step_split_as_a_stacked_bar():
     from nbtrain.kernel.diagnostics.setup_facts import splits_of
     from nbtrain.kernel.dashboard.telemetry_series import TelemetrySeries
 
-    split = {"data": 60.0, "forward": 20.0, "backward": 15.0, "optimizer": 4.0, "other": 1.0}
+    split = {"data": 60.0, "forward": 20.0, "backward": 12.0, "comm": 3.0, "optimizer": 4.0, "other": 1.0}
     setup = {0: [{"model": 0}, {"precision": "fp32", "split": split}],
              1: [{"precision": "fp32", "split": {**split, "data": 15.0, "other": 46.0}}], 2: [{"model": 0}]}
     splits = splits_of(setup)
     assert list(splits) == [0, 1]  # rank 2 sent no split: no bar
     ax, = final_figure(MetricStore(), TelemetrySeries(), "run", beside=Beside(splits=splits)).axes
     bars = ax.patches
-    assert len(bars) == 2 * 5
+    assert len(bars) == 2 * 6
     widths = [(round(bar.get_y() + bar.get_height() / 2), bar.get_width()) for bar in bars]
-    assert widths[:5] == [(0, 60.0), (0, 20.0), (0, 15.0), (0, 4.0), (0, 1.0)]
-    assert [matplotlib_colors.to_hex(bar.get_facecolor()) for bar in bars[:5]] == list(PHASE_COLORS.values())
+    assert widths[:6] == [(0, 60.0), (0, 20.0), (0, 12.0), (0, 3.0), (0, 4.0), (0, 1.0)]
+    assert [matplotlib_colors.to_hex(bar.get_facecolor()) for bar in bars[:6]] == list(PHASE_COLORS.values())
     assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0", "rank 1"]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == list(split)
     assert "60%" in [t.get_text() for t in ax.texts] and "4%" not in [t.get_text() for t in ax.texts]

@@ -1,16 +1,17 @@
-"""The final picture's step split: one stacked bar per rank — data, forward, backward, optimizer, other.
+"""The final picture's step split: one stacked bar per rank — data, forward, backward, comm, optimizer, other.
 
 Each rank's split is the percent of its steps' time it sent when the cell ended (:mod:`nbtrain.rank.train.stepsplit`,
 in the step meter's fact, gathered by :func:`~nbtrain.kernel.diagnostics.setup_facts.splits_of`); a cell that trained on no prepared optimizer has none, and the picture no such row.
-Bars side by side show a straggler at a glance: the rank whose data share is four times the others'.
+Bars side by side show a straggler at a glance: the rank whose data share is four times the others', or the one
+rank whose comm share is small because every other rank waits for it at each all-reduce.
 """
 
 from __future__ import annotations
 
 from . import theme
 
-PHASE_COLORS = {"data": "#d62728", "forward": "#1f77b4", "backward": "#2ca02c", "optimizer": "#9467bd",
-                "other": theme.OTHER_COLOR}
+PHASE_COLORS = {"data": "#d62728", "forward": "#1f77b4", "backward": "#2ca02c", "comm": "#ff7f0e",
+                "optimizer": "#9467bd", "other": theme.OTHER_COLOR}
 LABEL_AT_PCT = 8.0  # a segment this wide or wider carries its percent
 
 

@@ -16,6 +16,9 @@ Each rule fires only on its own measurement, and its hint quotes it:
 * **data wait** — the steps of a rank waited at least :data:`DATA_WAIT_PCT` % of their time for a prepared
   DataLoader's next batch (:mod:`nbtrain.rank.train.stepmeter`); or one rank waited :data:`DATA_WAIT_RATIO` × the
   others' median: its data comes slower;
+* **comm wait** — the steps of a rank waited at least :data:`COMM_WAIT_PCT` % of their time for DDP's gradient
+  all-reduce after backward computed its last gradient (*comm* in the step split: :mod:`nbtrain.rank.train.commwait`);
+  when one rank waited under a third of that, the others wait for it: it is the straggler, and the hint names it;
 * **precision** — a rank trained in fp32 on a GPU that computes bf16 (``--amp off`` there);
 * **straggler** — a rank whose logged steps per second are under :data:`STRAGGLER_RATIO` of the others'
   median, or (ranks kept in step by DDP) whose GPU is much busier than the others', which then wait for it;
@@ -38,7 +41,7 @@ from dataclasses import dataclass, field
 
 from ...common.words import count
 from ..observers.events import NodeState
-from .setup_facts import step_meter_fact
+from .setup_facts import splits_of, step_meter_fact
 
 IDLE_GPU_PCT = 50.0
 BUSY_CPU_PCT = 80.0  # of one core
@@ -51,6 +54,7 @@ SLOWED_FRACTION = 0.2
 FEW_SMS_PCT = 40.0  # GPM's SM active in a GPU's busy samples: below it, its kernels leave most SMs idle
 DATA_WAIT_PCT = 30.0  # of each step spent waiting for the next batch: the input pipeline holds training back
 DATA_WAIT_RATIO = 3.0
+COMM_WAIT_PCT = 25.0  # of each step waiting for the all-reduce after backward: the link (or a slower rank) holds training back
 
 
 @dataclass(frozen=True)
@@ -183,7 +187,7 @@ def evidence_from_history(history, setup: dict[int, list[dict]]) -> Evidence:
 
 def advise(evidence: Evidence) -> list[Hint]:
     """Every hint the evidence supports, most important first."""
-    return [*_gpu_health(evidence), *_data_wait(evidence), *_input_pipeline(evidence), *_straggler(evidence),
+    return [*_gpu_health(evidence), *_data_wait(evidence), *_comm_wait(evidence), *_input_pipeline(evidence), *_straggler(evidence),
             *_precision(evidence), *_batch_headroom(evidence)]
 
 
@@ -262,6 +266,27 @@ def _data_wait(evidence: Evidence) -> list[Hint]:
                                   f"({wait:.0f} % of each step against {typical:.0f} %): its batches come slower — "
                                   "a slower disk or file system on its machine, or samples that cost more to load.")]
     return []
+
+
+def _comm_wait(evidence: Evidence) -> list[Hint]:
+    timed = {rank for rank in evidence.setup
+             if (fact := step_meter_fact(evidence.setup, rank)) and fact.get("steps_timed", 0) >= MIN_STEPS}
+    shares = {rank: split["comm"] for rank, split in splits_of(evidence.setup).items() if rank in timed and "comm" in split}
+    if not shares or max(shares.values()) < COMM_WAIT_PCT:
+        return []
+    rank = max(shares, key=lambda r: shares[r])
+    least = min(shares, key=lambda r: shares[r])
+    said = f"{shares[rank]:.0f} % of each step on rank {rank} waited for the gradient all-reduce after backward"
+    if shares[least] <= shares[rank] / 3:
+        return [Hint("comm-wait", (
+            f"{said}, against {shares[least]:.0f} % on rank {least}: the other ranks wait for rank {least} at every "
+            f"all-reduce, so rank {least} is the straggler. Look for what is different there: its data shard, its "
+            "GPU, or work only it does (logging, evaluation)."))]
+    return [Hint("comm-wait", (
+        f"{said} (communication DDP could not hide behind the backward): all-reduce less often with --grad-accum N "
+        "(one all-reduce per N micro-steps) or a bigger batch per rank, compress the gradients "
+        "(model.register_comm_hook(None, bf16_compress_hook) from torch.distributed.algorithms.ddp_comm_hooks."
+        "default_hooks), or train over a faster link between the GPUs (NVLink, InfiniBand)."))]
 
 
 def _loader_words(loaders: list[dict]) -> str:

@@ -163,6 +163,7 @@ def _prepare_model(context: TrainContext, model, ddp_kwargs: dict):
             wrapped = PreparedDDP(model, device_ids=device_ids, **ddp_kwargs)
         except TypeError as exc:
             raise PreparedError(f"DistributedDataParallel rejected prepare()'s keyword arguments: {exc}") from None
+        context.meter.all_reduced(model)
     else:
         if ddp_kwargs:
             raise PreparedError(f"{', '.join(ddp_kwargs)} are DistributedDataParallel options, but no process group "

@@ -24,6 +24,7 @@ import time
 import torch
 
 from . import metrics
+from .commwait import LastGradient
 from .flops import FlopCount, peak_of, precision_of
 from .stepsplit import PHASES, StepSplit, first_tensor
 
@@ -64,7 +65,8 @@ class StepMeter:
         self.world_size = world_size  # the ranks reading as many samples as this one: the rate over all of them
         self._read = (0, 0)  # samples and tokens read since the last optimizer step
         self.flops = FlopCount()
-        self.split = StepSplit(on_gpu=not on_cpu)  # forward, backward, optimizer
+        self.split = StepSplit(on_gpu=not on_cpu)  # forward, backward, comm, optimizer
+        self._last_gradients: list[LastGradient] = []  # one per DDP model: its backward's comm
         self._started: float | None = None  # when the current window began (at an optimizer step)
         self._window = _Window()
         self._total = _Window()  # over the cell, the windows already closed
@@ -72,6 +74,10 @@ class StepMeter:
 
     def training_forward(self, model_speed) -> None:
         self.flops.training_forward(model_speed)
+
+    def all_reduced(self, model) -> None:
+        """``model``'s gradients are all-reduced by DDP: the part of its backward that waits for that is *comm*."""
+        self._last_gradients.append(LastGradient(model, self.split))
 
     def sharded(self) -> None:
         self.flops.sharded()
@@ -126,6 +132,8 @@ class StepMeter:
     def close(self, loaders: list[dict]) -> None:
         """The cell ended: its means, and its prepared loaders' settings, go to the kernel (if it trained)."""
         self.flops.drop()
+        for watch in self._last_gradients:
+            watch.close()
         if self._started is None:
             return
         self._window.phases = self.split.take()

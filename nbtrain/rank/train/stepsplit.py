@@ -6,8 +6,9 @@ return of ``nbtrain.backward()``, or else to whichever comes first of the optimi
 forward and the next batch asked of a prepared loader — so after a plain ``loss.backward()`` it holds what the
 cell does before ``step()`` (gradient clipping); either way it holds, under DDP, the part of the all-reduce that
 backward did not hide; *optimizer* is the prepared optimizer's
-``step()``. The data wait is the prepared loader's (:mod:`.stepmeter`); what is left of the step is *other*: the
-loss, logging, the cell's own code.
+``step()``. Under DDP, *comm* is the part of backward that waited for the all-reduce after the last gradient was
+computed (:mod:`.commwait`), taken out of *backward*. The data wait is the prepared loader's (:mod:`.stepmeter`);
+what is left of the step is *other*: the loss, logging, the cell's own code.
 
 **The clock.** On the CPU, wall time. On a GPU the host runs ahead of the device, so each mark is a CUDA event on
 the current stream and the phases are the device's time between them; the events are read when a window closes
@@ -20,7 +21,7 @@ import time
 
 import torch
 
-PHASES = ("forward", "backward", "optimizer")
+PHASES = ("forward", "backward", "comm", "optimizer")
 
 
 class _HostClock:
@@ -58,6 +59,7 @@ class StepSplit:
         self._forward_at = None  # a training forward under way: its begin mark
         self._backward_at = None  # the step's backward began (its output's gradient arrived): its mark
         self._optimizer_at = None
+        self._computed_at = None  # the step's backward computed its last gradient (DDP: .commwait): its mark
 
     def forward_began(self) -> None:
         now = self._clock.mark()
@@ -70,6 +72,7 @@ class StepSplit:
             self._close_backward(self._clock.mark())
 
     def _close_backward(self, now) -> None:
+        self._computed_at = None
         if self._backward_at is not None:
             self._marks.append(("backward", self._backward_at, now))
             self._backward_at = None
@@ -88,6 +91,21 @@ class StepSplit:
         if self._backward_at is None:  # a model with several outputs that carry gradients: the first one's
             self._backward_at = self._clock.mark()
         return None  # the gradient unchanged
+
+    def gradients_computed(self) -> None:
+        """Backward computed its last gradient; what follows until :meth:`gradients_reduced` is the all-reduce."""
+        if self._backward_at is not None:
+            self._computed_at = self._clock.mark()
+
+    def gradients_reduced(self) -> None:
+        """DDP's all-reduce is done: the backward so far, then *comm*; backward goes on to its usual end."""
+        computed, self._computed_at = self._computed_at, None
+        if computed is None or self._backward_at is None:
+            return
+        now = self._clock.mark()
+        self._marks.append(("backward", self._backward_at, computed))
+        self._marks.append(("comm", computed, now))
+        self._backward_at = now
 
     def optimizer_began(self) -> None:
         now = self._clock.mark()

@@ -1,0 +1,100 @@
+"""*comm* in the step split: the part of a DDP backward that waits for the gradient all-reduce after the last
+gradient is computed (nbtrain.rank.train.commwait), and the advisor's reading of it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers.runhelp import run_cell
+
+from nbtrain.kernel.diagnostics.advisor import Evidence, advise
+from nbtrain.kernel.lifecycle.entry import format_summary
+from nbtrain.rank.train.commwait import LastGradient
+
+
+class Said:
+    """Stands in for the step split: the order in which the marks and the parameters' gradients came."""
+
+    def __init__(self) -> None:
+        self.said: list[str] = []
+
+    def gradients_computed(self) -> None:
+        self.said.append("computed")
+
+    def gradients_reduced(self) -> None:
+        self.said.append("reduced")
+
+
+def test_the_last_gradient_is_learned_on_the_first_backward_then_marked_once_a_backward_after_every_gradient():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    split = Said()
+    watch = LastGradient(model, split)
+    model(torch.randn(2, 4)).sum().backward()
+    assert split.said == []  # the first backward only learns which gradient comes last
+    for param in model.parameters():
+        param.register_post_accumulate_grad_hook(lambda _p: split.said.append("gradient"))
+    for _ in range(2):
+        split.said.clear()
+        model(torch.randn(2, 4)).sum().backward()
+        # the watched parameter's own gradient follows its mark; the three others came before it
+        assert split.said == ["gradient"] * 3 + ["computed", "gradient", "reduced"], split.said
+    watch.close()
+    split.said.clear()
+    model(torch.randn(2, 4)).sum().backward()
+    assert split.said == ["gradient"] * 4  # closed: no mark any more
+
+
+def _evidence(splits: dict[int, dict[str, float]]) -> Evidence:
+    evidence = Evidence()
+    for rank, split in splits.items():
+        evidence.add_setup(rank, {"precision": "fp32", "on_cpu": True, "steps_timed": 40, "split": split})
+    return evidence
+
+
+def test_the_advisor_says_when_steps_wait_for_the_all_reduce_and_names_the_rank_the_others_wait_for():
+    even = {"data": 0.0, "forward": 20.0, "backward": 30.0, "comm": 40.0, "optimizer": 5.0, "other": 5.0}
+    hint = next(h for h in advise(_evidence({0: even, 1: {**even, "comm": 38.0}})) if h.rule == "comm-wait")
+    assert hint.text.startswith("40 % of each step on rank 0 waited for the gradient all-reduce after backward")
+    assert "--grad-accum N" in hint.text and "bf16_compress_hook" in hint.text
+    slow_one = {**even, "backward": 65.0, "comm": 5.0}
+    hint = next(h for h in advise(_evidence({0: even, 1: slow_one, 2: even})) if h.rule == "comm-wait")
+    assert "against 5 % on rank 1: the other ranks wait for rank 1 at every all-reduce, so rank 1 is the straggler" \
+        in hint.text, hint.text
+    assert not [h for h in advise(_evidence({0: {**even, "comm": 10.0}})) if h.rule == "comm-wait"]
+
+
+STRAGGLER_CELL = """
+import time, torch, nbtrain
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+
+def slower_here(grad):
+    if rank == 1:
+        time.sleep(0.02)  # rank 1's backward takes longer (a slower GPU, more work there)
+    return grad
+
+def hook_its_gradient(module, inputs, output):
+    output.register_hook(slower_here)
+
+net[0].register_forward_hook(hook_its_gradient)
+model, opt = nbtrain.prepare(net, torch.optim.SGD(net.parameters(), lr=0.01))
+for step in range(40):
+    nbtrain.backward(model(torch.randn(8, 64)).pow(2).mean())
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+@pytest.mark.slow
+def test_a_slower_ranks_backward_is_the_others_comm_and_the_advisor_names_it_the_straggler(pools):
+    _, result = run_cell(pools, STRAGGLER_CELL)
+    splits = {rank: next(f for f in facts if "split" in f)["split"] for rank, facts in result.setup.items()}
+    for split in splits.values():
+        assert list(split) == ["data", "forward", "backward", "comm", "optimizer", "other"]
+        assert sum(split.values()) == pytest.approx(100.0, abs=0.01)
+    # rank 0 computes its gradients at once, then waits ~20 ms a step for rank 1's share of the all-reduce
+    assert splits[0]["comm"] > 50 and splits[0]["backward"] < 25, splits
+    assert splits[1]["backward"] > 50 and splits[1]["comm"] < 15, splits
+    lines = format_summary(result)
+    assert f"{splits[0]['comm']:.0f} % comm" in lines[0], lines
+    assert any("so rank 1 is the straggler" in line for line in lines), lines
