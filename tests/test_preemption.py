@@ -294,3 +294,26 @@ def test_preempt_reclaim_bit_for_bit_resumes_to_the_uninterrupted_runs_exact_par
     curve, expected = resumed.history.series("loss", rank=0), whole.history.series("loss", rank=0)
     assert curve.steps == expected.steps == list(range(40))  # each step once: none repeated, none lost
     assert curve.values == expected.values
+
+
+EPOCH_LOGGED_CELL = RECLAIMED_CELL.replace("""        time.sleep(0.03)
+""", """        time.sleep(0.03)
+    nbtrain.log(epoch=epoch)  # once an epoch, after its last step
+""")
+
+
+@pytest.mark.parametrize("signal_step", [4, 12])  # on an epoch's last step (5 a epoch), and inside one
+def test_preempt_reclaim_bit_for_bit_keeps_each_epochs_value_logged_after_its_last_step(fresh_pools, tmp_path,
+                                                                                          signal_step):
+    """A value the loop logs after an epoch's last step is in the checkpoint with that step, so a resumed run's
+    ``history`` holds each epoch's value exactly once, as the uninterrupted run's does."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    sent = signal_at_step(marks, rank=1, step=signal_step)
+    with pytest.raises(RankFailedError, match="got SIGTERM from outside"):
+        run_cell(fresh_pools, EPOCH_LOGGED_CELL, {"MARKS": str(marks)}, checkpoint=str(tmp_path / "reclaimed"))
+    assert signal_step <= sent["step"] < 40
+    _, resumed = run_cell(fresh_pools, EPOCH_LOGGED_CELL, {"MARKS": str(marks)}, checkpoint=str(tmp_path / "reclaimed"))
+    for rank in (0, 1):
+        assert resumed.history.series("epoch", rank=rank).values == [float(e) for e in range(8)], sent
+    assert resumed.history.series("loss", rank=0).steps == list(range(40))
