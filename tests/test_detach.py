@@ -354,3 +354,58 @@ def test_a_run_whose_folder_is_removed_goes_on_and_its_names_still_arrive_in_its
     first.run("import nbtrain; nbtrain.last_run.wait(90); print(nbtrain.last_run.state)")
     assert first.run("print(total)").strip() == str(float(3 * sum(range(60))))
     _assert_nothing_left(summary)
+
+
+class _Quiet:
+    """A dashboard front end that draws nothing: the test reads the dashboard's model."""
+
+    def show(self) -> None:
+        return None
+
+    def tick(self) -> None:
+        return None
+
+    def finish(self) -> None:
+        return None
+
+
+def test_a_detached_runs_load_is_sampled_by_its_agent_and_drawn_by_a_kernel_that_attaches_after_its_end(runs, kernels):
+    from nbtrain.kernel.cluster import Cluster
+    from nbtrain.kernel.dashboard.observer import DashboardObserver
+    from nbtrain.kernel.dashboard.telemetry_series import DeviceKey
+    from nbtrain.kernel.lifecycle.entry import run_source
+    from nbtrain.kernel.lifecycle.pools import PoolManager
+    from nbtrain.kernel.request.config import LaunchRequest
+
+    first = kernels()
+    run_id, _ = _start(first, TRAINING, steps=60)
+    _wait_for_step(run_id, 5)
+    os.kill(first.pid(), signal.SIGKILL)  # from here the agent samples alone
+    final = _until_final(run_id)
+    events, _ = runfolder.read_events(run_id)
+    pids = next(e["ranks"] for e in events if e["kind"] == "started")
+    samples = [e["sample"] for e in events if e["kind"] == "telemetry"]
+    assert len(samples) >= (final.ended - final.started) - 3, len(samples)  # about one a second, to the end
+    for sample in samples:
+        assert [(r["rank"], r["pid"], r["device"]) for r in sample["ranks"]] == [
+            (0, pids["0"], "cpu"), (1, pids["1"], "cpu")]
+    assert all(r["rss"] > 0 and r["cpu_percent"] is not None for r in samples[-2]["ranks"])
+    assert samples[-1]["time"] - samples[0]["time"] > 2.0
+
+    observer = DashboardObserver(lambda model: _Quiet())
+    body = TRAINING.replace("STEPS", "60").split("\n", 1)[1]
+    namespace: dict = {}
+    manager = PoolManager(Cluster().make_pool)  # as the magics hold it: a spec that follows a record reads it
+    try:
+        run_source(body, LaunchRequest(nprocs=2, cpu=True), namespace, attach=run_id, observers=[observer],
+                   manager=manager)
+    finally:
+        manager.shutdown()
+    assert namespace["total"] == float(3 * sum(range(60)))  # the run's names, not a run of its own
+    assert observer.sampler is None  # the record's samples, none of this process's own
+    assert observer.model.telemetry.version == len(samples)
+    timelines = observer.model.telemetry.timelines()
+    assert {DeviceKey.rank(0), DeviceKey.rank(1)} <= set(timelines)  # each rank, beside the machine
+    (seconds, busy), _memory = timelines[DeviceKey.rank(0)]
+    assert seconds[-1] == pytest.approx(samples[-1]["time"] - samples[0]["time"], abs=0.5)
+    _assert_nothing_left(final)

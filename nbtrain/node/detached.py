@@ -10,6 +10,7 @@ agent:
   exits — :class:`Outbox` tees what :class:`~.local_ranks.LocalRanks` sends. It reads only what it must to
   know how the run stands (:class:`DetachedRecorder`): the messages of its own ranks, which passed the HMAC
   handshake, as :class:`~.local_ranks.LocalRanks` reads their ``Loaded``;
+* **samples the run's load** — its ranks' CPU and memory, its GPUs — into the folder (:mod:`.detached_telemetry`);
 * **leases the run's GPUs** (:mod:`nbtrain.gpu.leases`) beside the kernel that leased them, so they stay leased
   to the run when that kernel goes, and gives them back when the run ends;
 * **goes on alone** when the link breaks, the kernel falls silent or says Bye (:func:`run_alone`): the ranks
@@ -34,6 +35,7 @@ from ..wire.restart_policy import FailureFacts
 from ..wire.runfolder import RecordedState, RunFolder
 from .agent_store import AgentStore
 from .console import say
+from .detached_telemetry import RecordedTelemetry
 from .local_ranks import LocalRanks
 
 FAILURE_GRACE_S = 0.5  # the other ranks' chance to report the same error before they are stopped
@@ -57,6 +59,7 @@ class DetachedRecorder:
         self.stopped = False  # a stop asked (SIGINT, or the kernel's Interrupt) before any rank failed
         self._closed = False
         self.lease = _lease(start)  # the run's GPUs, leased by the agent too: still leased when the kernel goes
+        self.telemetry = RecordedTelemetry(self.folder, start.leased_gpus)
         self.begin_attempt(0)
 
     def begin_attempt(self, attempt: int) -> None:
@@ -110,6 +113,8 @@ class DetachedRecorder:
             self.failed_at = self.failed_at or time.monotonic()
         elif isinstance(message, N.RanksStarted):
             self.ranks_started = True
+            if not self.unwritable:
+                self.telemetry.ranks_started({rank: pid for rank, (_local, pid) in message.ranks.items()})
         elif isinstance(message, N.NodeError):
             self.start_failed = message.text
 
@@ -156,6 +161,7 @@ class DetachedRecorder:
         if self._closed:
             return
         self._closed = True
+        self.telemetry.close()  # its last sample before the folder's final state
         try:
             self.folder.finish(self.outcome())
         except (OSError, ValueError):  # removed meanwhile, or its log closed already: nothing left to finish

@@ -10,7 +10,8 @@ The folder holds two files:
 * ``events.jsonl`` — append-only, one JSON object a line, in the order the kernel would have been told: which
   process runs each rank, each rank's output lines, each message a rank sent (the bytes it pickled, in base64:
   logged metrics, displays, ``Done`` with rank 0's results in :mod:`.payload`'s format) and each rank's exit;
-  with ``--max-restarts``, after an attempt that failed, whether the agent started the ranks again;
+  with ``--max-restarts``, after an attempt that failed, whether the agent started the ranks again; and the
+  ranks' and GPUs' load as the agent sampled it (a sample a second at first, fewer as the run ages);
   A reader follows a live run by reading on from the offset it reached (:func:`read_events`);
 * ``cell.json`` — written first, by the kernel that started the run (:func:`reserve`): the cell's magic line and
   source, its notebook and kernel, so that any kernel can attach to the run as the cell would have run.
@@ -64,6 +65,8 @@ class EventKind(enum.Enum):
     STARTED = "started"  # ranks: {rank: pid}, once the ranks' processes run
     RESTART = "restart"  # attempt, reason, resumes: after an attempt failed, the agent's --max-restarts decision: attempt
     # n > 0 started again from the checkpoint (reason ""), or 0 with why not (node.detached_restarts)
+    TELEMETRY = "telemetry"  # sample: the ranks and GPUs as the dashboard samples them (gpu.snapshot_json), sampled by
+    # the agent (node.detached_telemetry)
 
 
 @dataclass(frozen=True)
@@ -152,6 +155,9 @@ class RunFolder:
 
     def started(self, pids: dict[int, int]) -> None:
         self._append(EventKind.STARTED, ranks={str(rank): pid for rank, pid in pids.items()})
+
+    def telemetry(self, sample: dict) -> None:
+        self._append(EventKind.TELEMETRY, sample=sample)
 
     def restart(self, attempt: int, reason: str = "", resumes: str = "") -> None:
         """The failed attempt is followed by ``attempt``, which resumes from ``resumes`` (the checkpoint, where it

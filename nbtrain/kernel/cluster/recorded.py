@@ -26,10 +26,11 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+from ...gpu.snapshot_json import snapshot_from_json
 from ...wire import protocol as P
 from ...wire.runfolder import EventKind, RecordedState, RunFolderError, read_events, read_manifest
 from ..diagnostics.failures import RankFailure, rank_failure
-from ..ranks.rank_events import Exited, Message, Output
+from ..ranks.rank_events import Exited, Message, Output, Sampled
 from ..ranks.rankgroup import GroupState
 from ..ranks.spec import PoolSpec
 from ..ranks.zygote_handle import ZygoteHandle
@@ -158,6 +159,9 @@ class RecordedGroup(GroupState):
             if record.get("error"):
                 self._errors[rank] = record["error"]
             return [Exited(rank, record["code"])]
+        if kind == EventKind.TELEMETRY.value:
+            snapshot = snapshot_from_json(record.get("sample"))
+            return [] if snapshot is None else [Sampled(snapshot)]
         if kind == EventKind.STARTED.value:
             self._pids.update({int(r): int(pid) for r, pid in record["ranks"].items()})
         return []

@@ -7,6 +7,7 @@ The run calls it on the kernel's main thread; every callback only records and re
   on the first one the front end is shown and the two background threads start: the telemetry
   :class:`~nbtrain.kernel.dashboard.threads.Sampler` (every ``interval`` seconds) and the
   :class:`~nbtrain.kernel.dashboard.threads.Ticker` that lets the front end redraw (four times a second);
+* ``sampled`` — a detached run's load as its agent recorded it, in place of the sampler's;
 * ``nodes_heard`` — a ``--nodes`` run's machines (state, CPU, RAM, GPUs from their heartbeats) go to the model;
 * ``metrics`` — the records are appended to the bounded store (O(1) per value);
 * ``setup`` — what ``prepare()`` set up (precision, memory format, compile time) goes to the model;
@@ -60,7 +61,8 @@ class DashboardObserver(RunObserver):
         if self.front is None:
             self.front = self._make_front(self.model)
             self.front.show()
-            self.sampler = Sampler(self.model.telemetry_source, self.model.add_sample, self.interval).start()
+            if not info.telemetry_recorded:  # a detached run's record brings its own samples (sampled)
+                self.sampler = Sampler(self.model.telemetry_source, self.model.add_sample, self.interval).start()
             self.ticker = Ticker(self.front.tick, TICK_S, "nbtrain-dashboard").start()
 
     def ranks_ready(self, info: RunInfo) -> None:
@@ -78,6 +80,9 @@ class DashboardObserver(RunObserver):
 
     def nodes_heard(self, nodes) -> None:
         self.model.set_nodes(nodes)
+
+    def sampled(self, snapshot) -> None:
+        self.model.add_sample(snapshot)
 
     def cold_start(self, split) -> None:
         self.model.set_cold_start(f"cold start {split.total_s:.1f} s")  # its split: the cell's closing line

@@ -44,7 +44,7 @@ from ..observers.cost import metering_for
 from ..observers.events import FanOut, NodeState, RankInfo, RunInfo, RunState
 from ..observers.coldstart import ColdStart, StartMarks
 from ..observers.history import History, RunResult
-from ..ranks.rank_events import Exited, Message, Output, RankEvent
+from ..ranks.rank_events import Exited, Message, Output, RankEvent, Sampled
 from ..ranks.rankgroup import RankGroup
 from ..relay.displays import PendingDisplays
 from ..relay.output import AtMarks, OutputRelay
@@ -186,7 +186,8 @@ class _Run:
                       for rank, pid in enumerate(self.pool.pids()))
         return RunInfo(f"{self.pool.run_id}/{self.job.job_id}", self.pool.world_size, spec.backend, spec.device_type,
                        spec.gpu_ids, ranks, self.warm, nodes := self.pool.node_infos(), self.started,
-                       metering_for(spec, nodes, self.config.price_per_hour, self.pool.world_size))
+                       metering_for(spec, nodes, self.config.price_per_hour, self.pool.world_size),
+                       telemetry_recorded=spec.nodes is not None and spec.nodes.recorded)
 
     def _tell_info(self, event: str) -> None:
         """``run_started`` or ``ranks_ready`` to the observers, with what the run holds now."""
@@ -225,6 +226,8 @@ class _Run:
                 elif isinstance(message, P.Metrics):
                     self.history.add(rank, message.records)
                 return isinstance(message, (P.Failed, P.Done))
+            case Sampled(snapshot):
+                self.notify("sampled", snapshot)
             case _:
                 raise TypeError(f"nbtrain: the ranks' group yielded {event!r}, which is not one of the events a run "
                                 "takes (nbtrain.kernel.ranks.rank_events.RankEvent): the group and the run disagree")

@@ -117,6 +117,7 @@ class RunInfo:
     nodes: tuple[NodeInfo, ...] = ()  # a --nodes run's machines; () on one machine
     started: float = 0.0  # unix time the cell began, before its ranks started (0: not known)
     metering: Metering | None = None  # the GPUs or cores the run holds, and their price (nbtrain.kernel.observers.cost)
+    telemetry_recorded: bool = False  # its load comes as recorded samples (``sampled``): nothing to sample here
 
 
 class RunObserver:
@@ -141,6 +142,10 @@ class RunObserver:
 
     def nodes_heard(self, nodes: tuple[NodeInfo, ...]) -> None:
         """A ``--nodes`` run's machines, about once a second, with what their heartbeats said (CPU, RAM, GPUs)."""
+
+    def sampled(self, snapshot) -> None:
+        """A sample of the run's load its agent recorded (a detached run followed through its record: a
+        :class:`~nbtrain.gpu.telemetry.Snapshot`); such a run's ``info.telemetry_recorded`` says they come."""
 
     def cold_start(self, split) -> None:
         """New ranks on this machine reached the cell's first step: where the time went

@@ -35,4 +35,12 @@ class Message:
     message: object
 
 
-RankEvent = Output | Exited | Message
+@dataclass(frozen=True)
+class Sampled:
+    """The run's load as its agent sampled it (a :class:`~nbtrain.gpu.telemetry.Snapshot`): only from a detached
+    run's record (:mod:`nbtrain.kernel.cluster.recorded`), which holds no live process of this kernel to sample."""
+
+    snapshot: object
+
+
+RankEvent = Output | Exited | Message | Sampled
