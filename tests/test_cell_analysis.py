@@ -53,3 +53,8 @@ def test_syntax_error_names_the_cell_line_counting_the_magic_line():
 def test_names_the_cell_deletes():
     info = analyse_cell("buf = 1\nkeep = 2\ndel buf\nif keep:\n    del keep\ndef f():\n    x = 1\n    del x\n")
     assert info.deletes == ("buf", "keep") and info.assigns == ("buf", "keep", "f")
+
+
+def test_an_except_clauses_name_counts_as_deleted_as_python_deletes_it_when_the_clause_ends():
+    info = analyse_cell("try:\n    x = 1 / 0\nexcept ZeroDivisionError as exc:\n    why = str(exc)\n")
+    assert info.assigns == ("x", "exc", "why") and info.deletes == ("exc",)  # never said to be missing

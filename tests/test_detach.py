@@ -409,3 +409,28 @@ def test_a_detached_runs_load_is_sampled_by_its_agent_and_drawn_by_a_kernel_that
     (seconds, busy), _memory = timelines[DeviceKey.rank(0)]
     assert seconds[-1] == pytest.approx(samples[-1]["time"] - samples[0]["time"], abs=0.5)
     _assert_nothing_left(final)
+
+
+ASKING = """%%distributed 2 --cpu --detach --no-dashboard
+import time, nbtrain
+for step in range(40):
+    nbtrain.log(seen=step)
+    time.sleep(0.05)
+try:
+    answer = input("Name? ") if rank == 1 else "none"
+except EOFError as exc:
+    answer = f"EOF ({exc})"
+print(f"rank {rank} answer {answer}", flush=True)
+"""
+
+
+def test_a_prompt_of_a_detached_run_is_said_to_a_kernel_that_attaches_and_its_output_goes_on(runs, kernels):
+    first = kernels()
+    run_id, _ = _start(first, ASKING)
+    _wait_for_step(run_id, 5)
+    os.kill(first.pid(), signal.SIGKILL)  # no kernel to answer: the agent's EOFError
+    _until_final(run_id)
+    out = kernels().run(f"%distributed_attach {run_id}", timeout=120)
+    assert "nbtrain: rank 1 asked for input ('Name?'); this kernel follows the detached run and cannot answer" in out
+    assert "rank 1 answer EOF (input() on rank 1: the run is detached: no notebook is attached to answer input())" in out
+    assert "back in the notebook:" in out and "answer" in out  # the prompt held nothing back

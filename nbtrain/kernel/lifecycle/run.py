@@ -48,7 +48,7 @@ from ..ranks.rank_events import Exited, Message, Output, RankEvent, Sampled
 from ..ranks.rankgroup import RankGroup
 from ..relay.displays import PendingDisplays
 from ..relay.output import AtMarks, OutputRelay
-from ..relay.stdin import PendingPrompts
+from ..relay.stdin import PendingPrompts, asker
 from ..request.cell import CELL_FILENAME, names_to_return
 from ..ranks.spec import PoolSpec
 from ..request.notebook_modules import notebook_workdir
@@ -113,7 +113,8 @@ class _Run:
 
     def _talk_to_ranks(self, nprocs: int) -> None:
         """The relay of the ranks' output and prompts, which label ranks only when there are several."""
-        self.prompts = PendingPrompts(self.pool.send_to, self._write, nprocs)  # input() and pdb in a rank
+        nodes = self.pool.spec.nodes  # a detached run followed through its record: its prompts are not ours
+        self.prompts = PendingPrompts(self.pool.send_to, self._write, nprocs, asker(bool(nodes and nodes.recorded)))
         self.relay = OutputRelay(self._write, nprocs, self.config.shown_rank,
                                  AtMarks(self.displays.show, self.prompts.answer), self.pool.rank_label)
 

@@ -20,6 +20,10 @@ is in (a rank that prints more than a pipe holds, 64 KiB, pauses until then). Th
 the kernel's ``input()`` raises KeyboardInterrupt and the run is stopped as usual. A front end that takes
 no input (nbclient and nbconvert by default) raises StdinNotImplementedError: the rank gets an EOFError
 that says so, and a line under the cell says which rank asked.
+
+A kernel that follows a detached run through its record (:mod:`nbtrain.kernel.cluster.recorded`) answers nothing
+(:func:`asker`): the prompt was the run's agent's to answer — with the starting kernel's answer while that kernel
+lived, else with EOFError — so a line says which rank asked and the rank's output goes on.
 """
 
 from __future__ import annotations
@@ -36,6 +40,19 @@ def _ask_in_kernel(prompt: str) -> str:
     for stream in (sys.stdout, sys.stderr):
         stream.flush()  # the rank's text relayed so far goes out before the prompt
     return builtins.input(prompt)
+
+
+class FollowingOnly(Exception):
+    """The prompt's rank is not this kernel's to answer: it follows a detached run's record."""
+
+
+def _follower_cannot_ask(prompt: str) -> str:
+    raise FollowingOnly
+
+
+def asker(following: bool) -> Callable[[str], str]:
+    """How a run's prompts are asked: in the kernel, or (``following`` a detached run's record) not at all."""
+    return _follower_cannot_ask if following else _ask_in_kernel
 
 
 class PendingPrompts:
@@ -67,6 +84,11 @@ class PendingPrompts:
             reason = ""
         except EOFError:
             text, reason = None, "the notebook's stdin is closed"
+        except FollowingOnly:
+            text, reason = None, "followed from another kernel"
+            self._write("stderr", f"nbtrain: rank {rank} asked for input ({request.prompt.strip() or 'a line'!r}); "
+                        "this kernel follows the detached run and cannot answer: the kernel that started the run "
+                        "answered it if it was still running, else the rank got EOFError.\n")
         except Exception as exc:  # IPython's StdinNotImplementedError: the front end takes no input
             if type(exc).__name__ != "StdinNotImplementedError":
                 raise

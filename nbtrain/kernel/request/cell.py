@@ -11,7 +11,8 @@ cell defines. Both come from the cell's syntax tree, without running it:
   little time, one too few breaks the run.
 * **assigns** — every name bound at the cell's top level (assignment, import, ``def``, ``class``,
   ``for``/``with`` targets, walrus), in first-bound order; the default set brought back from rank 0.
-* **deletes** — names the cell's top-level code deletes (``del buf``). They stay in the default set (a
+* **deletes** — names the cell's top-level code deletes (``del buf``, and ``except E as exc``'s ``exc``, which
+  Python deletes when the clause ends). They stay in the default set (a
   name deleted and bound again comes back), but one that is gone when the cell ends is not reported as
   missing: the cell meant it.
 
@@ -239,6 +240,8 @@ def _top_level_deletions(tree: ast.Module) -> list[str]:
             return  # their ``del`` acts on their own scope
         if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Del) and n.id not in out:
             out.append(n.id)
+        if isinstance(n, ast.ExceptHandler) and n.name and n.name not in out:
+            out.append(n.name)  # Python deletes ``except E as name``'s name when the clause ends
         for child in ast.iter_child_nodes(n):
             visit(child)
 
