@@ -6,7 +6,9 @@ For each rank count it measures, on the CPU (gloo):
 
 * **cold start to first step** — from the call to the moment rank 0 has finished its first DDP step: a new
   nbtrain pool (``--fresh``, keep-alive 0), its ranks forked from the zygote as in a notebook (started when the
-  extension loaded, so ready by the first cell), against ``torchrun --standalone`` starting the same code as a
+  extension loaded, so ready by the first cell; idle for a moment before the cell, as between two cells, so its
+  spare forks are ready: :mod:`nbtrain.rank.spares` — and again right after another pool started, back to back,
+  when it forks them then), against ``torchrun --standalone`` starting the same code as a
   script, and against accelerate's ``notebook_launcher`` (which forks the calling process: a notebook that
   touched CUDA cannot use it) running the same code in a process that has torch imported — and again in one
   that has also imported what the zygote imports (``torch._dynamo``, which building an optimizer imports: a
@@ -44,7 +46,10 @@ from nbtrain.kernel.lifecycle.pools import PoolManager
 from nbtrain.kernel.observers.coldstart import PHASES
 from nbtrain.kernel.ranks.starter import RankStarter
 from nbtrain.kernel.request.config import LaunchRequest
+from nbtrain.rank.spares import REFILL_AFTER_S
 from nbtrain.rank.zygote import WARM_IMPORTS
+
+BETWEEN_CELLS_S = REFILL_AFTER_S + 0.5  # the zygote idles this long before a cold cell: its spares are forked
 
 TRAIN = """
 import time, torch
@@ -146,7 +151,7 @@ def run_accelerate(ranks: int, steps: int, path: str, preloaded: tuple[str, ...]
 
 
 def run_torchrun(ranks: int, steps: int, workdir: str) -> tuple[float, float]:
-    path = os.path.join(workdir, "rank/train.py")
+    path = os.path.join(workdir, "train.py")
     with open(path, "w") as fh:
         fh.write(SCRIPT_WRAPPER.format(body=cell_source(steps)))
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // ranks))}
@@ -160,10 +165,12 @@ def run_torchrun(ranks: int, steps: int, workdir: str) -> tuple[float, float]:
 
 def measure(ranks: int, repeats: int, steps: int, starter: RankStarter, accelerate: str | None) -> dict:
     cold_nb, cold_tr, cold_acc, cold_acc_warm, warm_nb, rate_nb, rate_tr, splits = [], [], [], [], [], [], [], []
+    back_to_back: list[float] = []
     with tempfile.TemporaryDirectory() as workdir:
         for _ in range(repeats):
             manager = PoolManager(starter=starter)
             try:
+                time.sleep(BETWEEN_CELLS_S)
                 first, rate, split = run_nbtrain(ranks, steps, manager, fresh=True)
                 cold_nb.append(first)
                 rate_nb.append(rate)
@@ -171,6 +178,7 @@ def measure(ranks: int, repeats: int, steps: int, starter: RankStarter, accelera
                 first, rate, _ = run_nbtrain(ranks, steps, manager, fresh=False)
                 warm_nb.append(first)
                 rate_nb.append(rate)
+                back_to_back.append(run_nbtrain(ranks, steps, manager, fresh=True)[0])
             finally:
                 manager.shutdown()
             first, rate = run_torchrun(ranks, steps, workdir)
@@ -189,6 +197,7 @@ def measure(ranks: int, repeats: int, steps: int, starter: RankStarter, accelera
         "cold_accelerate_preloaded_ratio": med(cold_nb) / med(cold_acc_warm) if cold_acc_warm else None,
         "cold_split_s": {p: med(s.get(p, 0.0) for s in splits) for p in PHASES},
         "cold_how": sorted({s.get("how", "?") for s in splits}),
+        "cold_back_to_back_s": med(back_to_back),
         "warm_nbtrain_s": med(warm_nb),
         "steps_per_s_nbtrain": med(rate_nb), "steps_per_s_torchrun": med(rate_tr),
         "throughput_ratio": med(rate_nb) / med(rate_tr),
@@ -206,6 +215,8 @@ def report(row: dict, repeats: int) -> str:
             f"  cold start vs torchrun    nbtrain {row['cold_nbtrain_s']:.2f} s  torchrun {row['cold_torchrun_s']:.2f} s"
             f"  ratio {row['cold_ratio']:.2f}x (goal <= 0.5x)\n"
             f"  nbtrain's cold start ({', '.join(row['cold_how'])}), median per phase: {split}\n"
+            f"  cold start right after another pool started (no spare forks yet) nbtrain "
+            f"{row['cold_back_to_back_s']:.2f} s\n"
             f"  warm re-run to first step nbtrain {row['warm_nbtrain_s']:.3f} s (goal <= 0.5 s)\n"
             f"  throughput                nbtrain {row['steps_per_s_nbtrain']:.1f}  torchrun {row['steps_per_s_torchrun']:.1f}"
             f" steps/s  ratio {row['throughput_ratio']:.3f}x (goal >= 0.98x)")

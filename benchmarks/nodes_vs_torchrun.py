@@ -50,7 +50,7 @@ def run_nbtrain(steps: int, manager: PoolManager, fresh: bool) -> tuple[float, f
 
 
 def run_torchrun(steps: int, workdir: str) -> tuple[float, float]:
-    path = os.path.join(workdir, "rank/train.py")
+    path = os.path.join(workdir, "train.py")
     with open(path, "w") as fh:
         fh.write(SCRIPT_WRAPPER.format(body=cell_source(steps)))
     with socket.socket() as probe:

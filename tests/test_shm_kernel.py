@@ -6,6 +6,8 @@ and a later ``%load_ext nbtrain`` removes those of a kernel that had no ranks le
 
 from __future__ import annotations
 
+import contextlib
+
 import os
 import signal
 import time
@@ -146,12 +148,21 @@ def sizes_of(pid: int) -> list[int]:
     return found
 
 
+def _ranks_forked(zygote: psutil.Process) -> int:
+    """The zygote's children that became ranks (not its idle spares, nor a store host)."""
+    count = 0
+    for child in zygote.children():
+        with contextlib.suppress(psutil.Error):
+            count += child.name() == "nbtrain-rank"
+    return count
+
+
 # when the kernel is killed: while it writes the tensor; once it wrote it (the zygote forks the ranks); once the
 # ranks exist (they map the file, then the kernel would remove it)
 MOMENTS = {
     "writing": lambda pid, zygote: any(size < BIG_INPUT_BYTES for size in sizes_of(pid)),
     "written": lambda pid, zygote: BIG_INPUT_BYTES in sizes_of(pid),
-    "forked": lambda pid, zygote: len(zygote.children()) == 2 and sizes_of(pid),
+    "forked": lambda pid, zygote: _ranks_forked(zygote) == 2 and sizes_of(pid),
 }
 
 

@@ -81,6 +81,41 @@ def test_a_package_the_notebook_imported_since_is_imported_by_the_zygote_before_
         sys.modules.pop("nbtrain_probe_lib", None)
 
 
+def _spares_of(zygote: psutil.Process, count: int) -> set[int]:
+    """The zygote's idle spare forks, once there are ``count`` of them (they are forked while it idles)."""
+    deadline = time.monotonic() + 30
+    while True:
+        found = {child.pid for child in zygote.children() if child.name() == "nbtrain-spare"}
+        if len(found) == count or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
+def test_an_idle_zygote_forks_spares_ahead_and_a_cold_pool_takes_them_unless_the_notebook_imported_since(
+        own_zygote, tmp_path):
+    from nbtrain.rank.spares import SPARE_RANKS
+
+    zygote = psutil.Process(own_zygote.starter.zygote.pid)
+    spares = _spares_of(zygote, SPARE_RANKS + 1)  # a store's too
+    assert len(spares) == SPARE_RANKS + 1
+    cell = "import os, sys\npid, parent = os.getpid(), os.getppid()\nhad = 'nbtrain_spare_probe' in sys.modules\n"
+    ns, result = run_cell(own_zygote, cell, out="pid,parent,had", fresh=True)
+    stores = [child.pid for child in zygote.children() if child.name() == "nbtrain-store"]
+    assert ns["pid"] in spares and ns["parent"] == zygote.pid and result.cold_start.how == "forked"
+    assert len(stores) == 1 and stores[0] in spares  # the pool's store host was a spare too
+    again = _spares_of(zygote, SPARE_RANKS + 1)  # forked again once the zygote idled
+    assert len(again) == SPARE_RANKS + 1 and not again & spares
+    site = installed_module(tmp_path, "nbtrain_spare_probe", "VALUE = 1\n")
+    try:
+        import nbtrain_spare_probe  # noqa: F401  (imported after the spares were forked: they lack it)
+
+        ns, _ = run_cell(own_zygote, cell, out="pid,parent,had", fresh=True)
+        assert ns["had"] and ns["pid"] not in again and ns["parent"] == zygote.pid
+    finally:
+        sys.path.remove(site)
+        sys.modules.pop("nbtrain_spare_probe", None)
+
+
 def test_a_zygote_that_saw_cuda_initialised_forks_no_more_and_the_cell_says_why(own_zygote, tmp_path):
     # No GPU here: the library stands in for one that initialises CUDA when imported (in the zygote only).
     site = installed_module(tmp_path, "nbtrain_cuda_lib", """
@@ -146,7 +181,8 @@ def test_the_zygote_its_ranks_and_the_store_end_when_the_kernel_is_killed():
         assert f"up {zygote}" in out, out
         children = psutil.Process(zygote).children()
         ranks = [p for p in children if p.name() == "nbtrain-rank"]
-        assert len(ranks) == 2 and [p.name() for p in children if p not in ranks] == ["nbtrain-store"]  # the pool's store
+        others = [p.name() for p in children if p not in ranks and p.name() != "nbtrain-spare"]
+        assert len(ranks) == 2 and others == ["nbtrain-store"]  # the pool's store (and the spares: they end too)
         os.kill(kernel.pid(), signal.SIGKILL)
         gone, alive = psutil.wait_procs([psutil.Process(zygote), *children], timeout=5)
         assert not alive, f"still alive after the kernel died: {[p.pid for p in alive]}"

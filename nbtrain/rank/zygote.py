@@ -19,7 +19,9 @@ loads) and asks it for ranks. The zygote:
   rank finds them loaded as the notebook has them;
 * reaps its children and reports each exit code (SIGCHLD wakes it through a pipe);
 * forks, on a ``store`` request, the process that hosts a pool's c10d store (:mod:`.storehost`), which the
-  kernel does not host itself: a flood of writes to the store must not grow the notebook's kernel.
+  kernel does not host itself: a flood of writes to the store must not grow the notebook's kernel;
+* forks ahead while it idles (:mod:`.spares`): a request is handed to a spare child forked before, so a cold
+  pool's ranks and store do not wait for forks.
 
 A forked rank (:func:`_become_rank`) becomes what a spawned rank is: its own session, the stdin/stdout/stderr
 pipes the kernel made for it (the channel's key arrives on stdin, exactly as for a spawned rank — never in
@@ -48,6 +50,7 @@ import traceback
 from ..wire import forking
 from ..wire.shm import owner_prefix, sweep_prefix
 from . import stop, store_server
+from .spares import Spares
 
 # What a training cell's first lines import lazily: constructing any optimizer imports torch._dynamo (seconds)
 WARM_IMPORTS = ("torch._dynamo", "torch.optim", "torch.nn.parallel", "torch.utils.data", "torch.distributed.fsdp")
@@ -64,6 +67,8 @@ class Zygote:
         self.wake_r, self.wake_w = os.pipe()
         self.unsafe = ""  # why this zygote forks no more ("": it forks)
         self.start_dir = sys.path[0] if sys.path else ""
+        self.spares = Spares()
+        self.tried: set[str] = set()  # modules a request named, imported here or not importable here
 
     def serve(self) -> None:
         """Answer requests until the kernel says ``close`` or its end closes (it died: its files are removed)."""
@@ -72,7 +77,10 @@ class Zygote:
         signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # only to wake the select below
         while True:
-            ready, _, _ = select.select([self.sock.fileno(), self.wake_r], [], [])
+            ready, _, _ = select.select([self.sock.fileno(), self.wake_r], [], [], self.spares.refill_in())
+            if not ready:  # idle: a spare is due
+                self.spares.refill_one(self._fork_spare)
+                continue
             if self.wake_r in ready:
                 with contextlib.suppress(OSError):
                     os.read(self.wake_r, 4096)
@@ -99,7 +107,8 @@ class Zygote:
                 return
             if pid == 0:
                 return
-            forking.send(self.sock, {"op": "exited", "pid": pid, "code": os.waitstatus_to_exitcode(status)})
+            if self.spares.reported(pid):
+                forking.send(self.sock, {"op": "exited", "pid": pid, "code": os.waitstatus_to_exitcode(status)})
 
     def _fork(self, request: dict, fds: list[int]) -> None:
         started = time.perf_counter()
@@ -109,11 +118,13 @@ class Zygote:
             _close_all(fds)
             forking.send(self.sock, {"op": "refused", "id": request["id"], "reason": blocker or "no pipes came"})
             return
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            self._child(request, fds)  # never returns
+        pid = self.spares.hand("rank", {"env": request["env"], "cwd": request["cwd"]}, tuple(fds))
+        if pid is None:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                self._child(request, fds)  # never returns
         _close_all(fds)  # the rank's ends: its pipes close when it exits, not when the zygote does
         forking.send(self.sock, {"op": "forked", "id": request["id"], "pid": pid, "imports_s": imports_s})
 
@@ -123,18 +134,19 @@ class Zygote:
             _close_all(fds)
             forking.send(self.sock, {"op": "refused", "id": request["id"], "reason": self.unsafe or "no socket came"})
             return
-        pid = os.fork()
-        if pid == 0:
-            self._store_child(fds)  # never returns
+        pid = self.spares.hand("store", {}, tuple(fds))
+        if pid is None:
+            pid = os.fork()
+            if pid == 0:
+                self._store_child(fds)  # never returns
         _close_all(fds)
         forking.send(self.sock, {"op": "forked", "id": request["id"], "pid": pid, "imports_s": 0.0})
 
     def _store_child(self, fds: list[int]) -> None:
         code = 1
         try:
-            _leave_zygote(closing=(self.sock.detach(), self.wake_r, self.wake_w))
-            name_process(b"nbtrain-store")
-            store_server.serve(*fds)
+            _leave_zygote(closing=self._zygotes_descriptors())
+            _serve_store(fds)
             code = 0
         except BaseException:
             with contextlib.suppress(Exception):
@@ -144,10 +156,15 @@ class Zygote:
 
     def _import(self, modules: list[str], sys_path: list[str]) -> str:
         """Import what the notebook imported since the zygote started; why forking is no longer safe, or ""."""
+        new = [name for name in modules if name not in sys.modules and name not in self.tried]
+        if not new:
+            return ""  # nothing changed since the last check
+        self.tried.update(new)  # one that cannot be imported here is not tried (nor are spares let go) again
+        self.spares.let_go()  # forked without what is imported now
         saved = list(sys.path)
         sys.path.extend(p for p in sys_path if p not in saved)  # where the notebook found them, after our own
         try:
-            for name in modules:
+            for name in new:
                 if name not in sys.modules:
                     try:
                         importlib.import_module(name)
@@ -158,6 +175,7 @@ class Zygote:
         gc.freeze()
         self.unsafe = unsafe_to_fork()
         if self.unsafe:
+            self.spares.stop()
             with contextlib.suppress(OSError):
                 forking.send(self.sock, {"op": "unsafe", "reason": self.unsafe})
         return self.unsafe
@@ -165,8 +183,8 @@ class Zygote:
     def _child(self, request: dict, fds: list[int]) -> None:
         code = 1
         try:
-            _become_rank(request, fds, closing=(self.sock.detach(), self.wake_r, self.wake_w),
-                         start_dir=self.start_dir)
+            _leave_zygote(closing=self._zygotes_descriptors())
+            _become_rank(request, fds, start_dir=self.start_dir)
             code = _run_rank()
         except BaseException:
             with contextlib.suppress(Exception):
@@ -176,6 +194,51 @@ class Zygote:
                 sys.stdout.flush()
                 sys.stderr.flush()
             os._exit(code)
+
+
+    def _zygotes_descriptors(self) -> tuple[int, ...]:
+        """What a fresh fork closes: the kernel's channel, the wake-up pipe, the idle spares' channels."""
+        return (self.sock.detach(), self.wake_r, self.wake_w, *self.spares.descriptors())
+
+    def _fork_spare(self, kind: str) -> tuple[int, socket.socket]:
+        """A spare of ``kind`` (:mod:`.spares`): its pid and the zygote's end of its channel."""
+        ours, theirs = forking.pair()
+        pid = os.fork()
+        if pid == 0:
+            ours.close()
+            self._spare_child(kind, theirs)  # never returns
+        theirs.close()
+        return pid, ours
+
+    def _spare_child(self, kind: str, channel: socket.socket) -> None:
+        """Wait for a request, then become what a fork for it would have become; end with the zygote's end."""
+        code = 1
+        try:
+            _leave_zygote(closing=self._zygotes_descriptors())
+            name_process(b"nbtrain-spare")
+            request, fds = forking.receive(channel)
+            channel.close()
+            if request is None:
+                code = 0
+            elif kind == "store":
+                _serve_store(fds)
+                code = 0
+            else:
+                _become_rank(request, fds, start_dir=self.start_dir)
+                code = _run_rank()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                traceback.print_exc()
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(code)
+
+
+def _serve_store(fds: list[int]) -> None:
+    name_process(b"nbtrain-store")
+    store_server.serve(*fds)
 
 
 def remove_dead_kernels_files(kernel_pid: int, wait_s: float = KERNEL_EXIT_WAIT_S) -> None:
@@ -233,9 +296,8 @@ def _leave_zygote(closing: tuple[int, ...]) -> None:
             os.close(fd)
 
 
-def _become_rank(request: dict, fds: list[int], closing: tuple[int, ...], start_dir: str) -> None:
-    """Turn this fresh fork into the process a spawned rank is, up to the rank's own ``main``."""
-    _leave_zygote(closing)
+def _become_rank(request: dict, fds: list[int], start_dir: str) -> None:
+    """Turn this fork, which left the zygote, into the process a spawned rank is, up to the rank's own ``main``."""
     name_process(b"nbtrain-rank")  # its command line stays the zygote's: ps and top show this name
     for target, fd in zip((0, 1, 2), fds, strict=True):
         os.dup2(fd, target)
@@ -352,6 +414,8 @@ def main() -> None:
 
     zygote = Zygote(sock, kernel_pid)
     zygote.unsafe = unsafe_to_fork()
+    if zygote.unsafe:
+        zygote.spares.stop()
     try:
         forking.send(sock, {"op": "ready", "pid": os.getpid(), "imports_s": time.perf_counter() - started,
                             "unsafe": zygote.unsafe})
