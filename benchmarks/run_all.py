@@ -60,6 +60,9 @@ BENCHMARKS = (
               ("integration_overhead.py", "--blocks", "2")),
     Benchmark("dashboard", "Kernel cost of the live dashboard", "≤ 2 % of one core; ≤ 4 widget messages/s; flat memory",
               ("dashboard_cost.py", "--seconds", "30"), ("dashboard_cost.py", "--seconds", "10")),
+    Benchmark("cell", "What the live dashboard adds to a warm trivial cell, against --no-dashboard (CPU)",
+              "with the dashboard ≤ 1.2× without", ("cell_overhead.py", "--rounds", "10", "--cpu"),
+              ("cell_overhead.py", "--rounds", "4", "--cpu")),
     Benchmark("leases", "GPU leases on a shared server: taking them in a cold start, and a release to the next "
               "queued cell", "taking the leases < 5 ms of the cold start; the next queued cell holds the GPUs within "
               "2 s of their release", ("gpu_leases.py", "--repeats", "200", "--rounds", "10"),
@@ -97,6 +100,9 @@ BENCHMARKS = (
     Benchmark("nccl-eager", "NCCL's communicator built at start (device_id) against at the first collective",
               "init + first all-reduce no slower than the lazy communicator's",
               ("nccl_first_collective.py", "--repeats", "5"), ("nccl_first_collective.py", "--repeats", "3"), gpu=True),
+    Benchmark("cell-gpu", "What the live dashboard adds to a warm trivial cell on GPUs (NVML read, the Xid watcher)",
+              "with the dashboard ≤ 1.2× without", ("cell_overhead.py", "--rounds", "10"),
+              ("cell_overhead.py", "--rounds", "4"), gpu=True),
     Benchmark("logging-gpu", "Logging every step on GPUs", "nbtrain.log ≤ 1 % cost",
               ("log_overhead.py", "--gpu"), ("log_overhead.py", "--gpu", "--blocks", "3"), gpu=True),
 )

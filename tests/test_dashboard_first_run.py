@@ -10,7 +10,7 @@ import time
 import pytest
 
 from nbtrain.kernel.dashboard.devices_view import devices_html
-from nbtrain.kernel.dashboard.final import final_figure, summary_paragraph
+from nbtrain.kernel.dashboard.final import final_figure, final_png, summary_paragraph
 from nbtrain.kernel.dashboard.metric_store import MetricStore
 from nbtrain.kernel.dashboard.progress import progress
 from nbtrain.kernel.dashboard.telemetry_series import MACHINE, TIME_AXIS, TelemetrySeries
@@ -58,6 +58,15 @@ def test_one_load_sample_leaves_no_empty_panels_but_says_why():
     assert _load_axes(fig) == [], "one sample draws no line: no panel of axes without one"
     notes = [t.get_text() for t in fig.texts]
     assert any("load over the run not drawn" in note for note in notes), notes
+
+
+def test_a_run_with_nothing_to_draw_leaves_no_picture_only_its_summary():
+    """A trivial cell (nothing logged, over before a second load sample): an empty picture was most of its cost."""
+    assert final_png(MetricStore(), telemetry_of(1), "nbtrain · 2 ranks") is None
+    assert final_png(MetricStore(), telemetry_of(2), "nbtrain · 2 ranks").startswith(b"\x89PNG")  # its load
+    store = MetricStore()
+    store.add(0, [(0, 100.0, {"loss": 1.0})])
+    assert final_png(store, TelemetrySeries(), "nbtrain · 2 ranks").startswith(b"\x89PNG")  # its series
 
 
 def test_a_few_load_samples_are_drawn_as_lines_with_their_points_marked():

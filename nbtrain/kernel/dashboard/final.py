@@ -40,7 +40,12 @@ class Beside:
 
 
 def final_png(store: MetricStore, telemetry: TelemetrySeries, title: str, smoothing: float = DEFAULT_SMOOTHING,
-              beside: Beside = Beside()) -> bytes:
+              beside: Beside = Beside()) -> bytes | None:
+    """The picture left under the cell; None for a run that has nothing to draw — no series logged, no load over
+    time (a run shorter than two samples), no step split — whose summary says all there is (and drawing an empty
+    picture was most of a short cell's cost)."""
+    if not store.snapshot_series() and not telemetry.has_line() and not beside.splits:
+        return None
     return plotting.png_bytes(final_figure(store, telemetry, title, smoothing, beside))
 
 

@@ -45,12 +45,15 @@ DEFAULT_COMPARE = 3  # earlier runs drawn beside a run (nbtrain.kernel.dashboard
 
 
 class FinalFigure:
-    """The end-of-run picture as a display object: PNG for front ends, the summary as its text."""
+    """The end-of-run picture as a display object: PNG for front ends, the summary as its text; a run with nothing
+    to draw (``png`` None) leaves no picture, its summary below says it all."""
 
-    def __init__(self, png: bytes, text: str) -> None:
+    def __init__(self, png: bytes | None, text: str) -> None:
         self.png, self.text = png, text
 
     def _repr_mimebundle_(self, include=None, exclude=None):
+        if self.png is None:
+            return {"text/plain": ""}
         return {"image/png": base64.b64encode(self.png).decode("ascii"), "text/plain": self.text}
 
 
