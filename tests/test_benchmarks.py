@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 
@@ -101,3 +102,16 @@ def test_the_nccl_comparison_runs_on_gloo_and_refuses_without_a_gpu():
     assert all(float(value) > 0 for row in rows.values() for value in row)
     refused = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "no CUDA GPU here" in refused.stderr
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.slow  # real ranks, and a real kernel for the per-cell cost
+def test_the_gpu_speed_verification_runs_its_whole_path_on_cpu_ranks():
+    """scripts/verify_gpu_speed.py on a GPU compares MFU and FLOP/s with a hand count; on the CPU its path runs."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "verify_gpu_speed.py"), "--cpu"],
+                          capture_output=True, text=True, env=env, timeout=280)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "PASS  no MFU without a known peak — the CPU has no peak" in done.stdout
+    assert re.search(r"PASS  the step split sums to 100 % and holds comm under DDP — .* % comm", done.stdout)
+    assert "4 of 4 checks passed" in done.stdout
