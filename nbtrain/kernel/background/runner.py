@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import contextvars
 import os
+import signal
 import sys
 import threading
 import time
@@ -95,13 +96,20 @@ class BackgroundRuns:
         """At the kernel's exit (a restart): a detached run whose agent has not got its cell yet gets it first — a
         restart right after the cell would otherwise take the run with it."""
         deadline = time.monotonic() + HAND_OVER_S
+        if threading.current_thread() is threading.main_thread():  # the kernel manager's SIGTERM comes half-way
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # through its wait: the run's cell is worth the other half
         for run_id in self._handing_over:
             said = False
-            while time.monotonic() < deadline and not _has_its_cell(run_id):
-                if not said:
-                    print(f"nbtrain: detached run {run_id} gets its cell before the kernel exits", flush=True)
-                    said = True
-                time.sleep(0.1)
+            while time.monotonic() < deadline:
+                try:
+                    if _has_its_cell(run_id):
+                        break
+                    if not said:
+                        print(f"nbtrain: detached run {run_id} gets its cell before the kernel exits", flush=True)
+                        said = True
+                    time.sleep(0.1)
+                except KeyboardInterrupt:  # an interrupt as the kernel stops: the cell is still worth the wait
+                    continue  # (the kernel manager's SIGKILL ends it in any case)
 
     def _check_gpus(self, gpu_ids) -> None:
         for number, theirs in self._gpus.items():
