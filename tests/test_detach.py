@@ -434,3 +434,19 @@ def test_a_prompt_of_a_detached_run_is_said_to_a_kernel_that_attaches_and_its_ou
     assert "nbtrain: rank 1 asked for input ('Name?'); this kernel follows the detached run and cannot answer" in out
     assert "rank 1 answer EOF (input() on rank 1: the run is detached: no notebook is attached to answer input())" in out
     assert "back in the notebook:" in out and "answer" in out  # the prompt held nothing back
+
+
+def test_a_kernel_shut_down_right_after_the_cell_hands_the_cell_to_the_runs_agent_first(runs, kernels):
+    """Jupyter's kernel manager asks the kernel to shut down, sends SIGTERM half-way through its 5 s wait, then
+    SIGKILL: the kernel's exit waits (past the SIGTERM) until the run's agent has the cell, so the run goes on."""
+    first = kernels()
+    run_id, _ = _start(first, TRAINING, steps=40)
+    first.kc.stop_channels()
+    first.km.shutdown_kernel(now=False)  # as JupyterLab's restart or shutdown does
+    summary = runfolder.read_manifest(run_id)
+    assert summary is not None and summary.delivered, summary
+    final = _until_final(run_id)
+    assert final.state is RecordedState.FINISHED
+    out = kernels().run(f"%distributed_attach {run_id}", timeout=120)
+    assert "back in the notebook:" in out and "total" in out
+    _assert_nothing_left(final)
