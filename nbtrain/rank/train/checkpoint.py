@@ -60,7 +60,7 @@ import torch.distributed as dist
 from ...common.leftovers import sweep_dead, sweep_quietly
 from ...wire.checkpoint_files import ForeignCheckpointError, refuse_foreign_checkpoint
 from ...common.words import checkpoint_position
-from . import metrics, shard
+from . import dcp_resume, metrics, shard
 from .state import TrainContext, current
 
 FORMAT = 1
@@ -339,10 +339,7 @@ def load_for_resume(context: TrainContext, path: str, announce: bool) -> Checkpo
         _set_rng_state(ranks[context.rank]["rng"], context.device)
         metrics.restore_step_counters(ranks[context.rank]["metric_steps"])
         metrics.restore_history(ranks[context.rank].get("metric_history"))
-    for index, model in enumerate(context.models):
-        restore_model(context, getattr(model, "module", model), index)
-    for index, optimizer in enumerate(context.optimizers):
-        restore_optimizer(context, optimizer, index)
+    restore_prepared(context, list(enumerate(context.models)), list(enumerate(context.optimizers)))
     for index, scheduler in enumerate(context.schedulers):
         restore_scheduler(context, scheduler, index)
     for index, loader in enumerate(context.loaders):
@@ -404,21 +401,26 @@ def _saved(context: TrainContext, kind: str, index: int):
 
 
 def restore_model(context: TrainContext, module, index: int) -> None:
+    restore_prepared(context, [(index, module)], [])
+
+
+def restore_prepared(context: TrainContext, models: list[tuple[int, object]], optimizers: list[tuple[int, object]]) -> None:
+    """The saved state of each ``(index, model)`` and ``(index, optimizer)`` into it — a ``--shard`` checkpoint's
+    models and optimizers read together, in one DCP load (:mod:`.dcp_resume`)."""
+    if context.resume is None or not (models or optimizers):
+        return
     try:
-        shard.load_model(module, _saved(context, "models", index), os.path.dirname(context.resume_path or ""))
+        dcp_resume.restore(context, os.path.dirname(context.resume_path or ""),
+                           [(model, _saved(context, "models", index)) for index, model in models],
+                           [(optimizer, _saved(context, "optimizers", index)) for index, optimizer in optimizers])
     except pickle.UnpicklingError as exc:  # a DCP folder holding more than tensors and plain values
         raise CheckpointError(f"{exc}. Delete it or run with --no-resume.") from None
     except RuntimeError as exc:
-        raise CheckpointError(f"model {index} does not match the checkpoint {context.resume_path}: {exc}\n"
-                              "Use another --checkpoint directory or --no-resume for a different model.") from None
-
-
-def restore_optimizer(context: TrainContext, optimizer, index: int) -> None:
-    try:
-        shard.load_optimizer(context, optimizer, _saved(context, "optimizers", index),
-                             os.path.dirname(context.resume_path or ""))
-    except pickle.UnpicklingError as exc:
-        raise CheckpointError(f"{exc}. Delete it or run with --no-resume.") from None
+        what = " and ".join(f"{kind} {', '.join(str(index) for index, _ in objects)}"
+                            for kind, objects in (("model", models), ("optimizer", optimizers)) if objects)
+        raise CheckpointError(f"{what} {'does' if len(models) + len(optimizers) == 1 else 'do'} not match the "
+                              f"checkpoint {context.resume_path}: {exc}\nUse another --checkpoint directory or "
+                              "--no-resume for a different model.") from None
 
 
 def restore_scheduler(context: TrainContext, scheduler, index: int) -> None:
