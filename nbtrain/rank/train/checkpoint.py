@@ -12,8 +12,8 @@ plain values (so the NumPy RNG state and the logged series are saved as tensors)
 or that group or others may write, is refused first (:mod:`nbtrain.wire.checkpoint_files`); a ``--shard``
 folder is read through :mod:`.dcp_reading`.
 
-It is written atomically: to a temporary file in the same directory, flushed and ``fsync``-ed, then
-``os.replace``-d over the old checkpoint, and the directory is ``fsync``-ed. A rank killed while saving
+It is written atomically (:mod:`.checkpoint_write`): to a temporary file in the same directory, flushed and
+``fsync``-ed, then ``os.replace``-d over the old checkpoint, and the directory is ``fsync``-ed. A rank killed while saving
 leaves the previous checkpoint intact (and a temporary file, removed by the next save). If rank 0
 cannot write, every rank raises the same :class:`CheckpointError`.
 
@@ -57,10 +57,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ...common.leftovers import sweep_dead, sweep_quietly
 from ...wire.checkpoint_files import ForeignCheckpointError, refuse_foreign_checkpoint
 from ...common.words import checkpoint_position
 from . import dcp_resume, metrics, shard
+from .checkpoint_write import StagedFile, writable_by_owner_only, write_atomic
 from .state import TrainContext, current
 
 FORMAT = 1
@@ -99,16 +99,9 @@ def save_checkpoint(path: str | None = None, **extra) -> str:
     sharded = any(shard.is_sharded(m) for m in context.models)
     if sharded and context.settings.checkpoint_async and path is None:
         return _save_in_background(context, target, ranks, extra, token)
-    states = _save_shards(context, target, token) if sharded else None
-    error = None
-    if context.rank == 0:
-        try:
-            if states is not None:
-                writable_by_owner_only(os.path.join(os.path.dirname(target), states[0][0]["dcp"]))
-            write_atomic(_snapshot(context, ranks, extra, states), target)
-            _remove_older_shards_later(context, target, states[0][0]["dcp"] if states is not None else None)
-        except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
+    folder = _shards_folder(context, target, token) if sharded else None
+    snapshot = _snapshot(context, ranks, extra, shard.checkpoint_entries(context, folder) if folder else None)
+    error = _save_now(context, target, snapshot, folder)
     error = _rank0s_error(context, error)
     if error:
         raise CheckpointError(f"rank 0 could not write the checkpoint {target}: {error}. The previous checkpoint "
@@ -140,12 +133,34 @@ def _rank0s_error(context: TrainContext, error: str | None) -> str | None:
     return box[0]
 
 
-def _save_shards(context: TrainContext, target: str, token: str, done=None) -> tuple[list, list]:
+def _shards_folder(context: TrainContext, target: str, token: str) -> str:
     """--shard: every rank writes its shards to a new DCP folder beside the checkpoint file, which names it only
     once all are written — a save killed half-way leaves the previous checkpoint, and its folder, as they were.
     ``token``: rank 0's random part of the folder's name, the same on every rank."""
-    name = f"{os.path.basename(target)}.shards-{context.step}-{token}"
-    return shard.save_states(context, os.path.join(os.path.dirname(target), name), done)
+    return os.path.join(os.path.dirname(target), f"{os.path.basename(target)}.shards-{context.step}-{token}")
+
+
+def _save_now(context: TrainContext, target: str, snapshot: dict, folder: str | None) -> str | None:
+    """Each rank writes its shards to ``folder`` (under --shard) while rank 0 writes the file that will name them
+    under a temporary name; the file replaces the old one once every rank's shards are written. Returns rank 0's
+    error in writing the file (a failed DCP write raises on every rank, and the old file stays)."""
+    staged = StagedFile(snapshot, target) if context.rank == 0 else None
+    try:
+        if folder is not None:
+            shard.save_states(context, folder)
+    except BaseException:
+        if staged is not None:
+            staged.discard()
+        raise
+    if staged is None:
+        return None
+    try:
+        staged.put_in_place(first=lambda: writable_by_owner_only(folder) if folder is not None else None)
+        context.wait_for_removal()  # the last save's (long over): listed after it, no folder is removed twice
+        _remove_older_shards_later(context, target, os.path.basename(folder) if folder is not None else None)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def _save_in_background(context: TrainContext, target: str, ranks: list, extra: dict, token: str) -> str:
@@ -170,7 +185,7 @@ def _save_in_background(context: TrainContext, target: str, ranks: list, extra: 
                 failure.append(error)
             finished.set()
 
-    states = _save_shards(context, target, token, done)
+    states = shard.save_states(context, _shards_folder(context, target, token), done)
     snapshot.update(_snapshot(context, ranks, extra, states))
     taken.set()
     written = context.pending_save
@@ -191,14 +206,14 @@ def _save_in_background(context: TrainContext, target: str, ranks: list, extra: 
 
 def _remove_older_shards_later(context: TrainContext, target: str, keep: str | None) -> None:
     """Remove the shard folders the new file no longer names on a thread of their own (deleting a large model's
-    folder takes a while, and training need not wait for it); the next save and the cell's end wait for it. The
-    folders are listed now: a later save's new folder is never among them."""
+    folder takes a while, and training need not wait for it); the next save, once its shards are written, and the
+    cell's end wait for it. The folders are listed now: a later save's new folder is never among them."""
     older = _older_shards(target, keep)
     if not older:
         return
     remover = threading.Thread(target=_remove_folders, args=(older,), name="nbtrain-old-shards", daemon=True)
     remover.start()
-    context.save_in_background(remover.join)
+    context.remove_in_background(remover.join)
 
 
 def _remove_older_shards(target: str, keep: str | None) -> None:
@@ -247,53 +262,6 @@ def _snapshot(context: TrainContext, ranks: list, extra: dict, states: tuple[lis
         "extra": dict(extra),
         "saved_at": time.time(),
     }
-
-
-def writable_by_owner_only(folder: str) -> None:
-    """A DCP folder and its files, as the umask left them, less group and others' write: a checkpoint others can
-    write is refused when it is loaded (:mod:`nbtrain.wire.checkpoint_files`), so nbtrain never writes one."""
-    for path in [folder, *(os.path.join(folder, name) for name in os.listdir(folder))]:
-        mode = stat.S_IMODE(os.stat(path).st_mode)
-        if mode & (stat.S_IWGRP | stat.S_IWOTH):
-            os.chmod(path, mode & ~(stat.S_IWGRP | stat.S_IWOTH))
-
-
-def write_atomic(state: dict, path: str) -> None:
-    """Write ``state`` with torch.save so that ``path`` is always either the old file or the whole new one
-    (readable by others as the umask allows, writable by this user alone)."""
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=0o755, exist_ok=True)
-    _remove_stale_temporaries(path)
-    temporary = f"{os.path.join(directory, '.' + os.path.basename(path))}.tmp-{secrets.token_hex(4)}-{os.getpid()}"
-    # A new file of this user's, under a name nobody can guess: in a shared folder another user may have planted a
-    # file or a link at a predictable name, and renaming theirs into place would hand them the checkpoint.
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    try:
-        with os.fdopen(descriptor, "wb") as file:
-            torch.save(state, file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)  # make the rename itself durable
-    finally:
-        os.close(descriptor)
-
-
-def _remove_stale_temporaries(path: str) -> None:
-    """Temporary files of saves whose process died (a killed rank) are left behind; clear this user's. The folder
-    may be shared (``--checkpoint /tmp/run``): an entry another user made there is theirs, whatever its name says,
-    and nothing found there stops the save."""
-    folder, name = os.path.split(path)
-    stale = re.compile(re.escape(f".{name}.tmp-") + r"(?:[0-9a-f]+-)?(\d+)$")  # group 1: the saving process
-    sweep_quietly(lambda: sweep_dead(folder or ".", stale))
 
 
 # ------------------------------------------------------------------------------------------ loading

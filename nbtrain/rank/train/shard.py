@@ -358,32 +358,36 @@ def owner_of(context: TrainContext, optimizer):
 _async_group: list = []  # (the default process group it was made beside, a gloo group for background saves)
 
 
+def checkpoint_entries(context: TrainContext, directory: str) -> tuple[list, list]:
+    """What the checkpoint file keeps in place of each prepared model and optimizer: the key of its state in the DCP
+    folder ``directory`` — or, for an optimizer of no prepared model's parameters, its own state dict."""
+    name = os.path.basename(directory)
+    models = [{"dcp": name, "key": f"model{index}"} for index in range(len(context.models))]
+    optimizers = [{"dcp": name, "key": f"optim{index}"} if owner_of(context, optimizer) is not None
+                  else optimizer.state_dict() for index, optimizer in enumerate(context.optimizers)]
+    return models, optimizers
+
+
 def save_states(context: TrainContext, directory: str, done=None) -> tuple[list, list]:
     """Write every prepared model and optimizer to ``directory`` with DCP (each rank its own shards); the
-    entries the checkpoint file keeps in their place. With ``done`` (--checkpoint-async) the state is copied
-    and written in the background: ``done(error or None)`` runs when this rank's part is over, and
-    ``context.pending_save`` waits for it."""
+    entries the checkpoint file keeps in their place (:func:`checkpoint_entries`). With ``done``
+    (--checkpoint-async) the state is copied and written in the background: ``done(error or None)`` runs when
+    this rank's part is over, and ``context.pending_save`` waits for it."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import DefaultSavePlanner
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
     state: dict[str, Any] = {}
-    models: list = []
-    optimizers: list = []
     for index, model in enumerate(context.models):
         state[f"model{index}"] = get_model_state_dict(plain(model))
-        models.append({"dcp": os.path.basename(directory), "key": f"model{index}"})
     for index, optimizer in enumerate(context.optimizers):
         owner = owner_of(context, optimizer)
-        if owner is None:
-            optimizers.append(optimizer.state_dict())
-            continue
-        state[f"optim{index}"] = get_optimizer_state_dict(plain(owner), optimizer.optimizer)
-        optimizers.append({"dcp": os.path.basename(directory), "key": f"optim{index}"})
+        if owner is not None:
+            state[f"optim{index}"] = get_optimizer_state_dict(plain(owner), optimizer.optimizer)
     planner = DefaultSavePlanner(enable_plan_caching=True)  # the same state each save: its plan is made once
     if done is None:
         dcp.save(state, checkpoint_id=directory, planner=planner)
-        return models, optimizers
+        return checkpoint_entries(context, directory)
     future = dcp.async_save(state, checkpoint_id=directory, process_group=_background_group(), planner=planner)
     assert isinstance(future, Future)  # the thread checkpointer's answer (a response object is the process one's)
 
@@ -393,7 +397,7 @@ def save_states(context: TrainContext, directory: str, done=None) -> tuple[list,
 
     future.add_done_callback(finished)
     context.save_in_background(future.result)
-    return models, optimizers
+    return checkpoint_entries(context, directory)
 
 
 def _background_group():
