@@ -87,8 +87,12 @@ def save_checkpoint(path: str | None = None, **extra) -> str:
         warnings.warn("save_checkpoint() inside a gradient-accumulation window: the gradients accumulated so far "
                       "are not saved. Save after optimizer.step().", stacklevel=2)
     context.flush_scaler_update()
-    mine = {"rng": _rng_state(context.device), "metric_steps": metrics.step_counters(),
-            "metric_history": metrics.logged_history(), "shards_token": secrets.token_hex(4)}
+    mine: dict[str, object] = {"rng": _rng_state(context.device), "metric_steps": metrics.step_counters(),
+                               "metric_history": metrics.logged_history()}
+    sharded = any(shard.is_sharded(m) for m in context.models)
+    if sharded and context.settings.checkpoint_async and path is None:
+        return _save_in_background(context, target, mine, extra)
+    mine["shards_token"] = secrets.token_hex(4)
     ranks: list = [mine]
     if context.distributed and context.world_size > 1:
         ranks = [None] * context.world_size
@@ -96,9 +100,6 @@ def save_checkpoint(path: str | None = None, **extra) -> str:
     token = ranks[0]["shards_token"]  # rank 0's names the new shard folder: one gather, no second collective
     for entry in ranks:
         entry.pop("shards_token", None)
-    sharded = any(shard.is_sharded(m) for m in context.models)
-    if sharded and context.settings.checkpoint_async and path is None:
-        return _save_in_background(context, target, ranks, extra, token)
     folder = _shards_folder(context, target, token) if sharded else None
     snapshot = _snapshot(context, ranks, extra, shard.checkpoint_entries(context, folder) if folder else None)
     error = _save_now(context, target, snapshot, folder)
@@ -163,9 +164,11 @@ def _save_now(context: TrainContext, target: str, snapshot: dict, folder: str | 
     return None
 
 
-def _save_in_background(context: TrainContext, target: str, ranks: list, extra: dict, token: str) -> str:
+def _save_in_background(context: TrainContext, target: str, mine: dict, extra: dict) -> str:
     """--checkpoint-async: the shards are copied now and written in the background; rank 0 writes the file that
-    names them once DCP has finished (every rank's part), and the next wait raises what went wrong."""
+    names them once DCP has finished (every rank's part), and the next wait raises what went wrong. Training waits
+    for one collective of its own, rank 0's name for the shard folder: the ranks' RNG states and metric counters
+    (``mine``, taken now) reach rank 0 in the background, over the background saves' own group."""
     snapshot: dict = {}
     failure: list[str] = []
     taken = threading.Event()  # the snapshot below is complete (the write may finish before it is)
@@ -174,6 +177,7 @@ def _save_in_background(context: TrainContext, target: str, ranks: list, extra: 
     def done(error: str | None) -> None:
         taken.wait()
         try:
+            snapshot["ranks"] = _gathered_on_rank0(context, mine, shard.background_group())  # every rank, always
             if error is None and context.rank == 0:
                 writable_by_owner_only(os.path.join(os.path.dirname(target), snapshot["models"][0]["dcp"]))
                 write_atomic(snapshot, target)
@@ -185,15 +189,15 @@ def _save_in_background(context: TrainContext, target: str, ranks: list, extra: 
                 failure.append(error)
             finished.set()
 
-    states = shard.save_states(context, _shards_folder(context, target, token), done)
-    snapshot.update(_snapshot(context, ranks, extra, states))
+    states = shard.save_states(context, _shards_folder(context, target, _rank0s_token(context)), done)
+    snapshot.update(_snapshot(context, [mine], extra, states))  # its "ranks": every rank's, once gathered
     taken.set()
     written = context.pending_save
     assert written is not None  # set by the background save
 
     def wait() -> None:
         # The future's callbacks run after its result is set: wait for done() itself too. Rank 0 joins the next
-        # save's gather only after this, so no rank writes a folder that rank 0 is still clearing.
+        # save's collective only after this, so no rank writes a folder that rank 0 is still clearing.
         with contextlib.suppress(Exception):  # its error is the one done() recorded
             written()
         finished.wait()
@@ -202,6 +206,23 @@ def _save_in_background(context: TrainContext, target: str, ranks: list, extra: 
                                   "there is unchanged.")
     context.save_in_background(wait)
     return target
+
+
+def _rank0s_token(context: TrainContext) -> str:
+    """A random name part for the new shard folder, rank 0's, on every rank (one small broadcast)."""
+    token = torch.tensor([secrets.randbits(31)], dtype=torch.int64, device=context.device)
+    if context.distributed and context.world_size > 1:
+        dist.broadcast(token, src=0)
+    return f"{int(token.item()):08x}"
+
+
+def _gathered_on_rank0(context: TrainContext, mine: dict, group) -> list | None:
+    """Every rank's ``mine`` on rank 0, in rank order, over ``group``; None on the other ranks."""
+    if not (context.distributed and context.world_size > 1):
+        return [mine]
+    ranks: list | None = [None] * context.world_size if context.rank == 0 else None
+    dist.gather_object(mine, ranks, dst=0, group=group)
+    return ranks
 
 
 def _remove_older_shards_later(context: TrainContext, target: str, keep: str | None) -> None:

@@ -388,7 +388,7 @@ def save_states(context: TrainContext, directory: str, done=None) -> tuple[list,
     if done is None:
         dcp.save(state, checkpoint_id=directory, planner=planner)
         return checkpoint_entries(context, directory)
-    future = dcp.async_save(state, checkpoint_id=directory, process_group=_background_group(), planner=planner)
+    future = dcp.async_save(state, checkpoint_id=directory, process_group=background_group(), planner=planner)
     assert isinstance(future, Future)  # the thread checkpointer's answer (a response object is the process one's)
 
     def finished(f) -> None:
@@ -400,7 +400,7 @@ def save_states(context: TrainContext, directory: str, done=None) -> tuple[list,
     return checkpoint_entries(context, directory)
 
 
-def _background_group():
+def background_group():
     """A gloo group of its own for background saves: their collectives must not interleave with training's."""
     import torch.distributed as dist
 
