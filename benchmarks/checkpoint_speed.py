@@ -12,7 +12,10 @@ One ``%%distributed --shard --checkpoint DIR`` cell prepares a model of ``--laye
   line it prints is what decides nbtrain's choice of checkpointer (the one that blocks training less).
 
 A third cell resumes from the checkpoint (``prepare()`` reads it), a fourth prepares the same model with
-``--no-resume``: the difference is nbtrain's resume, timed against ``dcp.load`` of the same state by hand.
+``--no-resume``: the difference is nbtrain's resume, timed against ``dcp.load`` of the same state by hand. That
+difference is of two cells' ranks, so a loaded machine makes it noisy; a fifth cell times the same reading in one
+cell: ``nbtrain.load_checkpoint()`` into the prepared model and a fresh optimizer (its state cleared each round),
+against ``dcp.load`` into the same state dicts, made beforehand.
 Each figure is the median over the rounds of the slowest rank's time (barriers around each call); which of the
 two saves goes first alternates from round to round.
 Goal: nbtrain ≤ 1.05× raw for each.
@@ -122,6 +125,39 @@ dcp.load(state, checkpoint_id=RAW_DIR + "/r0")
 resume["raw"] = slowest(time.perf_counter() - began)
 """
 
+LOAD = """
+import time, torch, nbtrain
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+gloo = dist.new_group(backend="gloo")
+def slowest(seconds):
+    box = torch.tensor([seconds])
+    dist.all_reduce(box, op=dist.ReduceOp.MAX, group=gloo)
+    return float(box)
+
+def timed(call):
+    dist.barrier(group=gloo)
+    began = time.perf_counter()
+    call()
+    return slowest(time.perf_counter() - began)
+
+model = torch.nn.Sequential(*(torch.nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+model, opt = nbtrain.prepare(model, opt)  # --no-resume: nothing read yet
+load = {"nbtrain": [], "raw": []}
+for round_ in range(ROUNDS):
+    opt.optimizer.state.clear()  # a fresh optimizer each round, as a resumed cell's is
+    state = {"model0": get_model_state_dict(model), "optim0": get_optimizer_state_dict(model, opt.optimizer)}
+    contenders = {"nbtrain": lambda: nbtrain.load_checkpoint(CHECKPOINT + "/checkpoint.pt"),
+                  "raw": lambda: dcp.load(state, checkpoint_id=RAW_DIR + "/r0")}
+    for who in (("nbtrain", "raw") if round_ % 2 == 0 else ("raw", "nbtrain")):
+        if who == "nbtrain":
+            opt.optimizer.state.clear()
+        load[who].append(timed(contenders[who]))
+"""
+
 
 def run(args, cell: str, names: dict, **options) -> dict:
     from nbtrain.kernel.lifecycle.entry import run_source
@@ -172,6 +208,9 @@ def main() -> int:
                            for _ in range(args.rounds)] for resume in (True, False))
         extra = [r["nbtrain"] - f["nbtrain"] for r, f in zip(resumed, fresh, strict=True)]
         print(line("resume (prepare()'s extra)", extra, [r["raw"] for r in resumed]))
+        loaded = run(args, LOAD, {**names, "RAW_DIR": os.path.join(where, "raw"),
+                                  "CHECKPOINT": os.path.join(where, "nbtrain")}, resume=False)["load"]
+        print(line("load_checkpoint(), one cell", loaded["nbtrain"], loaded["raw"]))
     return 0
 
 
