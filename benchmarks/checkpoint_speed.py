@@ -6,10 +6,16 @@ One ``%%distributed --shard --checkpoint DIR`` cell prepares a model of ``--laye
 * ``nbtrain.save_checkpoint()`` — what training is blocked for (sync; with ``--checkpoint-async`` in a second
   cell, the call's time: the state is staged, the write goes on in the background);
 * ``dcp.save`` / ``dcp.async_save`` of the same model and optimizer state dicts, written by hand, with the same
-  planner settings nbtrain uses (plan caching on).
+  planner settings nbtrain uses (plan caching on) and, async, the same checkpointer: a thread (DCP's default).
+  Where torch has DCP's process checkpointer (``AsyncCheckpointerType.PROCESS``), the async cell times raw
+  ``dcp.async_save`` with it too, after one save that starts its process, and stops that process at its end: the
+  line it prints is what decides nbtrain's choice of checkpointer (the one that blocks training less).
 
 A third cell resumes from the checkpoint (``prepare()`` reads it), a fourth prepares the same model with
-``--no-resume``: the difference is nbtrain's resume, timed against ``dcp.load`` of the same state by hand.
+``--no-resume``: the difference is nbtrain's resume, timed against ``dcp.load`` of the same state by hand. That
+difference is of two cells' ranks, so a loaded machine makes it noisy; a fifth cell times the same reading in one
+cell: ``nbtrain.load_checkpoint()`` into the prepared model and a fresh optimizer (its state cleared each round),
+against ``dcp.load`` into the same state dicts, made beforehand.
 Each figure is the median over the rounds of the slowest rank's time (barriers around each call); which of the
 two saves goes first alternates from round to round.
 Goal: nbtrain ≤ 1.05× raw for each.
@@ -30,7 +36,9 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import DefaultSavePlanner
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
+PROCESS = getattr(AsyncCheckpointerType, "PROCESS", None) if ASYNC else None
 torch.manual_seed(0)
 model = torch.nn.Sequential(*(torch.nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)))
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -56,13 +64,23 @@ def timed(call):
 def raw_state():
     return {"model0": get_model_state_dict(model), "optim0": get_optimizer_state_dict(model, opt.optimizer)}
 
-def raw_save(round_):
-    target = os.path.join(RAW_DIR, f"r{round_}")
+def raw_save(name, checkpointer=AsyncCheckpointerType.THREAD):
+    target = os.path.join(RAW_DIR, name)
     planner = DefaultSavePlanner(enable_plan_caching=True)
     if ASYNC:
-        future = dcp.async_save(raw_state(), checkpoint_id=target, process_group=gloo, planner=planner)
+        future = dcp.async_save(raw_state(), checkpoint_id=target, process_group=gloo, planner=planner,
+                                async_checkpointer_type=checkpointer)
         return future.result
     dcp.save(raw_state(), checkpoint_id=target, planner=planner)
+
+def stop_checkpoint_process():  # DCP keeps it for the rank's life: ask it to end, and wait until it has
+    import multiprocessing
+    from torch.distributed.checkpoint import _async_process_executor as executor
+
+    process, executor._CHECKPOINT_PROCESS = executor._CHECKPOINT_PROCESS, None
+    if process is not None:
+        process.__del__()  # DCP's own shutdown: TERMINATE over its pipe, join, SIGTERM if it is still there
+    return [child.pid for child in multiprocessing.active_children()]  # joined: none left, not even a zombie
 
 def ours():
     nbtrain.save_checkpoint()
@@ -70,10 +88,16 @@ def ours():
         from nbtrain.rank.train.state import current
         return current().wait_for_save
 
-times = {"nbtrain": [], "raw": []}
-for round_ in range(ROUNDS):  # which goes first alternates: the disk's state after a write favours neither
-    for who in (("nbtrain", "raw") if round_ % 2 == 0 else ("raw", "nbtrain")):
-        times[who].append(timed(ours if who == "nbtrain" else lambda: raw_save(round_)))
+contenders = {"nbtrain": ours, "raw": lambda: raw_save(f"r{round_}")}
+if PROCESS is not None:
+    raw_save("warm", PROCESS)()  # the first save starts the checkpoint process (seconds): not a save's time
+    contenders["raw_process"] = lambda: raw_save(f"p{round_}", PROCESS)
+times = {who: [] for who in contenders}
+for round_ in range(ROUNDS):  # which goes first rotates: the disk's state after a write favours none
+    order = list(contenders)[round_ % len(contenders):] + list(contenders)[:round_ % len(contenders)]
+    for who in order:
+        times[who].append(timed(contenders[who]))
+left = stop_checkpoint_process() if PROCESS is not None else []
 """
 
 RESUME = """
@@ -101,6 +125,39 @@ dcp.load(state, checkpoint_id=RAW_DIR + "/r0")
 resume["raw"] = slowest(time.perf_counter() - began)
 """
 
+LOAD = """
+import time, torch, nbtrain
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+gloo = dist.new_group(backend="gloo")
+def slowest(seconds):
+    box = torch.tensor([seconds])
+    dist.all_reduce(box, op=dist.ReduceOp.MAX, group=gloo)
+    return float(box)
+
+def timed(call):
+    dist.barrier(group=gloo)
+    began = time.perf_counter()
+    call()
+    return slowest(time.perf_counter() - began)
+
+model = torch.nn.Sequential(*(torch.nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+model, opt = nbtrain.prepare(model, opt)  # --no-resume: nothing read yet
+load = {"nbtrain": [], "raw": []}
+for round_ in range(ROUNDS):
+    opt.optimizer.state.clear()  # a fresh optimizer each round, as a resumed cell's is
+    state = {"model0": get_model_state_dict(model), "optim0": get_optimizer_state_dict(model, opt.optimizer)}
+    contenders = {"nbtrain": lambda: nbtrain.load_checkpoint(CHECKPOINT + "/checkpoint.pt"),
+                  "raw": lambda: dcp.load(state, checkpoint_id=RAW_DIR + "/r0")}
+    for who in (("nbtrain", "raw") if round_ % 2 == 0 else ("raw", "nbtrain")):
+        if who == "nbtrain":
+            opt.optimizer.state.clear()
+        load[who].append(timed(contenders[who]))
+"""
+
 
 def run(args, cell: str, names: dict, **options) -> dict:
     from nbtrain.kernel.lifecycle.entry import run_source
@@ -116,6 +173,13 @@ def run(args, cell: str, names: dict, **options) -> dict:
 def line(what: str, ours: list[float], raw: list[float]) -> str:
     ours_s, raw_s = statistics.median(ours), statistics.median(raw)
     return f"{what:<28} nbtrain {ours_s * 1000:8.1f} ms   raw {raw_s * 1000:8.1f} ms   ratio {ours_s / raw_s:5.2f}×"
+
+
+def checkpointers(process: list[float], thread: list[float], left: list[int]) -> str:
+    """Raw dcp.async_save's blocking time with DCP's process checkpointer against its thread one (nbtrain's)."""
+    process_s, thread_s = statistics.median(process), statistics.median(thread)
+    return (f"{'  raw, process checkpointer':<28} process {process_s * 1000:8.1f} ms   thread {thread_s * 1000:6.1f} ms   "
+            f"ratio {process_s / thread_s:5.2f}×   processes left {len(left)}")
 
 
 def main() -> int:
@@ -136,12 +200,17 @@ def main() -> int:
             ns = run(args, CELL, {**names, "ASYNC": mode == "async", "RAW_DIR": os.path.join(where, "raw"),
                                   "CHECKPOINT": os.path.join(where, "nbtrain")}, checkpoint_async=mode == "async")
             print(line(f"save_checkpoint(), {mode}", ns["times"]["nbtrain"], ns["times"]["raw"]))
+            if "raw_process" in ns["times"]:
+                print(checkpointers(ns["times"]["raw_process"], ns["times"]["raw"], ns["left"]))
         where = os.path.join(folder, "sync")
         resumed, fresh = ([run(args, RESUME, {**names, "RAW_DIR": os.path.join(where, "raw"),
                                              "CHECKPOINT": os.path.join(where, "nbtrain")}, resume=resume)["resume"]
                            for _ in range(args.rounds)] for resume in (True, False))
         extra = [r["nbtrain"] - f["nbtrain"] for r, f in zip(resumed, fresh, strict=True)]
         print(line("resume (prepare()'s extra)", extra, [r["raw"] for r in resumed]))
+        loaded = run(args, LOAD, {**names, "RAW_DIR": os.path.join(where, "raw"),
+                                  "CHECKPOINT": os.path.join(where, "nbtrain")}, resume=False)["load"]
+        print(line("load_checkpoint(), one cell", loaded["nbtrain"], loaded["raw"]))
     return 0
 
 

@@ -36,7 +36,7 @@ from helpers.workers import assert_no_workers
 from nbtrain.kernel.cluster.tokens import sweep_tokens, token_dir
 from nbtrain.kernel.observers.registry import read_runs, runs_dir, sweep_records
 from nbtrain.common.leftovers import sweep_temp
-from nbtrain.rank.train.checkpoint import write_atomic
+from nbtrain.rank.train.checkpoint_write import write_atomic
 from nbtrain.wire.shm import sweep_orphans
 
 NOBODY = 65534

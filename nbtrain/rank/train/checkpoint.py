@@ -12,8 +12,8 @@ plain values (so the NumPy RNG state and the logged series are saved as tensors)
 or that group or others may write, is refused first (:mod:`nbtrain.wire.checkpoint_files`); a ``--shard``
 folder is read through :mod:`.dcp_reading`.
 
-It is written atomically: to a temporary file in the same directory, flushed and ``fsync``-ed, then
-``os.replace``-d over the old checkpoint, and the directory is ``fsync``-ed. A rank killed while saving
+It is written atomically (:mod:`.checkpoint_write`): to a temporary file in the same directory, flushed and
+``fsync``-ed, then ``os.replace``-d over the old checkpoint, and the directory is ``fsync``-ed. A rank killed while saving
 leaves the previous checkpoint intact (and a temporary file, removed by the next save). If rank 0
 cannot write, every rank raises the same :class:`CheckpointError`.
 
@@ -57,10 +57,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ...common.leftovers import sweep_dead, sweep_quietly
 from ...wire.checkpoint_files import ForeignCheckpointError, refuse_foreign_checkpoint
 from ...common.words import checkpoint_position
-from . import metrics, shard
+from . import dcp_resume, metrics, shard
+from .checkpoint_write import StagedFile, writable_by_owner_only, write_atomic
 from .state import TrainContext, current
 
 FORMAT = 1
@@ -87,8 +87,12 @@ def save_checkpoint(path: str | None = None, **extra) -> str:
         warnings.warn("save_checkpoint() inside a gradient-accumulation window: the gradients accumulated so far "
                       "are not saved. Save after optimizer.step().", stacklevel=2)
     context.flush_scaler_update()
-    mine = {"rng": _rng_state(context.device), "metric_steps": metrics.step_counters(),
-            "metric_history": metrics.logged_history(), "shards_token": secrets.token_hex(4)}
+    mine: dict[str, object] = {"rng": _rng_state(context.device), "metric_steps": metrics.step_counters(),
+                               "metric_history": metrics.logged_history()}
+    sharded = any(shard.is_sharded(m) for m in context.models)
+    if sharded and context.settings.checkpoint_async and path is None:
+        return _save_in_background(context, target, mine, extra)
+    mine["shards_token"] = secrets.token_hex(4)
     ranks: list = [mine]
     if context.distributed and context.world_size > 1:
         ranks = [None] * context.world_size
@@ -96,19 +100,9 @@ def save_checkpoint(path: str | None = None, **extra) -> str:
     token = ranks[0]["shards_token"]  # rank 0's names the new shard folder: one gather, no second collective
     for entry in ranks:
         entry.pop("shards_token", None)
-    sharded = any(shard.is_sharded(m) for m in context.models)
-    if sharded and context.settings.checkpoint_async and path is None:
-        return _save_in_background(context, target, ranks, extra, token)
-    states = _save_shards(context, target, token) if sharded else None
-    error = None
-    if context.rank == 0:
-        try:
-            if states is not None:
-                writable_by_owner_only(os.path.join(os.path.dirname(target), states[0][0]["dcp"]))
-            write_atomic(_snapshot(context, ranks, extra, states), target)
-            _remove_older_shards_later(context, target, states[0][0]["dcp"] if states is not None else None)
-        except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
+    folder = _shards_folder(context, target, token) if sharded else None
+    snapshot = _snapshot(context, ranks, extra, shard.checkpoint_entries(context, folder) if folder else None)
+    error = _save_now(context, target, snapshot, folder)
     error = _rank0s_error(context, error)
     if error:
         raise CheckpointError(f"rank 0 could not write the checkpoint {target}: {error}. The previous checkpoint "
@@ -140,17 +134,41 @@ def _rank0s_error(context: TrainContext, error: str | None) -> str | None:
     return box[0]
 
 
-def _save_shards(context: TrainContext, target: str, token: str, done=None) -> tuple[list, list]:
+def _shards_folder(context: TrainContext, target: str, token: str) -> str:
     """--shard: every rank writes its shards to a new DCP folder beside the checkpoint file, which names it only
     once all are written — a save killed half-way leaves the previous checkpoint, and its folder, as they were.
     ``token``: rank 0's random part of the folder's name, the same on every rank."""
-    name = f"{os.path.basename(target)}.shards-{context.step}-{token}"
-    return shard.save_states(context, os.path.join(os.path.dirname(target), name), done)
+    return os.path.join(os.path.dirname(target), f"{os.path.basename(target)}.shards-{context.step}-{token}")
 
 
-def _save_in_background(context: TrainContext, target: str, ranks: list, extra: dict, token: str) -> str:
+def _save_now(context: TrainContext, target: str, snapshot: dict, folder: str | None) -> str | None:
+    """Each rank writes its shards to ``folder`` (under --shard) while rank 0 writes the file that will name them
+    under a temporary name; the file replaces the old one once every rank's shards are written. Returns rank 0's
+    error in writing the file (a failed DCP write raises on every rank, and the old file stays)."""
+    staged = StagedFile(snapshot, target) if context.rank == 0 else None
+    try:
+        if folder is not None:
+            shard.save_states(context, folder)
+    except BaseException:
+        if staged is not None:
+            staged.discard()
+        raise
+    if staged is None:
+        return None
+    try:
+        staged.put_in_place(first=lambda: writable_by_owner_only(folder) if folder is not None else None)
+        context.wait_for_removal()  # the last save's (long over): listed after it, no folder is removed twice
+        _remove_older_shards_later(context, target, os.path.basename(folder) if folder is not None else None)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _save_in_background(context: TrainContext, target: str, mine: dict, extra: dict) -> str:
     """--checkpoint-async: the shards are copied now and written in the background; rank 0 writes the file that
-    names them once DCP has finished (every rank's part), and the next wait raises what went wrong."""
+    names them once DCP has finished (every rank's part), and the next wait raises what went wrong. Training waits
+    for one collective of its own, rank 0's name for the shard folder: the ranks' RNG states and metric counters
+    (``mine``, taken now) reach rank 0 in the background, over the background saves' own group."""
     snapshot: dict = {}
     failure: list[str] = []
     taken = threading.Event()  # the snapshot below is complete (the write may finish before it is)
@@ -159,6 +177,7 @@ def _save_in_background(context: TrainContext, target: str, ranks: list, extra: 
     def done(error: str | None) -> None:
         taken.wait()
         try:
+            snapshot["ranks"] = _gathered_on_rank0(context, mine, shard.background_group())  # every rank, always
             if error is None and context.rank == 0:
                 writable_by_owner_only(os.path.join(os.path.dirname(target), snapshot["models"][0]["dcp"]))
                 write_atomic(snapshot, target)
@@ -170,15 +189,15 @@ def _save_in_background(context: TrainContext, target: str, ranks: list, extra: 
                 failure.append(error)
             finished.set()
 
-    states = _save_shards(context, target, token, done)
-    snapshot.update(_snapshot(context, ranks, extra, states))
+    states = shard.save_states(context, _shards_folder(context, target, _rank0s_token(context)), done)
+    snapshot.update(_snapshot(context, [mine], extra, states))  # its "ranks": every rank's, once gathered
     taken.set()
     written = context.pending_save
     assert written is not None  # set by the background save
 
     def wait() -> None:
         # The future's callbacks run after its result is set: wait for done() itself too. Rank 0 joins the next
-        # save's gather only after this, so no rank writes a folder that rank 0 is still clearing.
+        # save's collective only after this, so no rank writes a folder that rank 0 is still clearing.
         with contextlib.suppress(Exception):  # its error is the one done() recorded
             written()
         finished.wait()
@@ -189,16 +208,33 @@ def _save_in_background(context: TrainContext, target: str, ranks: list, extra: 
     return target
 
 
+def _rank0s_token(context: TrainContext) -> str:
+    """A random name part for the new shard folder, rank 0's, on every rank (one small broadcast)."""
+    token = torch.tensor([secrets.randbits(31)], dtype=torch.int64, device=context.device)
+    if context.distributed and context.world_size > 1:
+        dist.broadcast(token, src=0)
+    return f"{int(token.item()):08x}"
+
+
+def _gathered_on_rank0(context: TrainContext, mine: dict, group) -> list | None:
+    """Every rank's ``mine`` on rank 0, in rank order, over ``group``; None on the other ranks."""
+    if not (context.distributed and context.world_size > 1):
+        return [mine]
+    ranks: list | None = [None] * context.world_size if context.rank == 0 else None
+    dist.gather_object(mine, ranks, dst=0, group=group)
+    return ranks
+
+
 def _remove_older_shards_later(context: TrainContext, target: str, keep: str | None) -> None:
     """Remove the shard folders the new file no longer names on a thread of their own (deleting a large model's
-    folder takes a while, and training need not wait for it); the next save and the cell's end wait for it. The
-    folders are listed now: a later save's new folder is never among them."""
+    folder takes a while, and training need not wait for it); the next save, once its shards are written, and the
+    cell's end wait for it. The folders are listed now: a later save's new folder is never among them."""
     older = _older_shards(target, keep)
     if not older:
         return
     remover = threading.Thread(target=_remove_folders, args=(older,), name="nbtrain-old-shards", daemon=True)
     remover.start()
-    context.save_in_background(remover.join)
+    context.remove_in_background(remover.join)
 
 
 def _remove_older_shards(target: str, keep: str | None) -> None:
@@ -249,53 +285,6 @@ def _snapshot(context: TrainContext, ranks: list, extra: dict, states: tuple[lis
     }
 
 
-def writable_by_owner_only(folder: str) -> None:
-    """A DCP folder and its files, as the umask left them, less group and others' write: a checkpoint others can
-    write is refused when it is loaded (:mod:`nbtrain.wire.checkpoint_files`), so nbtrain never writes one."""
-    for path in [folder, *(os.path.join(folder, name) for name in os.listdir(folder))]:
-        mode = stat.S_IMODE(os.stat(path).st_mode)
-        if mode & (stat.S_IWGRP | stat.S_IWOTH):
-            os.chmod(path, mode & ~(stat.S_IWGRP | stat.S_IWOTH))
-
-
-def write_atomic(state: dict, path: str) -> None:
-    """Write ``state`` with torch.save so that ``path`` is always either the old file or the whole new one
-    (readable by others as the umask allows, writable by this user alone)."""
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=0o755, exist_ok=True)
-    _remove_stale_temporaries(path)
-    temporary = f"{os.path.join(directory, '.' + os.path.basename(path))}.tmp-{secrets.token_hex(4)}-{os.getpid()}"
-    # A new file of this user's, under a name nobody can guess: in a shared folder another user may have planted a
-    # file or a link at a predictable name, and renaming theirs into place would hand them the checkpoint.
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    try:
-        with os.fdopen(descriptor, "wb") as file:
-            torch.save(state, file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)  # make the rename itself durable
-    finally:
-        os.close(descriptor)
-
-
-def _remove_stale_temporaries(path: str) -> None:
-    """Temporary files of saves whose process died (a killed rank) are left behind; clear this user's. The folder
-    may be shared (``--checkpoint /tmp/run``): an entry another user made there is theirs, whatever its name says,
-    and nothing found there stops the save."""
-    folder, name = os.path.split(path)
-    stale = re.compile(re.escape(f".{name}.tmp-") + r"(?:[0-9a-f]+-)?(\d+)$")  # group 1: the saving process
-    sweep_quietly(lambda: sweep_dead(folder or ".", stale))
-
-
 # ------------------------------------------------------------------------------------------ loading
 def load_checkpoint(path: str | None = None) -> Checkpoint | None:
     """Load a checkpoint into what is prepared now and what is prepared later; None if there is none yet."""
@@ -339,10 +328,7 @@ def load_for_resume(context: TrainContext, path: str, announce: bool) -> Checkpo
         _set_rng_state(ranks[context.rank]["rng"], context.device)
         metrics.restore_step_counters(ranks[context.rank]["metric_steps"])
         metrics.restore_history(ranks[context.rank].get("metric_history"))
-    for index, model in enumerate(context.models):
-        restore_model(context, getattr(model, "module", model), index)
-    for index, optimizer in enumerate(context.optimizers):
-        restore_optimizer(context, optimizer, index)
+    restore_prepared(context, list(enumerate(context.models)), list(enumerate(context.optimizers)))
     for index, scheduler in enumerate(context.schedulers):
         restore_scheduler(context, scheduler, index)
     for index, loader in enumerate(context.loaders):
@@ -404,21 +390,26 @@ def _saved(context: TrainContext, kind: str, index: int):
 
 
 def restore_model(context: TrainContext, module, index: int) -> None:
+    restore_prepared(context, [(index, module)], [])
+
+
+def restore_prepared(context: TrainContext, models: list[tuple[int, object]], optimizers: list[tuple[int, object]]) -> None:
+    """The saved state of each ``(index, model)`` and ``(index, optimizer)`` into it — a ``--shard`` checkpoint's
+    models and optimizers read together, in one DCP load (:mod:`.dcp_resume`)."""
+    if context.resume is None or not (models or optimizers):
+        return
     try:
-        shard.load_model(module, _saved(context, "models", index), os.path.dirname(context.resume_path or ""))
+        dcp_resume.restore(context, os.path.dirname(context.resume_path or ""),
+                           [(model, _saved(context, "models", index)) for index, model in models],
+                           [(optimizer, _saved(context, "optimizers", index)) for index, optimizer in optimizers])
     except pickle.UnpicklingError as exc:  # a DCP folder holding more than tensors and plain values
         raise CheckpointError(f"{exc}. Delete it or run with --no-resume.") from None
     except RuntimeError as exc:
-        raise CheckpointError(f"model {index} does not match the checkpoint {context.resume_path}: {exc}\n"
-                              "Use another --checkpoint directory or --no-resume for a different model.") from None
-
-
-def restore_optimizer(context: TrainContext, optimizer, index: int) -> None:
-    try:
-        shard.load_optimizer(context, optimizer, _saved(context, "optimizers", index),
-                             os.path.dirname(context.resume_path or ""))
-    except pickle.UnpicklingError as exc:
-        raise CheckpointError(f"{exc}. Delete it or run with --no-resume.") from None
+        what = " and ".join(f"{kind} {', '.join(str(index) for index, _ in objects)}"
+                            for kind, objects in (("model", models), ("optimizer", optimizers)) if objects)
+        raise CheckpointError(f"{what} {'does' if len(models) + len(optimizers) == 1 else 'do'} not match the "
+                              f"checkpoint {context.resume_path}: {exc}\nUse another --checkpoint directory or "
+                              "--no-resume for a different model.") from None
 
 
 def restore_scheduler(context: TrainContext, scheduler, index: int) -> None:

@@ -49,22 +49,35 @@ def read_layout(folder: str):
         return _LayoutUnpickler(file).load()
 
 
-def load(state: dict, folder: str) -> None:
-    """``dcp.load(state, checkpoint_id=folder)``, reading nothing but the layout, tensors and plain values."""
+def read_checked_layout(folder: str):
+    """:func:`read_layout`, its refusal saying which checkpoint it is about."""
+    try:
+        return read_layout(folder)
+    except UnexpectedContent as exc:
+        raise _refused(folder, exc) from None
+
+
+def load(state: dict, folder: str, layout=None) -> None:
+    """``dcp.load(state, checkpoint_id=folder)``, reading nothing but the layout, tensors and plain values;
+    ``layout``: the folder's, when the caller has read it already."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
     try:
-        dcp.load(state, storage_reader=_layout_reader(folder), planner=_plain_values_planner())
+        dcp.load(state, storage_reader=_layout_reader(folder, layout), planner=_plain_values_planner())
     except CheckpointException as exc:  # DCP gathers each rank's error: say ours plainly
         refused = [error for error, _ in exc.failures.values() if isinstance(error, UnexpectedContent)]
         if refused:
-            raise UnexpectedContent(f"the sharded checkpoint {folder} holds what nbtrain does not unpickle (a pickle "
-                                    f"can run code): {refused[0]}") from None
+            raise _refused(folder, refused[0]) from None
         raise
 
 
-def _layout_reader(folder: str):
+def _refused(folder: str, error: Exception) -> UnexpectedContent:
+    return UnexpectedContent(f"the sharded checkpoint {folder} holds what nbtrain does not unpickle (a pickle can run "
+                             f"code): {error}")
+
+
+def _layout_reader(folder: str, layout=None):
     import dataclasses
 
     from torch.distributed.checkpoint import FileSystemReader
@@ -74,9 +87,9 @@ def _layout_reader(folder: str):
         def read_metadata(self, *args: Any, **kwargs: Any):
             if kwargs.get("rank") is not None:
                 raise UnexpectedContent("a per-rank DCP layout; nbtrain writes one layout per folder")
-            layout = read_layout(folder)
-            meta = dataclasses.replace(layout.storage_meta or StorageMeta(), load_id=self.load_id)  # as DCP's reader
-            return dataclasses.replace(layout, storage_meta=meta)
+            read = layout if layout is not None else read_layout(folder)
+            meta = dataclasses.replace(read.storage_meta or StorageMeta(), load_id=self.load_id)  # as DCP's reader
+            return dataclasses.replace(read, storage_meta=meta)
 
     return _LayoutReader(folder)
 

@@ -29,7 +29,7 @@ import weakref
 import torch
 
 from . import preempt_checkpoint
-from .checkpoint import restore_optimizer, restore_scheduler
+from .checkpoint import restore_scheduler
 from .state import TrainContext, unwrapped
 
 
@@ -160,9 +160,8 @@ class PreparedScheduler:
 
 
 def prepare_optimizer(context: TrainContext, optimizer) -> PreparedOptimizer:
+    """The optimizer wrapped and kept; a resumed state is given by ``prepare()``, with its models' (one DCP load)."""
     prepared = PreparedOptimizer(optimizer, context)
-    if context.resume is not None:
-        restore_optimizer(context, prepared, len(context.optimizers))
     context.optimizers.append(prepared)
     return prepared
 

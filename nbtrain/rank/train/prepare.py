@@ -41,7 +41,7 @@ from torch.utils.data import DataLoader
 from . import data, optim, speed
 from . import shard as sharding
 from .amp import outputs_to_fp32
-from .checkpoint import auto_resume, restore_model
+from .checkpoint import auto_resume, restore_model, restore_prepared
 from .data import PreparedLoader
 from .optim import PreparedOptimizer, PreparedScheduler
 from .state import PreparedError, TrainContext, current
@@ -65,6 +65,7 @@ def prepare(*objects, shard=None, weights=None, **ddp_kwargs):
         raise PreparedError(f"prepare() passes {', '.join(ddp_kwargs)} to DistributedDataParallel, but got no model.")
     _check_optimizers_hold_the_models(objects, kinds)
     prepared = {}
+    first_model, first_optimizer = len(context.models), len(context.optimizers)
     if weights is not None and sum(1 for k in kinds.values() if k == "model") != 1:
         raise PreparedError("prepare(..., weights=FOLDER) loads one model's weights: give exactly one model with it.")
     if shard is not None and not context.settings.shard:
@@ -84,6 +85,7 @@ def prepare(*objects, shard=None, weights=None, **ddp_kwargs):
             prepared[id(obj)] = optim.prepare_optimizer(context, obj)
         elif kind == "loader":
             prepared[id(obj)] = data.prepare_loader(context, obj)
+    _restore_sharded_and_optimizers(context, first_model, first_optimizer)
     for obj in objects:
         if kinds[id(obj)] == "scheduler":
             prepared[id(obj)] = optim.prepare_scheduler(context, obj)
@@ -177,16 +179,22 @@ def _prepare_model(context: TrainContext, model, ddp_kwargs: dict):
 
 
 def _prepare_sharded(context: TrainContext, model, blocks, ddp_kwargs: dict):
-    """--shard: FSDP2 in place of DDP (see nbtrain.rank.train.shard); a saved state is loaded once it is sharded."""
+    """--shard: FSDP2 in place of DDP (see nbtrain.rank.train.shard)."""
     if ddp_kwargs:
         raise PreparedError(f"{', '.join(ddp_kwargs)} are DistributedDataParallel options; with --shard the model is "
                             "sharded by FSDP2 instead. Leave them out.")
     context.meter.sharded()
     model = sharding.shard_model(context, model if sharding.on_meta(model) else model.to(context.device), blocks)
-    if context.resume is not None:
-        restore_model(context, model, len(context.models))
-    context.models.append(model)
+    context.models.append(model)  # a resumed state comes with its optimizers' (_restore_sharded_and_optimizers)
     return model
+
+
+def _restore_sharded_and_optimizers(context: TrainContext, first_model: int, first_optimizer: int) -> None:
+    """A resumed checkpoint's state into the sharded models and the optimizers this call prepared, all at once: a
+    --shard checkpoint's are read in one DCP load. (A DDP model got its own before DDP wrapped it.)"""
+    models = [(index, model) for index, model in enumerate(context.models)
+              if index >= first_model and sharding.is_sharded(model)]
+    restore_prepared(context, models, list(enumerate(context.optimizers))[first_optimizer:])
 
 
 def _speed_up(context: TrainContext, model) -> speed.ModelSpeed:

@@ -21,9 +21,9 @@ wires it into the cell:
   module — every rank takes part in gathering the full state dict to rank 0's CPU (one tensor at a time),
   and rank 0 fills a parameter-less copy of the model made before sharding (:func:`meta_copy`), tying again
   what the model tied (:func:`tied_parameters`); the ranks' own namespace keeps the sharded model (a session);
-* **checkpoints** (:func:`save_states`, :func:`load_model`, :func:`load_optimizer`): DCP, each rank writing
-  its own shards; DCP re-shards on load, so a run resumes at another world size, and a DDP checkpoint loads
-  into a sharded run and the other way round.
+* **checkpoints** (:func:`save_states`; resuming is :mod:`.dcp_resume`'s): DCP, each rank writing its own
+  shards; DCP re-shards on load, so a run resumes at another world size, and a DDP checkpoint loads into a
+  sharded run and the other way round.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from ...common.words import count
-from . import dcp_reading, metrics, speed
+from . import metrics, speed
 from .state import PreparedError, TrainContext, current
 
 META_COPY = "_nbtrain_meta_copy"  # rank 0: the plain model's structure, parameters on the meta device
@@ -358,33 +358,37 @@ def owner_of(context: TrainContext, optimizer):
 _async_group: list = []  # (the default process group it was made beside, a gloo group for background saves)
 
 
+def checkpoint_entries(context: TrainContext, directory: str) -> tuple[list, list]:
+    """What the checkpoint file keeps in place of each prepared model and optimizer: the key of its state in the DCP
+    folder ``directory`` — or, for an optimizer of no prepared model's parameters, its own state dict."""
+    name = os.path.basename(directory)
+    models = [{"dcp": name, "key": f"model{index}"} for index in range(len(context.models))]
+    optimizers = [{"dcp": name, "key": f"optim{index}"} if owner_of(context, optimizer) is not None
+                  else optimizer.state_dict() for index, optimizer in enumerate(context.optimizers)]
+    return models, optimizers
+
+
 def save_states(context: TrainContext, directory: str, done=None) -> tuple[list, list]:
     """Write every prepared model and optimizer to ``directory`` with DCP (each rank its own shards); the
-    entries the checkpoint file keeps in their place. With ``done`` (--checkpoint-async) the state is copied
-    and written in the background: ``done(error or None)`` runs when this rank's part is over, and
-    ``context.pending_save`` waits for it."""
+    entries the checkpoint file keeps in their place (:func:`checkpoint_entries`). With ``done``
+    (--checkpoint-async) the state is copied and written in the background: ``done(error or None)`` runs when
+    this rank's part is over, and ``context.pending_save`` waits for it."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import DefaultSavePlanner
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
     state: dict[str, Any] = {}
-    models: list = []
-    optimizers: list = []
     for index, model in enumerate(context.models):
-        state[f"model{index}"] = get_model_state_dict(_plain(model))
-        models.append({"dcp": os.path.basename(directory), "key": f"model{index}"})
+        state[f"model{index}"] = get_model_state_dict(plain(model))
     for index, optimizer in enumerate(context.optimizers):
         owner = owner_of(context, optimizer)
-        if owner is None:
-            optimizers.append(optimizer.state_dict())
-            continue
-        state[f"optim{index}"] = get_optimizer_state_dict(_plain(owner), optimizer.optimizer)
-        optimizers.append({"dcp": os.path.basename(directory), "key": f"optim{index}"})
+        if owner is not None:
+            state[f"optim{index}"] = get_optimizer_state_dict(plain(owner), optimizer.optimizer)
     planner = DefaultSavePlanner(enable_plan_caching=True)  # the same state each save: its plan is made once
     if done is None:
         dcp.save(state, checkpoint_id=directory, planner=planner)
-        return models, optimizers
-    future = dcp.async_save(state, checkpoint_id=directory, process_group=_background_group(), planner=planner)
+        return checkpoint_entries(context, directory)
+    future = dcp.async_save(state, checkpoint_id=directory, process_group=background_group(), planner=planner)
     assert isinstance(future, Future)  # the thread checkpointer's answer (a response object is the process one's)
 
     def finished(f) -> None:
@@ -393,10 +397,10 @@ def save_states(context: TrainContext, directory: str, done=None) -> tuple[list,
 
     future.add_done_callback(finished)
     context.save_in_background(future.result)
-    return models, optimizers
+    return checkpoint_entries(context, directory)
 
 
-def _background_group():
+def background_group():
     """A gloo group of its own for background saves: their collectives must not interleave with training's."""
     import torch.distributed as dist
 
@@ -406,7 +410,7 @@ def _background_group():
     return _async_group[1]
 
 
-def _plain(model):
+def plain(model):
     """DDP's wrapper off (its state dict has no ``module.`` prefix then); a sharded model is itself."""
     return model if is_sharded(model) else getattr(model, "module", model)
 
@@ -426,7 +430,7 @@ def load_weights(model: nn.Module, folder: str) -> None:
     if not os.path.isdir(folder) or not any(name.endswith(".safetensors") for name in os.listdir(folder)):
         raise PreparedError(f"prepare(..., weights={folder!r}): give a folder holding .safetensors files (a model's "
                             "folder as Hugging Face saves it).")
-    model = _plain(model)
+    model = plain(model)
     state = get_model_state_dict(model)
     try:
         dcp.load(state, storage_reader=HuggingFaceStorageReader(folder))
@@ -434,52 +438,3 @@ def load_weights(model: nn.Module, folder: str) -> None:
         raise PreparedError(f"the weights in {folder} do not fit {type(model).__name__}: {type(exc).__name__}: "
                             f"{exc}") from None
     set_model_state_dict(model, state)
-
-
-def load_model(model, saved, folder: str) -> None:
-    """A DCP entry, or a whole state dict (a DDP checkpoint), into ``model`` — sharded or not."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
-
-    model = _plain(model)
-    if isinstance(saved, dict) and "dcp" in saved:
-        template = {saved["key"]: get_model_state_dict(model)}
-        dcp_reading.load(template, os.path.join(folder, saved["dcp"]))
-        set_model_state_dict(model, template[saved["key"]])
-    elif is_sharded(model):
-        set_model_state_dict(model, saved, options=StateDictOptions(full_state_dict=True))
-    else:
-        model.load_state_dict(saved)
-
-
-def load_optimizer(context: TrainContext, optimizer, saved, folder: str) -> None:
-    """A DCP entry, or an optimizer's own state dict (a DDP checkpoint), into ``optimizer``."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_optimizer_state_dict,
-        set_optimizer_state_dict,
-    )
-
-    owner = owner_of(context, optimizer)
-    inner = getattr(optimizer, "optimizer", optimizer)
-    if isinstance(saved, dict) and "dcp" in saved and owner is not None:
-        template = {saved["key"]: get_optimizer_state_dict(_plain(owner), inner)}
-        dcp_reading.load(template, os.path.join(folder, saved["dcp"]))
-        set_optimizer_state_dict(_plain(owner), inner, template[saved["key"]])
-    elif owner is not None and is_sharded(owner):  # a DDP checkpoint's optimizer: its parameters by name
-        set_optimizer_state_dict(owner, inner, by_name(owner, inner, saved),
-                                 options=StateDictOptions(full_state_dict=True))
-    else:
-        inner.load_state_dict(saved)
-
-
-def by_name(model, optimizer, saved: dict) -> dict:
-    """An optimizer state dict keyed by parameter index (``Optimizer.state_dict()``) keyed by name instead."""
-    names = {id(p): name for name, p in model.named_parameters()}
-    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
-    groups = []
-    start = 0
-    for group in saved["param_groups"]:
-        count = len(group["params"])
-        groups.append({**group, "params": order[start:start + count]})
-        start += count
-    return {"state": {order[int(i)]: value for i, value in saved["state"].items()}, "param_groups": groups}

@@ -59,6 +59,7 @@ class TrainContext:
         self.resume_path: str | None = None
         self.auto_resume_checked = False  # see nbtrain.rank.train.checkpoint.auto_resume
         self.pending_save: Callable[[], object] | None = None  # --checkpoint-async: waits for the save in progress
+        self.pending_removal: Callable[[], object] | None = None  # waits for older shard folders' removal
         self.sharded_params: dict[int, object] = {}  # id of a parameter before --shard -> the sharded one (rank/train/shard.py)
         self.meter = stepmeter.for_device(rank, device, self.amp_dtype, world_size)  # step rate, MFU, data wait
 
@@ -110,8 +111,19 @@ class TrainContext:
 
     def save_in_background(self, wait: Callable[[], object]) -> None:
         """``wait`` finishes what the last save left going on in the background — its write under
-        --checkpoint-async, the removal of older shard folders — (the next save and the cell's end call it)."""
+        --checkpoint-async — (the next save and the cell's end call it)."""
         self.pending_save = wait
+
+    def remove_in_background(self, wait: Callable[[], object]) -> None:
+        """``wait`` finishes the removal of the shard folders the last save no longer names: the next save calls
+        it once its own shards are written (by then it is long over), the cell's end before it ends."""
+        self.wait_for_removal()
+        self.pending_removal = wait
+
+    def wait_for_removal(self) -> None:
+        wait, self.pending_removal = self.pending_removal, None
+        if wait is not None:
+            wait()
 
     def wait_for_save(self) -> None:
         """The last save's background part, finished (a background write's error raised here)."""
@@ -121,6 +133,7 @@ class TrainContext:
 
     def close(self) -> None:
         self.wait_for_save()  # a cell ends, or is stopped, with its last checkpoint written
+        self.wait_for_removal()  # and the folders it no longer names gone
         self.meter.close([loader.describe() for loader in self.loaders])
         for objects in (self.models, self.optimizers, self.loaders, self.schedulers):
             objects.clear()

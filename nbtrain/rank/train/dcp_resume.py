@@ -1,0 +1,170 @@
+"""Resuming prepared models and optimizers from a checkpoint: its DCP entries read in one load.
+
+A ``--shard`` checkpoint names, for each model and optimizer, a key in one DCP folder (:func:`.shard.save_states`).
+:func:`restore` reads every DCP entry of the objects one ``prepare()`` call holds with a single ``dcp.load`` —
+one plan, one read of the folder's layout, one round of DCP's collectives — then hands each object its part. An
+entry that is a whole state dict (a DDP checkpoint) is loaded as it is: by name into a sharded model.
+
+DCP loads in place, into state of the right shapes, and an optimizer made afresh holds none: torch's
+``get_optimizer_state_dict`` makes it by running the optimizer once with zero gradients, which costs as much as a
+training step's update. :func:`_allocate_optimizer_state` allocates that state from the checkpoint's layout
+instead, where the layout says all of it: the same hyperparameter names as the optimizer's own groups (the same
+kind of optimizer), and each saved tensor either of its parameter's shape (then sharded as the parameter is) or
+a scalar (a step count). Anything else keeps torch's way.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from . import dcp_reading
+from .shard import is_sharded, owner_of, plain
+from .state import TrainContext
+
+
+def is_dcp_entry(saved) -> bool:
+    return isinstance(saved, dict) and "dcp" in saved
+
+
+def restore(context: TrainContext, folder: str, models: list[tuple[Any, Any]], optimizers: list[tuple[Any, Any]]) -> None:
+    """Each ``(model, saved)`` and ``(optimizer, saved)`` pair's saved state into its object; ``folder`` holds the
+    checkpoint file. The DCP entries of one DCP folder are read together."""
+    reads: dict[str, dict] = {}  # DCP folder: the state to read there, by its checkpoint key
+    layouts: dict[str, Any] = {}  # DCP folder: its layout, where an optimizer's state was allocated from it
+    applies = []
+    for model, saved in models:
+        if is_dcp_entry(saved):
+            applies.append(_model_template(plain(model), saved, reads.setdefault(saved["dcp"], {})))
+        else:
+            load_whole_model(model, saved)
+    for optimizer, saved in optimizers:
+        owner = owner_of(context, optimizer)
+        inner = getattr(optimizer, "optimizer", optimizer)
+        if is_dcp_entry(saved) and owner is not None:
+            if not inner.state:
+                _allocate_optimizer_state(plain(owner), inner, saved["key"], _layout(layouts, folder, saved["dcp"]))
+            applies.append(_optimizer_template(plain(owner), inner, saved, reads.setdefault(saved["dcp"], {})))
+        else:
+            load_whole_optimizer(owner, inner, saved)
+    for name, state in reads.items():
+        dcp_reading.load(state, os.path.join(folder, name), layouts.get(name))
+    for apply in applies:
+        apply()
+
+
+def _layout(layouts: dict, folder: str, name: str):
+    """The layout of the DCP folder ``name``, read once (the load reuses it)."""
+    if name not in layouts:
+        layouts[name] = dcp_reading.read_checked_layout(os.path.join(folder, name))
+    return layouts[name]
+
+
+def _model_template(model, saved: dict, state: dict):
+    """The model's own state dict under its key in ``state`` (DCP reads into it); returns what applies it."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    state[saved["key"]] = get_model_state_dict(model)
+    return lambda: set_model_state_dict(model, state[saved["key"]])
+
+
+def _optimizer_template(model, optimizer, saved: dict, state: dict):
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    state[saved["key"]] = get_optimizer_state_dict(model, optimizer)
+    return lambda: set_optimizer_state_dict(model, optimizer, state[saved["key"]])
+
+
+def load_whole_model(model, saved: dict) -> None:
+    """A whole state dict (a DDP checkpoint's) into ``model``, sharded or not."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    model = plain(model)
+    if is_sharded(model):
+        set_model_state_dict(model, saved, options=StateDictOptions(full_state_dict=True))
+    else:
+        model.load_state_dict(saved)
+
+
+def load_whole_optimizer(owner, optimizer, saved: dict) -> None:
+    """An optimizer's own state dict (a DDP checkpoint's) into ``optimizer``: into a sharded model's by name."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    if owner is not None and is_sharded(owner):
+        set_optimizer_state_dict(owner, optimizer, by_name(owner, optimizer, saved),
+                                 options=StateDictOptions(full_state_dict=True))
+    else:
+        optimizer.load_state_dict(saved)
+
+
+def by_name(model, optimizer, saved: dict) -> dict:
+    """An optimizer state dict keyed by parameter index (``Optimizer.state_dict()``) keyed by name instead."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    groups = []
+    start = 0
+    for group in saved["param_groups"]:
+        count = len(group["params"])
+        groups.append({**group, "params": order[start:start + count]})
+        start += count
+    return {"state": {order[int(i)]: value for i, value in saved["state"].items()}, "param_groups": groups}
+
+
+# ------------------------------------------------------------------------------------------ optimizer state
+def _allocate_optimizer_state(model, optimizer, key: str, layout) -> None:
+    """Give a stateless ``optimizer`` the (uninitialised) state its DCP entry ``key`` holds, as the module docstring
+    says; where the layout does not say all of it, leave the optimizer as it is."""
+    saved_state, saved_groups = _entry_layout(layout, key)
+    if saved_groups != [set(group) - {"params"} for group in optimizer.param_groups]:
+        return  # another kind of optimizer (or other groups): torch's own template, and its error if it is one
+    parameters = dict(model.named_parameters())
+    allocated: dict = {}
+    for name, tensors in saved_state.items():
+        param = parameters.get(name)
+        if param is None:
+            return
+        allocated[param] = {}
+        for what, metadata in tensors.items():
+            tensor = _empty_like_saved(param, metadata)
+            if tensor is None:
+                return
+            allocated[param][what] = tensor
+    optimizer.state.update(allocated)
+
+
+def _entry_layout(layout, key: str) -> tuple[dict[str, dict[str, Any]], list[set[str]] | None]:
+    """From the layout, an optimizer entry's state (parameter name: {state name: its metadata}) and the names in
+    each of its parameter groups (None where the layout holds what an optimizer's state dict does not)."""
+    state: dict[str, dict[str, Any]] = {}
+    groups: dict[int, set[str]] = {}
+    paths = layout.planner_data if isinstance(layout.planner_data, dict) else {}
+    for flat, metadata in layout.state_dict_metadata.items():
+        path = paths.get(flat)
+        if not path or path[0] != key:
+            continue
+        if len(path) == 4 and path[1] == "state":
+            state.setdefault(path[2], {})[path[3]] = metadata
+        elif len(path) == 4 and path[1] == "param_groups" and isinstance(path[2], int):
+            groups.setdefault(path[2], set()).add(path[3])
+        else:
+            return state, None
+    names = [groups[index] - {"params"} for index in sorted(groups)]
+    return state, names if sorted(groups) == list(range(len(groups))) else None
+
+
+def _empty_like_saved(param, metadata):
+    """An empty tensor for a saved one: of the parameter's shape, its layout (a DTensor's sharding) and the saved
+    dtype; a scalar as the optimizers keep their step counts (on the CPU; ``load_state_dict`` moves it where its
+    optimizer keeps it); None for anything else."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    if not isinstance(metadata, TensorStorageMetadata):
+        return None
+    dtype = metadata.properties.dtype
+    if tuple(metadata.size) == tuple(param.shape) and param.dim() > 0:
+        return torch.empty_like(param, dtype=dtype, requires_grad=False)
+    if len(metadata.size) == 0:
+        return torch.empty((), dtype=dtype)
+    return None
