@@ -33,6 +33,7 @@ import itertools
 import os
 import re
 import sys
+import threading
 import warnings
 from concurrent.futures import Future
 from typing import Any
@@ -391,9 +392,10 @@ def save_states(context: TrainContext, directory: str, done=None) -> tuple[list,
     future = dcp.async_save(state, checkpoint_id=directory, process_group=background_group(), planner=planner)
     assert isinstance(future, Future)  # the thread checkpointer's answer (a response object is the process one's)
 
-    def finished(f) -> None:
-        error = f.exception()
-        done(f"{type(error).__name__}: {error}" if error is not None else None)
+    def finished(f) -> None:  # on DCP's thread, or right here if the write had finished already: done() waits for
+        error = f.exception()  # what this thread does after it, and gathers, so it runs on a thread of its own
+        said = f"{type(error).__name__}: {error}" if error is not None else None
+        threading.Thread(target=done, args=(said,), name="nbtrain-save-done", daemon=True).start()
 
     future.add_done_callback(finished)
     context.save_in_background(future.result)
