@@ -46,6 +46,8 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
+from typing import NoReturn
 
 from ..wire import forking
 from ..wire.shm import owner_prefix, sweep_prefix
@@ -143,16 +145,11 @@ class Zygote:
         forking.send(self.sock, {"op": "forked", "id": request["id"], "pid": pid, "imports_s": 0.0})
 
     def _store_child(self, fds: list[int]) -> None:
-        code = 1
-        try:
+        def work() -> int:
             _leave_zygote(closing=self._zygotes_descriptors())
             _serve_store(fds)
-            code = 0
-        except BaseException:
-            with contextlib.suppress(Exception):
-                traceback.print_exc()
-        finally:
-            os._exit(code)
+            return 0
+        _live_as_child(work)
 
     def _import(self, modules: list[str], sys_path: list[str]) -> str:
         """Import what the notebook imported since the zygote started; why forking is no longer safe, or ""."""
@@ -181,20 +178,11 @@ class Zygote:
         return self.unsafe
 
     def _child(self, request: dict, fds: list[int]) -> None:
-        code = 1
-        try:
+        def work() -> int:
             _leave_zygote(closing=self._zygotes_descriptors())
             _become_rank(request, fds, start_dir=self.start_dir)
-            code = _run_rank()
-        except BaseException:
-            with contextlib.suppress(Exception):
-                traceback.print_exc()
-        finally:
-            with contextlib.suppress(Exception):
-                sys.stdout.flush()
-                sys.stderr.flush()
-            os._exit(code)
-
+            return _run_rank()
+        _live_as_child(work)
 
     def _zygotes_descriptors(self) -> tuple[int, ...]:
         """What a fresh fork closes: the kernel's channel, the wake-up pipe, the idle spares' channels."""
@@ -212,28 +200,35 @@ class Zygote:
 
     def _spare_child(self, kind: str, channel: socket.socket) -> None:
         """Wait for a request, then become what a fork for it would have become; end with the zygote's end."""
-        code = 1
-        try:
+        def work() -> int:
             _leave_zygote(closing=self._zygotes_descriptors())
             name_process(b"nbtrain-spare")
             request, fds = forking.receive(channel)
             channel.close()
             if request is None:
-                code = 0
-            elif kind == "store":
+                return 0  # let go, or the zygote is gone
+            if kind == "store":
                 _serve_store(fds)
-                code = 0
-            else:
-                _become_rank(request, fds, start_dir=self.start_dir)
-                code = _run_rank()
-        except BaseException:
-            with contextlib.suppress(Exception):
-                traceback.print_exc()
-        finally:
-            with contextlib.suppress(Exception):
-                sys.stdout.flush()
-                sys.stderr.flush()
-            os._exit(code)
+                return 0
+            _become_rank(request, fds, start_dir=self.start_dir)
+            return _run_rank()
+        _live_as_child(work)
+
+
+def _live_as_child(work: Callable[[], int]) -> NoReturn:
+    """A fork's whole life: ``work`` (its exit code), what it raised printed, its streams flushed, then its exit —
+    never a return into the zygote's loop."""
+    code = 1
+    try:
+        code = work()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
 
 
 def _serve_store(fds: list[int]) -> None:
