@@ -100,7 +100,7 @@ for round_ in range(ROUNDS):  # which goes first rotates: the disk's state after
 left = stop_checkpoint_process() if PROCESS is not None else []
 """
 
-RESUME = """
+READ_PREAMBLE = """
 import time, torch, nbtrain
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -111,7 +111,9 @@ def slowest(seconds):
     box = torch.tensor([seconds])
     dist.all_reduce(box, op=dist.ReduceOp.MAX, group=gloo)
     return float(box)
+"""  # the resume cells': their imports, a gloo group, the slowest rank's time
 
+RESUME = READ_PREAMBLE + """
 model = torch.nn.Sequential(*(torch.nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)))
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 dist.barrier(group=gloo)
@@ -125,18 +127,7 @@ dcp.load(state, checkpoint_id=RAW_DIR + "/r0")
 resume["raw"] = slowest(time.perf_counter() - began)
 """
 
-LOAD = """
-import time, torch, nbtrain
-import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-
-gloo = dist.new_group(backend="gloo")
-def slowest(seconds):
-    box = torch.tensor([seconds])
-    dist.all_reduce(box, op=dist.ReduceOp.MAX, group=gloo)
-    return float(box)
-
+LOAD = READ_PREAMBLE + """
 def timed(call):
     dist.barrier(group=gloo)
     began = time.perf_counter()
