@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from ...common.leftovers import sweep_dead, sweep_quietly
+from ...common.leftovers import remove_entry, sweep_dead, sweep_quietly
 
 
 def write_atomic(state: dict, path: str) -> None:
@@ -56,14 +56,14 @@ class StagedFile:
         try:
             first()
         except BaseException:
-            _remove_quietly(self._temporary)
+            remove_entry(self._temporary)
             raise
         _put_in_place(self._temporary, self.path)
 
     def discard(self) -> None:
         self._thread.join()
         if self._temporary is not None:
-            _remove_quietly(self._temporary)
+            remove_entry(self._temporary)
 
 
 def writable_by_owner_only(folder: str) -> None:
@@ -90,7 +90,7 @@ def _write_temporary(state: dict, path: str) -> str:
             file.flush()
             os.fsync(file.fileno())
     except BaseException:
-        _remove_quietly(temporary)
+        remove_entry(temporary)
         raise
     return temporary
 
@@ -99,20 +99,13 @@ def _put_in_place(temporary: str, path: str) -> None:
     try:
         os.replace(temporary, path)
     except BaseException:
-        _remove_quietly(temporary)
+        remove_entry(temporary)
         raise
     descriptor = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
     try:
         os.fsync(descriptor)  # make the rename itself durable
     finally:
         os.close(descriptor)
-
-
-def _remove_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 def _remove_stale_temporaries(path: str) -> None:
