@@ -60,6 +60,7 @@ import torch.distributed as dist
 from ...wire.checkpoint_files import ForeignCheckpointError, refuse_foreign_checkpoint
 from ...common.words import checkpoint_position
 from . import dcp_resume, metrics, shard
+from .plain_gather import all_gather_plain, broadcast_text, gather_plain
 from .checkpoint_write import StagedFile, writable_by_owner_only, write_atomic
 from .state import TrainContext, current
 
@@ -95,8 +96,7 @@ def save_checkpoint(path: str | None = None, **extra) -> str:
     mine["shards_token"] = secrets.token_hex(4)
     ranks: list = [mine]
     if context.distributed and context.world_size > 1:
-        ranks = [None] * context.world_size
-        dist.all_gather_object(ranks, mine)
+        ranks = all_gather_plain(mine, context.device)
     token = ranks[0]["shards_token"]  # rank 0's names the new shard folder: one gather, no second collective
     for entry in ranks:
         entry.pop("shards_token", None)
@@ -122,16 +122,10 @@ def _target(context: TrainContext, path: str | None) -> str:
 
 
 def _rank0s_error(context: TrainContext, error: str | None) -> str | None:
-    """Rank 0's error in writing the file, on every rank: a flag first, its words only when there is one."""
+    """Rank 0's error in writing the file, on every rank: its length first, its words only when there is one."""
     if not (context.distributed and context.world_size > 1):
         return error
-    flag = torch.tensor([1 if error else 0], device=context.device)
-    dist.broadcast(flag, src=0)
-    if not int(flag.item()):
-        return None
-    box = [error]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+    return broadcast_text(error if context.rank == 0 else None, context.device) or None
 
 
 def _shards_folder(context: TrainContext, target: str, token: str) -> str:
@@ -220,9 +214,7 @@ def _gathered_on_rank0(context: TrainContext, mine: dict, group) -> list | None:
     """Every rank's ``mine`` on rank 0, in rank order, over ``group``; None on the other ranks."""
     if not (context.distributed and context.world_size > 1):
         return [mine]
-    ranks: list | None = [None] * context.world_size if context.rank == 0 else None
-    dist.gather_object(mine, ranks, dst=0, group=group)
-    return ranks
+    return gather_plain(mine, torch.device("cpu"), group)  # the background group is gloo's
 
 
 def _remove_older_shards_later(context: TrainContext, target: str, keep: str | None) -> None:
