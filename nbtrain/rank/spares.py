@@ -26,7 +26,9 @@ from collections.abc import Callable
 
 from ..wire import forking
 
-SPARE_RANKS = max(1, min(8, os.cpu_count() or 1))  # the ranks of one machine's pool, up to an 8-GPU node's
+# the ranks of one machine's pool: one per core up to an 8-GPU node's, and at least the 4 CPU ranks a laptop
+# runs to try data parallelism (a spare costs about 2 MiB of its own)
+SPARE_RANKS = min(8, max(4, os.cpu_count() or 1))
 REFILL_AFTER_S = 1.0  # spares are forked again once the zygote has had no request this long: not while a pool starts
 KINDS = ("rank", "store")
 

@@ -385,6 +385,19 @@ def _run_rank() -> int:
     return code
 
 
+def _register_gloo() -> None:
+    """torch registers even its built-in backends from entry points, at the first group a process makes: reading
+    every installed distribution's metadata took 40–90 ms per rank in a notebook's environment, most of a cold
+    rank's communicator set-up. Done here once, every forked rank inherits it. (NCCL's registration reads the
+    rank's own environment, so a rank does that itself.)"""
+    from torch.distributed import distributed_c10d
+
+    register = getattr(distributed_c10d.Backend, "_ensure_backend_registered", None)  # absent from older torch
+    if register is not None:
+        with contextlib.suppress(Exception):  # the rank registers it then, as torch always did
+            register("gloo")
+
+
 def _close_all(fds) -> None:
     for fd in fds:
         with contextlib.suppress(OSError):
@@ -404,6 +417,7 @@ def main() -> None:
     for name in WARM_IMPORTS:
         with contextlib.suppress(Exception):
             importlib.import_module(name)
+    _register_gloo()
     gc.collect()
     gc.freeze()  # what the ranks inherit is never traversed by their collections: fast, and pages stay shared
 

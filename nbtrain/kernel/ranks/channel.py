@@ -63,6 +63,11 @@ class Channel:
         self._accepted: queue.SimpleQueue = queue.SimpleQueue()  # (rank, connection) from the accept thread
         self._conns: dict[int, Connection] = {}
         self._nranks = 0
+        # the accept thread writes a byte here for each rank it admits: the run's loop waits on it with the
+        # rest, so the job leaves the moment the last rank is in rather than at the loop's next poll
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_read, False)
+        os.set_blocking(self._wake_write, False)
 
     def listen(self, backlog: int) -> None:
         self._listener = RankListener(self.address, backlog, self.key)
@@ -76,6 +81,8 @@ class Channel:
             rank = admit(hello, pending)
             if rank is not None:
                 self._accepted.put((rank, conn))
+                with contextlib.suppress(OSError):  # closed: the pool is going; full: a wake is already due
+                    os.write(self._wake_write, b"\0")
             return rank is not None
 
         if self._listener is not None:
@@ -85,6 +92,15 @@ class Channel:
         while not self._accepted.empty():
             rank, conn = self._accepted.get()
             self._conns[rank] = conn
+
+    def admissions(self) -> int | None:
+        """While ranks are still connecting: a descriptor that becomes readable when one is admitted (for
+        :func:`multiprocessing.connection.wait`; :meth:`woken` empties it); None once every rank is in."""
+        return None if self.connected() else self._wake_read
+
+    def woken(self) -> None:
+        with contextlib.suppress(OSError):
+            os.read(self._wake_read, 4096)
 
     def connected(self) -> bool:
         """Whether every rank has connected (and none has hung up since)."""
@@ -125,3 +141,7 @@ class Channel:
         listener, self._listener = self._listener, None
         if listener is not None:
             listener.close()
+        for end in (self._wake_read, self._wake_write):
+            with contextlib.suppress(OSError):
+                os.close(end)
+        self._wake_read = self._wake_write = -1

@@ -128,15 +128,16 @@ class LocalPool(GroupState):
 
     def poll_events(self, timeout: float) -> list[RankEvent]:
         """Wait up to ``timeout`` for anything from the ranks; return the events (exits last)."""
-        if not self.channel.connected():
-            timeout = min(timeout, 0.05)  # connections still arriving through the accept thread
+        admissions = self.channel.admissions()  # connections still arriving through the accept thread
         conns, pipes = self.channel.waitables(), self.procs.waitables()
-        sources = list(conns) + list(pipes)
+        sources = list(conns) + list(pipes) + ([admissions] if admissions is not None else [])
         events: list[RankEvent] = []
         if not sources:
             time.sleep(timeout)
         for ready in wait(sources, timeout) if sources else []:
-            if ready in conns:
+            if ready == admissions:
+                self.channel.woken()
+            elif ready in conns:
                 events.extend(self.channel.receive(conns[ready]))
             else:
                 events.extend(self.procs.read(*pipes[ready]))

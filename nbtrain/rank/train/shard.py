@@ -288,9 +288,6 @@ def bring_back(context: TrainContext, namespace: dict, names, result_rank: bool)
     sharded model whole — those of this cell and those a session kept from earlier ones — and a note in place of
     a sharded optimizer, which stays on the ranks. ``namespace`` itself is left as it is: a session's next cell
     and ``%distributed_pull`` find the sharded model still sharded on every rank."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    full = StateDictOptions(full_state_dict=True, cpu_offload=True)
     limit = context.settings.out_limit
     sent: dict = {}
     for name in names:
@@ -300,7 +297,7 @@ def bring_back(context: TrainContext, namespace: dict, names, result_rank: bool)
             if limit is not None and size > limit:
                 sent[name] = _StaysOnTheRanks(_too_large(context, size, limit))
                 continue
-            state = get_model_state_dict(value, options=full)
+            state = _whole_state(value)
             if result_rank:
                 sent[name] = _whole(value, state)
         elif isinstance(value, torch.optim.Optimizer) and _holds_sharded(value):
@@ -308,6 +305,14 @@ def bring_back(context: TrainContext, namespace: dict, names, result_rank: bool)
                 f"a sharded {type(getattr(value, 'optimizer', value)).__name__}'s state is spread over the ranks; "
                 "save it with nbtrain.save_checkpoint()")
     return sent if result_rank else {}
+
+
+def _whole_state(model: nn.Module) -> dict:
+    """A sharded model's whole state on the CPU (a collective). DCP is imported here, not at every cell's end:
+    importing it takes about 50 ms, which a cell with nothing sharded would pay."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def _whole(model: nn.Module, state: dict):
