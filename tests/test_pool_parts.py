@@ -114,6 +114,27 @@ def test_the_channel_admits_its_ranks_refuses_a_wrong_key_and_then_stops_listeni
         channel.close()
 
 
+def test_the_runs_loop_is_woken_the_moment_a_rank_is_admitted(tmp_path):
+    from multiprocessing.connection import wait
+
+    channel = Channel(str(tmp_path))
+    channel.listen(backlog=1)
+    channel.accept([os.getpid()])
+    try:
+        admissions = channel.admissions()
+        assert admissions is not None and wait([admissions], 0) == []  # nobody in yet: nothing to wake for
+        peer = Client(channel.address, family="AF_UNIX", authkey=channel.key)
+        peer.send(P.Hello(0, os.getpid()))
+        started = time.monotonic()
+        assert wait([admissions], 5) == [admissions]
+        assert time.monotonic() - started < 1  # woken by the admission, not by a poll's timeout
+        channel.woken()
+        assert channel.connected() and channel.admissions() is None  # every rank in: the loop waits on them
+        peer.close()
+    finally:
+        channel.close()
+
+
 def test_the_pool_keeps_its_own_state_and_teardown_frees_it():
     pool = LocalPool(resolve(LaunchRequest(nprocs=2, cpu=True)).pool)
     assert (pool.ready, pool.not_ready(), pool.devices) == (False, [0, 1], {})
