@@ -21,7 +21,7 @@ from datetime import datetime
 import pytest
 import torch
 from helpers.metadata import PATHS, MetadataServer, ScriptedServer
-from helpers.preempt_cells import BLOCKS, progress, signal_at_step, training_cell
+from helpers.preempt_cells import BLOCKS, RECLAIMED_CELL, progress, signal_at_step, training_cell
 from helpers.runhelp import Captured, run_cell
 
 from nbtrain.kernel.diagnostics.failures import RankFailedError
@@ -255,26 +255,6 @@ def test_preempt_poller_outlives_hostile_answers_and_still_hears_the_next_notice
         assert time.monotonic() - started < READ_DEADLINE_S + 1.0
 
 
-RECLAIMED_CELL = """
-import os, time, torch, nbtrain
-import torch.nn.functional as F
-from torch.utils.data import DataLoader, TensorDataset
-torch.manual_seed(0)
-data = TensorDataset(torch.randn(40, 4), torch.randint(0, 2, (40,)))
-net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Dropout(0.3), torch.nn.Linear(16, 2))
-model, opt, loader = nbtrain.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9),
-                                     DataLoader(data, batch_size=4, shuffle=True))
-for epoch in nbtrain.epochs(8):  # 5 steps an epoch per rank: 40 in all
-    for x, y in loader:
-        loss = F.cross_entropy(model(x), y)
-        nbtrain.backward(loss)
-        opt.step(); opt.zero_grad()
-        nbtrain.log(loss=loss)
-        with open(os.path.join(MARKS, f"rank{rank}"), "w") as mark:
-            mark.write(f"{os.getpid()} {nbtrain.training_state().step} {os.getppid()}")
-        time.sleep(0.03)
-final = [p.detach().clone() for p in model.module.parameters()]
-"""
 
 
 def test_preempt_reclaim_bit_for_bit_resumes_to_the_uninterrupted_runs_exact_parameters(fresh_pools, tmp_path):
@@ -282,22 +262,22 @@ def test_preempt_reclaim_bit_for_bit_resumes_to_the_uninterrupted_runs_exact_par
     step 17 of 40 and resumed ends with exactly the parameters and logged values of one that never stopped."""
     marks = tmp_path / "marks"
     marks.mkdir()
-    ns_whole, whole = run_cell(fresh_pools, RECLAIMED_CELL, {"MARKS": str(marks)}, checkpoint=str(tmp_path / "whole"))
+    ns_whole, whole = run_cell(fresh_pools, RECLAIMED_CELL, {"MARKS": str(marks), "STEP_S": 0.03}, checkpoint=str(tmp_path / "whole"))
     for mark in marks.iterdir():
         mark.unlink()
     sent = signal_at_step(marks, rank=1, step=17)
     with pytest.raises(RankFailedError, match="got SIGTERM from outside"):
-        run_cell(fresh_pools, RECLAIMED_CELL, {"MARKS": str(marks)}, checkpoint=str(tmp_path / "reclaimed"))
+        run_cell(fresh_pools, RECLAIMED_CELL, {"MARKS": str(marks), "STEP_S": 0.03}, checkpoint=str(tmp_path / "reclaimed"))
     assert 17 <= sent["step"] < 40
-    ns, resumed = run_cell(fresh_pools, RECLAIMED_CELL, {"MARKS": str(marks)}, checkpoint=str(tmp_path / "reclaimed"))
+    ns, resumed = run_cell(fresh_pools, RECLAIMED_CELL, {"MARKS": str(marks), "STEP_S": 0.03}, checkpoint=str(tmp_path / "reclaimed"))
     assert all(torch.equal(mine, theirs) for mine, theirs in zip(ns["final"], ns_whole["final"], strict=True))
     curve, expected = resumed.history.series("loss", rank=0), whole.history.series("loss", rank=0)
     assert curve.steps == expected.steps == list(range(40))  # each step once: none repeated, none lost
     assert curve.values == expected.values
 
 
-EPOCH_LOGGED_CELL = RECLAIMED_CELL.replace("""        time.sleep(0.03)
-""", """        time.sleep(0.03)
+EPOCH_LOGGED_CELL = RECLAIMED_CELL.replace("""        time.sleep(STEP_S)
+""", """        time.sleep(STEP_S)
     nbtrain.log(epoch=epoch)  # once an epoch, after its last step
 """)
 
@@ -311,9 +291,9 @@ def test_preempt_reclaim_bit_for_bit_keeps_each_epochs_value_logged_after_its_la
     marks.mkdir()
     sent = signal_at_step(marks, rank=1, step=signal_step)
     with pytest.raises(RankFailedError, match="got SIGTERM from outside"):
-        run_cell(fresh_pools, EPOCH_LOGGED_CELL, {"MARKS": str(marks)}, checkpoint=str(tmp_path / "reclaimed"))
+        run_cell(fresh_pools, EPOCH_LOGGED_CELL, {"MARKS": str(marks), "STEP_S": 0.03}, checkpoint=str(tmp_path / "reclaimed"))
     assert signal_step <= sent["step"] < 40
-    _, resumed = run_cell(fresh_pools, EPOCH_LOGGED_CELL, {"MARKS": str(marks)}, checkpoint=str(tmp_path / "reclaimed"))
+    _, resumed = run_cell(fresh_pools, EPOCH_LOGGED_CELL, {"MARKS": str(marks), "STEP_S": 0.03}, checkpoint=str(tmp_path / "reclaimed"))
     for rank in (0, 1):
         assert resumed.history.series("epoch", rank=rank).values == [float(e) for e in range(8)], sent
     assert resumed.history.series("loss", rank=0).steps == list(range(40))

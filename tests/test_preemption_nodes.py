@@ -25,7 +25,7 @@ import torch
 from helpers.kernelhelp import nbtrain_kernel
 from helpers.metadata import PATHS, MetadataServer, ScriptedServer
 from helpers.nodehelp import until
-from helpers.preempt_cells import progress, signal_at_step, training_cell
+from helpers.preempt_cells import RECLAIMED_CELL, progress, signal_at_step, training_cell
 from helpers.runhelp import Captured
 
 from nbtrain.kernel.lifecycle.entry import run_source
@@ -103,6 +103,43 @@ def test_preempt_an_aws_notice_to_a_polling_agent_resumes_on_a_replacement_as_if
         assert curve.steps == list(range(8))
         assert curve.values == pytest.approx(expected.values, abs=1e-6)
         assert torch.load(tmp_path / "ckpt" / "checkpoint.pt", weights_only=False)["step"] == 8
+    finally:
+        server.close()
+
+
+def test_preempt_reclaim_bit_for_bit_through_a_preemption_url_on_emulated_nodes(nodes, tmp_path):
+    """A cloud's notice at step 17 of 40, heard by one of two agents polling its --preemption-url: every rank saves
+    at one step, the node leaves, a replacement joins, and the resumed run ends with exactly the parameters — dropout's
+    random state, the shuffled loader's position, SGD's momentum — and the 40 logged values of a run that never
+    stopped."""
+    server = MetadataServer("AWS")
+    try:
+        nodes.start("127.0.0.2")
+        nodes.start("127.0.0.3", {"NBTRAIN_PREEMPTION_URL": server.url, "NBTRAIN_PREEMPTION_POLL_S": "0.1"})
+        nodes.wait_joined(2)
+        marks = tmp_path / "marks"
+        marks.mkdir()
+        restarted: list[bool] = []
+
+        def write(stream: str, text: str) -> None:
+            output(stream, text)
+            if "restarting the ranks" in text and not restarted:
+                restarted.append(True)
+                nodes.start("127.0.0.4")  # the replacement machine joins
+
+        output, ns = Captured(), {"MARKS": str(marks), "STEP_S": 0.1}
+        _announce_at_step(server, marks, step=17)
+        result = run_source(RECLAIMED_CELL, _request(tmp_path, "2", max_restarts=1, out="final"), ns,
+                            manager=nodes.manager, write=write)
+        saved = re.search(r"checkpoint at step (\d+) saved in .*; node \w leaves", output.text())
+        assert saved and 17 <= int(saved.group(1)) < 40 and "(restart 1 of 1)" in output.text(), output.text()
+        whole_ns = {"MARKS": str(marks), "STEP_S": 0.0}
+        whole = run_source(RECLAIMED_CELL, _request(tmp_path / "whole", "2", out="final"), whole_ns,
+                           manager=nodes.manager, write=Captured())
+        assert all(torch.equal(mine, theirs) for mine, theirs in zip(ns["final"], whole_ns["final"], strict=True))
+        curve, expected = result.history.series("loss", rank=0), whole.history.series("loss", rank=0)
+        assert curve.steps == expected.steps == list(range(40))  # each step once: none repeated, none lost
+        assert curve.values == expected.values
     finally:
         server.close()
 

@@ -43,6 +43,30 @@ for epoch in nbtrain.epochs({epochs}):
 """
 
 
+# The bit-for-bit reclaim: dropout's random state, a shuffled loader's position and SGD's momentum must all come back
+# (2 ranks: 40 steps; the namespace gives MARKS, the folder each rank writes its progress to; STEP_S its pause)
+RECLAIMED_CELL = """
+import os, time, torch, nbtrain
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(40, 4), torch.randint(0, 2, (40,)))
+net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Dropout(0.3), torch.nn.Linear(16, 2))
+model, opt, loader = nbtrain.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9),
+                                     DataLoader(data, batch_size=4, shuffle=True))
+for epoch in nbtrain.epochs(8):  # 5 steps an epoch per rank: 40 in all
+    for x, y in loader:
+        loss = F.cross_entropy(model(x), y)
+        nbtrain.backward(loss)
+        opt.step(); opt.zero_grad()
+        nbtrain.log(loss=loss)
+        with open(os.path.join(MARKS, f"rank{rank}"), "w") as mark:
+            mark.write(f"{os.getpid()} {nbtrain.training_state().step} {os.getppid()}")
+        time.sleep(STEP_S)
+final = [p.detach().clone() for p in model.module.parameters()]
+"""
+
+
 BLOCKS = "torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))"  # blocks to shard
 
 
