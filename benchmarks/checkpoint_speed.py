@@ -15,7 +15,9 @@ A third cell resumes from the checkpoint (``prepare()`` reads it), a fourth prep
 ``--no-resume``: the difference is nbtrain's resume, timed against ``dcp.load`` of the same state by hand. That
 difference is of two cells' ranks, so a loaded machine makes it noisy; a fifth cell times the same reading in one
 cell: ``nbtrain.load_checkpoint()`` into the prepared model and a fresh optimizer (its state cleared each round),
-against ``dcp.load`` into the same state dicts, made beforehand.
+against ``dcp.load`` into the same state dicts, made beforehand. Both reading cells also time torch's own recipe
+for resuming by hand (``get_state_dict``, ``dcp.load``, ``set_state_dict``, as DCP's tutorial writes it) into a
+fresh optimizer: the work a user would write, which the bare ``dcp.load`` leaves out.
 Each figure is the median over the rounds of the slowest rank's time (barriers around each call); which of the
 two saves goes first alternates from round to round.
 Goal: nbtrain ≤ 1.05× raw for each.
@@ -104,9 +106,17 @@ READ_PREAMBLE = """
 import time, torch, nbtrain
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict, get_state_dict,
+                                                     set_state_dict)
 
 gloo = dist.new_group(backend="gloo")
+
+def recipe():  # torch's DCP recipe for resuming by hand: the state dicts, one load, and set back
+    model_state, optim_state = get_state_dict(model, opt.optimizer)
+    state = {"model0": model_state, "optim0": optim_state}
+    dcp.load(state, checkpoint_id=RAW_DIR + "/r0")
+    set_state_dict(model, opt.optimizer, model_state_dict=state["model0"], optim_state_dict=state["optim0"])
+
 def slowest(seconds):
     box = torch.tensor([seconds])
     dist.all_reduce(box, op=dist.ReduceOp.MAX, group=gloo)
@@ -125,6 +135,11 @@ dist.barrier(group=gloo)
 began = time.perf_counter()
 dcp.load(state, checkpoint_id=RAW_DIR + "/r0")
 resume["raw"] = slowest(time.perf_counter() - began)
+opt.optimizer.state.clear()  # a fresh optimizer, as the resumed one was
+dist.barrier(group=gloo)
+began = time.perf_counter()
+recipe()
+resume["recipe"] = slowest(time.perf_counter() - began)
 """
 
 LOAD = READ_PREAMBLE + """
@@ -137,14 +152,15 @@ def timed(call):
 model = torch.nn.Sequential(*(torch.nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)))
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 model, opt = nbtrain.prepare(model, opt)  # --no-resume: nothing read yet
-load = {"nbtrain": [], "raw": []}
+load = {"nbtrain": [], "raw": [], "recipe": []}
 for round_ in range(ROUNDS):
     opt.optimizer.state.clear()  # a fresh optimizer each round, as a resumed cell's is
     state = {"model0": get_model_state_dict(model), "optim0": get_optimizer_state_dict(model, opt.optimizer)}
     contenders = {"nbtrain": lambda: nbtrain.load_checkpoint(CHECKPOINT + "/checkpoint.pt"),
-                  "raw": lambda: dcp.load(state, checkpoint_id=RAW_DIR + "/r0")}
-    for who in (("nbtrain", "raw") if round_ % 2 == 0 else ("raw", "nbtrain")):
-        if who == "nbtrain":
+                  "raw": lambda: dcp.load(state, checkpoint_id=RAW_DIR + "/r0"), "recipe": recipe}
+    order = list(contenders)[round_ % 3:] + list(contenders)[:round_ % 3]
+    for who in order:
+        if who != "raw":
             opt.optimizer.state.clear()
         load[who].append(timed(contenders[who]))
 """
@@ -199,9 +215,11 @@ def main() -> int:
                            for _ in range(args.rounds)] for resume in (True, False))
         extra = [r["nbtrain"] - f["nbtrain"] for r, f in zip(resumed, fresh, strict=True)]
         print(line("resume (prepare()'s extra)", extra, [r["raw"] for r in resumed]))
+        print(line("  against torch's recipe", extra, [r["recipe"] for r in resumed]))
         loaded = run(args, LOAD, {**names, "RAW_DIR": os.path.join(where, "raw"),
                                   "CHECKPOINT": os.path.join(where, "nbtrain")}, resume=False)["load"]
         print(line("load_checkpoint(), one cell", loaded["nbtrain"], loaded["raw"]))
+        print(line("  against torch's recipe", loaded["nbtrain"], loaded["recipe"]))
     return 0
 
 
