@@ -352,8 +352,10 @@ def resolve(request: LaunchRequest) -> LaunchConfig:
     placement = _node_placement(request)
     if placement[0] > 1 or placement[2]:
         if request.detach:
-            raise ConfigError("--detach runs the ranks under an agent on this machine; it does not go with --nodes "
-                              "yet (a --slurm job outlives the kernel by itself). Leave out one of them.")
+            raise ConfigError("--detach runs the ranks under an agent on this machine; it does not go with --nodes or "
+                              "--slurm yet: on several machines this kernel coordinates the run, and the nodes' "
+                              "agents stop their ranks when it goes. Leave out --detach (--background still frees "
+                              "the notebook while the kernel lives), or train on this machine.")
         return _finish(request, _node_pool(request, placement, backend), output, workdir, [])
 
     visible = [] if request.cpu else nvml.visible_gpus()
