@@ -72,6 +72,32 @@ size = sum(p.numel() * 4 for p in model.parameters())
         resolve(LaunchRequest(nprocs=2, cpu=True, shard="full", out_limit="lots"))
 
 
+def test_dtensors_among_the_results_come_back_whole_or_are_skipped_saying_why(pools):
+    """A sharded model's state_dict() or one of its parameters, pickled as it is, would hold rank 0's shard alone
+    in the notebook (its sum silently wrong, its full_tensor() failing): they come back whole."""
+    ns, result = run_cell(pools, MODEL + """
+model = nbtrain.prepare(Net())
+state = model.state_dict()
+weight = next(model.parameters())
+nested = [weight, {"again": weight}, 3]
+whole = {name: value.full_tensor().detach().clone() for name, value in state.items()}
+one_rank = weight if rank == 0 else None
+""", shard="full", out="state,weight,nested,whole,one_rank", out_limit="1M")
+    assert type(ns["weight"]) is torch.Tensor and not ns["weight"].requires_grad, result.skipped
+    assert set(ns["state"]) == set(ns["whole"])
+    assert all(type(ns["state"][k]) is torch.Tensor and torch.equal(ns["state"][k], ns["whole"][k]) for k in ns["whole"])
+    assert torch.equal(ns["weight"], next(iter(ns["whole"].values())))
+    assert torch.equal(ns["nested"][0], ns["weight"]) and torch.equal(ns["nested"][1]["again"], ns["weight"])
+    assert ns["nested"][2] == 3
+    assert "one_rank" not in ns
+    assert "DTensors on some ranks only" in result.skipped["one_rank"] and "full_tensor()" in result.skipped["one_rank"]
+    ns, result = run_cell(pools, MODEL + """
+model = nbtrain.prepare(Net())
+state = model.state_dict()
+""", shard="full", out="state", out_limit="1K")
+    assert "state" not in ns and "over --out-limit" in result.skipped["state"], result.skipped
+
+
 def test_tied_weights_stay_tied_back_in_the_notebook_after_a_resume_and_a_pull(pools, tmp_path):
     checkpoint = str(tmp_path / "ckpt")
     first, _ = run_cell(pools, TIED_LM.replace("EPOCHS", "2"), out="lm,weights,tied_on_the_ranks", shard="full",

@@ -42,7 +42,8 @@ import torch
 from torch import nn
 
 from ...common.words import count
-from . import metrics, speed
+from . import dtensor_results, metrics, speed
+from .dtensor_results import StaysOnTheRanks
 from .state import PreparedError, TrainContext, current
 
 META_COPY = "_nbtrain_meta_copy"  # rank 0: the plain model's structure, parameters on the meta device
@@ -273,16 +274,6 @@ def rebind_optimizer(context: TrainContext, optimizer) -> None:
 
 
 # ------------------------------------------------------------------------------------------ results
-class _StaysOnTheRanks:
-    """In place of a result that does not travel: pickling it fails with why, so the name is reported skipped."""
-
-    def __init__(self, why: str) -> None:
-        self.why = why
-
-    def __reduce__(self):
-        raise TypeError(self.why)
-
-
 def bring_back(context: TrainContext, namespace: dict, names, result_rank: bool) -> dict:
     """What rank 0 sends back in place of ``names``' sharded values (a collective: every rank calls this): each
     sharded model whole — those of this cell and those a session kept from earlier ones — and a note in place of
@@ -295,15 +286,19 @@ def bring_back(context: TrainContext, namespace: dict, names, result_rank: bool)
         if isinstance(value, nn.Module) and is_sharded(value):
             size = sum(p.numel() * p.element_size() for p in value.parameters())  # a DTensor counts whole
             if limit is not None and size > limit:
-                sent[name] = _StaysOnTheRanks(_too_large(context, size, limit))
+                sent[name] = StaysOnTheRanks(_too_large(context, size, limit))
                 continue
             state = _whole_state(value)
             if result_rank:
                 sent[name] = _whole(value, state)
         elif isinstance(value, torch.optim.Optimizer) and _holds_sharded(value):
-            sent[name] = _StaysOnTheRanks(
+            sent[name] = StaysOnTheRanks(
                 f"a sharded {type(getattr(value, 'optimizer', value)).__name__}'s state is spread over the ranks; "
                 "save it with nbtrain.save_checkpoint()")
+    if context.settings.shard and context.distributed:  # a collective: only where every rank knows it shards
+        # every name on every rank (the models above are in ``sent`` on rank 0 alone): the same collective
+        for name, value in dtensor_results.whole(namespace, names, context.device, limit).items():
+            sent.setdefault(name, value)
     return sent if result_rank else {}
 
 
@@ -318,7 +313,7 @@ def _whole_state(model: nn.Module) -> dict:
 def _whole(model: nn.Module, state: dict):
     plain = model.__dict__.get(META_COPY)
     if plain is None:
-        return _StaysOnTheRanks(f"{type(model).__name__} was sharded by the cell itself, not by nbtrain.prepare(), "
+        return StaysOnTheRanks(f"{type(model).__name__} was sharded by the cell itself, not by nbtrain.prepare(), "
                                 "so there is no plain module to fill; save its state with nbtrain.save_checkpoint()")
     plain = copy.deepcopy(plain)  # the kept copy stays empty: the model may come back again after more training
     ties = tied_parameters(plain)
