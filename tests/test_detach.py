@@ -258,6 +258,16 @@ def test_a_sharded_detached_run_brings_its_model_back_whole_on_attach(runs, kern
                        "len(history.series('loss', 0).steps))")
     assert check.split() == ["Sequential", "161", "30"], check  # the plain module, whole: 8*16+16+16+1
     _assert_nothing_left(final)
+    written = runs / run_id / "results.safetensors"  # its tensors, readable without nbtrain or a pickle
+    assert oct(written.stat().st_mode & 0o777) == "0o600"
+    from safetensors.torch import load_file
+
+    tensors = load_file(written)
+    assert sorted(tensors) == ["loss", "model.0.bias", "model.0.weight", "model.2.bias", "model.2.weight",
+                               "net.0.bias", "net.0.weight", "net.2.bias", "net.2.weight"], sorted(tensors)
+    same = second.run("import json; from safetensors.torch import load_file; f = load_file(" + repr(str(written)) +
+                      "); print(all(torch.equal(f['model.' + k], v) for k, v in model.state_dict().items()))")
+    assert same.strip() == "True", same
 
 
 def test_the_stop_button_of_an_attached_kernel_stops_the_detached_run(runs, kernels):

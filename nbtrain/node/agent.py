@@ -33,6 +33,7 @@ MONITOR_INTERVAL_S = 0.1
 
 def rank_env(start: N.StartRanks, ranks: LocalRanks, loopback: bool) -> dict[str, str]:
     """nbtrain's variables for this node's ranks, on top of what torch elastic sets for each."""
+    from ..wire.runfolder import RESULTS_FOLDER_ENV, reserved_path
     from ..wire.shm import owner_prefix
 
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -46,6 +47,8 @@ def rank_env(start: N.StartRanks, ranks: LocalRanks, loopback: bool) -> dict[str
         "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // start.nproc_per_node))),
     }
+    if start.detached_run:  # rank 0 writes the results' tensors there too (nbtrain.rank.results_file)
+        env[RESULTS_FOLDER_ENV] = reserved_path(start.detached_run)
     if loopback:  # emulated nodes on one machine: keep gloo's and NCCL's sockets on loopback too
         env.update(GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo")
     env.update(dict(start.env))  # the cell's --env wins (NCCL_SOCKET_IFNAME=ib0, NCCL_IB_HCA=…)

@@ -66,7 +66,7 @@ from ..wire.names import RUNTIME_NAMES
 from ..wire.payload import load_inputs, pack_results
 from ..wire.restart_policy import ATTEMPT_ENV
 from ..wire.shm import abandon_and_sweep
-from . import cellcode, compat, display, integrations, ipython_display, prompts, stop
+from . import cellcode, compat, display, integrations, ipython_display, prompts, results_file, stop
 from .modules import LocalModules
 from .session import RankSessions
 
@@ -168,6 +168,15 @@ def _init_process_group(device) -> tuple[float, float]:
     dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store), rank=rank, world_size=world_size,
                             timeout=timeout, **kwargs)
     return joined, time.time()
+
+
+def _write_results_file(namespace: dict, names) -> None:
+    """A detached run's tensors among its results, also as a safetensors file in its folder (:mod:`.results_file`)."""
+    folder = os.environ.get(results_file.FOLDER_ENV)
+    if folder:
+        said = results_file.write({name: namespace[name] for name in names if name in namespace}, folder)
+        if said:
+            print(said, file=sys.stderr)
 
 
 class Rank:
@@ -328,6 +337,7 @@ class Rank:
                 results = pack_results({**ns, **whole}, job.out_names, job.result_prefix)
             except BaseException as exc:
                 return P.Failed(job.job_id, self.rank, describe(exc, stage="results"))
+            _write_results_file({**ns, **whole}, job.out_names)
         return P.Done(job.job_id, self.rank, results, time.perf_counter() - started,
                       modules=self.local_modules.stamps(), rank_path=self.local_modules.baseline,
                       first_step=first_step.at)

@@ -44,6 +44,7 @@ EVENTS = "events.jsonl"
 ABOUT = "cell.json"
 MANIFEST_LIMIT_BYTES = 64 * 1024  # a manifest is a few hundred bytes; a larger file is not one of ours
 ABOUT_LIMIT_BYTES = 16 * 1024 * 1024  # a cell's source and options
+RESULTS_FOLDER_ENV = "NBTRAIN_RUN_FOLDER"  # a detached run's folder, in its ranks' environment (rank.results_file)
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 
 
