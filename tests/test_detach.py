@@ -460,3 +460,24 @@ def test_a_kernel_shut_down_right_after_the_cell_hands_the_cell_to_the_runs_agen
     out = kernels().run(f"%distributed_attach {run_id}", timeout=120)
     assert "back in the notebook:" in out and "total" in out
     _assert_nothing_left(final)
+
+
+def test_a_kernel_that_attaches_writes_the_runs_tensorboard_curve_once_not_twice(runs, kernels, tmp_path):
+    """The kernel that started the run wrote its --tensorboard series; a kernel that attaches later writes them
+    again from the run's record, marked so that TensorBoard draws each rank's curve once."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = tmp_path / "tb"
+    first = kernels()
+    run_id, _ = _start(first, TRAINING.replace("--no-dashboard", f"--no-dashboard --tensorboard {board}"), steps=30)
+    _wait_for_step(run_id, 0)
+    final = _until_final(run_id)
+    first.run("print('the run ended in the kernel that started it')")  # its tracker closed its files
+    second = kernels()
+    assert "back in the notebook:" in second.run(f"%distributed_attach {run_id}", timeout=120)
+    for rank in (0, 1):
+        assert len(os.listdir(board / f"rank{rank}")) == 2  # each kernel's file
+        events = EventAccumulator(str(board / f"rank{rank}"))
+        events.Reload()
+        assert [event.step for event in events.Scalars("seen")] == list(range(30))  # once, not twice
+    _assert_nothing_left(final)

@@ -141,7 +141,8 @@ def _cell_run(config: LaunchConfig, info: CellInfo, namespace: dict, given: RunO
                               "(a PoolManager) to every run_source call of the session.")
         manager = PoolManager()
         config = replace(config, keep_alive_s=0.0)
-    observers = (*given.observers, *trackers_for(config.tensorboard, config.tracks))  # --tensorboard, --track, nbtrain.track()
+    observers = (*given.observers,  # and --tensorboard, --track, nbtrain.track()
+                 *trackers_for(config.tensorboard, config.tracks, replay=bool(config.attach)))
     return CellRun(info, config, namespace, manager, given.write or write_to_std_stream, given.outcome,
                    observers, given.code_name, stop=given.stop)
 

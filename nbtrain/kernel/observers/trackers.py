@@ -20,7 +20,10 @@ the series a restart resends from its checkpoint are not passed again, and ``run
 rank logged them, so ``tensorboard --logdir DIR`` shows the run: written by a thread of its own (the run's
 loop only queues the batches), flushed when the run ends. When ``--max-restarts`` starts the ranks again, each
 rank's first event after the restart is preceded by TensorBoard's "session start" mark, so TensorBoard drops
-what the failed attempt logged past the checkpoint and shows one curve.
+what the failed attempt logged past the checkpoint and shows one curve. A detached run followed by a kernel that
+attaches comes again from its record, every series from its first step: each rank's first event is marked the
+same way, so what the kernel that started it (or an earlier attach) wrote is dropped and the curve is drawn once
+— also where that kernel died half-way, the attach writing the whole run.
 """
 
 from __future__ import annotations
@@ -58,9 +61,10 @@ def untrack(tracker: RunObserver) -> None:
         _registered.remove(tracker)
 
 
-def trackers_for(tensorboard_dir: str | None, tracks: tuple[TrackSpec, ...] = ()) -> list[RunObserver]:
-    """The trackers of one run: those registered, TensorBoard's if ``--tensorboard`` was given, and each ``--track``."""
-    return [*_registered, *([TensorBoardTracker(tensorboard_dir)] if tensorboard_dir else []),
+def trackers_for(tensorboard_dir: str | None, tracks: tuple[TrackSpec, ...] = (), replay: bool = False) -> list[RunObserver]:
+    """The trackers of one run: those registered, TensorBoard's if ``--tensorboard`` was given, and each ``--track``
+    (``replay``: a detached run followed through its record, by a kernel that attaches)."""
+    return [*_registered, *([TensorBoardTracker(tensorboard_dir, replay)] if tensorboard_dir else []),
             *(tracker_for(spec) for spec in tracks)]
 
 
@@ -115,8 +119,10 @@ class TensorBoardTracker(Tracker):
 
     _shown_as = "the TensorBoard writer (--tensorboard)"
 
-    def __init__(self, logdir: str) -> None:
+    def __init__(self, logdir: str, replay: bool = False) -> None:
+        """``replay``: the run is followed through its record (an attach), every series from its first step."""
         self.logdir = logdir
+        self.replay = replay
         self._queue: queue.SimpleQueue = queue.SimpleQueue()  # (rank, records) | RESTART, then None at the end
         self._thread: threading.Thread | None = None
         self._attempts = 0
@@ -152,6 +158,8 @@ class TensorBoardTracker(Tracker):
                 rank, records = item
                 if rank not in writers:
                     writers[rank] = SummaryWriter(log_dir=os.path.join(self.logdir, f"rank{rank}"))
+                    if self.replay:  # each rank's first records replace what was written of the run before
+                        resumed.add(rank)
                 if rank in resumed and records:
                     resumed.discard(rank)
                     _mark_resumed(writers[rank], records[0][0], records[0][1])
