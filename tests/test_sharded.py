@@ -54,7 +54,8 @@ losses.append(loss.item())   # kept by the session from the cell before
     assert len(later["losses"]) == 2 and later["losses"][1] < later["losses"][0]
     pulled: dict = {}
     result = entry.pull(pools, "big", ["model", "opt"], pulled)
-    assert type(pulled["model"]).__name__ == "Net" and "opt" in result.skipped
+    assert type(pulled["model"]).__name__ == "Net"
+    assert result.skipped["opt"].startswith("a sharded AdamW's state is spread over the ranks"), result.skipped
     assert sum(float(p.detach().double().sum()) for p in pulled["model"].parameters()) == pytest.approx(later["trained"])
     entry.close(pools, "big")
 
@@ -90,7 +91,8 @@ one_rank = weight if rank == 0 else None
     assert torch.equal(ns["nested"][0], ns["weight"]) and torch.equal(ns["nested"][1]["again"], ns["weight"])
     assert ns["nested"][2] == 3
     assert "one_rank" not in ns
-    assert "DTensors on some ranks only" in result.skipped["one_rank"] and "full_tensor()" in result.skipped["one_rank"]
+    assert result.skipped["one_rank"].startswith("it holds DTensors on some ranks only") and \
+        "full_tensor()" in result.skipped["one_rank"]  # the rank's words, not a pickling error's
     ns, result = run_cell(pools, MODEL + """
 model = nbtrain.prepare(Net())
 state = model.state_dict()

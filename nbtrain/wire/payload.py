@@ -236,6 +236,17 @@ def _dump(value, arena: SharedArena | None) -> tuple[bytes, bool]:
     return buffer.getvalue(), pickler.moved_to_cpu
 
 
+class StaysOnTheRanks:
+    """Put in place of a result that does not travel (a sharded optimizer's state): the name is reported
+    skipped with ``why``. Pickling one fails with why, should it reach a pickler anyway."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def __reduce__(self):
+        raise TypeError(self.why)
+
+
 def pack_results(namespace: dict, names, result_prefix: str = "") -> Results:
     """Pickle rank 0's results together, so shared objects stay shared (an optimizer keeps pointing at its
     model's parameters). Values that cannot travel are found one by one, skipped and named.
@@ -245,6 +256,10 @@ def pack_results(namespace: dict, names, result_prefix: str = "") -> Results:
     """
     present = {n: unwrap(namespace[n]) for n in names if n in namespace}
     out = Results(missing=tuple(n for n in names if n not in namespace))
+    for name, value in list(present.items()):
+        if isinstance(value, StaysOnTheRanks):  # the rank's word for why: said as it is
+            out.skipped[name] = value.why
+            del present[name]
 
     def arena(dry: bool = False) -> SharedArena | None:
         return SharedArena(result_prefix, result=True, dry=dry) if result_prefix else None
@@ -313,5 +328,5 @@ def unpack_results(results: Results, originals: dict | None = None) -> tuple[dic
         return {}, {**failed, **{n: f"could not be rebuilt in the notebook ({reason(exc)})" for n in results.names}}
 
 
-__all__ = ["Inputs", "Results", "pickle_inputs", "pickle_error", "load_inputs", "pack_results",
+__all__ = ["Inputs", "Results", "StaysOnTheRanks", "pickle_inputs", "pickle_error", "load_inputs", "pack_results",
            "unpack_results", "unwrap", "type_name", "reason"]

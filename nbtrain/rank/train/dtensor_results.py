@@ -13,17 +13,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ...wire.payload import StaysOnTheRanks
+
 VISIT_LIMIT = 100_000  # items looked at per name: a long list of numbers is not searched to its end
-
-
-class StaysOnTheRanks:
-    """In place of a result that does not travel: pickling it fails with why, so the name is reported skipped."""
-
-    def __init__(self, why: str) -> None:
-        self.why = why
-
-    def __reduce__(self):
-        raise TypeError(self.why)
 
 
 def whole(namespace: dict, names, device, limit: int | None) -> dict:

@@ -42,8 +42,8 @@ import torch
 from torch import nn
 
 from ...common.words import count
+from ...wire.payload import StaysOnTheRanks
 from . import dtensor_results, metrics, speed
-from .dtensor_results import StaysOnTheRanks
 from .state import PreparedError, TrainContext, current
 
 META_COPY = "_nbtrain_meta_copy"  # rank 0: the plain model's structure, parameters on the meta device
