@@ -267,6 +267,26 @@ def test_activation_checkpointing_recomputes_to_the_same_losses(pools):
     assert checkpointed["losses"] == pytest.approx(plain["losses"], rel=1e-5)
 
 
+def test_a_meta_device_model_sharded_over_cpu_ranks_starts_as_its_unsharded_twin(pools):
+    """On a CPU mesh DTensor draws each shard's random numbers from its rank's own generator: after the cell's
+    seed every shard of a weight got the same values (its halves equal). Filled whole and scattered, the model
+    starts exactly as the same model built unsharded after the same seed."""
+    printed: list[str] = []
+    ns, _ = run_cell(pools, MODEL + """
+torch.manual_seed(0)
+with torch.device("meta"):
+    net = Net()
+model = nbtrain.prepare(net)
+torch.manual_seed(0)
+twin = Net()
+""", shard="full", out="model,twin", write=lambda stream, text: printed.append(text))
+    mine, theirs = ns["model"].state_dict(), ns["twin"].state_dict()
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    first = mine["embed.weight"]
+    assert not torch.equal(first[: len(first) // 2], first[len(first) // 2:])
+    assert "DTensor random operators" not in "".join(printed)
+
+
 def test_a_meta_device_model_is_materialised_shard_by_shard_and_comes_back(pools):
     """84M parameters (336 MB) built on the meta device in the notebook: it travels as a structure, each rank
     allocates only its half (DDP: the whole model, then as much again in gradients), and it comes back whole."""

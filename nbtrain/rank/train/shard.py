@@ -217,7 +217,7 @@ def materialize(context: TrainContext, model: nn.Module) -> None:
         for name, module in model.named_modules():
             reset = getattr(module, "reset_parameters", None) or getattr(module, "_reset_parameters", None)
             if callable(reset):
-                reset()
+                _reset_on_cpu_mesh(module, reset) if _on_cpu_mesh(module) else reset()
             elif any(True for _ in module.parameters(recurse=False)):
                 left.append(name or type(module).__name__)
     if left and context.resume is None and context.rank == 0:
@@ -225,6 +225,35 @@ def materialize(context: TrainContext, model: nn.Module) -> None:
         print(f"nbtrain: the meta-device model's {', '.join(left)} {'has' if one else 'have'} no reset_parameters(), "
               f"so {'its' if one else 'their'} parameters are uninitialised: give the module a reset_parameters() or "
               "resume from a checkpoint.", file=sys.stderr, flush=True)
+
+
+def _on_cpu_mesh(module: nn.Module) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) and p.device_mesh.device_type == "cpu" for p in module.parameters(recurse=False))
+
+
+def _reset_on_cpu_mesh(module: nn.Module, reset) -> None:
+    """``reset()`` of a module whose parameters are sharded over CPU ranks, as if it were whole.
+
+    DTensor draws random numbers shard by shard from each rank's own generator on a CPU mesh (on GPUs it keeps
+    one stream over the shards): after the cell's ``torch.manual_seed(0)`` every shard of a weight got the same
+    values, its halves equal. So the module's parameters are filled whole, in the module's own
+    ``reset_parameters()``, and rank 0's are scattered as the shards: the model starts as its unsharded twin
+    built after the same seed does."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    sharded = {name: p for name, p in module.named_parameters(recurse=False) if isinstance(p, DTensor)}
+    for name, param in sharded.items():
+        setattr(module, name, nn.Parameter(torch.empty(param.shape, dtype=param.dtype), param.requires_grad))
+    try:
+        reset()
+        whole = {name: getattr(module, name).detach() for name in sharded}
+    finally:
+        for name, param in sharded.items():
+            setattr(module, name, param)
+    for name, param in sharded.items():
+        param.to_local().copy_(distribute_tensor(whole[name], param.device_mesh, param.placements).to_local())
 
 
 def _gradient_sync(module, _args) -> None:
