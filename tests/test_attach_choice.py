@@ -11,7 +11,7 @@ import pytest
 from helpers.attacker import needs_root, python_as_attacker
 
 from nbtrain.kernel.cluster.detached_runs import AttachChoiceError, choose_run
-from nbtrain.wire.runfolder import RecordedState, RunFolder
+from nbtrain.wire.runfolder import STARTING_WITHIN_S, RecordedState, RunFolder, reserve
 
 
 @pytest.fixture
@@ -31,6 +31,32 @@ def test_with_no_id_the_only_running_run_is_chosen_over_later_finished_ones(runs
     RunFolder("training", nprocs=2).step(7)
     _finished("later")
     assert choose_run().run_id == "training"
+
+
+def test_an_attach_right_after_the_cell_waits_for_the_starting_run_instead_of_finding_none(runs):
+    """The detached cell returns once the kernel reserved the folder; the agent writes the manifest a moment
+    later. An attach in between chose the last finished run, or said there was none."""
+    import threading
+    import time
+
+    _finished("earlier")
+    reserve("starting", {"source": "%%distributed 2 --detach"})
+    threading.Timer(0.5, lambda: RunFolder("starting", nprocs=2)).start()  # the agent, a moment later
+    began = time.monotonic()
+    assert choose_run().run_id == "starting"
+    assert 0.3 < time.monotonic() - began < 5
+
+
+def test_a_folder_whose_agent_never_started_delays_no_attach(runs):
+    import time
+
+    _finished("earlier")
+    path = reserve("abandoned", {"source": "%%distributed 2 --detach"})
+    old = time.time() - STARTING_WITHIN_S - 1
+    os.utime(os.path.join(path, "cell.json"), (old, old))
+    began = time.monotonic()
+    assert choose_run().run_id == "earlier"
+    assert time.monotonic() - began < 1
 
 
 def test_with_no_run_running_the_most_recently_started_finished_one_is_chosen(runs):

@@ -217,6 +217,7 @@ def test_detached_trains_through_a_kernel_restart_and_attaches_from_the_new_kern
     assert "back in the notebook: model, final_loss, checksum" in text
     assert "300 logged steps" in text and "the model that came back is the one the ranks held: True" in text
     assert runfolder.read_manifest(run_id).state is runfolder.RecordedState.FINISHED
+    assert "Warning" not in started + text  # a teaching notebook shows no warning of its own code
 
 
 def test_hf_finetune_trains_with_the_trainer_and_its_logs_are_the_runs_series():

@@ -25,7 +25,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from . import dashboard
 from .background import BackgroundCell, BackgroundRun, BackgroundRuns
 from .cluster import Cluster
-from .cluster.detached_runs import AttachChoiceError, choose_run, follow_or_control, runs_table
+from .cluster.detached_runs import AttachChoiceError, choose_run, follow_or_control, runs_table, settled_runs
 from ..wire.detached_stop import stop_all_detached
 from .cluster.tokens import parse_ttl
 from ..gpu import leases
@@ -38,7 +38,7 @@ from .request.config import LaunchRequest
 from .request.hosts import parse_hosts, parse_remote_python, parse_slurm, parse_ssh_options
 from ..common.words import count
 from ..wire.agent_options import check_url
-from ..wire.runfolder import RunFolderError, list_runs, read_about
+from ..wire.runfolder import RunFolderError, read_about
 from ..wire.options import OptionEnvError, from_arguments, option, options_of, with_env_fallbacks
 
 
@@ -257,7 +257,7 @@ class DistributedMagics(Magics):
         """
         args = parse_argstring(self.distributed_attach, line)
         if args.list:
-            print(runs_table(list_runs()))
+            print(runs_table(settled_runs()))
             return None
         try:
             run = choose_run(args.run)

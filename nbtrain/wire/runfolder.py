@@ -336,6 +336,36 @@ def list_runs(directory: str | None = None) -> list[RunSummary]:
     return sorted((run for run in runs if run is not None), key=lambda run: run.started)
 
 
+STARTING_WITHIN_S = 60.0  # a reserved folder without a manifest younger than this: its agent is starting
+
+
+def starting_runs(directory: str | None = None, now: float | None = None) -> list[str]:
+    """The ids of this user's runs whose kernel reserved the folder (:func:`reserve`) less than
+    :data:`STARTING_WITHIN_S` ago and whose agent has not written the manifest yet: the cell returned, the run
+    is starting. An older folder without a manifest is a run whose agent never started: not waited for."""
+    directory = directory or runs_directory()
+    now = time.time() if now is None else now
+    try:
+        names = sorted(name for name in os.listdir(directory) if RUN_ID.match(name))
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        folder = _open_own_folder(directory, name)
+        if folder is None:
+            continue
+        try:
+            about = os.stat(ABOUT, dir_fd=folder, follow_symlinks=False)
+            has_manifest = os.path.lexists(os.path.join(directory, name, MANIFEST))
+        except OSError:
+            continue
+        finally:
+            os.close(folder)
+        if not has_manifest and about.st_uid == os.geteuid() and now - about.st_mtime < STARTING_WITHIN_S:
+            found.append(name)
+    return found
+
+
 KEEP_DAYS = 7.0  # a finished run's folder can be attached this long (NBTRAIN_RUNS_KEEP_DAYS), then it is swept
 
 

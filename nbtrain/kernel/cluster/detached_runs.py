@@ -12,7 +12,7 @@ import os
 import time
 
 from ...wire.run_control import take_control
-from ...wire.runfolder import RecordedState, RunSummary, check_run_id, list_runs
+from ...wire.runfolder import RecordedState, RunSummary, check_run_id, list_runs, starting_runs
 from ..lifecycle.checkpoint_lock import NOTEBOOK_ENV
 
 
@@ -20,9 +20,21 @@ class AttachChoiceError(Exception):
     """No run, or more than one, answers an attach; the message lists this user's runs and says what to do."""
 
 
+STARTING_WAIT_S = 15.0  # an attach right after a detached cell returned waits this long for its agent's manifest
+
+
+def settled_runs(directory: str | None = None, wait_s: float = STARTING_WAIT_S) -> list[RunSummary]:
+    """This user's runs, once those whose cell just returned have a manifest (or ``wait_s`` has passed): an
+    attach right after the cell must find the run it started, not report none."""
+    deadline = time.monotonic() + wait_s
+    while starting_runs(directory) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return list_runs(directory)
+
+
 def choose_run(run_id: str | None = None, directory: str | None = None) -> RunSummary:
     """The run ``%distributed_attach [RUN]`` attaches to (see the module docstring)."""
-    runs = list_runs(directory)
+    runs = settled_runs(directory)
     if run_id is not None:
         check_run_id(run_id)
         named = [run for run in runs if run.run_id == run_id]
