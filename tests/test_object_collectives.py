@@ -19,7 +19,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 VICTIM = textwrap.dedent("""
-    import sys, torch, torch.distributed as dist
+    import os, sys, torch, torch.distributed as dist
     from nbtrain.rank.train.plain_gather import PeerValueError, all_gather_plain, gather_plain
     dist.init_process_group("gloo", init_method=sys.argv[1], rank=0, world_size=2)
     mine = {"rng": torch.arange(3), "python": (3, (1, 2), None)}
@@ -29,9 +29,10 @@ VICTIM = textwrap.dedent("""
             dist.all_gather_object(out, mine)
         else:
             out = {"all": all_gather_plain, "gather": gather_plain}[sys.argv[2]](mine, torch.device("cpu"))
-        print("GOT", out)
+        print("GOT", out, flush=True)
     except PeerValueError as exc:
-        print("REFUSED", exc)
+        print("REFUSED", exc, flush=True)
+    os._exit(0)  # gloo's teardown aborts when the peer has gone first: not what is tested
 """)
 
 PEER = textwrap.dedent("""
@@ -52,7 +53,7 @@ PEER = textwrap.dedent("""
     sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(2)]
     dist.all_gather(sizes, torch.tensor([announced]))
     if sys.argv[2] == "huge":
-        sys.exit(0)
+        os._exit(0)
     longest = max(int(s.item()) for s in sizes)
     padded = torch.zeros(longest, dtype=torch.uint8)
     padded[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
@@ -60,6 +61,7 @@ PEER = textwrap.dedent("""
         dist.gather(padded, None, dst=0)
     else:
         dist.all_gather([torch.empty_like(padded) for _ in range(2)], padded)
+    os._exit(0)
 """)
 
 

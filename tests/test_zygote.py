@@ -104,7 +104,8 @@ def test_an_idle_zygote_forks_spares_ahead_and_a_cold_pool_takes_them_unless_the
     assert ns["pid"] in spares and ns["parent"] == zygote.pid and result.cold_start.how == "forked"
     assert len(stores) == 1 and stores[0] in spares  # the pool's store host was a spare too
     again = _spares_of(zygote, SPARE_RANKS + 1)  # forked again once the zygote idled
-    assert len(again) == SPARE_RANKS + 1 and not again & spares
+    assert len(again) == SPARE_RANKS + 1 and ns["pid"] not in again and stores[0] not in again
+    assert len(again - spares) == 3  # the pool's 2 ranks and its store, replaced; the spares it left stay
     site = installed_module(tmp_path, "nbtrain_spare_probe", "VALUE = 1\n")
     try:
         import nbtrain_spare_probe  # noqa: F401  (imported after the spares were forked: they lack it)

@@ -173,10 +173,14 @@ def _init_process_group(device) -> tuple[float, float]:
 def _write_results_file(namespace: dict, names) -> None:
     """A detached run's tensors among its results, also as a safetensors file in its folder (:mod:`.results_file`)."""
     folder = os.environ.get(results_file.FOLDER_ENV)
-    if folder:
+    if not folder:
+        return
+    try:
         said = results_file.write({name: namespace[name] for name in names if name in namespace}, folder)
-        if said:
-            print(said, file=sys.stderr)
+    except Exception as exc:  # the names reach the notebook all the same: the file is a copy of some of them
+        said = f"nbtrain: the results' tensors could not be written as {results_file.NAME} ({type(exc).__name__}: {exc})"
+    if said:
+        print(said, file=sys.stderr)
 
 
 class Rank:

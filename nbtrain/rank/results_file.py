@@ -11,6 +11,7 @@ and renamed into place, readable by its owner only.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -35,13 +36,17 @@ def write(values: dict, folder: str) -> str:
     except ImportError:
         return (f"nbtrain: the results' tensors are not written as {NAME}: the safetensors package is missing "
                 "(pip install nbtrain[safetensors]); they arrive in the notebook all the same")
-    handle, temporary = tempfile.mkstemp(prefix=f".{NAME}.", dir=folder)  # mode 0600
+    try:
+        handle, temporary = tempfile.mkstemp(prefix=f".{NAME}.", dir=folder)  # mode 0600
+    except OSError as exc:  # the run's folder removed or full: the names still reach the notebook
+        return f"nbtrain: the results' tensors could not be written as {NAME} ({type(exc).__name__}: {exc})"
     os.close(handle)
     try:
         save_file(_unshared(tensors), temporary, metadata={"names": json.dumps(sorted(values))})
         os.replace(temporary, os.path.join(folder, NAME))
     except Exception as exc:
-        os.unlink(temporary)
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
         return f"nbtrain: the results' tensors could not be written as {NAME} ({type(exc).__name__}: {exc})"
     return ""
 
