@@ -78,15 +78,8 @@ def test_preempt_an_aws_notice_to_a_polling_agent_resumes_on_a_replacement_as_if
         nodes.wait_joined(2)
         marks = tmp_path / "marks"
         cell = training_cell(marks, epochs=2, samples=32, step_s=0.3)  # 2 ranks: 4 steps an epoch, 8 in all
-        restarted: list[bool] = []
-
-        def write(stream: str, text: str) -> None:
-            output(stream, text)
-            if "restarting the ranks" in text and not restarted:
-                restarted.append(True)
-                nodes.start("127.0.0.4")  # the replacement machine joins
-
         output, ns = Captured(), {}
+        write = _replacing_on_restart(nodes, output)
         _announce_at_step(server, marks, step=5)
         result = run_source(cell, _request(tmp_path, "2", max_restarts=1), ns, manager=nodes.manager, write=write)
         text = capsys.readouterr().out + output.text()
@@ -119,15 +112,8 @@ def test_preempt_reclaim_bit_for_bit_through_a_preemption_url_on_emulated_nodes(
         nodes.wait_joined(2)
         marks = tmp_path / "marks"
         marks.mkdir()
-        restarted: list[bool] = []
-
-        def write(stream: str, text: str) -> None:
-            output(stream, text)
-            if "restarting the ranks" in text and not restarted:
-                restarted.append(True)
-                nodes.start("127.0.0.4")  # the replacement machine joins
-
         output, ns = Captured(), {"MARKS": str(marks), "STEP_S": 0.1}
+        write = _replacing_on_restart(nodes, output)
         _announce_at_step(server, marks, step=17)
         result = run_source(RECLAIMED_CELL, _request(tmp_path, "2", max_restarts=1, out="final"), ns,
                             manager=nodes.manager, write=write)
@@ -142,6 +128,19 @@ def test_preempt_reclaim_bit_for_bit_through_a_preemption_url_on_emulated_nodes(
         assert curve.values == expected.values
     finally:
         server.close()
+
+
+def _replacing_on_restart(nodes, output: Captured):
+    """The run's output to ``output``; when the ranks restart after a node left, a replacement (127.0.0.4) joins."""
+    restarted: list[bool] = []
+
+    def write(stream: str, text: str) -> None:
+        output(stream, text)
+        if "restarting the ranks" in text and not restarted:
+            restarted.append(True)
+            nodes.start("127.0.0.4")
+
+    return write
 
 
 def _announce_at_step(server: MetadataServer, marks, step: int) -> None:

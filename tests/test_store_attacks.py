@@ -70,7 +70,8 @@ def test_warm_ranks_whose_store_ended_are_not_reused(fresh_pools):
     old = fresh_pools.pool.pids()
     host = [c.pid for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
     assert host and host[0] != os.getpid(), host  # the store is another process's
+    hosting = psutil.Process(host[0])  # before the kill: its parent may reap it before a lookup after
     os.kill(host[0], signal.SIGKILL)
-    psutil.wait_procs([psutil.Process(host[0])], timeout=5)
+    psutil.wait_procs([hosting], timeout=5)
     ns, result = run_cell(fresh_pools, STORE_PORT, out="port")
     assert not result.warm and fresh_pools.pool.pids() != old and ns["port"] != port

@@ -96,7 +96,7 @@ class Channel:
     def admissions(self) -> int | None:
         """While ranks are still connecting: a descriptor that becomes readable when one is admitted (for
         :func:`multiprocessing.connection.wait`; :meth:`woken` empties it); None once every rank is in."""
-        return None if self.connected() else self._wake_read
+        return None if self._wake_read < 0 or self.connected() else self._wake_read  # closed: none
 
     def woken(self) -> None:
         with contextlib.suppress(OSError):

@@ -134,7 +134,11 @@ class LocalPool(GroupState):
         events: list[RankEvent] = []
         if not sources:
             time.sleep(timeout)
-        for ready in wait(sources, timeout) if sources else []:
+        try:
+            readable = wait(sources, timeout) if sources else []
+        except (OSError, ValueError):  # a pipe or connection closed under the wait: the pool is being ended
+            readable = []
+        for ready in readable:
             if ready == admissions:
                 self.channel.woken()
             elif ready in conns:

@@ -144,7 +144,7 @@ class RankProcesses:
             data = os.read(getattr(p.popen, stream).fileno(), 1 << 16)
         except BlockingIOError:
             return []
-        except OSError:
+        except (OSError, ValueError):  # ValueError: the pipe was closed under the read (a teardown's, meanwhile)
             data = b""
         if not data:
             p.open_streams.discard(stream)
