@@ -13,12 +13,13 @@ import shutil
 import signal
 import time
 
-import psutil
 import pytest
 from helpers.attacker import needs_root, python_as_attacker
+from helpers.detachhelp import kernels, runs  # noqa: F401  (the fixtures)
+from helpers.detachhelp import assert_nothing_left, start_detached, wait_for_step
 from helpers.kernelhelp import Kernel
 from helpers.restart_cells import gated_killed_rank_cell
-from helpers.workers import assert_no_workers, nbtrain_workers
+from helpers.workers import nbtrain_workers
 
 from nbtrain.kernel.cluster.tokens import token_dir
 from nbtrain.wire import runfolder
@@ -48,70 +49,15 @@ for step in range(40):
 """
 
 
-@pytest.fixture
-def runs(tmp_path, monkeypatch):
-    """A runs directory of the test's own, which the kernels (and their agents) inherit."""
-    directory = tmp_path / "runs"
-    monkeypatch.setenv("NBTRAIN_RUNS_DIR", str(directory))
-    return directory
-
-
-@pytest.fixture
-def kernels():
-    started: list[Kernel] = []
-
-    def start() -> Kernel:
-        kernel = Kernel()
-        started.append(kernel)
-        kernel.run("%load_ext nbtrain")
-        return kernel
-
-    yield start
-    for kernel in started:
-        kernel.shutdown()
-
-
-def _start(kernel: Kernel, cell: str, steps: int = 100) -> tuple[str, float]:
-    began = time.monotonic()
-    out = kernel.run(cell.replace("STEPS", str(steps)))
-    seconds = time.monotonic() - began
-    found = re.search(r"detached run (\S+): it goes on", out)
-    assert found, out
-    return found.group(1), seconds
-
-
-def _wait_for_step(run_id: str, step: int, timeout: float = 90) -> runfolder.RunSummary:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        summary = runfolder.read_manifest(run_id)
-        if summary is not None and summary.step is not None and summary.step >= step:
-            return summary
-        time.sleep(0.05)
-    raise AssertionError(f"run {run_id} did not reach step {step}: {runfolder.read_manifest(run_id)}")
-
-
-def _assert_nothing_left(summary: runfolder.RunSummary) -> None:
-    deadline = time.monotonic() + 15
-    while psutil.pid_exists(summary.agent_pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    with pytest.raises(psutil.NoSuchProcess):
-        if psutil.Process(summary.agent_pid).status() != psutil.STATUS_ZOMBIE:
-            raise AssertionError(f"the run's agent {summary.agent_pid} is still running")
-        raise psutil.NoSuchProcess(summary.agent_pid)
-    assert_no_workers(timeout=5)
-    leftovers = [name for name in os.listdir("/dev/shm") if name.startswith(f"nbtrain-{summary.agent_pid}")]
-    assert not leftovers
-
-
-def test_a_detached_run_outlives_a_killed_kernel_and_another_kernel_attaches_to_all_of_it(runs, kernels):
+def test_a_detached_run_outlives_a_killed_kernel_and_another_kernel_attaches_to_all_of_it(runs, kernels):  # noqa: F811
     first = kernels()
-    run_id, seconds = _start(first, TRAINING)
+    run_id, seconds = start_detached(first, TRAINING)
     assert seconds < 1.0  # the cell returned while the ranks start and train
-    at_kill = _wait_for_step(run_id, 20)
+    at_kill = wait_for_step(run_id, 20)
     tokens = token_dir()  # the agent got its token on stdin: no token of the run is on disk for the kill to leave
     assert not [name for name in (os.listdir(tokens) if os.path.isdir(tokens) else []) if f"-{first.pid()}-" in name]
     os.kill(first.pid(), signal.SIGKILL)
-    later = _wait_for_step(run_id, at_kill.step + 10)  # the ranks keep stepping with no kernel
+    later = wait_for_step(run_id, at_kill.step + 10)  # the ranks keep stepping with no kernel
     assert later.state is RecordedState.RUNNING
 
     second = kernels()
@@ -133,13 +79,13 @@ def test_a_detached_run_outlives_a_killed_kernel_and_another_kernel_attaches_to_
     assert second.run("print(total)").strip() == str(float(3 * sum(range(100))))
     final = runfolder.read_manifest(run_id)
     assert final is not None and final.state is RecordedState.FINISHED
-    _assert_nothing_left(final)
+    assert_nothing_left(final)
 
 
-def test_a_restarted_kernel_and_a_second_kernel_both_follow_the_run_and_get_its_names(runs, kernels):
+def test_a_restarted_kernel_and_a_second_kernel_both_follow_the_run_and_get_its_names(runs, kernels):  # noqa: F811
     first = kernels()
-    run_id, _ = _start(first, TRAINING, steps=80)
-    _wait_for_step(run_id, 10)
+    run_id, _ = start_detached(first, TRAINING, steps=80)
+    wait_for_step(run_id, 10)
     first.km.restart_kernel(now=False)  # a clean restart: the kernel's exit must not stop the run
     first.kc.wait_for_ready(timeout=60)
     assert runfolder.read_manifest(run_id).state is RecordedState.RUNNING
@@ -151,13 +97,13 @@ def test_a_restarted_kernel_and_a_second_kernel_both_follow_the_run_and_get_its_
     assert first.run("print(total)").strip() == str(float(3 * sum(range(80))))
     second.run("import nbtrain; nbtrain.last_run.wait(60)")
     assert second.run("print(total)").strip() == str(float(3 * sum(range(80))))
-    _assert_nothing_left(runfolder.read_manifest(run_id))
+    assert_nothing_left(runfolder.read_manifest(run_id))
 
 
-def test_a_detached_runs_failure_is_reported_on_attach_as_the_cell_would_have(runs, kernels):
+def test_a_detached_runs_failure_is_reported_on_attach_as_the_cell_would_have(runs, kernels):  # noqa: F811
     first = kernels()
-    run_id, _ = _start(first, FAILING)
-    _wait_for_step(run_id, 5)
+    run_id, _ = start_detached(first, FAILING)
+    wait_for_step(run_id, 5)
     os.kill(first.pid(), signal.SIGKILL)
     second = kernels()
     reply, out = second.execute("%distributed_attach", timeout=120)
@@ -166,7 +112,7 @@ def test_a_detached_runs_failure_is_reported_on_attach_as_the_cell_would_have(ru
     assert "Cell line 6, in <module>" in out and 'raise ValueError("the data ran dry")' in out  # mapped to the cell's own lines
     final = runfolder.read_manifest(run_id)
     assert final.state is RecordedState.FAILED
-    _assert_nothing_left(final)
+    assert_nothing_left(final)
 
 
 def _restarting_cell(tmp_path) -> tuple[str, os.PathLike]:
@@ -192,10 +138,10 @@ def _until_final(run_id: str, timeout: float = 120) -> runfolder.RunSummary:
     return summary
 
 
-def test_max_restarts_restart_a_detached_run_in_its_agent_with_no_kernel(runs, kernels, tmp_path):
+def test_max_restarts_restart_a_detached_run_in_its_agent_with_no_kernel(runs, kernels, tmp_path):  # noqa: F811
     first = kernels()
     cell, go = _restarting_cell(tmp_path)
-    run_id, _ = _start(first, cell)
+    run_id, _ = start_detached(first, cell)
     _until_exists(tmp_path / "killed-once")  # rank 1 is in epoch 1, waiting to die
     os.kill(first.pid(), signal.SIGKILL)
     second = kernels()  # the run's checkpoint folder is still the run's: its agent holds the lock
@@ -214,21 +160,21 @@ def test_max_restarts_restart_a_detached_run_in_its_agent_with_no_kernel(runs, k
     check = json.loads(second.run("import json; print(json.dumps([steps, restart_count, world, "
                                   "history.series('loss', 0).steps, history.series('loss', 1).steps]))"))
     assert check == [6, 1, 2, list(range(6)), list(range(6))]  # 3 epochs × 2 steps, no gap, no duplicate
-    _assert_nothing_left(final)
+    assert_nothing_left(final)
     with open(tmp_path / "ckpt" / ".nbtrain-lock") as lock:  # the folder is free again once the run ended
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
-def test_a_detached_run_restarted_while_its_kernel_watches_brings_its_names_back(runs, kernels, tmp_path):
+def test_a_detached_run_restarted_while_its_kernel_watches_brings_its_names_back(runs, kernels, tmp_path):  # noqa: F811
     first = kernels()
     cell, go = _restarting_cell(tmp_path)
-    run_id, _ = _start(first, cell)
+    run_id, _ = start_detached(first, cell)
     go.touch()
     out = first.run("import nbtrain; nbtrain.last_run.wait(150); print(nbtrain.last_run.state)", timeout=180)
     assert out.strip().endswith("finished"), out
     assert first.run("print(steps, restart_count, world)").strip() == "6 1 2"
     assert [e["attempt"] for e in runfolder.read_events(run_id)[0] if e["kind"] == "restart"] == [1]
-    _assert_nothing_left(_until_final(run_id))
+    assert_nothing_left(_until_final(run_id))
 
 
 SHARDED = """%%distributed 2 --cpu --detach --shard --no-dashboard
@@ -244,10 +190,10 @@ for step in range(30):
 """
 
 
-def test_a_sharded_detached_run_brings_its_model_back_whole_on_attach(runs, kernels):
+def test_a_sharded_detached_run_brings_its_model_back_whole_on_attach(runs, kernels):  # noqa: F811
     first = kernels()
-    run_id, _ = _start(first, SHARDED)
-    _wait_for_step(run_id, 3)
+    run_id, _ = start_detached(first, SHARDED)
+    wait_for_step(run_id, 3)
     os.kill(first.pid(), signal.SIGKILL)  # while it trains: the run is the agent's
     final = _until_final(run_id)
     assert final.state is RecordedState.FINISHED
@@ -257,7 +203,7 @@ def test_a_sharded_detached_run_brings_its_model_back_whole_on_attach(runs, kern
     check = second.run("import torch; print(type(model).__name__, sum(p.numel() for p in model.parameters()), "
                        "len(history.series('loss', 0).steps))")
     assert check.split() == ["Sequential", "161", "30"], check  # the plain module, whole: 8*16+16+16+1
-    _assert_nothing_left(final)
+    assert_nothing_left(final)
     written = runs / run_id / "results.safetensors"  # its tensors, readable without nbtrain or a pickle
     assert oct(written.stat().st_mode & 0o777) == "0o600"
     from safetensors.torch import load_file
@@ -270,14 +216,14 @@ def test_a_sharded_detached_run_brings_its_model_back_whole_on_attach(runs, kern
     assert same.strip() == "True", same
 
 
-def test_the_stop_button_of_an_attached_kernel_stops_the_detached_run(runs, kernels):
+def test_the_stop_button_of_an_attached_kernel_stops_the_detached_run(runs, kernels):  # noqa: F811
     first = kernels()
-    run_id, _ = _start(first, TRAINING, steps=2000)
-    _wait_for_step(run_id, 5)
+    run_id, _ = start_detached(first, TRAINING, steps=2000)
+    wait_for_step(run_id, 5)
     os.kill(first.pid(), signal.SIGKILL)
     second = kernels()
     second.run("%distributed_attach --background")
-    _wait_for_step(run_id, 15)
+    wait_for_step(run_id, 15)
     began = time.monotonic()
     second.run("import nbtrain; nbtrain.last_run.stop(); print(nbtrain.last_run.state)")
     deadline = time.monotonic() + 10
@@ -285,13 +231,13 @@ def test_the_stop_button_of_an_attached_kernel_stops_the_detached_run(runs, kern
         time.sleep(0.1)
     assert runfolder.read_manifest(run_id).state is RecordedState.STOPPED
     assert time.monotonic() - began < 10
-    _assert_nothing_left(runfolder.read_manifest(run_id))
+    assert_nothing_left(runfolder.read_manifest(run_id))
 
 
-def test_two_kernels_follow_one_run_and_only_the_one_in_control_stops_it_unless_forced(runs, kernels):
+def test_two_kernels_follow_one_run_and_only_the_one_in_control_stops_it_unless_forced(runs, kernels):  # noqa: F811
     first = kernels()  # started the run: its stop button stops it
-    run_id, _ = _start(first, TRAINING, steps=2000)
-    _wait_for_step(run_id, 5)
+    run_id, _ = start_detached(first, TRAINING, steps=2000)
+    wait_for_step(run_id, 5)
     second = kernels()
     out = second.run("%distributed_attach --background")
     assert "controls this run: this kernel follows it" in out and "--force takes control" in out
@@ -299,7 +245,7 @@ def test_two_kernels_follow_one_run_and_only_the_one_in_control_stops_it_unless_
                          "print(nbtrain.last_run.state)")
     assert stopped.strip().endswith("interrupted"), stopped  # this kernel's following, not the run
     at_stop = runfolder.read_manifest(run_id)
-    _wait_for_step(run_id, at_stop.step + 10)  # following ended there; the run goes on
+    wait_for_step(run_id, at_stop.step + 10)  # following ended there; the run goes on
     assert runfolder.read_manifest(run_id).state is RecordedState.RUNNING
 
     forced = second.run(f"%distributed_attach {run_id} --force --background")
@@ -307,14 +253,14 @@ def test_two_kernels_follow_one_run_and_only_the_one_in_control_stops_it_unless_
     second.run("nbtrain.last_run.stop()")
     final = _until_final(run_id, timeout=15)
     assert final.state is RecordedState.STOPPED
-    _assert_nothing_left(final)
+    assert_nothing_left(final)
 
 
 @needs_root
-def test_another_user_can_neither_read_nor_stop_a_detached_run(runs, kernels):
+def test_another_user_can_neither_read_nor_stop_a_detached_run(runs, kernels):  # noqa: F811
     first = kernels()
-    run_id, _ = _start(first, TRAINING, steps=400)
-    summary = _wait_for_step(run_id, 3)
+    run_id, _ = start_detached(first, TRAINING, steps=400)
+    summary = wait_for_step(run_id, 3)
     os.chmod(runs.parent, 0o755)  # the attacker may reach the runs directory itself: it is the folder that says no
     attack = python_as_attacker(
         "import os, signal, sys\n"
@@ -333,14 +279,14 @@ def test_another_user_can_neither_read_nor_stop_a_detached_run(runs, kernels):
     deadline = time.monotonic() + 10
     while runfolder.read_manifest(run_id).state is RecordedState.RUNNING and time.monotonic() < deadline:
         time.sleep(0.1)
-    _assert_nothing_left(runfolder.read_manifest(run_id))
+    assert_nothing_left(runfolder.read_manifest(run_id))
     assert nbtrain_workers() == []
 
 
-def test_a_new_kernel_is_told_of_a_running_detached_run_and_can_shut_it_down(runs, kernels):
+def test_a_new_kernel_is_told_of_a_running_detached_run_and_can_shut_it_down(runs, kernels):  # noqa: F811
     first = kernels()
-    run_id, _ = _start(first, TRAINING, steps=2000)
-    _wait_for_step(run_id, 5)
+    run_id, _ = start_detached(first, TRAINING, steps=2000)
+    wait_for_step(run_id, 5)
     os.kill(first.pid(), signal.SIGKILL)
     second = Kernel()
     try:
@@ -351,19 +297,19 @@ def test_a_new_kernel_is_told_of_a_running_detached_run_and_can_shut_it_down(run
         said = second.run("%distributed_shutdown --detached")
         assert f"detached run {run_id} was stopped" in said
         assert runfolder.read_manifest(run_id).state is RecordedState.STOPPED
-        _assert_nothing_left(runfolder.read_manifest(run_id))
+        assert_nothing_left(runfolder.read_manifest(run_id))
     finally:
         second.shutdown()
 
 
-def test_a_run_whose_folder_is_removed_goes_on_and_its_names_still_arrive_in_its_kernel(runs, kernels):
+def test_a_run_whose_folder_is_removed_goes_on_and_its_names_still_arrive_in_its_kernel(runs, kernels):  # noqa: F811
     first = kernels()
-    run_id, _ = _start(first, TRAINING, steps=60)
-    summary = _wait_for_step(run_id, 5)
+    run_id, _ = start_detached(first, TRAINING, steps=60)
+    summary = wait_for_step(run_id, 5)
     shutil.rmtree(runs / run_id)  # the user's own clean-up, mid-run
     first.run("import nbtrain; nbtrain.last_run.wait(90); print(nbtrain.last_run.state)")
     assert first.run("print(total)").strip() == str(float(3 * sum(range(60))))
-    _assert_nothing_left(summary)
+    assert_nothing_left(summary)
 
 
 class _Quiet:
@@ -379,7 +325,7 @@ class _Quiet:
         return None
 
 
-def test_a_detached_runs_load_is_sampled_by_its_agent_and_drawn_by_a_kernel_that_attaches_after_its_end(runs, kernels):
+def test_a_detached_runs_load_is_sampled_by_its_agent_and_drawn_by_a_kernel_that_attaches_after_its_end(runs, kernels):  # noqa: F811
     from nbtrain.kernel.cluster import Cluster
     from nbtrain.kernel.dashboard.observer import DashboardObserver
     from nbtrain.kernel.dashboard.telemetry_series import DeviceKey
@@ -388,8 +334,8 @@ def test_a_detached_runs_load_is_sampled_by_its_agent_and_drawn_by_a_kernel_that
     from nbtrain.kernel.request.config import LaunchRequest
 
     first = kernels()
-    run_id, _ = _start(first, TRAINING, steps=60)
-    _wait_for_step(run_id, 5)
+    run_id, _ = start_detached(first, TRAINING, steps=60)
+    wait_for_step(run_id, 5)
     os.kill(first.pid(), signal.SIGKILL)  # from here the agent samples alone
     final = _until_final(run_id)
     events, _ = runfolder.read_events(run_id)
@@ -420,7 +366,7 @@ def test_a_detached_runs_load_is_sampled_by_its_agent_and_drawn_by_a_kernel_that
     measured = [sample for sample in samples if sample["ranks"][0]["cpu_percent"] is not None]  # the last sample
     # may come as the rank ends, with no CPU reading: the line ends at the last one that has it
     assert seconds[-1] == pytest.approx(measured[-1]["time"] - samples[0]["time"], abs=0.5)
-    _assert_nothing_left(final)
+    assert_nothing_left(final)
 
 
 ASKING = """%%distributed 2 --cpu --detach --no-dashboard
@@ -436,10 +382,10 @@ print(f"rank {rank} answer {answer}", flush=True)
 """
 
 
-def test_a_prompt_of_a_detached_run_is_said_to_a_kernel_that_attaches_and_its_output_goes_on(runs, kernels):
+def test_a_prompt_of_a_detached_run_is_said_to_a_kernel_that_attaches_and_its_output_goes_on(runs, kernels):  # noqa: F811
     first = kernels()
-    run_id, _ = _start(first, ASKING)
-    _wait_for_step(run_id, 5)
+    run_id, _ = start_detached(first, ASKING)
+    wait_for_step(run_id, 5)
     os.kill(first.pid(), signal.SIGKILL)  # no kernel to answer: the agent's EOFError
     _until_final(run_id)
     out = kernels().run(f"%distributed_attach {run_id}", timeout=120)
@@ -448,11 +394,11 @@ def test_a_prompt_of_a_detached_run_is_said_to_a_kernel_that_attaches_and_its_ou
     assert "back in the notebook:" in out and "answer" in out  # the prompt held nothing back
 
 
-def test_a_kernel_shut_down_right_after_the_cell_hands_the_cell_to_the_runs_agent_first(runs, kernels):
+def test_a_kernel_shut_down_right_after_the_cell_hands_the_cell_to_the_runs_agent_first(runs, kernels):  # noqa: F811
     """Jupyter's kernel manager asks the kernel to shut down, sends SIGTERM half-way through its 5 s wait, then
     SIGKILL: the kernel's exit waits (past the SIGTERM) until the run's agent has the cell, so the run goes on."""
     first = kernels()
-    run_id, _ = _start(first, TRAINING, steps=40)
+    run_id, _ = start_detached(first, TRAINING, steps=40)
     first.kc.stop_channels()
     first.km.shutdown_kernel(now=False)  # as JupyterLab's restart or shutdown does
     summary = runfolder.read_manifest(run_id)
@@ -461,18 +407,18 @@ def test_a_kernel_shut_down_right_after_the_cell_hands_the_cell_to_the_runs_agen
     assert final.state is RecordedState.FINISHED
     out = kernels().run(f"%distributed_attach {run_id}", timeout=120)
     assert "back in the notebook:" in out and "total" in out
-    _assert_nothing_left(final)
+    assert_nothing_left(final)
 
 
-def test_a_kernel_that_attaches_writes_the_runs_tensorboard_curve_once_not_twice(runs, kernels, tmp_path):
+def test_a_kernel_that_attaches_writes_the_runs_tensorboard_curve_once_not_twice(runs, kernels, tmp_path):  # noqa: F811
     """The kernel that started the run wrote its --tensorboard series; a kernel that attaches later writes them
     again from the run's record, marked so that TensorBoard draws each rank's curve once."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     board = tmp_path / "tb"
     first = kernels()
-    run_id, _ = _start(first, TRAINING.replace("--no-dashboard", f"--no-dashboard --tensorboard {board}"), steps=30)
-    _wait_for_step(run_id, 0)
+    run_id, _ = start_detached(first, TRAINING.replace("--no-dashboard", f"--no-dashboard --tensorboard {board}"), steps=30)
+    wait_for_step(run_id, 0)
     final = _until_final(run_id)
     first.run("print('the run ended in the kernel that started it')")  # its tracker closed its files
     second = kernels()
@@ -482,4 +428,4 @@ def test_a_kernel_that_attaches_writes_the_runs_tensorboard_curve_once_not_twice
         events = EventAccumulator(str(board / f"rank{rank}"))
         events.Reload()
         assert [event.step for event in events.Scalars("seen")] == list(range(30))  # once, not twice
-    _assert_nothing_left(final)
+    assert_nothing_left(final)

@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import pickle
 import signal
+import threading
 import time
 from dataclasses import replace
+from typing import Protocol
 
 from ..wire import nodes as N
 from ..wire import protocol as P
@@ -36,7 +38,20 @@ from ..wire.runfolder import RecordedState, RunFolder
 from .agent_store import AgentStore
 from .console import say
 from .detached_telemetry import RecordedTelemetry
-from .local_ranks import LocalRanks
+
+class Ranks(Protocol):
+    """What the detached run's agent asks of its ranks: :class:`~.local_ranks.LocalRanks`, or on other nodes
+    :class:`~.relay.RelayRanks`."""
+
+    idle: threading.Event  # no rank of the run is alive
+
+    def running(self) -> bool: ...
+    def interrupt(self) -> None: ...
+    def stop(self, grace: float = ...) -> None: ...
+    def shut_down(self) -> None: ...
+    def send_one(self, message: N.ToRank) -> None: ...
+    def deliver(self, message: N.Deliver) -> None: ...
+
 
 FAILURE_GRACE_S = 0.5  # the other ranks' chance to report the same error before they are stopped
 SHUTDOWN_WAIT_S = 10.0  # ranks told to shut down after the cell exit within this, or are stopped
@@ -48,14 +63,18 @@ START_WAIT_S = 180.0  # a kernel gone while the ranks start: how long the agent 
 class DetachedRecorder:
     """One detached run's folder and what the agent knows of how the run stands (see the module docstring)."""
 
-    def __init__(self, start: N.StartRanks) -> None:
+    def __init__(self, start: N.StartRanks, count_sigints: bool = False) -> None:
+        """``count_sigints`` (from the main thread): SIGINT is the stop button from before the run's folder exists,
+        where a kernel that finds the folder may send it at once (:meth:`count_sigints`)."""
+        self.interrupts = 0  # SIGINTs to the agent: the stop button of an attached kernel
+        if count_sigints:
+            self.count_sigints()
         self.nprocs = start.nnodes * start.nproc_per_node
         self.store = AgentStore("127.0.0.1")
         self.start = replace(start, rdzv_endpoint=f"127.0.0.1:{self.store.port}")  # what the ranks were started with
         self.folder = RunFolder(start.detached_run, self.nprocs)
         self.delivery: N.Deliver | None = None  # the cell, as the kernel delivered it: a restart delivers it again
         self.unwritable = ""  # why the folder could not be written any more ("": it can)
-        self.interrupts = 0  # SIGINTs to the agent: the stop button of an attached kernel
         self.stopped = False  # a stop asked (SIGINT, or the kernel's Interrupt) before any rank failed
         self._closed = False
         self.lease = _lease(start)  # the run's GPUs, leased by the agent too: still leased when the kernel goes
@@ -142,7 +161,7 @@ class DetachedRecorder:
             except OSError:
                 pass  # said by the next record() that fails; a kernel that follows waits for the final state
 
-    def under_way(self, ranks: LocalRanks) -> bool:
+    def under_way(self, ranks: Ranks) -> bool:
         """The run still needs the agent: its ranks run, or are being started."""
         return ranks.running() or not (self.ranks_started or self.start_failed)
 
@@ -180,7 +199,7 @@ class DetachedRecorder:
         """Someone stopped the run; a stop that follows a rank's failure (the kernel ending the others) is not one."""
         self.stopped = self.stopped or self.failed_at is None
 
-    def act_on_interrupts(self, ranks: LocalRanks, acted: int) -> int:
+    def act_on_interrupts(self, ranks: Ranks, acted: int) -> int:
         """Do what the SIGINTs since ``acted`` ask; returns how many have been acted on."""
         for press in range(acted, self.interrupts):
             self.stop_asked()
@@ -216,8 +235,7 @@ class Outbox:
 
     def record(self, start: N.StartRanks) -> N.StartRanks:
         """From now on the run ``start`` names is recorded, its store on this agent: the StartRanks to act on."""
-        self.recorder = DetachedRecorder(start)
-        self.recorder.count_sigints()
+        self.recorder = DetachedRecorder(start, count_sigints=True)
         return self.recorder.start
 
     def send(self, message) -> None:
@@ -227,7 +245,7 @@ class Outbox:
         self.link.send(message)  # a closed link drops it: the folder has it
 
 
-def run_alone(ranks: LocalRanks, recorder: DetachedRecorder) -> str:
+def run_alone(ranks: Ranks, recorder: DetachedRecorder) -> str:
     """The kernel is gone and the ranks run (or start): see this attempt to its end here (see the module
     docstring)."""
     acted = _await_start(ranks, recorder)
@@ -256,7 +274,7 @@ def run_alone(ranks: LocalRanks, recorder: DetachedRecorder) -> str:
     return f"the detached run ended ({recorder.outcome().value})"
 
 
-def _await_start(ranks: LocalRanks, recorder: DetachedRecorder) -> int:
+def _await_start(ranks: Ranks, recorder: DetachedRecorder) -> int:
     """Until torch elastic's agent has started the ranks (the kernel may go right after the cell), it failed, or
     :data:`START_WAIT_S` passed; a SIGINT meanwhile ends the wait. Returns the SIGINTs acted on."""
     deadline = time.monotonic() + START_WAIT_S

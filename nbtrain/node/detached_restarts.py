@@ -23,11 +23,10 @@ from dataclasses import replace
 from ..wire import nodes as N
 from ..wire.restart_policy import ATTEMPT_ENV, describe_checkpoint, first_failure, why_not_restart
 from .console import say
-from .detached import SHUTDOWN_WAIT_S, DetachedRecorder, run_alone
-from .local_ranks import LocalRanks
+from .detached import SHUTDOWN_WAIT_S, DetachedRecorder, Ranks, run_alone
 
 
-def see_through(ranks: LocalRanks, recorder: DetachedRecorder, start_ranks: Callable[[N.StartRanks], None],
+def see_through(ranks: Ranks, recorder: DetachedRecorder, start_ranks: Callable[[N.StartRanks], None],
                 why: str) -> str:
     """The kernel's part has ended (``why``): see the run to its end, restarting it as ``--max-restarts`` says;
     ``start_ranks`` starts torch elastic's agent for a :class:`~nbtrain.wire.nodes.StartRanks`. Returns why the
@@ -42,7 +41,7 @@ def see_through(ranks: LocalRanks, recorder: DetachedRecorder, start_ranks: Call
     return why
 
 
-def next_attempt(ranks: LocalRanks, recorder: DetachedRecorder) -> int | None:
+def next_attempt(ranks: Ranks, recorder: DetachedRecorder) -> int | None:
     """Once the attempt's ranks have ended: the number of the attempt to start (its decision recorded), or None
     when the run ends here."""
     policy = recorder.start.restarts
@@ -62,7 +61,7 @@ def next_attempt(ranks: LocalRanks, recorder: DetachedRecorder) -> int | None:
     return attempt
 
 
-def _start_again(ranks: LocalRanks, recorder: DetachedRecorder, start_ranks: Callable[[N.StartRanks], None],
+def _start_again(ranks: Ranks, recorder: DetachedRecorder, start_ranks: Callable[[N.StartRanks], None],
                  attempt: int) -> None:
     recorder.begin_attempt(attempt)
     start = recorder.start

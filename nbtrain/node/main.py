@@ -35,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import psutil
 
@@ -51,6 +52,9 @@ from ..wire.options import OptionEnvError, options_of, with_env_fallbacks
 from .notices import Notices
 from .local_ranks import LocalRanks
 from .token import read_token, reexec_without_token
+
+if TYPE_CHECKING:  # imported only by a --detach --nodes run's agent: it brings the kernel's cluster modules
+    from .relay import RelayRanks
 
 HEARTBEAT_S = 1.0
 KERNEL_SILENT_S = 5.0
@@ -70,6 +74,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--token-file", metavar="PATH",
                         help="a file of mode 0600 holding the join token (the notebook prints its path)")
     parser.add_argument("--address", default=None, help="this node's address to connect from (default: the OS picks)")
+    parser.add_argument("--relay", action="store_true", help=argparse.SUPPRESS)  # a --detach --nodes run's agent
     parser.add_argument("--start-timeout", metavar="SECONDS", type=_seconds,
                         default=os.environ.get("NBTRAIN_START_TIMEOUT", START_TIMEOUT_S),
                         help="how long to keep trying to join a kernel that is busy or not reachable yet, at most "
@@ -143,14 +148,21 @@ def _pause_unless_stopped(seconds: float, notices: Notices) -> None:
         raise LinkError("a SIGTERM came while joining; not joined")
 
 
-def serve(link: Link, name: str, address: str | None, notices: Notices | None = None) -> str:
-    """Until the pool ends; returns why it ended. A detached run (:mod:`.detached`) goes on alone if the kernel goes."""
+def serve(link: Link, name: str, address: str | None, notices: Notices | None = None, relay: bool = False) -> str:
+    """Until the pool ends; returns why it ended. A detached run (:mod:`.detached`) goes on alone if the kernel goes;
+    ``relay``: its ranks run on nodes this agent brings up (:mod:`.relay`)."""
     notices = notices or Notices()
     sweep_dead_agents()
     directory = tempfile.mkdtemp(prefix=f"nbtrain-node-{os.getpid()}-")
     os.chmod(directory, 0o700)
     outbox = Outbox(link)
-    ranks = LocalRanks(directory, outbox.send)
+    ranks: LocalRanks | RelayRanks
+    if relay:
+        from .relay import RelayRanks
+
+        ranks = RelayRanks(outbox.send)
+    else:
+        ranks = LocalRanks(directory, outbox.send)
     beat = threading.Event()
     threading.Thread(target=_heartbeats, args=(link, beat), name="nbtrain-node-heartbeat", daemon=True).start()
     try:
@@ -171,7 +183,7 @@ def serve(link: Link, name: str, address: str | None, notices: Notices | None = 
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _serve_kernel(link: Link, ranks: LocalRanks, outbox: Outbox, address: str | None, notices: Notices) -> str:
+def _serve_kernel(link: Link, ranks: LocalRanks | RelayRanks, outbox: Outbox, address: str | None, notices: Notices) -> str:
     """What the kernel asks, until it says Bye, its link breaks or it falls silent; returns which."""
     acted = 0
     while True:
@@ -199,7 +211,7 @@ def _serve_kernel(link: Link, ranks: LocalRanks, outbox: Outbox, address: str | 
         _handle(message, ranks, link, address, outbox.send)
 
 
-def _preemption(notices: Notices, ranks: LocalRanks, link: Link) -> str:
+def _preemption(notices: Notices, ranks: LocalRanks | RelayRanks, link: Link) -> str:
     """A notice goes to the kernel, which has the ranks save and then says Bye; "" while the agent stays."""
     if notices.sigterms > 1:
         return "a second SIGTERM"
@@ -218,9 +230,12 @@ def sweep_dead_agents() -> None:
     sweep_quietly(sweep_temp, sweep_orphans)  # whatever another user planted under those names, this agent serves
 
 
-def _handle(message, ranks: LocalRanks, link: Link, address: str | None, send) -> None:
+def _handle(message, ranks: LocalRanks | RelayRanks, link: Link, address: str | None, send) -> None:
     if isinstance(message, N.StartRanks):
-        run_ranks(message, ranks, address, send)
+        if isinstance(ranks, LocalRanks):
+            run_ranks(message, ranks, address, send)
+        else:
+            ranks.begin(message)
     elif isinstance(message, N.Deliver):
         ranks.deliver(message)
     elif isinstance(message, N.ToRank):
@@ -303,6 +318,6 @@ def main(argv=None) -> None:
     say(f"joined as node {name} (log: {log})")
     if args.preemption_url:
         notices.poll(args.preemption_url, _everywhere(link))
-    why = serve(link, name, args.address, notices)
+    why = serve(link, name, args.address, notices, relay=args.relay)
     say(f"leaving: {why}")
     os._exit(0)  # torch elastic's threads (rendezvous keep-alive, log tails) must not keep a finished node alive

@@ -65,6 +65,7 @@ class StartRanks:
     detached_run: str = ""  # a run that outlives its kernel: the agent hosts the store and records the run (node.detached)
     restarts: RestartPolicy | None = None  # a detached run's --max-restarts, which its agent carries out
     leased_gpus: tuple[int, ...] = ()  # a detached run's GPUs, which its agent leases too (they outlive the kernel)
+    spread: object = None  # a detached run on several machines: the kernel's NodesSpec of them, for its agent's relay
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The node agent of one ``--detach`` run: started by the kernel on this machine, in a session of its own.
 
-The run's ranks are the agent's children, not the kernel's: killing or restarting the kernel leaves them
-training (the agent records the run and sees it to its end: :mod:`nbtrain.node.detached`). The agent joins a
+The run's ranks are the agent's children (with ``--nodes``, its nodes': :mod:`nbtrain.node.relay`), not the
+kernel's: killing or restarting the kernel leaves them training (the agent records the run and sees it to its end: :mod:`nbtrain.node.detached`). The agent joins a
 hub of the run's own on loopback (:class:`~.hub.Hub`, the same TLS link and token as any node, the token on its
 stdin), so no other cell's pool is ever given it; its output goes to ``agent.log`` in the run's folder. While the
 kernel lives it reaps the agent; after, the agent's parent is init.
@@ -23,9 +23,10 @@ PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(o
 class DetachedAgent:
     """The agent process of one detached run (see the module docstring)."""
 
-    def __init__(self, hub: Hub, run_folder: str, checkpoint_lock: int | None = None) -> None:
+    def __init__(self, hub: Hub, run_folder: str, checkpoint_lock: int | None = None, relay: bool = False) -> None:
         """``checkpoint_lock``: the kernel's locked descriptor on the run's ``--checkpoint`` folder, which the agent
-        inherits and keeps open, so the folder stays the run's when the kernel goes."""
+        inherits and keeps open, so the folder stays the run's when the kernel goes. ``relay``: the run's ranks are
+        on other nodes, which the agent brings up and drives (``--nodes``: :mod:`nbtrain.node.relay`)."""
         self.log = os.path.join(run_folder, "agent.log")
         log = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
         env = dict(os.environ)  # this checkout's nbtrain first, as for the ranks (node.agent.rank_env)
@@ -33,7 +34,7 @@ class DetachedAgent:
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "nbtrain.node", "--join", f"{hub.host}:{hub.port}", "--token", "-",
-                 "--address", hub.host], stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+                 "--address", hub.host, *(["--relay"] if relay else [])], stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True, env=env, cwd=run_folder,
                 pass_fds=() if checkpoint_lock is None else (checkpoint_lock,))
         finally:

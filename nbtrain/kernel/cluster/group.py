@@ -125,7 +125,7 @@ class NodePool(GroupState):
         start = N.StartRanks(self.run_id, self.launcher.store_address(), len(nodes), self.where.nproc_per_node,
                              self.spec.backend, self.spec.device_type, self.spec.timeout_s, self.spec.env, os.getpid(),
                              detached_run=self.where.detached, restarts=self.where.restarts,
-                             leased_gpus=self.spec.gpu_ids if self.where.detached else ())
+                             leased_gpus=self.spec.gpu_ids if self.where.detached else (), spread=self.where.spread)
         for group_rank, node in enumerate(nodes):
             while not node.link.incoming.empty():  # what an earlier pool's ranks said last; the agent's notes are said
                 self._note(node, node.link.incoming.get_nowait())
@@ -205,7 +205,10 @@ class NodePool(GroupState):
         if isinstance(message, P.Job):
             files = tuple((path, _read(path)) for path in message.shared_files)
             message = replace(message, result_prefix="", shared_files=())  # results come back in the pickle
-        deliver = N.Deliver(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL), files)
+        self.deliver(N.Deliver(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL), files))
+
+    def deliver(self, deliver: N.Deliver) -> None:
+        """The job as nodes take it, to every node (kept for them until the group has formed)."""
         if not self._started:
             self._pending.append(deliver)
             return
@@ -213,9 +216,22 @@ class NodePool(GroupState):
             node.link.send(deliver)
 
     def send_to(self, rank: int, message) -> None:
-        node = self._known(rank).node
+        self.send_bytes(N.ToRank(rank, pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)))
+
+    def send_bytes(self, message: N.ToRank) -> None:
+        """One rank's message, pickled already, to its node; a rank not started yet (or gone) gets none."""
+        node = self._known(message.rank).node
         if node is not None:
-            node.link.send(N.ToRank(rank, pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)))
+            node.link.send(message)
+
+    def started_ranks(self) -> dict[int, tuple[str, int]]:
+        """The ranks whose node has said where they run: rank -> (that node's host, pid there)."""
+        return {rank: (r.node.hello.host, r.pid) for rank, r in self._ranks.items() if r.node is not None}
+
+    def account_of(self, rank: int) -> str | None:
+        """What its node (or the pool) said of ``rank``'s end: torch elastic's error file, a lost node."""
+        record = self._known(rank)
+        return record.error or record.account
 
     def output_open(self) -> bool:
         return any(n.name not in self._stopped and n.name not in self._lost for n in self.nodes)
@@ -361,6 +377,13 @@ class NodePool(GroupState):
         for node in self.nodes:
             node.link.send(N.Interrupt())
 
+    def stop_ranks(self) -> None:
+        """SIGTERM → SIGKILL on every node still running ranks; their exits come as events (:meth:`teardown` waits
+        for them instead)."""
+        for node in self.nodes:
+            if node.name not in self._stopped and node.name not in self._lost:
+                node.link.send(N.StopRanks())
+
     def stopped_elsewhere(self) -> str:
         """A detached run another live kernel has taken control of (:mod:`nbtrain.wire.run_control`)."""
         return following_only(self.where.detached) if self.where.detached else ""
@@ -378,9 +401,7 @@ class NodePool(GroupState):
             if polite:
                 self.send_all(P.Shutdown())
                 self._wait_stopped(grace * 2)
-            for node in self.nodes:
-                if node.name not in self._stopped and node.name not in self._lost:
-                    node.link.send(N.StopRanks())
+            self.stop_ranks()
             if drain is not None:
                 drain()
             self._wait_stopped(STOP_WAIT_S)

@@ -47,7 +47,8 @@ class NodeLauncher:
         """Start the agents (or say how to), then the store (forked by ``zygote`` where it can)."""
         where, hub = self.where, self.hub
         if where.detached:
-            self.agent = DetachedAgent(hub, reserved_path(where.detached), descriptor_of(where.checkpoint_dir))
+            self.agent = DetachedAgent(hub, reserved_path(where.detached), descriptor_of(where.checkpoint_dir),
+                                       relay=where.spread is not None)
             return
         if where.hosts and self.ssh is not None:  # first: the agents start while this kernel imports torch
             if len(hub.idle_nodes()) < where.count:

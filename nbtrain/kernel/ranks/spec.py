@@ -33,6 +33,7 @@ class NodesSpec:
     attempt: int = 0  # recorded: which attempt of the run to follow (its agent restarts it: --max-restarts)
     restarts: RestartPolicy | None = None  # detached: the --max-restarts its agent carries out (node.detached_restarts)
     checkpoint_dir: str = ""  # detached: the --checkpoint folder, whose lock its agent holds too (lifecycle.checkpoint_lock)
+    spread: NodesSpec | None = None  # detached on several machines: their nodes, which the run's agent brings (node.relay)
 
 
 @dataclass(frozen=True)

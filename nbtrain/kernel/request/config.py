@@ -351,12 +351,8 @@ def resolve(request: LaunchRequest) -> LaunchConfig:
     output = _parse_output(request.output)
     placement = _node_placement(request)
     if placement[0] > 1 or placement[2]:
-        if request.detach:
-            raise ConfigError("--detach runs the ranks under an agent on this machine; it does not go with --nodes or "
-                              "--slurm yet: on several machines this kernel coordinates the run, and the nodes' "
-                              "agents stop their ranks when it goes. Leave out --detach (--background still frees "
-                              "the notebook while the kernel lives), or train on this machine.")
-        return _finish(request, _node_pool(request, placement, backend), output, workdir, [])
+        pool = _node_pool(request, placement, backend)
+        return _finish(request, detached_spec(request, pool) if request.detach else pool, output, workdir, [])
 
     visible = [] if request.cpu else nvml.visible_gpus()
     notes: list[str] = []

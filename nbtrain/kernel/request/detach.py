@@ -24,14 +24,31 @@ def detached_spec(request: LaunchRequest, pool: PoolSpec) -> PoolSpec:
     if request.session is not None:
         raise ConfigError("--session keeps variables on the kernel's warm ranks for the session's next cell; a "
                           "--detach run has ranks of its own that end with it. Leave out one of them.")
+    spread = _spread(pool.nodes)
     env = pool.env
-    if pool.device_type == "cuda":
+    if pool.device_type == "cuda" and spread is None:  # on this machine: the GPUs chosen; nodes use their own
         env = (*env, ("CUDA_VISIBLE_DEVICES", ",".join(map(str, pool.gpu_ids))))
     try:
         run_id = check_run_id(request.run_id) if request.run_id else new_run_id()
     except RunFolderError as exc:
         raise ConfigError(f"--run-id: {exc}") from None
-    return replace(pool, env=env, nodes=NodesSpec(1, pool.nprocs, "127.0.0.1", detached=run_id))
+    return replace(pool, env=env, nodes=NodesSpec(1, pool.nprocs, "127.0.0.1", detached=run_id, spread=spread))
+
+
+def _spread(nodes: NodesSpec | None) -> NodesSpec | None:
+    """``--detach --nodes N``: the nodes, which the run's agent brings up and drives in the kernel's stead
+    (:mod:`nbtrain.node.relay`); checked for what only a kernel can do."""
+    if nodes is None:
+        return None
+    if nodes.min_nodes:
+        raise ConfigError(f"--detach with an elastic --nodes {nodes.min_nodes}:{nodes.count}: the run's agent starts "
+                          f"its ranks once, on a fixed number of nodes. Give --nodes {nodes.count} (or "
+                          f"{nodes.min_nodes}), or leave out --detach.")
+    if nodes.preemption_url:
+        raise ConfigError("--detach with --preemption-url: a spot reclaim is turned into a checkpoint and a new group "
+                          "by the kernel, which a detached run on several machines may no longer have. Leave out "
+                          "one of them (--max-restarts with --checkpoint still resumes the run after a lost node).")
+    return nodes
 
 
 def with_training(pool: PoolSpec, train: TrainSettings) -> PoolSpec:

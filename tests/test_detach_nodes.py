@@ -1,0 +1,126 @@
+"""``%%distributed --detach --nodes N``: a run on several machines that outlives its kernel.
+
+The run's agent (on this machine, in a session of its own) brings up the run's nodes itself: a hub of its own on
+``--rdzv-host``, whose join command is said in the cell. Here the nodes are two agents started from that
+command on 127.0.0.2 and 127.0.0.3, as a person on two machines would start them (the token from its 0600 file).
+The kernel is SIGKILLed while the ranks train and all-reduce across the nodes; they keep stepping; a new kernel
+attaches and gets the whole history and the names. Nothing is left: not the run's agent, not its nodes' agents, not
+a rank. The options that only a kernel could carry out are refused before anything starts.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from helpers.detachhelp import kernels, runs  # noqa: F401  (the fixtures)
+from helpers.detachhelp import assert_nothing_left, start_detached, wait_for_step
+from helpers.nodehelp import until
+
+from nbtrain.kernel.cluster.tokens import token_dir
+from nbtrain.kernel.request.config import ConfigError, LaunchRequest, resolve
+from nbtrain.wire import runfolder
+from nbtrain.wire.link import JoinToken
+from nbtrain.wire.runfolder import RecordedState
+
+TRAINING = """%%distributed --detach --nodes 2 --nproc-per-node 1 --rdzv-host 127.0.0.1 --cpu --no-dashboard
+import time, torch, torch.distributed as dist, nbtrain
+w = torch.zeros(3)
+for step in range(STEPS):
+    both = torch.ones(1)
+    dist.all_reduce(both)  # the two nodes' ranks are one group
+    w += step * both.item() / 2
+    nbtrain.log(seen=step)
+    if rank == 0 and step % 20 == 0:
+        print(f"step {step}", flush=True)
+    time.sleep(0.05)
+total = float(w.sum())
+nbtrain.log(checksum=total)
+"""
+
+
+def test_detach_with_nodes_is_a_run_of_the_agent_that_brings_those_nodes():
+    config = resolve(LaunchRequest(nodes="2", nproc_per_node=2, rdzv_host="127.0.0.1", cpu=True, detach=True))
+    where = config.pool.nodes
+    assert where is not None and where.detached and where.count == 1 and where.nproc_per_node == 4
+    assert where.spread is not None and (where.spread.count, where.spread.nproc_per_node) == (2, 2)
+    assert where.spread.rdzv_host == "127.0.0.1" and not where.spread.detached
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"nodes": "1:2"}, "elastic --nodes 1:2"),
+    ({"nodes": "2", "preemption_url": "http://127.0.0.1:9/notice"}, "--preemption-url"),
+    ({"nodes": "2", "session": "s"}, "--session"),
+])
+def test_what_only_a_kernel_can_carry_out_is_refused_with_detach_and_nodes(extra, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve(LaunchRequest(rdzv_host="127.0.0.1", cpu=True, detach=True, **extra))
+
+
+def _join_the_runs_hub(agent_pid: int) -> list[subprocess.Popen]:
+    """Two node agents on 127.0.0.2 and .3, joined with the token the run's agent keeps in its 0600 file."""
+    path = until(lambda: glob.glob(os.path.join(token_dir(), f"pool-{agent_pid}-*.token")), 60, "the run's join token")[0]
+    assert os.stat(path).st_mode & 0o077 == 0
+    with open(path) as fh:
+        token = JoinToken.decode(fh.read().strip())
+    agents = []
+    for address in ("127.0.0.2", "127.0.0.3"):
+        agents.append(subprocess.Popen([sys.executable, "-m", "nbtrain.node", "--join", f"{token.host}:{token.port}",
+                                        "--token-file", path, "--address", address],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    return agents
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_detached_run_on_two_nodes_outlives_a_killed_kernel_and_comes_back_whole(runs, kernels):  # noqa: F811
+    first = kernels()
+    run_id, seconds = start_detached(first, TRAINING, steps=120)
+    assert seconds < 5.0  # the cell returns while the nodes come
+    summary = until(lambda: runfolder.read_manifest(run_id), 30, "the run's record")
+    agents = _join_the_runs_hub(summary.agent_pid)
+    try:
+        at_kill = wait_for_step(run_id, 20)
+        os.kill(first.pid(), signal.SIGKILL)
+        later = wait_for_step(run_id, at_kill.step + 15)  # both nodes keep stepping with no kernel
+        assert later.state is RecordedState.RUNNING
+
+        second = kernels()
+        out = second.run("%distributed_attach", timeout=180)
+        assert f"attached to detached run {run_id}" in out and "back in the notebook:" in out
+        assert "step 0" in out and "step 100" in out
+        total, logged, seen = eval(second.run(  # noqa: S307  (the test's own kernel prints a literal)
+            "print([total, history['checksum'].last, list(history.series('seen', 0))])"))
+        assert total == logged == 3 * sum(range(120))  # every step all-reduced over both nodes
+        assert seen == list(range(120))  # from step 0, no gap, no duplicate
+        final = runfolder.read_manifest(run_id)
+        assert final is not None and final.state is RecordedState.FINISHED
+        assert_nothing_left(final)
+        for agent in agents:  # the nodes' agents left with the run's agent
+            assert agent.wait(15) == 0
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                agent.kill()
+                agent.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_detached_run_whose_nodes_never_come_ends_when_stopped_and_leaves_nothing(runs, kernels):  # noqa: F811
+    first = kernels()
+    run_id, _ = start_detached(first, TRAINING, steps=10)
+    summary = until(lambda: runfolder.read_manifest(run_id), 30, "the run's record")
+    out = first.run("%distributed_shutdown --detached", timeout=60)
+    assert f"detached run {run_id} was stopped" in out
+    final = until(lambda: (s := runfolder.read_manifest(run_id)) and s.state is not RecordedState.RUNNING and s,
+                  60, "the run's end")
+    assert final.state is not RecordedState.FINISHED
+    assert_nothing_left(summary)
+    time.sleep(0.5)
+    assert not glob.glob(os.path.join(token_dir(), f"pool-{summary.agent_pid}-*.token"))  # its hub's token went too
