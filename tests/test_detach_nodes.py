@@ -2,7 +2,8 @@
 
 The run's agent (on this machine, in a session of its own) brings up the run's nodes itself: a hub of its own on
 ``--rdzv-host``, whose join command is said in the cell. Here the nodes are two agents started from that
-command on 127.0.0.2 and 127.0.0.3, as a person on two machines would start them (the token from its 0600 file).
+command on 127.0.0.2 and 127.0.0.3, as a person on two machines would start them (the token from its 0600 file),
+or the agents of a Slurm job the run's agent submits (``--slurm``, on the tests' private one-host Slurm).
 The kernel is SIGKILLed while the ranks train and all-reduce across the nodes; they keep stepping; a new kernel
 attaches and gets the whole history and the names. Nothing is left: not the run's agent, not its nodes' agents, not
 a rank. The options that only a kernel could carry out are refused before anything starts.
@@ -11,6 +12,7 @@ a rank. The options that only a kernel could carry out are refused before anythi
 from __future__ import annotations
 
 import glob
+import json
 import os
 import signal
 import subprocess
@@ -21,6 +23,7 @@ import pytest
 from helpers.detachhelp import kernels, runs  # noqa: F401  (the fixtures)
 from helpers.detachhelp import assert_nothing_left, start_detached, wait_for_step
 from helpers.nodehelp import until
+from helpers.slurmhelp import slurm_cluster  # noqa: F401  (the session's private Slurm)
 
 from nbtrain.kernel.cluster.tokens import token_dir
 from nbtrain.kernel.request.config import ConfigError, LaunchRequest, resolve
@@ -94,8 +97,8 @@ def test_a_detached_run_on_two_nodes_outlives_a_killed_kernel_and_comes_back_who
         out = second.run("%distributed_attach", timeout=180)
         assert f"attached to detached run {run_id}" in out and "back in the notebook:" in out
         assert "step 0" in out and "step 100" in out
-        total, logged, seen = eval(second.run(  # noqa: S307  (the test's own kernel prints a literal)
-            "print([total, history['checksum'].last, list(history.series('seen', 0))])"))
+        total, logged, seen = json.loads(second.run(
+            "import json; print(json.dumps([total, history['checksum'].last, list(history.series('seen', 0))]))"))
         assert total == logged == 3 * sum(range(120))  # every step all-reduced over both nodes
         assert seen == list(range(120))  # from step 0, no gap, no duplicate
         final = runfolder.read_manifest(run_id)
@@ -124,3 +127,23 @@ def test_a_detached_run_whose_nodes_never_come_ends_when_stopped_and_leaves_noth
     assert_nothing_left(summary)
     time.sleep(0.5)
     assert not glob.glob(os.path.join(token_dir(), f"pool-{summary.agent_pid}-*.token"))  # its hub's token went too
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(360)
+def test_a_detached_slurm_run_outlives_its_kernel_and_its_job_ends_with_the_run(runs, kernels, slurm_cluster):  # noqa: F811
+    first = kernels()
+    cell = TRAINING.replace("--cpu", "--cpu --slurm --start-timeout 150")
+    run_id, _ = start_detached(first, cell, steps=80)
+    at_kill = wait_for_step(run_id, 10, timeout=180)  # the run's agent submitted the job; its nodes joined the agent
+    jobs = slurm_cluster.jobs()
+    assert len(jobs) == 1 and "|RUNNING|" in jobs[0], jobs
+    os.kill(first.pid(), signal.SIGKILL)
+    wait_for_step(run_id, at_kill.step + 10)  # the job's ranks keep stepping with no kernel
+
+    second = kernels()
+    out = second.run(f"%distributed_attach {run_id}", timeout=180)
+    assert "back in the notebook:" in out
+    assert second.run("print(total)").strip() == str(float(3 * sum(range(80))))
+    until(lambda: not slurm_cluster.jobs(), 30, "the run's Slurm job to end with the run")
+    assert_nothing_left(runfolder.read_manifest(run_id))

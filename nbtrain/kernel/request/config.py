@@ -74,8 +74,8 @@ class LaunchRequest(TrainOptions, AgentOptions):
                                 "(letters, digits, '_', '-', '.'; default: the date and time and a random suffix)",
                                 group="placement", metavar="NAME")
     detach: bool = option(False, "--detach", "the run outlives the kernel: its ranks run under an agent of their own "
-                          "on this machine, recorded as they go, and any kernel of yours can attach to it "
-                          "(implies --background)", group="placement", switch=True)
+                          "on this machine (with --nodes, on nodes that agent brings up), recorded as they go, and "
+                          "any kernel of yours can attach to it (implies --background)", group="placement", switch=True)
     nodes: str | None = option(None, "--nodes", "run on N machines: nodes join with the command the cell prints "
                                "(python -m nbtrain.node); the number of ranks is N × --nproc-per-node. MIN:MAX is "
                                "elastic, as torchrun's --nnodes MIN:MAX: the group forms with the nodes joined once "
