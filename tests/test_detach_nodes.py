@@ -14,6 +14,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import pytest
 from helpers.detachhelp import kernels, runs  # noqa: F401  (the fixtures)
 from helpers.detachhelp import assert_nothing_left, start_detached, wait_for_step
 from helpers.nodehelp import until
+from helpers.restart_cells import lost_node_cell
 from helpers.slurmhelp import slurm_cluster  # noqa: F401  (the session's private Slurm)
 
 from nbtrain.kernel.cluster.tokens import token_dir
@@ -65,14 +67,14 @@ def test_what_only_a_kernel_can_carry_out_is_refused_with_detach_and_nodes(extra
         resolve(LaunchRequest(rdzv_host="127.0.0.1", cpu=True, detach=True, **extra))
 
 
-def _join_the_runs_hub(agent_pid: int) -> list[subprocess.Popen]:
-    """Two node agents on 127.0.0.2 and .3, joined with the token the run's agent keeps in its 0600 file."""
+def _join_the_runs_hub(agent_pid: int, addresses=("127.0.0.2", "127.0.0.3")) -> list[subprocess.Popen]:
+    """Node agents on ``addresses``, joined with the token the run's agent keeps in its 0600 file."""
     path = until(lambda: glob.glob(os.path.join(token_dir(), f"pool-{agent_pid}-*.token")), 60, "the run's join token")[0]
     assert os.stat(path).st_mode & 0o077 == 0
     with open(path) as fh:
         token = JoinToken.decode(fh.read().strip())
     agents = []
-    for address in ("127.0.0.2", "127.0.0.3"):
+    for address in addresses:
         agents.append(subprocess.Popen([sys.executable, "-m", "nbtrain.node", "--join", f"{token.host}:{token.port}",
                                         "--token-file", path, "--address", address],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
@@ -147,3 +149,40 @@ def test_a_detached_slurm_run_outlives_its_kernel_and_its_job_ends_with_the_run(
     assert second.run("print(total)").strip() == str(float(3 * sum(range(80))))
     until(lambda: not slurm_cluster.jobs(), 30, "the run's Slurm job to end with the run")
     assert_nothing_left(runfolder.read_manifest(run_id))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(360)
+def test_a_lost_node_of_a_detached_run_is_replaced_and_its_agent_restarts_the_run_with_no_kernel(
+        runs, kernels, tmp_path):  # noqa: F811
+    first = kernels()
+    head = (f"%%distributed --detach --nodes 2 --nproc-per-node 1 --rdzv-host 127.0.0.1 --cpu --no-dashboard "
+            f"--checkpoint {tmp_path / 'ckpt'} --max-restarts 1 --out steps,restart_count")
+    run_id, _ = start_detached(first, head + lost_node_cell(tmp_path / "lost-once"))
+    summary = until(lambda: runfolder.read_manifest(run_id), 30, "the run's record")
+    agents = _join_the_runs_hub(summary.agent_pid)
+    try:
+        os.kill(first.pid(), signal.SIGKILL)  # no kernel from here on
+        until(lambda: os.path.exists(tmp_path / "lost-once") and any(a.poll() is not None for a in agents), 120,
+              "rank 1 to end its node's agent (the machine gone)")
+        until(lambda: any(e["kind"] == "restart" for e in runfolder.read_events(run_id)[0]), 60,
+              "the run's agent to decide a restart")
+        agents += _join_the_runs_hub(summary.agent_pid, ("127.0.0.4",))  # the replacement joins with the same command
+        final = until(lambda: (s := runfolder.read_manifest(run_id)) and s.state is not RecordedState.RUNNING and s,
+                      180, "the run's end")
+        assert final.state is RecordedState.FINISHED
+        second = kernels()
+        out = second.run(f"%distributed_attach {run_id}", timeout=120)
+        assert re.search(r"node [ab] \(rank 1\) lost: (its connection broke|no heartbeat for 5 s)", out), out
+        assert "(restart 1 of 1)" in out and "finished after 1 restart from the checkpoint" in out, out
+        check = json.loads(second.run("import json; print(json.dumps([steps, restart_count, "
+                                      "history.series('loss', 0).steps]))"))
+        assert check == [6, 1, list(range(6))]  # 3 epochs × 2 steps, as if nothing had happened
+        assert_nothing_left(final)
+        for agent in agents:
+            assert agent.wait(15) in (0, -signal.SIGKILL)
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                agent.kill()
+                agent.wait()

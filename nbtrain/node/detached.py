@@ -119,7 +119,7 @@ class DetachedRecorder:
         elif isinstance(message, N.RankMessage):
             self.folder.message(message.rank, message.data)
         elif isinstance(message, N.RankExited):
-            self.folder.rank_exited(message.rank, message.code, message.error)
+            self.folder.rank_exited(message.rank, message.code, message.error, message.lost)
         elif isinstance(message, N.RanksStarted):
             self.folder.started({rank: pid for rank, (_local, pid) in message.ranks.items()})
 
@@ -128,7 +128,7 @@ class DetachedRecorder:
         if isinstance(message, N.RankMessage):
             self._read(message.rank, pickle.loads(message.data))  # an authenticated rank of this agent's
         elif isinstance(message, N.RankExited) and message.rank not in self.done:
-            self.failures.append(FailureFacts(message.rank, exit_code=message.code))
+            self.failures.append(FailureFacts(message.rank, exit_code=message.code, lost=message.lost or ""))
             self.failed_at = self.failed_at or time.monotonic()
         elif isinstance(message, N.RanksStarted):
             self.ranks_started = True

@@ -72,6 +72,8 @@ def _start_again(ranks: Ranks, recorder: DetachedRecorder, start_ranks: Callable
 
 def _what_happened(recorder: DetachedRecorder) -> str:
     first = first_failure(recorder.failures)
+    if first.lost:  # a node of the run's (node.relay): gone with its machine, not killed on it
+        return first.lost
     if first.raised:
         return f"rank {first.rank} raised {first.error_type} (another rank had gone)"
     code = first.exit_code if first.exit_code is not None else 0

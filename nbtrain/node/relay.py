@@ -154,11 +154,12 @@ class RelayRanks:
             elif isinstance(event, Message):
                 self.send(N.RankMessage(event.rank, pickle.dumps(event.message, protocol=pickle.HIGHEST_PROTOCOL)))
             elif isinstance(event, Exited) and not attempt.announced:  # a node could not start (ssh, Slurm, rendezvous)
-                return self._fail_start(pool.account_of(event.rank) or f"rank {event.rank} exited with code "
-                                        f"{event.code} before every rank ran")
+                error, account = pool.exit_words(event.rank)
+                return self._fail_start(account or error or f"rank {event.rank} exited with code {event.code} "
+                                        "before every rank ran")
             elif isinstance(event, Exited):
                 attempt.exits[event.rank] = event.code
-                self.send(N.RankExited(event.rank, event.code, pool.account_of(event.rank)))
+                self.send(N.RankExited(event.rank, event.code, *pool.exit_words(event.rank)))
         if not attempt.announced and len(started := pool.started_ranks()) == attempt.nprocs:
             attempt.announce(started)
             self.send(N.RanksStarted("", attempt.placement()))

@@ -104,6 +104,7 @@ class RankExited:
     rank: int
     code: int
     error: str | None = None
+    lost: str | None = None  # why the rank's node is gone ("node b (rank 1) lost: …"; from a detached run's relay)
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,7 @@ class FailureFacts:
     error_message: str = ""
     machine_stopping: bool = False  # SIGTERM from outside on this machine
     diagnosed: bool = False  # nbtrain found a program error (uneven collectives)
+    lost: str = ""  # the rank's node is gone, in its supervisor's words ("node b (rank 1) lost: …")
 
     @property
     def raised(self) -> bool:

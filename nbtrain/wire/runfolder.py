@@ -147,8 +147,9 @@ class RunFolder:
     def output(self, rank: int, stream: str, text: str) -> None:
         self._append(EventKind.OUTPUT, rank=rank, stream=stream, text=text)
 
-    def rank_exited(self, rank: int, code: int, error: str | None = None) -> None:
-        self._append(EventKind.EXIT, rank=rank, code=code, error=error)
+    def rank_exited(self, rank: int, code: int, error: str | None = None, lost: str | None = None) -> None:
+        """``lost``: why the rank's node is gone (a run on several machines: :mod:`nbtrain.node.relay`)."""
+        self._append(EventKind.EXIT, rank=rank, code=code, error=error, **({"lost": lost} if lost else {}))
 
     def message(self, rank: int, data: bytes) -> None:
         """A message rank ``rank`` sent, as the bytes it pickled (never unpickled for this)."""

@@ -228,10 +228,11 @@ class NodePool(GroupState):
         """The ranks whose node has said where they run: rank -> (that node's host, pid there)."""
         return {rank: (r.node.hello.host, r.pid) for rank, r in self._ranks.items() if r.node is not None}
 
-    def account_of(self, rank: int) -> str | None:
-        """What its node (or the pool) said of ``rank``'s end: torch elastic's error file, a lost node."""
+    def exit_words(self, rank: int) -> tuple[str | None, str | None]:
+        """What was said of ``rank``'s end: its node's error (torch elastic's error file), and why its node is gone
+        (lost, let go, never started)."""
         record = self._known(rank)
-        return record.error or record.account
+        return record.error, record.account
 
     def output_open(self) -> bool:
         return any(n.name not in self._stopped and n.name not in self._lost for n in self.nodes)
@@ -280,6 +281,10 @@ class NodePool(GroupState):
             record.exit_code = message.code
             if message.error:
                 record.error = message.error
+            if message.lost:  # a detached run's agent drives the node that was lost: said here, once, as if its own
+                if message.lost not in (r.account for r in self._ranks.values()):
+                    self._say(f"nbtrain: {message.lost}; stopping the other ranks")
+                record.account = message.lost
             if message.code == -signal.SIGTERM:
                 self._account_slurm_end(node, message.rank)
             return [Exited(message.rank, message.code)]

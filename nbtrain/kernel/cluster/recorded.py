@@ -59,6 +59,7 @@ class RecordedGroup(GroupState):
         self._pids: dict[int, int] = {}
         self._finished: set[int] = set()  # ranks that finished the cell (their Done was read)
         self._errors: dict[int, str] = {}  # rank -> torch elastic's error file, as its agent recorded it
+        self._lost: dict[int, str] = {}  # rank -> why its node is gone (a run on several machines)
         self._ended_at_read = False  # the manifest was final before the last read: nothing more will come
 
     # ------------------------------------------------------------------------------ lifecycle
@@ -158,6 +159,10 @@ class RecordedGroup(GroupState):
                 return []  # the agent shut down a rank that had finished the cell: a live run had ended before
             if record.get("error"):
                 self._errors[rank] = record["error"]
+            if isinstance(record.get("lost"), str):  # said once per node, as the pool that lost it said it
+                if record["lost"] not in self._lost.values():
+                    print(f"nbtrain: {record['lost']}; stopping the other ranks", flush=True)
+                self._lost[rank] = record["lost"]
             return [Exited(rank, record["code"])]
         if kind == EventKind.TELEMETRY.value:
             snapshot = snapshot_from_json(record.get("sample"))
@@ -186,7 +191,7 @@ class RecordedGroup(GroupState):
         recorded = None if not isinstance(cause, int) else self._errors.get(rank)
         return rank_failure(cause, RankFailure(rank, output_tail=list(output_tail), starting=rank not in self.devices,
                                                error_file_message=recorded, diagnosis=diagnosis,
-                                               label=self.rank_label(rank)))
+                                               label=self.rank_label(rank), account=self._lost.get(rank)))
 
     def dump_stacks(self, wait: float = 0.5, ranks=None) -> dict[int, str]:
         return {}  # the ranks' stacks are their agent's to ask for; an attached kernel reads only the log
