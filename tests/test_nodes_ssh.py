@@ -22,10 +22,13 @@ import time
 
 import psutil
 import pytest
+from helpers.detachhelp import kernels, runs  # noqa: F401  (the fixtures)
+from helpers.detachhelp import assert_nothing_left, start_detached, wait_for_step
 from helpers.kernelhelp import Kernel
 from helpers.workers import assert_no_workers
 
 from nbtrain.kernel.request.config import ConfigError, LaunchRequest, resolve
+from nbtrain.wire import runfolder
 
 SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if os.path.exists("/usr/sbin/sshd") else None)
 HOSTS = ("127.0.0.2", "127.0.0.3")
@@ -178,3 +181,32 @@ def test_kernel_death_ends_the_ssh_sessions_and_their_agents(sshd, kernel):
     os.kill(kernel.pid(), signal.SIGKILL)
     psutil.wait_procs(sessions + agents, timeout=15)  # an agent leaves a silent kernel within 5 s; its ssh follows
     assert not [p for p in sessions + agents if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.slow
+def test_a_detached_run_starts_its_nodes_over_ssh_and_outlives_its_kernel(sshd, runs, kernels):  # noqa: F811
+    """``--detach --hosts``: the run's agent starts the nodes' agents over ssh itself, so the ssh sessions are
+    its children, not the kernel's: the kernel SIGKILLed, the ranks on both hosts go on, and a new kernel gets the
+    names; the sessions end with the run."""
+    first = kernels()
+    cell = (f"%%distributed --detach --nodes 2 --nproc-per-node 1 --rdzv-host 127.0.0.1 --cpu --no-dashboard "
+            f"--hosts {','.join(HOSTS)} {sshd}\n"
+            "import time, torch, torch.distributed as dist, nbtrain\n"
+            "for step in range(60):\n"
+            "    t = torch.ones(1); dist.all_reduce(t)\n"
+            "    nbtrain.log(seen=step); time.sleep(0.05)\n"
+            "total = t.item() * world_size\n")
+    run_id, _ = start_detached(first, cell)
+    at_kill = wait_for_step(run_id, 10, timeout=120)
+    agent = psutil.Process(at_kill.agent_pid)
+    sessions = [p for p in agent.children() if p.name() == "ssh"]
+    assert len(sessions) == 2  # started by the run's agent
+    os.kill(first.pid(), signal.SIGKILL)
+    wait_for_step(run_id, at_kill.step + 10)
+    second = kernels()
+    out = second.run(f"%distributed_attach {run_id}", timeout=120)
+    assert "back in the notebook:" in out, out
+    assert second.run("print(total)").strip() == "4.0"
+    assert_nothing_left(runfolder.read_manifest(run_id))
+    psutil.wait_procs(sessions, timeout=15)
+    assert not [p for p in sessions if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
