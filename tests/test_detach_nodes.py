@@ -27,7 +27,10 @@ from helpers.nodehelp import until
 from helpers.restart_cells import lost_node_cell
 from helpers.slurmhelp import slurm_cluster  # noqa: F401  (the session's private Slurm)
 
+from nbtrain.kernel.cluster.hub import sampled_info
 from nbtrain.kernel.cluster.tokens import token_dir
+from nbtrain.kernel.observers.events import NodeState
+from nbtrain.kernel.observers.registry import read_runs
 from nbtrain.kernel.request.config import ConfigError, LaunchRequest, resolve
 from nbtrain.wire import runfolder
 from nbtrain.wire.link import JoinToken
@@ -81,6 +84,13 @@ def _join_the_runs_hub(agent_pid: int, addresses=("127.0.0.2", "127.0.0.3")) -> 
     return agents
 
 
+def _nodes_listed(kernel_pid: int) -> list[dict]:
+    """The nodes the kernel lists for its run (the run registry the JupyterLab panel reads): each machine, as
+    its heartbeat says, relayed by the run's agent."""
+    return [node for record in read_runs() if record.get("kernel_pid") == kernel_pid
+            for node in record.get("nodes") or []]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_detached_run_on_two_nodes_outlives_a_killed_kernel_and_comes_back_whole(runs, kernels):  # noqa: F811
@@ -91,6 +101,10 @@ def test_a_detached_run_on_two_nodes_outlives_a_killed_kernel_and_comes_back_who
     agents = _join_the_runs_hub(summary.agent_pid)
     try:
         at_kill = wait_for_step(run_id, 20)
+        nodes = until(lambda: _nodes_listed(first.pid()), 30, "the kernel to list the run's nodes")
+        assert sorted(n["ranks"] for n in nodes) == [[0], [1]], nodes  # each node, not the agent as one node
+        assert {n["address"] for n in nodes} == {"127.0.0.2", "127.0.0.3"} and {n["state"] for n in nodes} == {"running"}
+        assert all(n["cpu_percent"] is not None for n in nodes)  # each node's own heartbeat, relayed by the agent
         os.kill(first.pid(), signal.SIGKILL)
         later = wait_for_step(run_id, at_kill.step + 15)  # both nodes keep stepping with no kernel
         assert later.state is RecordedState.RUNNING
@@ -186,3 +200,41 @@ def test_a_lost_node_of_a_detached_run_is_replaced_and_its_agent_restarts_the_ru
             if agent.poll() is None:
                 agent.kill()
                 agent.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_stopping_a_detached_nodes_run_from_its_kernel_stops_the_ranks_on_every_node(runs, kernels):  # noqa: F811
+    first = kernels()
+    run_id, _ = start_detached(first, TRAINING, steps=2000)
+    agents = _join_the_runs_hub(until(lambda: runfolder.read_manifest(run_id), 30, "the run's record").agent_pid)
+    try:
+        wait_for_step(run_id, 10)
+        began = time.monotonic()
+        first.run("import nbtrain; nbtrain.last_run.stop()")
+        final = until(lambda: (s := runfolder.read_manifest(run_id)) and s.state is not RecordedState.RUNNING and s,
+                      20, "the run's end")
+        assert final.state is RecordedState.STOPPED and time.monotonic() - began < 20
+        assert_nothing_left(final)
+        for agent in agents:  # the nodes' agents left with the run
+            assert agent.wait(15) == 0
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                agent.kill()
+                agent.wait()
+
+
+def test_the_nodes_a_runs_agent_reports_are_read_field_by_field():
+    """The kernel reads the nodes a detached run's agent relays (hub.node_sample) value by value, as it reads any
+    heartbeat: N/A where a value does not read, nothing for what is not a node; never an exception."""
+    info = sampled_info({"name": "a", "host": "gpu1", "address": "127.0.0.2", "ranks": [0, 1], "state": "running",
+                         "silent_for": 0.5, "cpus": 8, "cpu_percent": 12.0, "ram_percent": 40.0, "gpus": []})
+    assert info is not None
+    assert (info.name, info.ranks, info.state, info.cpu_percent, info.cpus) == ("a", (0, 1), NodeState.RUNNING, 12.0, 8)
+    junk = sampled_info({"name": "b", "ranks": ["x"], "state": "??", "silent_for": "soon", "cpu_percent": [1],
+                         "gpus": {"0": 1}, "cpus": 1e99, "host": {"x": 1}})
+    assert junk is not None
+    assert (junk.ranks, junk.state, junk.cpu_percent, junk.gpus, junk.cpus, junk.host) == ((), NodeState.LOST, None, (),
+                                                                                            None, "")
+    assert sampled_info("a") is None and sampled_info({"name": 3}) is None and sampled_info({}) is None

@@ -157,14 +157,16 @@ def serve(link: Link, name: str, address: str | None, notices: Notices | None = 
     os.chmod(directory, 0o700)
     outbox = Outbox(link)
     ranks: LocalRanks | RelayRanks
+    nodes = None  # what a relay's heartbeats add: the run's nodes
     if relay:
         from .relay import RelayRanks
 
-        ranks = RelayRanks(outbox.send)
+        ranks = relayed = RelayRanks(outbox.send)
+        nodes = lambda: {"nodes": relayed.samples}  # noqa: E731
     else:
         ranks = LocalRanks(directory, outbox.send)
     beat = threading.Event()
-    threading.Thread(target=_heartbeats, args=(link, beat), name="nbtrain-node-heartbeat", daemon=True).start()
+    threading.Thread(target=_heartbeats, args=(link, beat, nodes), name="nbtrain-node-heartbeat", daemon=True).start()
     try:
         why = _serve_kernel(link, ranks, outbox, address, notices)
         if outbox.recorder is not None:  # a detached run: to its end, restarted as --max-restarts says
@@ -263,14 +265,15 @@ def telemetry(reader) -> dict:
     return sample
 
 
-def _heartbeats(link: Link, stop: threading.Event) -> None:
+def _heartbeats(link: Link, stop: threading.Event, more=None) -> None:
+    """Every :data:`HEARTBEAT_S`: this machine's telemetry, and what ``more()`` adds (a relay's nodes)."""
     from ..gpu.devices import DeviceReader
 
     reader = DeviceReader(xid_events=True)  # Xid errors counted from the agent's start, on a thread of their own
     psutil.cpu_percent(None)  # the first call only starts the measurement
     try:
         while not stop.wait(HEARTBEAT_S):
-            link.send(N.Heartbeat(time.time(), telemetry(reader)))
+            link.send(N.Heartbeat(time.time(), {**telemetry(reader), **(more() if more is not None else {})}))
     finally:
         reader.close()
 

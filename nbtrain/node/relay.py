@@ -36,6 +36,7 @@ from ..wire import protocol as P
 from .console import say
 
 POLL_S = 0.05
+SAMPLE_S = 1.0  # the nodes as the kernel's dashboard sees them: refreshed for each heartbeat
 CLOSE_WAIT_S = 10.0
 
 
@@ -53,6 +54,8 @@ class RelayRanks:
         self._ssh, self._slurm = SshNodes(), SlurmNodes()
         self._pool: NodePool | None = None
         self._attempt: _Attempt | None = None
+        self.samples: list[dict] = []  # the run's nodes (hub.node_sample), sent with this agent's heartbeats
+        self._sampled = 0.0
         self._pump = threading.Thread(target=self._loop, name="nbtrain-relay", daemon=True)
         self._pump.start()
 
@@ -107,6 +110,12 @@ class RelayRanks:
                 command[0](*command[1:])
             elif self._pool is not None:
                 self._relay(self._pool.poll_events(POLL_S))
+                self._sample()
+
+    def _sample(self) -> None:
+        if self._pool is not None and time.monotonic() - self._sampled > SAMPLE_S:
+            self._sampled = time.monotonic()
+            self.samples = self._pool.node_samples()  # replaced whole: the heartbeat thread reads it as it is
 
     def _begin(self, start: N.StartRanks) -> None:
         if not isinstance(start.spread, NodesSpec):
@@ -178,6 +187,8 @@ class RelayRanks:
         pool, attempt = self._pool, self._attempt
         assert pool is not None and attempt is not None
         pool.teardown(graceful=False)  # the nodes stay joined, warm for a restart; the store goes
+        self._sampled = 0.0
+        self._sample()
         self._pool = None
         self._running = False
         self.idle.set()

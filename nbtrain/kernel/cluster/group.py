@@ -51,7 +51,8 @@ from ..ranks.spec import PoolSpec
 from ...wire import nodes as N
 from ...wire import protocol as P
 from ...wire.run_control import following_only
-from .hub import LOST_AFTER_S, Hub, NodeConn
+from ...gpu import jsonfields as J
+from .hub import LOST_AFTER_S, MAX_NODES, Hub, NodeConn, node_sample, sampled_info
 from .launcher import NodeLauncher
 from .slurm import SlurmNodes
 from .ssh import SshNodes
@@ -321,7 +322,18 @@ class NodePool(GroupState):
             self._rank(rank).account = f"node {node.name} ({rank_span(self._node_ranks(node))}) lost: {why}"
 
     def node_infos(self) -> tuple:
+        if self.where.spread is not None:  # the run's agent drives its nodes: each as the agent's heartbeat says
+            return self._relayed_infos()
         return tuple(node.info(self._node_ranks(node), node.name in self._lost or node.lost()) for node in self.nodes)
+
+    def node_samples(self) -> list[dict]:
+        """Each node as plain values (:func:`~.hub.node_sample`), for a detached run's agent to send its kernel."""
+        return [node_sample(node, self._node_ranks(node), node.name in self._lost or node.lost()) for node in self.nodes]
+
+    def _relayed_infos(self) -> tuple:
+        beat = self.nodes[0].link.last_heartbeat if self.nodes else None
+        sample = beat.telemetry if beat is not None and isinstance(beat.telemetry, dict) else {}
+        return tuple(info for info in map(sampled_info, J.items(sample.get("nodes"), MAX_NODES) or []) if info is not None)
 
     def _node_ranks(self, node: NodeConn) -> list[int]:
         ranks = [rank for rank, r in self._ranks.items() if r.node is node]

@@ -52,6 +52,8 @@ ADMIT_DEADLINE_S = 5.0  # TLS, handshake and hello together, however slowly the 
 MAX_ADMISSIONS = 8  # connections being admitted at once; more are told busy and closed at once
 MAX_ADMISSIONS_PER_ADDRESS = 2  # of those, from one address: an agent needs one; a flood gets no more
 MAX_GPUS = 64  # GPUs a heartbeat may list; a longer list is not read
+MAX_NODES = 1024  # nodes a detached run's agent may report; a longer list is not read
+MAX_RANKS = 1 << 16  # ranks of one node
 
 
 @dataclass
@@ -104,6 +106,30 @@ def heartbeat_load(sample) -> tuple[float | None, float | None]:
     """A heartbeat's CPU and RAM use, percent (N/A when not a number)."""
     sample = sample if isinstance(sample, dict) else {}
     return J.number(sample.get("cpu_percent")), J.number(sample.get("ram_percent"))
+
+
+def node_sample(node: NodeConn, ranks, lost: bool) -> dict:
+    """One node as plain JSON values, for a detached run's agent to send its kernel with its own heartbeat
+    (:mod:`nbtrain.node.relay`): the node's last heartbeat's load and GPUs, and who and where it is."""
+    beat = node.link.last_heartbeat
+    sample = dict(beat.telemetry) if beat is not None and isinstance(beat.telemetry, dict) else {}
+    sample.update(name=node.name, host=node.hello.host, address=node.address, ranks=list(ranks),
+                  state=(NodeState.LOST if lost else node.state).value, silent_for=node.silent_for(),
+                  cpus=node.hello.cpus)
+    return sample
+
+
+def sampled_info(entry) -> NodeInfo | None:
+    """A node as a detached run's agent reported it (:func:`node_sample`), read field by field: N/A where a value
+    does not read, None for what is not a node at all; never an exception."""
+    if not isinstance(entry, dict) or J.text(entry.get("name"), 16) is None:
+        return None
+    state = next((s for s in NodeState if s.value == entry.get("state")), NodeState.LOST)
+    silent = J.number(entry.get("silent_for"))
+    return NodeInfo(J.text(entry.get("name"), 16) or "", J.text(entry.get("host")) or "",
+                    J.text(entry.get("address")) or "", J.wholes(entry.get("ranks"), MAX_RANKS) or (), state,
+                    time.time() - (silent if silent is not None and silent >= 0 else 0.0), *heartbeat_load(entry),
+                    heartbeat_gpus(entry), J.whole(entry.get("cpus")))
 
 
 class Hub:
