@@ -69,8 +69,8 @@ def test_cpu_flag_ignores_gpus(monkeypatch, cuda_torch):
     (LaunchRequest(env=("1X=2",)), "NAME=value"),
     (LaunchRequest(output="some"), "--output"),
     (LaunchRequest(nprocs=2, cpu=True, output="rank2"), "numbered 0 to 1"),
-    (LaunchRequest(nodes="2", rdzv_host="127.0.0.1", cpu=True, detach=True),
-     "does not go with --nodes or --slurm yet: on several machines this kernel coordinates the run"),
+    (LaunchRequest(nodes="2:3", rdzv_host="127.0.0.1", cpu=True, detach=True),
+     "starts its ranks once, on a fixed number of nodes"),
 ])
 def test_mistakes_are_explained(monkeypatch, cuda_torch, request_, message):
     install(monkeypatch, gpus(2))

@@ -18,10 +18,12 @@ from helpers.attacker import needs_root, python_as_attacker
 from helpers.detachhelp import kernels, runs  # noqa: F401  (the fixtures)
 from helpers.detachhelp import assert_nothing_left, start_detached, wait_for_step
 from helpers.kernelhelp import Kernel
+from helpers.nodehelp import Nodes, until
 from helpers.restart_cells import gated_killed_rank_cell
 from helpers.workers import nbtrain_workers
 
 from nbtrain.kernel.cluster.tokens import token_dir
+from nbtrain.wire import nodes as N
 from nbtrain.wire import runfolder
 from nbtrain.wire.runfolder import RecordedState
 
@@ -429,3 +431,27 @@ def test_a_kernel_that_attaches_writes_the_runs_tensorboard_curve_once_not_twice
         events.Reload()
         assert [event.step for event in events.Scalars("seen")] == list(range(30))  # once, not twice
     assert_nothing_left(final)
+
+
+def test_a_kernel_killed_before_its_cell_reached_the_agent_leaves_a_stopped_run_that_says_why(runs):  # noqa: F811
+    """The kernel's end of the link closes after StartRanks and before the cell (Deliver): as a kernel SIGKILLed
+    right after it started the run. The agent stops the idle ranks and ends the run stopped, with the reason in
+    the record (which %distributed_attach says), instead of keeping them waiting for a cell that never comes."""
+    nodes = Nodes()
+    try:
+        agent = nodes.start("127.0.0.2")
+        nodes.wait_joined(1)
+        run_id = runfolder.new_run_id()
+        link = nodes.hub.live_nodes()[0].link
+        link.send(N.StartRanks(run_id, "", 1, 2, "gloo", "cpu", 60.0, (), os.getpid(), detached_run=run_id))
+        until(lambda: runfolder.read_manifest(run_id) and any(e["kind"] == "started"
+                                                              for e in runfolder.read_events(run_id)[0]),
+              90, "the ranks to start")
+        link.close()  # the kernel is gone; no cell was delivered
+        final = until(lambda: (s := runfolder.read_manifest(run_id)) and s.state is not RecordedState.RUNNING and s,
+                      60, "the run's end")
+        assert final.state is RecordedState.STOPPED and "before the cell reached the run's agent" in final.reason
+        assert agent.wait(30) == 0
+        assert_nothing_left(final)
+    finally:
+        nodes.close()

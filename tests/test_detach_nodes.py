@@ -204,12 +204,18 @@ def test_a_lost_node_of_a_detached_run_is_replaced_and_its_agent_restarts_the_ru
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_stopping_a_detached_nodes_run_from_its_kernel_stops_the_ranks_on_every_node(runs, kernels):  # noqa: F811
+def test_stopping_a_detached_nodes_run_from_its_kernel_stops_the_ranks_on_every_node_a_follower_listed(
+        runs, kernels):  # noqa: F811
     first = kernels()
     run_id, _ = start_detached(first, TRAINING, steps=2000)
     agents = _join_the_runs_hub(until(lambda: runfolder.read_manifest(run_id), 30, "the run's record").agent_pid)
     try:
         wait_for_step(run_id, 10)
+        second = kernels()  # follows the run's record: it lists the nodes the run's agent recorded
+        second.run(f"%distributed_attach --background {run_id}")
+        nodes = until(lambda: _nodes_listed(second.pid()), 30, "the attached kernel to list the run's nodes")
+        assert sorted(n["ranks"] for n in nodes) == [[0], [1]], nodes
+        assert {n["address"] for n in nodes} == {"127.0.0.2", "127.0.0.3"}
         began = time.monotonic()
         first.run("import nbtrain; nbtrain.last_run.stop()")
         final = until(lambda: (s := runfolder.read_manifest(run_id)) and s.state is not RecordedState.RUNNING and s,
@@ -238,3 +244,25 @@ def test_the_nodes_a_runs_agent_reports_are_read_field_by_field():
     assert (junk.ranks, junk.state, junk.cpu_percent, junk.gpus, junk.cpus, junk.host) == ((), NodeState.LOST, None, (),
                                                                                             None, "")
     assert sampled_info("a") is None and sampled_info({"name": 3}) is None and sampled_info({}) is None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_detached_nodes_run_that_ends_while_its_kernel_lives_brings_its_names_to_that_kernel(runs, kernels):  # noqa: F811
+    first = kernels()
+    run_id, _ = start_detached(first, TRAINING, steps=30)
+    agents = _join_the_runs_hub(until(lambda: runfolder.read_manifest(run_id), 30, "the run's record").agent_pid)
+    try:
+        out = first.run("import nbtrain; nbtrain.last_run.wait(120); print(nbtrain.last_run.state.value, total)",
+                        timeout=150)
+        assert f"finished {float(3 * sum(range(30)))}" in out, out
+        final = runfolder.read_manifest(run_id)
+        assert final is not None and final.state is RecordedState.FINISHED
+        assert_nothing_left(final)
+        for agent in agents:
+            assert agent.wait(15) == 0
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                agent.kill()
+                agent.wait()

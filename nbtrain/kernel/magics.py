@@ -269,7 +269,7 @@ class DistributedMagics(Magics):
         request = replace(from_arguments(LaunchRequest, recorded), detach=False, run_id=None)
         display = replace(from_arguments(CellDisplay, recorded), background=args.background)
         print(f"nbtrain: attached to detached run {run.run_id} ({run.state.value}"
-              + (f", step {run.step}" if run.step is not None else "") + ")")
+              + (f", step {run.step}" if run.step is not None else "") + ")" + (f": {run.reason}" if run.reason else ""))
         following = follow_or_control(run, args.force)  # else another kernel's stop button stops the run
         if following:
             print(following)

@@ -63,9 +63,10 @@ START_WAIT_S = 180.0  # a kernel gone while the ranks start: how long the agent 
 class DetachedRecorder:
     """One detached run's folder and what the agent knows of how the run stands (see the module docstring)."""
 
-    def __init__(self, start: N.StartRanks, count_sigints: bool = False) -> None:
+    def __init__(self, start: N.StartRanks, count_sigints: bool = False, more_telemetry=None) -> None:
         """``count_sigints`` (from the main thread): SIGINT is the stop button from before the run's folder exists,
-        where a kernel that finds the folder may send it at once (:meth:`count_sigints`)."""
+        where a kernel that finds the folder may send it at once (:meth:`count_sigints`). ``more_telemetry()``: what
+        each recorded sample adds to this machine's (a relay's nodes)."""
         self.interrupts = 0  # SIGINTs to the agent: the stop button of an attached kernel
         if count_sigints:
             self.count_sigints()
@@ -74,11 +75,12 @@ class DetachedRecorder:
         self.start = replace(start, rdzv_endpoint=f"127.0.0.1:{self.store.port}")  # what the ranks were started with
         self.folder = RunFolder(start.detached_run, self.nprocs)
         self.delivery: N.Deliver | None = None  # the cell, as the kernel delivered it: a restart delivers it again
+        self.reason = ""  # why the run ended, where its state does not say it (end_undelivered)
         self.unwritable = ""  # why the folder could not be written any more ("": it can)
         self.stopped = False  # a stop asked (SIGINT, or the kernel's Interrupt) before any rank failed
         self._closed = False
         self.lease = _lease(start)  # the run's GPUs, leased by the agent too: still leased when the kernel goes
-        self.telemetry = RecordedTelemetry(self.folder, start.leased_gpus)
+        self.telemetry = RecordedTelemetry(self.folder, start.leased_gpus, more_telemetry)
         self.begin_attempt(0)
 
     def begin_attempt(self, attempt: int) -> None:
@@ -182,7 +184,7 @@ class DetachedRecorder:
         self._closed = True
         self.telemetry.close()  # its last sample before the folder's final state
         try:
-            self.folder.finish(self.outcome())
+            self.folder.finish(self.outcome(), self.reason)
         except (OSError, ValueError):  # removed meanwhile, or its log closed already: nothing left to finish
             pass
         self.store.close()
@@ -233,9 +235,10 @@ class Outbox:
         self.link = link
         self.recorder: DetachedRecorder | None = None
 
-    def record(self, start: N.StartRanks) -> N.StartRanks:
-        """From now on the run ``start`` names is recorded, its store on this agent: the StartRanks to act on."""
-        self.recorder = DetachedRecorder(start, count_sigints=True)
+    def record(self, start: N.StartRanks, more_telemetry) -> N.StartRanks:
+        """From now on the run ``start`` names is recorded, its store on this agent: the StartRanks to act on.
+        ``more_telemetry()``: what each recorded sample adds (a relay's nodes)."""
+        self.recorder = DetachedRecorder(start, count_sigints=True, more_telemetry=more_telemetry)
         return self.recorder.start
 
     def send(self, message) -> None:
@@ -272,6 +275,22 @@ def run_alone(ranks: Ranks, recorder: DetachedRecorder) -> str:
             ranks.stop()
             stopping = True
     return f"the detached run ended ({recorder.outcome().value})"
+
+
+UNDELIVERED = "its kernel went before the cell reached the run's agent: there was nothing to run"
+
+
+def end_undelivered(ranks: Ranks, recorder: DetachedRecorder) -> str:
+    """The kernel is gone and the cell never reached the agent (a kernel killed right after it started the run):
+    the ranks, idle, are stopped once started, and the run ends stopped, saying why."""
+    say(f"{UNDELIVERED}; stopping its ranks")
+    recorder.reason = UNDELIVERED
+    recorder.stop_asked()
+    if not (recorder.ranks_started or recorder.start_failed):
+        _await_start(ranks, recorder)  # torch elastic may be starting them: stopped once they run
+    ranks.stop()
+    ranks.idle.wait(SHUTDOWN_WAIT_S)
+    return f"the detached run ended: {UNDELIVERED}"
 
 
 def _await_start(ranks: Ranks, recorder: DetachedRecorder) -> int:

@@ -23,7 +23,7 @@ from dataclasses import replace
 from ..wire import nodes as N
 from ..wire.restart_policy import ATTEMPT_ENV, describe_checkpoint, first_failure, why_not_restart
 from .console import say
-from .detached import SHUTDOWN_WAIT_S, DetachedRecorder, Ranks, run_alone
+from .detached import SHUTDOWN_WAIT_S, DetachedRecorder, Ranks, end_undelivered, run_alone
 
 
 def see_through(ranks: Ranks, recorder: DetachedRecorder, start_ranks: Callable[[N.StartRanks], None],
@@ -33,6 +33,8 @@ def see_through(ranks: Ranks, recorder: DetachedRecorder, start_ranks: Callable[
     agent leaves."""
     if recorder.under_way(ranks):
         say(why)
+        if recorder.delivery is None:
+            return end_undelivered(ranks, recorder)
         say("the kernel left: the detached run goes on; its record is in " + recorder.folder.path)
         why = run_alone(ranks, recorder)
     while (attempt := next_attempt(ranks, recorder)) is not None:

@@ -25,9 +25,10 @@ class RecordedTelemetry:
     """Samples one detached run into its folder (see the module docstring); the owner calls :meth:`close` before it
     finishes the folder."""
 
-    def __init__(self, folder: RunFolder, gpus: tuple[int, ...]) -> None:
+    def __init__(self, folder: RunFolder, gpus: tuple[int, ...], more=None) -> None:
         self._folder = folder
         self._gpus = gpus  # the run's GPUs (NVML indices), local rank i on the i-th; () on the CPU
+        self._more = more  # what each sample adds (a relay's nodes: node.relay), or None
         self._telemetry: Telemetry | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -52,7 +53,8 @@ class RecordedTelemetry:
         began = time.monotonic()
         while not self._stop.is_set():
             try:
-                self._folder.telemetry(snapshot_to_json(self._telemetry.snapshot()))
+                more = self._more() if self._more is not None else {}
+                self._folder.telemetry({**snapshot_to_json(self._telemetry.snapshot()), **more})
             except (OSError, ValueError):
                 return  # the folder cannot be written any more: the recorder says so for the run's own record
             self._stop.wait(max(SAMPLE_S, (time.monotonic() - began) / SPREAD))

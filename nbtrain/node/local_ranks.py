@@ -228,6 +228,11 @@ class LocalRanks:
         with self._lock:
             return self._running
 
+    def more_telemetry(self) -> dict:
+        """What the agent's heartbeats and a detached run's record add to the machine's telemetry: nothing here
+        (a relay adds its nodes: :meth:`~.relay.RelayRanks.more_telemetry`)."""
+        return {}
+
     def close(self) -> None:
         self._listener.close()
         self.remove_files()

@@ -157,16 +157,15 @@ def serve(link: Link, name: str, address: str | None, notices: Notices | None = 
     os.chmod(directory, 0o700)
     outbox = Outbox(link)
     ranks: LocalRanks | RelayRanks
-    nodes = None  # what a relay's heartbeats add: the run's nodes
     if relay:
         from .relay import RelayRanks
 
-        ranks = relayed = RelayRanks(outbox.send)
-        nodes = lambda: {"nodes": relayed.samples}  # noqa: E731
+        ranks = RelayRanks(outbox.send)
     else:
         ranks = LocalRanks(directory, outbox.send)
     beat = threading.Event()
-    threading.Thread(target=_heartbeats, args=(link, beat, nodes), name="nbtrain-node-heartbeat", daemon=True).start()
+    threading.Thread(target=_heartbeats, args=(link, beat, ranks.more_telemetry), name="nbtrain-node-heartbeat",
+                     daemon=True).start()
     try:
         why = _serve_kernel(link, ranks, outbox, address, notices)
         if outbox.recorder is not None:  # a detached run: to its end, restarted as --max-restarts says
@@ -205,7 +204,7 @@ def _serve_kernel(link: Link, ranks: LocalRanks | RelayRanks, outbox: Outbox, ad
         if isinstance(message, N.Bye):
             return message.reason
         if isinstance(message, N.StartRanks) and message.detached_run:
-            message = outbox.record(message)
+            message = outbox.record(message, ranks.more_telemetry)
         elif isinstance(message, N.Interrupt) and outbox.recorder is not None:
             outbox.recorder.stop_asked()
         elif isinstance(message, N.Deliver) and outbox.recorder is not None:
@@ -265,7 +264,7 @@ def telemetry(reader) -> dict:
     return sample
 
 
-def _heartbeats(link: Link, stop: threading.Event, more=None) -> None:
+def _heartbeats(link: Link, stop: threading.Event, more) -> None:
     """Every :data:`HEARTBEAT_S`: this machine's telemetry, and what ``more()`` adds (a relay's nodes)."""
     from ..gpu.devices import DeviceReader
 
@@ -273,7 +272,7 @@ def _heartbeats(link: Link, stop: threading.Event, more=None) -> None:
     psutil.cpu_percent(None)  # the first call only starts the measurement
     try:
         while not stop.wait(HEARTBEAT_S):
-            link.send(N.Heartbeat(time.time(), {**telemetry(reader), **(more() if more is not None else {})}))
+            link.send(N.Heartbeat(time.time(), {**telemetry(reader), **more()}))
     finally:
         reader.close()
 

@@ -88,6 +88,11 @@ class RelayRanks:
     def running(self) -> bool:
         return self._running
 
+    def more_telemetry(self) -> dict:
+        """The run's nodes (:func:`~nbtrain.kernel.cluster.hub.node_sample`), for the kernel's dashboard: in this
+        agent's heartbeats and, for a kernel that attaches later, in the run's recorded telemetry."""
+        return {"nodes": self.samples}
+
     def pids(self) -> list[int]:
         attempt = self._attempt
         return sorted(attempt.running()) if attempt is not None and self._running else []

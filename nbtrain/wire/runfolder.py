@@ -52,6 +52,8 @@ class RunFolderError(Exception):
     """A run folder that cannot be made or read safely; the message says what was found and what to do."""
 
 
+MAX_REASON = 400  # characters of a run's recorded reason that a reader takes
+
 class RecordedState(enum.Enum):
     RUNNING = "running"
     FINISHED = "finished"
@@ -80,6 +82,7 @@ class RunSummary:
     step: int | None
     ended: float | None = None
     delivered: bool = False  # the cell has reached the agent: a kernel that exits now leaves the run going
+    reason: str = ""  # why the run ended so, where its agent said more than its state (the cell never reached it)
 
 
 def runs_directory() -> str:
@@ -177,8 +180,11 @@ class RunFolder:
             self._last_step = self.manifest["step"] = step
             self._write_manifest()
 
-    def finish(self, state: RecordedState) -> None:
-        """The run has ended: its state is final and the log is closed."""
+    def finish(self, state: RecordedState, reason: str = "") -> None:
+        """The run has ended: its state is final (``reason``: why, where the state does not say it) and the log is
+        closed."""
+        if reason:
+            self.manifest["reason"] = reason
         self.manifest["state"] = state.value
         self.manifest["ended"] = time.time()
         self._write_manifest()
@@ -300,7 +306,8 @@ def _summary(manifest) -> RunSummary | None:
         return RunSummary(run_id=check_run_id(manifest["run_id"]), state=RecordedState(manifest["state"]),
                           started=float(manifest["started"]), agent_pid=int(manifest["agent_pid"]),
                           nprocs=int(manifest["nprocs"]), step=None if step is None else int(step),
-                          ended=None if ended is None else float(ended), delivered=manifest.get("delivered") is True)
+                          ended=None if ended is None else float(ended), delivered=manifest.get("delivered") is True,
+                          reason=str(manifest.get("reason") or "")[:MAX_REASON])
     except (KeyError, TypeError, ValueError, RunFolderError):
         return None
 

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+from ...gpu import jsonfields as J
 from ...gpu.snapshot_json import snapshot_from_json
 from ...wire import protocol as P
 from ...wire.runfolder import EventKind, RecordedState, RunFolderError, read_events, read_manifest
@@ -36,6 +37,7 @@ from ..ranks.spec import PoolSpec
 from ..ranks.zygote_handle import ZygoteHandle
 from ...wire.detached_stop import NotTheRunsAgent, stop_run
 from ...wire.run_control import following_only
+from .hub import MAX_NODES, sampled_info
 
 POLL_S = 0.1  # a live run's log is read again this often while the run's loop waits
 
@@ -60,6 +62,7 @@ class RecordedGroup(GroupState):
         self._finished: set[int] = set()  # ranks that finished the cell (their Done was read)
         self._errors: dict[int, str] = {}  # rank -> torch elastic's error file, as its agent recorded it
         self._lost: dict[int, str] = {}  # rank -> why its node is gone (a run on several machines)
+        self._nodes: tuple = ()  # a run on several machines: its nodes, as last recorded
         self._ended_at_read = False  # the manifest was final before the last read: nothing more will come
 
     # ------------------------------------------------------------------------------ lifecycle
@@ -165,6 +168,7 @@ class RecordedGroup(GroupState):
                 self._lost[rank] = record["lost"]
             return [Exited(rank, record["code"])]
         if kind == EventKind.TELEMETRY.value:
+            self._read_nodes(record.get("sample"))
             snapshot = snapshot_from_json(record.get("sample"))
             return [] if snapshot is None else [Sampled(snapshot)]
         if kind == EventKind.STARTED.value:
@@ -179,7 +183,13 @@ class RecordedGroup(GroupState):
         return f"rank {rank}"
 
     def node_infos(self) -> tuple:
-        return ()
+        return self._nodes
+
+    def _read_nodes(self, sample) -> None:
+        """A run on several machines records its nodes with each sample (:mod:`nbtrain.node.relay`): the last ones."""
+        entries = J.items(sample.get("nodes") if isinstance(sample, dict) else None, MAX_NODES)
+        if entries:
+            self._nodes = tuple(info for info in map(sampled_info, entries) if info is not None)
 
     def start_hint(self) -> str:
         return f"; detached run {self.run_id} has not started its ranks yet"
