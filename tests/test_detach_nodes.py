@@ -11,6 +11,7 @@ a rank. The options that only a kernel could carry out are refused before anythi
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -84,6 +85,25 @@ def _join_the_runs_hub(agent_pid: int, addresses=("127.0.0.2", "127.0.0.3")) -> 
     return agents
 
 
+@contextlib.contextmanager
+def _nodes_of(run_id: str):
+    """Two node agents joined to run ``run_id``'s hub (more may be added to the list); any still there at the end
+    is killed, whatever the test found."""
+    agents = _join_the_runs_hub(until(lambda: runfolder.read_manifest(run_id), 30, "the run's record").agent_pid)
+    try:
+        yield agents
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                agent.kill()
+                agent.wait()
+
+
+def _until_ended(run_id: str, timeout: float) -> runfolder.RunSummary:
+    return until(lambda: (s := runfolder.read_manifest(run_id)) and s.state is not RecordedState.RUNNING and s,
+                 timeout, "the run's end")
+
+
 def _nodes_listed(kernel_pid: int) -> list[dict]:
     """The nodes the kernel lists for its run (the run registry the JupyterLab panel reads): each machine, as
     its heartbeat says, relayed by the run's agent."""
@@ -97,9 +117,7 @@ def test_a_detached_run_on_two_nodes_outlives_a_killed_kernel_and_comes_back_who
     first = kernels()
     run_id, seconds = start_detached(first, TRAINING, steps=120)
     assert seconds < 5.0  # the cell returns while the nodes come
-    summary = until(lambda: runfolder.read_manifest(run_id), 30, "the run's record")
-    agents = _join_the_runs_hub(summary.agent_pid)
-    try:
+    with _nodes_of(run_id) as agents:
         at_kill = wait_for_step(run_id, 20)
         nodes = until(lambda: _nodes_listed(first.pid()), 30, "the kernel to list the run's nodes")
         assert sorted(n["ranks"] for n in nodes) == [[0], [1]], nodes  # each node, not the agent as one node
@@ -122,11 +140,6 @@ def test_a_detached_run_on_two_nodes_outlives_a_killed_kernel_and_comes_back_who
         assert_nothing_left(final)
         for agent in agents:  # the nodes' agents left with the run's agent
             assert agent.wait(15) == 0
-    finally:
-        for agent in agents:
-            if agent.poll() is None:
-                agent.kill()
-                agent.wait()
 
 
 @pytest.mark.slow
@@ -137,8 +150,7 @@ def test_a_detached_run_whose_nodes_never_come_ends_when_stopped_and_leaves_noth
     summary = until(lambda: runfolder.read_manifest(run_id), 30, "the run's record")
     out = first.run("%distributed_shutdown --detached", timeout=60)
     assert f"detached run {run_id} was stopped" in out
-    final = until(lambda: (s := runfolder.read_manifest(run_id)) and s.state is not RecordedState.RUNNING and s,
-                  60, "the run's end")
+    final = _until_ended(run_id, 60)
     assert final.state is not RecordedState.FINISHED
     assert_nothing_left(summary)
     time.sleep(0.5)
@@ -173,17 +185,15 @@ def test_a_lost_node_of_a_detached_run_is_replaced_and_its_agent_restarts_the_ru
     head = (f"%%distributed --detach --nodes 2 --nproc-per-node 1 --rdzv-host 127.0.0.1 --cpu --no-dashboard "
             f"--checkpoint {tmp_path / 'ckpt'} --max-restarts 1 --out steps,restart_count")
     run_id, _ = start_detached(first, head + lost_node_cell(tmp_path / "lost-once"))
-    summary = until(lambda: runfolder.read_manifest(run_id), 30, "the run's record")
-    agents = _join_the_runs_hub(summary.agent_pid)
-    try:
+    with _nodes_of(run_id) as agents:
         os.kill(first.pid(), signal.SIGKILL)  # no kernel from here on
         until(lambda: os.path.exists(tmp_path / "lost-once") and any(a.poll() is not None for a in agents), 120,
               "rank 1 to end its node's agent (the machine gone)")
         until(lambda: any(e["kind"] == "restart" for e in runfolder.read_events(run_id)[0]), 60,
               "the run's agent to decide a restart")
-        agents += _join_the_runs_hub(summary.agent_pid, ("127.0.0.4",))  # the replacement joins with the same command
-        final = until(lambda: (s := runfolder.read_manifest(run_id)) and s.state is not RecordedState.RUNNING and s,
-                      180, "the run's end")
+        agents.extend(_join_the_runs_hub(runfolder.read_manifest(run_id).agent_pid, ("127.0.0.4",)))  # the
+        # replacement joins with the same command
+        final = _until_ended(run_id, 180)
         assert final.state is RecordedState.FINISHED
         second = kernels()
         out = second.run(f"%distributed_attach {run_id}", timeout=120)
@@ -195,11 +205,6 @@ def test_a_lost_node_of_a_detached_run_is_replaced_and_its_agent_restarts_the_ru
         assert_nothing_left(final)
         for agent in agents:
             assert agent.wait(15) in (0, -signal.SIGKILL)
-    finally:
-        for agent in agents:
-            if agent.poll() is None:
-                agent.kill()
-                agent.wait()
 
 
 @pytest.mark.slow
@@ -208,8 +213,7 @@ def test_stopping_a_detached_nodes_run_from_its_kernel_stops_the_ranks_on_every_
         runs, kernels):  # noqa: F811
     first = kernels()
     run_id, _ = start_detached(first, TRAINING, steps=2000)
-    agents = _join_the_runs_hub(until(lambda: runfolder.read_manifest(run_id), 30, "the run's record").agent_pid)
-    try:
+    with _nodes_of(run_id) as agents:
         wait_for_step(run_id, 10)
         second = kernels()  # follows the run's record: it lists the nodes the run's agent recorded
         second.run(f"%distributed_attach --background {run_id}")
@@ -218,17 +222,11 @@ def test_stopping_a_detached_nodes_run_from_its_kernel_stops_the_ranks_on_every_
         assert {n["address"] for n in nodes} == {"127.0.0.2", "127.0.0.3"}
         began = time.monotonic()
         first.run("import nbtrain; nbtrain.last_run.stop()")
-        final = until(lambda: (s := runfolder.read_manifest(run_id)) and s.state is not RecordedState.RUNNING and s,
-                      20, "the run's end")
+        final = _until_ended(run_id, 20)
         assert final.state is RecordedState.STOPPED and time.monotonic() - began < 20
         assert_nothing_left(final)
         for agent in agents:  # the nodes' agents left with the run
             assert agent.wait(15) == 0
-    finally:
-        for agent in agents:
-            if agent.poll() is None:
-                agent.kill()
-                agent.wait()
 
 
 def test_the_nodes_a_runs_agent_reports_are_read_field_by_field():
@@ -251,8 +249,7 @@ def test_the_nodes_a_runs_agent_reports_are_read_field_by_field():
 def test_a_detached_nodes_run_that_ends_while_its_kernel_lives_brings_its_names_to_that_kernel(runs, kernels):  # noqa: F811
     first = kernels()
     run_id, _ = start_detached(first, TRAINING, steps=30)
-    agents = _join_the_runs_hub(until(lambda: runfolder.read_manifest(run_id), 30, "the run's record").agent_pid)
-    try:
+    with _nodes_of(run_id) as agents:
         out = first.run("import nbtrain; nbtrain.last_run.wait(120); print(nbtrain.last_run.state.value, total)",
                         timeout=150)
         assert f"finished {float(3 * sum(range(30)))}" in out, out
@@ -261,8 +258,3 @@ def test_a_detached_nodes_run_that_ends_while_its_kernel_lives_brings_its_names_
         assert_nothing_left(final)
         for agent in agents:
             assert agent.wait(15) == 0
-    finally:
-        for agent in agents:
-            if agent.poll() is None:
-                agent.kill()
-                agent.wait()
