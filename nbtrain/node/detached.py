@@ -71,8 +71,9 @@ class DetachedRecorder:
         if count_sigints:
             self.count_sigints()
         self.nprocs = start.nnodes * start.nproc_per_node
-        self.store = AgentStore("127.0.0.1")
-        self.start = replace(start, rdzv_endpoint=f"127.0.0.1:{self.store.port}")  # what the ranks were started with
+        self.store: AgentStore | None = None  # on several machines the relay's pool hosts it (node.relay)
+        self.start = start  # what the ranks were started with
+        self._new_store()
         self.folder = RunFolder(start.detached_run, self.nprocs)
         self.delivery: N.Deliver | None = None  # the cell, as the kernel delivered it: a restart delivers it again
         self.reason = ""  # why the run ended, where its state does not say it (end_undelivered)
@@ -88,9 +89,7 @@ class DetachedRecorder:
         gets a store of its own: torch elastic's workers key their process group by their agent's restart count,
         and each attempt's agent is a new one that counts from 0 again."""
         if attempt:
-            self.store.close()
-            self.store = AgentStore("127.0.0.1")
-            self.start = replace(self.start, rdzv_endpoint=f"127.0.0.1:{self.store.port}")
+            self._new_store()
         self.attempt = attempt
         self.done: set[int] = set()
         self.failed_at: float | None = None  # when the first rank failed (an exception, or an exit before Done)
@@ -98,6 +97,14 @@ class DetachedRecorder:
         self.prompts: list[tuple[int, int]] = []  # (rank, seq) of input() calls no kernel will answer
         self.ranks_started = False  # torch elastic's agent started the ranks (RanksStarted)
         self.start_failed = ""  # why it could not (NodeError)
+
+    def _new_store(self) -> None:
+        """A store of this attempt's own, on loopback, for ranks on this machine (none for a relay's nodes)."""
+        if self.store is not None:
+            self.store.close()
+        if self.start.spread is None:
+            self.store = AgentStore("127.0.0.1")
+            self.start = replace(self.start, rdzv_endpoint=f"127.0.0.1:{self.store.port}")
 
     def delivered(self, message: N.Deliver) -> None:
         """The cell reached the agent: from now on the run needs no kernel."""
@@ -187,7 +194,8 @@ class DetachedRecorder:
             self.folder.finish(self.outcome(), self.reason)
         except (OSError, ValueError):  # removed meanwhile, or its log closed already: nothing left to finish
             pass
-        self.store.close()
+        if self.store is not None:
+            self.store.close()
         if self.lease is not None:
             self.lease.release()
 
