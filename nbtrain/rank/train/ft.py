@@ -1,0 +1,177 @@
+"""One replica group's part in torchft's per-step fault tolerance: its Manager, its model and optimizer wrapped.
+
+Under torchft each replica group trains a full copy of the model and the groups average their gradients with a
+fault-tolerant all-reduce: a Lighthouse forms a quorum of the groups that are alive at each step, a group that
+dies drops out of the next quorum while the others keep stepping, and a group that (re)joins copies the state of
+a healthy peer before its first step (live recovery, no checkpoint read). This module sets that up inside a
+rank, from a :class:`ReplicaConfig`:
+
+* the group's ``Manager``, with :class:`~.ft_transport.SignedTransport` as its recovery transport (torchft's own
+  unpickle what a peer sends) and its manager server bound to the address the group advertises — torchft binds
+  every interface (``[::]``), and that server answers anyone;
+* the model in torchft's ``DistributedDataParallel`` and the optimizer in its ``OptimizerWrapper``, so a step is
+  committed only when every group in the quorum finished it;
+* :class:`Participation`, what the group saw at each committed step (which step, how many groups), for the
+  run's history.
+
+torchft is imported here only, inside functions, and only by a run that asks for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import dataclass, field
+from datetime import timedelta
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .ft_transport import SignedTransport
+
+
+@dataclass(frozen=True)
+class ReplicaConfig:
+    """Where one replica group's rank finds the others: all from the run's job, none from the environment."""
+
+    lighthouse: str  # http://HOST:PORT of the run's Lighthouse
+    replica_id: str  # the group's name, kept by a replacement: node name or rank slot
+    host: str  # the address this group's servers bind and advertise
+    secret: bytes  # the run's recovery secret (see ft_transport)
+    store_port: int  # the group's own c10d store on ``host``
+    group_rank: int = 0
+    group_world_size: int = 1
+    min_replicas: int = 1
+    timeout_s: float = 30.0
+
+
+@dataclass
+class Participation:
+    """What this group saw at each step it committed: ``{step: (groups whose gradients counted, counted its own)}``.
+
+    A group that heals in a step copies a peer's state and applies the others' averaged gradients: it commits the
+    step without taking part in it.
+    """
+
+    steps: dict[int, tuple[int, bool]] = field(default_factory=dict)
+    healed_at: int | None = None  # the step whose state it copied from a peer, if it did
+
+    def committed(self, step: int, groups: int, took_part: bool) -> None:
+        self.steps[step] = (groups, took_part)
+
+
+def group_store(host: str) -> Any:
+    """A replica group's own c10d store (its Manager's address book), listening on ``host`` only — a
+    ``TCPStore`` that binds its own socket listens on every interface."""
+    import socket
+
+    import torch.distributed as dist
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listening = socket.socket(family, socket.SOCK_STREAM)
+    listening.bind((host, 0))
+    listening.listen(64)
+    return dist.TCPStore(host, listening.getsockname()[1], is_master=True, wait_for_workers=False,
+                         master_listen_fd=listening.detach())  # the store takes the descriptor over
+
+
+def _bound_server(host: str) -> Callable[..., Any]:
+    """torchft's ManagerServer, bound to ``host`` instead of every interface."""
+    from torchft._torchft import ManagerServer
+
+    def server(**kwargs: Any) -> Any:
+        port = kwargs["bind"].rsplit(":", 1)[1]
+        kwargs["bind"] = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return ManagerServer(**kwargs)
+    return server
+
+
+@contextlib.contextmanager
+def _manager_server_on(host: str) -> Iterator[None]:
+    # Manager.__init__ builds its server with bind=f"[::]:{port}" and offers no argument for it; the name it
+    # calls is swapped only while one Manager is built, in this process
+    import torchft.manager as tm
+
+    original = tm.ManagerServer
+    tm.ManagerServer = _bound_server(host)
+    try:
+        yield
+    finally:
+        tm.ManagerServer = original
+
+
+def _fault_tolerant_hook(manager, bucket):  # unannotated: DDP checks the annotations it finds against its own types
+    """One bucket's gradients averaged over the quorum's groups. Once a peer is lost in this step torchft hands
+    back a plain future (its work is a no-op from then on): the bucket is returned as it is, and the step, which
+    the groups will not commit, ends."""
+    import torch
+
+    work = manager.allreduce(bucket.buffer())
+    work.wait()
+    inner = getattr(work.get_future(), "_fut", None)
+    if inner is not None:
+        return inner
+    done: Any = torch.futures.Future()
+    done.set_result(bucket.buffer())
+    return done
+
+
+@functools.cache
+def _recording_wrapper() -> type:
+    from torchft.optim import OptimizerWrapper
+
+    class Recording(OptimizerWrapper):
+        """torchft's optimizer wrapper, which also notes each committed step in the group's participation."""
+
+        def __init__(self, manager: Any, optim: Any, participation: Participation) -> None:
+            super().__init__(manager, optim)
+            self.participation = participation
+
+        def step(self, closure: object | None = None) -> None:
+            assert closure is None, "optimizers that use closures are not supported under --ft"
+            step, groups, took_part = (self.manager.current_step(), self.manager.num_participants(),
+                                       self.manager.is_participating())
+            if self.manager.should_commit():
+                self.optim.step()
+                self.participation.committed(step, groups, took_part)
+    return Recording
+
+
+class ReplicaGroup:
+    """This rank's Manager and what it wraps. ``state`` / ``load`` are the group's state for live recovery."""
+
+    def __init__(self, config: ReplicaConfig, state: Callable[[], Any], load: Callable[[Any], None]) -> None:
+        from torchft.manager import Manager
+        from torchft.process_group import ProcessGroupGloo
+
+        timeout = timedelta(seconds=config.timeout_s)
+        self.participation = Participation()
+        self.transport = SignedTransport(config.secret, config.host, timeout)
+        with _manager_server_on(config.host):
+            self.manager = Manager(
+                pg=ProcessGroupGloo(timeout=timeout), state_dict=state, load_state_dict=functools.partial(self._healed, load),
+                min_replica_size=config.min_replicas, replica_id=config.replica_id,
+                lighthouse_addr=config.lighthouse, hostname=config.host, store_addr=config.host,
+                store_port=config.store_port, rank=config.group_rank, world_size=config.group_world_size,
+                checkpoint_transport=self.transport, timeout=timeout, quorum_timeout=timeout * 2,
+                connect_timeout=timeout)
+
+    def _healed(self, load: Callable[[Any], None], state: Any) -> None:
+        load(state)
+        self.participation.healed_at = self.manager.current_step()
+
+    def wrap_model(self, model: Any) -> Any:
+        """DDP over torchft's fault-tolerant all-reduce (as torchft's own ``DistributedDataParallel``, whose comm
+        hook fails on the buckets after the first that meets a lost peer — nbtrain's lets the step end uncommitted)."""
+        from torch.nn.parallel import DistributedDataParallel
+        from torchft.process_group import ProcessGroupDummy
+
+        wrapped = DistributedDataParallel(model, process_group=ProcessGroupDummy(0, 1), find_unused_parameters=True)
+        wrapped.register_comm_hook(self.manager, _fault_tolerant_hook)
+        return wrapped
+
+    def wrap_optimizer(self, optimizer: Any) -> Any:
+        return _recording_wrapper()(self.manager, optimizer, self.participation)
+
+    def shutdown(self) -> None:
+        self.manager.shutdown(wait=False)
+        self.transport.shutdown(wait=False)
