@@ -50,6 +50,10 @@ def _mac(secret: bytes, *parts: object) -> str:
     return hmac.new(secret, b"\0".join(str(part).encode() for part in parts), hashlib.sha256).hexdigest()
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True  # a reader that stalls holds a thread, never the rank's exit
+
+
 class _Offer:
     """The state torchft offered for one step, as bytes: what the server hands out until it is withdrawn."""
 
@@ -66,8 +70,7 @@ class SignedTransport:
         self._secret, self._host, self._timeout = secret, host, timeout
         self._offered = threading.Condition()
         self._offer: _Offer | None = None
-        self._server = ThreadingHTTPServer((host, 0), self._handler_class())
-        self._server.daemon_threads = True
+        self._server = _Server((host, 0), self._handler_class())
         self._thread = threading.Thread(target=self._server.serve_forever, name="nbtrain-ft-state", daemon=True)
         self._thread.start()
 
