@@ -171,6 +171,17 @@ def test_fault_tolerance_the_lighthouse_listens_on_the_rendezvous_address_only_a
     assert not lighthouse.alive()
 
 
+def test_fault_tolerance_without_torchft_the_lighthouse_says_how_to_install_it(monkeypatch):
+    import importlib.util
+
+    from nbtrain.kernel.cluster import lighthouse as module
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchft" else real(name, *a))
+    with pytest.raises(module.LighthouseError, match=r"needs torchft, which is not installed here: pip install 'nbtrain\[ft\]'"):
+        Lighthouse("127.0.0.1", min_replicas=1)
+
+
 @pytest.mark.slow
 def test_fault_tolerance_a_peer_that_reaches_the_lighthouse_can_end_a_group_and_managers_listen_on_one_address(tmp_path):
     """torchft's Lighthouse serves a page with a kill route for each group, unauthenticated: performed here. The

@@ -10,6 +10,7 @@ dies leaves no Lighthouse behind.
 
 from __future__ import annotations
 
+import importlib.util
 import select
 import subprocess
 import sys
@@ -37,6 +38,9 @@ class Lighthouse:
     """A running Lighthouse on ``host``. ``address`` is what each replica group's Manager is given."""
 
     def __init__(self, host: str, min_replicas: int, join_timeout_ms: int = JOIN_TIMEOUT_MS) -> None:
+        if importlib.util.find_spec("torchft") is None:
+            raise LighthouseError("per-step fault tolerance needs torchft, which is not installed here: "
+                                  "pip install 'nbtrain[ft]'")
         bind = f"[{host}]:0" if ":" in host else f"{host}:0"
         self._log = tempfile.TemporaryFile()
         self._process = subprocess.Popen(
