@@ -171,6 +171,36 @@ def test_fault_tolerance_the_lighthouse_listens_on_the_rendezvous_address_only_a
     assert not lighthouse.alive()
 
 
+KERNEL = """
+import sys
+from nbtrain.kernel.cluster.lighthouse import Lighthouse
+lighthouse = Lighthouse("127.0.0.1", min_replicas=1)
+print(lighthouse.address, flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.slow
+def test_fault_tolerance_a_killed_kernel_leaves_no_lighthouse():
+    """The Lighthouse lives as long as its kernel's end of a pipe: a SIGKILLed kernel takes it along."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HELPERS.parent.parent), os.environ.get("PYTHONPATH", "")])}
+    kernel = subprocess.Popen([sys.executable, "-c", KERNEL], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              env=env)
+    try:
+        assert kernel.stdout is not None
+        port = int(kernel.stdout.readline().rsplit(":", 1)[1])
+        children = psutil.Process(kernel.pid).children()
+        assert len(children) == 1 and socket.create_connection(("127.0.0.1", port), timeout=2)
+        kernel.kill()
+        kernel.wait()
+        gone, alive = psutil.wait_procs(children, timeout=10)
+        assert not alive, alive
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=2)
+    finally:
+        kernel.kill()
+
+
 def test_fault_tolerance_without_torchft_the_lighthouse_says_how_to_install_it(monkeypatch):
     import importlib.util
 
