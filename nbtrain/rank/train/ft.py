@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
-from collections.abc import Callable, Iterator
 from typing import Any
 
 from .ft_transport import SignedTransport
