@@ -99,6 +99,17 @@ def _manager_server_on(host: str) -> Iterator[None]:
         tm.ManagerServer = original
 
 
+def fault_tolerant_ddp(manager: Any, model: Any) -> Any:
+    """DDP over torchft's fault-tolerant all-reduce (as torchft's own ``DistributedDataParallel``, whose comm hook
+    fails on the buckets after the first that meets a lost peer — nbtrain's lets the step end uncommitted)."""
+    from torch.nn.parallel import DistributedDataParallel
+    from torchft.process_group import ProcessGroupDummy
+
+    wrapped = DistributedDataParallel(model, process_group=ProcessGroupDummy(0, 1), find_unused_parameters=True)
+    wrapped.register_comm_hook(manager, _fault_tolerant_hook)
+    return wrapped
+
+
 def _fault_tolerant_hook(manager, bucket):  # unannotated: DDP checks the annotations it finds against its own types
     """One bucket's gradients averaged over the quorum's groups. Once a peer is lost in this step torchft hands
     back a plain future (its work is a no-op from then on): the bucket is returned as it is, and the step, which
@@ -160,14 +171,7 @@ class ReplicaGroup:
         self.participation.healed_at = self.manager.current_step()
 
     def wrap_model(self, model: Any) -> Any:
-        """DDP over torchft's fault-tolerant all-reduce (as torchft's own ``DistributedDataParallel``, whose comm
-        hook fails on the buckets after the first that meets a lost peer — nbtrain's lets the step end uncommitted)."""
-        from torch.nn.parallel import DistributedDataParallel
-        from torchft.process_group import ProcessGroupDummy
-
-        wrapped = DistributedDataParallel(model, process_group=ProcessGroupDummy(0, 1), find_unused_parameters=True)
-        wrapped.register_comm_hook(self.manager, _fault_tolerant_hook)
-        return wrapped
+        return fault_tolerant_ddp(self.manager, model)
 
     def wrap_optimizer(self, optimizer: Any) -> Any:
         return _recording_wrapper()(self.manager, optimizer, self.participation)
