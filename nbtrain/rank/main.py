@@ -58,7 +58,7 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from .train import debug, metrics, preempt_checkpoint, profile, shard
+from .train import debug, ft_cell, metrics, preempt_checkpoint, profile, shard
 from .train import state as train_state
 from ..wire import protocol as P
 from ..wire import stop_marks
@@ -161,8 +161,11 @@ def _init_process_group(device) -> tuple[float, float]:
     backend = os.environ["NBTRAIN_BACKEND"]
     timeout = timedelta(seconds=float(os.environ.get("NBTRAIN_TIMEOUT", "600")))
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    store, rank, world_size = next(dist.rendezvous("env://", rank, world_size, timeout=timeout))
-    store.set_timeout(timeout)
+    if os.environ.get("NBTRAIN_FT") == "1":  # --ft: a replica group of its own; the groups meet through torchft
+        store, rank, world_size = dist.HashStore(), 0, 1
+    else:
+        store, rank, world_size = next(dist.rendezvous("env://", rank, world_size, timeout=timeout))
+        store.set_timeout(timeout)
     joined = time.time()
     kwargs = {"device_id": device} if backend == "nccl" else {}
     dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store), rank=rank, world_size=world_size,
@@ -289,6 +292,7 @@ class Rank:
             scopes.enter_context(train_state.scope(job.train, self.device, self.rank, int(os.environ["WORLD_SIZE"])))
             scopes.enter_context(integrations.scope(job.train.integrations))  # Trainers' logs as nbtrain's series
             scopes.enter_context(preempt_checkpoint.scope(job.job_id, self.rank, self.send))
+            scopes.enter_context(ft_cell.scope(job.ft, self.rank))  # --ft: its replica group, left before the context ends
             scopes.enter_context(profile.scope(job.train.profile, job.train.profile_dir, self.rank, self.device,
                                                job.job_id, self.send))
             return scopes.pop_all()  # entered whole, or (one failed to start) the ones entered ended again

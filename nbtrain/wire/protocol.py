@@ -78,6 +78,17 @@ class Ready:
 
 
 @dataclass(frozen=True)
+class FaultTolerance:
+    """A ``--ft`` job's replica groups: where they meet and the secret their state travels under (this channel is
+    authenticated; neither is ever in a rank's environment or command line)."""
+
+    lighthouse: str  # http://HOST:PORT of the run's torchft Lighthouse
+    secret: bytes  # the run's recovery secret (rank/train/ft_transport.py)
+    groups: int  # replica groups the run has (one per rank)
+    host: str = "127.0.0.1"  # where each group's own servers listen
+
+
+@dataclass(frozen=True)
 class Job:
     job_id: int
     source: str
@@ -91,6 +102,7 @@ class Job:
     shared_files: tuple[str, ...] = ()  # the /dev/shm files the inputs map: another machine gets their bytes
     session: str = ""  # run in this session's namespace, kept between jobs; "" = a fresh namespace
     line_offset: int = 1  # lines above the source in the cell (the magic's): a warning names the cell's line
+    ft: FaultTolerance | None = None  # --ft: this rank's replica group (rank/train/ft_cell.py)
 
 
 @dataclass(frozen=True)

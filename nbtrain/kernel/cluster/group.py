@@ -363,6 +363,9 @@ class NodePool(GroupState):
         record.exit_code, record.account = code, account
         return Exited(rank, code)
 
+    def replace_rank(self, rank: int) -> int:
+        raise NotImplementedError("--ft replaces ranks on this machine only; the request refuses it with --nodes")
+
     def release_node(self, name: str, account: str) -> list:
         """A preempted node whose checkpoint is written (or whose grace ran out): its agent leaves now, its ranks
         end the run with ``account``, and the next group forms without it."""

@@ -28,13 +28,14 @@ Output goes through :class:`~nbtrain.kernel.relay.output.OutputRelay`, which wri
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
 from dataclasses import replace
 
 from ...wire import protocol as P
-from ...wire.payload import Inputs, Results, reason, unpack_results
+from ...wire.payload import Inputs, reason
 from ...wire.shm import new_result_prefix, sweep_prefix
 from ...common.words import count
 from ..diagnostics.failures import CellPlace, RankFailedError, RankFailure, StopAccount, order_failures
@@ -42,7 +43,7 @@ from ..diagnostics.mismatch import MismatchWatcher
 from ..diagnostics.stacks import whereabouts
 from ..observers.cost import metering_for
 from ..observers.events import FanOut, NodeState, RankInfo, RunInfo, RunState
-from ..observers.coldstart import ColdStart, StartMarks
+from ..observers.coldstart import StartMarks
 from ..observers.history import History, RunResult
 from ..ranks.rank_events import Exited, Message, Output, RankEvent, Sampled
 from ..ranks.rankgroup import RankGroup
@@ -55,6 +56,8 @@ from ..request.notebook_modules import notebook_workdir
 from .cellrun import CellRun
 from .phase import RunPhase, checked_next
 from .pools import Acquired
+from .bring_back import bring_back
+from .ft_run import ReplicaWatch
 from .preemption import PreemptionWatch
 from .sessions import SESSION_FAILURE_GRACE_S, ended_sentence, kept_sentence, stuck_sentence
 from .stopping import StopButton, stop_button, stop_run
@@ -77,8 +80,10 @@ def _physical_gpu(spec: PoolSpec, device: str | None) -> int | None:
 class _Run:
     """The event loop of one cell on one pool."""
 
-    def __init__(self, cell: CellRun, acquired: Acquired, job: P.Job, inputs: Inputs, observers: FanOut) -> None:
+    def __init__(self, cell: CellRun, acquired: Acquired, job: P.Job, inputs: Inputs, observers: FanOut,
+                 ft: ReplicaWatch | None = None) -> None:
         pool = acquired.pool
+        self.ft = ft  # --ft: lost ranks are replaced (.ft_run)
         self.cell, self.pool, self.job, self.inputs, self.config = cell, pool, job, inputs, cell.config
         # when the ranks were asked for (the summary's time counts from it); a run followed later: when it began
         self.started = acquired.asked_at - pool.ran_before()
@@ -133,14 +138,16 @@ class _Run:
                     return self._enter(RunPhase.FAILED)
                 if self.job.session and len(self.done.keys() | self.raised) == self.nprocs:
                     return self._enter(RunPhase.FAILED)  # every rank answered: the session survives the failure
-            elif len(self.done) == self.nprocs:
+            elif self._finished():
                 if self.phase is RunPhase.RUNNING:
                     self._enter(RunPhase.FINISHING)
-                if all(self.relay.ended(r, self.job.job_id) for r in range(self.nprocs)) or now - self.phase_since > END_MARK_WAIT_S:
+                if all(self.relay.ended(r, self.job.job_id) for r in self.done) or now - self.phase_since > END_MARK_WAIT_S:
                     self.preemption.finished()
+                    if self.ft is not None:
+                        self.say(self.ft.summary(self.history))
                     self.relay.flush()
                     return self._enter(RunPhase.FINISHED)
-            elif self.done and (mismatch := self.mismatch.check(set(self.done), now)) is not None:
+            elif self.done and not self.ft and (mismatch := self.mismatch.check(set(self.done), now)) is not None:
                 self._fail(min(mismatch.waiting), mismatch.error(), diagnosis=mismatch.message())
             elif not self.pool.ready and now > self.start_deadline:
                 self._start_timed_out()
@@ -218,7 +225,8 @@ class _Run:
                 if late is None or stream in late:
                     self.relay.feed(rank, stream, text)
             case Exited(rank, code):
-                if late is None and rank not in self.failures:  # in the loop every exit is real: nbtrain kills only after it
+                # in the loop every exit is real (nbtrain kills only after it); under --ft one may be replaced
+                if late is None and rank not in self.failures and not self._replaced(rank, code):
                     self._fail(rank, code)
                 return True
             case Message(rank, message):
@@ -246,10 +254,12 @@ class _Run:
             self.marks.on_ready(rank, msg.times)
             if self.pool.mark_ready(rank, msg.device) and self.sent:
                 self._tell_info("ranks_ready")
+            if self.ft is not None and self.ft.joined(rank):
+                self.pool.send_to(rank, self.job)  # a replacement: the cell, and the peer it copies, wait for it
         elif isinstance(msg, P.Loaded) and msg.job_id == self.job.job_id:
             self.loaded.add(rank)
             self.marks.on_loaded(rank)
-            if len(self.loaded) == self.nprocs:
+            if len(self.loaded) == self.nprocs and self.ft is None:  # --ft: a replacement loads them later
                 self.inputs.arena.unlink()
         elif isinstance(msg, P.Display) and msg.job_id == self.job.job_id:
             self.displays.add(msg, self.relay)
@@ -269,6 +279,22 @@ class _Run:
         elif isinstance(msg, P.BreakpointLeft) and msg.job_id == self.job.job_id:
             for target in range(self.nprocs):  # nbtrain.breakpoint(): the ranks waiting for the debugged one go on
                 self.pool.send_to(target, P.BreakpointRelease(msg.job_id, msg.call))
+
+    def _replaced(self, rank: int, code: int) -> bool:
+        """--ft: a rank that exited while the cell ran gets a replacement, if it may (.ft_run)."""
+        if self.ft is None or self.phase is not RunPhase.RUNNING or not self.sent or rank in self.done:
+            return False
+        if not self.ft.lose(rank, code, set(self.done), self.say):
+            return False
+        self.pool.replace_rank(rank)
+        return True
+
+    def _finished(self) -> bool:
+        """Every rank finished the cell — under --ft, every rank but replacements that came too late to join (the
+        others finished first): those are stopped with the pool."""
+        if self.ft is not None and self.ft.too_late(set(self.done), self.say):
+            self.pool.mark_broken()
+        return len(self.done) + len(self.ft.abandoned if self.ft else ()) == self.nprocs
 
     def _fail(self, rank: int, cause: P.RemoteError | int, diagnosis: str | None = None) -> None:
         """Rank ``rank`` failed (an exception it reported, or its exit code): the pool is done for."""
@@ -370,8 +396,10 @@ def _run_and_bring_back(cell: CellRun, inputs: Inputs, result_prefix: str, start
         try:  # only noted (run_finished is announced here alone, exactly once, however the run ends)
             with button.deferred():  # a press while the group starts is acted on by the run's loop
                 acquired = cell.manager.acquire(cell.config, cell.config.workdir or notebook_workdir())
-            run = _Run(cell, acquired, _job(cell, acquired.pool, inputs, result_prefix), inputs, observers)
-            result = _drive(run, acquired, button, started)
+            ft = ReplicaWatch(acquired.pool.world_size) if acquired.pool.spec.ft else None  # --ft: the Lighthouse
+            with contextlib.closing(ft) if ft is not None else contextlib.nullcontext():
+                run = _Run(cell, acquired, _job(cell, acquired.pool, inputs, result_prefix, ft), inputs, observers, ft)
+                result = _drive(run, acquired, button, started)
             ending = (RunState.FINISHED, f"{count('rank', len(result.devices))} finished in {result.seconds:.1f} s")
             return result
         except RankFailedError as error:
@@ -388,14 +416,14 @@ def _run_and_bring_back(cell: CellRun, inputs: Inputs, result_prefix: str, start
                 observers.notify("run_finished", *ending)
 
 
-def _job(cell: CellRun, pool: RankGroup, inputs: Inputs, result_prefix: str) -> P.Job:
+def _job(cell: CellRun, pool: RankGroup, inputs: Inputs, result_prefix: str, ft: ReplicaWatch | None) -> P.Job:
     """The job every rank of ``pool`` gets: the cell's source, its inputs, and where its results go."""
     config, info = cell.config, cell.info
     workdir = config.workdir or notebook_workdir()
     return P.Job(pool.next_job_id(), info.source, cell_filename(info, pool.spec), inputs.data,
                  names_to_return(info, config.out_names), train=config.train, cwd=workdir.cwd,
                  sys_path=workdir.sys_path, result_prefix=result_prefix, shared_files=tuple(inputs.arena.paths),
-                 session=config.session, line_offset=info.line_offset)
+                 session=config.session, line_offset=info.line_offset, ft=ft.job_part() if ft is not None else None)
 
 
 def cell_filename(info, spec: PoolSpec) -> str:
@@ -439,8 +467,8 @@ def _drive(run: _Run, acquired: Acquired, button: StopButton, started: float) ->
         session.carry(run.history)
     if run.phase is RunPhase.FAILED:
         raise _failure(run)
-    manager.release(healthy=True, keep_alive_s=config.keep_alive_s)
-    result = _bring_back(run, time.monotonic() - started + pool.ran_before())
+    manager.release(healthy=not pool.broken, keep_alive_s=config.keep_alive_s)  # --ft: a replacement too late
+    result = bring_back(run, time.monotonic() - started + pool.ran_before())
     if config.session:
         manager.sessions.record(config.session, pool, run.done, cell.namespace)
     if result.cold_start is not None:
@@ -469,25 +497,3 @@ def _failure(run: _Run) -> RankFailedError:
             notes.insert(0, stuck_sentence(sorted(run.raised), unfinished, pool.spec.backend))
     account = StopAccount(tuple(stopped), where, tuple(notes), pool.spec.device_type)
     return RankFailedError(list(run.failures.values()), place, account)
-
-
-def _bring_back(run: _Run, seconds: float) -> RunResult:
-    warm, deleted = run.warm, run.cell.deleted
-    results = next((d.results for d in run.done.values() if isinstance(d.results, Results)), None)
-    values, skipped = unpack_results(results, run.inputs.arena.originals) if results is not None else ({}, {})
-    if results is not None and results.missing:
-        skipped.update({name: "not defined on rank 0 when the cell ended" for name in results.missing
-                        if name not in deleted})
-    run.cell.namespace.update(values)
-    return RunResult(
-        returned=tuple(values), skipped=skipped,
-        moved_to_cpu=tuple(results.moved_to_cpu) if results is not None else (),
-        seconds=seconds, rank_seconds={r: d.seconds for r, d in sorted(run.done.items())},
-        devices=run.pool.devices, warm=warm, backend=run.pool.spec.backend, history=run.history, notes=list(run.inputs.notes),
-        profiles=run.profiles, setup=run.setup, cold_start=None if warm else _cold_start(run),
-        shared_bytes=run.inputs.arena.written, pack_seconds=run.inputs.seconds, metering=run.metering)
-
-
-def _cold_start(run: _Run) -> ColdStart | None:
-    start = run.pool.local_start()  # ranks on this machine only (one clock)
-    return None if start is None else run.marks.split(start.started_at, start.forked, run.nprocs)

@@ -7,7 +7,8 @@
   before anything is unpickled; an authenticated peer must then say :class:`~.protocol.Hello` with the
   pid of a rank the kernel started (:func:`admit`), or it is dropped. Connections are accepted by a
   thread, since ``accept()`` blocks; the listener closes as soon as every rank is in, so nothing can
-  connect afterwards;
+  connect afterwards — unless the pool replaces ranks (``--ft``): it then stays open for the key's holders, and
+  admits only the pid of a replacement the kernel started (:meth:`Channel.expect`);
 * **framing** — each message is one pickled object in one length-prefixed frame of
   :mod:`multiprocessing.connection` (:func:`send` / :func:`receive`); a connection that ends is dropped,
   and the rank's exit is the process group's to report.
@@ -63,6 +64,8 @@ class Channel:
         self._accepted: queue.SimpleQueue = queue.SimpleQueue()  # (rank, connection) from the accept thread
         self._conns: dict[int, Connection] = {}
         self._nranks = 0
+        self._pending: dict[int, int] = {}  # pid -> rank of the processes still to connect (the accept thread's)
+        self._replaceable = False  # keep listening once every rank is in (--ft replaces ranks)
         # the accept thread writes a byte here for each rank it admits: the run's loop waits on it with the
         # rest, so the job leaves the moment the last rank is in rather than at the loop's next poll
         self._wake_read, self._wake_write = os.pipe()
@@ -75,7 +78,7 @@ class Channel:
     def accept(self, pids: list[int]) -> None:
         """Accept the ranks with these pids (rank = index), in a thread, as they connect."""
         self._nranks = len(pids)
-        pending = {pid: rank for rank, pid in enumerate(pids)}
+        pending = self._pending = {pid: rank for rank, pid in enumerate(pids)}
 
         def admitted(hello: P.Hello, conn: Connection) -> bool:
             rank = admit(hello, pending)
@@ -86,7 +89,20 @@ class Channel:
             return rank is not None
 
         if self._listener is not None:
-            self._listener.serve(admitted, more=lambda: bool(pending))
+            self._listener.serve(admitted, more=lambda: bool(pending) or self._replaceable)
+
+    def keep_listening(self) -> None:
+        """Before :meth:`accept`: the listener stays open for replacements (``--ft``, :meth:`expect`)."""
+        self._replaceable = True
+
+    def expect(self, rank: int, pid: int) -> None:
+        """Admit the process ``pid`` as ``rank`` (a replacement for a rank that has exited) when it connects."""
+        assert self._replaceable, "a channel admits replacements only when told to keep listening"
+        self._collect()
+        gone = self._conns.pop(rank, None)
+        if gone is not None:
+            gone.close()
+        self._pending[pid] = rank
 
     def _collect(self) -> None:
         while not self._accepted.empty():

@@ -65,15 +65,30 @@ class LocalPool(GroupState):
         self.channel = Channel(self._dir)
         self.procs = RankProcesses(self._dir)
         self._store: StoreHost | None = None
+        self._zygote: ZygoteHandle | None = None  # what the ranks were forked from (a replacement is too)
 
     def spawn(self, zygote: ZygoteHandle | None = None, fork_ranks: bool = True) -> None:
         """Start the store's process and the ranks (forked from ``zygote`` where it can; ``fork_ranks=False``:
         only the store); the ranks connect and rendezvous in the background (see :meth:`poll_events`)."""
         self.channel.listen(self.spec.nprocs)
-        self._store = store = StoreHost("127.0.0.1", zygote)
-        self.procs.start([worker_env(self.spec, rank, store.port, self.channel.address, self.run_id, self._dir)
-                          for rank in range(self.spec.nprocs)], self.channel.key, zygote if fork_ranks else None)
+        self._store = StoreHost("127.0.0.1", zygote)
+        self._zygote = zygote if fork_ranks else None
+        self.procs.start([self._env(rank) for rank in range(self.spec.nprocs)], self.channel.key, self._zygote)
+        if self.spec.ft:
+            self.channel.keep_listening()
         self.channel.accept(self.procs.pids())
+
+    def _env(self, rank: int) -> dict:
+        assert self._store is not None
+        return worker_env(self.spec, rank, self._store.port, self.channel.address, self.run_id, self._dir)
+
+    def replace_rank(self, rank: int) -> int:
+        """``--ft``: a new process in place of ``rank``, which exited; it connects and says Ready as the others did.
+        Returns its pid."""
+        assert self.spec.ft, "only a --ft pool replaces its ranks"  # its slot keeps its device meanwhile
+        pid = self.procs.replace(rank, self._env(rank), self.channel.key, self._zygote)
+        self.channel.expect(rank, pid)
+        return pid
 
     # ---------------------------------------------------------------------------------- state
     def alive(self) -> bool:

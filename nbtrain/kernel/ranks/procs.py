@@ -66,6 +66,8 @@ def worker_env(spec: PoolSpec, rank: int, store_port: int, socket_path: str, run
         CUDA_VISIBLE_DEVICES=",".join(str(i) for i in spec.gpu_ids),
         NBTRAIN_STACK_FILE=stack_file_path(workdir, rank),
     )
+    if spec.ft:  # its own group of one: the groups meet through torchft's Lighthouse (rank/train/ft_cell.py)
+        env["NBTRAIN_FT"] = "1"
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // spec.nprocs)))
     if "lo" in psutil.net_if_addrs():  # one machine: keep gloo's and NCCL's sockets off the network
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -98,17 +100,31 @@ class RankProcesses:
         channel's key on its stdin."""
         self.started_at = time.time()
         for rank, env in enumerate(envs):
-            forked = self._fork(zygote, rank, env) if zygote is not None and not self.spawn_reason else None
-            popen = forked or subprocess.Popen(
-                [sys.executable, "-m", "nbtrain.rank"], env=env, stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
-            )
-            assert popen.stdin is not None  # stdin=PIPE
-            popen.stdin.write(key.hex().encode() + b"\n")
-            popen.stdin.flush()
-            for stream in ("stdout", "stderr"):
-                os.set_blocking(getattr(popen, stream).fileno(), False)
-            self._procs.append(_Proc(rank, popen))
+            self._procs.append(_Proc(rank, self._launch(rank, env, key, zygote)))
+
+    def replace(self, rank: int, env: dict, key: bytes, zygote: ZygoteHandle | None = None) -> int:
+        """A new process in place of ``rank``, which has exited and been reported (``--ft``); its pid."""
+        old = self._procs[rank]
+        assert old.exit_code is not None, "only a rank whose exit was reported is replaced"
+        for pipe in (old.popen.stdin, old.popen.stdout, old.popen.stderr):
+            with contextlib.suppress(OSError):
+                if pipe is not None:
+                    pipe.close()
+        self._procs[rank] = _Proc(rank, self._launch(rank, env, key, zygote))
+        return self._procs[rank].popen.pid
+
+    def _launch(self, rank: int, env: dict, key: bytes, zygote: ZygoteHandle | None):
+        forked = self._fork(zygote, rank, env) if zygote is not None and not self.spawn_reason else None
+        popen = forked or subprocess.Popen(
+            [sys.executable, "-m", "nbtrain.rank"], env=env, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
+        )
+        assert popen.stdin is not None  # stdin=PIPE
+        popen.stdin.write(key.hex().encode() + b"\n")
+        popen.stdin.flush()
+        for stream in ("stdout", "stderr"):
+            os.set_blocking(getattr(popen, stream).fileno(), False)
+        return popen
 
     def _fork(self, zygote: ZygoteHandle, rank: int, env: dict) -> ForkedRank | None:
         try:

@@ -195,6 +195,9 @@ class RankGroup(Protocol):
     # nodes (a group of ranks on this machine has none: the run names no node to release)
     def release_node(self, name: str, account: str) -> list: ...
 
+    # --ft (ranks on this machine only: the request refuses it elsewhere)
+    def replace_rank(self, rank: int) -> int: ...
+
 
 @dataclass(frozen=True)
 class LocalStart:

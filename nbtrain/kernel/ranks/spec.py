@@ -48,6 +48,7 @@ class PoolSpec:
     env: tuple[tuple[str, str], ...] = ()
     nodes: NodesSpec | None = None  # the ranks run on joined nodes (nbtrain.kernel.cluster)
     gpu_count: int = 0  # --gpus auto: lease this many free GPUs when the pool starts (gpu_ids then names them)
+    ft: bool = False  # --ft: each rank is a replica group of its own (its default process group has one rank)
 
     def rank_devices(self) -> list[str]:
         if self.device_type == "cpu":

@@ -26,6 +26,7 @@ from ..observers.trackers import TrackerSetupError, tensorboard_dir
 from .hosts import SshSetupError, parse_hosts, parse_remote_python, parse_slurm, parse_ssh_options
 from ..observers.cost import PriceError, parse_price
 from ..ranks.spec import NodesSpec, PoolSpec
+from .ft_request import fault_tolerant
 from .detach import detached_spec, with_training
 from .mistakes import ConfigError
 from .notebook_modules import Workdir, WorkdirGone, notebook_workdir
@@ -468,7 +469,7 @@ def _finish(request: LaunchRequest, pool: PoolSpec, output: str, workdir: Workdi
     if train.shard == "hybrid" and (pool.nodes is None or pool.nodes.count <= 1):
         raise ConfigError("--shard hybrid replicates the model across nodes and shards it within each, so it needs "
                           "--nodes N (on one machine, use --shard).")
-    pool = with_training(pool, train)
+    pool = with_training(fault_tolerant(request, pool) if train.ft else pool, train)
     session = _parse_session(request.session, request.max_restarts)
     try:
         price = parse_price(request.price_per_gpu_hour)

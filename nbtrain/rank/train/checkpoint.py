@@ -277,6 +277,23 @@ def _snapshot(context: TrainContext, ranks: list, extra: dict, states: tuple[lis
     }
 
 
+def own_snapshot(context: TrainContext) -> dict:
+    """This rank's training state as a checkpoint holds it — no collective, nothing written: what a ``--ft``
+    replica group hands a peer that copies it (tensors and plain values only; its logged series stay its own)."""
+    mine = {"rng": _rng_state(context.device), "metric_steps": metrics.step_counters()}
+    return _snapshot(context, [mine], {})
+
+
+def resume_from_peer(context: TrainContext, state: dict, peer: str) -> None:
+    """A peer's :func:`own_snapshot`, taken at the first ``prepare()`` of a replica group that joins late: applied to
+    each object as it is prepared, as a checkpoint is; its RNG and metric steps are this rank's from now on."""
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError(f"the state copied from {peer} is not an nbtrain training state.")
+    context.resume_from(state, peer)
+    _set_rng_state(state["ranks"][0]["rng"], context.device)
+    metrics.restore_step_counters(state["ranks"][0]["metric_steps"])
+
+
 # ------------------------------------------------------------------------------------------ loading
 def load_checkpoint(path: str | None = None) -> Checkpoint | None:
     """Load a checkpoint into what is prepared now and what is prepared later; None if there is none yet."""

@@ -33,7 +33,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
-from . import preempt_checkpoint
+from . import ft_cell, preempt_checkpoint
 from .checkpoint import restore_loader
 from .state import PreparedError, TrainContext, unwrapped
 
@@ -88,6 +88,8 @@ class PreparedLoader(DataLoader):
             current = self._next(iterator)
             while current is not _END:
                 if self._context is not None and accum is not None and (accum.closing or not accum.backward_used):
+                    if (ft := ft_cell.active()) is not None:
+                        ft.boundary()  # --ft: the step's quorum, where a peer's copy holds this loader's position
                     preempt_checkpoint.at_boundary(self._context)  # a notice: the checkpoint goes here (rank/train/preempt_checkpoint.py)
                 following = self._next(iterator)
                 self.at_last_batch = following is _END

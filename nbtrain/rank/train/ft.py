@@ -42,6 +42,8 @@ class ReplicaConfig:
     group_world_size: int = 1
     min_replicas: int = 1
     timeout_s: float = 30.0
+    sync_quorum: bool = False  # each quorum (and a heal) done before start_quorum() returns: the group takes part at once
+    init_sync: bool = True  # torchft copies step 0's weights from one group (False: the caller makes them equal)
 
 
 @dataclass
@@ -99,13 +101,15 @@ def _manager_server_on(host: str) -> Iterator[None]:
         tm.ManagerServer = original
 
 
-def fault_tolerant_ddp(manager: Any, model: Any) -> Any:
+def fault_tolerant_ddp(manager: Any, model: Any, ddp_class: type | None = None, **ddp_kwargs: Any) -> Any:
     """DDP over torchft's fault-tolerant all-reduce (as torchft's own ``DistributedDataParallel``, whose comm hook
-    fails on the buckets after the first that meets a lost peer — nbtrain's lets the step end uncommitted)."""
+    fails on the buckets after the first that meets a lost peer — nbtrain's lets the step end uncommitted).
+    ``ddp_class``: a subclass of torch's DDP to build (nbtrain's prepared one), with ``ddp_kwargs``."""
     from torch.nn.parallel import DistributedDataParallel
     from torchft.process_group import ProcessGroupDummy
 
-    wrapped = DistributedDataParallel(model, process_group=ProcessGroupDummy(0, 1), find_unused_parameters=True)
+    ddp_kwargs.setdefault("find_unused_parameters", True)
+    wrapped = (ddp_class or DistributedDataParallel)(model, process_group=ProcessGroupDummy(0, 1), **ddp_kwargs)
     wrapped.register_comm_hook(manager, _fault_tolerant_hook)
     return wrapped
 
@@ -164,14 +168,14 @@ class ReplicaGroup:
                 lighthouse_addr=config.lighthouse, hostname=config.host, store_addr=config.host,
                 store_port=config.store_port, rank=config.group_rank, world_size=config.group_world_size,
                 checkpoint_transport=self.transport, timeout=timeout, quorum_timeout=timeout * 2,
-                connect_timeout=timeout)
+                connect_timeout=timeout, use_async_quorum=not config.sync_quorum, init_sync=config.init_sync)
 
     def _healed(self, load: Callable[[Any], None], state: Any) -> None:
         load(state)
         self.participation.healed_at = self.manager.current_step()
 
-    def wrap_model(self, model: Any) -> Any:
-        return fault_tolerant_ddp(self.manager, model)
+    def wrap_model(self, model: Any, ddp_class: type | None = None, **ddp_kwargs: Any) -> Any:
+        return fault_tolerant_ddp(self.manager, model, ddp_class, **ddp_kwargs)
 
     def wrap_optimizer(self, optimizer: Any) -> Any:
         return _recording_wrapper()(self.manager, optimizer, self.participation)

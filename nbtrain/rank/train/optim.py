@@ -28,9 +28,9 @@ import weakref
 
 import torch
 
-from . import preempt_checkpoint
+from . import ft_cell, preempt_checkpoint
 from .checkpoint import restore_scheduler
-from .state import TrainContext, unwrapped
+from .state import PreparedError, TrainContext, unwrapped
 
 
 class PreparedOptimizer(torch.optim.Optimizer):
@@ -76,6 +76,8 @@ class PreparedOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._context.accum.at_boundary():
+            if (ft := ft_cell.active()) is not None:
+                ft.boundary()  # --ft without a prepared loader: the step's quorum starts here
             self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def unscale_once(self, scaler) -> None:
@@ -89,6 +91,8 @@ class PreparedOptimizer(torch.optim.Optimizer):
         if not context.accum.at_boundary():
             return None
         context.meter.optimizer_began()
+        if (ft := ft_cell.active()) is not None and not ft.commit():
+            return None  # --ft: a group of the quorum did not finish this step; no group takes it
         scaler = context.scaler
         if scaler is not None:
             if not context.accum.backward_used:
@@ -160,6 +164,10 @@ class PreparedScheduler:
 
 
 def prepare_optimizer(context: TrainContext, optimizer) -> PreparedOptimizer:
+    if ft_cell.active() is not None and context.optimizers:
+        raise PreparedError("under --ft the replica groups agree on each step of one optimizer; this cell prepares a "
+                            "second. Put every parameter in one optimizer (parameter groups can keep their own "
+                            "settings), or run without --ft.")
     """The optimizer wrapped and kept; a resumed state is given by ``prepare()``, with its models' (one DCP load)."""
     prepared = PreparedOptimizer(optimizer, context)
     context.optimizers.append(prepared)

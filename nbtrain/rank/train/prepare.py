@@ -38,7 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from torch.utils.data import DataLoader
 
-from . import data, optim, speed
+from . import data, ft_cell, optim, speed
 from . import shard as sharding
 from .amp import outputs_to_fp32
 from .checkpoint import auto_resume, restore_model, restore_prepared
@@ -58,6 +58,8 @@ def prepare(*objects, shard=None, weights=None, **ddp_kwargs):
         raise PreparedError("nbtrain.prepare() needs objects to prepare, such as prepare(model, optimizer, loader).")
     context = current()
     auto_resume(context)
+    if (ft := ft_cell.active()) is not None:
+        ft.join()  # --ft: the first quorum; a group that joins late copies a peer's state here
     for obj in objects:
         _check_not_prepared(context, obj)
     kinds = {id(o): _kind(o) for o in objects}
@@ -162,7 +164,8 @@ def _prepare_model(context: TrainContext, model, ddp_kwargs: dict):
         if model_speed.channels_last or model_speed.compile:  # gradients as bucket views: no stride warning, no copy
             ddp_kwargs = {"gradient_as_bucket_view": True, **ddp_kwargs}
         try:
-            wrapped = PreparedDDP(model, device_ids=device_ids, **ddp_kwargs)
+            wrapped = (PreparedDDP(model, device_ids=device_ids, **ddp_kwargs) if (ft := ft_cell.active()) is None
+                       else ft.wrap_model(model, PreparedDDP, device_ids=device_ids, **ddp_kwargs))
         except TypeError as exc:
             raise PreparedError(f"DistributedDataParallel rejected prepare()'s keyword arguments: {exc}") from None
         context.meter.all_reduced(model)

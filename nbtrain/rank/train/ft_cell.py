@@ -1,0 +1,128 @@
+"""``--ft`` in a cell: this rank is one torchft replica group, which keeps stepping while another is lost.
+
+The kernel gives each rank a :class:`~nbtrain.wire.protocol.FaultTolerance` with its job (over the authenticated
+channel): the run's Lighthouse and recovery secret. The cell does not change; ``prepare()`` does the rest.
+
+* **Joining.** At the cell's first ``prepare()`` the group builds its Manager (:class:`~.ft.ReplicaGroup`) and asks
+  for its first quorum. Groups that start together meet at step 0 (and the model's weights are then made equal, as
+  DDP's broadcast does); a group that comes later — a replacement for a lost one — is behind the others' step, so
+  torchft copies a healthy peer's state to it: its :func:`~.checkpoint.own_snapshot` (model, optimizer, schedulers,
+  loader positions, step, epoch, RNG), applied as it is prepared, as a checkpoint is. The copy travels over
+  :mod:`.ft_transport`, sealed with the run's secret and loaded with ``weights_only=True``.
+* **Each step** the groups agree on a quorum where a step starts — before a prepared DataLoader hands out its next
+  batch, or at ``optimizer.zero_grad()`` without one — so the state a peer copies is a step's boundary, and its
+  loader positions are exact. Gradients are averaged over the quorum's groups (:func:`~.ft.fault_tolerant_ddp`);
+  ``optimizer.step()`` steps only when every group in the quorum finished the step (torchft's ``should_commit``),
+  so a group lost in the middle of a step costs the others that step's update, never a wrong one.
+* **What each step saw** is logged as the series ``ft_groups`` (how many groups' gradients counted), so ``history``
+  and the dashboard show the steps taken with fewer groups.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from ...wire import protocol as P
+from . import metrics
+from .checkpoint import own_snapshot, resume_from_peer
+from .state import TrainContext, current
+
+GROUPS_SERIES = "ft_groups"
+
+
+class FtCell:
+    """This rank's replica group during one cell (built at its first ``prepare()``)."""
+
+    def __init__(self, job: P.FaultTolerance, slot: int) -> None:
+        self.job, self.slot = job, slot
+        self.group: Any = None  # .ft.ReplicaGroup, once joined
+        self._store: Any = None  # the group's own c10d store, kept alive with it
+        self.quorum_open = False  # a quorum was formed for the step in progress
+        self.joined = False  # the first prepare() took the first quorum
+
+    def start(self, context: TrainContext) -> None:
+        """Build the Manager as the cell starts: its heartbeats tell the Lighthouse that this group is coming, so
+        the first quorum waits for it (up to the Lighthouse's join timeout) instead of forming without it."""
+        from .ft import ReplicaConfig, ReplicaGroup, group_store
+
+        self._store = group_store(self.job.host)
+        config = ReplicaConfig(lighthouse=self.job.lighthouse, replica_id=str(self.slot), host=self.job.host,
+                               secret=self.job.secret, store_port=self._store.port, sync_quorum=True,
+                               init_sync=False, timeout_s=60.0)
+        self.group = ReplicaGroup(config, lambda: own_snapshot(context),
+                                  lambda state: resume_from_peer(context, state, "a peer replica group"))
+
+    def join(self) -> None:
+        """The cell's first ``prepare()``: the first quorum (copying a peer's state, if this group is behind)."""
+        if not self.joined:
+            self.joined = True
+            self.boundary()
+
+    def boundary(self) -> None:
+        """A step starts: the groups agree on who takes part (once per step)."""
+        if self.joined and not self.quorum_open:
+            self.group.manager.start_quorum()
+            self.quorum_open = True
+
+    def wrap_model(self, model: Any, ddp_class: type, **ddp_kwargs: Any) -> Any:
+        """The model in fault-tolerant DDP; at step 0 every group takes the weights of the quorum's first."""
+        if self.group.manager.current_step() == 0:
+            _equal_weights(self.group.manager, model)
+        return self.group.wrap_model(model, ddp_class, **ddp_kwargs)
+
+    def commit(self) -> bool:
+        """After backward: whether this step's optimizer step is taken (every group of the quorum finished it)."""
+        manager = self.group.manager
+        step, groups = manager.current_step(), manager.num_participants()
+        self.quorum_open = False
+        committed = manager.should_commit()
+        if committed:
+            self.group.participation.committed(step, groups, manager.is_participating())
+            metrics.log_own(step, {GROUPS_SERIES: float(groups)})
+        return committed
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.shutdown()
+        self.group = self._store = None
+
+
+def _equal_weights(manager: Any, model: Any) -> None:
+    """Step 0: the weights of the quorum's first group in every group (a sum to which only it adds), as DDP
+    broadcasts rank 0's."""
+    import torch
+    from torch.distributed import ReduceOp
+
+    first = manager.participating_rank() == 0
+    with torch.no_grad():
+        for tensor in list(model.parameters()) + list(model.buffers()):
+            if not tensor.is_floating_point():
+                continue
+            mine = tensor.detach().clone() if first else torch.zeros_like(tensor)
+            manager.allreduce(mine, reduce_op=ReduceOp.SUM).wait()
+            tensor.copy_(mine)
+
+
+_cell: FtCell | None = None
+
+
+@contextlib.contextmanager
+def scope(job: P.FaultTolerance | None, slot: int) -> Iterator[None]:
+    """A cell of a ``--ft`` job (``job`` None: any other cell); its group leaves the quorum when the cell ends."""
+    global _cell
+    cell = FtCell(job, slot) if job is not None else None
+    if cell is not None:
+        cell.start(current())
+    _cell = cell
+    try:
+        yield
+    finally:
+        _cell = None
+        if cell is not None:
+            cell.close()
+
+
+def active() -> FtCell | None:
+    return _cell

@@ -1,0 +1,133 @@
+"""``%%distributed N --ft``: a cell whose ranks are torchft replica groups keeps stepping when one is killed.
+
+Real ranks (gloo on the CPU), a real Lighthouse, real torchft Managers: rank 2 of 3 is SIGKILLed in the middle
+of the run; the others go on without a pause longer than 2 s, a new rank 2 copies a peer's state and finishes
+the cell with them, every group ends with the same parameters, and the cell and ``history`` say what happened.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+
+import pytest
+import torch
+from helpers.runhelp import Captured, run_cell
+
+from nbtrain.kernel.diagnostics.failures import RankFailedError
+from nbtrain.kernel.request.config import ConfigError, LaunchRequest, resolve
+
+pytestmark = pytest.mark.timeout(300)
+
+STEPS = 60  # 3 epochs of 20 steps: 240 samples, 3 groups, batches of 4
+
+CELL = """
+import os, time, torch, nbtrain
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(rank)  # different weights at first: --ft makes them equal at step 0, as DDP does
+data = TensorDataset(torch.randn(240, 4, generator=torch.Generator().manual_seed(0)),
+                     torch.randint(0, 2, (240,), generator=torch.Generator().manual_seed(1)))
+net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+model, opt, loader = nbtrain.prepare(net, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9),
+                                     DataLoader(data, batch_size=4, shuffle=True))
+for epoch in nbtrain.epochs(3):
+    for x, y in loader:
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        nbtrain.log(loss=loss)
+        with open(os.path.join(MARKS, f"rank{rank}"), "a") as mark:
+            mark.write(f"{os.getpid()} {nbtrain.training_state().step} {time.time():.3f}\\n")
+        time.sleep(0.1)
+torch.save([p.detach() for p in model.module.parameters()], os.path.join(MARKS, f"final{rank}.pt"))
+steps = nbtrain.training_state().step
+"""
+
+
+def _marks(folder, rank: int) -> list[tuple[int, int, float]]:
+    path = folder / f"rank{rank}"
+    if not path.exists():
+        return []
+    return [(int(pid), int(step), float(when)) for pid, step, when in
+            (line.split() for line in path.read_text().splitlines() if line.strip())]
+
+
+def _kill_at_step(folder, rank: int, step: int) -> dict:
+    """SIGKILL ``rank``'s process once it has written ``step`` (in a thread); what was sent is in the dict."""
+    sent: dict = {}
+
+    def watch() -> None:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            marks = _marks(folder, rank)
+            if marks and marks[-1][1] >= step:
+                sent.update(pid=marks[-1][0], step=marks[-1][1], at=time.time())
+                os.kill(marks[-1][0], signal.SIGKILL)
+                return
+            time.sleep(0.02)
+
+    threading.Thread(target=watch, daemon=True).start()
+    return sent
+
+
+@pytest.mark.slow
+def test_torchft_cell_keeps_stepping_when_a_rank_is_killed_and_its_replacement_copies_a_peer(fresh_pools, tmp_path):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    sent = _kill_at_step(marks, rank=2, step=20)
+    output = Captured()
+    ns, result = run_cell(fresh_pools, CELL, {"MARKS": str(marks)}, write=output, nprocs=3, ft=True,
+                          out="steps", start_timeout=120)
+    text = output.text()
+    assert sent, text
+    assert re.search(r"nbtrain: --ft: rank 2 was lost \(killed by SIGKILL\) at \d\d:\d\d:\d\d; 2 other replica "
+                     r"groups keep stepping, and a new rank 2 starts", text), text
+    summary = re.search(r"nbtrain: --ft: 1 replica group lost and replaced; 0 steps redone; (\d+) steps? of 60 at "
+                        r"fewer than 3 groups", text)
+    assert summary and 1 <= int(summary.group(1)) < 30, text
+    assert ns["steps"] == STEPS
+
+    for survivor in (0, 1):  # no pause longer than 2 s in their steps, and each step once
+        steps = [step for _, step, _ in _marks(marks, survivor)]
+        times = [when for _, _, when in _marks(marks, survivor)]
+        assert steps == list(range(steps[0], STEPS + 1)) and steps[0] <= 2, steps  # a late start copies step 1
+        assert max(b - a for a, b in zip(times, times[1:], strict=False)) < 2.0 + 0.1, times
+        logged = result.history.series("ft_groups", survivor).steps
+        assert logged == list(range(logged[0], STEPS)), logged
+
+    replacement = [(pid, step) for pid, step, _ in _marks(marks, 2) if pid != sent["pid"]]
+    assert replacement and replacement[0][1] > sent["step"] and replacement[-1][1] == STEPS, replacement
+    finals = [torch.load(marks / f"final{rank}.pt") for rank in range(3)]
+    for other in finals[1:]:  # one model: the copy and the averaged steps keep the groups equal
+        for mine, theirs in zip(finals[0], other, strict=True):
+            assert torch.allclose(mine, theirs, atol=1e-6)
+    groups = result.history.series("ft_groups", 2)
+    assert len(groups.steps) == len(set(groups.steps))  # the new rank 2 goes on from the peer's step
+    assert fresh_pools.pool is not None and fresh_pools.pool.alive()  # the pool, its new rank included, stays warm
+
+
+@pytest.mark.slow
+def test_torchft_cell_still_fails_on_an_exception(fresh_pools, tmp_path):
+    source = "import nbtrain\nif rank == 1:\n    raise ValueError('bad batch')\n"
+    with pytest.raises(RankFailedError, match="bad batch"):
+        run_cell(fresh_pools, source, nprocs=2, ft=True)
+
+
+@pytest.mark.parametrize("options, says", [
+    ({"nprocs": 1}, "needs 2 ranks or more"),
+    ({"session": "s1"}, "use one of --session and --ft"),
+    ({"nodes": "2", "rdzv_host": "127.0.0.1"}, "does not go with --nodes"),
+    ({"shard": "full"}, "does not go with --shard yet"),
+    ({"grad_accum": 2}, "does not go with --grad-accum yet"),
+    ({"checkpoint": "ckpt"}, "does not go with --checkpoint yet"),
+])
+def test_torchft_cell_refuses_what_it_does_not_go_with_before_anything_starts(options, says, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    request = LaunchRequest(**{"nprocs": 2, "cpu": True, "ft": True, **options})
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        resolve(request)
