@@ -68,6 +68,7 @@ def worker_env(spec: PoolSpec, rank: int, store_port: int, socket_path: str, run
     )
     if spec.ft:  # its own group of one: the groups meet through torchft's Lighthouse (rank/train/ft_cell.py)
         env["NBTRAIN_FT"] = "1"
+        env.setdefault("RUST_LOG", "warn")  # torchft's Manager says every quorum and commit at "info", into the cell
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // spec.nprocs)))
     if "lo" in psutil.net_if_addrs():  # one machine: keep gloo's and NCCL's sockets off the network
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")

@@ -70,6 +70,7 @@ class FtCell:
         """The model in fault-tolerant DDP; at step 0 every group takes the weights of the quorum's first."""
         if self.group.manager.current_step() == 0:
             _equal_weights(self.group.manager, model)
+        ddp_kwargs.setdefault("find_unused_parameters", False)  # as plain DDP: prepare(model, find_unused_parameters=True)
         return self.group.wrap_model(model, ddp_class, **ddp_kwargs)
 
     def commit(self) -> bool:
