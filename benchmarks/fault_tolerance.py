@@ -5,7 +5,7 @@
 Three workers (CPU, gloo, one intra-op thread each) train the same MLP (benchmarks/ft_worker.py), twice per round:
 
 * **torchft**: three replica groups of one rank through :mod:`nbtrain.rank.train.ft` (nbtrain's signed recovery
-  transport, a Lighthouse from :mod:`nbtrain.kernel.cluster.lighthouse` on 127.0.0.1, ``min_replicas`` 2). Worker 2
+  transport, a Lighthouse from :mod:`nbtrain.kernel.lifecycle.lighthouse` on 127.0.0.1, ``min_replicas`` 2). Worker 2
   is SIGKILLed once it has committed step ``--kill-at``, and a replacement with its name is started at once.
 * **torch elastic**: ``torchrun --standalone --nproc-per-node 3 --max-restarts 1``, rank 0 checkpointing every
   ``--every`` steps (a file write, as a training script does). Worker 2 is SIGKILLed at the same step; the agent
@@ -38,7 +38,7 @@ from pathlib import Path
 
 import psutil
 
-from nbtrain.kernel.cluster.lighthouse import Lighthouse
+from nbtrain.kernel.lifecycle.lighthouse import Lighthouse
 
 HERE = Path(__file__).resolve().parent
 WORKER = str(HERE / "ft_worker.py")

@@ -2,7 +2,7 @@
 
 Three replica groups of one rank each (``helpers/ft_replica.py``, each a process with its own c10d store) train
 through :class:`nbtrain.rank.train.ft.ReplicaGroup` against a Lighthouse that
-:class:`nbtrain.kernel.cluster.lighthouse.Lighthouse` starts on 127.0.0.1. One is SIGKILLed at step 20: the other
+:class:`nbtrain.kernel.lifecycle.lighthouse.Lighthouse` starts on 127.0.0.1. One is SIGKILLed at step 20: the other
 two keep stepping, a replacement with the same name rejoins by copying a healthy peer's state through nbtrain's
 signed transport, and every group ends with the parameters of a reference computed here from the quorums the
 groups recorded. The attacks on what torchft leaves open are in ``tests/test_torchft_security.py``.
@@ -23,7 +23,7 @@ import pytest
 import torch
 from helpers.ft_replica import batch, model_and_optimizer
 
-from nbtrain.kernel.cluster.lighthouse import Lighthouse
+from nbtrain.kernel.lifecycle.lighthouse import Lighthouse
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

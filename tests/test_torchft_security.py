@@ -33,7 +33,7 @@ import psutil
 import pytest
 import torch
 
-from nbtrain.kernel.cluster.lighthouse import Lighthouse
+from nbtrain.kernel.lifecycle.lighthouse import Lighthouse
 from nbtrain.rank.train.ft_transport import PATH, SignedTransport, TransportRefused, fetch_state
 
 pytestmark = pytest.mark.timeout(180)
@@ -173,7 +173,7 @@ def test_fault_tolerance_the_lighthouse_listens_on_the_rendezvous_address_only_a
 
 KERNEL = """
 import sys
-from nbtrain.kernel.cluster.lighthouse import Lighthouse
+from nbtrain.kernel.lifecycle.lighthouse import Lighthouse
 lighthouse = Lighthouse("127.0.0.1", min_replicas=1)
 print(lighthouse.address, flush=True)
 sys.stdin.read()

@@ -1,7 +1,7 @@
 """``--ft`` in the kernel: the run's Lighthouse, and a new rank in the place of one that dies.
 
 Each rank of a ``--ft`` run is a torchft replica group of its own (:mod:`nbtrain.rank.train.ft_cell`). The kernel
-starts the run's Lighthouse (:class:`~nbtrain.kernel.cluster.lighthouse.Lighthouse`, on 127.0.0.1 only) and a fresh
+starts the run's Lighthouse (:class:`~nbtrain.kernel.lifecycle.lighthouse.Lighthouse`, on 127.0.0.1 only) and a fresh
 recovery secret, both sent to the ranks inside the job over the authenticated channel. Then, while the cell runs:
 
 * a rank that **exits** (killed, out of memory, its machine's share gone) is not the run's failure: the cell says
@@ -22,7 +22,7 @@ import time
 
 from ...common.words import count
 from ...wire import protocol as P
-from ..cluster.lighthouse import Lighthouse
+from .lighthouse import Lighthouse
 from ..observers.history import History
 
 REPLACEMENTS = 3  # per rank: a rank that keeps dying (a bug in the cell that kills it) ends the run

@@ -285,11 +285,24 @@ def own_snapshot(context: TrainContext) -> dict:
 
 
 def resume_from_peer(context: TrainContext, state: dict, peer: str) -> None:
-    """A peer's :func:`own_snapshot`, taken at the first ``prepare()`` of a replica group that joins late: applied to
-    each object as it is prepared, as a checkpoint is; its RNG and metric steps are this rank's from now on."""
+    """A peer's :func:`own_snapshot`, for a ``--ft`` replica group that is behind. At its first ``prepare()`` (a
+    group that joins late) it is applied to each object as it is prepared, as a checkpoint is. In the middle of the
+    run (a step the others committed and this group did not) it goes into what is prepared at once — the loaders
+    stay: every group read the same batches. Its RNG and metric steps are this rank's from now on."""
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"the state copied from {peer} is not an nbtrain training state.")
-    context.resume_from(state, peer)
+    if context.models or context.optimizers:
+        for model, saved in zip(context.models, state["models"], strict=True):
+            getattr(model, "module", model).load_state_dict(saved)
+        for optimizer, saved in zip(context.optimizers, state["optimizers"], strict=True):
+            optimizer.load_state_dict(saved)
+        for scheduler, saved in zip(context.schedulers, state["schedulers"], strict=True):
+            scheduler.load_state_dict(saved)
+        if context.scaler is not None and state.get("scaler"):
+            context.scaler.load_state_dict(state["scaler"])
+        context.caught_up(int(state["step"]))
+    else:
+        context.resume_from(state, peer)
     _set_rng_state(state["ranks"][0]["rng"], context.device)
     metrics.restore_step_counters(state["ranks"][0]["metric_steps"])
 

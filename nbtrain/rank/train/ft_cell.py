@@ -70,7 +70,9 @@ class FtCell:
         """The model in fault-tolerant DDP; at step 0 every group takes the weights of the quorum's first."""
         if self.group.manager.current_step() == 0:
             _equal_weights(self.group.manager, model)
-        ddp_kwargs.setdefault("find_unused_parameters", False)  # as plain DDP: prepare(model, find_unused_parameters=True)
+        # DDP reorders its buckets after a first iteration unless it looks for unused parameters; a group that joins
+        # late would then all-reduce buckets laid out differently from the others' (torchft's DDP sets it for this)
+        ddp_kwargs["find_unused_parameters"] = True
         return self.group.wrap_model(model, ddp_class, **ddp_kwargs)
 
     def commit(self) -> bool:

@@ -97,6 +97,10 @@ class TrainContext:
         self.steps_skipped = int(state.get("steps_skipped", 0))
         self.epoch = self.resume_epoch = int(state["epoch"])
 
+    def caught_up(self, step: int) -> None:
+        """--ft: this group copied a peer's state in the middle of the run; its step counter goes on from the peer's."""
+        self.step = step
+
     def mark_resume_checked(self) -> None:
         """The cell's checkpoint was looked for (loaded or not): the automatic resume does not look again."""
         self.auto_resume_checked = True
