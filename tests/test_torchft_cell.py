@@ -189,3 +189,37 @@ def test_torchft_cell_another_user_who_ends_a_group_through_the_lighthouse_only_
     assert re.search(r"nbtrain: --ft: rank 1 was lost \((exit code|killed by)", text), text  # torchft ends it
     assert "nbtrain: --ft: 1 replica group lost and replaced; 0 steps redone" in text, text
     assert ns["steps"] == STEPS
+
+
+def test_torchft_cell_channel_admits_only_the_replacement_it_started(tmp_path):
+    """Under --ft the channel keeps listening: a peer without the key is refused by the challenge, and one with the
+    key but not the pid of a replacement the kernel started is dropped; the replacement is admitted as its rank."""
+    from multiprocessing.connection import Client
+
+    from nbtrain.kernel.ranks.channel import Channel
+    from nbtrain.wire import protocol as P
+
+    channel = Channel(str(tmp_path))
+    channel.listen(2)
+    channel.keep_listening()
+    channel.accept([os.getpid(), os.getpid() + 1])
+    try:
+        first = Client(channel.address, family="AF_UNIX", authkey=channel.key)
+        first.send(P.Hello(0, os.getpid()))
+        with pytest.raises(Exception):
+            Client(channel.address, family="AF_UNIX", authkey=b"x" * 32)
+        stranger = Client(channel.address, family="AF_UNIX", authkey=channel.key)  # the key, but no pid it started
+        stranger.send(P.Hello(1, 999_999))
+        with pytest.raises(EOFError):
+            stranger.recv()
+        channel.expect(1, 424_242)  # a replacement the kernel started
+        replacement = Client(channel.address, family="AF_UNIX", authkey=channel.key)
+        replacement.send(P.Hello(1, 424_242))
+        deadline = time.monotonic() + 5
+        while not channel.connected():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        channel.send_to(1, P.Shutdown())
+        assert isinstance(replacement.recv(), P.Shutdown)
+    finally:
+        channel.close()
