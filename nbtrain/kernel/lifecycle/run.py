@@ -467,7 +467,7 @@ def _drive(run: _Run, acquired: Acquired, button: StopButton, started: float) ->
         session.carry(run.history)
     if run.phase is RunPhase.FAILED:
         raise _failure(run)
-    manager.release(healthy=not pool.broken, keep_alive_s=config.keep_alive_s)  # --ft: a replacement too late
+    manager.release(healthy=not (run.ft and pool.broken), keep_alive_s=config.keep_alive_s)  # --ft: one too late
     result = bring_back(run, time.monotonic() - started + pool.ran_before())
     if config.session:
         manager.sessions.record(config.session, pool, run.done, cell.namespace)
