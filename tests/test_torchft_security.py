@@ -204,7 +204,7 @@ def test_fault_tolerance_a_killed_kernel_leaves_no_lighthouse():
 def test_fault_tolerance_without_torchft_the_lighthouse_says_how_to_install_it(monkeypatch):
     import importlib.util
 
-    from nbtrain.kernel.cluster import lighthouse as module
+    from nbtrain.kernel.lifecycle import lighthouse as module
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchft" else real(name, *a))

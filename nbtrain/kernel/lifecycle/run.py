@@ -80,10 +80,11 @@ def _physical_gpu(spec: PoolSpec, device: str | None) -> int | None:
 class _Run:
     """The event loop of one cell on one pool."""
 
-    def __init__(self, cell: CellRun, acquired: Acquired, job: P.Job, inputs: Inputs, observers: FanOut,
-                 ft: ReplicaWatch | None = None) -> None:
+    def __init__(self, cell: CellRun, acquired: Acquired, job: P.Job, inputs: Inputs, observers: FanOut) -> None:
         pool = acquired.pool
-        self.ft = ft  # --ft: lost ranks are replaced (.ft_run)
+        self.ft = ReplicaWatch(pool.world_size) if pool.spec.ft else None  # --ft: its Lighthouse; lost ranks replaced
+        if self.ft is not None:
+            job = replace(job, ft=self.ft.job_part())
         self.cell, self.pool, self.job, self.inputs, self.config = cell, pool, job, inputs, cell.config
         # when the ranks were asked for (the summary's time counts from it); a run followed later: when it began
         self.started = acquired.asked_at - pool.ran_before()
@@ -396,9 +397,8 @@ def _run_and_bring_back(cell: CellRun, inputs: Inputs, result_prefix: str, start
         try:  # only noted (run_finished is announced here alone, exactly once, however the run ends)
             with button.deferred():  # a press while the group starts is acted on by the run's loop
                 acquired = cell.manager.acquire(cell.config, cell.config.workdir or notebook_workdir())
-            ft = ReplicaWatch(acquired.pool.world_size) if acquired.pool.spec.ft else None  # --ft: the Lighthouse
-            with contextlib.closing(ft) if ft is not None else contextlib.nullcontext():
-                run = _Run(cell, acquired, _job(cell, acquired.pool, inputs, result_prefix, ft), inputs, observers, ft)
+            run = _Run(cell, acquired, _job(cell, acquired.pool, inputs, result_prefix), inputs, observers)
+            with contextlib.closing(run.ft) if run.ft is not None else contextlib.nullcontext():  # its Lighthouse
                 result = _drive(run, acquired, button, started)
             ending = (RunState.FINISHED, f"{count('rank', len(result.devices))} finished in {result.seconds:.1f} s")
             return result
@@ -416,14 +416,14 @@ def _run_and_bring_back(cell: CellRun, inputs: Inputs, result_prefix: str, start
                 observers.notify("run_finished", *ending)
 
 
-def _job(cell: CellRun, pool: RankGroup, inputs: Inputs, result_prefix: str, ft: ReplicaWatch | None) -> P.Job:
+def _job(cell: CellRun, pool: RankGroup, inputs: Inputs, result_prefix: str) -> P.Job:
     """The job every rank of ``pool`` gets: the cell's source, its inputs, and where its results go."""
     config, info = cell.config, cell.info
     workdir = config.workdir or notebook_workdir()
     return P.Job(pool.next_job_id(), info.source, cell_filename(info, pool.spec), inputs.data,
                  names_to_return(info, config.out_names), train=config.train, cwd=workdir.cwd,
                  sys_path=workdir.sys_path, result_prefix=result_prefix, shared_files=tuple(inputs.arena.paths),
-                 session=config.session, line_offset=info.line_offset, ft=ft.job_part() if ft is not None else None)
+                 session=config.session, line_offset=info.line_offset)
 
 
 def cell_filename(info, spec: PoolSpec) -> str:
