@@ -161,11 +161,16 @@ def _init_process_group(device) -> tuple[float, float]:
     backend = os.environ["NBTRAIN_BACKEND"]
     timeout = timedelta(seconds=float(os.environ.get("NBTRAIN_TIMEOUT", "600")))
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if os.environ.get("NBTRAIN_FT") == "1":  # --ft: a replica group of its own; the groups meet through torchft
+    group_size = int(os.environ.get("NBTRAIN_FT", "0"))  # --ft: the process group is the rank's replica group
+    store: Any
+    if group_size == 1:  # a group of its own; the groups meet through torchft (rank/train/ft_cell.py)
         store, rank, world_size = dist.HashStore(), 0, 1
     else:
-        store, rank, world_size = next(dist.rendezvous("env://", rank, world_size, timeout=timeout))
+        store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=timeout))
         store.set_timeout(timeout)
+        if group_size:  # each group (and each new start of one, after a loss) meets under its own prefix
+            group = f"nbtrain-ft/{rank // group_size}/{os.environ.get('NBTRAIN_FT_ATTEMPT', '0')}"
+            store, rank, world_size = dist.PrefixStore(group, store), rank % group_size, group_size
     joined = time.time()
     kwargs = {"device_id": device} if backend == "nccl" else {}
     dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store), rank=rank, world_size=world_size,
@@ -221,6 +226,8 @@ class Rank:
                 preempt_checkpoint.agreed(msg)
             elif isinstance(msg, P.BreakpointRelease):
                 debug.released(msg)
+            elif isinstance(msg, P.FtGo):
+                ft_cell.go(msg)
             elif isinstance(msg, P.Stopping):
                 preempt_checkpoint.stopping()
             else:
@@ -292,7 +299,7 @@ class Rank:
             scopes.enter_context(train_state.scope(job.train, self.device, self.rank, int(os.environ["WORLD_SIZE"])))
             scopes.enter_context(integrations.scope(job.train.integrations))  # Trainers' logs as nbtrain's series
             scopes.enter_context(preempt_checkpoint.scope(job.job_id, self.rank, self.send))
-            scopes.enter_context(ft_cell.scope(job.ft, self.rank))  # --ft: its replica group, left before the context ends
+            scopes.enter_context(ft_cell.scope(job, self.rank, self.send))  # --ft: its replica group, left before the context ends
             scopes.enter_context(profile.scope(job.train.profile, job.train.profile_dir, self.rank, self.device,
                                                job.job_id, self.send))
             return scopes.pop_all()  # entered whole, or (one failed to start) the ones entered ended again

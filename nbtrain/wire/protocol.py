@@ -84,8 +84,9 @@ class FaultTolerance:
 
     lighthouse: str  # http://HOST:PORT of the run's torchft Lighthouse
     secret: bytes  # the run's recovery secret (rank/train/ft_transport.py)
-    groups: int  # replica groups the run has (one per rank)
+    groups: int  # replica groups the run has
     host: str = "127.0.0.1"  # where each group's own servers listen
+    group_size: int = 1  # ranks per group: rank r is rank r % group_size of group r // group_size
 
 
 @dataclass(frozen=True)
@@ -312,3 +313,19 @@ class BreakpointRelease:
 @dataclass(frozen=True)
 class Stopping:
     """The kernel (or the node's agent) stops this rank now: its SIGTERM is no preemption notice."""
+
+
+@dataclass(frozen=True)
+class FtJoining:
+    """A ``--ft`` rank, to the kernel: it reached the cell's first ``prepare()`` and waits to take its first quorum."""
+
+    job_id: int
+    rank: int
+
+
+@dataclass(frozen=True)
+class FtGo:
+    """The kernel, to a ``--ft`` rank waiting at its first ``prepare()``: every group that starts together is there
+    (or this rank replaces one that was lost): take the first quorum now."""
+
+    job_id: int

@@ -79,10 +79,10 @@ class TrainOptions:
     integrations: bool = option(
         True, "--no-integrations", "do not turn what Hugging Face's Trainer, Lightning's Trainer or accelerate's "
         "trackers log into the dashboard's curves and history", group="training", switch=True, env="NBTRAIN_INTEGRATIONS")
-    ft: bool = option(
-        False, "--ft", "per-step fault tolerance (torchft): each rank is a replica group; a rank that dies drops out "
-        "while the others keep stepping, and a new one takes its place and copies a peer's state (needs the ft extra)",
-        group="training", switch=True)
+    ft: str | None = option(
+        None, "--ft", "per-step fault tolerance (torchft): the ranks form replica groups (one per rank, or R with "
+        "replicas=R); a group that loses a rank drops out while the others keep stepping, and new ranks take its "
+        "place and copy a peer's state (needs the ft extra)", group="training", metavar="replicas=R", bare="on")
     compile_fallback: bool = option(
         False, "--compile-fallback", "with --compile: when compiling fails, say why and run the model uncompiled "
         "instead of failing the cell", group="speed", switch=True)
@@ -107,7 +107,8 @@ class TrainSettings:
     checkpoint_async: bool = False  # --shard: save_checkpoint() writes in the background (dcp.async_save)
     out_limit: int | None = None  # bytes: a sharded model larger than this stays on the ranks (None: no limit)
     integrations: bool = True  # Hugging Face's and Lightning's Trainers log into nbtrain (rank/integrations)
-    ft: bool = False  # --ft: each rank is a torchft replica group (rank/train/ft_cell.py)
+    ft: bool = False  # --ft: the ranks form torchft replica groups (rank/train/ft_cell.py)
+    ft_replicas: int = 0  # --ft replicas=R: R groups of N/R ranks; 0: one group per rank
 
     @property
     def checkpoint_path(self) -> str | None:
@@ -172,20 +173,26 @@ def parse_train_settings(options: TrainOptions, cwd: str | None = None) -> Train
     if checkpoint_async and (shard_mode is None or checkpoint_dir is None):
         raise TrainSettingsError("--checkpoint-async writes sharded checkpoints in the background, so it needs --shard "
                                  "and --checkpoint DIR.")
-    _check_ft(options, grad_accum, checkpoint_dir, shard_mode)
+    ft_replicas = _check_ft(options, grad_accum, checkpoint_dir, shard_mode)
     return TrainSettings(amp_mode, grad_accum, checkpoint_dir, bool(options.resume), restarts,
                          channels_last=options.channels_last, compile=compile_mode,
                          compile_fallback=bool(compile_fallback), shard=shard_mode,
                          shard_offload=bool(options.shard_offload),
                          activation_checkpointing=bool(options.activation_checkpointing),
                          checkpoint_async=bool(checkpoint_async), integrations=bool(options.integrations),
-                         ft=bool(options.ft))
+                         ft=options.ft is not None, ft_replicas=ft_replicas)
 
 
-def _check_ft(options: TrainOptions, grad_accum: int, checkpoint_dir: str | None, shard_mode: str | None) -> None:
-    """What --ft does not go with yet, said before anything starts."""
-    if not options.ft:
-        return
+def _check_ft(options: TrainOptions, grad_accum: int, checkpoint_dir: str | None, shard_mode: str | None) -> int:
+    """``--ft [replicas=R]``: R (0: a group per rank), and what --ft does not go with yet, said before anything
+    starts (the ranks' count is checked against R with the pool: nbtrain.kernel.request.ft_request)."""
+    if options.ft is None:
+        return 0
+    text = options.ft.strip().lower().replace(" ", "")
+    found = re.fullmatch(r"replicas=(\d+)", text)
+    if text != "on" and (found is None or int(found.group(1)) < 2):
+        raise TrainSettingsError(f"--ft takes nothing (a replica group per rank) or replicas=R with R of 2 or more, "
+                                 f"such as %%distributed 4 --ft replicas=2 (got --ft {options.ft}).")
     if shard_mode is not None:
         raise TrainSettingsError("--ft does not go with --shard yet: each rank is a replica group holding the whole "
                                  "model (fault-tolerant DDP). Leave one of them out.")
@@ -196,6 +203,7 @@ def _check_ft(options: TrainOptions, grad_accum: int, checkpoint_dir: str | None
         raise TrainSettingsError("--ft does not go with --checkpoint yet: under --ft a lost rank copies its state from "
                                  "a peer, not from a file. Leave one of them out: --checkpoint DIR --max-restarts K "
                                  "restarts every rank from the last checkpoint instead.")
+    return int(found.group(1)) if found else 0
 
 
 def settings_from_environment(environ: Mapping[str, str] | None = None) -> TrainSettings:

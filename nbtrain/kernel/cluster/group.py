@@ -363,8 +363,11 @@ class NodePool(GroupState):
         record.exit_code, record.account = code, account
         return Exited(rank, code)
 
-    def replace_rank(self, rank: int) -> int:
+    def replace_rank(self, rank: int, attempt: int) -> int:
         raise NotImplementedError("--ft replaces ranks on this machine only; the request refuses it with --nodes")
+
+    def kill_rank(self, rank: int) -> None:
+        raise NotImplementedError("--ft ends ranks on this machine only; the request refuses it with --nodes")
 
     def release_node(self, name: str, account: str) -> list:
         """A preempted node whose checkpoint is written (or whose grace ran out): its agent leaves now, its ranks

@@ -209,8 +209,11 @@ class RecordedGroup(GroupState):
     def local_start(self) -> None:
         return None  # the ranks started before this kernel attached
 
-    def replace_rank(self, rank: int) -> int:
+    def replace_rank(self, rank: int, attempt: int) -> int:
         raise NotImplementedError("--ft replaces ranks on this machine only; the request refuses it with --nodes")
+
+    def kill_rank(self, rank: int) -> None:
+        raise NotImplementedError("--ft ends ranks on this machine only; the request refuses it with --nodes")
 
     def release_node(self, name: str, account: str) -> list:
         return []

@@ -1,67 +1,101 @@
-"""``--ft`` in the kernel: the run's Lighthouse, and a new rank in the place of one that dies.
+"""``--ft`` in the kernel: the run's Lighthouse, and new ranks in the place of a replica group that loses one.
 
-Each rank of a ``--ft`` run is a torchft replica group of its own (:mod:`nbtrain.rank.train.ft_cell`). The kernel
-starts the run's Lighthouse (:class:`~nbtrain.kernel.lifecycle.lighthouse.Lighthouse`, on 127.0.0.1 only) and a fresh
-recovery secret, both sent to the ranks inside the job over the authenticated channel. Then, while the cell runs:
+The ranks of a ``--ft`` run form torchft replica groups (:mod:`nbtrain.rank.train.ft_cell`): one per rank, or R
+groups of N/R consecutive ranks (``--ft replicas=R``), each with a process group of its own. The kernel starts the
+run's Lighthouse (:class:`~.lighthouse.Lighthouse`, on 127.0.0.1 only) and a fresh recovery secret, both sent to
+the ranks inside the job over the authenticated channel. Then, while the cell runs:
 
-* a rank that **exits** (killed, out of memory, its machine's share gone) is not the run's failure: the cell says
-  so at once, the other groups keep stepping (their next quorum leaves it out), and a new process takes its place —
-  same rank, same device — which gets the same job and copies a healthy peer's state at its first ``prepare()``.
-  Each rank is replaced at most :data:`REPLACEMENTS` times; past that, or when no other group is left to copy
-  from, the exit fails the run as it does without ``--ft``;
-* an **exception** in the cell is still the run's failure (it would happen again in the replacement);
+* a rank that **exits** (killed, out of memory) is its group's loss, not the run's failure: the cell says so at
+  once, the group's other ranks are ended (they could only wait for it in their group's collectives), the other
+  groups keep stepping (their next quorum leaves the group out), and once every rank of the group has exited, new
+  processes take their places — same ranks, same devices — which get the same job and copy a healthy peer's
+  state at their first ``prepare()``. So does a rank whose group's collective failed because a member was lost
+  (gloo's or NCCL's connection error), which may report before the lost rank's exit is seen;
+* each group is replaced at most :data:`REPLACEMENTS` times; past that, or when no other group is left to copy
+  from, the loss fails the run as it does without ``--ft``. Any other exception in the cell is the run's failure
+  (it would happen again in the new ranks);
+* the groups that start together take their first quorum together: a rank at its first ``prepare()`` waits for
+  the kernel's go, given once every rank has come (a replacement's at once);
 * when the others finish before a replacement has joined, it is stopped, and the run ends without it;
 * at the end the cell says what happened: groups lost and replaced, steps redone (counted, not assumed), and the
-  steps taken with fewer groups — from the ``ft_groups`` series every group logs at each committed step.
+  steps taken with fewer groups — from the ``ft_groups`` series every rank logs at each committed step.
 """
 
 from __future__ import annotations
 
 import secrets
+import signal
 import time
 
 from ...common.words import count
 from ...wire import protocol as P
-from .lighthouse import Lighthouse
 from ..observers.history import History
+from .lighthouse import Lighthouse
 
-REPLACEMENTS = 3  # per rank: a rank that keeps dying (a bug in the cell that kills it) ends the run
-GROUPS_SERIES = "ft_groups"  # what each group logs per committed step (nbtrain.rank.train.ft_cell)
+REPLACEMENTS = 3  # per group: a group that keeps dying (a bug in the cell that kills a rank) ends the run
+GROUPS_SERIES = "ft_groups"  # what each rank logs per committed step (nbtrain.rank.train.ft_cell)
 HOST = "127.0.0.1"
+_PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "gloo/transport", "remote process exited",
+              "NCCL communicator was aborted")  # a group's collective that failed because a member is gone
 
 
 class ReplicaWatch:
-    """One ``--ft`` run's groups. ``run`` is the run's loop (:class:`~nbtrain.kernel.lifecycle.run._Run`), asked
-    through its methods (``say``, ``replace_rank``); :meth:`job` is what every rank gets."""
+    """One ``--ft`` run's groups. ``run`` (given to the hooks) is the run's loop
+    (:class:`~nbtrain.kernel.lifecycle.run._Run`): its ``say``, ``pool``, ``done`` and ``cell_running()``."""
 
-    def __init__(self, nprocs: int) -> None:
-        self.nprocs = nprocs
+    def __init__(self, nprocs: int, group_size: int) -> None:
+        self.nprocs, self.group_size = nprocs, group_size
         self.lighthouse = Lighthouse(HOST, min_replicas=1)
         self.secret = secrets.token_bytes(32)
-        self.replaced: dict[int, int] = {}  # rank -> times it was replaced
-        self.joining: set[int] = set()  # replacements started whose job is not sent yet or not begun
-        self.lost: list[tuple[int, float]] = []  # (rank, time.time()) of each loss
+        self.replaced: dict[int, int] = {}  # group -> times it was replaced
+        self.leaving: dict[int, set[int]] = {}  # group -> its ranks yet to exit, in a loss under way
+        self.joining: set[int] = set()  # ranks started in place of lost ones, whose job is not sent yet
+        self.lost: list[tuple[int, float]] = []  # (group, time.time()) of each loss
         self.abandoned: set[int] = set()  # replacements stopped: the others finished before they joined
+        self.arrivals: set[int] = set()  # ranks at their first prepare(), waiting for the others that start with them
+        self.started = False  # the groups that start together were told to take their first quorum
 
     def job_part(self) -> P.FaultTolerance:
-        return P.FaultTolerance(self.lighthouse.address, self.secret, self.nprocs, HOST)
+        return P.FaultTolerance(self.lighthouse.address, self.secret, self.nprocs // self.group_size, HOST,
+                                self.group_size)
 
-    def lose(self, rank: int, code: int, finished: set[int], say) -> bool:
-        """Rank ``rank`` exited with ``code`` while the cell ran: True when a replacement is due (the caller starts
-        it), False when the exit is the run's failure (``finished``: the ranks that have finished the cell)."""
-        others = set(range(self.nprocs)) - {rank} - self.joining - finished
-        if self.replaced.get(rank, 0) >= REPLACEMENTS or not others:
-            why = (f"it was replaced {count('time', REPLACEMENTS)} already" if others else
-                   "no other replica group is left to copy the state from")
-            say(f"nbtrain: --ft: rank {rank} was lost ({_exit_words(code)}); {why}, so the run fails.\n")
+    def _members(self, group: int) -> range:
+        return range(group * self.group_size, (group + 1) * self.group_size)
+
+    def _name(self, group: int) -> str:
+        return f"rank {group}" if self.group_size == 1 else f"replica group {group} (ranks {self._members(group)[0]}–" \
+                                                             f"{self._members(group)[-1]})"
+
+    # ------------------------------------------------------------------------------------ the run's hooks
+    def exited(self, run, rank: int, code: int) -> bool:
+        """Rank ``rank`` exited: True when it is part of its group's loss (new ranks follow), False when the exit is
+        the run's failure."""
+        group = rank // self.group_size
+        if group not in self.leaving and not self._lose(run, group, rank, _exit_words(code)):
             return False
-        self.replaced[rank] = self.replaced.get(rank, 0) + 1
-        self.joining.add(rank)
-        self.lost.append((rank, time.time()))
-        say(f"nbtrain: --ft: rank {rank} was lost ({_exit_words(code)}) at {time.strftime('%H:%M:%S')}; "
-            f"{count('other replica group', len(others))} keep stepping, and a new rank {rank} starts and will copy a "
-            f"peer's state ({self.replaced[rank]} of {REPLACEMENTS}).\n")
+        self._gone(run, group, rank)
         return True
+
+    def failed(self, run, rank: int, error: P.RemoteError) -> bool:
+        """Rank ``rank`` raised: True when that is its group's loss (a member gone under a collective, or a loss
+        under way), False when it is the run's failure."""
+        group = rank // self.group_size
+        if group in self.leaving:
+            return True  # it is being ended with its group
+        said = " ".join((error.message, *error.chained))
+        peer_lost = self.group_size > 1 and any(words in said for words in _PEER_LOST)
+        return peer_lost and self._lose(run, group, rank, f"its {error.type_name} in a collective of its group")
+
+    def arrived(self, rank: int) -> list[int]:
+        """Rank ``rank`` reached its first ``prepare()``: the ranks to tell to take their first quorum now — every
+        rank once all have come, then each replacement as it comes."""
+        if self.started:
+            return [rank]
+        self.arrivals.add(rank)
+        if len(self.arrivals) < self.nprocs:
+            return []
+        self.started = True
+        return sorted(self.arrivals)
 
     def joined(self, rank: int) -> bool:
         """A replacement said Ready: True the first time (the caller sends it the job)."""
@@ -73,35 +107,73 @@ class ReplicaWatch:
     def too_late(self, finished: set[int], say) -> bool:
         """Whether every rank but the replacements still joining has finished the cell: those are abandoned (said
         once; True once, when it happens)."""
-        if not self.joining or len(finished) + len(self.joining) != self.nprocs:
+        waiting = self.joining | {rank for ranks in self.leaving.values() for rank in ranks}
+        if not waiting or len(finished) + len(waiting) != self.nprocs:
             return False
         say(f"nbtrain: --ft: the other ranks finished the cell before the new rank "
-            f"{', '.join(map(str, sorted(self.joining)))} joined; it is stopped.\n")
-        self.abandoned |= self.joining
+            f"{', '.join(map(str, sorted(waiting)))} joined; it is stopped.\n")
+        self.abandoned |= waiting
         self.joining.clear()
         return True
 
+    # ------------------------------------------------------------------------------------------ a loss
+    def _lose(self, run, group: int, rank: int, how: str) -> bool:
+        """Group ``group`` lost rank ``rank`` (``how``): end its other ranks and note it, or False (the run fails)."""
+        finished = set(run.done)
+        others = {r // self.group_size for r in range(self.nprocs) if r not in finished} - {group} - set(self.leaving) \
+            - {r // self.group_size for r in self.joining}
+        name = self._name(group)
+        if not run.cell_running() or rank in finished:
+            return False
+        if self.replaced.get(group, 0) >= REPLACEMENTS or not others:
+            why = (f"it was replaced {count('time', REPLACEMENTS)} already" if others else
+                   "no other replica group is left to copy the state from")
+            run.say(f"nbtrain: --ft: {name} was lost ({how} on rank {rank}); {why}, so the run fails.\n")
+            return False
+        self.replaced[group] = self.replaced.get(group, 0) + 1
+        self.lost.append((group, time.time()))
+        self.leaving[group] = set(self._members(group))
+        who = f"a new rank {rank} starts" if self.group_size == 1 else "new ranks start in its place"
+        run.say(f"nbtrain: --ft: {name} was lost ({how}{'' if self.group_size == 1 else f' on rank {rank}'}) at "
+                f"{time.strftime('%H:%M:%S')}; {count('other replica group', len(others))} {'keeps' if len(others) == 1 else 'keep'} stepping, and {who} "
+                f"and will copy a peer's state ({self.replaced[group]} of {REPLACEMENTS}).\n")
+        for member in self._members(group):
+            if member != rank:
+                run.pool.kill_rank(member)  # it could only wait for the lost one in the group's collectives
+        return True
+
+    def _gone(self, run, group: int, rank: int) -> None:
+        """One rank of a group being lost has exited; once all have, new ranks take their places."""
+        self.leaving[group].discard(rank)
+        if self.leaving[group]:
+            return
+        del self.leaving[group]
+        for member in self._members(group):
+            run.pool.replace_rank(member, attempt=self.replaced[group])
+            self.joining.add(member)
+
     def summary(self, history: History) -> str:
-        """What ``--ft`` did in this run, counted from each group's ``ft_groups`` series ("" when nothing was lost)."""
+        """What ``--ft`` did in this run, counted from each rank's ``ft_groups`` series ("" when nothing was lost)."""
         if not self.lost:
             return ""
-        survivors = [r for r in history.ranks(GROUPS_SERIES) if r not in self.replaced] if GROUPS_SERIES in history else []
+        lost_groups = {group for group, _ in self.lost}
+        survivors = [r for r in history.ranks(GROUPS_SERIES) if r // self.group_size not in lost_groups] \
+            if GROUPS_SERIES in history else []
         if not survivors:
             return f"nbtrain: --ft: {count('replica group', len(self.lost))} lost; no group logged its steps.\n"
         series = history.series(GROUPS_SERIES, survivors[0])
         redone = len(series.steps) - len(set(series.steps))
-        fewer = sum(1 for groups in series.values if groups < self.nprocs)
+        groups = self.nprocs // self.group_size
+        fewer = sum(1 for value in series.values if value < groups)
         back = "" if self.abandoned else " and replaced"
         return (f"nbtrain: --ft: {count('replica group', len(self.lost))} lost{back}; {count('step', redone)} redone; "
-                f"{count('step', fewer)} of {len(series.steps)} at fewer than {self.nprocs} groups.\n")
+                f"{count('step', fewer)} of {len(series.steps)} at fewer than {groups} groups.\n")
 
     def close(self) -> None:
         self.lighthouse.close()
 
 
 def _exit_words(code: int) -> str:
-    import signal
-
     if code < 0:
         try:
             return f"killed by {signal.Signals(-code).name}"

@@ -20,10 +20,9 @@ before any process started (``run_source`` also calls it again for ``--max-resta
 8. the stop button (KeyboardInterrupt in the kernel): :mod:`.stopping` sends one SIGINT to each process of
    the pool, then SIGTERM, then SIGKILL, well within 3 s; the pool is discarded, KeyboardInterrupt re-raised.
 
-Nothing is assigned into the notebook unless the run succeeded; what the ranks logged is kept either way:
-the caller's :class:`~nbtrain.kernel.observers.history.RunOutcome` receives it however the run ends (the magic
-then sets the notebook's ``history``).
-Output goes through :class:`~nbtrain.kernel.relay.output.OutputRelay`, which writes whole lines.
+Nothing is assigned into the notebook unless the run succeeded; what the ranks logged is kept either way (the
+caller's :class:`~nbtrain.kernel.observers.history.RunOutcome`; the magic sets ``history`` from it). Under ``--ft``
+a rank that exits is replaced (:mod:`.ft_run`). Output goes through :class:`~nbtrain.kernel.relay.output.OutputRelay`.
 """
 
 from __future__ import annotations
@@ -82,7 +81,7 @@ class _Run:
 
     def __init__(self, cell: CellRun, acquired: Acquired, job: P.Job, inputs: Inputs, observers: FanOut) -> None:
         pool = acquired.pool
-        self.ft = ReplicaWatch(pool.world_size) if pool.spec.ft else None  # --ft: its Lighthouse; lost ranks replaced
+        self.ft = ReplicaWatch(pool.world_size, pool.spec.ft_group_size) if pool.spec.ft else None  # --ft (.ft_run)
         if self.ft is not None:
             job = replace(job, ft=self.ft.job_part())
         self.cell, self.pool, self.job, self.inputs, self.config = cell, pool, job, inputs, cell.config
@@ -226,8 +225,8 @@ class _Run:
                 if late is None or stream in late:
                     self.relay.feed(rank, stream, text)
             case Exited(rank, code):
-                # in the loop every exit is real (nbtrain kills only after it); under --ft one may be replaced
-                if late is None and rank not in self.failures and not self._replaced(rank, code):
+                # in the loop every exit is real (nbtrain kills only after it); under --ft a group's loss is not
+                if late is None and rank not in self.failures and not self._ft_hook("exited", rank, code):
                     self._fail(rank, code)
                 return True
             case Message(rank, message):
@@ -257,6 +256,9 @@ class _Run:
                 self._tell_info("ranks_ready")
             if self.ft is not None and self.ft.joined(rank):
                 self.pool.send_to(rank, self.job)  # a replacement: the cell, and the peer it copies, wait for it
+        elif isinstance(msg, P.FtJoining) and self.ft is not None and msg.job_id == self.job.job_id:
+            for target in self.ft.arrived(rank):  # --ft: the groups that start together take their first quorum
+                self.pool.send_to(target, P.FtGo(msg.job_id))
         elif isinstance(msg, P.Loaded) and msg.job_id == self.job.job_id:
             self.loaded.add(rank)
             self.marks.on_loaded(rank)
@@ -272,7 +274,7 @@ class _Run:
             self.done[rank] = msg
             self.marks.on_done(rank, msg.first_step)
             self.pool.record_modules(msg.modules, msg.rank_path)
-        elif isinstance(msg, P.Failed) and msg.job_id == self.job.job_id:
+        elif isinstance(msg, P.Failed) and msg.job_id == self.job.job_id and not self._ft_hook("failed", rank, msg.error):
             self.raised.add(rank)
             self._fail(rank, msg.error)
         elif isinstance(msg, (P.PreemptNotice, P.PreemptPropose, P.PreemptHeard, P.PreemptSaved)):
@@ -281,14 +283,9 @@ class _Run:
             for target in range(self.nprocs):  # nbtrain.breakpoint(): the ranks waiting for the debugged one go on
                 self.pool.send_to(target, P.BreakpointRelease(msg.job_id, msg.call))
 
-    def _replaced(self, rank: int, code: int) -> bool:
-        """--ft: a rank that exited while the cell ran gets a replacement, if it may (.ft_run)."""
-        if self.ft is None or self.phase is not RunPhase.RUNNING or not self.sent or rank in self.done:
-            return False
-        if not self.ft.lose(rank, code, set(self.done), self.say):
-            return False
-        self.pool.replace_rank(rank)
-        return True
+    def _ft_hook(self, hook: str, rank: int, cause) -> bool:
+        """--ft: whether a rank's exit or exception while the cell runs is its replica group's loss (.ft_run)."""
+        return self.ft is not None and self.phase is RunPhase.RUNNING and getattr(self.ft, hook)(self, rank, cause)
 
     def _finished(self) -> bool:
         """Every rank finished the cell — under --ft, every rank but replacements that came too late to join (the
@@ -371,7 +368,6 @@ class _Run:
             for event in self.pool.poll_events(0.05):
                 self.take(event, late=streams)
         self.relay.flush()
-
 
 
 def run_cell(cell: CellRun, inputs: Inputs) -> RunResult:

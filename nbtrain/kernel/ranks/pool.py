@@ -78,17 +78,24 @@ class LocalPool(GroupState):
             self.channel.keep_listening()
         self.channel.accept(self.procs.pids())
 
-    def _env(self, rank: int) -> dict:
+    def _env(self, rank: int, attempt: int = 0) -> dict:
         assert self._store is not None
-        return worker_env(self.spec, rank, self._store.port, self.channel.address, self.run_id, self._dir)
+        env = worker_env(self.spec, rank, self._store.port, self.channel.address, self.run_id, self._dir)
+        if attempt:  # --ft: a replica group started again meets under a prefix of its own (rank/main.py)
+            env["NBTRAIN_FT_ATTEMPT"] = str(attempt)
+        return env
 
-    def replace_rank(self, rank: int) -> int:
-        """``--ft``: a new process in place of ``rank``, which exited; it connects and says Ready as the others did.
-        Returns its pid."""
+    def replace_rank(self, rank: int, attempt: int) -> int:
+        """``--ft``: a new process in place of ``rank``, which exited (its group's ``attempt``-th start after a
+        loss); it connects and says Ready as the others did. Returns its pid."""
         assert self.spec.ft, "only a --ft pool replaces its ranks"  # its slot keeps its device meanwhile
-        pid = self.procs.replace(rank, self._env(rank), self.channel.key, self._zygote)
+        pid = self.procs.replace(rank, self._env(rank, attempt), self.channel.key, self._zygote)
         self.channel.expect(rank, pid)
         return pid
+
+    def kill_rank(self, rank: int) -> None:
+        """``--ft``: end one rank and its children now (its replica group lost another rank); its exit follows."""
+        self.procs.kill(rank)
 
     # ---------------------------------------------------------------------------------- state
     def alive(self) -> bool:

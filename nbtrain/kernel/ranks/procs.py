@@ -27,6 +27,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -66,8 +67,8 @@ def worker_env(spec: PoolSpec, rank: int, store_port: int, socket_path: str, run
         CUDA_VISIBLE_DEVICES=",".join(str(i) for i in spec.gpu_ids),
         NBTRAIN_STACK_FILE=stack_file_path(workdir, rank),
     )
-    if spec.ft:  # its own group of one: the groups meet through torchft's Lighthouse (rank/train/ft_cell.py)
-        env["NBTRAIN_FT"] = "1"
+    if spec.ft:  # its replica group's ranks are its process group; the groups meet through torchft's Lighthouse
+        env["NBTRAIN_FT"] = str(spec.ft_group_size)  # (rank/train/ft_cell.py)
         env.setdefault("RUST_LOG", "warn")  # torchft's Manager says every quorum and commit at "info", into the cell
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // spec.nprocs)))
     if "lo" in psutil.net_if_addrs():  # one machine: keep gloo's and NCCL's sockets off the network
@@ -113,6 +114,13 @@ class RankProcesses:
                     pipe.close()
         self._procs[rank] = _Proc(rank, self._launch(rank, env, key, zygote))
         return self._procs[rank].popen.pid
+
+    def kill(self, rank: int) -> None:
+        """SIGKILL one rank's session (it and its DataLoader workers); :meth:`reap` reports its exit."""
+        proc = self._procs[rank]
+        if proc.exit_code is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.popen.pid, signal.SIGKILL)  # started in a session of its own: the group is its pid
 
     def _launch(self, rank: int, env: dict, key: bytes, zygote: ZygoteHandle | None):
         forked = self._fork(zygote, rank, env) if zygote is not None and not self.spawn_reason else None

@@ -48,7 +48,11 @@ class PoolSpec:
     env: tuple[tuple[str, str], ...] = ()
     nodes: NodesSpec | None = None  # the ranks run on joined nodes (nbtrain.kernel.cluster)
     gpu_count: int = 0  # --gpus auto: lease this many free GPUs when the pool starts (gpu_ids then names them)
-    ft: bool = False  # --ft: each rank is a replica group of its own (its default process group has one rank)
+    ft_group_size: int = 0  # --ft: ranks per replica group (each group's default process group is its ranks); 0: no --ft
+
+    @property
+    def ft(self) -> bool:
+        return self.ft_group_size > 0
 
     def rank_devices(self) -> list[str]:
         if self.device_type == "cpu":

@@ -469,7 +469,7 @@ def _finish(request: LaunchRequest, pool: PoolSpec, output: str, workdir: Workdi
     if train.shard == "hybrid" and (pool.nodes is None or pool.nodes.count <= 1):
         raise ConfigError("--shard hybrid replicates the model across nodes and shards it within each, so it needs "
                           "--nodes N (on one machine, use --shard).")
-    pool = with_training(fault_tolerant(request, pool) if train.ft else pool, train)
+    pool = with_training(fault_tolerant(request, pool, train.ft_replicas) if train.ft else pool, train)
     session = _parse_session(request.session, request.max_restarts)
     try:
         price = parse_price(request.price_per_gpu_hour)

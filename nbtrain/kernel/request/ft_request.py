@@ -14,8 +14,9 @@ from ..ranks.spec import PoolSpec
 from .mistakes import ConfigError
 
 
-def fault_tolerant(request, pool: PoolSpec) -> PoolSpec:
-    """The pool of a ``--ft`` run (``request``: the cell's :class:`~.config.LaunchRequest`), or a ConfigError."""
+def fault_tolerant(request, pool: PoolSpec, replicas: int) -> PoolSpec:
+    """The pool of a ``--ft`` run (``request``: the cell's :class:`~.config.LaunchRequest`; ``replicas``: R of
+    ``--ft replicas=R``, 0 for a group per rank), or a ConfigError."""
     if pool.nodes is not None:
         raise ConfigError("--ft runs on one machine for now (each rank a replica group); it does not go with --nodes "
                           "or --detach yet. Leave --ft out to use --nodes MIN:MAX --max-restarts K with --checkpoint.")
@@ -28,4 +29,9 @@ def fault_tolerant(request, pool: PoolSpec) -> PoolSpec:
     if importlib.util.find_spec("torchft") is None:
         raise ConfigError("--ft needs torchft, which is not installed in this kernel's environment: "
                           "pip install 'nbtrain[ft]' (then restart the kernel).")
-    return replace(pool, ft=True)
+    groups = replicas or pool.nprocs
+    if replicas and pool.nprocs % replicas:
+        raise ConfigError(f"--ft replicas={replicas} splits the ranks into {replicas} equal replica groups, but there "
+                          f"are {pool.nprocs}: give a number of ranks that {replicas} divides, such as "
+                          f"%%distributed {2 * replicas} --ft replicas={replicas}.")
+    return replace(pool, ft_group_size=pool.nprocs // groups)

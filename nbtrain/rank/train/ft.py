@@ -115,11 +115,16 @@ def fault_tolerant_ddp(manager: Any, model: Any, ddp_class: type | None = None, 
 
 
 def _fault_tolerant_hook(manager, bucket):  # unannotated: DDP checks the annotations it finds against its own types
-    """One bucket's gradients averaged over the quorum's groups. Once a peer is lost in this step torchft hands
-    back a plain future (its work is a no-op from then on): the bucket is returned as it is, and the step, which
-    the groups will not commit, ends."""
+    """One bucket's gradients averaged over the quorum's groups — first over this group's own ranks, when it has
+    several (its default process group), then across the groups, each rank with its peers of the same group rank.
+    Once a peer group is lost in this step torchft hands back a plain future (its work is a no-op from then on): the
+    bucket is returned as it is, and the step, which the groups will not commit, ends."""
     import torch
+    import torch.distributed as dist
 
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(bucket.buffer())  # gloo has no average: a sum, divided
+        bucket.buffer().div_(dist.get_world_size())
     work = manager.allreduce(bucket.buffer())
     work.wait()
     inner = getattr(work.get_future(), "_fut", None)

@@ -21,6 +21,8 @@ channel): the run's Lighthouse and recovery secret. The cell does not change; ``
 from __future__ import annotations
 
 import contextlib
+import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,13 +32,15 @@ from .checkpoint import own_snapshot, resume_from_peer
 from .state import TrainContext, current
 
 GROUPS_SERIES = "ft_groups"
+JOIN_WAIT_S = 60.0  # how long a group waits at its first prepare() for the others that start with it
 
 
 class FtCell:
     """This rank's replica group during one cell (built at its first ``prepare()``)."""
 
-    def __init__(self, job: P.FaultTolerance, slot: int) -> None:
-        self.job, self.slot = job, slot
+    def __init__(self, job: P.FaultTolerance, slot: int, job_id: int, send) -> None:
+        self.job, self.slot, self.job_id, self.send = job, slot, job_id, send
+        self.go = threading.Event()  # the kernel's FtGo: every group that starts together reached its join
         self.group: Any = None  # .ft.ReplicaGroup, once joined
         self._store: Any = None  # the group's own c10d store, kept alive with it
         self.quorum_open = False  # a quorum was formed for the step in progress
@@ -45,18 +49,39 @@ class FtCell:
     def start(self, context: TrainContext) -> None:
         """Build the Manager as the cell starts: its heartbeats tell the Lighthouse that this group is coming, so
         the first quorum waits for it (up to the Lighthouse's join timeout) instead of forming without it."""
-        from .ft import ReplicaConfig, ReplicaGroup, group_store
+        from .ft import ReplicaConfig, ReplicaGroup
 
-        self._store = group_store(self.job.host)
-        config = ReplicaConfig(lighthouse=self.job.lighthouse, replica_id=str(self.slot), host=self.job.host,
-                               secret=self.job.secret, store_port=self._store.port, sync_quorum=True,
-                               init_sync=False, timeout_s=60.0)
+        size = self.job.group_size
+        config = ReplicaConfig(lighthouse=self.job.lighthouse, replica_id=str(self.slot // size), host=self.job.host,
+                               secret=self.job.secret, store_port=self._group_store_port(), sync_quorum=True,
+                               init_sync=False, timeout_s=60.0, group_rank=self.slot % size, group_world_size=size)
         self.group = ReplicaGroup(config, lambda: own_snapshot(context),
                                   lambda state: resume_from_peer(context, state, "a peer replica group"))
 
+    def _group_store_port(self) -> int:
+        """The group's own c10d store (its Manager's address book): the group's first rank hosts it and tells the
+        others its port over the group's process group (a tensor, nothing pickled)."""
+        import torch
+        import torch.distributed as dist
+
+        from .ft import group_store
+
+        first = self.slot % self.job.group_size == 0
+        if first:
+            self._store = group_store(self.job.host)
+        if self.job.group_size == 1:
+            return self._store.port
+        port = torch.tensor([self._store.port if first else 0], device="cuda" if dist.get_backend() == "nccl" else "cpu")
+        dist.broadcast(port, src=0)  # the default group is this replica group
+        return int(port.item())
+
     def join(self) -> None:
-        """The cell's first ``prepare()``: the first quorum (copying a peer's state, if this group is behind)."""
+        """The cell's first ``prepare()``: the first quorum (copying a peer's state, if this group is behind). The
+        groups that start together take it together: the kernel says go once each has come here, so none forms a
+        quorum of its own while the others are still on their way (a rank that replaces a lost one goes at once)."""
         if not self.joined:
+            self.send(P.FtJoining(self.job_id, self.slot))
+            self.go.wait(JOIN_WAIT_S)  # past it (a group that never comes): the Lighthouse's join timeout decides
             self.joined = True
             self.boundary()
 
@@ -86,23 +111,31 @@ class FtCell:
             metrics.log_own(step, {GROUPS_SERIES: float(groups)})
         return committed
 
-    def close(self) -> None:
+    def close(self, ended_well: bool) -> None:
         if self.group is not None:
             self.group.shutdown()
         self.group = self._store = None
+        if ended_well and not self.joined and self.slot == 0:  # said once, by the first group
+            print("nbtrain: --ft did nothing in this cell: it prepared no model, optimizer or loader with "
+                  "nbtrain.prepare(), which is where the replica groups meet; each rank trained alone.",
+                  file=sys.stderr, flush=True)
 
 
 def _equal_weights(manager: Any, model: Any) -> None:
-    """Step 0: the weights of the quorum's first group in every group (a sum to which only it adds), as DDP
-    broadcasts rank 0's."""
+    """Step 0: the weights of the quorum's first group in every group, as DDP broadcasts rank 0's: within a group
+    of several ranks from its first, then across the groups (a sum to which only the first group adds)."""
     import torch
+    import torch.distributed as dist
     from torch.distributed import ReduceOp
 
     first = manager.participating_rank() == 0
+    several = dist.is_initialized() and dist.get_world_size() > 1
     with torch.no_grad():
         for tensor in list(model.parameters()) + list(model.buffers()):
             if not tensor.is_floating_point():
                 continue
+            if several:
+                dist.broadcast(tensor, src=0)
             mine = tensor.detach().clone() if first else torch.zeros_like(tensor)
             manager.allreduce(mine, reduce_op=ReduceOp.SUM).wait()
             tensor.copy_(mine)
@@ -112,10 +145,10 @@ _cell: FtCell | None = None
 
 
 @contextlib.contextmanager
-def scope(job: P.FaultTolerance | None, slot: int) -> Iterator[None]:
-    """A cell of a ``--ft`` job (``job`` None: any other cell); its group leaves the quorum when the cell ends."""
+def scope(job: P.Job, slot: int, send) -> Iterator[None]:
+    """A cell's job (a ``--ft`` one: its replica group, which leaves the quorum when the cell ends)."""
     global _cell
-    cell = FtCell(job, slot) if job is not None else None
+    cell = FtCell(job.ft, slot, job.job_id, send) if job.ft is not None else None
     if cell is not None:
         cell.start(current())
     _cell = cell
@@ -124,8 +157,15 @@ def scope(job: P.FaultTolerance | None, slot: int) -> Iterator[None]:
     finally:
         _cell = None
         if cell is not None:
-            cell.close()
+            cell.close(ended_well=sys.exc_info()[0] is None)
 
 
 def active() -> FtCell | None:
     return _cell
+
+
+def go(message: P.FtGo) -> None:
+    """The kernel's :class:`~nbtrain.wire.protocol.FtGo` (on the channel's thread)."""
+    cell = _cell
+    if cell is not None and message.job_id == cell.job_id:
+        cell.go.set()
