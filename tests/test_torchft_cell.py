@@ -10,8 +10,11 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -253,3 +256,16 @@ def test_torchft_cell_replica_groups_of_two_ranks_lose_one_and_both_come_back(fr
         for mine, theirs in zip(finals[0], other, strict=True):
             assert torch.allclose(mine, theirs, atol=1e-6)
     assert result.history.series("ft_groups", 0).values[0] == 2.0
+
+
+@pytest.mark.slow
+def test_torchft_cell_the_benchmark_runs_whole_against_a_restart_from_a_checkpoint():
+    """benchmarks/ft_cell.py at a small size: both cells end, and under --ft rank 0 took no step again while the
+    restart redid the steps since its checkpoint. Its timings are not judged here (docs/benchmarks.md has them)."""
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "ft_cell.py"), "--rounds", "1", "--steps", "40",
+                           "--kill-at", "15"], capture_output=True, text=True, env=env, timeout=280)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    redone = next(line for line in done.stdout.splitlines() if line.startswith("| steps rank 0 redid"))
+    assert redone.split("|")[2].strip() == "0" and int(redone.split("|")[3]) > 0, done.stdout
