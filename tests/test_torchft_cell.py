@@ -269,3 +269,52 @@ def test_torchft_cell_the_benchmark_runs_whole_against_a_restart_from_a_checkpoi
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     redone = next(line for line in done.stdout.splitlines() if line.startswith("| steps rank 0 redid"))
     assert redone.split("|")[2].strip() == "0" and int(redone.split("|")[3]) > 0, done.stdout
+
+
+class _StopOn(Captured):
+    """The cell's output, with the stop button pressed (KeyboardInterrupt in the kernel) once ``marker`` shows."""
+
+    def __init__(self, marker: str) -> None:
+        super().__init__()
+        self.marker, self.pressed = marker, 0.0
+
+    def __call__(self, stream: str, text: str) -> None:
+        super().__call__(stream, text)
+        if self.marker in text and not self.pressed:
+            self.pressed = time.monotonic()
+            raise KeyboardInterrupt
+
+
+def _lighthouses() -> list:
+    import psutil
+
+    return [p for p in psutil.process_iter(["cmdline"]) if "LighthouseServer" in " ".join(p.info["cmdline"] or [])]
+
+
+@pytest.mark.slow
+def test_torchft_cell_the_stop_button_ends_every_rank_and_the_lighthouse(fresh_pools, tmp_path):
+    import psutil
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    cell = CELL.replace("        time.sleep(0.1)", "        time.sleep(0.1)\n        if rank == 0 and nbtrain.training_state().step == 5: print('five', flush=True)")
+    output = _StopOn("five")
+    with pytest.raises(KeyboardInterrupt):
+        run_cell(fresh_pools, cell, {"MARKS": str(marks)}, write=output, nprocs=3, ft="on")
+    assert time.monotonic() - output.pressed < 3.5
+    pids = {pid for rank in range(3) for pid, _, _ in _marks(marks, rank)}
+    assert pids and not [pid for pid in pids if psutil.pid_exists(pid)]
+    assert not _lighthouses()
+
+
+@pytest.mark.slow
+def test_torchft_cell_runs_again_on_its_warm_ranks(fresh_pools, tmp_path):
+    """A second --ft cell takes the same warm ranks, with a Lighthouse and secret of its own; none is left after."""
+    source = CELL.replace("nbtrain.epochs(3)", "nbtrain.epochs(1)").replace("time.sleep(0.1)", "pass")
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    first_ns, first = run_cell(fresh_pools, source, {"MARKS": str(marks)}, nprocs=3, ft="on", out="steps")
+    again_ns, again = run_cell(fresh_pools, source, {"MARKS": str(marks)}, nprocs=3, ft="on", out="steps")
+    assert first_ns["steps"] == again_ns["steps"] == 20
+    assert not first.warm and again.warm
+    assert not _lighthouses()
