@@ -101,6 +101,17 @@ def _manager_server_on(host: str) -> Iterator[None]:
         tm.ManagerServer = original
 
 
+def _quiet_deprecated_noop() -> None:
+    """torchft calls each backend's ``_set_sequence_number_for_group()`` at every quorum change, which this torch
+    made a no-op that warns ("deprecated and is now a no-op") on every rank, into the cell: it stays a no-op, quietly."""
+    from torch._C import _distributed_c10d as c10d
+
+    for name in ("ProcessGroupGloo", "ProcessGroupNCCL"):
+        backend = getattr(c10d, name, None)
+        if backend is not None and hasattr(backend, "_set_sequence_number_for_group"):
+            backend._set_sequence_number_for_group = lambda self: None
+
+
 def fault_tolerant_ddp(manager: Any, model: Any, ddp_class: type | None = None, **ddp_kwargs: Any) -> Any:
     """DDP over torchft's fault-tolerant all-reduce (as torchft's own ``DistributedDataParallel``, whose comm hook
     fails on the buckets after the first that meets a lost peer — nbtrain's lets the step end uncommitted).
@@ -164,6 +175,7 @@ class ReplicaGroup:
         from torchft.process_group import ProcessGroupGloo
 
         timeout = timedelta(seconds=config.timeout_s)
+        _quiet_deprecated_noop()
         self.participation = Participation()
         self.transport = SignedTransport(config.secret, config.host, timeout)
         with _manager_server_on(config.host):
