@@ -85,7 +85,7 @@ class FaultTolerance:
     lighthouse: str  # http://HOST:PORT of the run's torchft Lighthouse
     secret: bytes  # the run's recovery secret (rank/train/ft_transport.py)
     groups: int  # replica groups the run has
-    host: str = "127.0.0.1"  # where each group's own servers listen
+    host: str = "127.0.0.1"  # where each group's own servers listen ("": the address its node reaches the kernel from)
     group_size: int = 1  # ranks per group: rank r is rank r % group_size of group r // group_size
 
 

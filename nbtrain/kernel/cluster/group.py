@@ -27,8 +27,8 @@ state both keep); :mod:`nbtrain.kernel.lifecycle.run` drives it exactly as it dr
   :class:`~nbtrain.wire.nodes.StopRanks` (SIGTERM → SIGKILL on the node); the nodes stay joined, warm for the
   next pool.
 
-Stacks (:meth:`dump_stacks`: where each rank is, for failures, the stop button and uneven collectives) are
-dumped on each node and sent back, so those reports work across machines too.
+Stacks (:meth:`dump_stacks`: for failures, the stop button and uneven collectives) are dumped on each node and
+sent back. Under ``--ft`` each node is a replica group: a lost group's ranks start again (:meth:`replace_rank`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from ..diagnostics.failures import RankFailure, rank_failure
 from ..ranks.pool import Exited, Message, Output
@@ -54,34 +54,11 @@ from ...wire.run_control import following_only
 from ...gpu import jsonfields as J
 from .hub import LOST_AFTER_S, MAX_NODES, Hub, NodeConn, node_sample, sampled_info
 from .launcher import NodeLauncher
+from .remote_rank import RemoteRank, rank_span
 from .slurm import SlurmNodes
 from .ssh import SshNodes
 
 STOP_WAIT_S = 2.5  # a node answers StopRanks within this (its own SIGTERM → SIGKILL takes about 1.5 s)
-
-
-def rank_span(ranks) -> str:
-    ranks = sorted(ranks)
-    if not ranks:
-        return "no ranks"
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    contiguous = ranks == list(range(ranks[0], ranks[-1] + 1))
-    return f"ranks {ranks[0]}–{ranks[-1]}" if contiguous else "ranks " + ", ".join(map(str, ranks))
-
-
-@dataclass
-class RemoteRank:
-    """One rank of the group, as its node reports it: the record that every per-rank question reads."""
-
-    node: NodeConn | None = None  # known once its node said RanksStarted
-    pid: int = 0  # on its node's machine
-    exit_code: int | None = None  # None while it runs
-    error: str | None = None  # its node's account of an exit (torch elastic's error file)
-    account: str | None = None  # why its node is gone (lost, let go, never started)
-
-    def exited(self) -> bool:
-        return self.exit_code is not None
 
 
 class NodePool(GroupState):
@@ -106,6 +83,9 @@ class NodePool(GroupState):
         self._backlog: list = []  # events that arrived while stacks were awaited
         self._awaiting_stacks: set[str] = set()
         self._stacks: dict[int, str] = {}
+        self._wanted: dict[int, tuple[set[int], int]] = {}  # --ft: group -> (its ranks to start again, attempt)
+        self._delivered: set[tuple[str, int]] = set()  # --ft: (node, job id) a replacement's job went to
+        self._waiting_said = False
 
     # ------------------------------------------------------------------------------- start
     def spawn(self, zygote: ZygoteHandle | None = None, fork_ranks: bool = True) -> None:
@@ -123,10 +103,7 @@ class NodePool(GroupState):
         self.nodes = nodes
         if self.where.min_nodes:  # elastic: the world size is decided now
             self.formed(len(nodes) * self.where.nproc_per_node)
-        start = N.StartRanks(self.run_id, self.launcher.store_address(), len(nodes), self.where.nproc_per_node,
-                             self.spec.backend, self.spec.device_type, self.spec.timeout_s, self.spec.env, os.getpid(),
-                             detached_run=self.where.detached, restarts=self.where.restarts,
-                             leased_gpus=self.spec.gpu_ids if self.where.detached else (), spread=self.where.spread)
+        start = self._start_message(len(nodes))
         for group_rank, node in enumerate(nodes):
             while not node.link.incoming.empty():  # what an earlier pool's ranks said last; the agent's notes are said
                 self._note(node, node.link.incoming.get_nowait())
@@ -135,6 +112,16 @@ class NodePool(GroupState):
             for deliver in self._pending:
                 node.link.send(deliver)
         self._started = True
+
+    def _start_message(self, nnodes: int, attempt: int = 0) -> N.StartRanks:
+        env = self.spec.env
+        if self.spec.ft:  # a replica group per node: its ranks' process group (rank/main.py), torchft's logs quiet
+            env = (("RUST_LOG", "warn"), *env, ("NBTRAIN_FT", str(self.spec.ft_group_size)),
+                   ("NBTRAIN_FT_ATTEMPT", str(attempt)))
+        return N.StartRanks(self.run_id, self.launcher.store_address(), nnodes, self.where.nproc_per_node,
+                            self.spec.backend, self.spec.device_type, self.spec.timeout_s, env, os.getpid(),
+                            detached_run=self.where.detached, restarts=self.where.restarts,
+                            leased_gpus=self.spec.gpu_ids if self.where.detached else (), spread=self.where.spread)
 
     def serves(self, spec: PoolSpec) -> bool:
         """Warm for ``spec`` while its nodes stay; an elastic group that formed below MAX re-forms when more have
@@ -217,6 +204,8 @@ class NodePool(GroupState):
             node.link.send(deliver)
 
     def send_to(self, rank: int, message) -> None:
+        if isinstance(message, P.Job):  # --ft: a replacement group's job, to its node once, with the input files
+            return self._deliver_job_to(rank, message)
         self.send_bytes(N.ToRank(rank, pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)))
 
     def send_bytes(self, message: N.ToRank) -> None:
@@ -247,6 +236,8 @@ class NodePool(GroupState):
             self.hub.drain_wake()
             self._start_if_joined()
             events = self._collect()
+        if self._wanted:
+            self._start_replacements()
         return events + self._check_lost() + self._start_failures()
 
     def _start_failures(self) -> list:
@@ -333,7 +324,7 @@ class NodePool(GroupState):
     def _relayed_infos(self) -> tuple:
         beat = self.nodes[0].link.last_heartbeat if self.nodes else None
         sample = beat.telemetry if beat is not None and isinstance(beat.telemetry, dict) else {}
-        return tuple(info for info in map(sampled_info, J.items(sample.get("nodes"), MAX_NODES) or []) if info is not None)
+        return tuple(i for i in map(sampled_info, J.items(sample.get("nodes"), MAX_NODES) or []) if i is not None)
 
     def _node_ranks(self, node: NodeConn) -> list[int]:
         ranks = [rank for rank, r in self._ranks.items() if r.node is node]
@@ -363,11 +354,54 @@ class NodePool(GroupState):
         record.exit_code, record.account = code, account
         return Exited(rank, code)
 
+    # ---------------------------------------------------------------------------- --ft: a replica group per node
     def replace_rank(self, rank: int, attempt: int) -> int:
-        raise NotImplementedError("--ft replaces ranks on this machine only; the request refuses it with --nodes")
+        """--ft: once every rank of a lost group (a node's) is asked for, they start again — on the same node if its
+        agent is still there, else on a node that joined since, or as soon as one does. No pid here: 0."""
+        group = rank // self.where.nproc_per_node
+        self._wanted.setdefault(group, (set(), attempt))[0].add(rank)
+        self._start_replacements()
+        return 0
 
     def kill_rank(self, rank: int) -> None:
-        raise NotImplementedError("--ft ends ranks on this machine only; the request refuses it with --nodes")
+        """--ft: nothing to do — a node's agent ends its other ranks itself when one fails (torch elastic's)."""
+
+    def _start_replacements(self) -> None:
+        for group, (ranks, attempt) in list(self._wanted.items()):
+            node = self._free_node(group) if len(ranks) == self.where.nproc_per_node else None
+            if node is None:
+                continue
+            del self._wanted[group]
+            self.nodes[group] = node
+            self._stopped.discard(node.name)
+            for rank in ranks:
+                self._ranks.pop(rank, None)  # the new ranks' node reports them (RanksStarted)
+            self.hub.mark_running(node)
+            node.link.send(replace(self._start_message(len(self.nodes), attempt), group_rank=group))
+            self._say(f"nbtrain: --ft: node {node.name} starts {rank_span(ranks)} again")
+            self._waiting_said = False
+
+    def _free_node(self, group: int) -> NodeConn | None:
+        old = self.nodes[group]
+        if old.name not in self._lost and not old.lost() and old.name in self._stopped:
+            return old  # its agent stays: its ranks failed, the machine did not
+        if old.name not in self._lost and not old.lost():
+            return None  # its agent is still stopping them
+        spare = next((n for n in self.hub.idle_nodes() if n not in self.nodes), None)
+        if spare is None and not self._waiting_said:
+            self._waiting_said = True
+            self._say(f"nbtrain: --ft: waiting for a node to take node {old.name}'s place; the others keep stepping. "
+                      f"{self.launcher.start_hint() or 'Start an agent with the join command above.'}")
+        return spare
+
+    def _deliver_job_to(self, rank: int, job: P.Job) -> None:
+        node = self._known(rank).node
+        if node is None or (node.name, job.job_id) in self._delivered:
+            return
+        self._delivered.add((node.name, job.job_id))
+        files = tuple((path, _read(path)) for path in job.shared_files)
+        job = replace(job, result_prefix="", shared_files=())
+        node.link.send(N.Deliver(pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL), files))
 
     def release_node(self, name: str, account: str) -> list:
         """A preempted node whose checkpoint is written (or whose grace ran out): its agent leaves now, its ranks
@@ -391,7 +425,8 @@ class NodePool(GroupState):
             why = "its connection broke" if node.link.closed.is_set() else f"no heartbeat for {LOST_AFTER_S:.0f} s"
             why = self.launcher.end_reason() or why  # TIMEOUT, CANCELLED by …
             text = f"node {node.name} ({rank_span(self._node_ranks(node))}) lost: {why}"
-            self._say(f"nbtrain: {text}; stopping the other ranks")  # now: stopping them takes a few seconds more
+            if not self.spec.ft:  # under --ft the others go on (the run says so, nbtrain.kernel.lifecycle.ft_run)
+                self._say(f"nbtrain: {text}; stopping the other ranks")  # now: stopping them takes seconds more
             events.extend(self._node_failed(node, text, -9))
         return events
 

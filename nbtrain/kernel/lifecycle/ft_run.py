@@ -30,11 +30,12 @@ import time
 from ...common.words import count
 from ...wire import protocol as P
 from ..observers.history import History
+from ..ranks.spec import PoolSpec
 from .lighthouse import Lighthouse
 
 REPLACEMENTS = 3  # per group: a group that keeps dying (a bug in the cell that kills a rank) ends the run
 GROUPS_SERIES = "ft_groups"  # what each rank logs per committed step (nbtrain.rank.train.ft_cell)
-HOST = "127.0.0.1"
+LOCAL = "127.0.0.1"
 _PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "gloo/transport", "remote process exited",
               "NCCL communicator was aborted")  # a group's collective that failed because a member is gone
 
@@ -43,9 +44,11 @@ class ReplicaWatch:
     """One ``--ft`` run's groups. ``run`` (given to the hooks) is the run's loop
     (:class:`~nbtrain.kernel.lifecycle.run._Run`): its ``say``, ``pool``, ``done`` and ``cell_running()``."""
 
-    def __init__(self, nprocs: int, group_size: int) -> None:
-        self.nprocs, self.group_size = nprocs, group_size
-        self.lighthouse = Lighthouse(HOST, min_replicas=1)
+    def __init__(self, spec: PoolSpec, nprocs: int) -> None:
+        self.nprocs, self.group_size = nprocs, spec.ft_group_size
+        # on nodes: the Lighthouse on the rendezvous address, and each group's servers on its node's own ("")
+        self.host = spec.nodes.rdzv_host if spec.nodes is not None else LOCAL
+        self.lighthouse = Lighthouse(self.host, min_replicas=1)
         self.secret = secrets.token_bytes(32)
         self.replaced: dict[int, int] = {}  # group -> times it was replaced
         self.leaving: dict[int, set[int]] = {}  # group -> its ranks yet to exit, in a loss under way
@@ -56,8 +59,8 @@ class ReplicaWatch:
         self.started = False  # the groups that start together were told to take their first quorum
 
     def job_part(self) -> P.FaultTolerance:
-        return P.FaultTolerance(self.lighthouse.address, self.secret, self.nprocs // self.group_size, HOST,
-                                self.group_size)
+        return P.FaultTolerance(self.lighthouse.address, self.secret, self.nprocs // self.group_size,
+                                self.host if self.host == LOCAL else "", self.group_size)
 
     def _members(self, group: int) -> range:
         return range(group * self.group_size, (group + 1) * self.group_size)

@@ -81,7 +81,7 @@ class _Run:
 
     def __init__(self, cell: CellRun, acquired: Acquired, job: P.Job, inputs: Inputs, observers: FanOut) -> None:
         pool = acquired.pool
-        self.ft = ReplicaWatch(pool.world_size, pool.spec.ft_group_size) if pool.spec.ft else None  # --ft (.ft_run)
+        self.ft = ReplicaWatch(pool.spec, pool.world_size) if pool.spec.ft else None  # --ft (.ft_run)
         if self.ft is not None:
             job = replace(job, ft=self.ft.job_part())
         self.cell, self.pool, self.job, self.inputs, self.config = cell, pool, job, inputs, cell.config

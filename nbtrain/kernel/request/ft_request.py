@@ -1,7 +1,8 @@
 """``--ft``: which runs may be fault tolerant, checked before any process starts.
 
-Under ``--ft`` each rank of this machine is a torchft replica group of its own (:mod:`nbtrain.rank.train.ft_cell`);
-what it does not go with yet is refused here, with what to do instead. The training options it does not go with
+Under ``--ft`` the ranks form torchft replica groups (:mod:`nbtrain.rank.train.ft_cell`): on one machine one per rank
+or ``replicas=R``; with ``--nodes``, one per node. What it does not go with yet is refused here, with what to do
+instead. The training options it does not go with
 (``--shard``, ``--grad-accum``, ``--checkpoint``) are refused with the others (:mod:`nbtrain.wire.settings`).
 """
 
@@ -18,8 +19,7 @@ def fault_tolerant(request, pool: PoolSpec, replicas: int) -> PoolSpec:
     """The pool of a ``--ft`` run (``request``: the cell's :class:`~.config.LaunchRequest`; ``replicas``: R of
     ``--ft replicas=R``, 0 for a group per rank), or a ConfigError."""
     if pool.nodes is not None:
-        raise ConfigError("--ft runs on one machine for now (each rank a replica group); it does not go with --nodes "
-                          "or --detach yet. Leave --ft out to use --nodes MIN:MAX --max-restarts K with --checkpoint.")
+        return _on_nodes(pool, replicas)
     if request.session:
         raise ConfigError("--ft replaces a rank that dies with a new one, which would not have the session's "
                           "variables; use one of --session and --ft.")
@@ -35,3 +35,15 @@ def fault_tolerant(request, pool: PoolSpec, replicas: int) -> PoolSpec:
                           f"are {pool.nprocs}: give a number of ranks that {replicas} divides, such as "
                           f"%%distributed {2 * replicas} --ft replicas={replicas}.")
     return replace(pool, ft_group_size=pool.nprocs // groups)
+
+
+def _on_nodes(pool: PoolSpec, replicas: int) -> PoolSpec:
+    """``--ft --nodes N``: each node is a replica group of its ``--nproc-per-node`` ranks."""
+    assert pool.nodes is not None
+    if pool.nodes.detached or pool.nodes.min_nodes:
+        raise ConfigError("--ft with --nodes takes a fixed number of nodes (--nodes 3), and does not go with --detach "
+                          "or an elastic --nodes MIN:MAX yet: under --ft a lost node's place is taken by the next "
+                          "node that joins, while the others keep stepping.")
+    if replicas:
+        raise ConfigError(f"with --nodes each node is one replica group; leave replicas={replicas} out of --ft.")
+    return replace(pool, ft_group_size=pool.nodes.nproc_per_node)

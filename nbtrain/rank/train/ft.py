@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -176,6 +177,9 @@ class ReplicaGroup:
 
         timeout = timedelta(seconds=config.timeout_s)
         _quiet_deprecated_noop()
+        # torchft logs each peer it loses with a traceback; nbtrain's kernel says what happened, once, in the cell's
+        # words (an error that ends the step still reaches the cell as its exception)
+        logging.getLogger("torchft").propagate = False
         self.participation = Participation()
         self.transport = SignedTransport(config.secret, config.host, timeout)
         with _manager_server_on(config.host):

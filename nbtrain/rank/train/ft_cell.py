@@ -21,6 +21,7 @@ channel): the run's Lighthouse and recovery secret. The cell does not change; ``
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 from collections.abc import Iterator
@@ -40,6 +41,7 @@ class FtCell:
 
     def __init__(self, job: P.FaultTolerance, slot: int, job_id: int, send) -> None:
         self.job, self.slot, self.job_id, self.send = job, slot, job_id, send
+        self.host = job.host or _own_address()
         self.go = threading.Event()  # the kernel's FtGo: every group that starts together reached its join
         self.group: Any = None  # .ft.ReplicaGroup, once joined
         self._store: Any = None  # the group's own c10d store, kept alive with it
@@ -52,7 +54,7 @@ class FtCell:
         from .ft import ReplicaConfig, ReplicaGroup
 
         size = self.job.group_size
-        config = ReplicaConfig(lighthouse=self.job.lighthouse, replica_id=str(self.slot // size), host=self.job.host,
+        config = ReplicaConfig(lighthouse=self.job.lighthouse, replica_id=str(self.slot // size), host=self.host,
                                secret=self.job.secret, store_port=self._group_store_port(), sync_quorum=True,
                                init_sync=False, timeout_s=60.0, group_rank=self.slot % size, group_world_size=size)
         self.group = ReplicaGroup(config, lambda: own_snapshot(context),
@@ -68,7 +70,7 @@ class FtCell:
 
         first = self.slot % self.job.group_size == 0
         if first:
-            self._store = group_store(self.job.host)
+            self._store = group_store(self.host)
         if self.job.group_size == 1:
             return self._store.port
         port = torch.tensor([self._store.port if first else 0], device="cuda" if dist.get_backend() == "nccl" else "cpu")
@@ -139,6 +141,17 @@ def _equal_weights(manager: Any, model: Any) -> None:
             mine = tensor.detach().clone() if first else torch.zeros_like(tensor)
             manager.allreduce(mine, reduce_op=ReduceOp.SUM).wait()
             tensor.copy_(mine)
+
+
+def _own_address() -> str:
+    """On a node: the address this machine reaches the kernel's store from (its interface on that network), where
+    the group's servers listen — never every interface."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in os.environ["MASTER_ADDR"] else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:  # a UDP connect sends nothing: it picks the route
+        probe.connect((os.environ["MASTER_ADDR"].strip("[]"), int(os.environ["MASTER_PORT"])))
+        return probe.getsockname()[0]
 
 
 _cell: FtCell | None = None

@@ -1,0 +1,122 @@
+"""``%%distributed --nodes 3 --ft``: each emulated node a replica group; a node whose agent is SIGKILLed is replaced.
+
+Node agents on 127.0.0.2–.5 (1 rank each, gloo), the training cell of ``test_torchft_cell.py``: three nodes run the
+cell and a fourth waits idle. The agent of rank 2's node is SIGKILLed at step 20 of 60: its rank goes with it, the
+other two keep stepping, the idle node starts rank 2 again, which copies a peer's state; every rank ends with the
+same parameters, and the cell says what happened.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+import torch
+from helpers.runhelp import Captured
+from test_torchft_cell import CELL, _marks
+
+from nbtrain.kernel.lifecycle.entry import run_source
+from nbtrain.kernel.request.config import ConfigError, LaunchRequest, resolve
+
+pytestmark = pytest.mark.timeout(400)
+
+
+def _kill_the_agent_at_step(folder, rank: int, step: int) -> dict:
+    sent: dict = {}
+
+    def watch() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            seen = _marks(folder, rank)
+            if seen and seen[-1][1] >= step:
+                agent = psutil.Process(seen[-1][0]).ppid()  # the node's agent runs torch elastic's, in its process
+                sent.update(pid=seen[-1][0], agent=agent, step=seen[-1][1], at=time.time())
+                os.kill(agent, signal.SIGKILL)
+                return
+            time.sleep(0.02)
+
+    threading.Thread(target=watch, daemon=True).start()
+    return sent
+
+
+@pytest.mark.slow
+def test_torchft_nodes_a_killed_node_is_replaced_by_an_idle_one_while_the_others_keep_stepping(nodes, tmp_path,
+                                                                                                  capsys):
+    for address in ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"):
+        nodes.start(address)
+    nodes.wait_joined(4)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    sent = _kill_the_agent_at_step(marks, rank=2, step=20)
+    output, ns = Captured(), {"MARKS": str(marks)}
+    request = LaunchRequest(nodes="3", nproc_per_node=1, rdzv_host="127.0.0.1", cpu=True, start_timeout=120,
+                            ft="on", out="steps")
+    result = run_source(CELL, request, ns, manager=nodes.manager, write=output)
+    text = capsys.readouterr().out + output.text()  # the node pool's lines go to the kernel's stdout, the cell's
+    assert sent, text
+    assert re.search(r"nbtrain: --ft: rank 2 was lost \(killed by SIGKILL\) at \d\d:\d\d:\d\d; 2 other replica "
+                     r"groups keep stepping", text), text
+    assert re.search(r"nbtrain: --ft: node \w starts rank 2 again", text), text
+    # a step the lost node was in is taken by no group (its batch is dropped): 59 committed steps, or 60
+    steps = ns["steps"]
+    assert steps in (59, 60)
+    assert re.search(rf"nbtrain: --ft: 1 replica group lost and replaced; 0 steps redone; \d+ steps? of {steps}", text), text
+    for survivor in (0, 1):
+        times = [when for _, _, when in _marks(marks, survivor)]
+        taken = [step for _, step, _ in _marks(marks, survivor)]
+        assert taken == sorted(taken) and taken[-1] == steps and len(set(taken)) == steps, taken
+        assert max(b - a for a, b in zip(times, times[1:], strict=False)) < 2.0 + 0.1, times
+    assert [step for pid, step, _ in _marks(marks, 2) if pid != sent["pid"]][-1] == steps
+    finals = [torch.load(marks / f"final{rank}.pt") for rank in range(3)]
+    for other in finals[1:]:
+        for mine, theirs in zip(finals[0], other, strict=True):
+            assert torch.allclose(mine, theirs, atol=1e-6)
+    assert result.history.series("ft_groups", 0).steps == list(range(steps))
+
+
+@pytest.mark.parametrize("options, says", [
+    ({"nodes": "2:3", "last_call": 1.0}, "takes a fixed number of nodes"),
+    ({"nodes": "2", "ft": "replicas=2"}, "each node is one replica group"),
+])
+def test_torchft_nodes_refuses_what_it_does_not_go_with_before_anything_starts(options, says):
+    request = LaunchRequest(**{"nproc_per_node": 1, "rdzv_host": "127.0.0.1", "cpu": True, "ft": "on", **options})
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        resolve(request)
+
+
+@pytest.mark.slow
+def test_torchft_nodes_a_killed_rank_starts_again_on_its_own_node(nodes, tmp_path, capsys):
+    """The rank, not its agent, is SIGKILLed: the node stays, and starts the rank again itself."""
+    for address in ("127.0.0.2", "127.0.0.3"):
+        nodes.start(address)
+    nodes.wait_joined(2)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    sent: dict = {}
+
+    def kill_rank_1() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            seen = _marks(marks, 1)
+            if seen and seen[-1][1] >= 10:
+                sent.update(pid=seen[-1][0], node=psutil.Process(seen[-1][0]).ppid())
+                os.kill(seen[-1][0], signal.SIGKILL)
+                return
+            time.sleep(0.02)
+
+    threading.Thread(target=kill_rank_1, daemon=True).start()
+    ns = {"MARKS": str(marks)}
+    request = LaunchRequest(nodes="2", nproc_per_node=1, rdzv_host="127.0.0.1", cpu=True, start_timeout=120,
+                            ft="on", out="steps")
+    run_source(CELL.replace("nbtrain.epochs(3)", "nbtrain.epochs(2)"), request, ns, manager=nodes.manager,
+               write=Captured())
+    text = capsys.readouterr().out
+    assert sent and re.search(r"nbtrain: --ft: node \w starts rank 1 again", text), text
+    assert "waiting for a node" not in text and psutil.pid_exists(sent["node"])  # the same agent took it up
+    assert [pid for pid, _, _ in _marks(marks, 1) if pid != sent["pid"]]  # the new rank 1 stepped
+    assert ns["steps"] in (59, 60)  # 2 epochs of 30 steps, one of them perhaps dropped with the lost rank
