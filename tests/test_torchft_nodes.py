@@ -26,7 +26,8 @@ from nbtrain.kernel.request.config import ConfigError, LaunchRequest, resolve
 pytestmark = pytest.mark.timeout(400)
 
 
-def _kill_the_agent_at_step(folder, rank: int, step: int) -> dict:
+def _kill_the_agent_at_step(folder, rank: int, step: int, then=lambda: None) -> dict:
+    """SIGKILL the agent of ``rank``'s node once the rank has taken ``step``, then call ``then``."""
     sent: dict = {}
 
     def watch() -> None:
@@ -37,6 +38,7 @@ def _kill_the_agent_at_step(folder, rank: int, step: int) -> dict:
                 agent = psutil.Process(seen[-1][0]).ppid()  # the node's agent runs torch elastic's, in its process
                 sent.update(pid=seen[-1][0], agent=agent, step=seen[-1][1], at=time.time())
                 os.kill(agent, signal.SIGKILL)
+                then()
                 return
             time.sleep(0.02)
 
@@ -45,23 +47,25 @@ def _kill_the_agent_at_step(folder, rank: int, step: int) -> dict:
 
 
 @pytest.mark.slow
-def test_torchft_nodes_a_killed_node_is_replaced_by_an_idle_one_while_the_others_keep_stepping(nodes, tmp_path,
-                                                                                                  capsys):
-    for address in ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"):
+@pytest.mark.parametrize("spare", [True, False], ids=["an-idle-node-waits", "a-new-agent-joins-after"])
+def test_torchft_nodes_a_killed_node_is_replaced_while_the_others_keep_stepping(nodes, tmp_path, capsys, spare):
+    for address in ("127.0.0.2", "127.0.0.3", "127.0.0.4", *(("127.0.0.5",) if spare else ())):
         nodes.start(address)
-    nodes.wait_joined(4)
+    nodes.wait_joined(4 if spare else 3)
     marks = tmp_path / "marks"
     marks.mkdir()
-    sent = _kill_the_agent_at_step(marks, rank=2, step=20)
+    sent = _kill_the_agent_at_step(marks, rank=2, step=20, then=lambda: None if spare else nodes.start("127.0.0.5"))
     output, ns = Captured(), {"MARKS": str(marks)}
     request = LaunchRequest(nodes="3", nproc_per_node=1, rdzv_host="127.0.0.1", cpu=True, start_timeout=120,
                             ft="on", out="steps")
-    result = run_source(CELL, request, ns, manager=nodes.manager, write=output)
+    cell = CELL if spare else CELL.replace("time.sleep(0.1)", "time.sleep(0.3)")  # time for a new agent to come
+    result = run_source(cell, request, ns, manager=nodes.manager, write=output)
     text = capsys.readouterr().out + output.text()  # the node pool's lines go to the kernel's stdout, the cell's
     assert sent, text
     assert re.search(r"nbtrain: --ft: rank 2 was lost \(killed by SIGKILL\) at \d\d:\d\d:\d\d; 2 other replica "
                      r"groups keep stepping", text), text
     assert re.search(r"nbtrain: --ft: node \w starts rank 2 again", text), text
+    assert spare or "nbtrain: --ft: waiting for a node to take node" in text, text
     # a step the lost node was in is taken by no group (its batch is dropped): 59 committed steps, or 60
     steps = ns["steps"]
     assert steps in (59, 60)
@@ -70,7 +74,7 @@ def test_torchft_nodes_a_killed_node_is_replaced_by_an_idle_one_while_the_others
         times = [when for _, _, when in _marks(marks, survivor)]
         taken = [step for _, step, _ in _marks(marks, survivor)]
         assert taken == sorted(taken) and taken[-1] == steps and len(set(taken)) == steps, taken
-        assert max(b - a for a, b in zip(times, times[1:], strict=False)) < 2.0 + 0.1, times
+        assert max(b - a for a, b in zip(times, times[1:], strict=False)) < 2.0 + 0.3, times
     assert [step for pid, step, _ in _marks(marks, 2) if pid != sent["pid"]][-1] == steps
     finals = [torch.load(marks / f"final{rank}.pt") for rank in range(3)]
     for other in finals[1:]:

@@ -391,7 +391,7 @@ class NodePool(GroupState):
         if spare is None and not self._waiting_said:
             self._waiting_said = True
             self._say(f"nbtrain: --ft: waiting for a node to take node {old.name}'s place; the others keep stepping. "
-                      f"{self.launcher.start_hint() or 'Start an agent with the join command above.'}")
+                      f"Start one with:\n  {self.hub.join_command()}")
         return spare
 
     def _deliver_job_to(self, rank: int, job: P.Job) -> None:

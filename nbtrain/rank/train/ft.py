@@ -179,7 +179,10 @@ class ReplicaGroup:
         _quiet_deprecated_noop()
         # torchft logs each peer it loses with a traceback; nbtrain's kernel says what happened, once, in the cell's
         # words (an error that ends the step still reaches the cell as its exception)
-        logging.getLogger("torchft").propagate = False
+        quiet = logging.getLogger("torchft")
+        if not quiet.handlers:  # a handler of its own, or Python's last resort would print them all the same
+            quiet.addHandler(logging.NullHandler())
+        quiet.propagate = False
         self.participation = Participation()
         self.transport = SignedTransport(config.secret, config.host, timeout)
         with _manager_server_on(config.host):
