@@ -125,7 +125,7 @@ def test_torchft_cell_still_fails_on_an_exception(fresh_pools, tmp_path):
 @pytest.mark.parametrize("options, says", [
     ({"nprocs": 1}, "needs 2 ranks or more"),
     ({"session": "s1"}, "use one of --session and --ft"),
-    ({"nodes": "2", "rdzv_host": "127.0.0.1"}, "does not go with --nodes"),
+    ({"detach": True}, "does not go with --detach"),
     ({"shard": "full"}, "does not go with --shard yet"),
     ({"grad_accum": 2}, "does not go with --grad-accum yet"),
     ({"checkpoint": "ckpt"}, "does not go with --checkpoint yet"),
