@@ -40,6 +40,9 @@ NOT_NBTRAINS = {
     ("nbtrain/rank/prompts.py", "sys.stdin"): "the interpreter's hook, set for the cell and restored",
     ("nbtrain/rank/prompts.py", "sys.breakpointhook"): "the interpreter's hook, set for the cell and restored",
     ("nbtrain/rank/train/ft.py", "tm.ManagerServer"): "torchft's module, its server class swapped while one Manager is built",
+    ("nbtrain/rank/train/ft.py", "quiet.propagate"): "torchft's logging.Logger, kept out of the cell in a rank",
+    ("nbtrain/rank/train/ft.py", "backend._set_sequence_number_for_group"): "torch's process-group class: a no-op that "
+    "warns, made a quiet one in a rank",
     ("nbtrain/rank/compat.py", "module.init_process_group"): "torch.distributed's functions, wrapped for pasted scripts",
     ("nbtrain/rank/compat.py", "module.destroy_process_group"): "torch.distributed's functions, wrapped for pasted scripts",
     ("nbtrain/rank/ipython_display.py", "spec.loader"): "an importlib ModuleSpec being built",

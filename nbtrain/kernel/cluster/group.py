@@ -41,7 +41,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from ..diagnostics.failures import RankFailure, rank_failure
 from ..ranks.pool import Exited, Message, Output
@@ -54,11 +54,25 @@ from ...wire.run_control import following_only
 from ...gpu import jsonfields as J
 from .hub import LOST_AFTER_S, MAX_NODES, Hub, NodeConn, node_sample, sampled_info
 from .launcher import NodeLauncher
-from .remote_rank import RemoteRank, rank_span
+from .remote_rank import rank_span
 from .slurm import SlurmNodes
 from .ssh import SshNodes
 
 STOP_WAIT_S = 2.5  # a node answers StopRanks within this (its own SIGTERM → SIGKILL takes about 1.5 s)
+
+
+@dataclass
+class RemoteRank:
+    """One rank of the group, as its node reports it: the record that every per-rank question reads."""
+
+    node: NodeConn | None = None  # known once its node said RanksStarted
+    pid: int = 0  # on its node's machine
+    exit_code: int | None = None  # None while it runs
+    error: str | None = None  # its node's account of an exit (torch elastic's error file)
+    account: str | None = None  # why its node is gone (lost, let go, never started)
+
+    def exited(self) -> bool:
+        return self.exit_code is not None
 
 
 class NodePool(GroupState):
