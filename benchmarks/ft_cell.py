@@ -109,8 +109,7 @@ def main() -> None:
     try:
         for _ in range(args.rounds):
             for mode in results:
-                results[mode].append(one(mode, args, pools))
-                pools.shutdown()  # each run from cold ranks: the restart path starts new ones anyway
+                results[mode].append(one(mode, args, pools))  # the two modes' pools differ: each starts its own
     finally:
         pools.shutdown()
     med = {mode: {key: statistics.median(r[key] for r in runs) for key in runs[0]} for mode, runs in results.items()}
