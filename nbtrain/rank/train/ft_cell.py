@@ -3,9 +3,10 @@
 The kernel gives each rank a :class:`~nbtrain.wire.protocol.FaultTolerance` with its job (over the authenticated
 channel): the run's Lighthouse and recovery secret. The cell does not change; ``prepare()`` does the rest.
 
-* **Joining.** At the cell's first ``prepare()`` the group builds its Manager (:class:`~.ft.ReplicaGroup`) and asks
-  for its first quorum. Groups that start together meet at step 0 (and the model's weights are then made equal, as
-  DDP's broadcast does); a group that comes later — a replacement for a lost one — is behind the others' step, so
+* **Joining.** As the cell starts the group builds its Manager (:class:`~.ft.ReplicaGroup`), whose heartbeats tell
+  the Lighthouse it is coming; at its first ``prepare()`` it waits for the kernel's go (every rank has come) and
+  takes its first quorum. Groups that start together meet at step 0 (and the model's weights are then made equal,
+  as DDP's broadcast does); a group that comes later — a replacement for a lost one — is behind the others' step, so
   torchft copies a healthy peer's state to it: its :func:`~.checkpoint.own_snapshot` (model, optimizer, schedulers,
   loader positions, step, epoch, RNG), applied as it is prepared, as a checkpoint is. The copy travels over
   :mod:`.ft_transport`, sealed with the run's secret and loaded with ``weights_only=True``.
@@ -37,13 +38,13 @@ JOIN_WAIT_S = 60.0  # how long a group waits at its first prepare() for the othe
 
 
 class FtCell:
-    """This rank's replica group during one cell (built at its first ``prepare()``)."""
+    """This rank's replica group during one cell (built as the cell starts, joined at its first ``prepare()``)."""
 
     def __init__(self, job: P.FaultTolerance, slot: int, job_id: int, send) -> None:
         self.job, self.slot, self.job_id, self.send = job, slot, job_id, send
         self.host = job.host or _own_address()
         self.go = threading.Event()  # the kernel's FtGo: every group that starts together reached its join
-        self.group: Any = None  # .ft.ReplicaGroup, once joined
+        self.group: Any = None  # .ft.ReplicaGroup, from start()
         self._store: Any = None  # the group's own c10d store, kept alive with it
         self.quorum_open = False  # a quorum was formed for the step in progress
         self.joined = False  # the first prepare() took the first quorum
