@@ -1,6 +1,6 @@
 """A rank lost in a notebook cell: ``%%distributed 3 --ft`` against ``--checkpoint DIR --max-restarts 1``.
 
-    python benchmarks/ft_cell.py [--rounds 3] [--steps 60] [--kill-at 20] [--step-s 0.05] [--every 10]
+    python benchmarks/ft_cell.py [--rounds 3] [--steps 60] [--kill-at 20] [--step-s 0.05] [--every 10] [--nodes]
 
 The same training cell (3 CPU ranks, gloo, a prepared loader, SGD with momentum; each rank appends its step and the
 time to a file after each step) runs twice per round through the kernel's own path (``run_source``):
@@ -9,6 +9,11 @@ time to a file after each step) runs twice per round through the kernel's own pa
   kernel starts a new rank 2, which copies a peer's state;
 * **restart**: ``--checkpoint DIR --max-restarts 1`` with ``nbtrain.save_checkpoint()`` every ``--every`` steps;
   rank 2 is SIGKILLed at the same step; every rank is started again and resumes from the last checkpoint.
+
+With ``--nodes`` the three ranks run on three emulated nodes (node agents on 127.0.0.2, …, one rank each) and a
+fourth waits idle: the **agent** of rank 2's node is SIGKILLed (the machine is gone), and under ``--ft`` the idle node
+takes its place while the others keep stepping; the restart re-forms the group with it (torch elastic's agents).
+After each run a new idle agent is started for the next.
 
 Measured from the ranks' own step times, against the moment of the kill: **the others' pause** (rank 0's longest
 gap between two steps after the kill), **rank 2 back** (the kill to its next step), **steps redone** (steps rank 0
@@ -27,6 +32,9 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
+
+from nbtrain.kernel.cluster import Cluster
 from nbtrain.kernel.lifecycle.entry import run_source
 from nbtrain.kernel.lifecycle.pools import PoolManager
 from nbtrain.kernel.request.config import LaunchRequest
@@ -61,37 +69,68 @@ def marks(folder: Path, rank: int) -> list[tuple[int, int, float]]:
     return [(int(p), int(s), float(t)) for p, s, t in (line.split() for line in path.read_text().splitlines() if line)]
 
 
-def kill_at(folder: Path, step: int, sent: dict) -> None:
+def kill_at(folder: Path, step: int, sent: dict, agent: bool) -> None:
+    """SIGKILL rank 2 (``agent``: its node's agent, the rank's parent) once it has taken ``step``."""
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         seen = marks(folder, 2)
         if seen and seen[-1][1] >= step:
             sent.update(pid=seen[-1][0], at=time.time())
-            os.kill(seen[-1][0], signal.SIGKILL)
+            os.kill(psutil.Process(seen[-1][0]).ppid() if agent else seen[-1][0], signal.SIGKILL)
             return
         time.sleep(0.002)
 
 
+class Emulated:
+    """--nodes: a cluster on this machine, three node agents and an idle one, and a new idle one after each run."""
+
+    def __init__(self) -> None:
+        self.cluster = Cluster()
+        self.hub = self.cluster.hub("127.0.0.1")
+        self.pools = PoolManager(self.cluster.make_pool)
+        self.top_up()
+
+    def top_up(self) -> None:
+        missing = 4 - len(self.hub.live_nodes())
+        if missing > 0:
+            self.cluster.emulate("127.0.0.1", missing)
+        deadline = time.monotonic() + 120
+        while len(self.hub.live_nodes()) < 4:
+            if time.monotonic() > deadline:
+                raise SystemExit("the emulated node agents did not join within 120 s")
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        self.pools.shutdown()
+        self.cluster.close()
+
+
 def one(mode: str, args, pools: PoolManager) -> dict:
+    """One run of the cell in ``mode`` ("ft" or "restart"); its measures."""
     folder = Path(tempfile.mkdtemp(prefix=f"nbtrain-ft-cell-{mode}-"))
     per_epoch = 20
     save = f"if step % {args.every} == 0: nbtrain.save_checkpoint()" if mode == "restart" else "pass"
     source = CELL.format(samples=3 * 4 * per_epoch, epochs=args.steps // per_epoch, marks=str(folder), save=save,
                          step_s=args.step_s)
-    options = {"ft": "on"} if mode == "ft" else {"checkpoint": str(folder / "ckpt"), "max_restarts": 1}
+    options: dict = {"ft": "on"} if mode == "ft" else {"checkpoint": str(folder / "ckpt"), "max_restarts": 1}
+    options.update({"nodes": "3", "nproc_per_node": 1, "rdzv_host": "127.0.0.1", "start_timeout": 120} if args.nodes
+                   else {"nprocs": 3})
     sent: dict = {}
-    threading.Thread(target=kill_at, args=(folder, args.kill_at, sent), daemon=True).start()
+    threading.Thread(target=kill_at, args=(folder, args.kill_at, sent, args.nodes), daemon=True).start()
     started = time.monotonic()
-    run_source(source, LaunchRequest(nprocs=3, cpu=True, **options), {},
-               manager=pools, write=lambda stream, text: None)
+    result = run_source(source, LaunchRequest(cpu=True, **options), {}, manager=pools, write=lambda stream, text: None)
     wall = time.monotonic() - started
     zero = [(s, t) for _, s, t in marks(folder, 0)]
     after = [t for _, t in zero if t > sent["at"]]
     before = max(t for _, t in zero if t <= sent["at"])
     gaps = [b - a for a, b in zip([before, *after], after, strict=False)]
     back = min(t for p, _, t in marks(folder, 2) if p != sent["pid"])
-    steps = [s for s, _ in zero]
+    # redone: committed steps taken again — under --ft, rank 0's committed steps (its ft_groups series; a step a lost
+    # node was in is committed by no group and its batch dropped, which its marks show as a step written twice)
+    steps = result.history.series("ft_groups", 0).steps if mode == "ft" else [s for s, _ in zero]
+    dropped = len(zero) - len({s for s, _ in zero}) if mode == "ft" else 0
     return {"pause": max(gaps), "back": back - sent["at"], "redone": len(steps) - len(set(steps)), "wall": wall,
+            "dropped": dropped,
             "step": statistics.median(b - a for (_, a), (_, b) in zip(zero[:args.kill_at], zero[1:args.kill_at],
                                                                         strict=False))}
 
@@ -103,18 +142,26 @@ def main() -> None:
     parser.add_argument("--kill-at", type=int, default=20)
     parser.add_argument("--step-s", type=float, default=0.05)
     parser.add_argument("--every", type=int, default=10)
+    parser.add_argument("--nodes", action="store_true", help="three emulated nodes and an idle one; kill the agent")
     args = parser.parse_args()
-    pools = PoolManager()
+    emulated = Emulated() if args.nodes else None
+    pools = emulated.pools if emulated is not None else PoolManager()
     results: dict[str, list[dict]] = {"ft": [], "restart": []}
     try:
         for _ in range(args.rounds):
             for mode in results:
                 results[mode].append(one(mode, args, pools))  # the two modes' pools differ: each starts its own
+                if emulated is not None:
+                    pools.shutdown()  # a pool that lost a node is not reused; the next forms on the agents left
+                    emulated.top_up()
     finally:
+        if emulated is not None:
+            emulated.close()
         pools.shutdown()
     med = {mode: {key: statistics.median(r[key] for r in runs) for key in runs[0]} for mode, runs in results.items()}
     ft, restart = med["ft"], med["restart"]
-    print(f"3 CPU ranks, {args.steps} steps of {args.step_s} s sleep, rank 2 SIGKILLed at step {args.kill_at}; "
+    where = "3 emulated nodes × 1 CPU rank and an idle one, rank 2's agent" if args.nodes else "3 CPU ranks, rank 2"
+    print(f"{where}; {args.steps} steps of {args.step_s} s sleep; SIGKILLed at step {args.kill_at}; "
           f"restart: a checkpoint every {args.every} steps; median of {args.rounds} rounds")
     print("| | --ft | --checkpoint --max-restarts 1 | ratio |")
     print("|---|---|---|---|")
@@ -122,6 +169,7 @@ def main() -> None:
                       ("wall", "the cell's wall time")):
         print(f"| {what} | {ft[key]:.2f} s | {restart[key]:.2f} s | {ft[key] / restart[key]:.2f}× |")
     print(f"| steps rank 0 redid | {ft['redone']:.0f} | {restart['redone']:.0f} | |")
+    print(f"| batches dropped (a step no group committed) | {ft['dropped']:.0f} | — | |")
     print(f"| step time before the kill | {ft['step']:.3f} s | {restart['step']:.3f} s | |")
     goal = ft["pause"] <= ft["step"] + 2.0 and ft["redone"] == 0
     print(f"goal (--ft: the others' pause ≤ one step + 2 s, 0 steps redone): {'met' if goal else 'NOT met'}")
