@@ -93,19 +93,22 @@ def test_torchft_cell_keeps_stepping_when_a_rank_is_killed_and_its_replacement_c
                      r"groups keep stepping, and a new rank 2 starts", text), text
     summary = re.search(r"nbtrain: --ft: 1 replica group lost and replaced; 0 steps redone; (\d+) steps? of (\d+) at "
                         r"fewer than 3 groups", text)
-    # 0 when the new rank is back within the join timeout
-    assert summary and int(summary.group(1)) < 30 and int(summary.group(2)) == STEPS, text
-    assert ns["steps"] == STEPS
+    # the kill lands between two steps, or (on a busy machine) in one, which no group then commits: its batch is
+    # dropped, and the run commits one step fewer than the loader's batches
+    steps = ns["steps"]
+    assert steps in (STEPS - 1, STEPS)
+    # 0 steps at fewer groups when the new rank is back within the join timeout
+    assert summary and int(summary.group(1)) < 30 and int(summary.group(2)) == steps, text
 
-    for survivor in (0, 1):  # no pause longer than 2 s in their steps, and each step once
-        steps = [step for _, step, _ in _marks(marks, survivor)]
+    for survivor in (0, 1):  # no pause longer than 2 s in their steps, and each step committed once
+        taken = [step for _, step, _ in _marks(marks, survivor)]
         times = [when for _, _, when in _marks(marks, survivor)]
-        assert steps == list(range(1, STEPS + 1)), steps  # the groups start together (the kernel's go)
+        assert taken[0] == 1 and taken == sorted(taken) and len(set(taken)) == steps, taken  # the groups start together
         assert max(b - a for a, b in zip(times, times[1:], strict=False)) < 2.0 + 0.1, times
-        assert result.history.series("ft_groups", survivor).steps == list(range(STEPS))
+        assert result.history.series("ft_groups", survivor).steps == list(range(steps))
 
     replacement = [(pid, step) for pid, step, _ in _marks(marks, 2) if pid != sent["pid"]]
-    assert replacement and replacement[0][1] > sent["step"] and replacement[-1][1] == STEPS, replacement
+    assert replacement and replacement[0][1] > sent["step"] and replacement[-1][1] == steps, replacement
     finals = [torch.load(marks / f"final{rank}.pt") for rank in range(3)]
     for other in finals[1:]:  # one model: the copy and the averaged steps keep the groups equal
         for mine, theirs in zip(finals[0], other, strict=True):
@@ -193,7 +196,7 @@ def test_torchft_cell_another_user_who_ends_a_group_through_the_lighthouse_only_
     text = output.text()
     assert re.search(r"nbtrain: --ft: rank 1 was lost \((exit code|killed by)", text), text  # torchft ends it
     assert "nbtrain: --ft: 1 replica group lost and replaced; 0 steps redone" in text, text
-    assert ns["steps"] == STEPS
+    assert ns["steps"] in (STEPS - 1, STEPS)  # the step it was ended in, if it was in one, is committed by no group
 
 
 def test_torchft_cell_channel_admits_only_the_replacement_it_started(tmp_path):
@@ -242,15 +245,16 @@ def test_torchft_cell_replica_groups_of_two_ranks_lose_one_and_both_come_back(fr
     ns, result = run_cell(fresh_pools, CELL, {"MARKS": str(marks)}, write=output, nprocs=4, ft="replicas=2",
                           out="steps", start_timeout=120)
     text = output.text()
-    steps = 45  # 240 samples over 4 ranks in batches of 4: 15 steps an epoch
+    steps = ns["steps"]
+    assert steps in (44, 45)  # 240 samples over 4 ranks in batches of 4: 15 steps an epoch; one may be dropped
     assert sent, text
     assert re.search(r"nbtrain: --ft: replica group 1 \(ranks 2–3\) was lost \(.+ on rank [23]\) at \d\d:\d\d:\d\d; "
                      r"1 other replica group keeps stepping, and new ranks start in its place", text), text
-    assert re.search(r"nbtrain: --ft: 1 replica group lost and replaced; 0 steps redone; \d+ steps? of 45 at fewer "
-                     r"than 2 groups", text), text
-    assert ns["steps"] == steps
+    assert re.search(rf"nbtrain: --ft: 1 replica group lost and replaced; 0 steps redone; \d+ steps? of {steps} at "
+                     r"fewer than 2 groups", text), text
     for survivor in (0, 1):
-        assert [step for _, step, _ in _marks(marks, survivor)] == list(range(1, steps + 1))
+        taken = [step for _, step, _ in _marks(marks, survivor)]
+        assert taken[0] == 1 and taken == sorted(taken) and len(set(taken)) == steps, taken
     finals = [torch.load(marks / f"final{rank}.pt") for rank in range(4)]
     for other in finals[1:]:
         for mine, theirs in zip(finals[0], other, strict=True):
