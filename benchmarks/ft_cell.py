@@ -13,7 +13,7 @@ time to a file after each step) runs twice per round through the kernel's own pa
 With ``--nodes`` the three ranks run on three emulated nodes (node agents on 127.0.0.2, …, one rank each) and a
 fourth waits idle: the **agent** of rank 2's node is SIGKILLed (the machine is gone), and under ``--ft`` the idle node
 takes its place while the others keep stepping; the restart re-forms the group with it (torch elastic's agents).
-After each run a new idle agent is started for the next.
+Each run has a cluster and agents of its own.
 
 Measured from the ranks' own step times, against the moment of the kill: **the others' pause** (rank 0's longest
 gap between two steps after the kill), **rank 2 back** (the kill to its next step), **steps redone** (steps rank 0
@@ -82,18 +82,13 @@ def kill_at(folder: Path, step: int, sent: dict, agent: bool) -> None:
 
 
 class Emulated:
-    """--nodes: a cluster on this machine, three node agents and an idle one, and a new idle one after each run."""
+    """--nodes: a cluster on this machine, three node agents and an idle one."""
 
     def __init__(self) -> None:
         self.cluster = Cluster()
         self.hub = self.cluster.hub("127.0.0.1")
         self.pools = PoolManager(self.cluster.make_pool)
-        self.top_up()
-
-    def top_up(self) -> None:
-        missing = 4 - len(self.hub.live_nodes())
-        if missing > 0:
-            self.cluster.emulate("127.0.0.1", missing)
+        self.cluster.emulate("127.0.0.1", 4)
         deadline = time.monotonic() + 120
         while len(self.hub.live_nodes()) < 4:
             if time.monotonic() > deadline:
@@ -144,19 +139,20 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=10)
     parser.add_argument("--nodes", action="store_true", help="three emulated nodes and an idle one; kill the agent")
     args = parser.parse_args()
-    emulated = Emulated() if args.nodes else None
-    pools = emulated.pools if emulated is not None else PoolManager()
+    pools = PoolManager()
     results: dict[str, list[dict]] = {"ft": [], "restart": []}
     try:
         for _ in range(args.rounds):
             for mode in results:
-                results[mode].append(one(mode, args, pools))  # the two modes' pools differ: each starts its own
-                if emulated is not None:
-                    pools.shutdown()  # a pool that lost a node is not reused; the next forms on the agents left
-                    emulated.top_up()
+                if not args.nodes:  # the two modes' pools differ: each starts its own
+                    results[mode].append(one(mode, args, pools))
+                    continue
+                emulated = Emulated()  # a cluster of its own: no node left over from the last run
+                try:
+                    results[mode].append(one(mode, args, emulated.pools))
+                finally:
+                    emulated.close()
     finally:
-        if emulated is not None:
-            emulated.close()
         pools.shutdown()
     med = {mode: {key: statistics.median(r[key] for r in runs) for key in runs[0]} for mode, runs in results.items()}
     ft, restart = med["ft"], med["restart"]
