@@ -59,8 +59,10 @@ def test_track_wandb_offline_writes_rank_0s_series_the_options_and_the_summary(p
     monkeypatch.setenv("WANDB_SILENT", "true")
     run_cell(pools, LOGGING_CELL, write=Captured(), track=("wandb=exp1",))
     (log,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
+    kinds = wandb_offline.finished(str(log))
+    assert "exit" in kinds, kinds
     steps = [(h["_step"], h["loss"]) for h in wandb_offline.history(str(log)) if "loss" in h]
-    assert steps == [(step, 10.0 - step) for step in range(4)]  # rank 0's
+    assert steps == [(step, 10.0 - step) for step in range(4)], kinds  # rank 0's
     assert wandb_offline.config(str(log))["nprocs"] == 2
     assert "summary.txt" in wandb_offline.saved_files(str(log))
     assert "nbtrain: W&B run" in capsys.readouterr().out

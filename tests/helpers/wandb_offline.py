@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 
 BLOCK = 32768
 HEADER = 7  # the file starts with "W&B", a magic number and a version; each chunk with crc32, length and kind
@@ -28,6 +29,17 @@ def records(path: str):
             record.ParseFromString(pending)
             pending = b""
             yield record
+
+
+def finished(path: str, timeout: float = 60.0) -> list[str]:
+    """Wait until W&B's service has written the run's ``exit`` record (it writes the file on its own, after
+    ``run.finish()`` returns; on a busy machine later); the record kinds in the file, in order."""
+    deadline = time.monotonic() + timeout
+    while True:
+        kinds = [r.WhichOneof("record_type") for r in records(path)]
+        if "exit" in kinds or time.monotonic() > deadline:
+            return kinds
+        time.sleep(0.2)
 
 
 def history(path: str) -> list[dict]:
