@@ -22,6 +22,7 @@ from helpers.attacker import needs_root, python_as_attacker
 from helpers.runhelp import Captured, run_cell
 
 from nbtrain.kernel.diagnostics.failures import RankFailedError
+from nbtrain.kernel.observers.events import RunObserver
 from nbtrain.kernel.request.config import ConfigError, LaunchRequest, resolve
 
 pytestmark = pytest.mark.timeout(300)
@@ -79,14 +80,27 @@ def _kill_at_step(folder, rank: int, step: int) -> dict:
     return sent
 
 
+class _GroupStates(RunObserver):
+    """Each state a group was told to be in, in order, as the dashboard hears them."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, list[str]] = {}
+
+    def replica_groups(self, groups) -> None:
+        for group in groups:
+            states = self.seen.setdefault(group.group, [])
+            if not states or states[-1] != group.state:
+                states.append(str(group.state))
+
+
 @pytest.mark.slow
 def test_torchft_cell_keeps_stepping_when_a_rank_is_killed_and_its_replacement_copies_a_peer(fresh_pools, tmp_path):
     marks = tmp_path / "marks"
     marks.mkdir()
     sent = _kill_at_step(marks, rank=2, step=20)
-    output = Captured()
+    output, states = Captured(), _GroupStates()
     ns, result = run_cell(fresh_pools, CELL, {"MARKS": str(marks)}, write=output, nprocs=3, ft="on",
-                          out="steps", start_timeout=120)
+                          out="steps", start_timeout=120, observers=(states,))
     text = output.text()
     assert sent, text
     assert re.search(r"nbtrain: --ft: rank 2 was lost \(killed by SIGKILL\) at \d\d:\d\d:\d\d; 2 other replica "
@@ -116,6 +130,9 @@ def test_torchft_cell_keeps_stepping_when_a_rank_is_killed_and_its_replacement_c
     groups = result.history.series("ft_groups", 2)
     assert len(groups.steps) == len(set(groups.steps))  # the new rank 2 goes on from the peer's step
     assert fresh_pools.pool is not None and fresh_pools.pool.alive()  # the pool, its new rank included, stays warm
+    # what the dashboard's badges showed: the others in quorum throughout, rank 2 lost, recovering, then back
+    assert states.seen == {0: ["in quorum"], 1: ["in quorum"],
+                           2: ["in quorum", "out", "recovering from a peer", "rejoined"]}, states.seen
 
 
 @pytest.mark.slow

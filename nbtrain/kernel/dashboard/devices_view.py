@@ -22,6 +22,7 @@ from ...gpu.health import describe as describe_health
 from ...gpu.telemetry import Snapshot, gpu_notes
 from ...common.words import count
 from . import text, theme
+from .replica_badges import badges_html
 from .telemetry_series import MACHINE, DeviceKey, panel_loads
 
 _NO_SPARK: tuple[list, list] = ([], [])
@@ -157,4 +158,5 @@ class DevicePanel:
         version = (telemetry.version, model.nodes_version)
         if version != self._shown_version:
             self._shown_version = version
-            self.widget.value = devices_html(telemetry.latest, telemetry.sparks(), model.nodes)  # equal: nothing sent
+            self.widget.value = (badges_html(model.replica_groups, model.store)  # --ft: each replica group's state
+                                 + devices_html(telemetry.latest, telemetry.sparks(), model.nodes))  # equal: nothing sent

@@ -17,7 +17,7 @@ from ...gpu.devices import DeviceReader
 from ...gpu.telemetry import Snapshot, Telemetry
 from ..diagnostics.advisor import Evidence, Hint, advise
 from ..diagnostics.setup_facts import setup_words, splits_of
-from ..observers.events import NodeInfo, RankInfo, RunInfo, RunState
+from ..observers.events import NodeInfo, RankInfo, ReplicaGroupInfo, RunInfo, RunState
 from .metric_store import MetricStore
 from .progress import Progress, progress
 from .series import DEFAULT_CAPACITY
@@ -33,7 +33,8 @@ class RunModel:
         self.info: RunInfo | None = None
         self.ranks: tuple[RankInfo, ...] = ()
         self.nodes: tuple[NodeInfo, ...] = ()  # a --nodes run's machines, as their last heartbeats said
-        self.nodes_version = 0  # bumped with each new report, so a view redraws only then
+        self.nodes_version = 0  # bumped with each report of the nodes or the replica groups: a view redraws only then
+        self.replica_groups: tuple[ReplicaGroupInfo, ...] = ()  # a --ft run's groups and their states
         self.started = time.monotonic()
         self.ended: float | None = None
         self.status: RunState | None = None  # once finished
@@ -60,6 +61,11 @@ class RunModel:
         self.nodes_version += 1
         with self._evidence_lock:
             self.evidence.add_nodes(self.nodes)
+
+    def set_replica_groups(self, groups: tuple[ReplicaGroupInfo, ...]) -> None:
+        """A --ft run's replica groups, at each change of state (the device panel's badges)."""
+        self.replica_groups = tuple(groups)
+        self.nodes_version += 1
 
     def add_metrics(self, rank: int, records) -> None:
         self.store.add(rank, records)

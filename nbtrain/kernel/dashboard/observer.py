@@ -9,6 +9,7 @@ The run calls it on the kernel's main thread; every callback only records and re
   :class:`~nbtrain.kernel.dashboard.threads.Ticker` that lets the front end redraw (four times a second);
 * ``sampled`` — a detached run's load as its agent recorded it, in place of the sampler's;
 * ``nodes_heard`` — a ``--nodes`` run's machines (state, CPU, RAM, GPUs from their heartbeats) go to the model;
+* ``replica_groups`` — a ``--ft`` run's groups and their states go to the model (the device panel's badges);
 * ``metrics`` — the records are appended to the bounded store (O(1) per value);
 * ``setup`` — what ``prepare()`` set up (precision, memory format, compile time) goes to the model;
 * ``run_finished`` — both threads are stopped and joined, and the front end
@@ -80,6 +81,9 @@ class DashboardObserver(RunObserver):
 
     def nodes_heard(self, nodes) -> None:
         self.model.set_nodes(nodes)
+
+    def replica_groups(self, groups) -> None:
+        self.model.set_replica_groups(groups)
 
     def sampled(self, snapshot) -> None:
         self.model.add_sample(snapshot)

@@ -16,6 +16,7 @@ from ..observers.events import RunState
 from . import text
 from .final import summary_paragraph
 from .model import RunModel
+from .replica_badges import groups_words
 from .run_view import progress_text
 from .telemetry_series import MACHINE, panel_loads
 
@@ -29,6 +30,8 @@ def status_line(model: RunModel) -> str:
         series = model.store.series(name)
         if series is not None and series.last_value is not None:
             parts.append(f"{name} {text.number(series.last_value)}")
+    if model.replica_groups:
+        parts.append(groups_words(model.replica_groups))
     snap = model.telemetry.latest
     if snap is not None and snap.gpus:
         parts += [f"GPU {g.index} {text.percent(g.utilization)} {text.size(g.memory_used)}/{text.size(g.memory_total)}"

@@ -17,6 +17,8 @@ the ranks inside the job over the authenticated channel. Then, while the cell ru
 * the groups that start together take their first quorum together: a rank at its first ``prepare()`` waits for
   the kernel's go, given once every rank has come (a replacement's at once);
 * when the others finish before a replacement has joined, it is stopped, and the run ends without it;
+* each group's state (:class:`~nbtrain.kernel.observers.events.GroupState`: in quorum, out, recovering from a
+  peer, rejoined) is kept here alone and told to the run's observers at each change (the dashboard's badges);
 * at the end the cell says what happened: groups lost and replaced, steps redone (counted, not assumed), and the
   steps taken with fewer groups — from the ``ft_groups`` series every rank logs at each committed step.
 """
@@ -29,6 +31,7 @@ import time
 
 from ...common.words import count
 from ...wire import protocol as P
+from ..observers.events import GroupState, ReplicaGroupInfo
 from ..observers.history import History
 from ..ranks.spec import PoolSpec
 from .lighthouse import Lighthouse
@@ -42,9 +45,10 @@ _PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "gloo/tra
 
 class ReplicaWatch:
     """One ``--ft`` run's groups. ``run`` (given to the hooks) is the run's loop
-    (:class:`~nbtrain.kernel.lifecycle.run._Run`): its ``say``, ``pool``, ``done`` and ``cell_running()``."""
+    (:class:`~nbtrain.kernel.lifecycle.run._Run`): its ``say``, ``pool``, ``done`` and ``cell_running()``;
+    ``tell(event, *args)`` notifies the run's observers."""
 
-    def __init__(self, spec: PoolSpec, nprocs: int) -> None:
+    def __init__(self, spec: PoolSpec, nprocs: int, tell=lambda event, *args: None) -> None:
         self.nprocs, self.group_size = nprocs, spec.ft_group_size
         # on nodes: the Lighthouse on the rendezvous address, and each group's servers on its node's own ("")
         self.host = spec.nodes.rdzv_host if spec.nodes is not None else LOCAL
@@ -57,6 +61,8 @@ class ReplicaWatch:
         self.abandoned: set[int] = set()  # replacements stopped: the others finished before they joined
         self.arrivals: set[int] = set()  # ranks at their first prepare(), waiting for the others that start with them
         self.started = False  # the groups that start together were told to take their first quorum
+        self._tell = tell
+        self.states: dict[int, tuple[GroupState, float]] = {}  # group -> its state and since when (written by _enter)
 
     def job_part(self) -> P.FaultTolerance:
         return P.FaultTolerance(self.lighthouse.address, self.secret, self.nprocs // self.group_size,
@@ -98,7 +104,15 @@ class ReplicaWatch:
         if len(self.arrivals) < self.nprocs:
             return []
         self.started = True
+        self._enter(range(self.nprocs // self.group_size), GroupState.IN_QUORUM)
         return sorted(self.arrivals)
+
+    def logged(self, rank: int, records: list) -> None:
+        """What rank ``rank`` logged: a recovering group whose rank committed a step (its ``ft_groups``) rejoined."""
+        group = rank // self.group_size
+        if self.states.get(group, (None,))[0] is GroupState.RECOVERING and \
+                any(GROUPS_SERIES in values for _, _, values in records):
+            self._enter([group], GroupState.REJOINED)
 
     def joined(self, rank: int) -> bool:
         """A replacement said Ready: True the first time (the caller sends it the job)."""
@@ -116,6 +130,7 @@ class ReplicaWatch:
         say(f"nbtrain: --ft: the other ranks finished the cell before the new rank "
             f"{', '.join(map(str, sorted(waiting)))} joined; it is stopped.\n")
         self.abandoned |= waiting
+        self._enter(sorted({rank // self.group_size for rank in waiting}), GroupState.OUT)
         self.joining.clear()
         return True
 
@@ -132,10 +147,12 @@ class ReplicaWatch:
             why = (f"it was replaced {count('time', REPLACEMENTS)} already" if others else
                    "no other replica group is left to copy the state from")
             run.say(f"nbtrain: --ft: {name} was lost ({how} on rank {rank}); {why}, so the run fails.\n")
+            self._enter([group], GroupState.OUT)
             return False
         self.replaced[group] = self.replaced.get(group, 0) + 1
         self.lost.append((group, time.time()))
         self.leaving[group] = set(self._members(group))
+        self._enter([group], GroupState.OUT)
         who = f"a new rank {rank} starts" if self.group_size == 1 else "new ranks start in its place"
         run.say(f"nbtrain: --ft: {name} was lost ({how}{'' if self.group_size == 1 else f' on rank {rank}'}) at "
                 f"{time.strftime('%H:%M:%S')}; {count('other replica group', len(others))} {'keeps' if len(others) == 1 else 'keep'} stepping, and {who} "
@@ -154,6 +171,18 @@ class ReplicaWatch:
         for member in self._members(group):
             run.pool.replace_rank(member, attempt=self.replaced[group])
             self.joining.add(member)
+        self._enter([group], GroupState.RECOVERING)
+
+    def _enter(self, groups, state: GroupState) -> None:
+        """The one place a group's state changes; the observers hear every group's."""
+        now = time.time()
+        for group in groups:
+            self.states[group] = (state, now)
+        self._tell("replica_groups", self.groups())
+
+    def groups(self) -> tuple[ReplicaGroupInfo, ...]:
+        return tuple(ReplicaGroupInfo(group, tuple(self._members(group)), state, since, self.replaced.get(group, 0))
+                     for group, (state, since) in sorted(self.states.items()))
 
     def summary(self, history: History) -> str:
         """What ``--ft`` did in this run, counted from each rank's ``ft_groups`` series ("" when nothing was lost)."""

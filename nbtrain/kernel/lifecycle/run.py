@@ -81,7 +81,7 @@ class _Run:
 
     def __init__(self, cell: CellRun, acquired: Acquired, job: P.Job, inputs: Inputs, observers: FanOut) -> None:
         pool = acquired.pool
-        self.ft = ReplicaWatch(pool.spec, pool.world_size) if pool.spec.ft else None  # --ft (.ft_run)
+        self.ft = ReplicaWatch(pool.spec, pool.world_size, self.notify) if pool.spec.ft else None  # --ft (.ft_run)
         if self.ft is not None:
             job = replace(job, ft=self.ft.job_part())
         self.cell, self.pool, self.job, self.inputs, self.config = cell, pool, job, inputs, cell.config
@@ -245,6 +245,8 @@ class _Run:
     def _handle_message(self, rank: int, msg) -> None:
         if isinstance(msg, P.Metrics):
             self.history.add(rank, msg.records)
+            if self.ft is not None:
+                self.ft.logged(rank, msg.records)
             if not (msg.restored and self.config.train.restart):  # a restart's dashboard has drawn them already
                 self.notify("metrics", rank, msg.records)
         elif isinstance(msg, P.Setup):

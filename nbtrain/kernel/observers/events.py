@@ -55,6 +55,30 @@ class NodeState(NamedState):
     LOST = "lost"
 
 
+class GroupState(NamedState):
+    """A ``--ft`` replica group's state. :class:`~nbtrain.kernel.lifecycle.ft_run.ReplicaWatch` is its one writer;
+    observers hear each change (:meth:`RunObserver.replica_groups`)."""
+
+    IN_QUORUM = "in quorum"  # steps with the others
+    OUT = "out"  # lost: its ranks are being ended, or it was not brought back
+    RECOVERING = "recovering from a peer"  # new ranks started in its place, yet to commit a step
+    REJOINED = "rejoined"  # those new ranks committed a step with the others
+
+
+@dataclass(frozen=True)
+class ReplicaGroupInfo:
+    group: int
+    ranks: tuple[int, ...]
+    state: GroupState
+    since: float  # unix time it entered ``state``
+    replaced: int = 0  # times new ranks took its place
+
+    def record(self) -> dict:
+        """As the run registry lists it."""
+        return {"group": self.group, "ranks": list(self.ranks), "state": str(self.state), "since": self.since,
+                "replaced": self.replaced}
+
+
 @dataclass(frozen=True)
 class RankInfo:
     rank: int
@@ -142,6 +166,10 @@ class RunObserver:
 
     def nodes_heard(self, nodes: tuple[NodeInfo, ...]) -> None:
         """A ``--nodes`` run's machines, about once a second, with what their heartbeats said (CPU, RAM, GPUs)."""
+
+    def replica_groups(self, groups: tuple[ReplicaGroupInfo, ...]) -> None:
+        """A ``--ft`` run's replica groups (:class:`ReplicaGroupInfo`, every one), when the first quorum is taken and
+        whenever one changes state: lost, recovering from a peer, rejoined."""
 
     def sampled(self, snapshot) -> None:
         """A sample of the run's load its agent recorded (a detached run followed through its record: a

@@ -139,6 +139,10 @@ class RunRegistry(RunObserver):
         if time.monotonic() - self._last_write >= WRITE_INTERVAL_S:
             self._write()
 
+    def replica_groups(self, groups) -> None:
+        self.record["replica_groups"] = [group.record() for group in groups]
+        self._write()  # a change of state: rare, and what the panel is asked about
+
     def run_finished(self, status: str, summary: str) -> None:
         self.record.update(state=RunState(status).value, ended=time.time(), summary=summary)
         self._write()

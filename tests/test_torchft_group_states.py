@@ -1,0 +1,146 @@
+"""``--ft``: each replica group's state, kept by the kernel's ReplicaWatch and shown as the dashboard's badges.
+
+The states follow a loss as the kernel sees it: every group in quorum at the first go; the lost group out while
+its ranks are ended; recovering from a peer once new ranks start in its place; rejoined when one of them commits
+a step (logs ``ft_groups``). The run test in ``test_torchft_cell.py`` checks the same sequence with real ranks.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from nbtrain.kernel.dashboard import text
+from nbtrain.kernel.dashboard.devices_view import DevicePanel
+from nbtrain.kernel.dashboard.model import RunModel
+from nbtrain.kernel.dashboard.replica_badges import badges_html, groups_words
+from nbtrain.kernel.dashboard.text_status import status_line
+from nbtrain.kernel.observers.events import GroupState, ReplicaGroupInfo
+from nbtrain.kernel.observers.registry import RunRegistry
+
+pytest.importorskip("torchft")
+
+
+class _Pool:
+    def __init__(self) -> None:
+        self.killed: list[int] = []
+        self.replaced: list[tuple[int, int]] = []
+
+    def kill_rank(self, rank: int) -> None:
+        self.killed.append(rank)
+
+    def replace_rank(self, rank: int, attempt: int) -> None:
+        self.replaced.append((rank, attempt))
+
+
+class _Run:
+    """What ReplicaWatch's hooks read of the run's loop."""
+
+    def __init__(self) -> None:
+        self.pool, self.done, self.said = _Pool(), {}, []
+
+    def say(self, text: str) -> None:
+        self.said.append(text)
+
+    def cell_running(self) -> bool:
+        return True
+
+
+def _watch(nprocs: int, group_size: int):
+    from nbtrain.kernel.lifecycle.ft_run import ReplicaWatch
+
+    told: list[tuple[ReplicaGroupInfo, ...]] = []
+    spec = SimpleNamespace(ft_group_size=group_size, nodes=None)
+    watch = ReplicaWatch(spec, nprocs, lambda event, groups: told.append(groups) if event == "replica_groups" else None)
+    return watch, told
+
+
+def _states(groups) -> list[str]:
+    return [str(g.state) for g in groups]
+
+
+def test_torchft_group_states_follow_a_loss_from_in_quorum_to_rejoined():
+    watch, told = _watch(nprocs=3, group_size=1)
+    run = _Run()
+    try:
+        assert watch.arrived(0) == [] and watch.arrived(1) == [] and not told  # nothing before the first go
+        assert watch.arrived(2) == [0, 1, 2]
+        assert _states(told[-1]) == ["in quorum"] * 3
+        assert watch.exited(run, 2, -9)  # lost: out, and (its only rank gone) new ranks start: recovering
+        assert [_states(groups)[2] for groups in told[1:]] == ["out", "recovering from a peer"]
+        assert run.pool.replaced == [(2, 1)] and told[-1][2].replaced == 1
+        watch.logged(2, [(20, 0.0, {"loss": 0.5})])  # a value, but not a committed step: still recovering
+        assert _states(told[-1])[2] == "recovering from a peer"
+        watch.logged(0, [(21, 0.0, {"ft_groups": 2.0})])  # another group's step says nothing of group 2
+        watch.logged(2, [(21, 0.0, {"ft_groups": 3.0})])
+        assert _states(told[-1]) == ["in quorum", "in quorum", "rejoined"]
+        assert told[-1][2].since >= told[-2][2].since
+    finally:
+        watch.close()
+
+
+def test_torchft_group_states_of_a_group_of_two_wait_for_both_ranks_to_end():
+    watch, told = _watch(nprocs=4, group_size=2)
+    run = _Run()
+    try:
+        for rank in range(4):
+            watch.arrived(rank)
+        assert watch.exited(run, 3, -9)
+        assert run.pool.killed == [2] and _states(told[-1]) == ["in quorum", "out"]
+        assert told[-1][1].ranks == (2, 3)
+        assert watch.exited(run, 2, -15)
+        assert _states(told[-1]) == ["in quorum", "recovering from a peer"]
+        assert run.pool.replaced == [(2, 1), (3, 1)]
+    finally:
+        watch.close()
+
+
+def test_torchft_group_states_a_replacement_too_late_is_out():
+    watch, told = _watch(nprocs=2, group_size=1)
+    run = _Run()
+    try:
+        watch.arrived(0), watch.arrived(1)
+        watch.exited(run, 1, -9)
+        assert watch.too_late({0}, run.say)
+        assert _states(told[-1]) == ["in quorum", "out"]
+    finally:
+        watch.close()
+
+
+GROUPS = (ReplicaGroupInfo(0, (0,), GroupState.IN_QUORUM, 100.0),
+          ReplicaGroupInfo(1, (1,), GroupState.REJOINED, 100.0, replaced=1),
+          ReplicaGroupInfo(2, (2,), GroupState.RECOVERING, 110.0, replaced=2))
+
+
+def test_torchft_group_badges_name_each_group_its_state_and_the_last_quorum():
+    model = RunModel()
+    model.add_metrics(0, [(40, 0.0, {"ft_groups": 2.0, "loss": 0.3})])
+    row = badges_html(GROUPS, model.store, now=112.5)
+    for words in ("rank 0 · in quorum", "rank 1 · rejoined", "rank 2 · recovering from a peer", "quorum 2 of 3"):
+        assert words in row
+    assert f"recovering from a peer for {text.duration(2.5)}, replaced 2×" in row  # on hover
+    assert badges_html((), model.store) == ""  # without --ft: nothing
+    assert "quorum 2 of" not in badges_html(GROUPS, RunModel().store)  # before the first committed step
+    grouped = (ReplicaGroupInfo(1, (2, 3), GroupState.OUT, 0.0),)
+    assert "group 1 (ranks 2–3) · out" in badges_html(grouped, now=1.0)
+    assert groups_words(GROUPS) == "groups 2/3 in quorum (rank 2 recovering from a peer)"
+
+
+def test_torchft_group_badges_reach_the_device_panel_the_status_line_and_the_registry(tmp_path):
+    pytest.importorskip("ipywidgets")
+    model = RunModel()
+    panel = DevicePanel()
+    panel.update(model)
+    assert "replica groups" not in panel.widget.value
+    model.set_replica_groups(GROUPS)
+    panel.update(model)
+    assert "rank 2 · recovering from a peer" in panel.widget.value  # a change of state redraws the panel
+    for widget in (panel.widget, panel.widget.layout, panel.widget.style):  # not at the interpreter's exit
+        widget.close()
+    assert "groups 2/3 in quorum" in status_line(model)
+
+    registry = RunRegistry(str(tmp_path))
+    registry.replica_groups(GROUPS)
+    assert [g["state"] for g in registry.record["replica_groups"]] == ["in quorum", "rejoined",
+                                                                      "recovering from a peer"]
