@@ -146,7 +146,8 @@ def test_torchft_cell_still_fails_on_an_exception(fresh_pools, tmp_path):
     ({"nprocs": 1}, "needs 2 ranks or more"),
     ({"session": "s1"}, "use one of --session and --ft"),
     ({"detach": True}, "does not go with --detach"),
-    ({"shard": "full"}, "does not go with --shard yet"),
+    ({"shard": "full"}, "use --shard hybrid --ft"),
+    ({"shard": "hybrid"}, "give the groups 2 ranks or more"),
     ({"grad_accum": 2}, "does not go with --grad-accum yet"),
     ({"checkpoint": "ckpt"}, "does not go with --checkpoint yet"),
     ({"nprocs": 3, "ft": "replicas=2"}, "give a number of ranks that 2 divides"),
@@ -277,6 +278,40 @@ def test_torchft_cell_replica_groups_of_two_ranks_lose_one_and_both_come_back(fr
         for mine, theirs in zip(finals[0], other, strict=True):
             assert torch.allclose(mine, theirs, atol=1e-6)
     assert result.history.series("ft_groups", 0).values[0] == 2.0
+
+
+HSDP_CELL = CELL.replace("torch.save([p.detach() for p in model.module.parameters()]",
+                         "torch.save([p.to_local().detach().clone() for p in model.parameters()]")
+
+
+@pytest.mark.slow
+def test_torchft_cell_hsdp_shards_within_groups_and_a_lost_group_copies_its_peers_slices(fresh_pools, tmp_path):
+    """``--shard hybrid --ft replicas=2`` on 4 ranks: FSDP2 over each group's 2 ranks, the gradient slices averaged
+    across the groups. Rank 3 is SIGKILLed: its group is replaced, each new rank copies the slices (and optimizer
+    state) of its peer of the same group rank, and every rank ends holding the same slices as its peer."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    sent = _kill_at_step(marks, rank=3, step=15)
+    output = Captured()
+    ns, result = run_cell(fresh_pools, HSDP_CELL, {"MARKS": str(marks)}, write=output, nprocs=4, ft="replicas=2",
+                          shard="hybrid", out="steps", start_timeout=120)
+    text = output.text()
+    steps = ns["steps"]
+    assert sent and steps in (44, 45), text
+    assert "HSDP" in text or "FSDP2" in text, text  # prepare() said how it sharded
+    assert re.search(rf"nbtrain: --ft: 1 replica group lost and replaced; 0 steps redone; \d+ steps? of {steps} at "
+                     r"fewer than 2 groups", text), text
+    for survivor in (0, 1):
+        taken = [step for _, step, _ in _marks(marks, survivor)]
+        times = [when for _, _, when in _marks(marks, survivor)]
+        assert taken[0] == 1 and taken == sorted(taken) and len(set(taken)) == steps, taken
+        assert max(b - a for a, b in zip(times, times[1:], strict=False)) < 2.0 + 0.1, times  # no longer pause
+    assert len(result.history.series("loss", 0).steps) == steps  # its losses went on through the loss
+    finals = [torch.load(marks / f"final{rank}.pt") for rank in range(4)]
+    for mine, peer in ((0, 2), (1, 3)):  # the same slices in both groups
+        for a, b in zip(finals[mine], finals[peer], strict=True):
+            assert torch.allclose(a, b, atol=1e-6)
+    assert not all(torch.equal(a, b) for a, b in zip(finals[0], finals[1], strict=True))  # and each rank its own
 
 
 @pytest.mark.slow

@@ -193,9 +193,10 @@ def _check_ft(options: TrainOptions, grad_accum: int, checkpoint_dir: str | None
     if text != "on" and (found is None or int(found.group(1)) < 2):
         raise TrainSettingsError(f"--ft takes nothing (a replica group per rank) or replicas=R with R of 2 or more, "
                                  f"such as %%distributed 4 --ft replicas=2 (got --ft {options.ft}).")
-    if shard_mode is not None:
-        raise TrainSettingsError("--ft does not go with --shard yet: each rank is a replica group holding the whole "
-                                 "model (fault-tolerant DDP). Leave one of them out.")
+    if shard_mode == "full":
+        raise TrainSettingsError("--ft replicates the model across its replica groups, so it shards only within each "
+                                 "group: use --shard hybrid --ft (HSDP: FSDP2 inside a group, a fault-tolerant "
+                                 "all-reduce across the groups), or leave --shard out.")
     if grad_accum > 1:
         raise TrainSettingsError("--ft does not go with --grad-accum yet: the groups agree on each optimizer step, "
                                  "one micro-batch each. Leave --grad-accum out (or use a larger batch).")

@@ -466,9 +466,9 @@ def _finish(request: LaunchRequest, pool: PoolSpec, output: str, workdir: Workdi
     if train.shard_offload and pool.device_type != "cuda":
         raise ConfigError("--shard-offload keeps the shards in CPU memory while the ranks compute on GPUs; these ranks "
                           "run on the CPU, where the shards are already. Leave it out.")
-    if train.shard == "hybrid" and (pool.nodes is None or pool.nodes.count <= 1):
+    if train.shard == "hybrid" and not train.ft and (pool.nodes is None or pool.nodes.count <= 1):
         raise ConfigError("--shard hybrid replicates the model across nodes and shards it within each, so it needs "
-                          "--nodes N (on one machine, use --shard).")
+                          "--nodes N (on one machine, use --shard, or --ft replicas=R: R replica groups).")
     pool = with_training(fault_tolerant(request, pool, train.ft_replicas) if train.ft else pool, train)
     session = _parse_session(request.session, request.max_restarts)
     try:

@@ -3,7 +3,8 @@
 Under ``--ft`` the ranks form torchft replica groups (:mod:`nbtrain.rank.train.ft_cell`): on one machine one per rank
 or ``replicas=R``; with ``--nodes``, one per node. What it does not go with yet is refused here, with what to do
 instead. The training options it does not go with
-(``--shard``, ``--grad-accum``, ``--checkpoint``) are refused with the others (:mod:`nbtrain.wire.settings`).
+(``--shard full``, ``--grad-accum``, ``--checkpoint``) are refused with the others (:mod:`nbtrain.wire.settings`);
+``--shard hybrid`` needs groups of 2 ranks or more, checked here.
 """
 
 from __future__ import annotations
@@ -18,8 +19,15 @@ from .mistakes import ConfigError
 def fault_tolerant(request, pool: PoolSpec, replicas: int) -> PoolSpec:
     """The pool of a ``--ft`` run (``request``: the cell's :class:`~.config.LaunchRequest`; ``replicas``: R of
     ``--ft replicas=R``, 0 for a group per rank), or a ConfigError."""
-    if pool.nodes is not None:
-        return _on_nodes(pool, replicas)
+    ft_pool = _on_nodes(pool, replicas) if pool.nodes is not None else _on_one_machine(request, pool, replicas)
+    if request.shard and ft_pool.ft_group_size < 2:
+        raise ConfigError("--shard hybrid --ft shards the model within each replica group, which holds one rank "
+                          "here: give the groups 2 ranks or more (--ft replicas=R on one machine, --nproc-per-node 2 "
+                          "with --nodes), or leave --shard out.")
+    return ft_pool
+
+
+def _on_one_machine(request, pool: PoolSpec, replicas: int) -> PoolSpec:
     if request.session:
         raise ConfigError("--ft replaces a rank that dies with a new one, which would not have the session's "
                           "variables; use one of --session and --ft.")

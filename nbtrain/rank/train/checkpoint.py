@@ -281,7 +281,16 @@ def own_snapshot(context: TrainContext) -> dict:
     """This rank's training state as a checkpoint holds it — no collective, nothing written: what a ``--ft``
     replica group hands a peer that copies it (tensors and plain values only; its logged series stay its own)."""
     mine = {"rng": _rng_state(context.device), "metric_steps": metrics.step_counters()}
-    return _snapshot(context, [mine], {})
+    if not any(shard.is_sharded(model) for model in context.models):
+        return _snapshot(context, [mine], {})
+    # --shard hybrid: this rank's slices, which its peer of the same group rank holds in every group
+    models = [dcp_resume.local_shards(m) if shard.is_sharded(m) else shard.plain(m).state_dict() for m in context.models]
+    optimizers = []
+    for optimizer in context.optimizers:
+        owner, inner = shard.owner_of(context, optimizer), getattr(optimizer, "optimizer", optimizer)
+        optimizers.append(dcp_resume.local_shards(owner, inner) if owner is not None and shard.is_sharded(owner)
+                          else optimizer.state_dict())
+    return _snapshot(context, [mine], {}, (models, optimizers))
 
 
 def resume_from_peer(context: TrainContext, state: dict, peer: str) -> None:
@@ -292,10 +301,8 @@ def resume_from_peer(context: TrainContext, state: dict, peer: str) -> None:
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"the state copied from {peer} is not an nbtrain training state.")
     if context.models or context.optimizers:
-        for model, saved in zip(context.models, state["models"], strict=True):
-            getattr(model, "module", model).load_state_dict(saved)
-        for optimizer, saved in zip(context.optimizers, state["optimizers"], strict=True):
-            optimizer.load_state_dict(saved)
+        dcp_resume.restore(context, "", list(zip(context.models, state["models"], strict=True)),
+                           list(zip(context.optimizers, state["optimizers"], strict=True)))
         for scheduler, saved in zip(context.schedulers, state["schedulers"], strict=True):
             scheduler.load_state_dict(saved)
         if context.scaler is not None and state.get("scaler"):

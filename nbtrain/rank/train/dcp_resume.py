@@ -29,6 +29,12 @@ def is_dcp_entry(saved) -> bool:
     return isinstance(saved, dict) and "dcp" in saved
 
 
+def is_shards_entry(saved) -> bool:
+    """A ``--shard hybrid --ft`` peer's entry (:func:`local_shards`): its own slices, for the rank that holds the
+    same slices in another replica group."""
+    return isinstance(saved, dict) and set(saved) == {"shards"}
+
+
 def restore(context: TrainContext, folder: str, models: list[tuple[Any, Any]], optimizers: list[tuple[Any, Any]]) -> None:
     """Each ``(model, saved)`` and ``(optimizer, saved)`` pair's saved state into its object; ``folder`` holds the
     checkpoint file. The DCP entries of one DCP folder are read together."""
@@ -38,6 +44,8 @@ def restore(context: TrainContext, folder: str, models: list[tuple[Any, Any]], o
     for model, saved in models:
         if is_dcp_entry(saved):
             applies.append(_model_template(plain(model), saved, reads.setdefault(saved["dcp"], {})))
+        elif is_shards_entry(saved):
+            _load_shards(model, None, saved["shards"])
         else:
             load_whole_model(model, saved)
     for optimizer, saved in optimizers:
@@ -47,6 +55,8 @@ def restore(context: TrainContext, folder: str, models: list[tuple[Any, Any]], o
             if not inner.state:
                 _allocate_optimizer_state(plain(owner), inner, saved["key"], _layout(layouts, folder, saved["dcp"]))
             applies.append(_optimizer_template(plain(owner), inner, saved, reads.setdefault(saved["dcp"], {})))
+        elif is_shards_entry(saved) and owner is not None:
+            _load_shards(owner, inner, saved["shards"])
         else:
             load_whole_optimizer(owner, inner, saved)
     for name, state in reads.items():
@@ -110,6 +120,44 @@ def by_name(model, optimizer, saved: dict) -> dict:
         groups.append({**group, "params": order[start:start + count]})
         start += count
     return {"state": {order[int(i)]: value for i, value in saved["state"].items()}, "param_groups": groups}
+
+
+# ------------------------------------------------------------------------------------------ a peer's slices
+def local_shards(model, optimizer=None) -> dict:
+    """A sharded model's state dict (or, with ``optimizer``, that optimizer's, keyed by parameter name), each
+    DTensor as this rank's slice: plain tensors, which a peer holding the same slices loads (:func:`_load_shards`)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+    from torch.distributed.tensor import DTensor
+    from torch.utils._pytree import tree_map
+
+    state = get_model_state_dict(model) if optimizer is None else get_optimizer_state_dict(model, optimizer)
+    return {"shards": tree_map(lambda v: v.to_local().clone() if isinstance(v, DTensor) else v, state)}
+
+
+def _load_shards(model, optimizer, state: dict) -> None:
+    """A peer's :func:`local_shards` into ``model`` (or ``optimizer``): each slice made a DTensor as this rank's
+    parameter of that name is laid out (an optimizer's per-parameter tensors: those of the parameter's shape)."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+    from torch.distributed.tensor import DTensor
+
+    model = plain(model)
+    params = dict(model.named_parameters())
+
+    def laid_out(name: str, value):
+        param = params.get(name)
+        if not isinstance(param, DTensor) or not isinstance(value, torch.Tensor) or \
+                tuple(value.shape) != tuple(param.to_local().shape) or param.dim() == 0:
+            return value
+        return DTensor.from_local(value.to(param.device), param.device_mesh, param.placements, run_check=False,
+                                  shape=param.shape, stride=param.stride())
+
+    if optimizer is None:
+        set_model_state_dict(model, {name: laid_out(name, value) for name, value in state.items()})
+        return
+    per_param = {name: {what: laid_out(name, value) for what, value in tensors.items()}
+                 for name, tensors in state["state"].items()}
+    laid: Any = {**state, "state": per_param}  # torch types the optimizer's state dict loosely
+    set_optimizer_state_dict(model, optimizer, laid)
 
 
 # ------------------------------------------------------------------------------------------ optimizer state

@@ -48,6 +48,7 @@ class FtCell:
         self._store: Any = None  # the group's own c10d store, kept alive with it
         self.quorum_open = False  # a quorum was formed for the step in progress
         self.joined = False  # the first prepare() took the first quorum
+        self.sharded: list[Any] = []  # --shard hybrid: the FSDP2 models whose gradient shards commit() averages
 
     def start(self, context: TrainContext) -> None:
         """Build the Manager as the cell starts: its heartbeats tell the Lighthouse that this group is coming, so
@@ -103,11 +104,21 @@ class FtCell:
         ddp_kwargs["find_unused_parameters"] = True
         return self.group.wrap_model(model, ddp_class, **ddp_kwargs)
 
+    def replicate_shards(self, model: Any) -> None:
+        """``--shard hybrid --ft``: an FSDP2 model sharded over this group's ranks, replicated across the groups —
+        each rank with its peers of the same group rank, which hold the same slices. At step 0 every group takes the
+        first group's shards; at each step :meth:`commit` averages the gradient shards across the groups."""
+        if self.group.manager.current_step() == 0:
+            _equal_weights(self.group.manager, model)
+        self.sharded.append(model)
+
     def commit(self) -> bool:
         """After backward: whether this step's optimizer step is taken (every group of the quorum finished it)."""
         manager = self.group.manager
         step, groups = manager.current_step(), manager.num_participants()
         self.quorum_open = False
+        if self.sharded:
+            _average_shards(manager, self.sharded)
         committed = manager.should_commit()
         if committed:
             self.group.participation.committed(step, groups, manager.is_participating())
@@ -126,10 +137,12 @@ class FtCell:
 
 def _equal_weights(manager: Any, model: Any) -> None:
     """Step 0: the weights of the quorum's first group in every group, as DDP broadcasts rank 0's: within a group
-    of several ranks from its first, then across the groups (a sum to which only the first group adds)."""
+    of several ranks from its first, then across the groups (a sum to which only the first group adds). A sharded
+    parameter (a DTensor) is this rank's slice alone: it is made equal to its peers' across the groups only."""
     import torch
     import torch.distributed as dist
     from torch.distributed import ReduceOp
+    from torch.distributed.tensor import DTensor
 
     first = manager.participating_rank() == 0
     several = dist.is_initialized() and dist.get_world_size() > 1
@@ -137,11 +150,29 @@ def _equal_weights(manager: Any, model: Any) -> None:
         for tensor in list(model.parameters()) + list(model.buffers()):
             if not tensor.is_floating_point():
                 continue
-            if several:
+            if isinstance(tensor, DTensor):
+                tensor = tensor.to_local()
+            elif several:
                 dist.broadcast(tensor, src=0)
             mine = tensor.detach().clone() if first else torch.zeros_like(tensor)
             manager.allreduce(mine, reduce_op=ReduceOp.SUM).wait()
             tensor.copy_(mine)
+
+
+def _average_shards(manager: Any, models: list) -> None:
+    """The gradient shards of sharded ``models`` (FSDP2 averaged them over this group's ranks in backward) averaged
+    over the quorum's groups, each rank with its peers; a step in which a peer is lost is not committed."""
+    from torch.distributed import ReduceOp
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+             for model in models for p in model.parameters() if p.grad is not None]
+    works = [manager.allreduce(grad, reduce_op=ReduceOp.SUM) for grad in grads]  # all under way, then waited
+    for work in works:
+        work.wait()
+    groups = max(manager.num_participants(), 1)
+    for grad in grads:
+        grad.div_(groups)
 
 
 def _own_address() -> str:

@@ -188,6 +188,8 @@ def _prepare_sharded(context: TrainContext, model, blocks, ddp_kwargs: dict):
                             "sharded by FSDP2 instead. Leave them out.")
     context.meter.sharded()
     model = sharding.shard_model(context, model if sharding.on_meta(model) else model.to(context.device), blocks)
+    if (ft := ft_cell.active()) is not None:
+        ft.replicate_shards(model)  # --shard hybrid --ft: each rank's shards averaged with its peers in the other groups
     context.models.append(model)  # a resumed state comes with its optimizers' (_restore_sharded_and_optimizers)
     return model
 

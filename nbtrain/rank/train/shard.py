@@ -8,7 +8,8 @@ wires it into the cell:
   ``nn.ModuleList``/``nn.Sequential`` whose children are all of one class (a transformer's layers), or the
   classes the cell names with ``prepare(model, shard=[Block])`` — then the root, as FSDP2's examples do. One
   device mesh over every rank, or with ``--shard hybrid`` a 2-D mesh (nodes × ranks per node: replicated
-  across nodes, sharded within one — HSDP);
+  across nodes, sharded within one — HSDP); under ``--ft`` a mesh over the replica group's ranks, replicated
+  across the groups by torchft (:mod:`.ft_cell`);
 * **precision**: ``--amp`` becomes a ``MixedPrecisionPolicy`` (parameters in the AMP dtype, gradients reduced
   in float32, outputs in float32 as under DDP); ``--shard-offload`` a ``CPUOffloadPolicy``;
   ``--activation-checkpointing`` checkpoints each block;
@@ -84,9 +85,10 @@ def meta_copy(model: nn.Module) -> nn.Module:
 
 
 def device_mesh(context: TrainContext, hybrid: bool):
+    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    world = context.world_size
+    world = dist.get_world_size()  # the run's ranks; under --ft this rank's replica group's
     if not hybrid:
         return init_device_mesh(context.device.type, (world,), mesh_dim_names=("shard",))
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
@@ -105,7 +107,9 @@ def shard_model(context: TrainContext, model: nn.Module, blocks=None) -> nn.Modu
         root_policy = MixedPrecisionPolicy(param_dtype=context.amp_dtype, reduce_dtype=torch.float32,
                                            output_dtype=torch.float32)
     offload = CPUOffloadPolicy() if settings.shard_offload else OffloadPolicy()
-    mesh = device_mesh(context, settings.shard == "hybrid")
+    # --ft: the default process group is this rank's replica group, so one dimension (the groups replicate through
+    # torchft: nbtrain.rank.train.ft_cell)
+    mesh = device_mesh(context, settings.shard == "hybrid" and not settings.ft)
     names = {id(p): name for name, p in model.named_parameters()}
     if context.rank == 0:  # the way back to the notebook: a parameter-less copy of the plain model, kept with it
         object.__setattr__(model, META_COPY, meta_copy(model))  # (outside the module tree: no parameters of its own)
@@ -268,6 +272,10 @@ def describe(context: TrainContext, model: nn.Module, blocks: int) -> str:
     local = sum(_local_bytes(p) for p in model.parameters())
     whole = sum(p.numel() * p.element_size() for p in model.parameters())
     kind = "HSDP" if context.settings.shard == "hybrid" else "FSDP2"
+    if context.settings.ft:  # sharded within this rank's replica group, replicated across the groups by torchft
+        import torch.distributed as dist
+
+        kind = f"HSDP (--ft: sharded within replica groups of {count('rank', dist.get_world_size())})"
     precision = (f"{_dtype_name(context.amp_dtype)} params, fp32 reduce" if context.amp_dtype is not None
                  else "fp32")
     extra = "".join(f" · {flag}" for flag, on in (("CPU offload", context.settings.shard_offload),
