@@ -18,7 +18,7 @@ import psutil
 import pytest
 import torch
 from helpers.runhelp import Captured
-from test_torchft_cell import CELL, _marks
+from test_torchft_cell import CELL, HSDP_CELL, _marks
 
 from nbtrain.kernel.lifecycle.entry import run_source
 from nbtrain.kernel.request.config import ConfigError, LaunchRequest, resolve
@@ -81,6 +81,37 @@ def test_torchft_nodes_a_killed_node_is_replaced_while_the_others_keep_stepping(
         for mine, theirs in zip(finals[0], other, strict=True):
             assert torch.allclose(mine, theirs, atol=1e-6)
     assert result.history.series("ft_groups", 0).steps == list(range(steps))
+
+
+@pytest.mark.slow
+def test_torchft_nodes_hsdp_a_lost_node_of_two_ranks_is_replaced_by_an_idle_one(nodes, tmp_path, capsys):
+    """``--shard hybrid --ft`` on 2 nodes × 2 ranks (and an idle third): FSDP2 within each node, the node's agent
+    SIGKILLed at step 15 of 45; the other node keeps stepping, the idle one starts ranks 2 and 3, which copy their
+    peers' slices, and the losses go on."""
+    for address in ("127.0.0.2", "127.0.0.3", "127.0.0.4"):
+        nodes.start(address)
+    nodes.wait_joined(3)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    sent = _kill_the_agent_at_step(marks, rank=3, step=15)
+    output, ns = Captured(), {"MARKS": str(marks)}
+    request = LaunchRequest(nodes="2", nproc_per_node=2, rdzv_host="127.0.0.1", cpu=True, start_timeout=120,
+                            ft="on", shard="hybrid", out="steps")
+    result = run_source(HSDP_CELL, request, ns, manager=nodes.manager, write=output)
+    text = capsys.readouterr().out + output.text()
+    assert sent, text
+    assert re.search(r"nbtrain: --ft: replica group 1 \(ranks 2–3\) was lost", text), text
+    steps = ns["steps"]
+    assert steps in (44, 45), text
+    assert re.search(rf"nbtrain: --ft: 1 replica group lost and replaced; 0 steps redone; \d+ steps? of {steps}", text), text
+    for survivor in (0, 1):
+        times = [when for _, _, when in _marks(marks, survivor)]
+        assert max(b - a for a, b in zip(times, times[1:], strict=False)) < 2.0 + 0.3, times
+    assert len(result.history.series("loss", 0).steps) == steps
+    finals = [torch.load(marks / f"final{rank}.pt") for rank in range(4)]
+    for mine, peer in ((0, 2), (1, 3)):
+        for a, b in zip(finals[mine], finals[peer], strict=True):
+            assert torch.allclose(a, b, atol=1e-6)
 
 
 @pytest.mark.parametrize("options, says", [

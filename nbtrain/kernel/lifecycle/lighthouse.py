@@ -21,6 +21,11 @@ import time
 
 START_S = 60.0  # a fresh process on a loaded machine (importing torch, where the server is imported with torchft)
 JOIN_TIMEOUT_MS = 1000  # a dead group's heartbeat stops; the others' next quorum waits this long, at most, for it
+# A group whose heartbeats stopped this long is dead to the Lighthouse (torchft's default: 5 s). Until then it still
+# counts among the live groups, and torchft forms no quorum of half of them or fewer (its guard against a split
+# brain): with 2 groups the survivor would wait out the whole timeout. The heartbeats come from the Manager's own
+# native threads every 100 ms, whatever the cell's Python is doing, so 1.5 s of silence is a lost group.
+HEARTBEAT_TIMEOUT_MS = 1500
 
 # The server is torchft's Rust extension alone: loaded from its file it needs neither torch nor the rest of torchft,
 # and starts in milliseconds instead of the seconds torch's import takes (argv[4]: the file, or "" to import it)
@@ -33,7 +38,8 @@ if sys.argv[4]:
     LighthouseServer = native.LighthouseServer
 else:
     from torchft._torchft import LighthouseServer
-server = LighthouseServer(bind=sys.argv[1], min_replicas=int(sys.argv[2]), join_timeout_ms=int(sys.argv[3]))
+server = LighthouseServer(bind=sys.argv[1], min_replicas=int(sys.argv[2]), join_timeout_ms=int(sys.argv[3]),
+                          heartbeat_timeout_ms=int(sys.argv[5]))
 print(server.address().rsplit(":", 1)[1], flush=True)
 sys.stdin.read()  # until the kernel goes
 server.shutdown()
@@ -62,7 +68,8 @@ class Lighthouse:
         bind = f"[{host}]:0" if ":" in host else f"{host}:0"
         self._log = tempfile.TemporaryFile()
         self._process = subprocess.Popen(
-            [sys.executable, "-c", _SERVE, bind, str(min_replicas), str(join_timeout_ms), _extension_file()],
+            [sys.executable, "-c", _SERVE, bind, str(min_replicas), str(join_timeout_ms), _extension_file(),
+             str(HEARTBEAT_TIMEOUT_MS)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, start_new_session=True)
         port = self._read_port()
         self.address = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
