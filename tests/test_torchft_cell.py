@@ -152,7 +152,8 @@ def test_torchft_cell_still_fails_on_an_exception(fresh_pools, tmp_path):
     ({"checkpoint": "ckpt"}, "does not go with --checkpoint yet"),
     ({"nprocs": 3, "ft": "replicas=2"}, "give a number of ranks that 2 divides"),
     ({"ft": "replicas=1"}, "replicas=R with R of 2 or more"),
-    ({"ft": "groups"}, "--ft takes nothing (a replica group per rank) or replicas=R"),
+    ({"ft": "groups"}, "--ft takes nothing (a replica group per rank), replicas=R with R of 2 or more, keep-batch"),
+    ({"ft": "replicas=2,replicas=3"}, "--ft takes nothing"),
 ])
 def test_torchft_cell_refuses_what_it_does_not_go_with_before_anything_starts(options, says, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -278,6 +279,48 @@ def test_torchft_cell_replica_groups_of_two_ranks_lose_one_and_both_come_back(fr
         for mine, theirs in zip(finals[0], other, strict=True):
             assert torch.allclose(mine, theirs, atol=1e-6)
     assert result.history.series("ft_groups", 0).values[0] == 2.0
+
+
+@pytest.mark.slow
+def test_torchft_cell_keep_batch_accumulates_while_a_group_is_out(fresh_pools, tmp_path):
+    """``--ft keep-batch`` on 4 ranks: rank 3 is SIGKILLed; while 3 groups are left each accumulates 2 micro-batches a
+    step (6 against the 4 of the global batch: ⌈4/3⌉ each), once all 4 are back 1 again; every committed step
+    averaged at least 4, and the groups end equal."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    sent = _kill_at_step(marks, rank=3, step=8)
+    output = Captured()
+    cell = CELL.replace("loss.backward()", "nbtrain.backward(loss)").replace(  # the new rank 3 comes 3 s later
+        "model, opt, loader = ", "time.sleep(3 if os.environ.get('NBTRAIN_FT_ATTEMPT', '0') != '0' else 0)\n"
+        "model, opt, loader = ")
+    ns, result = run_cell(fresh_pools, cell, {"MARKS": str(marks)}, write=output, nprocs=4, ft="keep-batch",
+                          out="steps", start_timeout=120)
+    assert sent, output.text()
+    assert re.search(r"steps? of \d+ at fewer than 4 groups \(accumulating to keep the global batch\)", output.text())
+    batches = result.history.series("ft_batches", 0).values
+    groups = result.history.series("ft_groups", 0).values
+    assert batches == [g * (2 if g == 3 else 1) for g in groups] and min(batches) >= 4, (groups, batches)
+    assert 3.0 in groups and groups[-1] == 4.0, groups  # some steps at 3 groups, and all 4 at the end
+    # rank 0 read 2 batches a step while rank 3 was out: fewer optimizer steps than its 45 batches
+    assert ns["steps"] == len(groups) < 45
+    finals = [torch.load(marks / f"final{rank}.pt") for rank in range(4)]
+    for other in finals[1:]:
+        for mine, theirs in zip(finals[0], other, strict=True):
+            assert torch.allclose(mine, theirs, atol=1e-6)
+
+
+def test_torchft_cell_keep_batch_needs_nbtrain_backward(fresh_pools):
+    source = """
+import torch, nbtrain
+net = torch.nn.Linear(4, 2)
+model, opt = nbtrain.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
+opt.zero_grad()
+model(torch.randn(8, 4)).sum().backward()
+opt.step()
+"""
+    with pytest.raises(RankFailedError, match=re.escape("--ft keep-batch accumulates micro-batches while a group is "
+                                                        "out, so it needs nbtrain.backward(loss)")):
+        run_cell(fresh_pools, source, nprocs=2, ft="keep-batch")
 
 
 HSDP_CELL = CELL.replace("torch.save([p.detach() for p in model.module.parameters()]",

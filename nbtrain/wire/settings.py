@@ -82,7 +82,8 @@ class TrainOptions:
     ft: str | None = option(
         None, "--ft", "per-step fault tolerance (torchft): the ranks form replica groups (one per rank, or R with "
         "replicas=R); a group that loses a rank drops out while the others keep stepping, and new ranks take its "
-        "place and copy a peer's state (needs the ft extra)", group="training", metavar="replicas=R", bare="on")
+        "place and copy a peer's state (needs the ft extra); keep-batch: while groups are out, the others "
+        "accumulate micro-batches to keep the global batch", group="training", metavar="replicas=R,keep-batch", bare="on")
     compile_fallback: bool = option(
         False, "--compile-fallback", "with --compile: when compiling fails, say why and run the model uncompiled "
         "instead of failing the cell", group="speed", switch=True)
@@ -109,6 +110,7 @@ class TrainSettings:
     integrations: bool = True  # Hugging Face's and Lightning's Trainers log into nbtrain (rank/integrations)
     ft: bool = False  # --ft: the ranks form torchft replica groups (rank/train/ft_cell.py)
     ft_replicas: int = 0  # --ft replicas=R: R groups of N/R ranks; 0: one group per rank
+    ft_keep_batch: bool = False  # --ft keep-batch: while groups are out, the others accumulate to keep the global batch
 
     @property
     def checkpoint_path(self) -> str | None:
@@ -173,26 +175,31 @@ def parse_train_settings(options: TrainOptions, cwd: str | None = None) -> Train
     if checkpoint_async and (shard_mode is None or checkpoint_dir is None):
         raise TrainSettingsError("--checkpoint-async writes sharded checkpoints in the background, so it needs --shard "
                                  "and --checkpoint DIR.")
-    ft_replicas = _check_ft(options, grad_accum, checkpoint_dir, shard_mode)
+    ft_replicas, ft_keep_batch = _check_ft(options, grad_accum, checkpoint_dir, shard_mode)
     return TrainSettings(amp_mode, grad_accum, checkpoint_dir, bool(options.resume), restarts,
                          channels_last=options.channels_last, compile=compile_mode,
                          compile_fallback=bool(compile_fallback), shard=shard_mode,
                          shard_offload=bool(options.shard_offload),
                          activation_checkpointing=bool(options.activation_checkpointing),
                          checkpoint_async=bool(checkpoint_async), integrations=bool(options.integrations),
-                         ft=options.ft is not None, ft_replicas=ft_replicas)
+                         ft=options.ft is not None, ft_replicas=ft_replicas, ft_keep_batch=ft_keep_batch)
 
 
-def _check_ft(options: TrainOptions, grad_accum: int, checkpoint_dir: str | None, shard_mode: str | None) -> int:
-    """``--ft [replicas=R]``: R (0: a group per rank), and what --ft does not go with yet, said before anything
-    starts (the ranks' count is checked against R with the pool: nbtrain.kernel.request.ft_request)."""
+def _check_ft(options: TrainOptions, grad_accum: int, checkpoint_dir: str | None,
+              shard_mode: str | None) -> tuple[int, bool]:
+    """``--ft [replicas=R][,keep-batch]``: R (0: a group per rank) and whether the global batch is kept, and what
+    --ft does not go with yet, said before anything starts (the ranks' count is checked against R with the pool:
+    nbtrain.kernel.request.ft_request)."""
     if options.ft is None:
-        return 0
-    text = options.ft.strip().lower().replace(" ", "")
-    found = re.fullmatch(r"replicas=(\d+)", text)
-    if text != "on" and (found is None or int(found.group(1)) < 2):
-        raise TrainSettingsError(f"--ft takes nothing (a replica group per rank) or replicas=R with R of 2 or more, "
-                                 f"such as %%distributed 4 --ft replicas=2 (got --ft {options.ft}).")
+        return 0, False
+    words = [word for word in options.ft.strip().lower().replace(" ", "").split(",") if word != "on"]
+    keep_batch = "keep-batch" in words
+    rest = [word for word in words if word != "keep-batch"]
+    found = re.fullmatch(r"replicas=(\d+)", rest[0]) if len(rest) == 1 else None
+    if rest and (found is None or int(found.group(1)) < 2):
+        raise TrainSettingsError(f"--ft takes nothing (a replica group per rank), replicas=R with R of 2 or more, "
+                                 f"keep-batch, or both, such as %%distributed 4 --ft replicas=2,keep-batch "
+                                 f"(got --ft {options.ft}).")
     if shard_mode == "full":
         raise TrainSettingsError("--ft replicates the model across its replica groups, so it shards only within each "
                                  "group: use --shard hybrid --ft (HSDP: FSDP2 inside a group, a fault-tolerant "
@@ -204,7 +211,7 @@ def _check_ft(options: TrainOptions, grad_accum: int, checkpoint_dir: str | None
         raise TrainSettingsError("--ft does not go with --checkpoint yet: under --ft a lost rank copies its state from "
                                  "a peer, not from a file. Leave one of them out: --checkpoint DIR --max-restarts K "
                                  "restarts every rank from the last checkpoint instead.")
-    return int(found.group(1)) if found else 0
+    return (int(found.group(1)) if found else 0), keep_batch
 
 
 def settings_from_environment(environ: Mapping[str, str] | None = None) -> TrainSettings:

@@ -38,6 +38,7 @@ from .lighthouse import Lighthouse
 
 REPLACEMENTS = 3  # per group: a group that keeps dying (a bug in the cell that kills a rank) ends the run
 GROUPS_SERIES = "ft_groups"  # what each rank logs per committed step (nbtrain.rank.train.ft_cell)
+BATCHES_SERIES = "ft_batches"  # --ft keep-batch: the micro-batches each committed step averaged
 LOCAL = "127.0.0.1"
 _PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "gloo/transport", "remote process exited",
               "NCCL communicator was aborted")  # a group's collective that failed because a member is gone
@@ -198,8 +199,9 @@ class ReplicaWatch:
         groups = self.nprocs // self.group_size
         fewer = sum(1 for value in series.values if value < groups)
         back = "" if self.abandoned else " and replaced"
+        kept = " (accumulating to keep the global batch)" if fewer and BATCHES_SERIES in history else ""
         return (f"nbtrain: --ft: {count('replica group', len(self.lost))} lost{back}; {count('step', redone)} redone; "
-                f"{count('step', fewer)} of {len(series.steps)} at fewer than {groups} groups.\n")
+                f"{count('step', fewer)} of {len(series.steps)} at fewer than {groups} groups{kept}.\n")
 
     def close(self) -> None:
         self.lighthouse.close()

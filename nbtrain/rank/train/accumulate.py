@@ -27,6 +27,11 @@ class Accumulation:
         self.backward_used = False
         self.active_loaders: list = []  # prepared loaders being iterated, innermost last
 
+    def resize(self, k: int) -> None:
+        """A window of ``k`` micro-steps from the one that opens now (``--ft keep-batch``: as many as keep the
+        global batch with the groups of this step's quorum)."""
+        self.k = k
+
     @property
     def end_of_loader(self) -> bool:
         return bool(self.active_loaders) and self.active_loaders[-1].at_last_batch

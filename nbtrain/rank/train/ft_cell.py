@@ -17,6 +17,10 @@ channel): the run's Lighthouse and recovery secret. The cell does not change; ``
   so a group lost in the middle of a step costs the others that step's update, never a wrong one.
 * **What each step saw** is logged as the series ``ft_groups`` (how many groups' gradients counted), so ``history``
   and the dashboard show the steps taken with fewer groups.
+* **The global batch** shrinks while a group is out, or, under ``--ft keep-batch``, is kept: each group of the
+  step's quorum accumulates ⌈groups / groups in the quorum⌉ micro-batches (``nbtrain.backward`` scales each), the
+  same number in every group, so their loaders stay at one position; ``ft_batches`` logs how many a step averaged
+  (the global batch exactly when the quorum's size divides the groups', a little more otherwise).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from .checkpoint import own_snapshot, resume_from_peer
 from .state import TrainContext, current
 
 GROUPS_SERIES = "ft_groups"
+BATCHES_SERIES = "ft_batches"  # --ft keep-batch: the micro-batches a committed step averaged (groups × window)
 JOIN_WAIT_S = 60.0  # how long a group waits at its first prepare() for the others that start with it
 
 
@@ -49,12 +54,14 @@ class FtCell:
         self.quorum_open = False  # a quorum was formed for the step in progress
         self.joined = False  # the first prepare() took the first quorum
         self.sharded: list[Any] = []  # --shard hybrid: the FSDP2 models whose gradient shards commit() averages
+        self.context: TrainContext | None = None  # the cell's, from start()
 
     def start(self, context: TrainContext) -> None:
         """Build the Manager as the cell starts: its heartbeats tell the Lighthouse that this group is coming, so
         the first quorum waits for it (up to the Lighthouse's join timeout) instead of forming without it."""
         from .ft import ReplicaConfig, ReplicaGroup
 
+        self.context = context
         size = self.job.group_size
         config = ReplicaConfig(lighthouse=self.job.lighthouse, replica_id=str(self.slot // size), host=self.host,
                                secret=self.job.secret, store_port=self._group_store_port(), sync_quorum=True,
@@ -90,10 +97,14 @@ class FtCell:
             self.boundary()
 
     def boundary(self) -> None:
-        """A step starts: the groups agree on who takes part (once per step)."""
+        """A step starts: the groups agree on who takes part (once per step). Under ``--ft keep-batch`` the step
+        then accumulates as many micro-batches as keep the global batch: ⌈groups / groups in the quorum⌉."""
         if self.joined and not self.quorum_open:
-            self.group.manager.start_quorum()
+            manager = self.group.manager
+            manager.start_quorum()
             self.quorum_open = True
+            if self.context is not None and self.context.settings.ft_keep_batch:
+                self.context.accum.resize(-(-self.job.groups // max(manager.num_participants(), 1)))
 
     def wrap_model(self, model: Any, ddp_class: type, **ddp_kwargs: Any) -> Any:
         """The model in fault-tolerant DDP; at step 0 every group takes the weights of the quorum's first."""
@@ -120,9 +131,16 @@ class FtCell:
         if self.sharded:
             _average_shards(manager, self.sharded)
         committed = manager.should_commit()
+        keep_batch = self.context is not None and self.context.settings.ft_keep_batch
+        if keep_batch and self.context is not None and not self.context.accum.backward_used:
+            raise RuntimeError("--ft keep-batch accumulates micro-batches while a group is out, so it needs "
+                               "nbtrain.backward(loss) in place of loss.backward(): nbtrain then scales each one.")
         if committed:
             self.group.participation.committed(step, groups, manager.is_participating())
-            metrics.log_own(step, {GROUPS_SERIES: float(groups)})
+            logged = {GROUPS_SERIES: float(groups)}
+            if keep_batch and self.context is not None:
+                logged[BATCHES_SERIES] = float(groups * self.context.accum.k)
+            metrics.log_own(step, logged)
         return committed
 
     def close(self, ended_well: bool) -> None:
