@@ -83,6 +83,72 @@ def test_torchft_nodes_a_killed_node_is_replaced_while_the_others_keep_stepping(
     assert result.history.series("ft_groups", 0).steps == list(range(steps))
 
 
+# Each rank's batch is a function of its group and the step the groups are at (read after zero_grad(), where the step's
+# quorum is taken), so a reference run in the test can redo the same steps with the same groups taking part.
+SEEDED_CELL = """
+import os, time, torch, nbtrain
+import torch.nn.functional as F
+torch.manual_seed(rank)
+net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+model, opt = nbtrain.prepare(net, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9))
+while nbtrain.training_state().step < STEPS:
+    opt.zero_grad()
+    g = torch.Generator().manual_seed(1000 * rank + nbtrain.training_state().step)
+    x, y = torch.randn(8, 4, generator=g), torch.randint(0, 2, (8,), generator=g)
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    with open(os.path.join(MARKS, f"rank{rank}"), "a") as mark:
+        mark.write(f"{os.getpid()} {nbtrain.training_state().step} {time.time():.3f}\\n")
+    time.sleep(0.1)
+torch.save([p.detach() for p in model.module.parameters()], os.path.join(MARKS, f"final{rank}.pt"))
+"""
+
+
+def _reference(groups_per_step: list[float], everyone: int) -> list[torch.Tensor]:
+    """The cell's training redone in one process: at each step the gradient averaged over the groups that took part
+    (all of them, or, at fewer, the ones that were not lost: every group but the last)."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)  # the first group's weights, which every group takes at step 0
+    net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    for step, groups in enumerate(groups_per_step):
+        members = range(everyone) if groups == everyone else range(int(groups))
+        opt.zero_grad()
+        for member in members:
+            g = torch.Generator().manual_seed(1000 * member + step)
+            x, y = torch.randn(8, 4, generator=g), torch.randint(0, 2, (8,), generator=g)
+            (F.cross_entropy(net(x), y) / len(members)).backward()
+        opt.step()
+    return [p.detach() for p in net.parameters()]
+
+
+@pytest.mark.slow
+def test_torchft_nodes_the_groups_end_where_a_reference_run_of_the_same_quorums_does(nodes, tmp_path, capsys):
+    """3 nodes × 1 rank and an idle fourth; the agent of rank 2's node SIGKILLed at step 20 of 60. Every group's
+    final parameters equal (float tolerance) a reference run in which each step averages the groups that took part
+    in it, as the survivors' ``ft_groups`` recorded."""
+    for address in ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"):
+        nodes.start(address)
+    nodes.wait_joined(4)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    sent = _kill_the_agent_at_step(marks, rank=2, step=20)
+    request = LaunchRequest(nodes="3", nproc_per_node=1, rdzv_host="127.0.0.1", cpu=True, start_timeout=120,
+                            ft="on", out="loss")
+    result = run_source(SEEDED_CELL, request, {"MARKS": str(marks), "STEPS": 60}, manager=nodes.manager,
+                        write=Captured())
+    text = capsys.readouterr().out
+    assert sent and "nbtrain: --ft: node" in text, text
+    groups = result.history.series("ft_groups", 0)
+    assert groups.steps == list(range(60)) and 2.0 in groups.values, groups.values  # steps at 2 groups, then 3
+    expected = _reference(groups.values, everyone=3)
+    for rank in range(3):
+        for mine, theirs in zip(torch.load(marks / f"final{rank}.pt"), expected, strict=True):
+            assert torch.allclose(mine, theirs, atol=1e-5), (rank, (mine - theirs).abs().max())
+
+
 @pytest.mark.slow
 def test_torchft_nodes_hsdp_a_lost_node_of_two_ranks_is_replaced_by_an_idle_one(nodes, tmp_path, capsys):
     """``--shard hybrid --ft`` on 2 nodes × 2 ranks (and an idle third): FSDP2 within each node, the node's agent
