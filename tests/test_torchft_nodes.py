@@ -180,6 +180,24 @@ def test_torchft_nodes_hsdp_a_lost_node_of_two_ranks_is_replaced_by_an_idle_one(
             assert torch.allclose(a, b, atol=1e-6)
 
 
+@pytest.mark.slow
+def test_torchft_nodes_a_later_cell_on_the_same_agents_gets_none_of_an_earlier_cells_variables(nodes, tmp_path):
+    """An agent runs the groups of cell after cell: each group's ranks get that cell's variables only. After a
+    ``--ft --env`` cell, a plain cell's ranks on the same nodes form one process group of every rank (a rank that
+    kept ``NBTRAIN_FT`` formed a world of its own and trained alone) and see no ``--env`` of the earlier cell."""
+    for address in ("127.0.0.2", "127.0.0.3"):
+        nodes.start(address)
+    nodes.wait_joined(2)
+    where = {"nodes": "2", "nproc_per_node": 1, "rdzv_host": "127.0.0.1", "cpu": True, "start_timeout": 120}
+    seen = "import os, torch.distributed as dist\nseen = (dist.get_world_size(), os.environ.get('NBTRAIN_FT'), " \
+           "os.environ.get('EARLIER'))\n"
+    ns: dict = {}
+    run_source(seen, LaunchRequest(**where, ft="on", env=("EARLIER=yes",)), ns, manager=nodes.manager, write=Captured())
+    assert ns["seen"] == (1, "1", "yes")  # under --ft each node's rank is a replica group of its own
+    run_source(seen, LaunchRequest(**where), ns, manager=nodes.manager, write=Captured())
+    assert ns["seen"] == (2, None, None)
+
+
 @pytest.mark.parametrize("options, says", [
     ({"nodes": "2:3", "last_call": 1.0}, "takes a fixed number of nodes"),
     ({"nodes": "2", "ft": "replicas=2"}, "each node is one replica group"),

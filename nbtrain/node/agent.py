@@ -65,11 +65,25 @@ class _ChildThreadNotice(logging.Filter):
 
 _NOTICE = _ChildThreadNotice()  # one instance: addFilter() adds it once however many pools start
 
+_own_environ: dict[str, str] = {}  # the agent's environment before any group's variables (taken at the first)
+
+
+def _environ_for(start: N.StartRanks, ranks: LocalRanks, loopback: bool) -> None:
+    """``os.environ`` as this group's ranks inherit it — torch elastic gives each worker ``os.environ`` and its own
+    variables: the agent's own environment and this group's, and nothing an earlier group set (its ``--env``, its
+    ``--ft`` group size: a rank that kept ``NBTRAIN_FT`` would form a process group of its own)."""
+    if not _own_environ:
+        _own_environ.update(os.environ)
+    os.environ.clear()
+    os.environ.update(_own_environ)
+    os.environ.update(rank_env(start, ranks, loopback))
+
+
 def run_ranks(start: N.StartRanks, ranks: LocalRanks, local_addr: str | None, send) -> threading.Thread:
     """Start torch elastic's agent for ``start`` in a thread; it reports through ``ranks`` and ``send``."""
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_NOTICE)
     loopback = start.rdzv_endpoint.startswith(("127.", "localhost", "[::1]"))
-    os.environ.update(rank_env(start, ranks, loopback))  # torch elastic gives each worker os.environ + its own
+    _environ_for(start, ranks, loopback)
     thread = threading.Thread(target=_run, args=(start, ranks, local_addr, send), name="nbtrain-elastic-agent",
                               daemon=True)
     thread.start()
