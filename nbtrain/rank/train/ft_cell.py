@@ -123,23 +123,30 @@ class FtCell:
             _equal_weights(self.group.manager, model)
         self.sharded.append(model)
 
+    def _window(self) -> int | None:
+        """Under ``--ft keep-batch``: the micro-batches this step accumulates (None without it)."""
+        context = self.context
+        if context is None or not context.settings.ft_keep_batch:
+            return None
+        if not context.accum.backward_used:
+            raise RuntimeError("--ft keep-batch accumulates micro-batches while a group is out, so it needs "
+                               "nbtrain.backward(loss) in place of loss.backward(): nbtrain then scales each one.")
+        return context.accum.k
+
     def commit(self) -> bool:
         """After backward: whether this step's optimizer step is taken (every group of the quorum finished it)."""
+        window = self._window()
         manager = self.group.manager
         step, groups = manager.current_step(), manager.num_participants()
         self.quorum_open = False
         if self.sharded:
             _average_shards(manager, self.sharded)
         committed = manager.should_commit()
-        keep_batch = self.context is not None and self.context.settings.ft_keep_batch
-        if keep_batch and self.context is not None and not self.context.accum.backward_used:
-            raise RuntimeError("--ft keep-batch accumulates micro-batches while a group is out, so it needs "
-                               "nbtrain.backward(loss) in place of loss.backward(): nbtrain then scales each one.")
         if committed:
             self.group.participation.committed(step, groups, manager.is_participating())
             logged = {GROUPS_SERIES: float(groups)}
-            if keep_batch and self.context is not None:
-                logged[BATCHES_SERIES] = float(groups * self.context.accum.k)
+            if window is not None:
+                logged[BATCHES_SERIES] = float(groups * window)
             metrics.log_own(step, logged)
         return committed
 
