@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -324,7 +325,8 @@ opt.step()
 
 
 HSDP_CELL = CELL.replace("torch.save([p.detach() for p in model.module.parameters()]",
-                         "torch.save([p.to_local().detach().clone() for p in model.parameters()]")
+                         "torch.save([p.to_local().detach().clone() for p in model.parameters()]").replace(
+    "        opt.step()", "        nbtrain.log(grad_norm=nbtrain.clip_grad_norm_(model, 1e9))\n        opt.step()")
 
 
 @pytest.mark.slow
@@ -348,8 +350,14 @@ def test_torchft_cell_hsdp_shards_within_groups_and_a_lost_group_copies_its_peer
         taken = [step for _, step, _ in _marks(marks, survivor)]
         times = [when for _, _, when in _marks(marks, survivor)]
         assert taken[0] == 1 and taken == sorted(taken) and len(set(taken)) == steps, taken
-        assert max(b - a for a, b in zip(times, times[1:], strict=False)) < 2.0 + 0.1, times  # no longer pause
+        gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+        # two groups: the survivor waits until the lost one's heartbeats are 1.5 s silent (torchft's split-brain
+        # guard); the goal is a pause of at most one step and 2 s
+        assert max(gaps) < 2.0 + statistics.median(gaps), gaps
     assert len(result.history.series("loss", 0).steps) == steps  # its losses went on through the loss
+    # nbtrain.clip_grad_norm_ sees the gradient averaged across the groups: the same norm in both, step by step
+    norms = [result.history.series("grad_norm", rank).values[:10] for rank in (0, 2)]
+    assert torch.allclose(torch.tensor(norms[0]), torch.tensor(norms[1]), rtol=1e-5), norms
     finals = [torch.load(marks / f"final{rank}.pt") for rank in range(4)]
     for mine, peer in ((0, 2), (1, 3)):  # the same slices in both groups
         for a, b in zip(finals[mine], finals[peer], strict=True):

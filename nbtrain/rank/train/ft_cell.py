@@ -54,6 +54,7 @@ class FtCell:
         self.quorum_open = False  # a quorum was formed for the step in progress
         self.joined = False  # the first prepare() took the first quorum
         self.sharded: list[Any] = []  # --shard hybrid: the FSDP2 models whose gradient shards commit() averages
+        self.averaged = False  # this step's gradient shards were averaged across the groups (by clipping, or commit)
         self.context: TrainContext | None = None  # the cell's, from start()
 
     def start(self, context: TrainContext) -> None:
@@ -123,6 +124,13 @@ class FtCell:
             _equal_weights(self.group.manager, model)
         self.sharded.append(model)
 
+    def average_shards(self) -> None:
+        """``--shard hybrid --ft``: this step's gradient slices averaged across the groups, once — before
+        ``nbtrain.clip_grad_norm_`` when the cell clips (so it clips the averaged gradient), else at the commit."""
+        if self.sharded and not self.averaged:
+            _average_shards(self.group.manager, self.sharded)
+            self.averaged = True
+
     def _window(self) -> int | None:
         """Under ``--ft keep-batch``: the micro-batches this step accumulates (None without it)."""
         context = self.context
@@ -139,8 +147,8 @@ class FtCell:
         manager = self.group.manager
         step, groups = manager.current_step(), manager.num_participants()
         self.quorum_open = False
-        if self.sharded:
-            _average_shards(manager, self.sharded)
+        self.average_shards()
+        self.averaged = False
         committed = manager.should_commit()
         if committed:
             self.group.participation.committed(step, groups, manager.is_participating())

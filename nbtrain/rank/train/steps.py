@@ -9,6 +9,7 @@ than in those modules because the context is built from them: :mod:`.state` impo
 
 from __future__ import annotations
 
+from . import ft_cell
 from .state import current
 
 
@@ -37,6 +38,8 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0):
     if context.scaler is not None:
         for optimizer in context.optimizers:
             optimizer.unscale_once(context.scaler)
+    if (ft := ft_cell.active()) is not None:
+        ft.average_shards()  # --shard hybrid --ft: the groups' gradients averaged first, as DDP's are by now
     if isinstance(parameters, torch.nn.Module):  # a prepared model: DDP's or sharded (DTensor) parameters alike
         parameters = parameters.parameters()
     return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
