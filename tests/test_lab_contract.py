@@ -179,12 +179,12 @@ def test_package_scripts_use_only_tools_the_package_has():
 
 def test_run_and_node_states_have_the_same_names_in_python_and_types_ts():
     """One set of state names: the run registry writes RunState's values, the panel's types allow exactly them."""
-    from nbtrain.kernel.observers.events import NodeState
-    from nbtrain.kernel.observers.events import RunState
+    from nbtrain.kernel.observers.events import GroupState, NodeState, RunState
 
     shapes = interfaces()
     assert literals(shapes, "RunState") == {state.value for state in RunState}
     assert literals(shapes, "NodeState") == {state.value for state in NodeState}
+    assert literals(shapes, "GroupState") == {state.value for state in GroupState}
     from nbtrain.wire.runfolder import RecordedState
 
     assert literals(shapes, "DetachedState") == {state.value for state in RecordedState}

@@ -7,6 +7,8 @@ a step (logs ``ft_groups``). The run test in ``test_torchft_cell.py`` checks the
 
 from __future__ import annotations
 
+import os
+
 from types import SimpleNamespace
 
 import pytest
@@ -17,7 +19,9 @@ from nbtrain.kernel.dashboard.model import RunModel
 from nbtrain.kernel.dashboard.replica_badges import badges_html, groups_words
 from nbtrain.kernel.dashboard.text_status import status_line
 from nbtrain.kernel.observers.events import GroupState, ReplicaGroupInfo
-from nbtrain.kernel.observers.registry import RunRegistry
+from nbtrain.kernel.observers.registry import RunRegistry, read_runs
+from nbtrain.server.kernels import KernelView
+from nbtrain.server.runs import describe_runs
 
 pytest.importorskip("torchft")
 
@@ -141,6 +145,8 @@ def test_torchft_group_badges_reach_the_device_panel_the_status_line_and_the_reg
     assert "groups 2/3 in quorum" in status_line(model)
 
     registry = RunRegistry(str(tmp_path))
-    registry.replica_groups(GROUPS)
-    assert [g["state"] for g in registry.record["replica_groups"]] == ["in quorum", "rejoined",
-                                                                      "recovering from a peer"]
+    registry.replica_groups(GROUPS)  # written at once: a change of state
+    this_kernel = {"": KernelView("", os.getpid(), "notebook.ipynb", "notebook")}
+    (listed,) = describe_runs(this_kernel, read_runs(registry.directory))  # what JupyterLab's panel receives
+    assert [(g["ranks"], g["state"], g["replaced"]) for g in listed["replica_groups"]] == [
+        ([0], "in quorum", 0), ([1], "rejoined", 1), ([2], "recovering from a peer", 2)]

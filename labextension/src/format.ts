@@ -1,7 +1,7 @@
 /**
  * Short human forms of the numbers the panel and the status bar show.
  */
-import { ILease, IMachine, IWaiting, INode, IRun } from './types';
+import { ILease, IMachine, IWaiting, INode, IReplicaGroup, IRun } from './types';
 
 const GiB = 2 ** 30;
 
@@ -74,6 +74,12 @@ export function nodeText(node: INode): string {
     parts.push(`GPU${gpu.index} ${percent(gpu.utilization)} ${gib(gpu.memory_used)}/${gib(gpu.memory_total)} GiB${health}`);
   }
   return parts.join(' · ');
+}
+
+/** "replica groups: rank 0 in quorum · rank 1 in quorum · rank 2 recovering from a peer (replaced 1×)" (--ft). */
+export function groupsText(groups: IReplicaGroup[]): string {
+  const each = groups.map(g => `${rankSpan(g.ranks)} ${g.state}${g.replaced ? ` (replaced ${g.replaced}×)` : ''}`);
+  return 'replica groups: ' + each.join(' · ');
 }
 
 /** "process ids: kernel 15790 · rank 0 15792 · rank 1 15793 (gone)": which process is which, for `top` or `kill`. */

@@ -9,7 +9,7 @@
 import { showErrorMessage } from '@jupyterlab/apputils';
 
 import { el, IRow, setAttr, setClass, setShown, setText } from './dom';
-import { count, duration, loss, nodeText, pidsText } from './format';
+import { count, duration, groupsText, loss, nodeText, pidsText } from './format';
 import { NbtrainModel } from './model';
 import { requestAPI } from './request';
 import { IRun, IStopReply } from './types';
@@ -83,7 +83,7 @@ class RunRow implements IRow<IRun> {
     };
     const head = el('div', 'nbtrain-Run-head');
     head.append(this._link.node, this._state, this._stop);
-    this.node.append(head, this._facts, this._pids, this._nodes, this._summary);
+    this.node.append(head, this._facts, this._pids, this._nodes, this._groups, this._summary);
   }
 
   update(run: IRun): void {
@@ -98,6 +98,9 @@ class RunRow implements IRow<IRun> {
     setText(this._pids, pidsText(run));
     setShown(this._nodes, run.nodes.length > 0);
     setText(this._nodes, run.nodes.map(nodeText).join('\n'));
+    const groups = run.replica_groups ?? []; // a kernel of an older nbtrain writes none
+    setShown(this._groups, groups.length > 0);
+    setText(this._groups, groups.length ? groupsText(groups) : '');
     setShown(this._summary, Boolean(run.summary) && !run.active);
     setText(this._summary, run.active ? '' : (run.summary ?? ''));
   }
@@ -134,5 +137,6 @@ class RunRow implements IRow<IRun> {
   private _facts = el('div', 'nbtrain-Run-facts');
   private _pids = el('div', 'nbtrain-Run-pids');
   private _nodes = el('div', 'nbtrain-Run-nodes');
+  private _groups = el('div', 'nbtrain-Run-groups');
   private _summary = el('div', 'nbtrain-Run-summary');
 }

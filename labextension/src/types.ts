@@ -103,6 +103,18 @@ export interface INode {
   cpus: number | null; // the machine's cores, as its agent said when it joined
 }
 
+/** A --ft replica group's state: nbtrain.kernel.observers.events.GroupState's values. */
+export type GroupState = 'in quorum' | 'out' | 'recovering from a peer' | 'rejoined';
+
+/** A replica group of a --ft run, as the kernel's ReplicaWatch last said. */
+export interface IReplicaGroup {
+  group: number;
+  ranks: number[];
+  state: GroupState;
+  since: number; // unix time it entered its state
+  replaced: number; // times new ranks took its place
+}
+
 export interface IRun {
   kernel_id: string;
   kernel_pid: number | null;
@@ -125,6 +137,8 @@ export interface IRun {
   summary: string | null;
   /** A --nodes run's machines; empty on one machine. */
   nodes: INode[];
+  /** A --ft run's replica groups and their states; empty without --ft. */
+  replica_groups: IReplicaGroup[];
   /** 0, or the kernel's background run of that number (--background: stopped with run.stop(), not from here). */
   background: number;
 }

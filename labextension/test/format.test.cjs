@@ -2,7 +2,7 @@
 // module: tests/test_lab_unit.py compiles src/ with tsconfig.unit.json and runs `node --test` on this folder.
 const { test } = require("node:test");
 const assert = require("node:assert/strict");
-const { gib, percent, statusText, count, loss, duration, rankSpan, nodeText, pidsText, leaseText, queueText } = require("../src/format.js");
+const { gib, percent, statusText, count, loss, duration, rankSpan, nodeText, groupsText, pidsText, leaseText, queueText } = require("../src/format.js");
 
 test("GiB: one decimal below 10, none above, ? when unknown", () => {
   assert.equal(gib(1.5 * 2 ** 30), "1.5");
@@ -59,6 +59,13 @@ test("a node's line: where it runs, its ranks, its load and each GPU with its he
   assert.equal(nodeText(node), "node b · gpu2 (10.0.0.8) · ranks 2–3 · running · CPU 12% · RAM 40% · "
                + "GPU0 97% 41/80 GiB (slowed by power cap)");
   assert.equal(nodeText({ ...node, cpu_percent: null, gpus: [] }), "node b · gpu2 (10.0.0.8) · ranks 2–3 · running");
+});
+
+test("a --ft run's replica groups: each by its ranks, its state, and how often it was replaced", () => {
+  const group = (ranks, state, replaced) => ({ group: 0, ranks, state, since: 0, replaced });
+  assert.equal(groupsText([group([0], "in quorum", 0), group([1], "rejoined", 1), group([2], "recovering from a peer", 2)]),
+               "replica groups: rank 0 in quorum · rank 1 rejoined (replaced 1×) · rank 2 recovering from a peer (replaced 2×)");
+  assert.equal(groupsText([group([2, 3], "out", 1)]), "replica groups: ranks 2–3 out (replaced 1×)");
 });
 
 test("a run's process ids say whose they are: the kernel's, then each rank's", () => {

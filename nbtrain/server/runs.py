@@ -67,6 +67,7 @@ def describe_runs(kernels: dict[str, KernelView], records: list[dict]) -> list[d
             "ranks": ranks, "step": record.get("step"), "loss": metrics.get("loss"), "metrics": metrics,
             "started": record.get("started"), "updated": record.get("updated"), "ended": record.get("ended"),
             "summary": record.get("summary"), "nodes": record.get("nodes") or [],
+            "replica_groups": record.get("replica_groups") or [],
             "background": int(record.get("background") or 0),
         })
     return described
