@@ -22,7 +22,9 @@ Checks, through a real IPython shell with ``%load_ext nbtrain``:
    all-reduce's latency is printed (NCCL's communicator is built at start, ``init_process_group(device_id=…)``);
 10. in a fresh process with the zygote's imports, neither torch nor the driver is initialised (the driver library
    may be mapped), and the zygote's check before a fork refuses once CUDA is initialised through torch or
-   through the driver's ``cuInit`` directly, as CuPy and JAX do.
+   through the driver's ``cuInit`` directly, as CuPy and JAX do;
+11. ``%%distributed 2 --ft`` on the GPU: rank 1 is SIGKILLed at step 10, a new rank 1 copies rank 0's state, and
+   both end with the same weights.
 
 Record the command and its output in docs/gpu-verification.md.
 """
@@ -107,6 +109,49 @@ def forked_ranks(shell) -> list[bool]:
                   f"rank's parent {shell.user_ns['parent']}, zygote {pid}; the driver library is "
                   f"{'mapped' if mapped else 'not mapped'} in the zygote"),
             check("the zygote holds no context on a GPU", not on_gpu, f"listed on GPUs {on_gpu or 'none'}")]
+
+
+FT_CELL = """%%distributed 2 --ft {extra}
+import os, signal, time, torch, nbtrain
+torch.manual_seed(rank)
+net = torch.nn.Linear(32, 1)
+model, opt = nbtrain.prepare(net, torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9))
+x, y = X.to(device), Y.to(device)
+while nbtrain.training_state().step < 40:
+    opt.zero_grad()
+    loss = (model(x) - y).pow(2).mean()
+    loss.backward()
+    opt.step()
+    if rank == 1 and nbtrain.training_state().step == 10 and os.environ.get("NBTRAIN_FT_ATTEMPT", "0") == "0":
+        os.kill(os.getpid(), signal.SIGKILL)  # the first rank 1 dies; a new one copies rank 0's state
+    time.sleep(0.05)
+ft_device = str(next(model.parameters()).device)
+torch.save([p.detach().cpu() for p in model.module.parameters()], os.path.join(FT_DIR, f"rank{{rank}}.pt"))
+"""
+
+
+def fault_tolerant(shell, extra: str = "") -> list[bool]:
+    """Check 11: ``%%distributed 2 --ft`` on the GPU — two replica groups; rank 1 is SIGKILLed at step 10, rank 0
+    keeps stepping, a new rank 1 copies its state (CUDA tensors over the sealed transport), both end equal."""
+    import tempfile
+
+    import torch
+    from IPython.utils.capture import capture_output
+
+    with tempfile.TemporaryDirectory() as folder:
+        shell.user_ns["FT_DIR"] = folder
+        started = time.monotonic()
+        with capture_output() as said:
+            result = shell.run_cell(FT_CELL.format(extra=extra))
+        text = said.stdout + said.stderr
+        finals = [torch.load(os.path.join(folder, f"rank{r}.pt")) for r in (0, 1)] if result.success else []
+    equal = len(finals) == 2 and all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*finals))
+    return [check("--ft: a killed replica group is replaced and copies its peer",
+                  result.success and "rank 1 was lost" in text and "1 replica group lost and replaced" in text,
+                  f"{time.monotonic() - started:.1f} s; " + (text.strip().splitlines() or ["no output"])[-1][:200]),
+            check("--ft: both groups end with the same weights, on the GPU",
+                  equal and shell.user_ns.get("ft_device", "").startswith("cuda" if not extra else "cpu"),
+                  f"trained on {shell.user_ns.get('ft_device')}, equal: {equal}")]
 
 
 DRIVER_PROBE = """
@@ -219,6 +264,7 @@ def main() -> int:
         results += prepared_defaults(shell)
         results += forked_ranks(shell)
         results += zygote_driver_checks()
+        results += fault_tolerant(shell)
     results += load_panels()
     import torch
 
