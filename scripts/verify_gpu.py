@@ -145,7 +145,7 @@ def fault_tolerant(shell, extra: str = "") -> list[bool]:
             result = shell.run_cell(FT_CELL.format(extra=extra))
         text = said.stdout + said.stderr
         finals = [torch.load(os.path.join(folder, f"rank{r}.pt")) for r in (0, 1)] if result.success else []
-    equal = len(finals) == 2 and all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*finals))
+    equal = len(finals) == 2 and all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*finals, strict=True))
     return [check("--ft: a killed replica group is replaced and copies its peer",
                   result.success and "rank 1 was lost" in text and "1 replica group lost and replaced" in text,
                   f"{time.monotonic() - started:.1f} s; " + (text.strip().splitlines() or ["no output"])[-1][:200]),
