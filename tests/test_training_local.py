@@ -54,6 +54,12 @@ def test_accumulation_windows():
         pattern.append((sync, boundary))
     assert pattern == [(False, False), (False, False), (True, True)] * 2
     assert Accumulation(1).at_boundary()  # plain loss.backward() with K=1 steps every time
+    first = Accumulation(2)
+    assert first.zeroes_now()  # a loop that zeroes before its first backward: nothing to check yet
+    with pytest.raises(RuntimeError, match="needs nbtrain.backward"):
+        first.at_boundary()  # its step without a nbtrain.backward: loss.backward() was used
+    first.before_backward()
+    assert not first.zeroes_now()  # inside a window: the gradients accumulate
 
 
 def test_outputs_to_fp32_keeps_structure():

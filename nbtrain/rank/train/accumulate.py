@@ -57,6 +57,12 @@ class Accumulation:
             return True
         return self.closing or self.micro >= self.k or (self.end_of_loader and self.micro > 0)
 
+    def zeroes_now(self) -> bool:
+        """Should zero_grad() act now? At a window's end, and before the first backward of the cell too — a loop
+        that zeroes first (``opt.zero_grad(); …; nbtrain.backward(loss); opt.step()``) has not yet said which
+        backward it uses: that is checked where it steps."""
+        return not self.backward_used or self.at_boundary()
+
     def on_step(self) -> None:
         self.closing = True
 

@@ -99,13 +99,16 @@ class FtCell:
 
     def boundary(self) -> None:
         """A step starts: the groups agree on who takes part (once per step). Under ``--ft keep-batch`` the step
-        then accumulates as many micro-batches as keep the global batch: ⌈groups / groups in the quorum⌉."""
+        then accumulates as many micro-batches as keep the global batch: ⌈groups / groups in the quorum⌉ times
+        ``--grad-accum``'s K (under ``--grad-accum`` alone the groups agree once per window of K)."""
         if self.joined and not self.quorum_open:
             manager = self.group.manager
             manager.start_quorum()
             self.quorum_open = True
-            if self.context is not None and self.context.settings.ft_keep_batch:
-                self.context.accum.resize(-(-self.job.groups // max(manager.num_participants(), 1)))
+            context = self.context
+            if context is not None and context.settings.ft_keep_batch:  # times --grad-accum's K
+                more = -(-self.job.groups // max(manager.num_participants(), 1))
+                context.accum.resize(context.settings.grad_accum * more)
 
     def wrap_model(self, model: Any, ddp_class: type, **ddp_kwargs: Any) -> Any:
         """The model in fault-tolerant DDP; at step 0 every group takes the weights of the quorum's first."""

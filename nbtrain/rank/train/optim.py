@@ -75,7 +75,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
         self.optimizer.load_state_dict(state_dict)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._context.accum.at_boundary():
+        if self._context.accum.zeroes_now():
             if (ft := ft_cell.active()) is not None:
                 ft.boundary()  # --ft without a prepared loader: the step's quorum starts here
             self.optimizer.zero_grad(set_to_none=set_to_none)
