@@ -190,3 +190,41 @@ def test_a_full_disk_is_explained_on_every_rank_and_the_old_checkpoint_survives(
     saved = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
     assert saved["extra"] == {"marker": "old"}
     assert [n for n in os.listdir(tmp_path) if ".tmp-" in n] == []
+
+
+def test_the_python_random_state_is_saved_as_a_tensor_and_older_checkpoints_tuples_still_load(tmp_path):
+    """Each rank's ``random`` state goes into the checkpoint as one tensor (read back with ``weights_only``, a tuple of
+    625 ints took a millisecond a rank); a checkpoint of an earlier version holds the tuple, and it loads too."""
+    import io
+    import random
+
+    from nbtrain.rank.train.checkpoint import _rng_state, _set_rng_state
+
+    random.seed(7)
+    saved = _rng_state(torch.device("cpu"))
+    expected = [random.random() for _ in range(3)]
+    assert isinstance(saved["python"][1], torch.Tensor)
+    buffer = io.BytesIO()
+    torch.save({"rng": saved}, buffer)
+    buffer.seek(0)
+    _set_rng_state(torch.load(buffer, weights_only=True)["rng"], torch.device("cpu"))
+    assert [random.random() for _ in range(3)] == expected
+    random.seed(7)
+    older = {**saved, "python": random.getstate()}
+    random.seed(8)
+    _set_rng_state(older, torch.device("cpu"))
+    assert [random.random() for _ in range(3)] == expected
+
+
+def test_a_model_state_dcp_loaded_into_in_place_is_not_set_again_and_one_with_a_replaced_entry_is():
+    from nbtrain.rank.train.dcp_resume import _loaded_in_place
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+    template = model.state_dict()
+    before = dict(template)
+    template["0.weight"].copy_(torch.ones(2, 2))  # as DCP loads a tensor: into it
+    assert _loaded_in_place(model, before, template)
+    template["1.num_batches_tracked"] = torch.tensor(3)  # as DCP loads anything else: a new object
+    assert not _loaded_in_place(model, before, template)
+    copied = {**before, "0.bias": before["0.bias"].clone()}  # a tensor that is not the model's own
+    assert not _loaded_in_place(model, copied, copied)

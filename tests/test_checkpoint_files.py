@@ -136,6 +136,11 @@ def test_a_pickle_among_a_sharded_checkpoints_values_runs_nothing(tmp_path):
             pytest.warns(UserWarning, match="single process"):
         dcp_reading.load(into, str(tmp_path / "f"))
     assert not marker.exists()
+    with pytest.warns(UserWarning, match="single process"):  # a plain value is read, once, with weights_only
+        dcp.save({"optim0": {"lr": 0.25, "w": torch.ones(3)}}, checkpoint_id=str(tmp_path / "g"))
+    with pytest.warns(UserWarning, match="single process"):
+        dcp_reading.load(into, str(tmp_path / "g"))
+    assert into["optim0"]["lr"] == 0.25 and torch.equal(into["optim0"]["w"], torch.ones(3))
 
 
 def test_checkpoints_saved_under_a_umask_that_lets_the_group_write_are_accepted_next_time(pools, tmp_path):

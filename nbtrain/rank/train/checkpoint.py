@@ -450,7 +450,9 @@ def restore_loader(context: TrainContext, loader, index: int) -> None:
 
 
 def _rng_state(device) -> dict:
-    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    version, words, gauss = random.getstate()
+    # its 625 words as one tensor: as a tuple of ints, each rank's took a millisecond to read back with weights_only
+    state = {"python": (version, torch.tensor(words, dtype=torch.int64), gauss), "torch": torch.get_rng_state()}
     if "numpy" in sys.modules:  # its key array as a tensor: a checkpoint is loaded holding only tensors and plain values
         name, keys, position, has_gauss, gauss = sys.modules["numpy"].random.get_state()
         state["numpy"] = (name, torch.from_numpy(keys.astype("int64")), position, has_gauss, gauss)
@@ -460,7 +462,9 @@ def _rng_state(device) -> dict:
 
 
 def _set_rng_state(state: dict, device) -> None:
-    random.setstate(state["python"])
+    version, words, gauss = state["python"]
+    words = tuple(words.tolist()) if isinstance(words, torch.Tensor) else words  # a tuple in older checkpoints
+    random.setstate((version, words, gauss))
     torch.set_rng_state(state["torch"].cpu())
     if "numpy" in state:
         import numpy

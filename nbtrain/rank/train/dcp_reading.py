@@ -8,8 +8,8 @@ whoever could write the folder would run code in every rank that resumes from it
 * :class:`_LayoutReader` reads ``.metadata`` with an unpickler that finds only the classes DCP's layout is made
   of (its metadata dataclasses, ``torch.Size``, dtypes and layouts, a path) — anything else is refused before
   it is called;
-* :class:`_PlainValuesPlanner` checks each stored value with ``torch.load(weights_only=True)`` before DCP's
-  planner unpickles the same bytes, so only tensors and plain values get that far.
+* :class:`_PlainValuesPlanner` reads each stored value with ``torch.load(weights_only=True)`` where DCP's planner
+  would unpickle it with ``weights_only=False``, so only tensors and plain values are read.
 
 Tensors themselves DCP already reads with ``weights_only=True``.
 """
@@ -96,14 +96,18 @@ def _layout_reader(folder: str, layout=None):
 
 def _plain_values_planner():
     from torch.distributed.checkpoint import DefaultLoadPlanner
+    from torch.distributed.checkpoint._traverse import set_element
 
     class _PlainValuesPlanner(DefaultLoadPlanner):
         def load_bytes(self, read_item, value: io.BytesIO) -> None:
             try:
-                torch.load(value, weights_only=True)  # refuses any global that is not a tensor's or a plain value's
+                loaded = torch.load(value, weights_only=True)  # refuses any global not a tensor's or a plain value's
             except pickle.UnpicklingError as exc:
                 raise UnexpectedContent(f"{read_item.dest_index.fqn} is not a plain value: {exc}") from None
-            value.seek(0)
-            super().load_bytes(read_item, value)  # the same bytes, now known to hold nothing else
+            # where DCP's own load_bytes puts what it unpickles (with weights_only=False: a second, unsafe read)
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = loaded
 
     return _PlainValuesPlanner()

@@ -76,8 +76,29 @@ def _model_template(model, saved: dict, state: dict):
     """The model's own state dict under its key in ``state`` (DCP reads into it); returns what applies it."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-    state[saved["key"]] = get_model_state_dict(model)
-    return lambda: set_model_state_dict(model, state[saved["key"]])
+    template = state[saved["key"]] = get_model_state_dict(model)
+    before = dict(template)
+
+    def apply() -> None:
+        if not _loaded_in_place(model, before, template):
+            set_model_state_dict(model, template)
+
+    return apply
+
+
+def _loaded_in_place(model, before: dict, loaded: dict) -> bool:
+    """Whether DCP's load left the model holding the checkpoint already: every entry of its state dict still the
+    tensor it was (DCP copies into tensors and replaces anything else) and a view of the model's own parameter or
+    buffer. Then ``set_model_state_dict`` would copy each tensor onto itself: milliseconds, for nothing."""
+    from torch.distributed.tensor import DTensor
+
+    def storage(tensor) -> int:
+        return (tensor.to_local() if isinstance(tensor, DTensor) else tensor).untyped_storage().data_ptr()
+
+    live = {storage(tensor) for tensor in (*model.parameters(), *model.buffers())}
+    return loaded.keys() == before.keys() and all(
+        loaded[name] is tensor and isinstance(tensor, torch.Tensor) and storage(tensor) in live and
+        storage(tensor) != 0 for name, tensor in before.items())
 
 
 def _optimizer_template(model, optimizer, saved: dict, state: dict):
