@@ -172,7 +172,10 @@ class _Run:
                 self.waiting_told_at = now
 
     def _wait_s(self) -> float:
-        """How long the loop may sleep when nothing arrives: long only when nothing is being timed."""
+        """How long the loop may sleep when nothing arrives: long only when nothing is being timed, and not at all
+        while the job waits to go to ranks that are all connected (a warm pool's are from the start)."""
+        if not self.sent and self.pool.connected():
+            return 0.0
         steady = self.phase is RunPhase.RUNNING and self.pool.ready and not self.done
         return STEADY_WAIT_S if steady else TIMED_WAIT_S
 
