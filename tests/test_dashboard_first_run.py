@@ -47,6 +47,16 @@ def test_a_runs_first_second_is_sampled_four_times_not_once():
     assert sampler.next_period() == 1.0
 
 
+def test_a_run_that_ends_before_the_machines_first_cpu_reading_stops_its_sampler_at_once():
+    """The first snapshot needs 0.1 s of the machine's CPU history: the sampler waits for it itself, so a short
+    cell's end, which stops and joins the sampler, does not wait for it (it cost every short cell 0.1 s)."""
+    samples: list = []
+    sampler = Sampler(Telemetry(), samples.append, interval=1.0).start()
+    began = time.perf_counter()
+    sampler.stop()
+    assert time.perf_counter() - began < 0.05 and samples == [] and not sampler.running
+
+
 def _load_axes(fig) -> list:
     return [ax for ax in fig.get_axes() if ax.get_xlabel() == TIME_AXIS]
 

@@ -140,6 +140,10 @@ class HostCpu:
         self._made = time.monotonic()
         self._value: float | None = None
 
+    def first_reading_in(self) -> float:
+        """Seconds until a first :meth:`percent` would return at once (0 once it has been read)."""
+        return 0.0 if self._value is not None else max(0.0, self._made + MIN_HOST_S - time.monotonic())
+
     def percent(self) -> float | None:
         """All cores' busy share (0–100) since the last call; the first call measures from this object's making,
         over :data:`MIN_HOST_S` at least (waiting for the rest: a first request made at once still gets a number)."""

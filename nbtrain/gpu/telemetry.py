@@ -104,6 +104,12 @@ class Telemetry:
         self._host_cpu = HostCpu()
         self.set_ranks(ranks)
 
+    def first_sample_in(self) -> float:
+        """Seconds until a first :meth:`snapshot` would not wait (the machine's first CPU reading needs
+        :data:`~nbtrain.gpu.processes.MIN_HOST_S` of history): a sampler that waits this long itself can be
+        stopped meanwhile."""
+        return self._host_cpu.first_reading_in()
+
     def close(self) -> None:
         """Stop what the reader watches in the background (a run's Xid events)."""
         self._reader.close()

@@ -59,6 +59,8 @@ class Ticker:
         return self
 
     def _loop(self) -> None:
+        if self._stop.wait(self.first_delay()):
+            return
         next_at = time.monotonic()
         while not self._stop.is_set():
             try:
@@ -72,6 +74,10 @@ class Ticker:
             if delay < 0:  # fell behind (a slow frame): skip, do not burst
                 next_at, delay = time.monotonic(), 0
             self._stop.wait(delay)
+
+    def first_delay(self) -> float:
+        """Seconds before the first call of ``fn`` (a wait :meth:`stop` ends)."""
+        return 0.0
 
     def next_period(self) -> float:
         """Seconds from this call of ``fn`` to the next."""
@@ -96,6 +102,11 @@ class Sampler(Ticker):
         self.on_sample = on_sample
         self.taken = 0
         super().__init__(self._sample, check_interval(interval), "nbtrain-telemetry")
+
+    def first_delay(self) -> float:
+        # the first snapshot would sleep until the machine's CPU has a reading: waited here, a run that ends
+        # meanwhile stops the sampler at once (its end joins this thread; the sleep cost each short cell 0.1 s)
+        return self.telemetry.first_sample_in()
 
     def _sample(self) -> None:
         self.taken += 1
