@@ -138,6 +138,34 @@ def test_finish_leaves_a_png_and_a_paragraph(monkeypatch):
     assert board.widget.comm is None, "the live widgets are closed once the picture replaced them"
 
 
+def test_a_cell_over_before_its_second_tick_gets_its_summary_without_a_widget_and_a_longer_one_the_live_one(
+        monkeypatch):
+    """A cell's dashboard comes live once its run has lasted SHOW_AFTER_S (the ticker's second tick): a quicker run
+    gets the picture and the summary alone; building the widgets only to replace them cost a warm cell 10 ms."""
+    from nbtrain.kernel.dashboard import widget
+
+    outputs: list = []
+    monkeypatch.setattr("IPython.display.display",
+                        lambda obj, display_id=None, **kw: outputs.append(obj) or Handle(outputs, len(outputs) - 1))
+    quick = widget.DeferredDashboard(run_model(cpu_snapshot()))
+    quick.show()
+    quick.tick()  # the ticker's first tick, at the run's start
+    quick.model.finish(RunState.FINISHED, "2 ranks finished")
+    quick.finish()
+    assert quick.live is None and [type(o).__name__ for o in outputs] == ["FinalFigure", "Summary"]
+    assert "step 100 of 1000" in outputs[1].text
+    outputs.clear()
+    longer = widget.DeferredDashboard(run_model(cpu_snapshot()))
+    longer.show()
+    monkeypatch.setattr(longer, "_show_at", 0.0)  # its second tick
+    longer.tick()
+    assert longer.live is not None and outputs[0].widget is longer.live.widget  # the live widget, then its words
+    longer.model.finish(RunState.FINISHED, "2 ranks finished")
+    longer.finish()
+    assert [type(o).__name__ for o in outputs] == ["FinalFigure", "Summary"]  # in the live outputs' places
+    assert longer.live.widget.comm is None
+
+
 class Handle:
     """What ``display(..., display_id=True)`` returns: each ``update`` replaces that output."""
 

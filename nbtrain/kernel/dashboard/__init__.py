@@ -98,9 +98,9 @@ def observer_for(shell, enabled: bool = True):
     from .observer import DashboardObserver
 
     if mode == "widget":
-        from .widget import RunDashboard
+        from .widget import DeferredDashboard
 
-        return DashboardObserver(lambda model: RunDashboard(model, _settings["smoothing"], int(_settings["compare"])),
+        return DashboardObserver(lambda model: DeferredDashboard(model, _settings["smoothing"], int(_settings["compare"])),
                                  interval=_settings["interval"])
     from .text_status import TextStatus
 

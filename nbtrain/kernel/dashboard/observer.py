@@ -4,7 +4,8 @@ The run calls it on the kernel's main thread; every callback only records and re
 
 * ``earlier_runs`` — the kernel's earlier runs, which the chart draws beside this one, go to the model;
 * ``run_started`` / ``ranks_ready`` — the ranks' pids and devices go to the model and the telemetry;
-  on the first one the front end is shown and the two background threads start: the telemetry
+  on the first one the front end is shown (the widget's: from the run's second tick, see
+  :class:`~nbtrain.kernel.dashboard.widget.DeferredDashboard`) and the two background threads start: the telemetry
   :class:`~nbtrain.kernel.dashboard.threads.Sampler` (every ``interval`` seconds) and the
   :class:`~nbtrain.kernel.dashboard.threads.Ticker` that lets the front end redraw (four times a second);
 * ``sampled`` — a detached run's load as its agent recorded it, in place of the sampler's;

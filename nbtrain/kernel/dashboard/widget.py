@@ -19,6 +19,9 @@ place (``update_display``), with the static figure of :mod:`~nbtrain.kernel.dash
 text summary: a saved notebook then holds a picture, not a widget that needs a live kernel. Each of these outputs names its
 cell and its role in its metadata, and a live dashboard can be shown again to a page that connected during
 the run (a reloaded page): see :mod:`~nbtrain.kernel.dashboard.reopen`.
+
+A cell gets the widget through :class:`DeferredDashboard`: shown once the run has lasted :data:`SHOW_AFTER_S`, so a
+run over sooner leaves its final outputs without a widget built and replaced in the same breath.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from .snapshot import LIVE_CLASS, LiveView, Snapshot, snapshot_text
 from .text import markdown_lines
 
 DEFAULT_COMPARE = 3  # earlier runs drawn beside a run (nbtrain.kernel.dashboard.configure(compare=N))
+SHOW_AFTER_S = 0.2  # a run shows its live dashboard from its second tick on (the ticker's period: 0.25 s)
 
 
 class FinalFigure:
@@ -127,12 +131,7 @@ class RunDashboard:
         self.run_panel.update(model)  # the run's end is news to it: it shows how it ended
         self.devices.update(model)
         self.chart.update(model, force=True)  # the last points, drawn live before the picture replaces the chart
-        progress = model.progress()
-        paragraph = summary_paragraph(model.store, model.telemetry, model.status or RunState.FINISHED, model.detail,
-                                      len(model.ranks), model.where, progress, model.cold_start)
-        title = f"nbtrain · {count('rank', len(model.ranks))} · {model.where} · {model.status_text() or ''}"
-        beside = Beside(tuple(self.earlier), model.step_splits())
-        figure = FinalFigure(final_png(model.store, model.telemetry, title, self.chart.smoothing, beside), paragraph)
+        figure, paragraph = final_outputs(model, self.chart.smoothing, self.earlier)
         from IPython.display import display
 
         if self.handle is not None:
@@ -147,6 +146,56 @@ class RunDashboard:
         close_tree(self.widget)  # the page shows the picture now; free the widgets' comms in the kernel too
         if self.cell is not None:  # for a page that opens the notebook later (kernel/dashboard/reopen.py)
             reopen.remember_final(id(self), functools.partial(_show_final, figure, paragraph, self.cell))
+
+
+def final_outputs(model: RunModel, smoothing: float, earlier) -> tuple[FinalFigure, str]:
+    """The end-of-run picture and the summary paragraph under it."""
+    paragraph = summary_paragraph(model.store, model.telemetry, model.status or RunState.FINISHED, model.detail,
+                                  len(model.ranks), model.where, model.progress(), model.cold_start)
+    title = f"nbtrain · {count('rank', len(model.ranks))} · {model.where} · {model.status_text() or ''}"
+    beside = Beside(tuple(earlier), model.step_splits())
+    return FinalFigure(final_png(model.store, model.telemetry, title, smoothing, beside), paragraph), paragraph
+
+
+class DeferredDashboard:
+    """The widget front end as a cell gets it: the live :class:`RunDashboard` appears once the run has lasted
+    :data:`SHOW_AFTER_S`. A run over sooner (a quick warm cell) gets its final outputs alone: building the
+    widgets and their outputs, then replacing them at once, was most of what the dashboard added to such a cell."""
+
+    def __init__(self, model: RunModel, smoothing: float = DEFAULT_SMOOTHING, compare: int = DEFAULT_COMPARE) -> None:
+        self.model, self.smoothing, self.compare = model, smoothing, compare
+        self.live: RunDashboard | None = None
+        self._show_at: float | None = None
+        self._cell: reopen.CellRun | None = None
+
+    def show(self) -> None:
+        self._cell = reopen.current_cell()  # on the cell's own thread: the unshown run's final outputs name it
+        self._show_at = time.monotonic() + SHOW_AFTER_S
+        kernel_status.follow(id(self))  # here, not on the ticker's thread, where the live one is shown
+
+    def tick(self) -> None:
+        if self.live is None:
+            if self._show_at is None or time.monotonic() < self._show_at:
+                return
+            self.live = RunDashboard(self.model, self.smoothing, self.compare)
+            self.live.show()
+        self.live.tick()
+
+    def finish(self) -> None:
+        """The live dashboard's end, or the final outputs alone for a run that never showed it. Called once the
+        ticker has stopped (:class:`~nbtrain.kernel.dashboard.observer.DashboardObserver`)."""
+        kernel_status.unfollow(id(self))
+        if self.live is not None:
+            self.live.finish()
+            return
+        from IPython.display import display
+
+        earlier = self.model.earlier[-self.compare:] if self.compare > 0 else ()
+        figure, paragraph = final_outputs(self.model, self.smoothing, earlier)
+        display(figure, metadata=reopen.output_metadata(self._cell, "dashboard"))
+        display(Summary(paragraph), metadata=reopen.output_metadata(self._cell, "summary"))
+        if self._cell is not None:
+            reopen.remember_final(id(self), functools.partial(_show_final, figure, paragraph, self._cell))
 
 
 def _show_final(figure, paragraph: str, cell: reopen.CellRun) -> None:
