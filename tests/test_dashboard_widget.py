@@ -164,6 +164,12 @@ def test_a_cell_over_before_its_second_tick_gets_its_summary_without_a_widget_an
     longer.finish()
     assert [type(o).__name__ for o in outputs] == ["FinalFigure", "Summary"]  # in the live outputs' places
     assert longer.live.widget.comm is None
+    outputs.clear()
+    empty = widget.DeferredDashboard(RunModel())  # a quick cell that logged nothing: no picture, the summary alone
+    empty.show()
+    empty.model.finish(RunState.FINISHED, "2 ranks finished")
+    empty.finish()
+    assert [type(o).__name__ for o in outputs] == ["Summary"]
 
 
 class Handle:

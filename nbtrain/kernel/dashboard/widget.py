@@ -188,20 +188,18 @@ class DeferredDashboard:
         if self.live is not None:
             self.live.finish()
             return
-        from IPython.display import display
-
         earlier = self.model.earlier[-self.compare:] if self.compare > 0 else ()
         figure, paragraph = final_outputs(self.model, self.smoothing, earlier)
-        display(figure, metadata=reopen.output_metadata(self._cell, "dashboard"))
-        display(Summary(paragraph), metadata=reopen.output_metadata(self._cell, "summary"))
+        _show_final(figure, paragraph, self._cell)
         if self._cell is not None:
             reopen.remember_final(id(self), functools.partial(_show_final, figure, paragraph, self._cell))
 
 
-def _show_final(figure, paragraph: str, cell: reopen.CellRun) -> None:
+def _show_final(figure: FinalFigure, paragraph: str, cell: reopen.CellRun | None) -> None:
     from IPython.display import display
 
-    display(figure, metadata=reopen.output_metadata(cell, "dashboard"))
+    if figure.png is not None:  # no picture (nothing logged): no empty output before the summary
+        display(figure, metadata=reopen.output_metadata(cell, "dashboard"))
     display(Summary(paragraph), metadata=reopen.output_metadata(cell, "summary"))
 
 
