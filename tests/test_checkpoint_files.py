@@ -8,6 +8,7 @@ import os
 import pickle
 import shutil
 import uuid
+from unittest import mock
 
 import pytest
 import torch
@@ -138,9 +139,17 @@ def test_a_pickle_among_a_sharded_checkpoints_values_runs_nothing(tmp_path):
     assert not marker.exists()
     with pytest.warns(UserWarning, match="single process"):  # a plain value is read, once, with weights_only
         dcp.save({"optim0": {"lr": 0.25, "w": torch.ones(3)}}, checkpoint_id=str(tmp_path / "g"))
-    with pytest.warns(UserWarning, match="single process"):
+    unpickled_with = []
+    real_load = torch.load
+
+    def load(*args, weights_only=None, **kwargs):
+        unpickled_with.append(weights_only)
+        return real_load(*args, weights_only=weights_only, **kwargs)
+
+    with pytest.warns(UserWarning, match="single process"), mock.patch.object(torch, "load", load):
         dcp_reading.load(into, str(tmp_path / "g"))
     assert into["optim0"]["lr"] == 0.25 and torch.equal(into["optim0"]["w"], torch.ones(3))
+    assert unpickled_with and all(unpickled_with), unpickled_with  # never a second, unsafe read of the value
 
 
 def test_checkpoints_saved_under_a_umask_that_lets_the_group_write_are_accepted_next_time(pools, tmp_path):

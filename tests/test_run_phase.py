@@ -51,3 +51,29 @@ def test_only_the_runs_enter_method_assigns_its_phase():
             if any(isinstance(t, ast.Attribute) and t.attr == "phase" for t in flat):
                 writers.append(func.name)
     assert sorted(writers) == ["__init__", "_enter"]
+
+
+class _Pool:
+    def __init__(self, connected: bool, ready: bool = False) -> None:
+        self._connected, self.ready = connected, ready
+
+    def connected(self) -> bool:
+        return self._connected
+
+
+def _wait(sent: bool, pool: _Pool, phase: RunPhase = RunPhase.STARTING, done: dict | None = None) -> float:
+    from types import SimpleNamespace
+
+    from nbtrain.kernel.lifecycle.run import _Run
+
+    return _Run._wait_s(SimpleNamespace(sent=sent, pool=pool, phase=phase, done=done or {}))  # type: ignore[arg-type]
+
+
+def test_the_loop_does_not_sleep_while_the_job_can_go_to_a_warm_pool():
+    """A warm pool's ranks are connected from the start: the job goes at once, not after one poll's wait."""
+    from nbtrain.kernel.lifecycle.run import STEADY_WAIT_S, TIMED_WAIT_S
+
+    assert _wait(sent=False, pool=_Pool(connected=True)) == 0.0
+    assert _wait(sent=False, pool=_Pool(connected=False)) == TIMED_WAIT_S  # ranks still starting: timed
+    assert _wait(sent=True, pool=_Pool(connected=True)) == TIMED_WAIT_S  # sent, the group not formed yet
+    assert _wait(sent=True, pool=_Pool(connected=True, ready=True), phase=RunPhase.RUNNING) == STEADY_WAIT_S

@@ -127,7 +127,7 @@ def test_torchft_group_badges_name_each_group_its_state_and_the_last_quorum():
     assert badges_html((), model.store) == ""  # without --ft: nothing
     assert "quorum 2 of" not in badges_html(GROUPS, RunModel().store)  # before the first committed step
     grouped = (ReplicaGroupInfo(1, (2, 3), GroupState.OUT, 0.0),)
-    assert "group 1 (ranks 2–3) · out" in badges_html(grouped, now=1.0)
+    assert "replica group 1 (ranks 2–3) · out" in badges_html(grouped, now=1.0)
     assert groups_words(GROUPS) == "groups 2/3 in quorum (rank 2 recovering from a peer)"
 
 

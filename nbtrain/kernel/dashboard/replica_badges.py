@@ -23,17 +23,12 @@ STATE_COLORS = {GroupState.IN_QUORUM: theme.BUSY_LOW, GroupState.OUT: theme.BUSY
                 GroupState.RECOVERING: theme.BUSY_HIGH, GroupState.REJOINED: theme.ACCENT}
 
 
-def _name(group: ReplicaGroupInfo) -> str:
-    ranks = group.ranks
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"group {group.group} (ranks {ranks[0]}–{ranks[-1]})"
-
-
 def _badge(group: ReplicaGroupInfo, now: float) -> str:
     color = STATE_COLORS[group.state]
     replaced = f", replaced {group.replaced}×" if group.replaced else ""
-    title = f"{_name(group)}: {group.state} for {text.duration(max(now - group.since, 0.0))}{replaced}"
+    title = f"{group.name}: {group.state} for {text.duration(max(now - group.since, 0.0))}{replaced}"
     return (f'<span class="nbt-part" title="{html.escape(title)}" style="border:1px solid {color};color:{color};'
-            f'border-radius:8px;padding:0 6px;margin-right:4px">{html.escape(_name(group))} · {group.state}</span>')
+            f'border-radius:8px;padding:0 6px;margin-right:4px">{html.escape(group.name)} · {group.state}</span>')
 
 
 def badges_html(groups: tuple[ReplicaGroupInfo, ...], store=None, now: float | None = None) -> str:
@@ -54,5 +49,5 @@ def groups_words(groups: tuple[ReplicaGroupInfo, ...]) -> str:
     if not groups:
         return ""
     stepping = [g for g in groups if g.state in (GroupState.IN_QUORUM, GroupState.REJOINED)]
-    others = ", ".join(f"{_name(g)} {g.state}" for g in groups if g not in stepping)
+    others = ", ".join(f"{g.name} {g.state}" for g in groups if g not in stepping)
     return f"groups {len(stepping)}/{len(groups)} in quorum" + (f" ({others})" if others else "")

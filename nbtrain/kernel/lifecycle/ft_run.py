@@ -31,7 +31,7 @@ import time
 
 from ...common.words import count
 from ...wire import protocol as P
-from ..observers.events import GroupState, ReplicaGroupInfo
+from ..observers.events import GroupState, ReplicaGroupInfo, replica_group_name
 from ..observers.history import History
 from ..ranks.spec import PoolSpec
 from .lighthouse import Lighthouse
@@ -71,10 +71,6 @@ class ReplicaWatch:
 
     def _members(self, group: int) -> range:
         return range(group * self.group_size, (group + 1) * self.group_size)
-
-    def _name(self, group: int) -> str:
-        return f"rank {group}" if self.group_size == 1 else f"replica group {group} (ranks {self._members(group)[0]}–" \
-                                                             f"{self._members(group)[-1]})"
 
     # ------------------------------------------------------------------------------------ the run's hooks
     def exited(self, run, rank: int, code: int) -> bool:
@@ -141,7 +137,7 @@ class ReplicaWatch:
         finished = set(run.done)
         others = {r // self.group_size for r in range(self.nprocs) if r not in finished} - {group} - set(self.leaving) \
             - {r // self.group_size for r in self.joining}
-        name = self._name(group)
+        name = replica_group_name(group, self._members(group))
         if not run.cell_running() or rank in finished:
             return False
         if self.replaced.get(group, 0) >= REPLACEMENTS or not others:

@@ -65,6 +65,12 @@ class GroupState(NamedState):
     REJOINED = "rejoined"  # those new ranks committed a step with the others
 
 
+def replica_group_name(group: int, ranks) -> str:
+    """How messages and the dashboard name a ``--ft`` replica group: by its rank where it has one."""
+    ranks = list(ranks)
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"replica group {group} (ranks {ranks[0]}–{ranks[-1]})"
+
+
 @dataclass(frozen=True)
 class ReplicaGroupInfo:
     group: int
@@ -72,6 +78,10 @@ class ReplicaGroupInfo:
     state: GroupState
     since: float  # unix time it entered ``state``
     replaced: int = 0  # times new ranks took its place
+
+    @property
+    def name(self) -> str:
+        return replica_group_name(self.group, self.ranks)
 
     def record(self) -> dict:
         """As the run registry lists it."""
