@@ -35,6 +35,7 @@ from typing import Any
 from ...wire import protocol as P
 from . import metrics
 from .checkpoint import own_snapshot, resume_from_peer
+from .ft_buckets import sum_across_groups
 from .state import TrainContext, current
 
 GROUPS_SERIES = "ft_groups"
@@ -177,11 +178,11 @@ def _equal_weights(manager: Any, model: Any) -> None:
     parameter (a DTensor) is this rank's slice alone: it is made equal to its peers' across the groups only."""
     import torch
     import torch.distributed as dist
-    from torch.distributed import ReduceOp
     from torch.distributed.tensor import DTensor
 
     first = manager.participating_rank() == 0
     several = dist.is_initialized() and dist.get_world_size() > 1
+    local = []
     with torch.no_grad():
         for tensor in list(model.parameters()) + list(model.buffers()):
             if not tensor.is_floating_point():
@@ -190,25 +191,20 @@ def _equal_weights(manager: Any, model: Any) -> None:
                 tensor = tensor.to_local()
             elif several:
                 dist.broadcast(tensor, src=0)
-            mine = tensor.detach().clone() if first else torch.zeros_like(tensor)
-            manager.allreduce(mine, reduce_op=ReduceOp.SUM).wait()
-            tensor.copy_(mine)
+            if not first:
+                tensor.zero_()
+            local.append(tensor)
+    sum_across_groups(manager, local)
 
 
 def _average_shards(manager: Any, models: list) -> None:
     """The gradient shards of sharded ``models`` (FSDP2 averaged them over this group's ranks in backward) averaged
     over the quorum's groups, each rank with its peers; a step in which a peer is lost is not committed."""
-    from torch.distributed import ReduceOp
     from torch.distributed.tensor import DTensor
 
     grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
              for model in models for p in model.parameters() if p.grad is not None]
-    works = [manager.allreduce(grad, reduce_op=ReduceOp.SUM) for grad in grads]  # all under way, then waited
-    for work in works:
-        work.wait()
-    groups = max(manager.num_participants(), 1)
-    for grad in grads:
-        grad.div_(groups)
+    sum_across_groups(manager, grads, scale=1.0 / max(manager.num_participants(), 1))
 
 
 def _own_address() -> str:

@@ -1,0 +1,44 @@
+"""Summing across --ft replica groups in buckets (nbtrain/rank/train/ft_buckets.py): the layout, and the sum through a
+stand-in Manager that sums two groups' buffers as torchft's all-reduce would (the real one: the HSDP --ft tests)."""
+
+from __future__ import annotations
+
+import torch
+
+from nbtrain.rank.train.ft_buckets import buckets, sum_across_groups
+
+
+class _Done:
+    def wait(self) -> None:
+        pass
+
+
+class _TwoGroups:
+    """A Manager whose all-reduce adds what the other group holds: the same buffer, plus one."""
+
+    def __init__(self) -> None:
+        self.calls: list[torch.Tensor] = []
+
+    def allreduce(self, tensor: torch.Tensor, reduce_op=None) -> _Done:
+        self.calls.append(tensor)
+        tensor.mul_(2).add_(1)
+        return _Done()
+
+
+def test_buckets_keep_order_and_cut_at_the_cap_and_at_a_new_dtype():
+    a, b, c = torch.zeros(4), torch.zeros(4), torch.zeros(8)  # 16, 16, 32 bytes
+    half = torch.zeros(2, dtype=torch.float16)
+    assert [[id(t) for t in bucket] for bucket in buckets([a, b, c, half], cap_bytes=32)] == \
+        [[id(a), id(b)], [id(c)], [id(half)]]
+    big = torch.zeros(100)
+    assert [len(bucket) for bucket in buckets([a, big, b], cap_bytes=32)] == [1, 1, 1]
+
+
+def test_many_gradients_are_summed_in_a_few_all_reduces_and_scaled():
+    grads = [torch.full((3, 2), float(i)) for i in range(50)] + [torch.ones(5, dtype=torch.float64)]
+    manager = _TwoGroups()
+    sum_across_groups(manager, grads, scale=0.5)
+    assert len(manager.calls) == 2  # one bucket of float32, one of float64: not 51 round trips
+    for i, grad in enumerate(grads[:50]):
+        assert torch.equal(grad, torch.full((3, 2), (2 * i + 1) * 0.5))
+    assert torch.equal(grads[50], torch.full((5,), 1.5, dtype=torch.float64))
