@@ -42,3 +42,36 @@ def test_many_gradients_are_summed_in_a_few_all_reduces_and_scaled():
     for i, grad in enumerate(grads[:50]):
         assert torch.equal(grad, torch.full((3, 2), (2 * i + 1) * 0.5))
     assert torch.equal(grads[50], torch.full((5,), 1.5, dtype=torch.float64))
+
+
+class _Pending:
+    def __init__(self, log: list, tensor: torch.Tensor) -> None:
+        self.log, self.tensor = log, tensor
+
+    def wait(self) -> None:
+        self.tensor.mul_(2)
+        self.log.append("wait")
+
+
+class _Counting:
+    """A Manager whose all-reduces finish when waited for (two groups holding the same values)."""
+
+    def __init__(self) -> None:
+        self.log: list[str] = []
+
+    def allreduce(self, tensor: torch.Tensor, reduce_op=None) -> _Pending:
+        self.log.append("send")
+        return _Pending(self.log, tensor)
+
+
+def test_no_more_than_a_few_buckets_are_under_way_at_once():
+    """The flat copies are a few buckets' worth, not a second copy of every gradient."""
+    grads = [torch.full((4,), float(i)) for i in range(10)]  # 16 bytes each: a bucket each at a cap of 16
+    manager = _Counting()
+    sum_across_groups(manager, grads, cap_bytes=16, in_flight=3)
+    under_way = peak = 0
+    for what in manager.log:
+        under_way += 1 if what == "send" else -1
+        peak = max(peak, under_way)
+    assert manager.log.count("send") == 10 and peak == 3
+    assert all(torch.equal(grad, torch.full((4,), 2.0 * i)) for i, grad in enumerate(grads))

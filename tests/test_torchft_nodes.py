@@ -18,7 +18,7 @@ import psutil
 import pytest
 import torch
 from helpers.runhelp import Captured
-from test_torchft_cell import CELL, HSDP_CELL, _marks
+from test_torchft_cell import CELL, HSDP_CELL, _marks, waiting_for_the_new
 
 from nbtrain.kernel.lifecycle.entry import run_source
 from nbtrain.kernel.request.config import ConfigError, LaunchRequest, resolve
@@ -58,7 +58,7 @@ def test_torchft_nodes_a_killed_node_is_replaced_while_the_others_keep_stepping(
     output, ns = Captured(), {"MARKS": str(marks)}
     request = LaunchRequest(nodes="3", nproc_per_node=1, rdzv_host="127.0.0.1", cpu=True, start_timeout=120,
                             ft="on", out="steps")
-    cell = CELL if spare else CELL.replace("time.sleep(0.1)", "time.sleep(0.3)")  # time for a new agent to come
+    cell = waiting_for_the_new(CELL if spare else CELL.replace("time.sleep(0.1)", "time.sleep(0.3)"), lost=(2,), at=40)
     result = run_source(cell, request, ns, manager=nodes.manager, write=output)
     text = capsys.readouterr().out + output.text()  # the node pool's lines go to the kernel's stdout, the cell's
     assert sent, text
@@ -71,7 +71,7 @@ def test_torchft_nodes_a_killed_node_is_replaced_while_the_others_keep_stepping(
     assert steps in (59, 60)
     assert re.search(rf"nbtrain: --ft: 1 replica group lost and replaced; 0 steps redone; \d+ steps? of {steps}", text), text
     for survivor in (0, 1):
-        times = [when for _, _, when in _marks(marks, survivor)]
+        times = [when for _, step, when in _marks(marks, survivor) if step <= 40]  # then it waits for the new rank 2
         taken = [step for _, step, _ in _marks(marks, survivor)]
         assert taken == sorted(taken) and taken[-1] == steps and len(set(taken)) == steps, taken
         assert max(b - a for a, b in zip(times, times[1:], strict=False)) < 2.0 + 0.3, times
@@ -137,7 +137,8 @@ def test_torchft_nodes_the_groups_end_where_a_reference_run_of_the_same_quorums_
     sent = _kill_the_agent_at_step(marks, rank=2, step=20)
     request = LaunchRequest(nodes="3", nproc_per_node=1, rdzv_host="127.0.0.1", cpu=True, start_timeout=120,
                             ft="on", out="loss")
-    result = run_source(SEEDED_CELL, request, {"MARKS": str(marks), "STEPS": 60}, manager=nodes.manager,
+    result = run_source(waiting_for_the_new(SEEDED_CELL, lost=(2,), at=40, indent="    "), request,
+                        {"MARKS": str(marks), "STEPS": 60}, manager=nodes.manager,
                         write=Captured())
     text = capsys.readouterr().out
     assert sent and "nbtrain: --ft: node" in text, text
@@ -171,7 +172,7 @@ def test_torchft_nodes_hsdp_a_lost_node_of_two_ranks_is_replaced_by_an_idle_one(
     assert steps in (44, 45), text
     assert re.search(rf"nbtrain: --ft: 1 replica group lost and replaced; 0 steps redone; \d+ steps? of {steps}", text), text
     for survivor in (0, 1):
-        times = [when for _, _, when in _marks(marks, survivor)]
+        times = [when for _, step, when in _marks(marks, survivor) if step <= 30]  # then it waits for the new group
         assert max(b - a for a, b in zip(times, times[1:], strict=False)) < 2.0 + 0.3, times
     assert len(result.history.series("loss", 0).steps) == len(_marks(marks, 0))  # a loss per batch, committed or not
     finals = [torch.load(marks / f"final{rank}.pt") for rank in range(4)]

@@ -16,7 +16,8 @@ the ranks inside the job over the authenticated channel. Then, while the cell ru
   (it would happen again in the new ranks);
 * the groups that start together take their first quorum together: a rank at its first ``prepare()`` waits for
   the kernel's go, given once every rank has come (a replacement's at once);
-* when the others finish before a replacement has joined, it is stopped, and the run ends without it;
+* when the others finish before a replacement has rejoined (copied a peer's state and committed a step with
+  them), it is stopped, and the run ends without it;
 * each group's state (:class:`~nbtrain.kernel.observers.events.GroupState`: in quorum, out, recovering from a
   peer, rejoined) is kept here alone and told to the run's observers at each change (the dashboard's badges);
 * at the end the cell says what happened: groups lost and replaced, steps redone (counted, not assumed), and the
@@ -29,7 +30,7 @@ import secrets
 import signal
 import time
 
-from ...common.words import count
+from ...common.words import count, plural
 from ...wire import protocol as P
 from ..observers.events import GroupState, ReplicaGroupInfo, replica_group_name
 from ..observers.history import History
@@ -40,6 +41,7 @@ REPLACEMENTS = 3  # per group: a group that keeps dying (a bug in the cell that 
 GROUPS_SERIES = "ft_groups"  # what each rank logs per committed step (nbtrain.rank.train.ft_cell)
 BATCHES_SERIES = "ft_batches"  # --ft keep-batch: the micro-batches each committed step averaged
 LOCAL = "127.0.0.1"
+REJOIN_GRACE_S = 2.0  # the others finished: how long a replacement that has its job may still show it rejoined
 _PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "gloo/transport", "remote process exited",
               "NCCL communicator was aborted")  # a group's collective that failed because a member is gone
 
@@ -64,6 +66,7 @@ class ReplicaWatch:
         self.started = False  # the groups that start together were told to take their first quorum
         self._tell = tell
         self.states: dict[int, tuple[GroupState, float]] = {}  # group -> its state and since when (written by _enter)
+        self.others_finished_at: float | None = None  # when all but the replacements had finished (time.monotonic)
 
     def job_part(self) -> P.FaultTolerance:
         return P.FaultTolerance(self.lighthouse.address, self.secret, self.nprocs // self.group_size,
@@ -118,14 +121,24 @@ class ReplicaWatch:
             return True
         return False
 
-    def too_late(self, finished: set[int], say) -> bool:
-        """Whether every rank but the replacements still joining has finished the cell: those are abandoned (said
-        once; True once, when it happens)."""
-        waiting = self.joining | {rank for ranks in self.leaving.values() for rank in ranks}
+    def too_late(self, finished: set[int], say, now: float | None = None) -> bool:
+        """Whether every rank but the replacements that have not rejoined has finished the cell: those are abandoned
+        (said once; True once, when it happens). One that has its job already gets :data:`REJOIN_GRACE_S` first:
+        the step that says it rejoined may still be on its way. Past that it cannot rejoin: no group is left to
+        copy the state from (the rank waits, rather than train alone from step 0: ``ft_cell``)."""
+        recovering = {rank for group, (state, _) in self.states.items() if state is GroupState.RECOVERING
+                      for rank in self._members(group)} - finished
+        waiting = self.joining | recovering | {rank for ranks in self.leaving.values() for rank in ranks}
+        now = time.monotonic() if now is None else now
         if not waiting or len(finished) + len(waiting) != self.nprocs:
+            self.others_finished_at = None
             return False
-        say(f"nbtrain: --ft: the other ranks finished the cell before the new rank "
-            f"{', '.join(map(str, sorted(waiting)))} joined; it is stopped.\n")
+        if self.others_finished_at is None:
+            self.others_finished_at = now
+        if recovering - self.joining and now - self.others_finished_at < REJOIN_GRACE_S:
+            return False
+        say(f"nbtrain: --ft: the other ranks finished the cell before the new {plural('rank', len(waiting))} "
+            f"{', '.join(map(str, sorted(waiting)))} could copy their state; stopped.\n")
         self.abandoned |= waiting
         self._enter(sorted({rank // self.group_size for rank in waiting}), GroupState.OUT)
         self.joining.clear()

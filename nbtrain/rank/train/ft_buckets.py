@@ -4,9 +4,11 @@ network) per parameter. Every group lays out the same tensors in the same order,
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
+IN_FLIGHT = 4  # buckets summed at once: communication overlaps, and the extra memory stays 100 MiB at most
 
 
 def buckets(tensors: list, cap_bytes: int = BUCKET_BYTES) -> list[list]:
@@ -25,22 +27,35 @@ def buckets(tensors: list, cap_bytes: int = BUCKET_BYTES) -> list[list]:
     return out
 
 
-def sum_across_groups(manager: Any, tensors: list, scale: float = 1.0, cap_bytes: int = BUCKET_BYTES) -> None:
+def sum_across_groups(manager: Any, tensors: list, scale: float = 1.0, cap_bytes: int = BUCKET_BYTES,
+                      in_flight: int = IN_FLIGHT) -> None:
     """Each of ``tensors`` replaced in place by its sum over the quorum's groups (torchft's ``Manager.allreduce``),
-    times ``scale``: every bucket's all-reduce under way before the first is waited for. A lost peer makes torchft
-    report the error at ``should_commit``; the tensors then hold whatever the all-reduce left."""
+    times ``scale``: up to ``in_flight`` buckets' all-reduces under way at once, so the copies they need stay a
+    few buckets' worth, not a second copy of every gradient. A lost peer makes torchft report the error at
+    ``should_commit``; the tensors then hold whatever the all-reduce left."""
     import torch
     from torch.distributed import ReduceOp
 
-    flat = [(group, torch.cat([t.reshape(-1) for t in group])) for group in buckets(tensors, cap_bytes)]
-    works = [manager.allreduce(buffer, reduce_op=ReduceOp.SUM) for _, buffer in flat]
-    for work in works:
-        work.wait()
+    pending: deque = deque()
+    for group in buckets(tensors, cap_bytes):
+        buffer = torch.cat([t.reshape(-1) for t in group])
+        pending.append((group, buffer, manager.allreduce(buffer, reduce_op=ReduceOp.SUM)))
+        if len(pending) >= in_flight:
+            _copy_back(pending.popleft(), scale)
+    while pending:
+        _copy_back(pending.popleft(), scale)
+
+
+def _copy_back(summing: tuple, scale: float) -> None:
+    """Wait for one bucket's sum, and put it (scaled) back into its tensors."""
+    import torch
+
+    group, buffer, work = summing
+    work.wait()
     with torch.no_grad():
-        for group, buffer in flat:
-            if scale != 1.0:
-                buffer.mul_(scale)
-            offset = 0
-            for tensor in group:
-                tensor.copy_(buffer[offset:offset + tensor.numel()].view_as(tensor))
-                offset += tensor.numel()
+        if scale != 1.0:
+            buffer.mul_(scale)
+        offset = 0
+        for tensor in group:
+            tensor.copy_(buffer[offset:offset + tensor.numel()].view_as(tensor))
+            offset += tensor.numel()

@@ -97,6 +97,16 @@ class FtCell:
             self.go.wait(JOIN_WAIT_S)  # past it (a group that never comes): the Lighthouse's join timeout decides
             self.joined = True
             self.boundary()
+            if self._alone_in_place_of_a_lost_group():
+                print(f"nbtrain: --ft: rank {self.slot}'s new replica group found no other group to copy the state "
+                      "from (they finished the cell); it waits to be stopped.", file=sys.stderr, flush=True)
+                threading.Event().wait()  # the kernel stops it (ft_run's too_late); training alone would start over
+
+    def _alone_in_place_of_a_lost_group(self) -> bool:
+        """Whether this group replaces a lost one yet formed its first quorum alone, at step 0: nothing to copy."""
+        manager = self.group.manager
+        replacing = os.environ.get("NBTRAIN_FT_ATTEMPT", "0") != "0"
+        return replacing and manager.num_participants() <= 1 and manager.current_step() == 0
 
     def boundary(self) -> None:
         """A step starts: the groups agree on who takes part (once per step). Under ``--ft keep-batch`` the step
