@@ -112,6 +112,34 @@ def test_torchft_group_states_a_replacement_too_late_is_out():
         watch.close()
 
 
+def test_torchft_group_states_a_replacement_with_its_job_gets_a_grace_to_rejoin_then_is_stopped():
+    """A new rank that has its job (no longer joining) but has not rejoined when the others finish: it may still be
+    in the last step with them (the step saying so on its way), so it gets REJOIN_GRACE_S; then it is stopped."""
+    from nbtrain.kernel.lifecycle.ft_run import REJOIN_GRACE_S
+
+    watch, told = _watch(nprocs=2, group_size=1)
+    run = _Run()
+    try:
+        watch.arrived(0), watch.arrived(1)
+        watch.exited(run, 1, -9)
+        assert watch.joined(1)  # Ready: the job goes to it
+        assert not watch.too_late({0}, run.say, now=100.0)
+        assert not watch.too_late({0}, run.say, now=100.0 + REJOIN_GRACE_S / 2)
+        assert watch.too_late({0}, run.say, now=100.0 + REJOIN_GRACE_S)
+        assert watch.abandoned == {1} and _states(told[-1]) == ["in quorum", "out"]
+        watch2, _ = _watch(nprocs=2, group_size=1)
+        try:  # one that rejoined is not waited for: it finishes with the others
+            watch2.arrived(0), watch2.arrived(1)
+            watch2.exited(run, 1, -9)
+            watch2.joined(1)
+            watch2.logged(1, [(5, 0.0, {"ft_groups": 2.0})])
+            assert not watch2.too_late({0}, run.say, now=100.0 + 10 * REJOIN_GRACE_S)
+        finally:
+            watch2.close()
+    finally:
+        watch.close()
+
+
 GROUPS = (ReplicaGroupInfo(0, (0,), GroupState.IN_QUORUM, 100.0),
           ReplicaGroupInfo(1, (1,), GroupState.REJOINED, 100.0, replaced=1),
           ReplicaGroupInfo(2, (2,), GroupState.RECOVERING, 110.0, replaced=2))
