@@ -75,3 +75,12 @@ def test_no_more_than_a_few_buckets_are_under_way_at_once():
         peak = max(peak, under_way)
     assert manager.log.count("send") == 10 and peak == 3
     assert all(torch.equal(grad, torch.full((4,), 2.0 * i)) for i, grad in enumerate(grads))
+
+
+def test_parameters_are_summed_in_place_without_a_graph():
+    """Step 0's weights are parameters (they require grad): summed in place, and no flat copy keeps a graph."""
+    weight = torch.nn.Parameter(torch.ones(3))
+    manager = _TwoGroups()
+    sum_across_groups(manager, [weight])
+    assert torch.equal(weight.detach(), torch.full((3,), 3.0)) and weight.grad_fn is None
+    assert not manager.calls[0].requires_grad

@@ -37,25 +37,23 @@ def sum_across_groups(manager: Any, tensors: list, scale: float = 1.0, cap_bytes
     from torch.distributed import ReduceOp
 
     pending: deque = deque()
-    for group in buckets(tensors, cap_bytes):
-        buffer = torch.cat([t.reshape(-1) for t in group])
-        pending.append((group, buffer, manager.allreduce(buffer, reduce_op=ReduceOp.SUM)))
-        if len(pending) >= in_flight:
+    with torch.no_grad():  # parameters among the tensors (step 0's weights): no graph for the flat copies
+        for group in buckets(tensors, cap_bytes):
+            buffer = torch.cat([t.reshape(-1) for t in group])
+            pending.append((group, buffer, manager.allreduce(buffer, reduce_op=ReduceOp.SUM)))
+            if len(pending) >= in_flight:
+                _copy_back(pending.popleft(), scale)
+        while pending:
             _copy_back(pending.popleft(), scale)
-    while pending:
-        _copy_back(pending.popleft(), scale)
 
 
 def _copy_back(summing: tuple, scale: float) -> None:
-    """Wait for one bucket's sum, and put it (scaled) back into its tensors."""
-    import torch
-
+    """Wait for one bucket's sum, and put it (scaled) back into its tensors (under ``no_grad``: the caller's)."""
     group, buffer, work = summing
     work.wait()
-    with torch.no_grad():
-        if scale != 1.0:
-            buffer.mul_(scale)
-        offset = 0
-        for tensor in group:
-            tensor.copy_(buffer[offset:offset + tensor.numel()].view_as(tensor))
-            offset += tensor.numel()
+    if scale != 1.0:
+        buffer.mul_(scale)
+    offset = 0
+    for tensor in group:
+        tensor.copy_(buffer[offset:offset + tensor.numel()].view_as(tensor))
+        offset += tensor.numel()
