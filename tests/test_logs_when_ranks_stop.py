@@ -4,7 +4,8 @@
   the notice's checkpoint ends an epoch, so it is saved at the epoch's end, with everything the epoch logged after
   its last step; run again, the cell resumes and ``history`` holds every epoch's value once (through a real kernel).
 * Another rank fails while a rank logs: the kernel's SIGTERM makes the rank send what it had buffered before it
-  goes, so its series ends where its logging ended.
+  goes, so its series ends where its logging ended — also when many of its messages wait unread as it is stopped
+  (the kernel reads a stopped rank's channel to its end, not only its pipes).
 """
 
 from __future__ import annotations
@@ -76,3 +77,26 @@ def test_a_rank_stopped_after_another_ranks_failure_sends_what_it_logged_last(fr
     logged = outcome.history.series("i", rank=0)
     assert logged.values[-1] >= int(last.read_text()), (logged.values[-1], last.read_text())
     assert logged.steps == list(range(len(logged.steps)))  # in order, none missing
+
+
+def test_every_batch_a_stopped_rank_sent_is_read_however_many_wait(fresh_pools, tmp_path):
+    last = tmp_path / "last"
+    cell = f"""
+        import os, time, nbtrain
+        from nbtrain.rank.train import metrics
+        if rank == 1:
+            time.sleep(1.5)
+            raise RuntimeError("rank 1 fails")
+        mark = os.open({str(last)!r}, os.O_WRONLY | os.O_CREAT)
+        for i in range(100000):
+            nbtrain.log(i=i)
+            metrics._sink.flush()  # one message a value: many wait unread while the kernel stops the ranks
+            os.pwrite(mark, f"{{i:12d}}".encode(), 0)
+            time.sleep(0.002)
+    """
+    outcome = RunOutcome()
+    with pytest.raises(RankFailedError, match="rank 1 fails"):
+        run_cell(fresh_pools, cell, outcome=outcome)
+    logged = outcome.history.series("i", rank=0)
+    assert logged.values[-1] >= int(last.read_text()), (logged.values[-1], last.read_text())
+    assert logged.steps == list(range(len(logged.steps)))

@@ -145,8 +145,9 @@ class LocalPool(GroupState):
         self.channel.send_to(rank, message)
 
     def output_open(self) -> bool:
-        """Whether some rank's stdout or stderr may still have something."""
-        return self.procs.output_open()
+        """Whether some rank's stdout, stderr or channel may still have something (a stopped rank's channel can
+        hold several messages, its last metrics among them, until its end of the connection is read)."""
+        return self.procs.output_open() or bool(self.channel.waitables())
 
     def poll_events(self, timeout: float) -> list[RankEvent]:
         """Wait up to ``timeout`` for anything from the ranks; return the events (exits last)."""

@@ -31,6 +31,7 @@ import contextlib
 import threading
 import time
 from array import array
+from collections import deque
 from collections.abc import Callable, Iterator
 
 from ...wire.protocol import Metrics, Setup
@@ -46,9 +47,11 @@ class MetricsBuffer:
     def __init__(self, rank: int, send: Callable[[object], None]) -> None:
         self.rank = rank
         self._send = send
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the step counters
         self._flush_lock = threading.Lock()  # one flush at a time: batches arrive in order
-        self._records: list[tuple[int, float, dict]] = []
+        # appended and drained without a lock (deque's ends are thread-safe): the SIGTERM handler may interrupt
+        # log() on the training thread, and its last flush must not wait for a lock that thread holds
+        self._records: deque[tuple[int, float, dict]] = deque()
         self._counters: dict[str, int] = {}
         self._logged = LoggedSeries()  # everything sent in this cell (with what was restored)
         self._wake = threading.Event()
@@ -70,16 +73,27 @@ class MetricsBuffer:
             for name in values:
                 if counters.get(name, 0) < following:
                     counters[name] = following
-            self._records.append((step, now, values))
+        self._records.append((step, now, values))
 
     def flush(self) -> None:
         with self._flush_lock:
-            with self._lock:
-                records, self._records = self._records, []
-            if records:
-                records = _to_numbers(records)
-                self._logged.add(records)
-                self._send(Metrics(self.rank, records))
+            self._send_buffered()
+
+    def flush_within(self, wait: float) -> None:
+        """A flush that gives up after ``wait`` seconds if another one holds the turn (the handler's last words)."""
+        if self._flush_lock.acquire(timeout=wait):
+            try:
+                self._send_buffered()
+            finally:
+                self._flush_lock.release()
+
+    def _send_buffered(self) -> None:
+        buffered = self._records
+        records = [buffered.popleft() for _ in range(len(buffered))]  # what is there now; later ones wait
+        if records:
+            numbers = _to_numbers(records)
+            self._logged.add(numbers)
+            self._send(Metrics(self.rank, numbers))
 
     def logged_history(self) -> dict:
         """Every value logged in this cell (restored ones first), after sending what is buffered."""
@@ -222,14 +236,14 @@ def flush_before_exit(wait: float = LAST_FLUSH_WAIT_S) -> None:
     sink = _sink
     if sink is None:
         return
-    sending = threading.Thread(target=_flush_quietly, args=(sink,), name="nbtrain-last-metrics", daemon=True)
+    sending = threading.Thread(target=_flush_quietly, args=(sink, wait), name="nbtrain-last-metrics", daemon=True)
     sending.start()
     sending.join(wait)
 
 
-def _flush_quietly(sink: MetricsBuffer) -> None:
+def _flush_quietly(sink: MetricsBuffer, wait: float) -> None:
     try:
-        sink.flush()
+        sink.flush_within(wait)
     except Exception:
         pass  # the kernel's connection is gone: nobody to tell
 
