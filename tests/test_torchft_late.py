@@ -63,3 +63,20 @@ def test_torchft_late_a_new_group_that_finds_no_peer_is_stopped_without_training
     logged = result.history.series("loss", 1).steps if 1 in result.history.ranks("loss") else []  # lost unsent
     assert len(logged) <= 10, text  # nor logged anything
     assert took < 60, took
+
+
+@pytest.mark.slow
+def test_torchft_late_a_new_group_not_stopped_in_time_fails_the_cell_instead_of_hanging(fresh_pools, tmp_path,
+                                                                                        monkeypatch):
+    from nbtrain.kernel.lifecycle.ft_run import ReplicaWatch
+
+    monkeypatch.setattr(ReplicaWatch, "too_late", lambda self, finished, say, now=None: False)  # the kernel's stop lost
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    cell = "import nbtrain.rank.train.ft_cell as ft_cell\nft_cell.ALONE_WAIT_S = 1.0\n" + CELL
+    output = Captured()
+    with pytest.raises(Exception, match="did not stop it within 1 s; it ends here rather than train alone"):
+        run_cell(fresh_pools, cell, {"MARKS": str(marks)}, write=output, nprocs=2, ft="on", out="steps",
+                 start_timeout=120)
+    first, new = [int(pid) for pid in (marks / "started1").read_text().split()]
+    assert {pid for pid, _, _ in _marks(marks, 1)} == {first}, output.text()  # the new rank 1 never trained

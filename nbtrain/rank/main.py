@@ -64,7 +64,7 @@ from ..wire import protocol as P
 from ..wire import stop_marks
 from ..wire.names import RUNTIME_NAMES
 from ..wire.payload import load_inputs, pack_results
-from ..wire.restart_policy import ATTEMPT_ENV
+from ..wire.restart_policy import ATTEMPT_ENV, ft_attempt
 from ..wire.shm import abandon_and_sweep
 from . import cellcode, compat, display, integrations, ipython_display, prompts, results_file, stop
 from .modules import LocalModules
@@ -169,7 +169,7 @@ def _init_process_group(device) -> tuple[float, float]:
         store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=timeout))
         store.set_timeout(timeout)
         if group_size:  # each group (and each new start of one, after a loss) meets under its own prefix
-            group = f"nbtrain-ft/{rank // group_size}/{os.environ.get('NBTRAIN_FT_ATTEMPT', '0')}"
+            group = f"nbtrain-ft/{rank // group_size}/{ft_attempt()}"
             store, rank, world_size = dist.PrefixStore(group, store), rank % group_size, group_size
     joined = time.time()
     kwargs = {"device_id": device} if backend == "nccl" else {}

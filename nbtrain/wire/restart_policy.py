@@ -19,9 +19,15 @@ from ..common.words import checkpoint_position
 from .settings import TrainSettings
 
 ATTEMPT_ENV = "NBTRAIN_ATTEMPT"  # set by a detached run's agent for a restarted attempt: the ranks resume
+FT_ATTEMPT_ENV = "NBTRAIN_FT_ATTEMPT"  # --ft: the how-many-th start of a rank's replica group (0: the first)
 
 _PEER_LOST = ("connection reset by peer", "connection closed by peer", "broken pipe", "gloo/transport",
               "nccl communicator was aborted", "socket closed")
+
+
+def ft_attempt() -> int:
+    """In a rank under ``--ft``: 0 for its replica group's first start, more for a group started in place of a lost one."""
+    return int(os.environ.get(FT_ATTEMPT_ENV, "0"))
 
 
 def peer_lost(type_name: str, message: str) -> bool:

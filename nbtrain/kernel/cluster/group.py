@@ -50,6 +50,7 @@ from ..ranks.rankgroup import GroupState
 from ..ranks.spec import PoolSpec
 from ...wire import nodes as N
 from ...wire import protocol as P
+from ...wire.restart_policy import FT_ATTEMPT_ENV
 from ...wire.run_control import following_only
 from ...gpu import jsonfields as J
 from .hub import LOST_AFTER_S, MAX_NODES, Hub, NodeConn, node_sample, sampled_info
@@ -131,7 +132,7 @@ class NodePool(GroupState):
         env = self.spec.env
         if self.spec.ft:  # a replica group per node: its ranks' process group (rank/main.py), torchft's logs quiet
             env = (("RUST_LOG", "warn"), *env, ("NBTRAIN_FT", str(self.spec.ft_group_size)),
-                   ("NBTRAIN_FT_ATTEMPT", str(attempt)))
+                   (FT_ATTEMPT_ENV, str(attempt)))
         return N.StartRanks(self.run_id, self.launcher.store_address(), nnodes, self.where.nproc_per_node,
                             self.spec.backend, self.spec.device_type, self.spec.timeout_s, env, os.getpid(),
                             detached_run=self.where.detached, restarts=self.where.restarts,

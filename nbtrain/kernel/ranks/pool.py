@@ -43,6 +43,7 @@ from collections.abc import Callable
 from multiprocessing.connection import wait
 
 from ...wire import protocol as P
+from ...wire.restart_policy import FT_ATTEMPT_ENV
 from ..diagnostics.failures import RankFailure, rank_failure
 from ..diagnostics.stacks import request_stacks
 from .spec import PoolSpec
@@ -82,7 +83,7 @@ class LocalPool(GroupState):
         assert self._store is not None
         env = worker_env(self.spec, rank, self._store.port, self.channel.address, self.run_id, self._dir)
         if attempt:  # --ft: a replica group started again meets under a prefix of its own (rank/main.py)
-            env["NBTRAIN_FT_ATTEMPT"] = str(attempt)
+            env[FT_ATTEMPT_ENV] = str(attempt)
         return env
 
     def replace_rank(self, rank: int, attempt: int) -> int:

@@ -29,10 +29,12 @@ import contextlib
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 from ...wire import protocol as P
+from ...wire.restart_policy import ft_attempt
 from . import metrics
 from .checkpoint import own_snapshot, resume_from_peer
 from .ft_buckets import sum_across_groups
@@ -41,6 +43,9 @@ from .state import TrainContext, current
 GROUPS_SERIES = "ft_groups"
 BATCHES_SERIES = "ft_batches"  # --ft keep-batch: the micro-batches a committed step averaged (groups × window)
 JOIN_WAIT_S = 60.0  # how long a group waits at its first prepare() for the others that start with it
+# a new group with no peer to copy from waits this long to be stopped by the kernel (seconds, normally), then fails
+# the cell with a clear error rather than hang it if that stop never comes
+ALONE_WAIT_S = 120.0
 
 
 class FtCell:
@@ -100,12 +105,15 @@ class FtCell:
             if self._alone_in_place_of_a_lost_group():
                 print(f"nbtrain: --ft: rank {self.slot}'s new replica group found no other group to copy the state "
                       "from (they finished the cell); it waits to be stopped.", file=sys.stderr, flush=True)
-                threading.Event().wait()  # the kernel stops it (ft_run's too_late); training alone would start over
+                time.sleep(ALONE_WAIT_S)  # the kernel stops it within seconds (ft_run's too_late); alone it would start over
+                raise RuntimeError(f"--ft: rank {self.slot}'s new replica group found no other group to copy the state "
+                                   f"from, and nbtrain did not stop it within {ALONE_WAIT_S:.0f} s; it ends here rather "
+                                   "than train alone from step 0.")
 
     def _alone_in_place_of_a_lost_group(self) -> bool:
         """Whether this group replaces a lost one yet formed its first quorum alone, at step 0: nothing to copy."""
         manager = self.group.manager
-        replacing = os.environ.get("NBTRAIN_FT_ATTEMPT", "0") != "0"
+        replacing = ft_attempt() != 0
         return replacing and manager.num_participants() <= 1 and manager.current_step() == 0
 
     def boundary(self) -> None:
