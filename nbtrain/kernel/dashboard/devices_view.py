@@ -155,7 +155,7 @@ class DevicePanel:
     def update(self, model) -> None:
         """``model``: a :class:`~nbtrain.kernel.dashboard.model.RunModel` (the run's, or the ``%gpus`` monitor's)."""
         telemetry = model.telemetry
-        version = (telemetry.version, model.nodes_version)
+        version = (telemetry.version, model.placement_version)
         if version != self._shown_version:
             self._shown_version = version
             self.widget.value = (badges_html(model.replica_groups, model.store)  # --ft: each replica group's state

@@ -33,7 +33,7 @@ class RunModel:
         self.info: RunInfo | None = None
         self.ranks: tuple[RankInfo, ...] = ()
         self.nodes: tuple[NodeInfo, ...] = ()  # a --nodes run's machines, as their last heartbeats said
-        self.nodes_version = 0  # bumped with each report of the nodes or the replica groups: a view redraws only then
+        self.placement_version = 0  # bumped with each report of the nodes or the replica groups: a view redraws only then
         self.replica_groups: tuple[ReplicaGroupInfo, ...] = ()  # a --ft run's groups and their states
         self.started = time.monotonic()
         self.ended: float | None = None
@@ -58,14 +58,14 @@ class RunModel:
     def set_nodes(self, nodes: tuple[NodeInfo, ...]) -> None:
         """A --nodes run's machines (about once a second): for the panels, and their GPUs' health for the advisor."""
         self.nodes = tuple(nodes)
-        self.nodes_version += 1
+        self.placement_version += 1
         with self._evidence_lock:
             self.evidence.add_nodes(self.nodes)
 
     def set_replica_groups(self, groups: tuple[ReplicaGroupInfo, ...]) -> None:
         """A --ft run's replica groups, at each change of state (the device panel's badges)."""
         self.replica_groups = tuple(groups)
-        self.nodes_version += 1
+        self.placement_version += 1
 
     def add_metrics(self, rank: int, records) -> None:
         self.store.add(rank, records)

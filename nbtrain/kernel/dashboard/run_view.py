@@ -124,7 +124,7 @@ class RunPanel:
 
     def update(self, model: RunModel) -> None:
         elapsed, status = model.elapsed(), model.status_text()
-        shown = (model.telemetry.version, model.nodes_version, status)
+        shown = (model.telemetry.version, model.placement_version, status)
         stalled = elapsed - self._drawn_at >= STALL_S
         if shown != self._shown or stalled:
             self._shown, self._drawn_at = shown, elapsed
