@@ -198,7 +198,7 @@ def test_the_python_random_state_is_saved_as_a_tensor_and_older_checkpoints_tupl
     import io
     import random
 
-    from nbtrain.rank.train.checkpoint import _rng_state, _set_rng_state
+    from nbtrain.rank.train.rng_state import rng_state as _rng_state, set_rng_state as _set_rng_state
 
     random.seed(7)
     saved = _rng_state(torch.device("cpu"))

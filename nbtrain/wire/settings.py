@@ -203,10 +203,9 @@ def _check_ft(options: TrainOptions, checkpoint_dir: str | None, shard_mode: str
         raise TrainSettingsError("--ft replicates the model across its replica groups, so it shards only within each "
                                  "group: use --shard hybrid --ft (HSDP: FSDP2 inside a group, a fault-tolerant "
                                  "all-reduce across the groups), or leave --shard out.")
-    if checkpoint_dir is not None:
-        raise TrainSettingsError("--ft does not go with --checkpoint yet: under --ft a lost rank copies its state from "
-                                 "a peer, not from a file. Leave one of them out: --checkpoint DIR --max-restarts K "
-                                 "restarts every rank from the last checkpoint instead.")
+    if checkpoint_dir is not None and options.checkpoint_async:
+        raise TrainSettingsError("--checkpoint-async does not go with --ft yet: leave it out (one replica group writes "
+                                 "each checkpoint, synchronously).")
     return (int(found.group(1)) if found else 0), keep_batch
 
 

@@ -42,12 +42,10 @@ import contextlib
 import glob
 import os
 import pickle
-import random
 import re
 import secrets
 import shutil
 import stat
-import sys
 import threading
 import time
 import warnings
@@ -60,9 +58,10 @@ import torch.distributed as dist
 from ...wire.checkpoint_files import ForeignCheckpointError, refuse_foreign_checkpoint
 from ...common.words import checkpoint_position
 from . import dcp_resume, metrics, shard
+from .rng_state import rng_state, set_rng_state
 from .plain_gather import all_gather_plain, broadcast_text, gather_plain
 from .checkpoint_write import StagedFile, writable_by_owner_only, write_atomic
-from .state import TrainContext, current
+from .state import SaveGroup, TrainContext, current
 
 FORMAT = 1
 
@@ -88,22 +87,25 @@ def save_checkpoint(path: str | None = None, **extra) -> str:
         warnings.warn("save_checkpoint() inside a gradient-accumulation window: the gradients accumulated so far "
                       "are not saved. Save after optimizer.step().", stacklevel=2)
     context.flush_scaler_update()
-    mine: dict[str, object] = {"rng": _rng_state(context.device), "metric_steps": metrics.step_counters(),
-                               "metric_history": metrics.logged_history()}
+    group = context.save_group()
+    if not group.writes:
+        return target  # --ft: another replica group, which holds the same state, writes it
+    mine: dict[str, object] = {"rank": context.rank, "rng": rng_state(context.device),
+                               "metric_steps": metrics.step_counters(), "metric_history": metrics.logged_history()}
     sharded = any(shard.is_sharded(m) for m in context.models)
     if sharded and context.settings.checkpoint_async and path is None:
-        return _save_in_background(context, target, mine, extra)
+        return _save_in_background(context, group, target, mine, extra)
     mine["shards_token"] = secrets.token_hex(4)
     ranks: list = [mine]
-    if context.distributed and context.world_size > 1:
+    if group.size > 1:
         ranks = all_gather_plain(mine, context.device)
     token = ranks[0]["shards_token"]  # rank 0's names the new shard folder: one gather, no second collective
     for entry in ranks:
         entry.pop("shards_token", None)
     folder = _shards_folder(context, target, token) if sharded else None
     snapshot = _snapshot(context, ranks, extra, shard.checkpoint_entries(context, folder) if folder else None)
-    error = _save_now(context, target, snapshot, folder)
-    error = _rank0s_error(context, error)
+    error = _save_now(context, group, target, snapshot, folder)
+    error = _rank0s_error(context.device, group, error)
     if error:
         raise CheckpointError(f"rank 0 could not write the checkpoint {target}: {error}. The previous checkpoint "
                               "there is unchanged; free disk space (or give --checkpoint another directory) and "
@@ -121,11 +123,11 @@ def _target(context: TrainContext, path: str | None) -> str:
     return context.settings.checkpoint_path
 
 
-def _rank0s_error(context: TrainContext, error: str | None) -> str | None:
+def _rank0s_error(device, group: SaveGroup, error: str | None) -> str | None:
     """Rank 0's error in writing the file, on every rank: its length first, its words only when there is one."""
-    if not (context.distributed and context.world_size > 1):
+    if group.size <= 1:
         return error
-    return broadcast_text(error if context.rank == 0 else None, context.device) or None
+    return broadcast_text(error if group.rank == 0 else None, device) or None
 
 
 def _shards_folder(context: TrainContext, target: str, token: str) -> str:
@@ -135,11 +137,11 @@ def _shards_folder(context: TrainContext, target: str, token: str) -> str:
     return os.path.join(os.path.dirname(target), f"{os.path.basename(target)}.shards-{context.step}-{token}")
 
 
-def _save_now(context: TrainContext, target: str, snapshot: dict, folder: str | None) -> str | None:
+def _save_now(context: TrainContext, group: SaveGroup, target: str, snapshot: dict, folder: str | None) -> str | None:
     """Each rank writes its shards to ``folder`` (under --shard) while rank 0 writes the file that will name them
     under a temporary name; the file replaces the old one once every rank's shards are written. Returns rank 0's
     error in writing the file (a failed DCP write raises on every rank, and the old file stays)."""
-    staged = StagedFile(snapshot, target) if context.rank == 0 else None
+    staged = StagedFile(snapshot, target) if group.rank == 0 else None
     try:
         if folder is not None:
             shard.save_states(context, folder)
@@ -158,7 +160,7 @@ def _save_now(context: TrainContext, target: str, snapshot: dict, folder: str | 
     return None
 
 
-def _save_in_background(context: TrainContext, target: str, mine: dict, extra: dict) -> str:
+def _save_in_background(context: TrainContext, group: SaveGroup, target: str, mine: dict, extra: dict) -> str:
     """--checkpoint-async: the shards are copied now and written in the background; rank 0 writes the file that
     names them once DCP has finished (every rank's part), and the next wait raises what went wrong. Training waits
     for one collective of its own, rank 0's name for the shard folder: the ranks' RNG states and metric counters
@@ -171,8 +173,8 @@ def _save_in_background(context: TrainContext, target: str, mine: dict, extra: d
     def done(error: str | None) -> None:
         taken.wait()
         try:
-            snapshot["ranks"] = _gathered_on_rank0(context, mine, shard.background_group())  # every rank, always
-            if error is None and context.rank == 0:
+            snapshot["ranks"] = _gathered_on_rank0(group, mine, shard.background_group())  # every rank, always
+            if error is None and group.rank == 0:
                 writable_by_owner_only(os.path.join(os.path.dirname(target), snapshot["models"][0]["dcp"]))
                 write_atomic(snapshot, target)
                 _remove_older_shards(target, snapshot["models"][0]["dcp"])
@@ -183,7 +185,7 @@ def _save_in_background(context: TrainContext, target: str, mine: dict, extra: d
                 failure.append(error)
             finished.set()
 
-    states = shard.save_states(context, _shards_folder(context, target, _rank0s_token(context)), done)
+    states = shard.save_states(context, _shards_folder(context, target, _rank0s_token(context.device, group)), done)
     snapshot.update(_snapshot(context, [mine], extra, states))  # its "ranks": every rank's, once gathered
     taken.set()
     written = context.pending_save
@@ -202,19 +204,19 @@ def _save_in_background(context: TrainContext, target: str, mine: dict, extra: d
     return target
 
 
-def _rank0s_token(context: TrainContext) -> str:
+def _rank0s_token(device, group: SaveGroup) -> str:
     """A random name part for the new shard folder, rank 0's, on every rank (one small broadcast)."""
-    token = torch.tensor([secrets.randbits(31)], dtype=torch.int64, device=context.device)
-    if context.distributed and context.world_size > 1:
+    token = torch.tensor([secrets.randbits(31)], dtype=torch.int64, device=device)
+    if group.size > 1:
         dist.broadcast(token, src=0)
     return f"{int(token.item()):08x}"
 
 
-def _gathered_on_rank0(context: TrainContext, mine: dict, group) -> list | None:
-    """Every rank's ``mine`` on rank 0, in rank order, over ``group``; None on the other ranks."""
-    if not (context.distributed and context.world_size > 1):
+def _gathered_on_rank0(group: SaveGroup, mine: dict, background) -> list | None:
+    """Every rank's ``mine`` on rank 0, in rank order, over the ``background`` process group; None elsewhere."""
+    if group.size <= 1:
         return [mine]
-    return gather_plain(mine, torch.device("cpu"), group)  # the background group is gloo's
+    return gather_plain(mine, torch.device("cpu"), background)  # the background group is gloo's
 
 
 def _remove_older_shards_later(context: TrainContext, target: str, keep: str | None) -> None:
@@ -280,7 +282,7 @@ def _snapshot(context: TrainContext, ranks: list, extra: dict, states: tuple[lis
 def own_snapshot(context: TrainContext) -> dict:
     """This rank's training state as a checkpoint holds it — no collective, nothing written: what a ``--ft``
     replica group hands a peer that copies it (tensors and plain values only; its logged series stay its own)."""
-    mine = {"rng": _rng_state(context.device), "metric_steps": metrics.step_counters()}
+    mine = {"rng": rng_state(context.device), "metric_steps": metrics.step_counters()}
     if not any(shard.is_sharded(model) for model in context.models):
         return _snapshot(context, [mine], {})
     # --shard hybrid: this rank's slices, which its peer of the same group rank holds in every group
@@ -310,7 +312,7 @@ def resume_from_peer(context: TrainContext, state: dict, peer: str) -> None:
         context.caught_up(int(state["step"]))
     else:
         context.resume_from(state, peer)
-    _set_rng_state(state["ranks"][0]["rng"], context.device)
+    set_rng_state(state["ranks"][0]["rng"], context.device)
     metrics.restore_step_counters(state["ranks"][0]["metric_steps"])
 
 
@@ -352,11 +354,12 @@ def load_for_resume(context: TrainContext, path: str, announce: bool) -> Checkpo
     context.resume_from(state, path)
     if context.scaler is not None and state.get("scaler"):
         context.scaler.load_state_dict(state["scaler"])
-    ranks = state.get("ranks") or []
-    if context.rank < len(ranks):
-        _set_rng_state(ranks[context.rank]["rng"], context.device)
-        metrics.restore_step_counters(ranks[context.rank]["metric_steps"])
-        metrics.restore_history(ranks[context.rank].get("metric_history"))
+    entry, own = _rank_entry(context, state.get("ranks") or [])
+    if entry is not None:
+        set_rng_state(entry["rng"], context.device)
+        metrics.restore_step_counters(entry["metric_steps"])
+        if own:
+            metrics.restore_history(entry.get("metric_history"))
     restore_prepared(context, list(enumerate(context.models)), list(enumerate(context.optimizers)))
     for index, scheduler in enumerate(context.schedulers):
         restore_scheduler(context, scheduler, index)
@@ -370,6 +373,19 @@ def load_for_resume(context: TrainContext, path: str, announce: bool) -> Checkpo
                   f"wrote {os.path.basename(folder)}): it is dropped, and this run resumes from the save before it, "
                   f"at step {state['step']}. The next save removes the unfinished folder.", flush=True)
     return _info(state, path)
+
+
+def _rank_entry(context: TrainContext, ranks: list) -> tuple[dict | None, bool]:
+    """This rank's part of a checkpoint's ``ranks``, and whether it saved it itself: its own entry, or — a checkpoint
+    written by one ``--ft`` replica group — the entry of the same place in that group (its RNG and metric steps, not
+    its logged series, which are another rank's)."""
+    for entry in ranks:
+        if entry.get("rank") == context.rank:
+            return entry, True
+    place = context.save_group().rank
+    if place >= len(ranks):
+        return None, False
+    return ranks[place], "rank" not in ranks[place]  # older checkpoints' entries are in rank order, without it
 
 
 def _unfinished_saves(path: str, state: dict) -> list[tuple[int, str]]:
@@ -447,33 +463,6 @@ def restore_scheduler(context: TrainContext, scheduler, index: int) -> None:
 
 def restore_loader(context: TrainContext, loader, index: int) -> None:
     loader.restore_position(_saved(context, "loaders", index))
-
-
-def _rng_state(device) -> dict:
-    version, words, gauss = random.getstate()
-    # its 625 words as one tensor: as a tuple of ints, each rank's took a millisecond to read back with weights_only
-    state = {"python": (version, torch.tensor(words, dtype=torch.int64), gauss), "torch": torch.get_rng_state()}
-    if "numpy" in sys.modules:  # its key array as a tensor: a checkpoint is loaded holding only tensors and plain values
-        name, keys, position, has_gauss, gauss = sys.modules["numpy"].random.get_state()
-        state["numpy"] = (name, torch.from_numpy(keys.astype("int64")), position, has_gauss, gauss)
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def _set_rng_state(state: dict, device) -> None:
-    version, words, gauss = state["python"]
-    words = tuple(words.tolist()) if isinstance(words, torch.Tensor) else words  # a tuple in older checkpoints
-    random.setstate((version, words, gauss))
-    torch.set_rng_state(state["torch"].cpu())
-    if "numpy" in state:
-        import numpy
-
-        name, keys, position, has_gauss, gauss = state["numpy"]
-        keys = keys.cpu() if isinstance(keys, torch.Tensor) else keys  # loaded onto the rank's GPU with the rest
-        numpy.random.set_state((name, numpy.asarray(keys, dtype="uint32"), position, has_gauss, gauss))
-    if "cuda" in state and device.type == "cuda":
-        torch.cuda.set_rng_state(state["cuda"].cpu(), device)
 
 
 def epochs(total: int, between: Callable[[TrainContext], None] | None = None):

@@ -38,7 +38,7 @@ from ...wire.restart_policy import ft_attempt
 from . import metrics
 from .checkpoint import own_snapshot, resume_from_peer
 from .ft_buckets import sum_across_groups
-from .state import TrainContext, current
+from .state import SaveGroup, TrainContext, current
 
 GROUPS_SERIES = "ft_groups"
 BATCHES_SERIES = "ft_batches"  # --ft keep-batch: the micro-batches a committed step averaged (groups × window)
@@ -75,6 +75,21 @@ class FtCell:
                                init_sync=False, timeout_s=60.0, group_rank=self.slot % size, group_world_size=size)
         self.group = ReplicaGroup(config, lambda: own_snapshot(context),
                                   lambda state: resume_from_peer(context, state, "a peer replica group"))
+        context.save_with(self.save_group)
+        if _replacing():  # a group in place of a lost one copies a peer's state, newer than any checkpoint
+            context.mark_resume_checked()
+
+    def save_group(self) -> SaveGroup:
+        """``--checkpoint`` under ``--ft``: every group holds the same state, so one writes it — the first of the last
+        quorum (before the first quorum, the first group); the others' ``save_checkpoint()`` returns at once."""
+        import torch.distributed as dist
+
+        manager = self.group.manager if self.group is not None else None
+        if self.joined and manager is not None:
+            writes = bool(manager.is_participating()) and manager.participating_rank() == 0
+        else:
+            writes = self.slot // self.job.group_size == 0
+        return SaveGroup(dist.get_rank(), dist.get_world_size(), writes)
 
     def _group_store_port(self) -> int:
         """The group's own c10d store (its Manager's address book): the group's first rank hosts it and tells the
@@ -113,8 +128,7 @@ class FtCell:
     def _alone_in_place_of_a_lost_group(self) -> bool:
         """Whether this group replaces a lost one yet formed its first quorum alone, at step 0: nothing to copy."""
         manager = self.group.manager
-        replacing = ft_attempt() != 0
-        return replacing and manager.num_participants() <= 1 and manager.current_step() == 0
+        return _replacing() and manager.num_participants() <= 1 and manager.current_step() == 0
 
     def boundary(self) -> None:
         """A step starts: the groups agree on who takes part (once per step). Under ``--ft keep-batch`` the step
@@ -237,12 +251,19 @@ def _own_address() -> str:
 
 
 _cell: FtCell | None = None
+_ran_a_cell = False  # this process has run a cell: a rank started in place of a lost one is new for that cell only
+
+
+def _replacing() -> bool:
+    """Whether this rank was started in place of a lost group's rank, in the cell it runs now (its process stays in
+    a warm pool, where later cells find it one of the group's ranks like any other)."""
+    return ft_attempt() != 0 and not _ran_a_cell
 
 
 @contextlib.contextmanager
 def scope(job: P.Job, slot: int, send) -> Iterator[None]:
     """A cell's job (a ``--ft`` one: its replica group, which leaves the quorum when the cell ends)."""
-    global _cell
+    global _cell, _ran_a_cell
     cell = FtCell(job.ft, slot, job.job_id, send) if job.ft is not None else None
     if cell is not None:
         cell.start(current())
@@ -250,7 +271,7 @@ def scope(job: P.Job, slot: int, send) -> Iterator[None]:
     try:
         yield
     finally:
-        _cell = None
+        _cell, _ran_a_cell = None, True
         if cell is not None:
             cell.close(ended_well=sys.exc_info()[0] is None)
 

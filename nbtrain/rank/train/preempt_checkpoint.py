@@ -171,7 +171,8 @@ def _save_and_wait(cell: _Cell, context: TrainContext) -> None:
     started = time.perf_counter()
     path = save_checkpoint()
     context.wait_for_save()  # --checkpoint-async: written, not only copied
-    if context.rank == 0:
+    group = context.save_group()
+    if group.writes and group.rank == 0:  # under --ft, the replica group that wrote it
         cell.send(P.PreemptSaved(cell.job_id, context.rank, context.step, time.perf_counter() - started, path))
     deadline = time.monotonic() + cell.grace
     while time.monotonic() < deadline:  # the kernel stops the ranks now (the stop button still raises here)

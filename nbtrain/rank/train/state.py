@@ -23,6 +23,7 @@ import contextlib
 import os
 import weakref
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from ...wire.settings import TrainSettings, settings_from_environment
 from . import amp, stepmeter
@@ -33,6 +34,16 @@ _active: TrainContext | None = None
 
 class PreparedError(TypeError):
     """prepare() was given something it cannot prepare, or the same thing twice."""
+
+
+@dataclass(frozen=True)
+class SaveGroup:
+    """The ranks that write a checkpoint together: this rank's place among them, how many they are, and whether they
+    write at all — every rank of the run, or under ``--ft`` one replica group for all (:mod:`.ft_cell`)."""
+
+    rank: int
+    size: int
+    writes: bool = True
 
 
 class TrainContext:
@@ -62,6 +73,17 @@ class TrainContext:
         self.pending_removal: Callable[[], object] | None = None  # waits for older shard folders' removal
         self.sharded_params: dict[int, object] = {}  # id of a parameter before --shard -> the sharded one (rank/train/shard.py)
         self.meter = stepmeter.for_device(rank, device, self.amp_dtype, world_size)  # step rate, MFU, data wait
+        self._save_group: Callable[[], SaveGroup] | None = None  # --ft: its replica groups decide who writes
+
+    def save_group(self) -> SaveGroup:
+        """Who writes a checkpoint now (:class:`SaveGroup`)."""
+        if self._save_group is not None:
+            return self._save_group()
+        return SaveGroup(self.rank, self.world_size if self.distributed else 1)
+
+    def save_with(self, group: Callable[[], SaveGroup]) -> None:
+        """``--ft``: every replica group holds the same state, and ``group()`` says which one writes it."""
+        self._save_group = group
 
     @property
     def distributed(self) -> bool:
