@@ -175,7 +175,7 @@ def parse_train_settings(options: TrainOptions, cwd: str | None = None) -> Train
     if checkpoint_async and (shard_mode is None or checkpoint_dir is None):
         raise TrainSettingsError("--checkpoint-async writes sharded checkpoints in the background, so it needs --shard "
                                  "and --checkpoint DIR.")
-    ft_replicas, ft_keep_batch = _check_ft(options, checkpoint_dir, shard_mode)
+    ft_replicas, ft_keep_batch = _check_ft(options, shard_mode)
     return TrainSettings(amp_mode, grad_accum, checkpoint_dir, bool(options.resume), restarts,
                          channels_last=options.channels_last, compile=compile_mode,
                          compile_fallback=bool(compile_fallback), shard=shard_mode,
@@ -185,7 +185,7 @@ def parse_train_settings(options: TrainOptions, cwd: str | None = None) -> Train
                          ft=options.ft is not None, ft_replicas=ft_replicas, ft_keep_batch=ft_keep_batch)
 
 
-def _check_ft(options: TrainOptions, checkpoint_dir: str | None, shard_mode: str | None) -> tuple[int, bool]:
+def _check_ft(options: TrainOptions, shard_mode: str | None) -> tuple[int, bool]:
     """``--ft [replicas=R][,keep-batch]``: R (0: a group per rank) and whether the global batch is kept, and what
     --ft does not go with yet, said before anything starts (the ranks' count is checked against R with the pool:
     nbtrain.kernel.request.ft_request)."""
@@ -203,7 +203,7 @@ def _check_ft(options: TrainOptions, checkpoint_dir: str | None, shard_mode: str
         raise TrainSettingsError("--ft replicates the model across its replica groups, so it shards only within each "
                                  "group: use --shard hybrid --ft (HSDP: FSDP2 inside a group, a fault-tolerant "
                                  "all-reduce across the groups), or leave --shard out.")
-    if checkpoint_dir is not None and options.checkpoint_async:
+    if options.checkpoint_async:
         raise TrainSettingsError("--checkpoint-async does not go with --ft yet: leave it out (one replica group writes "
                                  "each checkpoint, synchronously).")
     return (int(found.group(1)) if found else 0), keep_batch
