@@ -35,11 +35,11 @@ for i in range(10):
     nbtrain.log(loss=loss)
     with open(os.path.join(MARKS, f"rank{rank}"), "a") as mark:
         mark.write(f"{os.getpid()} {nbtrain.training_state().step} {time.time():.3f}\\n")
-    if i == 9 and rank == 1 and len(started(1)) == 1:
-        time.sleep(3600)  # past its last step: rank 0 ends it
-    if i == 9 and rank == 0:  # past its last quorum: rank 1 is lost, and rank 0 ends once the new one has started
-        os.kill(started(1)[0], signal.SIGKILL)
-        while len(started(1)) < 2:
+    if i == 9 and rank == LOST and len(started(LOST)) == 1:
+        time.sleep(3600)  # past its last step: the other rank ends it
+    if i == 9 and rank != LOST:  # past its last quorum: LOST is lost, and the other ends once the new one has started
+        os.kill(started(LOST)[0], signal.SIGKILL)
+        while len(started(LOST)) < 2:
             time.sleep(0.05)
 steps = nbtrain.training_state().step
 """
@@ -51,8 +51,8 @@ def test_torchft_late_a_new_group_that_finds_no_peer_is_stopped_without_training
     marks.mkdir()
     output = Captured()
     began = time.monotonic()
-    ns, result = run_cell(fresh_pools, CELL, {"MARKS": str(marks)}, write=output, nprocs=2, ft="on", out="steps",
-                          start_timeout=120)
+    ns, result = run_cell(fresh_pools, CELL, {"MARKS": str(marks), "LOST": 1}, write=output, nprocs=2, ft="on",
+                          out="steps", start_timeout=120)
     took = time.monotonic() - began
     text = output.text()
     assert ns["steps"] == 10, text  # rank 0 finished, its names came back
@@ -76,7 +76,22 @@ def test_torchft_late_a_new_group_not_stopped_in_time_fails_the_cell_instead_of_
     cell = "import nbtrain.rank.train.ft_cell as ft_cell\nft_cell.ALONE_WAIT_S = 1.0\n" + CELL
     output = Captured()
     with pytest.raises(Exception, match="did not stop it within 1 s; it ends here rather than train alone"):
-        run_cell(fresh_pools, cell, {"MARKS": str(marks)}, write=output, nprocs=2, ft="on", out="steps",
+        run_cell(fresh_pools, cell, {"MARKS": str(marks), "LOST": 1}, write=output, nprocs=2, ft="on", out="steps",
                  start_timeout=120)
     first, new = [int(pid) for pid in (marks / "started1").read_text().split()]
     assert {pid for pid, _, _ in _marks(marks, 1)} == {first}, output.text()  # the new rank 1 never trained
+
+
+@pytest.mark.slow
+def test_torchft_late_rank_0_lost_at_the_end_its_names_come_back_from_the_group_that_finished(fresh_pools, tmp_path):
+    """Rank 0's group is lost past the last quorum and its new rank is stopped: every group held the same state, so
+    the cell's names come back from the first rank of the group that finished — not lost with rank 0."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    output = Captured()
+    ns, _ = run_cell(fresh_pools, CELL + "final = [p.detach().clone() for p in model.module.parameters()]\n",
+                     {"MARKS": str(marks), "LOST": 0}, write=output, nprocs=2, ft="on", out="steps, final",
+                     start_timeout=120)
+    text = output.text()
+    assert "before the new rank 0 could copy their state; stopped" in text, text
+    assert ns["steps"] == 10 and len(ns["final"]) == 2, text

@@ -228,6 +228,8 @@ class Rank:
                 debug.released(msg)
             elif isinstance(msg, P.FtGo):
                 ft_cell.go(msg)
+            elif isinstance(msg, P.FtOut):
+                ft_cell.groups_out(msg)
             elif isinstance(msg, P.Stopping):
                 preempt_checkpoint.stopping()
             else:
@@ -343,11 +345,12 @@ class Rank:
         try:  # every rank: what its shards took, then sharded models among the results gathered whole to rank 0
             shard.report_state(train_state.current())
             shard.report_nothing_sharded(train_state.current(), ns)
-            whole = shard.bring_back(train_state.current(), ns, job.out_names, self.rank == RESULT_RANK)
+            brings_back = _brings_back(self.rank)
+            whole = shard.bring_back(train_state.current(), ns, job.out_names, brings_back)
         except BaseException as exc:
             return P.Failed(job.job_id, self.rank, describe(exc, stage="results"))
         results = None
-        if self.rank == RESULT_RANK:
+        if brings_back:
             try:
                 results = pack_results({**ns, **whole}, job.out_names, job.result_prefix)
             except BaseException as exc:
@@ -366,6 +369,13 @@ class Rank:
                 stream.flush()
             except Exception:
                 pass
+
+
+def _brings_back(rank: int) -> bool:
+    """Whether this rank's names go back to the notebook: rank 0's; under ``--ft``, those of the first rank of the
+    last quorum's first replica group — every group holds the same state, and rank 0's may have been lost."""
+    ft = ft_cell.active()
+    return ft.brings_back() if ft is not None else rank == RESULT_RANK
 
 
 def _as_attempt(job: P.Job, attempt: int) -> P.Job:

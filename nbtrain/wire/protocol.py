@@ -324,6 +324,15 @@ class FtJoining:
 
 
 @dataclass(frozen=True)
+class FtOut:
+    """The kernel, to each ``--ft`` replica group's first rank, at each change: the groups out of the run now (lost,
+    or new ranks in their place that have not rejoined). The first group not out brings the cell's names back."""
+
+    job_id: int
+    groups: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class FtGo:
     """The kernel, to a ``--ft`` rank waiting at its first ``prepare()``: every group that starts together is there
     (or this rank replaces one that was lost): take the first quorum now."""

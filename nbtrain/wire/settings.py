@@ -203,9 +203,6 @@ def _check_ft(options: TrainOptions, shard_mode: str | None) -> tuple[int, bool]
         raise TrainSettingsError("--ft replicates the model across its replica groups, so it shards only within each "
                                  "group: use --shard hybrid --ft (HSDP: FSDP2 inside a group, a fault-tolerant "
                                  "all-reduce across the groups), or leave --shard out.")
-    if options.checkpoint_async:
-        raise TrainSettingsError("--checkpoint-async does not go with --ft yet: leave it out (one replica group writes "
-                                 "each checkpoint, synchronously).")
     return (int(found.group(1)) if found else 0), keep_batch
 
 

@@ -11,7 +11,8 @@ def bring_back(run, seconds: float) -> RunResult:
     """A finished run's result: rank 0's names unpacked into the notebook's namespace, and what the run measured.
     ``run``: the run's loop (:class:`~.run._Run`)."""
     warm, deleted = run.warm, run.cell.deleted
-    results = next((d.results for d in run.done.values() if isinstance(d.results, Results)), None)
+    # rank 0's; under --ft, with rank 0's group lost, the first rank of the first group that finished
+    results = next((run.done[r].results for r in sorted(run.done) if isinstance(run.done[r].results, Results)), None)
     values, skipped = unpack_results(results, run.inputs.arena.originals) if results is not None else ({}, {})
     if results is not None and results.missing:
         skipped.update({name: "not defined on rank 0 when the cell ended" for name in results.missing

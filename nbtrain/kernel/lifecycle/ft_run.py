@@ -51,7 +51,8 @@ class ReplicaWatch:
     (:class:`~nbtrain.kernel.lifecycle.run._Run`): its ``say``, ``pool``, ``done`` and ``cell_running()``;
     ``tell(event, *args)`` notifies the run's observers."""
 
-    def __init__(self, spec: PoolSpec, nprocs: int, tell=lambda event, *args: None) -> None:
+    def __init__(self, spec: PoolSpec, nprocs: int, tell=lambda event, *args: None,
+                 send_to=lambda rank, message: None) -> None:
         self.nprocs, self.group_size = nprocs, spec.ft_group_size
         # on nodes: the Lighthouse on the rendezvous address, and each group's servers on its node's own ("")
         self.host = spec.nodes.rdzv_host if spec.nodes is not None else LOCAL
@@ -64,11 +65,14 @@ class ReplicaWatch:
         self.abandoned: set[int] = set()  # replacements stopped: the others finished before they joined
         self.arrivals: set[int] = set()  # ranks at their first prepare(), waiting for the others that start with them
         self.started = False  # the groups that start together were told to take their first quorum
-        self._tell = tell
+        self._tell, self._send_to = tell, send_to
+        self.job_id = -1  # the cell's job (job_part)
+        self._told_out: tuple[int, ...] = ()  # the groups out, as the ranks were last told (FtOut)
         self.states: dict[int, tuple[GroupState, float]] = {}  # group -> its state and since when (written by _enter)
         self.others_finished_at: float | None = None  # when all but the replacements had finished (time.monotonic)
 
-    def job_part(self) -> P.FaultTolerance:
+    def job_part(self, job_id: int) -> P.FaultTolerance:
+        self.job_id = job_id
         return P.FaultTolerance(self.lighthouse.address, self.secret, self.nprocs // self.group_size,
                                 self.host if self.host == LOCAL else "", self.group_size)
 
@@ -189,6 +193,12 @@ class ReplicaWatch:
         for group in groups:
             self.states[group] = (state, now)
         self._tell("replica_groups", self.groups())
+        out = tuple(sorted(group for group, (state, _) in self.states.items()
+                           if state in (GroupState.OUT, GroupState.RECOVERING)))
+        if out != self._told_out:  # each group's first rank: whether its group brings the names back
+            self._told_out = out
+            for rank in range(0, self.nprocs, self.group_size):
+                self._send_to(rank, P.FtOut(self.job_id, out))
 
     def groups(self) -> tuple[ReplicaGroupInfo, ...]:
         return tuple(ReplicaGroupInfo(group, tuple(self._members(group)), state, since, self.replaced.get(group, 0))

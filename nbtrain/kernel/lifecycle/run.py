@@ -81,9 +81,9 @@ class _Run:
 
     def __init__(self, cell: CellRun, acquired: Acquired, job: P.Job, inputs: Inputs, observers: FanOut) -> None:
         pool = acquired.pool
-        self.ft = ReplicaWatch(pool.spec, pool.world_size, self.notify) if pool.spec.ft else None  # --ft (.ft_run)
-        if self.ft is not None:
-            job = replace(job, ft=self.ft.job_part())
+        self.ft = ReplicaWatch(pool.spec, pool.world_size, self.notify, pool.send_to) if pool.spec.ft else None
+        if self.ft is not None:  # --ft (.ft_run)
+            job = replace(job, ft=self.ft.job_part(job.job_id))
         self.cell, self.pool, self.job, self.inputs, self.config = cell, pool, job, inputs, cell.config
         # when the ranks were asked for (the summary's time counts from it); a run followed later: when it began
         self.started = acquired.asked_at - pool.ran_before()

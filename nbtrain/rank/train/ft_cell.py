@@ -62,6 +62,7 @@ class FtCell:
         self.sharded: list[Any] = []  # --shard hybrid: the FSDP2 models whose gradient shards commit() averages
         self.averaged = False  # this step's gradient shards were averaged across the groups (by clipping, or commit)
         self.context: TrainContext | None = None  # the cell's, from start()
+        self.out: frozenset[int] = frozenset()  # the groups out of the run, as the kernel last said (FtOut)
 
     def start(self, context: TrainContext) -> None:
         """Build the Manager as the cell starts: its heartbeats tell the Lighthouse that this group is coming, so
@@ -124,6 +125,15 @@ class FtCell:
                 raise RuntimeError(f"--ft: rank {self.slot}'s new replica group found no other group to copy the state "
                                    f"from, and nbtrain did not stop it within {ALONE_WAIT_S:.0f} s; it ends here rather "
                                    "than train alone from step 0.")
+
+    def brings_back(self) -> bool:
+        """At the cell's end: whether this rank's names go back to the notebook — the first rank of the first group
+        the kernel has not said is out (rank 0, unless its group was lost and has not rejoined)."""
+        first = min((group for group in range(self.job.groups) if group not in self.out), default=0)
+        return self.slot == first * self.job.group_size
+
+    def heard_out(self, groups: tuple[int, ...]) -> None:
+        self.out = frozenset(groups)
 
     def _alone_in_place_of_a_lost_group(self) -> bool:
         """Whether this group replaces a lost one yet formed its first quorum alone, at step 0: nothing to copy."""
@@ -278,6 +288,13 @@ def scope(job: P.Job, slot: int, send) -> Iterator[None]:
 
 def active() -> FtCell | None:
     return _cell
+
+
+def groups_out(message: P.FtOut) -> None:
+    """The kernel's :class:`~nbtrain.wire.protocol.FtOut` (on the channel's thread)."""
+    cell = _cell
+    if cell is not None and message.job_id == cell.job_id:
+        cell.heard_out(message.groups)
 
 
 def go(message: P.FtGo) -> None:
