@@ -149,8 +149,6 @@ def test_torchft_cell_still_fails_on_an_exception(fresh_pools, tmp_path):
     ({"detach": True}, "does not go with --detach"),
     ({"shard": "full"}, "use --shard hybrid --ft"),
     ({"shard": "hybrid"}, "give the groups 2 ranks or more"),
-    ({"nprocs": 4, "ft": "replicas=2", "shard": "hybrid", "checkpoint": "ckpt", "checkpoint_async": True},
-     "--checkpoint-async does not go with --ft yet"),
     ({"nprocs": 3, "ft": "replicas=2"}, "give a number of ranks that 2 divides"),
     ({"ft": "replicas=1"}, "replicas=R with R of 2 or more"),
     ({"ft": "groups"}, "--ft takes nothing (a replica group per rank), replicas=R with R of 2 or more, keep-batch"),

@@ -100,16 +100,18 @@ HSDP_CELL = CELL.replace("torch.save([p.detach() for p in model.module.parameter
 
 
 @pytest.mark.slow
-def test_torchft_checkpoint_hsdp_one_group_writes_the_shards_and_both_groups_resume_them(fresh_pools, tmp_path):
-    """``--shard hybrid --ft replicas=2`` on 4 ranks: one group's 2 ranks write the DCP folder, and on the rerun each
-    group's ranks read their slices from it."""
+@pytest.mark.parametrize("in_background", [False, True], ids=["sync", "checkpoint-async"])
+def test_torchft_checkpoint_hsdp_one_group_writes_the_shards_and_both_groups_resume_them(fresh_pools, tmp_path,
+                                                                                        in_background):
+    """``--shard hybrid --ft replicas=2`` on 4 ranks: one group's 2 ranks write the DCP folder (also in the
+    background, with ``--checkpoint-async``), and on the rerun each group's ranks read their slices from it."""
     def run(epochs: int):
         marks = tmp_path / f"marks{epochs}"
         marks.mkdir()
         output = Captured()
         ns, _ = run_cell(fresh_pools, HSDP_CELL, {"MARKS": str(marks), "EPOCHS": epochs, "KILL_AT": -1},
                          write=output, nprocs=4, ft="replicas=2", shard="hybrid", checkpoint=str(tmp_path / "ckpt"),
-                         out="steps", start_timeout=120)
+                         checkpoint_async=in_background, out="steps", start_timeout=120)
         return ns, output.text(), marks
 
     steps_per_epoch = 64 // 4 // 4  # each rank reads a quarter, in batches of 4

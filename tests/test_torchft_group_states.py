@@ -178,3 +178,41 @@ def test_torchft_group_badges_reach_the_device_panel_the_status_line_and_the_reg
     (listed,) = describe_runs(this_kernel, read_runs(registry.directory))  # what JupyterLab's panel receives
     assert [(g["ranks"], g["state"], g["replaced"]) for g in listed["replica_groups"]] == [
         ([0], "in quorum", 0), ([1], "rejoined", 1), ([2], "recovering from a peer", 2)]
+
+
+def test_torchft_group_states_each_groups_first_rank_hears_which_groups_are_out():
+    from nbtrain.kernel.lifecycle.ft_run import ReplicaWatch
+    from nbtrain.wire import protocol as P
+
+    sent: list[tuple[int, object]] = []
+    watch = ReplicaWatch(SimpleNamespace(ft_group_size=2, nodes=None), 4, send_to=lambda r, m: sent.append((r, m)))
+    watch.job_part(7)
+    run = _Run()
+    try:
+        for rank in range(4):
+            watch.arrived(rank)
+        assert sent == []  # every group in quorum: nothing to say
+        watch.exited(run, 1, -9)
+        assert sent == [(0, P.FtOut(7, (0,))), (2, P.FtOut(7, (0,)))]
+        watch.exited(run, 0, -15)  # out, then recovering: still out, said once
+        watch.logged(0, [(5, 0.0, {"ft_groups": 2.0})])  # rejoined
+        assert sent[2:] == [(0, P.FtOut(7, ())), (2, P.FtOut(7, ()))]
+    finally:
+        watch.close()
+
+
+def test_torchft_group_states_the_summary_counts_the_survivor_that_committed_every_step():
+    from nbtrain.kernel.observers.history import History
+
+    watch, _ = _watch(nprocs=3, group_size=1)
+    run = _Run()
+    history = History()
+    try:
+        for rank in range(3):
+            watch.arrived(rank)
+        watch.exited(run, 2, -9)
+        history.add(0, [(step, 0.0, {"ft_groups": 3.0 if step < 20 else 2.0}) for step in range(60) if step != 20])
+        history.add(1, [(step, 0.0, {"ft_groups": 3.0 if step < 20 else 2.0}) for step in range(60)])
+        assert "40 steps of 60 at fewer than 3 groups" in watch.summary(history)  # rank 0 healed step 20 from rank 1
+    finally:
+        watch.close()

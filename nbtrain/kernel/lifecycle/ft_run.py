@@ -213,7 +213,9 @@ class ReplicaWatch:
             if GROUPS_SERIES in history else []
         if not survivors:
             return f"nbtrain: --ft: {count('replica group', len(self.lost))} lost; no group logged its steps.\n"
-        series = history.series(GROUPS_SERIES, survivors[0])
+        # the survivor that committed the most steps: one that copied a peer's step after a failed collective (it
+        # healed, and logged no commit for that step) would count one step short
+        series = max((history.series(GROUPS_SERIES, rank) for rank in survivors), key=lambda s: len(s.steps))
         redone = len(series.steps) - len(set(series.steps))
         groups = self.nprocs // self.group_size
         fewer = sum(1 for value in series.values if value < groups)

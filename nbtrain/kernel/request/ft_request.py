@@ -2,8 +2,8 @@
 
 Under ``--ft`` the ranks form torchft replica groups (:mod:`nbtrain.rank.train.ft_cell`): on one machine one per rank
 or ``replicas=R``; with ``--nodes``, one per node. What it does not go with yet is refused here, with what to do
-instead. The training options it does not go with
-(``--shard full``, ``--checkpoint-async``) are refused with the others (:mod:`nbtrain.wire.settings`);
+instead. The training option it does not go with
+(``--shard full``) is refused with the others (:mod:`nbtrain.wire.settings`);
 ``--shard hybrid`` needs groups of 2 ranks or more, checked here.
 """
 
