@@ -164,11 +164,11 @@ class PreparedScheduler:
 
 
 def prepare_optimizer(context: TrainContext, optimizer) -> PreparedOptimizer:
+    """The optimizer wrapped and kept; a resumed state is given by ``prepare()``, with its models' (one DCP load)."""
     if ft_cell.active() is not None and context.optimizers:
         raise PreparedError("under --ft the replica groups agree on each step of one optimizer; this cell prepares a "
                             "second. Put every parameter in one optimizer (parameter groups can keep their own "
                             "settings), or run without --ft.")
-    """The optimizer wrapped and kept; a resumed state is given by ``prepare()``, with its models' (one DCP load)."""
     prepared = PreparedOptimizer(optimizer, context)
     context.optimizers.append(prepared)
     return prepared
