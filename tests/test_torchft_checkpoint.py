@@ -14,7 +14,7 @@ import re
 import pytest
 import torch
 from helpers.runhelp import Captured, run_cell
-from test_torchft_cell import _marks
+from test_torchft_cell import _marks, waiting_for_the_new
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -48,11 +48,11 @@ steps = nbtrain.training_state().step
 STEPS_PER_EPOCH = 8  # 64 samples, 2 groups, batches of 4
 
 
-def _run(pools, tmp_path, epochs: int, kill_at: int = -1):
+def _run(pools, tmp_path, epochs: int, kill_at: int = -1, cell: str = CELL):
     marks = tmp_path / f"marks{epochs}"
     marks.mkdir()
     output = Captured()
-    ns, result = run_cell(pools, CELL, {"MARKS": str(marks), "EPOCHS": epochs, "KILL_AT": kill_at}, write=output,
+    ns, result = run_cell(pools, cell, {"MARKS": str(marks), "EPOCHS": epochs, "KILL_AT": kill_at}, write=output,
                           nprocs=2, ft="on", checkpoint=str(tmp_path / "ckpt"), out="steps", start_timeout=120)
     return ns, result, output.text(), marks
 
@@ -81,7 +81,9 @@ def test_torchft_checkpoint_one_group_writes_and_every_group_resumes(fresh_pools
 
 @pytest.mark.slow
 def test_torchft_checkpoint_the_writer_lost_the_other_group_saves_and_a_rerun_resumes(fresh_pools, tmp_path):
-    ns, _, text, marks = _run(fresh_pools, tmp_path, epochs=3, kill_at=STEPS_PER_EPOCH + 3)
+    # rank 1 waits at step 20 until the new rank 0 has started: it rejoins however long it takes to start
+    cell = waiting_for_the_new(CELL, lost=(0,), at=20)
+    ns, _, text, marks = _run(fresh_pools, tmp_path, epochs=3, kill_at=STEPS_PER_EPOCH + 3, cell=cell)
     assert "1 replica group lost and replaced" in text, text
     assert ns["steps"] == 3 * STEPS_PER_EPOCH, text
     assert len({pid for pid, _, _ in _marks(marks, 0)}) == 2, text  # rank 0 was replaced and finished the cell
