@@ -49,6 +49,7 @@ def _wait_for(path, timeout=60.0):
     return [int(word) for word in path.read_text().split()]
 
 
+@pytest.mark.slow  # a node agent, its ranks and a killed kernel: 4–5 s on two shared cores
 def test_a_store_hosted_by_the_agent_serves_the_ranks_after_the_kernel_is_killed(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     kernel = subprocess.Popen([sys.executable, "-c", KERNEL, AGENT, str(tmp_path / "port")],
