@@ -58,29 +58,12 @@ def test_a_preempted_epoch_loop_without_a_loader_keeps_every_epochs_value_throug
     assert shown.strip() == str(list(range(30)))  # every epoch once: none lost at the notice, none repeated
 
 
-def test_a_rank_stopped_after_another_ranks_failure_sends_what_it_logged_last(fresh_pools, tmp_path):
+# rank 0 logs until rank 1 fails; with ``each_sent``, every value in a message of its own, so that many wait unread
+# while the kernel stops the ranks (it must read a stopped rank's channel to its end, not only its pipes)
+@pytest.mark.parametrize("each_sent", [False, True], ids=["buffered", "a-message-a-value"])
+def test_a_rank_stopped_after_another_ranks_failure_sends_what_it_logged_last(fresh_pools, tmp_path, each_sent):
     last = tmp_path / "last"
-    cell = f"""
-        import os, time, nbtrain
-        if rank == 1:
-            time.sleep(1.5)
-            raise RuntimeError("rank 1 fails")
-        mark = os.open({str(last)!r}, os.O_WRONLY | os.O_CREAT)
-        for i in range(100000):
-            nbtrain.log(i=i)
-            os.pwrite(mark, f"{{i:12d}}".encode(), 0)  # one write: never seen half-done
-            time.sleep(0.002)
-    """
-    outcome = RunOutcome()
-    with pytest.raises(RankFailedError, match="rank 1 fails"):
-        run_cell(fresh_pools, cell, outcome=outcome)
-    logged = outcome.history.series("i", rank=0)
-    assert logged.values[-1] >= int(last.read_text()), (logged.values[-1], last.read_text())
-    assert logged.steps == list(range(len(logged.steps)))  # in order, none missing
-
-
-def test_every_batch_a_stopped_rank_sent_is_read_however_many_wait(fresh_pools, tmp_path):
-    last = tmp_path / "last"
+    send = "metrics._sink.flush()" if each_sent else "pass"
     cell = f"""
         import os, time, nbtrain
         from nbtrain.rank.train import metrics
@@ -90,8 +73,8 @@ def test_every_batch_a_stopped_rank_sent_is_read_however_many_wait(fresh_pools, 
         mark = os.open({str(last)!r}, os.O_WRONLY | os.O_CREAT)
         for i in range(100000):
             nbtrain.log(i=i)
-            metrics._sink.flush()  # one message a value: many wait unread while the kernel stops the ranks
-            os.pwrite(mark, f"{{i:12d}}".encode(), 0)
+            {send}
+            os.pwrite(mark, f"{{i:12d}}".encode(), 0)  # one write: never seen half-done
             time.sleep(0.002)
     """
     outcome = RunOutcome()
@@ -99,4 +82,4 @@ def test_every_batch_a_stopped_rank_sent_is_read_however_many_wait(fresh_pools, 
         run_cell(fresh_pools, cell, outcome=outcome)
     logged = outcome.history.series("i", rank=0)
     assert logged.values[-1] >= int(last.read_text()), (logged.values[-1], last.read_text())
-    assert logged.steps == list(range(len(logged.steps)))
+    assert logged.steps == list(range(len(logged.steps)))  # in order, none missing
