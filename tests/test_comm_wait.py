@@ -44,10 +44,10 @@ def test_the_last_gradient_is_learned_on_the_first_backward_then_marked_once_a_b
     assert split.said == ["gradient"] * 4  # closed: no mark any more
 
 
-def _evidence(splits: dict[int, dict[str, float]]) -> Evidence:
+def _evidence(splits: dict[int, dict[str, float]], on_cpu: bool = True) -> Evidence:
     evidence = Evidence()
     for rank, split in splits.items():
-        evidence.add_setup(rank, {"precision": "fp32", "on_cpu": True, "steps_timed": 40, "split": split})
+        evidence.add_setup(rank, {"precision": "fp32", "on_cpu": on_cpu, "steps_timed": 40, "split": split})
     return evidence
 
 
@@ -56,6 +56,10 @@ def test_the_advisor_says_when_steps_wait_for_the_all_reduce_and_names_the_rank_
     hint = next(h for h in advise(_evidence({0: even, 1: {**even, "comm": 38.0}})) if h.rule == "comm-wait")
     assert hint.text.startswith("40 % of each step on rank 0 waited for the gradient all-reduce after backward")
     assert "--grad-accum N" in hint.text and "bf16_compress_hook" in hint.text
+    assert "fewer ranks than the machine has free cores" in hint.text and "NVLink" not in hint.text  # on the CPU
+    on_gpus = _evidence({0: even, 1: {**even, "comm": 38.0}}, on_cpu=False)
+    hint = next(h for h in advise(on_gpus) if h.rule == "comm-wait")
+    assert "a faster link between the GPUs (NVLink, InfiniBand)" in hint.text and "free cores" not in hint.text
     slow_one = {**even, "backward": 65.0, "comm": 5.0}
     hint = next(h for h in advise(_evidence({0: even, 1: slow_one, 2: even})) if h.rule == "comm-wait")
     assert "against 5 % on rank 1: the other ranks wait for rank 1 at every all-reduce, so rank 1 is the straggler" \

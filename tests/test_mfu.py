@@ -111,6 +111,9 @@ def test_the_summary_says_mfu_or_why_there_is_none():
     assert words(tflops=0.0123, peak_tflops=None, on_cpu=True)[-1] == "12 GFLOP/s per rank (no MFU on the CPU)"
     assert words(tflops=0.0093, peak_tflops=None, on_cpu=True)[-1] == "9.3 GFLOP/s per rank (no MFU on the CPU)"
     assert words(tflops=80.0, peak_tflops=None, on_cpu=False)[-1] == "80 TFLOP/s per rank (MFU: this GPU's peak is unknown)"
+    # a small model on a laptop CPU: its own unit, not "0.0 GFLOP/s"
+    assert words(tflops=3.1e-7, peak_tflops=None, on_cpu=True)[-1] == "310 kFLOP/s per rank (no MFU on the CPU)"
+    assert words(tflops=4.2e-6, peak_tflops=None, on_cpu=True)[-1] == "4.2 MFLOP/s per rank (no MFU on the CPU)"
     assert words(flops_uncounted="a compiled model's FLOPs are not counted")[-1] == (
         "MFU not measured: a compiled model's FLOPs are not counted")
     assert words(tflops=1.0)[0] == "bf16"  # the step meter's fact is not taken for a model

@@ -286,7 +286,16 @@ def _comm_wait(evidence: Evidence) -> list[Hint]:
         f"{said} (communication DDP could not hide behind the backward): all-reduce less often with --grad-accum N "
         "(one all-reduce per N micro-steps) or a bigger batch per rank, compress the gradients "
         "(model.register_comm_hook(None, bf16_compress_hook) from torch.distributed.algorithms.ddp_comm_hooks."
-        "default_hooks), or train over a faster link between the GPUs (NVLink, InfiniBand)."))]
+        f"default_hooks), or {_faster_link(evidence, rank)}."))]
+
+
+def _faster_link(evidence: Evidence, rank: int) -> str:
+    """The last remedy of a long all-reduce wait: a faster link between GPUs, or on the CPU fewer ranks per core."""
+    fact = step_meter_fact(evidence.setup, rank) or {}
+    if fact.get("on_cpu"):
+        return ("run fewer ranks than the machine has free cores (ranks on the CPU that share a core wait for each "
+                "other at every all-reduce)")
+    return "train over a faster link between the GPUs (NVLink, InfiniBand)"
 
 
 def _loader_words(loaders: list[dict]) -> str:

@@ -106,10 +106,14 @@ def _count_rate(per_second: float) -> str:
 
 
 def _flop_rate(tflops: float) -> str:
-    """``406 TFLOP/s``, ``2.1 TFLOP/s``, ``9.3 GFLOP/s``."""
-    if tflops >= 1:
-        return f"{tflops:.0f} TFLOP/s" if tflops >= 10 else f"{tflops:.1f} TFLOP/s"
-    return f"{tflops * 1000:.0f} GFLOP/s" if tflops >= 0.01 else f"{tflops * 1000:.1f} GFLOP/s"
+    """``406 TFLOP/s``, ``2.1 TFLOP/s``, ``9.3 GFLOP/s``, ``310 kFLOP/s``: the unit that gives the rate two or three
+    digits (a small model on a laptop CPU runs at a few MFLOP/s, which GFLOP/s would round to 0.0)."""
+    rate = tflops * 1e12
+    value, prefix = next(((rate / scale, prefix) for scale, prefix in _SI_PREFIXES if rate >= scale), (rate, ""))
+    return f"{value:.0f} {prefix}FLOP/s" if value >= 10 else f"{value:.1f} {prefix}FLOP/s"
+
+
+_SI_PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 
 
 def sharding_words(setup: dict[int, list[dict]]) -> list[str]:

@@ -121,9 +121,46 @@ def fault_tolerant_ddp(manager: Any, model: Any, ddp_class: type | None = None, 
     from torchft.process_group import ProcessGroupDummy
 
     ddp_kwargs.setdefault("find_unused_parameters", True)
+    if ddp_kwargs["find_unused_parameters"]:
+        _spend_unused_parameters_warning()
     wrapped = (ddp_class or DistributedDataParallel)(model, process_group=ProcessGroupDummy(0, 1), **ddp_kwargs)
     wrapped.register_comm_hook(manager, _fault_tolerant_hook)
     return wrapped
+
+
+@functools.cache
+def _spend_unused_parameters_warning() -> None:
+    """DDP warns, once per process and from C++ (outside Python's ``warnings``, so no filter reaches it), that
+    ``find_unused_parameters=True`` found no unused parameter and that the user should turn it off. nbtrain sets it
+    on purpose under ``--ft`` (see :meth:`~.ft_cell.FtCell.wrap_model`), so the advice is wrong there, and it came
+    once per rank into the cell. A throwaway one-weight DDP spends that one warning with the process's stderr on
+    /dev/null (about a millisecond; DDP's first construction, which loads what it needs, happens here instead
+    of a moment later); the user's own DDP then warns no more."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+    from torchft.process_group import ProcessGroupDummy
+
+    with _stderr_discarded():
+        throwaway = DistributedDataParallel(torch.nn.Linear(1, 1), process_group=ProcessGroupDummy(0, 1),
+                                            find_unused_parameters=True)
+        throwaway(torch.ones(1, 1)).sum().backward()
+
+
+@contextlib.contextmanager
+def _stderr_discarded() -> Iterator[None]:
+    """File descriptor 2 on /dev/null (C++ writes there, not to ``sys.stderr``), put back after."""
+    import os
+    import sys
+
+    sys.stderr.flush()  # what Python holds for fd 2 goes out before it is redirected
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
 
 
 def _fault_tolerant_hook(manager, bucket):  # unannotated: DDP checks the annotations it finds against its own types
