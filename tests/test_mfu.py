@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from helpers.runhelp import run_cell
@@ -10,7 +12,7 @@ import nbtrain
 from nbtrain.gpu.peaks import dense_peak_tflops
 from nbtrain.kernel.diagnostics.setup_facts import setup_words
 from nbtrain.kernel.lifecycle.entry import format_summary
-from nbtrain.rank.train import state, stepmeter
+from nbtrain.rank.train import shard_meter, state, stepmeter
 
 BATCH, WIDTH, LAYERS = 8, 64, 5
 
@@ -237,3 +239,45 @@ def test_a_batch_counts_its_samples_and_token_ids_count_as_tokens():
     assert samples_and_tokens({"input_ids": ids, "labels": ids}) == (8, 8 * 128)  # a Hugging Face batch
     assert samples_and_tokens((torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,)))) == (16, 0)  # images
     assert samples_and_tokens(["no", "tensor"]) == (0, 0)
+
+
+SHARDED_CELL = f"""
+import time, torch, nbtrain
+import torch.distributed as dist
+from nbtrain.rank.train.state import current
+torch.manual_seed(0)
+model = torch.nn.Sequential(*(torch.nn.Linear({WIDTH}, {WIDTH}, bias=False) for _ in range({LAYERS})))
+model, opt = nbtrain.prepare(model, torch.optim.SGD(model.parameters(), lr=0.001))
+started, step = time.monotonic(), 0
+while True:  # about 3 s (the rate is logged per 2-second window), every rank stopping after the same step
+    model(torch.randn({BATCH}, {WIDTH})).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    step += 1
+    if step % 20 == 0:
+        over = torch.tensor(float(time.monotonic() - started > 3))
+        dist.all_reduce(over, op=dist.ReduceOp.MAX)
+        if over.item():
+            break
+flops = current().meter.flops.per_step
+"""
+
+
+def test_a_sharded_models_step_is_counted_as_a_ddp_models_is_and_its_forward_timed(pools):
+    ns, result = run_cell(pools, SHARDED_CELL, shard="full")
+    # FSDP2 computes each rank's own batch through the gathered parameters: the FLOPs of the whole model
+    assert ns["flops"] == analytic_step_flops()
+    assert all(v > 0 for v in result.history.series("tflops", rank=0).values)
+    summary = format_summary(result)[0]
+    assert "FLOP/s per rank (no MFU on the CPU)" in summary and "not measured" not in summary, summary
+    assert re.search(r"each step: .*\d+ % forward", summary), summary
+
+
+def test_a_sharded_model_under_activation_checkpointing_is_not_counted_and_says_why():
+    settings = state.TrainSettings(activation_checkpointing=True)
+    with state.scope(settings, torch.device("cpu"), rank=0, world_size=1) as context:
+        shard_meter.watch(context, linear_stack())
+        assert context.meter.flops.uncounted == shard_meter.RECOMPUTED
+    words = setup_words({0: [{"model": 0, "amp": "off"}, {"precision": "fp32", "steps_timed": 20,
+                                                          "flops_uncounted": shard_meter.RECOMPUTED}]})
+    assert words[-1].startswith("MFU not measured: activation checkpointing runs each block's forward again")

@@ -4,8 +4,8 @@ torch's :class:`~torch.utils.flop_counter.FlopCounterMode` — the matrix produc
 and backward, the FLOPs MFU is defined by (PaLM's appendix, torchtitan) — runs from the first training
 forward of a prepared model to the end of the first optimizer step: one whole step, accumulation window
 included, once per cell (a dispatch mode slows every op it sees, so no more). Not counted, and said so:
-compiled models (the mode cannot look inside a compiled graph) and models sharded with ``--shard`` (FSDP2's
-DTensors); a forward without gradients (evaluation) never starts it. The peak it is divided by comes from
+compiled models (the mode cannot look inside a compiled graph) and sharded models under activation checkpointing
+(:mod:`.shard_meter`); a forward without gradients (evaluation) never starts it. The peak it is divided by comes from
 :mod:`nbtrain.gpu.peaks`; the step rate from :mod:`.stepmeter`.
 """
 
@@ -29,20 +29,21 @@ class FlopCount:
     def counting(self) -> bool:
         return self._mode is not None
 
-    def training_forward(self, model_speed) -> None:
-        """A prepared model's forward with gradients is about to run: the first one starts the count."""
+    def training_forward(self, compiled: bool) -> None:
+        """A prepared model's forward with gradients is about to run (``compiled``: under ``--compile``): the first
+        one starts the count."""
         if self.per_step is not None or self._mode is not None or self.uncounted is not None:
             return
-        if model_speed.compile is not None:
+        if compiled:
             self.uncounted = "a compiled model's FLOPs are not counted"
             return
         self._mode = FlopCounterMode(display=False)
         self._mode.__enter__()
 
-    def sharded(self) -> None:
-        """--shard: FSDP2's DTensors are not counted."""
-        if self.per_step is None:
-            self.uncounted = "a sharded model's FLOPs are not counted"
+    def not_countable(self, why: str) -> None:
+        """A prepared model whose FLOPs a count would get wrong (``why``): no count, unless one was made."""
+        if self.per_step is None and self._mode is None:
+            self.uncounted = why
 
     def finish(self) -> None:
         """The first optimizer step ended: the count is its FLOPs."""

@@ -38,7 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from torch.utils.data import DataLoader
 
-from . import data, ft_cell, optim, speed
+from . import data, ft_cell, optim, shard_meter, speed
 from . import shard as sharding
 from .amp import outputs_to_fp32
 from .checkpoint import auto_resume, restore_model, restore_prepared
@@ -186,8 +186,8 @@ def _prepare_sharded(context: TrainContext, model, blocks, ddp_kwargs: dict):
     if ddp_kwargs:
         raise PreparedError(f"{', '.join(ddp_kwargs)} are DistributedDataParallel options; with --shard the model is "
                             "sharded by FSDP2 instead. Leave them out.")
-    context.meter.sharded()
     model = sharding.shard_model(context, model if sharding.on_meta(model) else model.to(context.device), blocks)
+    shard_meter.watch(context, model)  # its FLOPs and forward time, as prepare()'s own forward measures DDP's
     if (ft := ft_cell.active()) is not None:
         ft.replicate_shards(model)  # --shard hybrid --ft: each rank's shards averaged with its peers in the other groups
     context.models.append(model)  # a resumed state comes with its optimizers' (_restore_sharded_and_optimizers)
@@ -231,7 +231,7 @@ def _forward(self, super_forward, args, kwargs):
         return _forward_under_autocast(self, super_forward, args, kwargs)
     meter = context.meter
     if meter.flops.per_step is None:  # the first training forward: FLOPs
-        meter.training_forward(self._nbtrain_speed)
+        meter.training_forward(compiled=self._nbtrain_speed.compile is not None)
     if hasattr(self, "require_backward_grad_sync"):
         self.require_backward_grad_sync = context.accum.sync_next()  # what no_sync() does, decided per forward
     meter.split.forward_began()

@@ -72,15 +72,15 @@ class StepMeter:
         self._total = _Window()  # over the cell, the windows already closed
         self._data_s = 0.0  # data wait since the last optimizer step
 
-    def training_forward(self, model_speed) -> None:
-        self.flops.training_forward(model_speed)
+    def training_forward(self, compiled: bool) -> None:
+        self.flops.training_forward(compiled)
 
     def all_reduced(self, model) -> None:
         """``model``'s gradients are all-reduced by DDP: the part of its backward that waits for that is *comm*."""
         self._last_gradients.append(LastGradient(model, self.split))
 
-    def sharded(self) -> None:
-        self.flops.sharded()
+    def not_countable(self, why: str) -> None:
+        self.flops.not_countable(why)
 
     def data_waited(self, seconds: float) -> None:
         """A prepared loader's ``next()`` took ``seconds``."""
