@@ -2,7 +2,7 @@
 
 import pytest
 
-from nbtrain.kernel.request.cell import CellSyntaxError, analyse_cell
+from nbtrain.kernel.request.cell import CellSyntaxError, analyse_cell, imported_only
 
 
 def test_reads_notebook_names_before_they_are_rebound():
@@ -58,3 +58,9 @@ def test_names_the_cell_deletes():
 def test_an_except_clauses_name_counts_as_deleted_as_python_deletes_it_when_the_clause_ends():
     info = analyse_cell("try:\n    x = 1 / 0\nexcept ZeroDivisionError as exc:\n    why = str(exc)\n")
     assert info.assigns == ("x", "exc", "why") and info.deletes == ("exc",)  # never said to be missing
+
+
+def test_names_bound_only_by_imports_are_known_apart():
+    info = analyse_cell("import time, os.path\nfrom torch import nn as tnn\nimport numpy as np\nnp = np.asarray([1])\n"
+                        "total = 3\nif total:\n    import json\n")
+    assert imported_only(info) == {"time", "os", "tnn"}  # np is rebound; json's import is not a top-level statement

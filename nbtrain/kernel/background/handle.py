@@ -27,7 +27,7 @@ class BackgroundRun:
         self.number = number  # the kernel's background runs, counted from 1
         self.detached = detached  # --detach: the run's id (%distributed_attach ID follows it from any kernel)
         self.source = source
-        self.assigns = assigns  # the names rank 0 will bring back: a cell reading them early is warned
+        self.assigns = assigns  # the names rank 0 will bring back but imports: a cell reading them early is warned
         self.state = RunState.STARTING
         self.result: dict = {}  # rank 0's names, once the run finished
         self.history = History()  # what the ranks logged so far (the run's own, updated live)

@@ -29,7 +29,7 @@ from ..lifecycle.entry import format_summary, run_source
 from ..lifecycle.pools import PoolManager
 from ..observers.events import RunObserver, RunState
 from ..observers.history import RunOutcome
-from ..request.cell import analyse_cell, names_to_return
+from ..request.cell import analyse_cell, imported_only, names_to_return
 from ..request.config import ConfigError, LaunchRequest, resolve
 from ...wire.run_control import take_control
 from ...wire.runfolder import RecordedState, new_run_id, read_manifest, reserve
@@ -81,7 +81,8 @@ class BackgroundRuns:
             if len(self._handing_over) == 1:
                 atexit.register(self._hand_over)
         self.count += 1
-        run = BackgroundRun(self.count, cell.source, tuple(names_to_return(info, config.out_names)),
+        stale_if_read = tuple(n for n in names_to_return(info, config.out_names) if n not in imported_only(info))
+        run = BackgroundRun(self.count, cell.source, stale_if_read,
                             deliver=self.arrivals.deliver, detached=cell.attach or cell.request.run_id or "")
         self._gpus[run.number] = tuple(config.pool.gpu_ids)
         self.arrivals.add(run)

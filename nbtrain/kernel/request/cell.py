@@ -231,6 +231,16 @@ def _top_level_bindings(tree: ast.Module) -> list[str]:
     return out
 
 
+def imported_only(info: CellInfo) -> set[str]:
+    """The names the cell binds at its top level by import statements alone (``import time``, ``from torch import
+    nn``): the run brings back the same module or object the notebook would import, never a newer value."""
+    imported: set[str] = set()
+    other: set[str] = set()
+    for stmt in info.code.body:
+        (imported if isinstance(stmt, (ast.Import, ast.ImportFrom)) else other).update(_bindings_of(stmt))
+    return imported - other
+
+
 def _top_level_deletions(tree: ast.Module) -> list[str]:
     """Names ``del``-eted in the module scope (also inside top-level ``if``/``for``/``with``/``try``)."""
     out: list[str] = []
