@@ -61,6 +61,20 @@ def test_an_accumulation_window_counts_as_one_step():
         assert context.step == 1 and context.meter.flops.per_step == 3 * analytic_step_flops()
 
 
+@pytest.mark.parametrize("compile_it", [
+    lambda model: torch.compile(model, fullgraph=True, backend="eager"),  # an OptimizedModule
+    lambda model: model[0].compile(fullgraph=True, backend="eager") or model,  # a block compiled in place
+])
+def test_a_model_the_cell_compiled_is_not_counted_and_trains_compiled(context, compile_it):
+    model = compile_it(linear_stack())
+    model, opt = nbtrain.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01))
+    one_step(model, opt)  # counting would run it under a dispatch mode, where fullgraph=True raises
+    one_step(model, opt)
+    assert context.meter.flops.per_step is None and context.meter.flops.uncounted == (
+        "a compiled model's FLOPs are not counted")
+    assert torch._C._len_torch_dispatch_stack() == 0
+
+
 def test_an_evaluation_forward_never_starts_the_count(context):
     model = nbtrain.prepare(linear_stack())
     with torch.no_grad():

@@ -4,7 +4,8 @@ torch's :class:`~torch.utils.flop_counter.FlopCounterMode` — the matrix produc
 and backward, the FLOPs MFU is defined by (PaLM's appendix, torchtitan) — runs from the first training
 forward of a prepared model to the end of the first optimizer step: one whole step, accumulation window
 included, once per cell (a dispatch mode slows every op it sees, so no more). Not counted, and said so:
-compiled models (the mode cannot look inside a compiled graph) and sharded models under activation checkpointing
+compiled models, by ``--compile`` or by the cell's own ``torch.compile`` (under a dispatch mode Dynamo runs
+nothing compiled — the step would run eagerly, and a ``fullgraph=True`` model raises) and sharded models under activation checkpointing
 (:mod:`.shard_meter`); a forward without gradients (evaluation) never starts it. The peak it is divided by comes from
 :mod:`nbtrain.gpu.peaks`; the step rate from :mod:`.stepmeter`.
 """
@@ -29,12 +30,17 @@ class FlopCount:
     def counting(self) -> bool:
         return self._mode is not None
 
+    @property
+    def waiting(self) -> bool:
+        """Neither counted, counting, nor given up: the next training forward decides."""
+        return self.per_step is None and self._mode is None and self.uncounted is None
+
     def training_forward(self, compiled: bool) -> None:
         """A prepared model's forward with gradients is about to run (``compiled``: under ``--compile``): the first
         one starts the count."""
         if self.per_step is not None or self._mode is not None or self.uncounted is not None:
             return
-        if compiled:
+        if compiled:  # under a dispatch mode Dynamo runs nothing compiled, and fullgraph=True raises
             self.uncounted = "a compiled model's FLOPs are not counted"
             return
         self._mode = FlopCounterMode(display=False)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from . import speed
 from .state import TrainContext, current
 
 RECOMPUTED = ("activation checkpointing runs each block's forward again in backward, and a FLOP count cannot tell "
@@ -35,11 +36,11 @@ def watch(context: TrainContext, model: nn.Module) -> None:
     model.register_forward_hook(_forward_ended)
 
 
-def _forward_began(_module: nn.Module, _args) -> None:
+def _forward_began(module: nn.Module, _args) -> None:
     if torch.is_grad_enabled():  # evaluation is no training step: neither counted nor timed
         context = current()
-        if context.meter.flops.per_step is None:
-            context.meter.training_forward(compiled=context.settings.compile is not None)
+        if context.meter.flops.waiting:  # blocks compiled by --compile or by the cell: not counted
+            context.meter.training_forward(compiled=speed.compiled(module))
         context.meter.split.forward_began()
 
 

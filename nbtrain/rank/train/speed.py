@@ -94,6 +94,13 @@ def compile_in_place(model: torch.nn.Module, choice: str) -> None:
         model.compile(mode=choice)
 
 
+def compiled(model: torch.nn.Module) -> bool:
+    """Whether torch.compile runs ``model`` or any module in it: ``torch.compile(model)`` (an OptimizedModule) or
+    ``module.compile()``, by the cell itself or by ``--compile``."""
+    return any(type(module).__name__ == "OptimizedModule" or getattr(module, "_compiled_call_impl", None) is not None
+               for module in model.modules())
+
+
 def uncompile(model: torch.nn.Module) -> None:
     model._compiled_call_impl = None  # what nn.Module.compile() set; the module calls its own forward again
 
