@@ -21,7 +21,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import speed
 from .state import TrainContext, current
 
 RECOMPUTED = ("activation checkpointing runs each block's forward again in backward, and a FLOP count cannot tell "
@@ -39,8 +38,8 @@ def watch(context: TrainContext, model: nn.Module) -> None:
 def _forward_began(module: nn.Module, _args) -> None:
     if torch.is_grad_enabled():  # evaluation is no training step: neither counted nor timed
         context = current()
-        if context.meter.flops.waiting:  # blocks compiled by --compile or by the cell: not counted
-            context.meter.training_forward(compiled=speed.compiled(module))
+        if context.meter.flops.open:  # no copy of a sharded model runs: compiled blocks are not counted
+            context.meter.training_forward(module, None)
         context.meter.split.forward_began()
 
 

@@ -72,8 +72,8 @@ class StepMeter:
         self._total = _Window()  # over the cell, the windows already closed
         self._data_s = 0.0  # data wait since the last optimizer step
 
-    def training_forward(self, compiled: bool) -> None:
-        self.flops.training_forward(compiled)
+    def training_forward(self, model, inputs: tuple[tuple, dict] | None) -> None:
+        self.flops.training_forward(model, inputs)
 
     def all_reduced(self, model) -> None:
         """``model``'s gradients are all-reduced by DDP: the part of its backward that waits for that is *comm*."""
