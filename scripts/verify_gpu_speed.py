@@ -12,8 +12,10 @@ Checks, on ResNet-50 (torchvision, 224×224, bf16 autocast, channels_last, synth
 2. **achieved FLOP/s** from the summary's fact against samples/s × FLOPs per image, by hand — within 5 %;
 3. **MFU** against achieved / the GPU's dense bf16 peak from nbtrain's table (:mod:`nbtrain.gpu.peaks`), or "peak
    unknown" for a GPU not in it;
-4. **the step split** sums to 100 % and, under DDP, holds *comm* (the all-reduce after the last gradient);
-5. **the per-cell cost** of the dashboard: ``benchmarks/cell_overhead.py`` (a warm trivial cell with it against
+4. **a compiled model's FLOPs**, counted on a meta-device copy of it (the real step runs compiled), against the
+   eager count of check 1 — within 1 %;
+5. **the step split** sums to 100 % and, under DDP, holds *comm* (the all-reduce after the last gradient);
+6. **the per-cell cost** of the dashboard: ``benchmarks/cell_overhead.py`` (a warm trivial cell with it against
    ``--no-dashboard``), goal ≤ 1.2×.
 
 GPM's SM activity under load and idle is checked by ``scripts/verify_gpu_health.py``. Record the command and its
@@ -42,6 +44,7 @@ CLOSE_ON_CPU = 0.5  # --cpu checks the path, not the hardware: on 2 shared cores
 CELL = """
 import torch, torchvision, nbtrain
 net = torchvision.models.{model}()
+{compile_line}
 model, opt = nbtrain.prepare(net, torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9))
 x = torch.randn({batch}, 3, {image}, {image}, device=device)
 y = torch.randint(0, 1000, ({batch},), device=device)
@@ -72,14 +75,18 @@ def near(ours: float, theirs: float, tolerance: float = CLOSE) -> bool:
     return theirs > 0 and abs(ours / theirs - 1.0) <= tolerance
 
 
-def train(cpu: bool) -> tuple[dict, int, int]:
+def train(cpu: bool, compiled: bool = False) -> tuple[dict, int, int]:
     """ResNet-50 (ResNet-18 at 32×32 on the CPU) for a while, nbtrain's defaults (bf16 autocast and channels_last on
-    a GPU); rank 0's step-meter fact with the samples/s the cell timed by hand, the batch, the ranks."""
+    a GPU); rank 0's step-meter fact with the samples/s the cell timed by hand, the batch, the ranks. ``compiled``:
+    a few steps of the model as the cell compiled it (Dynamo's eager backend: the count, not the kernels)."""
     from nbtrain.gpu import nvml
 
     ranks = 2 if cpu else max(1, len(nvml.visible_gpus()))
     sizes: dict[str, int | str] = (dict(model="resnet18", batch=2, image=32, steps=12, warmup=2) if cpu else
                                    dict(model="resnet50", batch=128, image=224, steps=80, warmup=10))
+    sizes["compile_line"] = 'net = torch.compile(net, backend="eager")' if compiled else ""
+    if compiled:
+        sizes.update(steps=3, warmup=1)
     manager = PoolManager()
     namespace: dict = {}
     try:
@@ -112,6 +119,16 @@ def flop_checks(fact: dict, batch: int, ranks: int, cpu: bool) -> list[bool]:
     return results
 
 
+def compiled_check(eager: dict, cpu: bool) -> bool:
+    """The FLOPs of a compiled model, counted on a meta-device copy, against the same model's count in eager mode."""
+    compiled, _, _ = train(cpu, compiled=True)
+    counted = compiled.get("flops_per_step")
+    return check("a compiled model's FLOPs (counted on a meta-device copy) against the eager count",
+                 counted is not None and near(counted, eager["flops_per_step"], 0.01),
+                 f"{(counted or 0) / 1e9:.2f} GFLOP per step compiled, {eager['flops_per_step'] / 1e9:.2f} eager"
+                 + (f" ({compiled['flops_uncounted']})" if compiled.get("flops_uncounted") else ""))
+
+
 def split_check(fact: dict, ranks: int) -> bool:
     split = fact.get("split", {})
     ddp = ranks > 1 or "comm" in split
@@ -138,7 +155,8 @@ def main() -> int:
     parser.add_argument("--cpu", action="store_true", help="CPU ranks and tiny sizes: the path, not the numbers")
     args = parser.parse_args()
     fact, batch, ranks = train(args.cpu)
-    results = [*flop_checks(fact, batch, ranks, args.cpu), split_check(fact, ranks), cell_cost(args.cpu)]
+    results = [*flop_checks(fact, batch, ranks, args.cpu), compiled_check(fact, args.cpu), split_check(fact, ranks),
+               cell_cost(args.cpu)]
     print(f"{sum(results)} of {len(results)} checks passed")
     if args.cpu:  # the path, not the numbers: two shared cores time nothing the checks could judge
         return 0
