@@ -154,3 +154,25 @@ def test_no_legend_of_the_final_picture_covers_a_plot():
         box = legend.get_window_extent()
         for ax in figure.axes:
             assert not box.overlaps(ax.get_window_extent()), f"a legend covers the plot of {ax.get_title()!r}"
+
+
+def test_the_final_picture_of_many_ranks_keeps_its_load_panels_and_names_the_rest_by_count():
+    """200 CPU ranks: a legend of every rank under the load panels left them no height (matplotlib warned into the
+    cell); the legend names the first eleven and the rest by their count."""
+    import warnings
+
+    from nbtrain.kernel.dashboard.final import final_figure
+    from nbtrain.kernel.dashboard.metric_store import MetricStore
+    from nbtrain.kernel.dashboard.plotting import png_bytes
+
+    telemetry = TelemetrySeries()
+    for t in range(5):
+        telemetry.add(cpu_sample(float(t), ranks=200))
+    figure = final_figure(MetricStore(), telemetry, "run")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "constrained_layout not applied because axes sizes collapsed to zero"
+        png_bytes(figure)
+    legend, = figure.legends
+    labels = [text.get_text() for text in legend.get_texts()]
+    assert labels[:2] == ["rank 0", "rank 1"] and labels[-1] == "and 190 more" and len(labels) == 12
+    assert all(ax.get_window_extent().height > 50 for ax in figure.axes), "the load panels keep their height"

@@ -28,6 +28,8 @@ TRAINING_WORDS = ("train", "training")
 MAX_PANELS = 6
 LEGEND_LABEL_CHARS = 18  # a legend label's line: the legend beside a panel takes no more of its width
 MACHINE_BOTH = "machine (CPU, RAM)"  # the machine's line in the load panels' one legend
+MAX_LEGEND_DEVICES = 12  # the load panels' legend beyond this names the rest by their count: a legend of 200
+# ranks under the panels left them no height at all (matplotlib then warns into the cell)
 PIXEL_PT = 0.75  # the theme's widths are the browser's pixels; matplotlib's are points (1 px = 0.75 pt)
 
 
@@ -177,7 +179,13 @@ def _devices_legend_below(ax_busy, keys: list) -> None:
     """One legend for both load panels, under them: a device is drawn alike in both, and inside a panel (``best``)
     a legend of every device covered its lines. The machine's line is its CPU in one panel and its RAM in the
     other: here it is named for both."""
+    from matplotlib.lines import Line2D
+
     handles = ax_busy.get_lines()[:len(keys)]
     labels = [key.label if key.label == key.memory_label else MACHINE_BOTH for key in keys]
-    ax_busy.get_figure(root=False).legend(handles, labels, loc="outside lower center", ncols=min(len(keys), 4),
+    if len(keys) > MAX_LEGEND_DEVICES:
+        shown = MAX_LEGEND_DEVICES - 1
+        handles = [*handles[:shown], Line2D([], [], linestyle="none")]
+        labels = [*labels[:shown], f"and {len(keys) - shown} more"]
+    ax_busy.get_figure(root=False).legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 4),
                                           fontsize=theme.LEGEND_SIZE, frameon=False)
