@@ -55,6 +55,14 @@ def test_cpu_build_of_torch_runs_on_cpu_with_a_note(monkeypatch):
     assert cfg.pool.device_type == "cpu" and "no CUDA support" in cfg.notes[0]
 
 
+def test_cpu_ranks_more_than_twice_the_cores_run_with_a_note_that_says_why_they_are_slow(monkeypatch):
+    monkeypatch.setattr(config_module.os, "sched_getaffinity", lambda pid: {0, 1})  # a 2-core laptop
+    assert resolve(LaunchRequest(cpu=True, nprocs=4)).notes == ()  # two ranks a core: no note
+    note, = resolve(LaunchRequest(cpu=True, nprocs=16)).notes
+    assert note == ("16 ranks on 2 CPU cores: the ranks take turns on the cores and every all-reduce waits for the "
+                    "ones not running; %%distributed 2 would run faster here")
+
+
 def test_cpu_flag_ignores_gpus(monkeypatch, cuda_torch):
     install(monkeypatch, gpus(2))
     cfg = resolve(LaunchRequest(cpu=True, nprocs=3))

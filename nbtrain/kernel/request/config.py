@@ -389,9 +389,20 @@ def resolve(request: LaunchRequest) -> LaunchConfig:
             f"({', '.join(str(g.index) for g in gpus)}) can be used. Run {count('rank', len(gpus))}, or use --backend gloo."
         )
     pool = _pool_spec(request, backend, nprocs=nprocs, device_type="cuda" if gpus else "cpu", gpu_ids=leased)
+    notes += [] if gpus else _crowded_cores(nprocs)
     if request.detach:
         pool = detached_spec(request, pool)
     return _finish(request, pool, output, workdir, notes)
+
+
+def _crowded_cores(nprocs: int) -> list[str]:
+    """A note for CPU ranks more than twice the cores this kernel may run on: they take turns, and each collective
+    waits for the ranks that are not running — a run that works, slowly, and a hint that says why."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if nprocs <= 2 * cores:
+        return []
+    return [f"{count('rank', nprocs)} on {count('CPU core', cores)}: the ranks take turns on the cores and every "
+            f"all-reduce waits for the ones not running; %%distributed {cores} would run faster here"]
 
 
 def _gpu_wait(request: LaunchRequest) -> float | None:
