@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from .speed import uncompile
 from .stepsplit import first_tensor
 
 
@@ -29,8 +30,7 @@ def count_on_meta(model: nn.Module, args: tuple, kwargs: dict) -> int:
     memo: dict = {id(t): _meta_like(t) for t in itertools.chain(original.parameters(), original.buffers())}
     shadow = copy.deepcopy(original, memo)
     for module in shadow.modules():
-        if getattr(module, "_compiled_call_impl", None) is not None:  # module.compile(): the copy runs eagerly
-            module._compiled_call_impl = None
+        uncompile(module)  # module.compile(): the copy runs eagerly
         for hooks in _MODULE_HOOKS:  # the copy's own: the cell's hooks must not see its meta tensors
             getattr(module, hooks, {}).clear()
     with FlopCounterMode(display=False) as mode:
