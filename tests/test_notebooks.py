@@ -110,6 +110,14 @@ def test_monitoring_shows_devices_curves_and_history():
     assert "ranks that logged train_loss: [0, 1]" in text
     figure = next(c for c in cells if "plt.show()" in c.source)
     assert len(pngs(figure)) == 1
+    slow = next(c for c in cells if "class SlowSpirals" in c.source)  # where the steps' time goes
+    said = cell_text(slow)
+    assert re.search(r"fp32 · [0-9.]+ [kMG]?FLOP/s per rank \(no MFU on the CPU\) · [0-9,]+ samples/s · each step: "
+                     r"[5-9]\d % data", said), said
+    assert "waited for data (a DataLoader with no workers)" in said, said
+    data_wait = re.search(r"^waiting for data: (\d+) % of each step", text, re.M)
+    assert data_wait and int(data_wait.group(1)) > 50, text
+    assert re.search(r"achieved: [0-9.e-]+ GFLOP/s per rank", text) and "samples/s over every rank" in text
     quiet = next(c for c in cells if "--no-dashboard" in c.source)
     assert not pngs(quiet) and not has_widget(quiet) and "no dashboard under this cell" in cell_text(quiet)
     assert "History(countdown: 5 points" in text
