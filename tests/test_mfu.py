@@ -135,8 +135,18 @@ def test_a_step_with_an_uncompiled_and_a_compiled_model_runs_and_is_not_counted(
     assert torch._C._len_torch_dispatch_stack() == 0
 
 
-def test_an_evaluation_forward_never_starts_the_count(context):
+def test_without_a_prepared_optimizer_nothing_is_counted_and_no_dispatch_mode_stays_open(context):
+    """No prepared optimizer: no step is timed, and a count no step closes would slow every op of the cell."""
     model = nbtrain.prepare(linear_stack())
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)  # built after prepare(), and not prepared
+    for _ in range(3):
+        one_step(model, opt)
+    assert not context.meter.flops.counting and torch._C._len_torch_dispatch_stack() == 0
+
+
+def test_an_evaluation_forward_never_starts_the_count(context):
+    model = linear_stack()
+    model, _ = nbtrain.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01))
     with torch.no_grad():
         model(torch.randn(BATCH, WIDTH))
     assert not context.meter.flops.counting and torch._C._len_torch_dispatch_stack() == 0
@@ -144,8 +154,9 @@ def test_an_evaluation_forward_never_starts_the_count(context):
 
 def test_a_count_no_step_closes_is_dropped_when_the_cell_ends():
     with state.scope(None, torch.device("cpu"), rank=0, world_size=1) as context:
-        model = nbtrain.prepare(linear_stack())
-        model(torch.randn(BATCH, WIDTH)).sum().backward()
+        model = linear_stack()
+        model, _ = nbtrain.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01))
+        model(torch.randn(BATCH, WIDTH)).sum().backward()  # the cell ends before the optimizer steps
         assert context.meter.flops.counting
     assert torch._C._len_torch_dispatch_stack() == 0  # no dispatch mode left slowing the rank's next cell
     assert context.meter.flops.per_step is None and "no optimizer step" in context.meter.flops.uncounted

@@ -135,12 +135,13 @@ def _spend_unused_parameters_warning() -> None:
     on purpose under ``--ft`` (see :meth:`~.ft_cell.FtCell.wrap_model`), so the advice is wrong there, and it came
     once per rank into the cell. A throwaway one-weight DDP spends that one warning with the process's stderr on
     /dev/null (about a millisecond; DDP's first construction, which loads what it needs, happens here instead
-    of a moment later); the user's own DDP then warns no more."""
+    of a moment later); the user's own DDP then warns no more. In that moment the rank is wrapping the cell's
+    model, and writes nothing else to stderr. A failure here costs the cell nothing: the warning is only shown."""
     import torch
     from torch.nn.parallel import DistributedDataParallel
     from torchft.process_group import ProcessGroupDummy
 
-    with _stderr_discarded():
+    with _stderr_discarded(), contextlib.suppress(Exception):
         throwaway = DistributedDataParallel(torch.nn.Linear(1, 1), process_group=ProcessGroupDummy(0, 1),
                                             find_unused_parameters=True)
         throwaway(torch.ones(1, 1)).sum().backward()

@@ -230,8 +230,8 @@ def _forward(self, super_forward, args, kwargs):
     if not torch.is_grad_enabled():  # evaluation: not a training step's forward, not timed
         return _forward_under_autocast(self, super_forward, args, kwargs)
     meter = context.meter
-    if meter.flops.open:  # the first step's training forwards: its FLOPs
-        meter.training_forward(self.module, (args, kwargs))
+    if meter.flops.open and context.optimizers:  # the first step's FLOPs (no prepared optimizer: no step is timed,
+        meter.training_forward(self.module, (args, kwargs))  # and a count no step closes would slow every op)
     if hasattr(self, "require_backward_grad_sync"):
         self.require_backward_grad_sync = context.accum.sync_next()  # what no_sync() does, decided per forward
     meter.split.forward_began()

@@ -38,8 +38,8 @@ def watch(context: TrainContext, model: nn.Module) -> None:
 def _forward_began(module: nn.Module, _args) -> None:
     if torch.is_grad_enabled():  # evaluation is no training step: neither counted nor timed
         context = current()
-        if context.meter.flops.open:  # no copy of a sharded model runs: compiled blocks are not counted
-            context.meter.training_forward(module, None)
+        if context.meter.flops.open and context.optimizers:  # the first step's FLOPs, as in prepare's _forward
+            context.meter.training_forward(module, None)  # None: no copy of a sharded model runs (compiled: uncounted)
         context.meter.split.forward_began()
 
 
