@@ -214,14 +214,10 @@ def test_the_summary_says_mfu_or_why_there_is_none():
         "each step: 38 % data · 30 % forward · 25 % backward · 6 % optimizer")  # under 1 %: left out
 
 
-CELL = """
-import time, torch, nbtrain
-import torch.distributed as dist
-model = torch.nn.Sequential(*(torch.nn.Linear(256, 256) for _ in range(4)))
-model, opt = nbtrain.prepare(model, torch.optim.SGD(model.parameters(), lr=0.001))
+TRAIN_ABOUT_3_S = """
 started, step = time.monotonic(), 0
-while True:  # about 3 s, every rank stopping after the same step
-    model(torch.randn(32, 256)).pow(2).mean().backward()
+while True:  # about 3 s (the rate is logged per 2-second window), every rank stopping after the same step
+    LOSS.backward()
     opt.step()
     opt.zero_grad()
     step += 1
@@ -231,6 +227,14 @@ while True:  # about 3 s, every rank stopping after the same step
         if over.item():
             break
 """
+
+
+CELL = """
+import time, torch, nbtrain
+import torch.distributed as dist
+model = torch.nn.Sequential(*(torch.nn.Linear(256, 256) for _ in range(4)))
+model, opt = nbtrain.prepare(model, torch.optim.SGD(model.parameters(), lr=0.001))
+""" + TRAIN_ABOUT_3_S.replace("LOSS", "model(torch.randn(32, 256)).pow(2).mean()")
 
 
 def test_a_training_cell_logs_its_achieved_rate_and_the_summary_says_it(pools):
@@ -333,17 +337,7 @@ from nbtrain.rank.train.state import current
 torch.manual_seed(0)
 model = torch.nn.Sequential(*(torch.nn.Linear({WIDTH}, {WIDTH}, bias=False) for _ in range({LAYERS})))
 model, opt = nbtrain.prepare(model, torch.optim.SGD(model.parameters(), lr=0.001))
-started, step = time.monotonic(), 0
-while True:  # about 3 s (the rate is logged per 2-second window), every rank stopping after the same step
-    model(torch.randn({BATCH}, {WIDTH})).sum().backward()
-    opt.step()
-    opt.zero_grad()
-    step += 1
-    if step % 20 == 0:
-        over = torch.tensor(float(time.monotonic() - started > 3))
-        dist.all_reduce(over, op=dist.ReduceOp.MAX)
-        if over.item():
-            break
+""" + TRAIN_ABOUT_3_S.replace("LOSS", f"model(torch.randn({BATCH}, {WIDTH})).sum()") + """
 flops = current().meter.flops.per_step
 """
 
