@@ -81,7 +81,8 @@ class BackgroundRuns:
             if len(self._handing_over) == 1:
                 atexit.register(self._hand_over)
         self.count += 1
-        stale_if_read = tuple(n for n in names_to_return(info, config.out_names) if n not in imported_only(info))
+        imported = imported_only(info)
+        stale_if_read = tuple(n for n in names_to_return(info, config.out_names) if n not in imported)
         run = BackgroundRun(self.count, cell.source, stale_if_read,
                             deliver=self.arrivals.deliver, detached=cell.attach or cell.request.run_id or "")
         self._gpus[run.number] = tuple(config.pool.gpu_ids)
