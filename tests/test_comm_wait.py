@@ -9,6 +9,7 @@ from helpers.runhelp import run_cell
 
 from nbtrain.kernel.diagnostics.advisor import Evidence, advise
 from nbtrain.kernel.lifecycle.entry import format_summary
+from nbtrain.rank.train import shard_meter, state
 from nbtrain.rank.train.commwait import LastGradient
 
 
@@ -65,6 +66,11 @@ def test_the_advisor_says_when_steps_wait_for_the_all_reduce_and_names_the_rank_
     assert "against 5 % on rank 1: the other ranks wait for rank 1 at every all-reduce, so rank 1 is the straggler" \
         in hint.text, hint.text
     assert not [h for h in advise(_evidence({0: {**even, "comm": 10.0}})) if h.rule == "comm-wait"]
+    sharded = _evidence({0: even, 1: {**even, "comm": 38.0}})
+    sharded.add_setup(0, {"shard": "FSDP2", "shard_ranks": 2, "blocks": 4})
+    hint = next(h for h in advise(sharded) if h.rule == "comm-wait")
+    assert hint.text.startswith("40 % of each step on rank 0 waited for the gradient reduce-scatter after backward")
+    assert "FSDP2 could not hide" in hint.text and "--shard hybrid" in hint.text and "bf16_compress" not in hint.text
 
 
 STRAGGLER_CELL = """
@@ -102,3 +108,70 @@ def test_a_slower_ranks_backward_is_the_others_comm_and_the_advisor_names_it_the
     lines = format_summary(result)
     assert f"{splits[0]['comm']:.0f} % comm" in lines[0], lines
     assert any("so rank 1 is the straggler" in line for line in lines), lines
+
+
+SHARDED_CELL = """
+import torch, nbtrain
+torch.manual_seed(0)
+net = torch.nn.Sequential(*(torch.nn.Linear(256, 256) for _ in range(4)))
+model, opt = nbtrain.prepare(net, torch.optim.SGD(net.parameters(), lr=0.001), shard=[torch.nn.Linear])
+for step in range(40):
+    nbtrain.backward(model(torch.randn(8, 256)).pow(2).mean())
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+@pytest.mark.slow
+def test_a_sharded_models_reduce_scatters_are_its_comm_and_the_advisor_speaks_of_them(pools):
+    _, result = run_cell(pools, SHARDED_CELL, shard="full")
+    splits = {rank: next(f for f in facts if "split" in f)["split"] for rank, facts in result.setup.items()}
+    for split in splits.values():
+        assert sum(split.values()) == pytest.approx(100.0, abs=0.01)
+        # gloo's reduce-scatters block backward on the CPU: a large share of each step, out of backward
+        assert split["comm"] > 5, splits
+    lines = format_summary(result)
+    assert f"{splits[0]['comm']:.0f} % comm" in lines[0], lines
+    if max(split["comm"] for split in splits.values()) >= 25:  # the advisor's threshold
+        assert any("waited for the gradient reduce-scatter after backward" in line for line in lines), lines
+
+
+@pytest.fixture
+def one_rank_group():
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("blocks", [(0, 1), (0,), ()], ids=["output-is-a-blocks", "output-is-the-roots", "root-only"])
+def test_a_sharded_models_marks_come_before_and_after_fsdp2s_wait_at_backwards_end(one_rank_group, monkeypatch,
+                                                                                    blocks):
+    """On a GPU FSDP2 waits for its reduce-scatters in a callback queued when backward begins: the end of the
+    computation is marked before it, the end of the communication after it — also when the model's output is its
+    last block's, whose FSDP2 hook comes before the model's own."""
+    from torch.distributed.fsdp import fully_shard
+
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 1))
+    for index in blocks:
+        fully_shard(net[index])
+    model = fully_shard(net)
+    with state.scope(state.TrainSettings(), torch.device("cpu"), rank=0, world_size=1) as context:
+        shard_meter.watch(context, model)
+        waiting = model._get_fsdp_state()._state_ctx  # its final callback is queued: it has not waited yet
+        split, said = context.meter.split, []
+        for mark in ("gradients_computed", "gradients_reduced"):
+            method = getattr(split, mark)
+            monkeypatch.setattr(split, mark, lambda method=method, mark=mark: (
+                said.append((mark, waiting.post_backward_final_callback_queued)), method()))
+        for _ in range(2):
+            said.clear()
+            model(torch.randn(2, 4)).sum().backward()
+            assert said == [("gradients_computed", True), ("gradients_reduced", False)]
+        split.optimizer_began()
+        split.optimizer_ended()
+        phases = split.take()
+    assert phases["comm"] > 0 and phases["backward"] > 0 and phases["forward"] > 0, phases

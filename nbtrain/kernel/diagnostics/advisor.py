@@ -17,7 +17,8 @@ Each rule fires only on its own measurement, and its hint quotes it:
   DataLoader's next batch (:mod:`nbtrain.rank.train.stepmeter`); or one rank waited :data:`DATA_WAIT_RATIO` × the
   others' median: its data comes slower;
 * **comm wait** — the steps of a rank waited at least :data:`COMM_WAIT_PCT` % of their time for DDP's gradient
-  all-reduce after backward computed its last gradient (*comm* in the step split: :mod:`nbtrain.rank.train.commwait`);
+  all-reduce after backward computed its last gradient (*comm* in the step split: :mod:`nbtrain.rank.train.commwait`),
+  or for FSDP2's reduce-scatters (``--shard``: :mod:`nbtrain.rank.train.shard_meter`);
   when one rank waited under a third of that, the others wait for it: it is the straggler, and the hint names it;
 * **precision** — a rank trained in fp32 on a GPU that computes bf16 (``--amp off`` there);
 * **straggler** — a rank whose logged steps per second are under :data:`STRAGGLER_RATIO` of the others'
@@ -274,14 +275,21 @@ def _comm_wait(evidence: Evidence) -> list[Hint]:
     shares = {rank: split["comm"] for rank, split in splits_of(evidence.setup).items() if rank in timed and "comm" in split}
     if not shares or max(shares.values()) < COMM_WAIT_PCT:
         return []
+    sharded = any("shard" in fact for facts in evidence.setup.values() for fact in facts)
+    collective = "reduce-scatter" if sharded else "all-reduce"
     rank = max(shares, key=lambda r: shares[r])
     least = min(shares, key=lambda r: shares[r])
-    said = f"{shares[rank]:.0f} % of each step on rank {rank} waited for the gradient all-reduce after backward"
+    said = f"{shares[rank]:.0f} % of each step on rank {rank} waited for the gradient {collective} after backward"
     if shares[least] <= shares[rank] / 3:
         return [Hint("comm-wait", (
             f"{said}, against {shares[least]:.0f} % on rank {least}: the other ranks wait for rank {least} at every "
-            f"all-reduce, so rank {least} is the straggler. Look for what is different there: its data shard, its "
+            f"{collective}, so rank {least} is the straggler. Look for what is different there: its data shard, its "
             "GPU, or work only it does (logging, evaluation)."))]
+    if sharded:
+        remedies = ("reduce-scatter less often with --grad-accum N (one per N micro-steps) or a bigger batch per "
+                    "rank, shard over the GPUs of one node only with --shard hybrid")
+        return [Hint("comm-wait", f"{said} (communication FSDP2 could not hide behind the backward): {remedies}, "
+                                  f"or {_faster_link(evidence, rank)}.")]
     return [Hint("comm-wait", (
         f"{said} (communication DDP could not hide behind the backward): all-reduce less often with --grad-accum N "
         "(one all-reduce per N micro-steps) or a bigger batch per rank, compress the gradients "
@@ -290,11 +298,11 @@ def _comm_wait(evidence: Evidence) -> list[Hint]:
 
 
 def _faster_link(evidence: Evidence, rank: int) -> str:
-    """The last remedy of a long all-reduce wait: a faster link between GPUs, or on the CPU fewer ranks per core."""
+    """The last remedy of a long gradient wait: a faster link between GPUs, or on the CPU fewer ranks per core."""
     fact = step_meter_fact(evidence.setup, rank) or {}
     if fact.get("on_cpu"):
         return ("run fewer ranks than the machine has free cores (ranks on the CPU that share a core wait for each "
-                "other at every all-reduce)")
+                "other in every collective)")
     return "train over a faster link between the GPUs (NVLink, InfiniBand)"
 
 

@@ -14,7 +14,7 @@ are CUDA events on the current stream, which DDP's wait makes wait for the NCCL 
 **Which parameter is last** is learned on the first backward (hooks on every trainable parameter, in the step the
 step meter leaves out anyway), then only that parameter keeps a hook: one hook and two marks a step. A step whose
 backward does not reach that parameter (an unused branch) has no mark: its communication stays in *backward*.
-FSDP2's reduce-scatter is waited for inside its own backward hooks and is not split out.
+FSDP2's reduce-scatter has marks of its own (:mod:`.shard_meter`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from __future__ import annotations
 import torch
 
 
-def _queue_at_backward_end(callback) -> None:
+def queue_at_backward_end(callback) -> None:
+    """Run ``callback`` when the running backward ends, after the callbacks queued before it."""
     torch.autograd.Variable._execution_engine.queue_callback(callback)
 
 
@@ -40,7 +41,7 @@ class LastGradient:
     def _learning_hook(self, index: int):
         def arrived(_param) -> None:
             if not self._arrivals:
-                _queue_at_backward_end(self._learned)
+                queue_at_backward_end(self._learned)
             self._arrivals.append(index)
         return arrived
 
@@ -53,7 +54,7 @@ class LastGradient:
 
     def _last_arrived(self, _param) -> None:
         self._split.gradients_computed()
-        _queue_at_backward_end(lambda: _queue_at_backward_end(self._split.gradients_reduced))
+        queue_at_backward_end(lambda: queue_at_backward_end(self._split.gradients_reduced))
 
     def close(self) -> None:
         for handle in self._handles:

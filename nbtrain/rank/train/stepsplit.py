@@ -7,7 +7,8 @@ forward and the next batch asked of a prepared loader — so after a plain ``los
 cell does before ``step()`` (gradient clipping); either way it holds, under DDP, the part of the all-reduce that
 backward did not hide; *optimizer* is the prepared optimizer's
 ``step()``. Under DDP, *comm* is the part of backward that waited for the all-reduce after the last gradient was
-computed (:mod:`.commwait`), taken out of *backward*. The data wait is the prepared loader's (:mod:`.stepmeter`);
+computed (:mod:`.commwait`), taken out of *backward*; under FSDP2, the wait for its reduce-scatters at backward's
+end and, on the CPU, where gloo's reduce-scatter blocks backward, each reduce-scatter (:mod:`.shard_meter`). The data wait is the prepared loader's (:mod:`.stepmeter`);
 what is left of the step is *other*: the loss, logging, the cell's own code.
 
 **The clock.** On the CPU, wall time. On a GPU the host runs ahead of the device, so each mark is a CUDA event on
@@ -22,6 +23,7 @@ import time
 import torch
 
 PHASES = ("forward", "backward", "comm", "optimizer")
+_INSIDE_BACKWARD = "comm inside backward"  # a collective that blocked backward: its time is comm, not backward
 
 
 class _HostClock:
@@ -60,6 +62,7 @@ class StepSplit:
         self._backward_at = None  # the step's backward began (its output's gradient arrived): its mark
         self._optimizer_at = None
         self._computed_at = None  # the step's backward computed its last gradient (DDP: .commwait): its mark
+        self._collective_at = None  # a collective under way inside backward: its begin mark
 
     def forward_began(self) -> None:
         now = self._clock.mark()
@@ -107,6 +110,18 @@ class StepSplit:
         self._marks.append(("comm", computed, now))
         self._backward_at = now
 
+    def collective_began(self) -> None:
+        """A collective that blocks backward (FSDP2's reduce-scatter on the CPU) begins: until
+        :meth:`collective_ended`, *comm* (not when the span from :meth:`gradients_computed` holds it already)."""
+        if self._backward_at is not None and self._computed_at is None:
+            self._collective_at = self._clock.mark()
+
+    def collective_ended(self) -> None:
+        begin, self._collective_at = self._collective_at, None
+        if begin is not None:
+            end = self._clock.mark()
+            self._marks += [("comm", begin, end), (_INSIDE_BACKWARD, begin, end)]
+
     def optimizer_began(self) -> None:
         now = self._clock.mark()
         self._close_backward(now)
@@ -126,9 +141,10 @@ class StepSplit:
         marks, self._marks = self._marks, []
         if marks:
             self._clock.settle(marks[-1][2])
-        seconds = dict.fromkeys(PHASES, 0.0)
+        seconds = dict.fromkeys((*PHASES, _INSIDE_BACKWARD), 0.0)
         for phase, begin, end in marks:
             seconds[phase] += self._clock.seconds(begin, end)
+        seconds["backward"] = max(0.0, seconds["backward"] - seconds.pop(_INSIDE_BACKWARD))
         return seconds
 
 
