@@ -66,11 +66,13 @@ def test_the_advisor_says_when_steps_wait_for_the_all_reduce_and_names_the_rank_
     assert "against 5 % on rank 1: the other ranks wait for rank 1 at every all-reduce, so rank 1 is the straggler" \
         in hint.text, hint.text
     assert not [h for h in advise(_evidence({0: {**even, "comm": 10.0}})) if h.rule == "comm-wait"]
-    sharded = _evidence({0: even, 1: {**even, "comm": 38.0}})
-    sharded.add_setup(0, {"shard": "FSDP2", "shard_ranks": 2, "blocks": 4})
-    hint = next(h for h in advise(sharded) if h.rule == "comm-wait")
-    assert hint.text.startswith("40 % of each step on rank 0 waited for the gradient reduce-scatter after backward")
-    assert "FSDP2 could not hide" in hint.text and "--shard hybrid" in hint.text and "bf16_compress" not in hint.text
+    for on_cpu in (True, False):
+        sharded = _evidence({0: even, 1: {**even, "comm": 38.0}}, on_cpu=on_cpu)
+        sharded.add_setup(0, {"shard": "FSDP2", "shard_ranks": 2, "blocks": 4})
+        hint = next(h for h in advise(sharded) if h.rule == "comm-wait")
+        assert hint.text.startswith("40 % of each step on rank 0 waited for the gradient reduce-scatter after backward")
+        assert "FSDP2 could not hide" in hint.text and "bf16_compress" not in hint.text
+        assert ("--shard hybrid" in hint.text) is not on_cpu  # nodes of GPUs; a CPU run's ranks share one machine
 
 
 STRAGGLER_CELL = """

@@ -286,8 +286,9 @@ def _comm_wait(evidence: Evidence) -> list[Hint]:
             f"{collective}, so rank {least} is the straggler. Look for what is different there: its data shard, its "
             "GPU, or work only it does (logging, evaluation)."))]
     if sharded:
-        remedies = ("reduce-scatter less often with --grad-accum N (one per N micro-steps) or a bigger batch per "
-                    "rank, shard over the GPUs of one node only with --shard hybrid")
+        remedies = "reduce-scatter less often with --grad-accum N (one per N micro-steps) or a bigger batch per rank"
+        if not (step_meter_fact(evidence.setup, rank) or {}).get("on_cpu"):
+            remedies += ", on several nodes shard within each node only (--shard hybrid)"
         return [Hint("comm-wait", f"{said} (communication FSDP2 could not hide behind the backward): {remedies}, "
                                   f"or {_faster_link(evidence, rank)}.")]
     return [Hint("comm-wait", (
