@@ -5,7 +5,8 @@
 
 Runs the same training cell four times through nbtrain.kernel.lifecycle.entry.run_source: DDP, --shard, --shard for half
 the epochs, then --shard --checkpoint-async resuming from that checkpoint; prints each curve, what came back
-and the peak GPU memory, then whether the sharded losses match DDP's and the resumed curve the straight one.
+and the peak GPU memory, then whether the sharded losses match DDP's, the sharded step split holds *comm* (FSDP2's reduce-scatter), and
+the resumed curve the straight one.
 Last, a small language model whose head shares the embedding's weight, trained under --shard and resumed from
 its checkpoint: whether the tie holds on the ranks and in the model that comes back each time.
 Record the command and its output in docs/gpu-verification.md.
@@ -93,8 +94,9 @@ def tied(epochs: int) -> bool:
 def run(epochs, **options):
     ns: dict = {}
     started = time.perf_counter()
-    run_source(MODEL.replace("EPOCHS", str(epochs)), LaunchRequest(nprocs=ranks, cpu=CPU, keep_alive=600, out="curve,model,where,peak", **options),
-               ns, write=lambda stream, text: print(text, end="", flush=True))
+    result = run_source(MODEL.replace("EPOCHS", str(epochs)), LaunchRequest(nprocs=ranks, cpu=CPU, keep_alive=600, out="curve,model,where,peak", **options),
+                        ns, write=lambda stream, text: print(text, end="", flush=True))
+    ns["split"] = next((f["split"] for f in result.setup.get(0, []) if "split" in f), {})
     print(f"[{options}] {time.perf_counter() - started:.1f} s: curve {ns['curve']}, back: {type(ns['model']).__name__} "
           f"on {next(ns['model'].parameters()).device}, params on the ranks: {ns['where']}, peak GPU memory {ns['peak'] / 2**20:.0f} MiB", flush=True)
     return ns
@@ -103,6 +105,9 @@ straight = run(6, shard="full", amp="bf16", checkpoint=os.path.join(tmp, "a"))
 first = run(3, shard="full", amp="bf16", checkpoint=os.path.join(tmp, "b"))
 then = run(6, shard="full", amp="bf16", checkpoint=os.path.join(tmp, "b"), checkpoint_async=True)
 print("sharded = DDP losses (bf16):", straight["curve"], ddp["curve"])
+split = straight["split"]  # FSDP2's reduce-scatter wait at backward's end, timed by CUDA events on a GPU
+print("the sharded step split sums to 100 % and holds comm:", abs(sum(split.values()) - 100.0) < 0.1 and "comm" in split,
+      " · ".join(f"{share:.1f} % {phase}" for phase, share in split.items()))
 print("resumed curve equals the straight one:", first["curve"] + then["curve"] == straight["curve"], first["curve"] + then["curve"])
 ties = [tied(2), tied(4)]
 print("tied weights stay tied under --shard, back in the notebook and after a resume:", all(ties))
