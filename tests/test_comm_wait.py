@@ -70,7 +70,7 @@ def test_the_advisor_says_when_steps_wait_for_the_all_reduce_and_names_the_rank_
         sharded = _evidence({0: even, 1: {**even, "comm": 38.0}}, on_cpu=on_cpu)
         sharded.add_setup(0, {"shard": "FSDP2", "shard_ranks": 2, "blocks": 4})
         hint = next(h for h in advise(sharded) if h.rule == "comm-wait")
-        assert hint.text.startswith("40 % of each step on rank 0 waited for the gradient reduce-scatter after backward")
+        assert hint.text.startswith("40 % of each step on rank 0 waited for FSDP2's gradient reduce-scatter (")
         assert "FSDP2 could not hide" in hint.text and "bf16_compress" not in hint.text
         assert ("--shard hybrid" in hint.text) is not on_cpu  # nodes of GPUs; a CPU run's ranks share one machine
 
@@ -135,7 +135,7 @@ def test_a_sharded_models_reduce_scatters_are_its_comm_and_the_advisor_speaks_of
     lines = format_summary(result)
     assert f"{splits[0]['comm']:.0f} % comm" in lines[0], lines
     if max(split["comm"] for split in splits.values()) >= 25:  # the advisor's threshold
-        assert any("waited for the gradient reduce-scatter after backward" in line for line in lines), lines
+        assert any("waited for FSDP2's gradient reduce-scatter" in line for line in lines), lines
 
 
 @pytest.fixture

@@ -279,7 +279,9 @@ def _comm_wait(evidence: Evidence) -> list[Hint]:
     collective = "reduce-scatter" if sharded else "all-reduce"
     rank = max(shares, key=lambda r: shares[r])
     least = min(shares, key=lambda r: shares[r])
-    said = f"{shares[rank]:.0f} % of each step on rank {rank} waited for the gradient {collective} after backward"
+    # a sharded model's on the CPU blocked backward at each block: not only after it
+    waited = "FSDP2's gradient reduce-scatter" if sharded else "the gradient all-reduce after backward"
+    said = f"{shares[rank]:.0f} % of each step on rank {rank} waited for {waited}"
     if shares[least] <= shares[rank] / 3:
         return [Hint("comm-wait", (
             f"{said}, against {shares[least]:.0f} % on rank {least}: the other ranks wait for rank {least} at every "
