@@ -144,7 +144,7 @@ def run_accelerate(ranks: int, steps: int, path: str, preloaded: tuple[str, ...]
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // ranks)),
            "PYTHONPATH": os.pathsep.join(p for p in (path, os.environ.get("PYTHONPATH")) if p)}
     script = ACCELERATE_SCRIPT.format(body=cell_source(steps), ranks=ranks, preloaded=preloaded)
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True).stdout
+    out = _stdout([sys.executable, "-c", script], env)
     started = next(float(s.split()[1]) for s in out.splitlines() if s.startswith("STARTED"))
     first = next(float(s.split()[1]) for s in out.splitlines() if s.startswith("FIRST_STEP"))
     return first - started
@@ -156,11 +156,18 @@ def run_torchrun(ranks: int, steps: int, workdir: str) -> tuple[float, float]:
         fh.write(SCRIPT_WRAPPER.format(body=cell_source(steps)))
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // ranks))}
     started = time.time()
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-                          path], capture_output=True, text=True, env=env, check=True).stdout
+    out = _stdout([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", path], env)
     first = next(float(s.split()[1]) for s in out.splitlines() if s.startswith("FIRST_STEP"))
     rate = next(float(s.split()[1]) for s in out.splitlines() if s.startswith("RATE"))
     return first - started, rate
+
+
+def _stdout(command: list[str], env: dict) -> str:
+    """The command's output; when it fails, its stderr's end is in the error, which says why."""
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(command[:4])} ... exited with {done.returncode}:\n{done.stderr[-3000:]}")
+    return done.stdout
 
 
 def measure(ranks: int, repeats: int, steps: int, starter: RankStarter, accelerate: str | None) -> dict:

@@ -17,8 +17,10 @@ from helpers.chartbuild import node_join
 
 from nbtrain.kernel.dashboard import chart
 from nbtrain.kernel.dashboard.chart_feed import COLUMNS, ChartFeed, unpack
+from nbtrain.kernel.dashboard.final import final_figure
 from nbtrain.kernel.dashboard.metric_store import MetricStore
 from nbtrain.kernel.dashboard.series import BoundedSeries
+from nbtrain.kernel.dashboard.telemetry_series import TelemetrySeries
 
 
 def as_lists(update: dict | None) -> dict | None:
@@ -197,3 +199,18 @@ def test_a_checkout_without_the_bundle_says_how_to_build_it(monkeypatch, tmp_pat
     monkeypatch.setattr(chart, "BUNDLE", tmp_path / "chart.js")
     with pytest.raises(RuntimeError, match="jlpm build:chart"):
         chart.bundle_source()
+
+
+def test_the_panels_of_what_nbtrain_measures_itself_say_their_unit():
+    store = MetricStore()
+    feed = ChartFeed(store)
+    for name in ("loss", "data_wait", "tflops", "samples_per_s", "mfu"):
+        log(store, 0, 5, name=name)
+    update = feed.poll()
+    assert update is not None
+    assert [title for title, _ in update.tail["groups"]] == [
+        "loss", "data_wait (% of each step)", "tflops (TFLOP/s per rank)", "samples_per_s (all ranks)",
+        "mfu (% of the dense peak)"]
+    figure = final_figure(store, TelemetrySeries(), "run")  # the picture left under the cell says the same
+    titles = [ax.get_title() for ax in figure.axes]
+    assert "data_wait (% of each step)" in titles and "tflops (TFLOP/s per rank)" in titles and "loss" in titles

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .metric_store import MetricStore
-from .plotting import group_names
+from .plotting import group_names, panel_title
 
 REBASE_AFTER = 256  # buckets in one series' tail before its base is sent again
 COLUMNS = ("step", "time", "mean", "min", "max")
@@ -116,7 +116,8 @@ class ChartFeed:
         for name, (_, start, _, cols) in columns.items():
             skip = self._based[name][1] - start  # buckets the browser has in its base already
             series[name] = {key: pack(col[skip:]) for key, col in zip(COLUMNS, cols, strict=True)}
-        tail = {"epoch": self.epoch, "groups": group_names(columns), "series": series}
+        groups = [(panel_title(key), names) for key, names in group_names(columns)]
+        tail = {"epoch": self.epoch, "groups": groups, "series": series}
         overlays = overlays_of(self.earlier) if self.earlier and self.tails == 0 else None
         self.tails += 1
         return Update(tail, base, overlays)

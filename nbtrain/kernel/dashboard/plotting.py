@@ -33,6 +33,18 @@ MAX_LEGEND_DEVICES = 12  # the load panels' legend beyond this names the rest by
 PIXEL_PT = 0.75  # the theme's widths are the browser's pixels; matplotlib's are points (1 px = 0.75 pt)
 
 
+# the series nbtrain logs itself (nbtrain.rank.train.stepmeter): a panel's title says what their numbers are, so
+# data_wait's 0.6 reads as 0.6 % and tflops' 0.006 on the CPU as TFLOP/s
+MEASURED_UNITS = {"data_wait": "% of each step", "samples_per_s": "all ranks", "tokens_per_s": "all ranks",
+                  "tflops": "TFLOP/s per rank", "mfu": "% of the dense peak"}
+
+
+def panel_title(key: str) -> str:
+    """A panel's title: its series' name, with the unit of the series nbtrain measures itself."""
+    unit = MEASURED_UNITS.get(key)
+    return f"{key} ({unit})" if unit else key
+
+
 def _split(name: str) -> tuple[str, str]:
     """``(key, role)``: ``val_loss`` → ("loss", "val"); ``loss`` → ("loss", "train")."""
     lowered = name.lower()
@@ -91,7 +103,7 @@ def draw_series(fig, series: dict, smoothing: float, earlier=()) -> list:
                     marker="o" if len(steps) < 15 else None, markersize=theme.MARKER_SIZE)
         overlays = _draw_earlier(ax, names, earlier, smoothing, max_points)
         _follow_this_run(ax, [series[name][0] for name in names])
-        theme.style_axes(ax, plot_literal(key))
+        theme.style_axes(ax, plot_literal(panel_title(key)))
         if len(names) > 1 or overlays:
             _legend_beside(ax)
         axes.append(ax)
