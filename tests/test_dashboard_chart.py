@@ -213,4 +213,4 @@ def test_the_panels_of_what_nbtrain_measures_itself_say_their_unit():
         "mfu (% of the dense peak)"]
     figure = final_figure(store, TelemetrySeries(), "run")  # the picture left under the cell says the same
     titles = [ax.get_title() for ax in figure.axes]
-    assert "data_wait (% of each step)" in titles and "tflops (TFLOP/s per rank)" in titles and "loss" in titles
+    assert "data_wait\n(% of each step)" in titles and "tflops\n(TFLOP/s per rank)" in titles and "loss" in titles

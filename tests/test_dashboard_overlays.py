@@ -119,7 +119,8 @@ def test_the_picture_left_after_a_run_draws_the_earlier_runs_beside_it(monkeypat
     faded = [line for line in ax.get_lines() if line.get_alpha() == theme.OVERLAY_ALPHA]
     assert [line.get_label() for line in faded] == ["loss · run 1: finished · --amp bf16 · cell line 2: lr = 0.1"]
     assert faded[0].get_linestyle() == "--" and faded[0].get_color() == theme.series_color(0)
-    assert faded[0].get_label() in [text.get_text().replace("\n", " ") for text in ax.get_legend().get_texts()]
+    legend, = ax.get_figure(root=True).legends  # named once under the panels (the load panels have none here)
+    assert [text.get_text() for text in legend.get_texts()] == ["run 1: finished · --amp bf16 · cell line 2: lr = 0.1"]
 
     shown: list = []
     monkeypatch.setattr("IPython.display.display", lambda obj, **kw: shown.append(obj))
@@ -133,7 +134,7 @@ def test_the_picture_left_after_a_run_draws_the_earlier_runs_beside_it(monkeypat
 
 def test_the_picture_follows_this_run_and_marks_how_each_earlier_run_ended():
     """A 20-step run drawn beside a stopped 200-step run and a failed one: the x axis spans this run's 20 steps (it
-    spanned the earlier run's 200), each earlier run's label says how it ended, and the legend sits beside the
+    spanned the earlier run's 200), each earlier run's label says how it ended, and the legend sits under the
     plot, over none of its lines (it sat inside the plot, over the curves, where matplotlib found room)."""
     from nbtrain.kernel.dashboard.final import Beside, final_figure
     from nbtrain.kernel.dashboard.model import RunModel
@@ -149,9 +150,40 @@ def test_the_picture_follows_this_run_and_marks_how_each_earlier_run_ended():
     ax = figure.axes[0]
     low, high = ax.get_xlim()
     assert low > -1 and 19 <= high < 20, f"the x axis spans {low:.1f} to {high:.1f}, not this run's steps 0 to 19"
-    labels = [text.get_text().replace("\n", " ") for text in ax.get_legend().get_texts()]
-    assert labels == ["loss", "loss · run 1: stopped · cell line 2: lr = 0.1",
-                      "loss · run 2: failed · cell line 2: lr = 0.3"]
+    assert ax.get_legend() is None  # one series of its own: nothing to tell apart
+    legend, = figure.legends
+    assert [text.get_text() for text in legend.get_texts()] == ["run 1: stopped · cell line 2: lr = 0.1",
+                                                               "run 2: failed · cell line 2: lr = 0.3"]
     renderer = figure.canvas.get_renderer()
-    legend, plot = ax.get_legend().get_window_extent(renderer), ax.get_window_extent(renderer)
-    assert legend.x0 >= plot.x1, f"the legend covers the plot: legend {legend}, plot {plot}"
+    figure.draw_without_rendering()
+    below, plot = legend.get_window_extent(renderer), ax.get_window_extent(renderer)
+    assert below.y1 <= plot.y0, f"the legend covers the plot: legend {below}, plot {plot}"
+
+
+def test_five_panels_beside_an_earlier_run_keep_their_width():
+    """A resumed run's five series beside the run before it: each panel named the earlier run beside it, three in
+    a row left them no width, and matplotlib warned into the cell ("axes sizes collapsed to zero")."""
+    import warnings
+
+    from nbtrain.kernel.dashboard.final import Beside, final_figure
+    from nbtrain.kernel.dashboard.model import RunModel
+    from nbtrain.kernel.dashboard.plotting import png_bytes
+
+    names = ("loss", "val_loss", "data_wait", "samples_per_s", "tokens_per_s", "tflops")
+    earlier = History()
+    earlier.add(0, [(step, 100.0 + step, {name: 1.0 / (step + 1) for name in names}) for step in range(20)])
+    log = RunLog()
+    log.add(RunEnd("for epoch in nbtrain.epochs(EPOCHS):\n", "", 0.0, 1.0, 1, RunState.FINISHED), earlier)
+    model = RunModel()
+    model.set_earlier(log.earlier("x = 2\n", ""))
+    model.add_metrics(0, [(s, 200.0 + s, {name: 2.0 / (s + 1) for name in names}) for s in range(20, 40)])
+    model.finish(RunState.FINISHED, "1 rank finished")
+    figure = final_figure(model.store, model.telemetry, "run", 0.6, Beside(tuple(model.earlier)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        png_bytes(figure)
+    assert all(ax.get_window_extent().width > 100 for ax in figure.axes), [ax.get_window_extent() for ax in figure.axes]
+    loss = figure.axes[0]
+    assert [t.get_text() for t in loss.get_legend().get_texts()] == ["loss", "val_loss"]  # its own two, beside it
+    legend, = figure.legends
+    assert len(legend.get_texts()) == 1 and legend.get_texts()[0].get_text().startswith("run 1: finished")

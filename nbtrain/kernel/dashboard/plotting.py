@@ -27,10 +27,12 @@ VALIDATION_WORDS = ("val", "valid", "validation", "eval", "test")
 TRAINING_WORDS = ("train", "training")
 MAX_PANELS = 6
 LEGEND_LABEL_CHARS = 18  # a legend label's line: the legend beside a panel takes no more of its width
+EARLIER_LABEL_CHARS = 100  # an earlier run's label in the legend under the panels: one line of the picture's width
 MACHINE_BOTH = "machine (CPU, RAM)"  # the machine's line in the load panels' one legend
 MAX_LEGEND_DEVICES = 12  # the load panels' legend beyond this names the rest by their count: a legend of 200
 # ranks under the panels left them no height at all (matplotlib then warns into the cell)
 PIXEL_PT = 0.75  # the theme's widths are the browser's pixels; matplotlib's are points (1 px = 0.75 pt)
+OVERLAY_LINESTYLE = (0, tuple(d / theme.CURVE_WIDTH for d in theme.OVERLAY_DASH))  # matplotlib: in line widths
 
 
 # the series nbtrain logs itself (nbtrain.rank.train.stepmeter): a panel's title says what their numbers are, so
@@ -39,10 +41,11 @@ MEASURED_UNITS = {"data_wait": "% of each step", "samples_per_s": "all ranks", "
                   "tflops": "TFLOP/s per rank", "mfu": "% of the dense peak"}
 
 
-def panel_title(key: str) -> str:
-    """A panel's title: its series' name, with the unit of the series nbtrain measures itself."""
+def panel_title(key: str, sep: str = " ") -> str:
+    """A panel's title: its series' name, with the unit of the series nbtrain measures itself (after ``sep``: the
+    picture's narrower panels have it on a line of its own)."""
     unit = MEASURED_UNITS.get(key)
-    return f"{key} ({unit})" if unit else key
+    return f"{key}{sep}({unit})" if unit else key
 
 
 def _split(name: str) -> tuple[str, str]:
@@ -88,6 +91,7 @@ def draw_series(fig, series: dict, smoothing: float, earlier=()) -> list:
     rows, cols = grid_shape(len(shown))
     axes = []
     max_points = max(len(series[name][1]) for _, names in shown for name in names)
+    runs_drawn: dict[str, None] = {}  # the earlier runs drawn in any panel, in order
     for i, (key, names) in enumerate(shown):
         ax = fig.add_subplot(rows, cols, i + 1)
         for j, name in enumerate(names):
@@ -101,12 +105,14 @@ def draw_series(fig, series: dict, smoothing: float, earlier=()) -> list:
                 ax.plot(steps, means, color=color, alpha=theme.RAW_ALPHA, linewidth=theme.RAW_WIDTH * PIXEL_PT)
             ax.plot(steps, curve, color=color, linewidth=theme.CURVE_WIDTH * PIXEL_PT, label=plot_literal(name),
                     marker="o" if len(steps) < 15 else None, markersize=theme.MARKER_SIZE)
-        overlays = _draw_earlier(ax, names, earlier, smoothing, max_points)
+        runs_drawn.update(dict.fromkeys(_draw_earlier(ax, names, earlier, smoothing, max_points)))
         _follow_this_run(ax, [series[name][0] for name in names])
-        theme.style_axes(ax, plot_literal(panel_title(key)))
-        if len(names) > 1 or overlays:
-            _legend_beside(ax)
+        theme.style_axes(ax, plot_literal(panel_title(key, "\n")))
+        if len(names) > 1:
+            _legend_beside(ax, len(names))
         axes.append(ax)
+    if runs_drawn:
+        _earlier_legend_below(fig, list(runs_drawn))
     if len(groups) > MAX_PANELS:
         more = plot_literal(", ".join(key for key, _ in groups[MAX_PANELS:]))
         fig.text(0.01, 0.005, f"not drawn (see history): {more}", fontsize=theme.FOOTNOTE_SIZE, color=theme.MUTED)
@@ -124,18 +130,30 @@ def _follow_this_run(ax, steps_of_names: list) -> None:
         ax.set_xlim(low - margin, high + margin)
 
 
-def _legend_beside(ax) -> None:
-    """The legend right of the plot, never over its lines, its labels wrapped short (the layout makes room)."""
+def _legend_beside(ax, own: int) -> None:
+    """The legend of the panel's ``own`` series (drawn first) right of the plot, never over its lines, its labels
+    wrapped short (the layout makes room)."""
     handles, labels = ax.get_legend_handles_labels()
-    wrapped = [textwrap.fill(label, LEGEND_LABEL_CHARS) for label in labels]
-    ax.legend(handles, wrapped, fontsize=theme.LEGEND_SIZE, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+    wrapped = [textwrap.fill(label, LEGEND_LABEL_CHARS) for label in labels[:own]]
+    ax.legend(handles[:own], wrapped, fontsize=theme.LEGEND_SIZE, loc="upper left", bbox_to_anchor=(1.01, 1.0),
               borderaxespad=0.0, frameon=False)
 
 
-def _draw_earlier(ax, names: list[str], earlier, smoothing: float, max_points: int) -> int:
+def _earlier_legend_below(fig, runs: list[str]) -> None:
+    """The earlier runs drawn faded and dashed in the panels, named once under them. Named beside each panel, their
+    long labels left three panels in a row no width at all (matplotlib then warned into the cell)."""
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], color=theme.MUTED, linewidth=theme.CURVE_WIDTH * PIXEL_PT, linestyle=OVERLAY_LINESTYLE)
+               for _ in runs]
+    labels = [textwrap.shorten(f"run {run}", EARLIER_LABEL_CHARS, placeholder=" …") for run in runs]
+    fig.legend(handles, labels, loc="outside lower center", fontsize=theme.LEGEND_SIZE, frameon=False)
+
+
+def _draw_earlier(ax, names: list[str], earlier, smoothing: float, max_points: int) -> list[str]:
     """The earlier runs' lines of this panel's ``names``, each in its name's colour, faded and dashed, labelled
-    ``loss · run 3: --lr 0.1`` as in the live chart's legend. Returns how many were drawn."""
-    drawn = 0
+    ``loss · run 3: --lr 0.1`` as in the live chart's legend. Returns the labels of the runs drawn."""
+    drawn = []
     for label, runs_series in earlier:
         for j, name in enumerate(names):
             if name not in runs_series or not len(runs_series[name][0]):
@@ -145,9 +163,9 @@ def _draw_earlier(ax, names: list[str], earlier, smoothing: float, max_points: i
             curve = smooth(list(values), smoothing) if smoothing > 0 and dense else values
             ax.plot(steps, curve, color=theme.series_color(j), alpha=theme.OVERLAY_ALPHA,
                     linewidth=theme.CURVE_WIDTH * PIXEL_PT,
-                    linestyle=(0, tuple(d / theme.CURVE_WIDTH for d in theme.OVERLAY_DASH)),  # in line widths
+                    linestyle=OVERLAY_LINESTYLE,
                     label=plot_literal(f"{name} · run {label}"))
-            drawn += 1
+            drawn.append(plot_literal(label))
     return drawn
 
 

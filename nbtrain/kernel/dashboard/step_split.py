@@ -33,4 +33,6 @@ def draw_step_split(ax, splits: dict[int, dict[str, float]]) -> None:
     ax.set_xlabel("% of each step", fontsize=theme.LABEL_SIZE)
     ax.tick_params(labelsize=theme.TICK_SIZE)
     ax.set_title("Where each step went", fontsize=theme.TITLE_SIZE)
-    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=theme.LEGEND_SIZE, frameon=False)
+    # a row of one to three bars is lower than six phases in one column: their legend then takes three rows
+    columns = 2 if len(ranks) <= 3 else 1
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=theme.LEGEND_SIZE, frameon=False, ncols=columns)
