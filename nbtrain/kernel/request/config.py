@@ -276,18 +276,20 @@ def _node_placement(request: LaunchRequest) -> tuple[int, int, str, int]:
 def _node_pool(request: LaunchRequest, placement: tuple[int, int, str, int], backend: str | None) -> PoolSpec:
     """Several machines: devices are the nodes' (--cpu: gloo on CPU; else one GPU per rank, nccl)."""
     nodes, per_node, host, min_nodes = placement
+    slurm_args = request.slurm
+    if request.hosts is not None and slurm_args is not None:  # before either is checked: the mistake is giving both
+        if slurm_args != os.environ.get("NBTRAIN_SLURM"):
+            raise ConfigError("--hosts and --slurm both start the node agents (over ssh, as a Slurm job); give one "
+                              "of them.")
+        slurm_args = None  # --hosts on the cell wins over NBTRAIN_SLURM
     try:
         hosts = parse_hosts(request.hosts, nodes) if request.hosts is not None else ()
-        slurm = parse_slurm(request.slurm) if request.slurm is not None else None
+        slurm = parse_slurm(slurm_args) if slurm_args is not None else None
         ssh = (parse_ssh_options(request.ssh_option) if hosts else (),
                parse_remote_python(request.remote_python) if hosts or slurm is not None else "")
         preemption_url = check_url(request.preemption_url) if request.preemption_url else ""
     except (SshSetupError, PreemptionURLError) as exc:
         raise ConfigError(str(exc)) from None
-    if hosts and slurm is not None and request.slurm == os.environ.get("NBTRAIN_SLURM"):
-        slurm = None  # --hosts on the cell wins over NBTRAIN_SLURM
-    if hosts and slurm is not None:
-        raise ConfigError("--hosts and --slurm both start the node agents (over ssh, as a Slurm job); give one of them.")
     if request.gpus and not _is_auto(request.gpus):  # NBTRAIN_GPUS=auto, set for a shared server, is no mistake here
         raise ConfigError("--gpus picks GPUs of this machine; with --nodes each node uses its first "
                           "--nproc-per-node GPUs (set CUDA_VISIBLE_DEVICES on the node to choose).")
