@@ -187,3 +187,16 @@ def test_five_panels_beside_an_earlier_run_keep_their_width():
     assert [t.get_text() for t in loss.get_legend().get_texts()] == ["loss", "val_loss"]  # its own two, beside it
     legend, = figure.legends
     assert len(legend.get_texts()) == 1 and legend.get_texts()[0].get_text().startswith("run 1: finished")
+
+
+def test_a_panel_of_one_measured_window_spans_the_runs_steps():
+    """A short run's rates are measured over one window: their panels showed one point between step 38 and 40."""
+    from nbtrain.kernel.dashboard.final import final_figure
+    from nbtrain.kernel.dashboard.model import RunModel
+
+    model = RunModel()
+    model.add_metrics(0, [(s, 100.0 + s, {"loss": 1.0 / (s + 1)}) for s in range(70)])
+    model.add_metrics(0, [(39, 140.0, {"data_wait": 94.0})])
+    model.finish(RunState.FINISHED, "2 ranks finished")
+    loss, data_wait = final_figure(model.store, model.telemetry, "run", 0.6).axes[:2]
+    assert data_wait.get_xlim() == loss.get_xlim() and loss.get_xlim()[1] - loss.get_xlim()[0] > 60

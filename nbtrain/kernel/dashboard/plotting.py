@@ -92,6 +92,7 @@ def draw_series(fig, series: dict, smoothing: float, earlier=()) -> list:
     axes = []
     max_points = max(len(series[name][1]) for _, names in shown for name in names)
     runs_drawn: dict[str, None] = {}  # the earlier runs drawn in any panel, in order
+    run_span = _span([series[name][0] for _, names in shown for name in names])
     for i, (key, names) in enumerate(shown):
         ax = fig.add_subplot(rows, cols, i + 1)
         for j, name in enumerate(names):
@@ -106,7 +107,7 @@ def draw_series(fig, series: dict, smoothing: float, earlier=()) -> list:
             ax.plot(steps, curve, color=color, linewidth=theme.CURVE_WIDTH * PIXEL_PT, label=plot_literal(name),
                     marker="o" if len(steps) < 15 else None, markersize=theme.MARKER_SIZE)
         runs_drawn.update(dict.fromkeys(_draw_earlier(ax, names, earlier, smoothing, max_points)))
-        _follow_this_run(ax, [series[name][0] for name in names])
+        _follow_this_run(ax, [series[name][0] for name in names], run_span)
         theme.style_axes(ax, plot_literal(panel_title(key, "\n")))
         if len(names) > 1:
             _legend_beside(ax, len(names))
@@ -121,13 +122,21 @@ def draw_series(fig, series: dict, smoothing: float, earlier=()) -> list:
     return axes
 
 
-def _follow_this_run(ax, steps_of_names: list) -> None:
-    """The x axis spans this run's steps: a longer earlier run drawn beside it is cut, not the scale of the plot."""
-    spans = [(steps[0], steps[-1]) for steps in steps_of_names if len(steps)]
-    low, high = min(s[0] for s in spans), max(s[1] for s in spans)
+def _follow_this_run(ax, steps_of_names: list, run_span: tuple[float, float]) -> None:
+    """The x axis spans this run's steps: a longer earlier run drawn beside it is cut, not the scale of the plot. A
+    panel of one step (a rate measured over one window) spans the steps of the whole run (``run_span``), where that
+    holds its step, not one step either side of it."""
+    low, high = _span(steps_of_names)
+    if high == low and run_span[0] <= low <= run_span[1]:
+        low, high = run_span
     if high > low:
         margin = (high - low) * 0.02
         ax.set_xlim(low - margin, high + margin)
+
+
+def _span(steps_of_names: list) -> tuple[float, float]:
+    spans = [(steps[0], steps[-1]) for steps in steps_of_names if len(steps)]
+    return min(s[0] for s in spans), max(s[1] for s in spans)
 
 
 def _legend_beside(ax, own: int) -> None:
