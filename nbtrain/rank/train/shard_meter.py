@@ -101,8 +101,10 @@ def _time_reduce_scatters(model: nn.Module) -> None:
     from torch.distributed.fsdp import FSDPModule
 
     timed = _timed_reduce_scatter()
+    if timed is None:
+        return
     for module in model.modules():
-        if timed is not None and isinstance(module, FSDPModule):
+        if isinstance(module, FSDPModule):
             try:
                 module.set_custom_reduce_scatter(timed)
             except ValueError:

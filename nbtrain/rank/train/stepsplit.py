@@ -8,7 +8,8 @@ cell does before ``step()`` (gradient clipping); either way it holds, under DDP,
 backward did not hide; *optimizer* is the prepared optimizer's
 ``step()``. Under DDP, *comm* is the part of backward that waited for the all-reduce after the last gradient was
 computed (:mod:`.commwait`), taken out of *backward*; under FSDP2, the wait for its reduce-scatters at backward's
-end and, on the CPU, where gloo's reduce-scatter blocks backward, each reduce-scatter (:mod:`.shard_meter`). The data wait is the prepared loader's (:mod:`.stepmeter`);
+end and, on the CPU, where gloo's reduce-scatter blocks backward, each reduce-scatter (:mod:`.shard_meter`).
+The data wait is the prepared loader's (:mod:`.stepmeter`);
 what is left of the step is *other*: the loss, logging, the cell's own code.
 
 **The clock.** On the CPU, wall time. On a GPU the host runs ahead of the device, so each mark is a CUDA event on
