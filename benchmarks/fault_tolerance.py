@@ -42,6 +42,7 @@ from nbtrain.kernel.lifecycle.lighthouse import Lighthouse
 
 HERE = Path(__file__).resolve().parent
 WORKER = str(HERE / "ft_worker.py")
+GROUPS = "012"  # the replica groups' names; "2" is the one lost
 
 
 def lines(out: Path, worker: str) -> list[tuple[int, float]]:
@@ -68,14 +69,15 @@ def start_ft(replica: str, lighthouse: Lighthouse, secret: str, args, out: Path)
                                stdout=subprocess.DEVNULL, stderr=open(out / f"{replica}.log", "ab"))
     assert process.stdin is not None
     process.stdin.write(json.dumps({"lighthouse": lighthouse.address, "replica": replica, "secret": secret,
-                                    "steps": args.steps, "out": str(out), "width": args.width}) + "\n")
+                                    "steps": args.steps, "out": str(out), "width": args.width,
+                                    "groups": len(GROUPS)}) + "\n")
     process.stdin.close()
     return process
 
 
 def torchft_round(args, out: Path) -> dict[str, float]:
     lighthouse, secret = Lighthouse("127.0.0.1", min_replicas=2), secrets.token_hex(32)
-    workers = {r: start_ft(r, lighthouse, secret, args, out) for r in "012"}
+    workers = {r: start_ft(r, lighthouse, secret, args, out) for r in GROUPS}
     try:
         wait_for_step(out, "2", args.kill_at, lambda: all(p.poll() is None for p in workers.values()))
         workers["2"].send_signal(signal.SIGKILL)
@@ -84,7 +86,7 @@ def torchft_round(args, out: Path) -> dict[str, float]:
         workers["2"] = start_ft("2", lighthouse, secret, args, out)
         for name, process in workers.items():
             if process.wait(timeout=600) != 0:
-                raise SystemExit(f"torchft worker {name} failed; see {out / (name + '.log')}")
+                raise SystemExit(f"torchft worker {name} failed; its log ends:\n{_tail(out / (name + '.log'))}")
     finally:
         for process in workers.values():
             process.kill()
@@ -106,7 +108,7 @@ def elastic_round(args, out: Path) -> dict[str, float]:
         rank2.kill()
         killed = time.time()
         if agent.wait(timeout=600) != 0:
-            raise SystemExit(f"torchrun failed; see {out / 'torchrun.log'}")
+            raise SystemExit(f"torchrun failed; its log, {out / 'torchrun.log'}, ends:\n{_tail(out / 'torchrun.log')}")
     finally:
         agent.kill()
     survivor = lines(out, "0")
@@ -115,6 +117,10 @@ def elastic_round(args, out: Path) -> dict[str, float]:
     return {"step": _step_time(survivor, killed), "pause": survivor[restart][1] - killed,
             "back": min(t for s, t in back if t > killed and s <= survivor[restart][0]) - killed,
             "redone": survivor[restart - 1][0] + 1 - survivor[restart][0]}
+
+
+def _tail(log: Path, chars: int = 4000) -> str:
+    return log.read_text(errors="replace")[-chars:]
 
 
 def _step_time(steps: list[tuple[int, float]], before: float) -> float:

@@ -1,6 +1,7 @@
 """One worker of benchmarks/fault_tolerance.py: a replica group under torchft, or a rank under torchrun.
 
-    python benchmarks/ft_worker.py ft       (settings as JSON on stdin: lighthouse, replica, secret, steps, out, width)
+    python benchmarks/ft_worker.py ft       (settings as JSON on stdin: lighthouse, replica, secret, steps, out, width,
+                                             groups)
     python benchmarks/ft_worker.py elastic  (under torchrun; settings as JSON in NBTRAIN_BENCH_SETTINGS: steps, out,
                                              width, every — a checkpoint every that many steps)
 
@@ -47,7 +48,9 @@ def run_ft(settings: dict) -> None:
     group = ReplicaGroup(config, lambda: {"model": net.state_dict(), "optim": optimizer.state_dict()}, load)
     ddp, opt = group.wrap_model(net), group.wrap_optimizer(optimizer)
     with open(Path(settings["out"]) / f"{settings['replica']}.steps", "a") as progress:
-        while group.manager.current_step() < settings["steps"]:
+        # past the last step a worker goes on until every group stepped together: on a loaded machine the others
+        # could finish before the replacement of a lost one has started, and it would wait alone for a quorum
+        while group.manager.current_step() < settings["steps"] or group.manager.num_participants() < settings["groups"]:
             opt.zero_grad()
             x, y = batch(settings["width"])
             torch.nn.functional.mse_loss(ddp(x), y).backward()

@@ -166,6 +166,7 @@ print(json.dumps({"said": said, "phases": phases}))
 """
 
 
+@pytest.mark.slow  # an interpreter of its own that imports torch and FSDP2: seconds, more under load
 @pytest.mark.parametrize("blocks", [(0, 1), (0,), ()], ids=["output-is-a-blocks", "output-is-the-roots", "root-only"])
 def test_a_sharded_models_marks_come_before_and_after_fsdp2s_wait_at_backwards_end(blocks):
     """On a GPU FSDP2 waits for its reduce-scatters in a callback queued when backward begins: the end of the

@@ -25,6 +25,10 @@ from nbtrain.kernel.request.config import ConfigError, LaunchRequest, resolve
 
 pytestmark = pytest.mark.timeout(400)
 
+# The pause goal (one step + 2 s) is measured by benchmarks/fault_tolerance.py. Here the bound only tells a survivor
+# that kept stepping from one that waited out a timeout (the groups' is 60 s), on a 2-core machine that may be loaded.
+KEPT_STEPPING_S = 6.0
+
 
 def _kill_the_agent_at_step(folder, rank: int, step: int, then=lambda: None) -> dict:
     """SIGKILL the agent of ``rank``'s node once the rank has taken ``step``, then call ``then``."""
@@ -74,13 +78,13 @@ def test_torchft_nodes_a_killed_node_is_replaced_while_the_others_keep_stepping(
         times = [when for _, step, when in _marks(marks, survivor) if step <= 40]  # then it waits for the new rank 2
         taken = [step for _, step, _ in _marks(marks, survivor)]
         assert taken == sorted(taken) and taken[-1] == steps and len(set(taken)) == steps, taken
-        assert max(b - a for a, b in zip(times, times[1:], strict=False)) < 2.0 + 0.3, times
+        assert max(b - a for a, b in zip(times, times[1:], strict=False)) < KEPT_STEPPING_S, times
     assert [step for pid, step, _ in _marks(marks, 2) if pid != sent["pid"]][-1] == steps
     finals = [torch.load(marks / f"final{rank}.pt") for rank in range(3)]
     for other in finals[1:]:
         for mine, theirs in zip(finals[0], other, strict=True):
             assert torch.allclose(mine, theirs, atol=1e-6)
-    assert result.history.series("ft_groups", 0).steps == list(range(steps))
+    assert sorted(_groups_per_step(result.history, survivors=(0, 1))) == list(range(steps))
 
 
 # Each rank's batch is a function of its group and the step the groups are at (read after zero_grad(), where the step's
@@ -103,6 +107,17 @@ while nbtrain.training_state().step < STEPS:
     time.sleep(0.1)
 torch.save([p.detach() for p in model.module.parameters()], os.path.join(MARKS, f"final{rank}.pt"))
 """
+
+
+def _groups_per_step(history, survivors: tuple[int, ...]) -> dict[int, float]:
+    """Each committed step's count of groups, from the survivors' ``ft_groups``. A survivor whose step failed where a
+    peer's was committed heals from that peer at the next quorum, so its own series may lack that one step."""
+    merged: dict[int, float] = {}
+    for rank in survivors:
+        series = history.series("ft_groups", rank)
+        for step, groups in zip(series.steps, series.values, strict=True):
+            assert merged.setdefault(step, groups) == groups, (rank, step, merged[step], groups)
+    return merged
 
 
 def _reference(groups_per_step: list[float], everyone: int) -> list[torch.Tensor]:
@@ -142,9 +157,9 @@ def test_torchft_nodes_the_groups_end_where_a_reference_run_of_the_same_quorums_
                         write=Captured())
     text = capsys.readouterr().out
     assert sent and "nbtrain: --ft: node" in text, text
-    groups = result.history.series("ft_groups", 0)
-    assert groups.steps == list(range(60)) and 2.0 in groups.values, groups.values  # steps at 2 groups, then 3
-    expected = _reference(groups.values, everyone=3)
+    groups = _groups_per_step(result.history, survivors=(0, 1))
+    assert sorted(groups) == list(range(60)) and 2.0 in groups.values(), groups  # steps at 2 groups, then 3
+    expected = _reference([groups[step] for step in range(60)], everyone=3)
     for rank in range(3):
         for mine, theirs in zip(torch.load(marks / f"final{rank}.pt"), expected, strict=True):
             assert torch.allclose(mine, theirs, atol=1e-5), (rank, (mine - theirs).abs().max())
@@ -173,7 +188,7 @@ def test_torchft_nodes_hsdp_a_lost_node_of_two_ranks_is_replaced_by_an_idle_one(
     assert re.search(rf"nbtrain: --ft: 1 replica group lost and replaced; 0 steps redone; \d+ steps? of {steps}", text), text
     for survivor in (0, 1):
         times = [when for _, step, when in _marks(marks, survivor) if step <= 30]  # then it waits for the new group
-        assert max(b - a for a, b in zip(times, times[1:], strict=False)) < 2.0 + 0.3, times
+        assert max(b - a for a, b in zip(times, times[1:], strict=False)) < KEPT_STEPPING_S, times
     assert len(result.history.series("loss", 0).steps) == len(_marks(marks, 0))  # a loss per batch, committed or not
     finals = [torch.load(marks / f"final{rank}.pt") for rank in range(4)]
     for mine, peer in ((0, 2), (1, 3)):
