@@ -228,3 +228,72 @@ def test_a_model_state_dcp_loaded_into_in_place_is_not_set_again_and_one_with_a_
     assert not _loaded_in_place(model, before, template)
     copied = {**before, "0.bias": before["0.bias"].clone()}  # a tensor that is not the model's own
     assert not _loaded_in_place(model, copied, copied)
+
+
+def _allocated_like(reference: torch.optim.Optimizer, model: torch.nn.Module, **options) -> torch.optim.Optimizer:
+    """A fresh AdamW over ``model`` holding uninitialised state of ``reference``'s shapes, as a resume allocates it."""
+    fresh = torch.optim.AdamW(model.parameters(), lr=0.5, **options)
+    for param, tensors in zip(model.parameters(), reference.state.values(), strict=True):
+        fresh.state[param] = {what: torch.empty_like(tensor) for what, tensor in tensors.items()}
+    return fresh
+
+
+def _as_dcp_loads(template: dict, reference: torch.optim.Optimizer) -> None:
+    """What DCP's load does to an optimizer template: each tensor copied into, each plain value replaced."""
+    for tensors, saved in zip(template["state"].values(), reference.state.values(), strict=True):
+        for what, tensor in tensors.items():
+            tensor.copy_(saved[what])
+    for group, saved in zip(template["param_groups"], reference.param_groups, strict=True):
+        group.update((key, value) for key, value in saved.items() if key != "params")
+
+
+def _trained_adamw() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, betas=(0.8, 0.95))
+    for _ in range(3):
+        model(torch.randn(5, 3)).square().sum().backward()
+        opt.step()
+    return model, opt
+
+
+def test_an_optimizer_state_allocated_by_the_resume_is_loaded_in_place_and_only_its_groups_values_are_set(monkeypatch):
+    import torch.distributed.checkpoint.state_dict as torch_state_dict
+
+    from nbtrain.rank.train.dcp_resume import _allocated_template
+
+    def refused(*args, **kwargs):
+        raise AssertionError("set_optimizer_state_dict ran: the state was loaded in place")
+
+    monkeypatch.setattr(torch_state_dict, "set_optimizer_state_dict", refused)
+    model, trained = _trained_adamw()
+    fresh = _allocated_like(trained, model)
+    held = [dict(tensors) for tensors in fresh.state.values()]
+    state: dict = {}
+    apply = _allocated_template(model, fresh, {"key": "optim0"}, state)
+    assert set(state["optim0"]["state"]) == {"0.weight", "0.bias", "1.weight", "1.bias"}
+    _as_dcp_loads(state["optim0"], trained)
+    apply()
+    assert fresh.param_groups[0]["lr"] == 0.01 and fresh.param_groups[0]["betas"] == (0.8, 0.95)
+    for mine, kept, theirs in zip(fresh.state.values(), held, trained.state.values(), strict=True):
+        assert all(mine[what] is kept[what] and torch.equal(mine[what], theirs[what]) for what in theirs)
+    assert list(fresh.param_groups[0]["params"]) == list(model.parameters())
+
+
+@pytest.mark.parametrize("case", ["replaced", "capturable"])
+def test_an_allocated_optimizer_state_goes_through_torchs_set_when_the_load_left_more_than_values(case):
+    """A tensor DCP replaced instead of filling, or an optimizer that keeps its step counts on its device: torch's
+    ``set_optimizer_state_dict`` does the rest, and the state is the checkpoint's all the same."""
+    from nbtrain.rank.train.dcp_resume import _allocated_template
+
+    model, trained = _trained_adamw()
+    fresh = _allocated_like(trained, model, **({"capturable": True} if case == "capturable" else {}))
+    state: dict = {}
+    apply = _allocated_template(model, fresh, {"key": "optim0"}, state)
+    _as_dcp_loads(state["optim0"], trained)
+    if case == "replaced":
+        state["optim0"]["state"]["1.bias"]["exp_avg"] = trained.state[model[1].bias]["exp_avg"].clone()
+    apply()
+    assert fresh.param_groups[0]["lr"] == 0.01
+    for mine, theirs in zip(fresh.state.values(), trained.state.values(), strict=True):
+        assert all(torch.equal(mine[what].cpu(), theirs[what]) for what in theirs)

@@ -10,7 +10,9 @@ DCP loads in place, into state of the right shapes, and an optimizer made afresh
 training step's update. :func:`_allocate_optimizer_state` allocates that state from the checkpoint's layout
 instead, where the layout says all of it: the same hyperparameter names as the optimizer's own groups (the same
 kind of optimizer), and each saved tensor either of its parameter's shape (then sharded as the parameter is) or
-a scalar (a step count). Anything else keeps torch's way.
+a scalar (a step count). Anything else keeps torch's way. State nbtrain allocated is also its own template: DCP
+fills those tensors in place, so only the groups' plain values are set back (:func:`_allocated_template`), not
+the whole state again through ``get_``/``set_optimizer_state_dict``.
 """
 
 from __future__ import annotations
@@ -52,9 +54,10 @@ def restore(context: TrainContext, folder: str, models: list[tuple[Any, Any]], o
         owner = owner_of(context, optimizer)
         inner = getattr(optimizer, "optimizer", optimizer)
         if is_dcp_entry(saved) and owner is not None:
-            if not inner.state:
-                _allocate_optimizer_state(plain(owner), inner, saved["key"], _layout(layouts, folder, saved["dcp"]))
-            applies.append(_optimizer_template(plain(owner), inner, saved, reads.setdefault(saved["dcp"], {})))
+            allocated = not inner.state and _allocate_optimizer_state(plain(owner), inner, saved["key"],
+                                                                       _layout(layouts, folder, saved["dcp"]))
+            template = _allocated_template if allocated else _optimizer_template
+            applies.append(template(plain(owner), inner, saved, reads.setdefault(saved["dcp"], {})))
         elif is_shards_entry(saved) and owner is not None:
             _load_shards(owner, inner, saved["shards"])
         else:
@@ -106,6 +109,49 @@ def _optimizer_template(model, optimizer, saved: dict, state: dict):
 
     state[saved["key"]] = get_optimizer_state_dict(model, optimizer)
     return lambda: set_optimizer_state_dict(model, optimizer, state[saved["key"]])
+
+
+def _allocated_template(model, optimizer, saved: dict, state: dict):
+    """Where nbtrain allocated the optimizer's state itself: its template made from that state directly (what
+    ``get_optimizer_state_dict`` returns, without its generic walk). DCP loads the tensors in place, so only the
+    groups' plain values (``lr``, ``betas``) are set back; anything else goes through ``set_optimizer_state_dict``."""
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    names = {param: name for name, param in model.named_parameters()}
+    if any(param not in names for group in optimizer.param_groups for param in group["params"]):
+        return _optimizer_template(model, optimizer, saved, state)  # it also steps another model's parameters
+    own = {names[param]: dict(tensors) for param, tensors in optimizer.state.items()}
+    groups = [{**{k: v for k, v in group.items() if k != "params"}, "params": [names[p] for p in group["params"]]}
+              for group in optimizer.param_groups]
+    template = state[saved["key"]] = {"state": {name: dict(tensors) for name, tensors in own.items()},
+                                      "param_groups": [dict(group) for group in groups]}
+
+    def apply() -> None:
+        if _only_values_to_set(optimizer, own, groups, template):
+            for group, loaded in zip(optimizer.param_groups, template["param_groups"], strict=True):
+                group.update((key, value) for key, value in loaded.items() if key != "params")
+        else:
+            set_optimizer_state_dict(model, optimizer, template)
+
+    return apply
+
+
+def _only_values_to_set(optimizer, own: dict, groups: list[dict], loaded: dict) -> bool:
+    """Whether DCP's load left nothing for ``Optimizer.load_state_dict`` to do but the groups' plain values: every
+    state tensor loaded in place, the groups holding the same parameters, and no optimizer that keeps its step
+    counts on the device (``capturable``, ``fused``: load_state_dict moves them) or hooks its loading."""
+    if getattr(optimizer, "_optimizer_load_state_dict_pre_hooks", None) or \
+            getattr(optimizer, "_optimizer_load_state_dict_post_hooks", None):
+        return False
+    if any(group.get("capturable") or group.get("fused") for group in optimizer.param_groups):
+        return False
+    same_groups = len(loaded["param_groups"]) == len(groups) and all(
+        mine["params"] == theirs.get("params") for mine, theirs in zip(groups, loaded["param_groups"], strict=True))
+    in_place = loaded["state"].keys() == own.keys() and all(
+        loaded["state"][name].keys() == tensors.keys() and all(loaded["state"][name][what] is tensor
+                                                                for what, tensor in tensors.items())
+        for name, tensors in own.items())
+    return same_groups and in_place
 
 
 def load_whole_model(model, saved: dict) -> None:
@@ -182,25 +228,26 @@ def _load_shards(model, optimizer, state: dict) -> None:
 
 
 # ------------------------------------------------------------------------------------------ optimizer state
-def _allocate_optimizer_state(model, optimizer, key: str, layout) -> None:
+def _allocate_optimizer_state(model, optimizer, key: str, layout) -> bool:
     """Give a stateless ``optimizer`` the (uninitialised) state its DCP entry ``key`` holds, as the module docstring
-    says; where the layout does not say all of it, leave the optimizer as it is."""
+    says, and say whether it did; where the layout does not say all of it, leave the optimizer as it is."""
     saved_state, saved_groups = _entry_layout(layout, key)
-    if saved_groups != [set(group) - {"params"} for group in optimizer.param_groups]:
-        return  # another kind of optimizer (or other groups): torch's own template, and its error if it is one
+    if not saved_state or saved_groups != [set(group) - {"params"} for group in optimizer.param_groups]:
+        return False  # another kind of optimizer (or other groups): torch's own template, and its error if it is one
     parameters = dict(model.named_parameters())
     allocated: dict = {}
     for name, tensors in saved_state.items():
         param = parameters.get(name)
         if param is None:
-            return
+            return False
         allocated[param] = {}
         for what, metadata in tensors.items():
             tensor = _empty_like_saved(param, metadata)
             if tensor is None:
-                return
+                return False
             allocated[param][what] = tensor
     optimizer.state.update(allocated)
+    return True
 
 
 def _entry_layout(layout, key: str) -> tuple[dict[str, dict[str, Any]], list[set[str]] | None]:
