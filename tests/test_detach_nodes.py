@@ -119,10 +119,12 @@ def test_a_detached_run_on_two_nodes_outlives_a_killed_kernel_and_comes_back_who
     assert seconds < 5.0  # the cell returns while the nodes come
     with _nodes_of(run_id) as agents:
         at_kill = wait_for_step(run_id, 20)
-        nodes = until(lambda: _nodes_listed(first.pid()), 30, "the kernel to list the run's nodes")
+        # each node's own heartbeat, relayed by the agent: its load is N/A (None) until a heartbeat has measured it
+        nodes = until(lambda: (listed := _nodes_listed(first.pid())) and
+                      all(n["cpu_percent"] is not None for n in listed) and listed, 30,
+                      "the kernel to list the run's nodes with their load")
         assert sorted(n["ranks"] for n in nodes) == [[0], [1]], nodes  # each node, not the agent as one node
         assert {n["address"] for n in nodes} == {"127.0.0.2", "127.0.0.3"} and {n["state"] for n in nodes} == {"running"}
-        assert all(n["cpu_percent"] is not None for n in nodes)  # each node's own heartbeat, relayed by the agent
         os.kill(first.pid(), signal.SIGKILL)
         later = wait_for_step(run_id, at_kill.step + 15)  # both nodes keep stepping with no kernel
         assert later.state is RecordedState.RUNNING
