@@ -19,7 +19,8 @@ against ``dcp.load`` into the same state dicts, made beforehand. Both reading ce
 for resuming by hand (``get_state_dict``, ``dcp.load``, ``set_state_dict``, as DCP's tutorial writes it) into a
 fresh optimizer: the work a user would write, which the bare ``dcp.load`` leaves out.
 Each figure is the median over the rounds of the slowest rank's time (barriers around each call); which of the
-two saves goes first alternates from round to round.
+two saves goes first alternates from round to round. The ranks are forked from a zygote started first, as
+``%load_ext nbtrain`` starts it in a notebook.
 Goal: nbtrain ≤ 1.05× raw for each.
 
     python benchmarks/checkpoint_speed.py [--ranks 2] [--rounds 5] [--layers 8] [--width 1024] [--gpu]
@@ -168,13 +169,25 @@ for round_ in range(ROUNDS):
 
 def run(args, cell: str, names: dict, **options) -> dict:
     from nbtrain.kernel.lifecycle.entry import run_source
+    from nbtrain.kernel.lifecycle.pools import PoolManager
     from nbtrain.kernel.request.config import LaunchRequest
 
     request = LaunchRequest(nprocs=args.ranks, cpu=not args.gpu, keep_alive=0, fresh=True, shard="full",
                             checkpoint=names["CHECKPOINT"], **options)
     namespace = dict(names)
-    run_source(cell, request, namespace)
+    run_source(cell, request, namespace, manager=PoolManager(starter=args.starter))
     return namespace
+
+
+def zygote():
+    """The rank starter a notebook has after ``%load_ext nbtrain``: ranks forked from a zygote that has imported
+    what they use (DCP among it), not new interpreters."""
+    from nbtrain.kernel.ranks.starter import RankStarter
+
+    starter = RankStarter()
+    starter.start_zygote()
+    assert starter.zygote is not None and starter.zygote.wait_ready(), "the zygote did not start"
+    return starter
 
 
 def line(what: str, ours: list[float], raw: list[float]) -> str:
@@ -197,6 +210,14 @@ def main() -> int:
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--gpu", action="store_true")
     args = parser.parse_args()
+    args.starter = zygote()
+    try:
+        return measure(args)
+    finally:
+        args.starter.close()
+
+
+def measure(args) -> int:
     params = args.layers * (args.width * args.width + args.width)
     print(f"{args.ranks} ranks, {params / 1e6:.1f} M parameters (AdamW: {params * 12 / 2**20:.0f} MiB of state), "
           f"{args.rounds} rounds, {'GPU' if args.gpu else 'CPU (gloo)'}")

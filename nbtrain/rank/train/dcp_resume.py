@@ -280,7 +280,19 @@ def _empty_like_saved(param, metadata):
         return None
     dtype = metadata.properties.dtype
     if tuple(metadata.size) == tuple(param.shape) and param.dim() > 0:
-        return torch.empty_like(param, dtype=dtype, requires_grad=False)
+        return _empty_like_param(param, dtype)
     if len(metadata.size) == 0:
         return torch.empty((), dtype=dtype)
     return None
+
+
+def _empty_like_param(param, dtype):
+    """An empty tensor laid out as ``param``. A DTensor's is made from its local shard: ``torch.empty_like`` on the
+    DTensor itself goes through DTensor's sharding propagation, whose first use in a rank took 4 ms here."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(param, DTensor):
+        return torch.empty_like(param, dtype=dtype, requires_grad=False)
+    local = torch.empty_like(param.to_local(), dtype=dtype, requires_grad=False)
+    return DTensor.from_local(local, param.device_mesh, param.placements, run_check=False, shape=param.shape,
+                              stride=param.stride())
