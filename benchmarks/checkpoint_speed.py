@@ -12,7 +12,10 @@ One ``%%distributed --shard --checkpoint DIR`` cell prepares a model of ``--laye
   line it prints is what decides nbtrain's choice of checkpointer (the one that blocks training less).
 
 A third cell resumes from the checkpoint (``prepare()`` reads it), a fourth prepares the same model with
-``--no-resume``: the difference is nbtrain's resume, timed against ``dcp.load`` of the same state by hand. That
+``--no-resume``: the difference is nbtrain's resume, timed against ``dcp.load`` of the same state by hand into
+new optimizer state (allocated with ``torch.empty_like``, untouched: a resume makes the optimizer's state, and on
+the CPU the load faults its pages in) — and against ``dcp.load`` into state dicts whose every page was written
+before the clock started, which no resume into a new process has. That
 difference is of two cells' ranks, so a loaded machine makes it noisy; a fifth cell times the same reading in one
 cell: ``nbtrain.load_checkpoint()`` into the prepared model and a fresh optimizer (its state cleared each round),
 against ``dcp.load`` into the same state dicts, made beforehand. Both reading cells also time torch's own recipe
@@ -136,6 +139,17 @@ dist.barrier(group=gloo)
 began = time.perf_counter()
 dcp.load(state, checkpoint_id=RAW_DIR + "/r0")
 resume["raw"] = slowest(time.perf_counter() - began)
+# the same by hand into new optimizer state (allocated, never touched), as a resume must make it: its pages are
+# faulted in by the load, as nbtrain's resume's are, where the state above had been written already
+new = {"state": {name: {what: torch.empty_like(tensor) for what, tensor in tensors.items()}
+                 for name, tensors in state["optim0"]["state"].items()},
+       "param_groups": state["optim0"]["param_groups"]}
+state = {"model0": state["model0"], "optim0": new}
+dist.barrier(group=gloo)
+began = time.perf_counter()
+dcp.load(state, checkpoint_id=RAW_DIR + "/r0")
+resume["raw_new"] = slowest(time.perf_counter() - began)
+del new, state
 opt.optimizer.state.clear()  # a fresh optimizer, as the resumed one was
 dist.barrier(group=gloo)
 began = time.perf_counter()
@@ -235,7 +249,8 @@ def measure(args) -> int:
                                              "CHECKPOINT": os.path.join(where, "nbtrain")}, resume=resume)["resume"]
                            for _ in range(args.rounds)] for resume in (True, False))
         extra = [r["nbtrain"] - f["nbtrain"] for r, f in zip(resumed, fresh, strict=True)]
-        print(line("resume (prepare()'s extra)", extra, [r["raw"] for r in resumed]))
+        print(line("resume (prepare()'s extra)", extra, [r["raw_new"] for r in resumed]))
+        print(line("  against state written before", extra, [r["raw"] for r in resumed]))
         print(line("  against torch's recipe", extra, [r["recipe"] for r in resumed]))
         loaded = run(args, LOAD, {**names, "RAW_DIR": os.path.join(where, "raw"),
                                   "CHECKPOINT": os.path.join(where, "nbtrain")}, resume=False)["load"]
