@@ -12,11 +12,13 @@ One ``%%distributed --shard --checkpoint DIR`` cell prepares a model of ``--laye
   line it prints is what decides nbtrain's choice of checkpointer (the one that blocks training less).
 
 A third cell resumes from the checkpoint (``prepare()`` reads it), a fourth prepares the same model with
-``--no-resume``: the difference is nbtrain's resume, timed against ``dcp.load`` of the same state by hand into
-new optimizer state (allocated with ``torch.empty_like``, untouched: a resume makes the optimizer's state, and on
-the CPU the load faults its pages in) — and against ``dcp.load`` into state dicts whose every page was written
-before the clock started, which no resume into a new process has. That
-difference is of two cells' ranks, so a loaded machine makes it noisy; a fifth cell times the same reading in one
+``--no-resume``: the difference is nbtrain's resume. It is timed against a resume written by hand in a fifth
+cell's new ranks: the model's state dict, new optimizer state (``torch.empty_like`` of shapes it is given free,
+untouched: on the CPU the load faults its pages in) and ``dcp.load`` — the ranks' first, as a resume's is. The
+third cell also times, after nbtrain's resume, ``dcp.load`` into new optimizer state (a second load in the ranks:
+what the first paid for, DCP's first use in a process, it finds done) and into state dicts whose every page was
+written before the clock started, which no resume into a new process has. nbtrain's figure is a difference of
+two cells' ranks, so a loaded machine makes it noisy; a sixth cell times the same reading in one
 cell: ``nbtrain.load_checkpoint()`` into the prepared model and a fresh optimizer (its state cleared each round),
 against ``dcp.load`` into the same state dicts, made beforehand. Both reading cells also time torch's own recipe
 for resuming by hand (``get_state_dict``, ``dcp.load``, ``set_state_dict``, as DCP's tutorial writes it) into a
@@ -157,6 +159,21 @@ recipe()
 resume["recipe"] = slowest(time.perf_counter() - began)
 """
 
+HAND_RESUME = READ_PREAMBLE + """
+model = torch.nn.Sequential(*(torch.nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+model, opt = nbtrain.prepare(model, opt)  # --no-resume
+shapes = get_optimizer_state_dict(model, opt.optimizer)  # the state's shapes, given to the hand-written resume free
+opt.optimizer.state.clear()
+dist.barrier(group=gloo)
+began = time.perf_counter()
+state = {"model0": get_model_state_dict(model),
+         "optim0": {"state": {name: {what: torch.empty_like(tensor) for what, tensor in tensors.items()}
+                              for name, tensors in shapes["state"].items()}, "param_groups": shapes["param_groups"]}}
+dcp.load(state, checkpoint_id=RAW_DIR + "/r0")  # the ranks' first load, as a resume's is
+hand = slowest(time.perf_counter() - began)
+"""  # a resume written by hand, first in new ranks: the model's state dict, new optimizer state, one dcp.load
+
 LOAD = READ_PREAMBLE + """
 def timed(call):
     dist.barrier(group=gloo)
@@ -249,7 +266,11 @@ def measure(args) -> int:
                                              "CHECKPOINT": os.path.join(where, "nbtrain")}, resume=resume)["resume"]
                            for _ in range(args.rounds)] for resume in (True, False))
         extra = [r["nbtrain"] - f["nbtrain"] for r, f in zip(resumed, fresh, strict=True)]
-        print(line("resume (prepare()'s extra)", extra, [r["raw_new"] for r in resumed]))
+        hand = [run(args, HAND_RESUME, {**names, "RAW_DIR": os.path.join(where, "raw"),
+                                        "CHECKPOINT": os.path.join(where, "nbtrain")}, resume=False)["hand"]
+                for _ in range(args.rounds)]
+        print(line("resume (prepare()'s extra)", extra, hand))
+        print(line("  against a second dcp.load", extra, [r["raw_new"] for r in resumed]))
         print(line("  against state written before", extra, [r["raw"] for r in resumed]))
         print(line("  against torch's recipe", extra, [r["recipe"] for r in resumed]))
         loaded = run(args, LOAD, {**names, "RAW_DIR": os.path.join(where, "raw"),

@@ -51,7 +51,7 @@ from typing import NoReturn
 
 from ..wire import forking
 from ..wire.shm import owner_prefix, sweep_prefix
-from . import stop, store_server
+from . import stop, store_server, warmup
 from .spares import Spares
 
 # What a training cell's first lines import lazily: constructing any optimizer imports torch._dynamo (seconds)
@@ -400,20 +400,6 @@ def _register_gloo() -> None:
             register("gloo")
 
 
-def _warm_weights_only_loads() -> None:
-    """The first ``torch.load(weights_only=True)`` in a process costs about 1.5 ms more than the next (a resume
-    reads its checkpoint file so, then DCP each tensor): paid here once, on a buffer of the kinds a checkpoint holds."""
-    import io
-
-    import torch
-
-    buffer = io.BytesIO()
-    torch.save({"tensor": torch.zeros(2), "values": [1, 2.0, "x", (3,)]}, buffer)
-    buffer.seek(0)
-    with contextlib.suppress(Exception):
-        torch.load(buffer, weights_only=True)
-
-
 def _close_all(fds) -> None:
     for fd in fds:
         with contextlib.suppress(OSError):
@@ -434,7 +420,7 @@ def main() -> None:
         with contextlib.suppress(Exception):
             importlib.import_module(name)
     _register_gloo()
-    _warm_weights_only_loads()
+    warmup.warm_checkpoint_paths()
     gc.collect()
     gc.freeze()  # what the ranks inherit is never traversed by their collections: fast, and pages stay shared
 
