@@ -207,12 +207,15 @@ def test_a_background_save_is_written_by_the_cells_end_and_resumes_as_a_plain_on
     assert first["curve"] + then["curve"] == pytest.approx(straight["curve"], rel=1e-4)
 
 
-def test_a_background_saves_file_holds_every_ranks_rng_state_gathered_in_the_background(pools, tmp_path):
-    cell = CURVE.replace("curve = []", "curve = []\ntorch.manual_seed(rank)")  # each rank's generator its own
-    run_cell(pools, cell.replace("EPOCHS", "1"), shard="full", checkpoint_async=True, checkpoint=str(tmp_path))
+@pytest.mark.parametrize("background", [True, False], ids=["async", "sync"])
+def test_a_sharded_saves_file_holds_every_ranks_own_state_gathered_beside_the_write(pools, tmp_path, background):
+    cell = CURVE.replace("curve = []", "curve = []\ntorch.manual_seed(rank)\nnbtrain.log(rank_was=float(rank))")
+    run_cell(pools, cell.replace("EPOCHS", "1"), shard="full", checkpoint_async=background, checkpoint=str(tmp_path))
     saved = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert [entry["rank"] for entry in saved["ranks"]] == [0, 1], "every rank's entry, in rank order"
     states = [entry["rng"]["torch"] for entry in saved["ranks"]]
-    assert len(states) == 2 and not torch.equal(states[0], states[1])
+    assert not torch.equal(states[0], states[1]), "each rank's own generator"
+    assert [entry["metric_history"]["rank_was"]["values"].tolist() for entry in saved["ranks"]] == [[0.0], [1.0]]
 
 
 def test_a_rank_killed_during_a_sharded_save_leaves_the_previous_checkpoint(pools, tmp_path):

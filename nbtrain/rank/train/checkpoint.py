@@ -43,7 +43,6 @@ import glob
 import os
 import pickle
 import re
-import secrets
 import shutil
 import stat
 import threading
@@ -53,13 +52,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 
 from ...wire.checkpoint_files import ForeignCheckpointError, refuse_foreign_checkpoint
 from ...common.words import checkpoint_position
-from . import dcp_resume, metrics, shard
+from . import dcp_resume, metrics, save_gather, shard
 from .rng_state import rng_state, set_rng_state
-from .plain_gather import all_gather_plain, broadcast_text, gather_plain
+from .plain_gather import all_gather_plain, broadcast_text
 from .checkpoint_write import StagedFile, writable_by_owner_only, write_atomic
 from .state import SaveGroup, TrainContext, current
 
@@ -95,14 +93,11 @@ def save_checkpoint(path: str | None = None, **extra) -> str:
     sharded = any(shard.is_sharded(m) for m in context.models)
     if sharded and context.settings.checkpoint_async and path is None:
         return _save_in_background(context, group, target, mine, extra)
-    mine["shards_token"] = secrets.token_hex(4)
-    ranks: list = [mine]
-    if group.size > 1:
-        ranks = all_gather_plain(mine, context.device)
-    token = ranks[0]["shards_token"]  # rank 0's names the new shard folder: one gather, no second collective
-    for entry in ranks:
-        entry.pop("shards_token", None)
-    folder = _shards_folder(context, target, token) if sharded else None
+    if sharded:  # the ranks' states reach rank 0 while DCP writes (_save_now): only the folder's name first
+        folder: str | None = _shards_folder(context, target, save_gather.rank0s_token(context.device, group))
+        ranks = [mine]
+    else:
+        folder, ranks = None, all_gather_plain(mine, context.device) if group.size > 1 else [mine]
     snapshot = _snapshot(context, ranks, extra, shard.checkpoint_entries(context, folder) if folder else None)
     error = _save_now(context, group, target, snapshot, folder)
     error = _rank0s_error(context.device, group, error)
@@ -139,9 +134,12 @@ def _shards_folder(context: TrainContext, target: str, token: str) -> str:
 
 def _save_now(context: TrainContext, group: SaveGroup, target: str, snapshot: dict, folder: str | None) -> str | None:
     """Each rank writes its shards to ``folder`` (under --shard) while rank 0 writes the file that will name them
-    under a temporary name; the file replaces the old one once every rank's shards are written. Returns rank 0's
-    error in writing the file (a failed DCP write raises on every rank, and the old file stays)."""
-    staged = StagedFile(snapshot, target) if group.rank == 0 else None
+    under a temporary name; the file replaces the old one once every rank's shards are written. Under --shard the
+    ranks' own states (``snapshot["ranks"]``: this rank's) are gathered on rank 0 meanwhile, over the background
+    saves' group, on the thread that writes the file. Returns rank 0's error in writing the file (a failed DCP write
+    raises on every rank, and the old file stays)."""
+    gathering = save_gather.beside_the_write(group, snapshot) if folder is not None else None
+    staged = StagedFile(gathering or snapshot, target) if group.rank == 0 else None
     try:
         if folder is not None:
             shard.save_states(context, folder)
@@ -150,6 +148,8 @@ def _save_now(context: TrainContext, group: SaveGroup, target: str, snapshot: di
             staged.discard()
         raise
     if staged is None:
+        if gathering is not None:
+            gathering()  # this rank's part of the gather: over before the next save's
         return None
     try:
         staged.put_in_place(first=lambda: writable_by_owner_only(folder) if folder is not None else None)
@@ -173,7 +173,7 @@ def _save_in_background(context: TrainContext, group: SaveGroup, target: str, mi
     def done(error: str | None) -> None:
         taken.wait()
         try:
-            snapshot["ranks"] = _gathered_on_rank0(group, mine, shard.background_group())  # every rank, always
+            snapshot["ranks"] = save_gather.gathered_on_rank0(group, mine, shard.background_group())  # every rank, always
             if error is None and group.rank == 0:
                 writable_by_owner_only(os.path.join(os.path.dirname(target), snapshot["models"][0]["dcp"]))
                 write_atomic(snapshot, target)
@@ -185,7 +185,7 @@ def _save_in_background(context: TrainContext, group: SaveGroup, target: str, mi
                 failure.append(error)
             finished.set()
 
-    states = shard.save_states(context, _shards_folder(context, target, _rank0s_token(context.device, group)), done)
+    states = shard.save_states(context, _shards_folder(context, target, save_gather.rank0s_token(context.device, group)), done)
     snapshot.update(_snapshot(context, [mine], extra, states))  # its "ranks": every rank's, once gathered
     taken.set()
     written = context.pending_save
@@ -202,21 +202,6 @@ def _save_in_background(context: TrainContext, group: SaveGroup, target: str, mi
                                   "there is unchanged.")
     context.save_in_background(wait)
     return target
-
-
-def _rank0s_token(device, group: SaveGroup) -> str:
-    """A random name part for the new shard folder, rank 0's, on every rank (one small broadcast)."""
-    token = torch.tensor([secrets.randbits(31)], dtype=torch.int64, device=device)
-    if group.size > 1:
-        dist.broadcast(token, src=0)
-    return f"{int(token.item()):08x}"
-
-
-def _gathered_on_rank0(group: SaveGroup, mine: dict, background) -> list | None:
-    """Every rank's ``mine`` on rank 0, in rank order, over the ``background`` process group; None elsewhere."""
-    if group.size <= 1:
-        return [mine]
-    return gather_plain(mine, torch.device("cpu"), background)  # the background group is gloo's
 
 
 def _remove_older_shards_later(context: TrainContext, target: str, keep: str | None) -> None:

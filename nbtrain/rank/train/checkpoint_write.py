@@ -30,19 +30,20 @@ def write_atomic(state: dict, path: str) -> None:
 
 
 class StagedFile:
-    """``state`` written to a temporary beside ``path`` on a thread of its own, from the moment it is made;
-    :meth:`put_in_place` makes it ``path``, :meth:`discard` drops it."""
+    """``state`` written to a temporary beside ``path`` on a thread of its own, from the moment it is made — or,
+    given a function, what it returns, called on that thread; :meth:`put_in_place` makes it ``path``,
+    :meth:`discard` drops it."""
 
-    def __init__(self, state: dict, path: str) -> None:
+    def __init__(self, state: dict | Callable[[], dict], path: str) -> None:
         self.path = path
         self._temporary: str | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._write, args=(state,), name="nbtrain-checkpoint-file", daemon=True)
         self._thread.start()
 
-    def _write(self, state: dict) -> None:
+    def _write(self, state: dict | Callable[[], dict]) -> None:
         try:
-            self._temporary = _write_temporary(state, self.path)
+            self._temporary = _write_temporary(state() if callable(state) else state, self.path)
         except BaseException as exc:  # raised where the file is put in place
             self._error = exc
 

@@ -1,0 +1,58 @@
+"""Every rank's own part of a checkpoint (its RNG states, metric step counters and logged series) on rank 0, which
+writes the checkpoint file; and rank 0's name for a new shard folder, on every rank.
+
+Under ``--shard`` the gather runs over the background saves' own gloo group while DCP writes the shards (a
+run's logged series grow with it: gathered before the write, they would block training for their whole length),
+so training waits for one small broadcast of its own, the folder's name.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from . import shard
+from .plain_gather import gather_plain
+from .state import SaveGroup
+
+
+def beside_the_write(group: SaveGroup, snapshot: dict) -> Callable[[], dict] | None:
+    """The snapshot with every rank's state, gathered on rank 0 over the background saves' group — on a thread
+    started now on the other ranks (what is returned joins it), on rank 0 by whoever calls what is returned (the
+    file's writer). None for one rank: the snapshot holds its state already."""
+    if group.size <= 1:
+        return None
+    background = shard.background_group()  # made on this thread: making a group is a collective of the default one
+    mine = snapshot["ranks"][0]
+
+    def gathered() -> dict:
+        return {**snapshot, "ranks": gathered_on_rank0(group, mine, background)}
+
+    if group.rank == 0:
+        return gathered
+    helper = threading.Thread(target=gathered, name="nbtrain-save-gather", daemon=True)
+    helper.start()
+
+    def joined() -> dict:
+        helper.join()
+        return snapshot
+    return joined
+
+
+def rank0s_token(device, group: SaveGroup) -> str:
+    """A random name part for the new shard folder, rank 0's, on every rank (one small broadcast)."""
+    token = torch.tensor([secrets.randbits(31)], dtype=torch.int64, device=device)
+    if group.size > 1:
+        dist.broadcast(token, src=0)
+    return f"{int(token.item()):08x}"
+
+
+def gathered_on_rank0(group: SaveGroup, mine: dict, background) -> list | None:
+    """Every rank's ``mine`` on rank 0, in rank order, over the ``background`` process group; None elsewhere."""
+    if group.size <= 1:
+        return [mine]
+    return gather_plain(mine, torch.device("cpu"), background)  # the background group is gloo's
