@@ -20,7 +20,8 @@ what the first paid for, DCP's first use in a process, it finds done) and into s
 written before the clock started, which no resume into a new process has. nbtrain's figure is a difference of
 two cells' ranks, so a loaded machine makes it noisy; a sixth cell times the same reading in one
 cell: ``nbtrain.load_checkpoint()`` into the prepared model and a fresh optimizer (its state cleared each round),
-against ``dcp.load`` into the same state dicts, made beforehand. Both reading cells also time torch's own recipe
+against the same by hand (the model's state dict, new optimizer state, ``dcp.load``) and against ``dcp.load`` into
+state dicts made, and written, beforehand. Both reading cells also time torch's own recipe
 for resuming by hand (``get_state_dict``, ``dcp.load``, ``set_state_dict``, as DCP's tutorial writes it) into a
 fresh optimizer: the work a user would write, which the bare ``dcp.load`` leaves out.
 Each figure is the median over the rounds of the slowest rank's time (barriers around each call); which of the
@@ -184,15 +185,24 @@ def timed(call):
 model = torch.nn.Sequential(*(torch.nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)))
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 model, opt = nbtrain.prepare(model, opt)  # --no-resume: nothing read yet
-load = {"nbtrain": [], "raw": [], "recipe": []}
+shapes = get_optimizer_state_dict(model, opt.optimizer)  # made once, outside the clock
+
+
+def by_hand():  # as a hand-written resume does it: the model's state dict, new optimizer state, one dcp.load
+    new = {"state": {name: {what: torch.empty_like(tensor) for what, tensor in tensors.items()}
+                     for name, tensors in shapes["state"].items()}, "param_groups": shapes["param_groups"]}
+    dcp.load({"model0": get_model_state_dict(model), "optim0": new}, checkpoint_id=RAW_DIR + "/r0")
+
+
+load = {"nbtrain": [], "raw": [], "written": [], "recipe": []}
 for round_ in range(ROUNDS):
     opt.optimizer.state.clear()  # a fresh optimizer each round, as a resumed cell's is
     state = {"model0": get_model_state_dict(model), "optim0": get_optimizer_state_dict(model, opt.optimizer)}
-    contenders = {"nbtrain": lambda: nbtrain.load_checkpoint(CHECKPOINT + "/checkpoint.pt"),
-                  "raw": lambda: dcp.load(state, checkpoint_id=RAW_DIR + "/r0"), "recipe": recipe}
-    order = list(contenders)[round_ % 3:] + list(contenders)[:round_ % 3]
+    contenders = {"nbtrain": lambda: nbtrain.load_checkpoint(CHECKPOINT + "/checkpoint.pt"), "raw": by_hand,
+                  "written": lambda: dcp.load(state, checkpoint_id=RAW_DIR + "/r0"), "recipe": recipe}
+    order = list(contenders)[round_ % 4:] + list(contenders)[:round_ % 4]
     for who in order:
-        if who != "raw":
+        if who != "written":
             opt.optimizer.state.clear()
         load[who].append(timed(contenders[who]))
 """
@@ -276,6 +286,7 @@ def measure(args) -> int:
         loaded = run(args, LOAD, {**names, "RAW_DIR": os.path.join(where, "raw"),
                                   "CHECKPOINT": os.path.join(where, "nbtrain")}, resume=False)["load"]
         print(line("load_checkpoint(), one cell", loaded["nbtrain"], loaded["raw"]))
+        print(line("  against state written before", loaded["nbtrain"], loaded["written"]))
         print(line("  against torch's recipe", loaded["nbtrain"], loaded["recipe"]))
     return 0
 
