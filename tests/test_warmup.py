@@ -1,4 +1,5 @@
-"""The zygote's warm-up of a rank's first checkpoint read and write: no thread, no CUDA, nothing left behind."""
+"""The zygote's warm-up of a rank's first checkpoint read and write: no thread, no CUDA (not even asked for, so
+forked children can use it), nothing left behind."""
 
 from __future__ import annotations
 
@@ -22,7 +23,13 @@ if os.environ.get("NO_FOLDER"):  # a temporary directory nothing can be made in
         raise PermissionError("no room")
     tempfile.mkdtemp = refused
 warmup.warm_checkpoint_paths()
+child_r, child_w = os.pipe()
+if os.fork() == 0:  # a child as the zygote forks one: CUDA must be its to initialise
+    os.write(child_w, b"1" if torch.cuda._is_in_bad_fork() else b"0")
+    os._exit(0)
+os.wait()
 print(json.dumps({"threads": threading.active_count(), "cuda": torch.cuda.is_initialized(),
+                  "bad_fork": os.read(child_r, 1) == b"1",
                   "layouts": len(torch.serialization._get_layout.cache), "left": os.listdir(os.environ["TMPDIR"])}))
 """
 
@@ -38,6 +45,7 @@ def test_the_warm_up_reads_a_checkpoint_without_a_thread_cuda_or_a_file_left(tmp
     found, stderr = _probe(str(tmp_path))
     assert found["threads"] == 1, "the zygote forks: a thread left running would be lost in every rank"
     assert found["cuda"] is False
+    assert found["bad_fork"] is False, "a forked rank could not use CUDA: something asked the CUDA runtime"
     assert found["layouts"] > 0, "DCP's layout was read: torch's table of tensor layouts is built"
     assert found["left"] == [], "its checkpoint folder is removed"
     assert "Warning" not in stderr
