@@ -7,8 +7,10 @@ process once (``python -m nbtrain.rank.zygote``, from :mod:`nbtrain.kernel.ranks
 loads) and asks it for ranks. The zygote:
 
 * imports torch, :mod:`nbtrain.rank.main` and what a training cell's first lines import lazily
-  (:data:`WARM_IMPORTS`: building an optimizer imports ``torch._dynamo``, seconds), freezes them out of the
-  garbage collector (``gc.freeze``: a rank's collections neither walk them nor copy their pages), then waits; it **never initialises CUDA** and starts no thread,
+  (:data:`WARM_IMPORTS`: building an optimizer imports ``torch._dynamo``, seconds), pays a rank's first checkpoint
+  read and write once (:mod:`.warmup`), freezes it all out of the garbage collector (``gc.freeze``: a rank's
+  collections neither walk it nor copy its pages), then waits; it **never initialises CUDA** and leaves no thread
+  running,
   and it checks both before every fork (a library that initialised CUDA when imported — through torch, or the
   driver's ``cuInit`` directly — makes it refuse: the kernel then spawns);
 * reads requests only from its end of a socketpair the kernel passed it (:mod:`nbtrain.wire.forking`: JSON,
