@@ -201,7 +201,7 @@ def test_torchft_group_states_each_groups_first_rank_hears_which_groups_are_out(
         watch.close()
 
 
-def test_torchft_group_states_the_summary_counts_the_survivor_that_committed_every_step():
+def test_torchft_group_states_the_summary_counts_every_step_a_survivor_committed():
     from nbtrain.kernel.observers.history import History
 
     watch, _ = _watch(nprocs=3, group_size=1)
@@ -214,5 +214,10 @@ def test_torchft_group_states_the_summary_counts_the_survivor_that_committed_eve
         history.add(0, [(step, 0.0, {"ft_groups": 3.0 if step < 20 else 2.0}) for step in range(60) if step != 20])
         history.add(1, [(step, 0.0, {"ft_groups": 3.0 if step < 20 else 2.0}) for step in range(60)])
         assert "40 steps of 60 at fewer than 3 groups" in watch.summary(history)  # rank 0 healed step 20 from rank 1
+        each_lacks_one = History()  # on a busy machine: rank 0 healed step 20, rank 1 step 33; no series has 60
+        for rank, healed in ((0, 20), (1, 33)):
+            each_lacks_one.add(rank, [(step, 0.0, {"ft_groups": 3.0 if step < 20 else 2.0})
+                                      for step in range(60) if step != healed])
+        assert "0 steps redone; 40 steps of 60 at fewer than 3 groups" in watch.summary(each_lacks_one)
     finally:
         watch.close()

@@ -213,16 +213,21 @@ class ReplicaWatch:
             if GROUPS_SERIES in history else []
         if not survivors:
             return f"nbtrain: --ft: {count('replica group', len(self.lost))} lost; no group logged its steps.\n"
-        # the survivor that committed the most steps: one that copied a peer's step after a failed collective (it
-        # healed, and logged no commit for that step) would count one step short
-        series = max((history.series(GROUPS_SERIES, rank) for rank in survivors), key=lambda s: len(s.steps))
-        redone = len(series.steps) - len(set(series.steps))
+        # a step is committed when any survivor logged it: one that copied a peer's step after a failed collective
+        # (it healed) logged no commit for that step, and on a busy machine each survivor may lack a different one
+        committed: dict[int, float] = {}
+        redone = 0
+        for rank in survivors:
+            series = history.series(GROUPS_SERIES, rank)
+            redone = max(redone, len(series.steps) - len(set(series.steps)))
+            for step, value in zip(series.steps, series.values, strict=True):
+                committed.setdefault(step, value)
         groups = self.nprocs // self.group_size
-        fewer = sum(1 for value in series.values if value < groups)
+        fewer = sum(1 for value in committed.values() if value < groups)
         back = "" if self.abandoned else " and replaced"
         kept = " (accumulating to keep the global batch)" if fewer and BATCHES_SERIES in history else ""
         return (f"nbtrain: --ft: {count('replica group', len(self.lost))} lost{back}; {count('step', redone)} redone; "
-                f"{count('step', fewer)} of {len(series.steps)} at fewer than {groups} groups{kept}.\n")
+                f"{count('step', fewer)} of {len(committed)} at fewer than {groups} groups{kept}.\n")
 
     def close(self) -> None:
         self.lighthouse.close()
