@@ -246,15 +246,21 @@ path = next(line.split()[-1] for line in open("/proc/self/maps") if "openblas" i
 lib = ctypes.CDLL(path)
 getter = next(getattr(lib, n) for n in ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads") if hasattr(lib, n))
 threads = (torch.get_num_threads(), getter())
+import os, threading
+pythons = {str(t.native_id) for t in threading.enumerate() if t is not threading.main_thread()} | {str(os.getpid())}
+native = sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task") if t not in pythons)
 """
 
 
 def test_forked_ranks_size_their_thread_pools_as_spawned_ones(fresh_pools):
     import numpy  # noqa: F401  (the zygote loads its OpenBLAS, sized for the zygote's environment)
 
-    forked, _ = run_cell(fresh_pools, THREADS, out="threads", fresh=True, env=("OMP_NUM_THREADS=1",))
-    spawned, _ = run_cell(fresh_pools, THREADS, out="threads", fresh=True, spawn=True, env=("OMP_NUM_THREADS=1",))
+    forked, _ = run_cell(fresh_pools, THREADS, out="threads,native", fresh=True, env=("OMP_NUM_THREADS=1",))
+    spawned, _ = run_cell(fresh_pools, THREADS, out="threads,native", fresh=True, spawn=True, env=("OMP_NUM_THREADS=1",))
     assert forked["threads"] == spawned["threads"] == (1, 1)
+    # no OpenBLAS worker started again after the fork (it would spin ~100 ms of CPU while the rank starts): the
+    # native threads are the same as a spawned rank's (gloo's)
+    assert forked["native"] == spawned["native"], (forked["native"], spawned["native"])
 
 
 def test_the_zygote_listens_nowhere_and_hears_only_json(fresh_pools):

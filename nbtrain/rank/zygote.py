@@ -312,6 +312,17 @@ def _become_rank(request: dict, fds: list[int], start_dir: str) -> None:
     _thread_counts(os.environ)
 
 
+def _blas_loads_with_one_thread() -> None:
+    """OpenBLAS (numpy's, scipy's) starts its worker threads as it loads, as many as the environment says (all the
+    cores by default). A fork has none of them, and the first ``openblas_set_num_threads`` in a rank starts the
+    zygote's count again, whatever it asks for; each new worker then spins for about 100 ms of CPU — while the rank
+    joins its group, on every core the ranks need (a 2-core machine's cold start waited on it). Loaded with one
+    thread here, a rank that asks for one starts none, as a spawned rank does; one that asks for more starts them,
+    as a spawned rank does when it imports numpy. The zygote's own environment is not a rank's
+    (:func:`_become_rank` replaces it)."""
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+
+
 def _thread_counts(env) -> None:
     """The intra-op threads a fresh interpreter would start with: libraries the zygote loaded sized their pools
     from its environment, a spawned rank's from ``OMP_NUM_THREADS`` (torch; numpy's OpenBLAS reads its own
@@ -414,6 +425,7 @@ def main() -> None:
     started = time.perf_counter()
     sock = socket.socket(fileno=int(os.environ.pop(forking.ZYGOTE_FD_ENV)))
     kernel_pid = int(os.environ.pop(forking.KERNEL_PID_ENV))
+    _blas_loads_with_one_thread()
     import torch  # noqa: F401  (what every rank needs, loaded once)
 
     from . import main as rank_main  # noqa: F401
