@@ -29,8 +29,10 @@ A forked rank (:func:`_become_rank`) becomes what a spawned rank is: its own ses
 pipes the kernel made for it (the channel's key arrives on stdin, exactly as for a spawned rank — never in
 the request or the environment), the environment a spawned rank gets, the kernel's directory, random
 generators seeded from the system as a fresh interpreter seeds them, the intra-op thread counts (torch's, and
-numpy's OpenBLAS) its ``OMP_NUM_THREADS`` asks for, none of the zygote's descriptors or signal handlers; then it runs the same
-:func:`nbtrain.rank.main.main`, and its exit (atexit handlers, flushed streams) is a normal interpreter's.
+numpy's OpenBLAS, which the zygote loads with one thread so that a rank starts only the workers it asks for:
+:func:`_blas_loads_with_one_thread`) its ``OMP_NUM_THREADS`` asks for, none of the zygote's descriptors or signal
+handlers; then it runs the same :func:`nbtrain.rank.main.main`, and its exit (atexit handlers, flushed streams)
+is a normal interpreter's.
 """
 
 from __future__ import annotations
