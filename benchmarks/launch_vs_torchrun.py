@@ -43,7 +43,7 @@ import torch  # noqa: F401  (a notebook that trains has torch imported already)
 
 from nbtrain.kernel.lifecycle.entry import run_source
 from nbtrain.kernel.lifecycle.pools import PoolManager
-from nbtrain.kernel.observers.coldstart import PHASES
+from nbtrain.kernel.observers.coldstart import PHASES, latency
 from nbtrain.kernel.ranks.starter import RankStarter
 from nbtrain.kernel.request.config import LaunchRequest
 from nbtrain.rank.spares import REFILL_AFTER_S
@@ -220,7 +220,7 @@ def measure(ranks: int, repeats: int, steps: int, starter: RankStarter, accelera
 
 
 def report(row: dict, repeats: int) -> str:
-    split = " · ".join(f"{phase} {seconds:.2f} s" for phase, seconds in row["cold_split_s"].items())
+    split = " · ".join(f"{phase} {latency(seconds)}" for phase, seconds in row["cold_split_s"].items())
     acc = (f"\n  cold start vs accelerate  nbtrain {row['cold_nbtrain_s']:.2f} s  accelerate {row['cold_accelerate_s']:.2f} s"
            f"  ratio {row['cold_accelerate_ratio']:.2f}x (goal <= 1.0x)\n"
            f"  cold start vs accelerate, its notebook with the zygote's imports  nbtrain {row['cold_nbtrain_s']:.2f} s"

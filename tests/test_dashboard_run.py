@@ -118,7 +118,7 @@ def test_magic_in_a_terminal_prints_status_and_no_dashboard_turns_it_off(capsys)
         assert "nbtrain ▸ 2 ranks on gloo on cpu finished" in out and "loss 0.5" in out
         paragraph = next(line for line in out.splitlines() if line.startswith("nbtrain ▸"))
         # new ranks: the cold start's total in the summary, its split once, on the cell's closing line
-        assert re.search(r"cold start \d+\.\d s\.", paragraph) and out.count(" to the first step") == 1, out
+        assert re.search(r"cold start (\d+ ms|\d+(\.\d+)? s)\.", paragraph) and out.count(" to the first step") == 1, out
         shell.run_cell_magic("distributed", "2 --cpu --keep-alive 0 --no-dashboard", "import nbtrain\nnbtrain.log(loss=0.5)")
         out = capsys.readouterr().out
         assert "nbtrain ▸" not in out and "nbtrain: 2 ranks" in out

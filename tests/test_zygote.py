@@ -192,6 +192,13 @@ def test_the_zygote_its_ranks_and_the_store_end_when_the_kernel_is_killed():
     assert_no_workers()
 
 
+def test_a_start_time_is_said_in_milliseconds_below_a_tenth_of_a_second():
+    from nbtrain.kernel.observers.coldstart import latency
+
+    assert [latency(s) for s in (0.0, 0.004, 0.0449, 0.1, 0.173, 5.84, 95.3)] == \
+        ["0 ms", "4 ms", "45 ms", "0.10 s", "0.17 s", "5.8 s", "95 s"]
+
+
 def test_the_summary_splits_the_cold_start(fresh_pools):
     cell = ("import torch\nm = torch.nn.Linear(2, 2)\nopt = torch.optim.SGD(m.parameters(), 0.1)\n"
             "m(torch.ones(2)).sum().backward()\nopt.step()\n")
@@ -204,7 +211,8 @@ def test_the_summary_splits_the_cold_start(fresh_pools):
     assert abs(sum(s for _, s in split.phases) - split.total_s) < 0.01
     from nbtrain.kernel.lifecycle.entry import format_summary
 
-    assert any(line.startswith("nbtrain: cold start ") and "forked" in line for line in format_summary(result))
+    line = next(line for line in format_summary(result) if line.startswith("nbtrain: cold start "))
+    assert "forked" in line and " 0.00 s" not in line, line  # a forked start's phases are milliseconds: said so
     _, warm = run_cell(fresh_pools, cell, out="-")
     assert warm.cold_start is None, "a warm run has no cold start"
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from ..observers.coldstart import latency
 from ..observers.events import RunInfo, RunObserver, RunState
 from .model import RunModel
 from .threads import DEFAULT_INTERVAL_S, Sampler, Ticker, check_interval
@@ -90,7 +91,7 @@ class DashboardObserver(RunObserver):
         self.model.add_sample(snapshot)
 
     def cold_start(self, split) -> None:
-        self.model.set_cold_start(f"cold start {split.total_s:.1f} s")  # its split: the cell's closing line
+        self.model.set_cold_start(f"cold start {latency(split.total_s)}")  # its split: the cell's closing line
 
     def run_finished(self, status: RunState, summary: str) -> None:
         self.stop()

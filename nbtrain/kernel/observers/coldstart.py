@@ -23,6 +23,16 @@ from dataclasses import dataclass, field
 PHASES = ("process start", "imports", "rendezvous", "communicator", "names arrive", "first step")
 
 
+def latency(seconds: float) -> str:
+    """``40 ms``, ``0.17 s``, ``5.8 s``, ``95 s``: a start's times run from milliseconds (forked ranks) to minutes
+    (spawned ranks on a busy machine), and "0.0 s" would say nothing about the first."""
+    if seconds < 0.1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 1:
+        return f"{seconds:.2f} s"
+    return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
+
+
 @dataclass(frozen=True)
 class ColdStart:
     how: str  # "forked" | "spawned" | "forked and spawned"
@@ -36,8 +46,8 @@ class ColdStart:
 
     def line(self) -> str:
         end = "" if self.stepped else " (the cell took no optimizer step: its end)"
-        parts = " · ".join(f"{name} {seconds:.2f} s" for name, seconds in self.phases)
-        return f"cold start {self.total_s:.2f} s to the first step{end}, {self.how}: {parts}"
+        parts = " · ".join(f"{name} {latency(seconds)}" for name, seconds in self.phases)
+        return f"cold start {latency(self.total_s)} to the first step{end}, {self.how}: {parts}"
 
 
 @dataclass
