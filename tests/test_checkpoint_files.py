@@ -65,6 +65,24 @@ def test_a_sharded_checkpoints_folder_others_can_write_is_refused(pools, tmp_pat
         _check(folder)
 
 
+@needs_root
+def test_a_history_file_another_user_owns_or_others_can_write_is_refused(pools, tmp_path):
+    """The history file holds only numbers, but it is the user's curves: another user's under its name is refused as
+    any other part of the checkpoint is."""
+    folder = tmp_path / "ckpt"
+    run_cell(pools, SAVE + "nbtrain.log(loss=1.0)\nnbtrain.save_checkpoint()\n", checkpoint=str(folder))
+    (history,) = glob.glob(str(folder / "checkpoint.pt.history-*"))
+    os.chmod(history, 0o666)
+    with pytest.raises(ConfigError, match=f"the checkpoint file {history} can be written by group and others"):
+        _check(folder)
+    os.chmod(history, 0o644)
+    os.chown(history, attacker().pw_uid, attacker().pw_gid)
+    with pytest.raises(ConfigError, match=f"the checkpoint file {history} belongs to {NAME}"):
+        _check(folder)
+    with pytest.raises(RankFailedError, match=f"belongs to {NAME}"):  # by hand, in the ranks
+        run_cell(pools, LOAD_BY_HAND.replace("PATH", repr(str(folder / "checkpoint.pt"))))
+
+
 def test_a_pickle_that_runs_code_in_the_users_own_checkpoint_runs_nothing(pools, tmp_path):
     marker = tmp_path / "ran"
     folder = tmp_path / "ckpt"

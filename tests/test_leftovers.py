@@ -322,11 +322,11 @@ def test_a_save_into_a_shared_folder_neither_fails_nor_hands_the_checkpoint_to_w
 
 
 @needs_attacker
-def test_a_save_into_a_shared_folder_removes_only_this_users_older_shard_folders(victim):
-    """A sharded save clears the shard folders the checkpoint no longer names: in a folder others can write, another
-    user's folder under such a name (world-writable, with their shard inside) and a link to this user's folder are
-    left; this user's older folder goes."""
-    from nbtrain.rank.train.checkpoint import _remove_older_shards
+def test_a_save_into_a_shared_folder_removes_only_this_users_older_shard_folders_and_history_files(victim):
+    """A save clears the shard folders and history files the checkpoint no longer names: in a folder others can
+    write, another user's folder under such a name (world-writable, with their shard inside), their history file and
+    a link to this user's folder are left; this user's older folder and history file go."""
+    from nbtrain.rank.train.superseded import remove, superseded
 
     shared = tempfile.mkdtemp(prefix="nbtrain-test-shared-")
     os.chmod(shared, 0o1777)
@@ -337,15 +337,21 @@ def test_a_save_into_a_shared_folder_removes_only_this_users_older_shard_folders
         done = python_as_attacker(
             "import os, sys\nos.mkdir(sys.argv[1]); os.chmod(sys.argv[1], 0o777)\n"
             "open(os.path.join(sys.argv[1], '__0_0.distcp'), 'w').write('their shard')\n"
-            "os.symlink(sys.argv[2], sys.argv[3])\n", theirs, mine_before, path + ".shards-link")
+            "os.symlink(sys.argv[2], sys.argv[3])\n"
+            "open(sys.argv[4], 'w').write('their history')\n", theirs, mine_before, path + ".shards-link",
+            path + ".history-theirs")
         assert done.returncode == 0, done.stderr
         open(os.path.join(mine_before, "keep"), "w").close()
         os.mkdir(path + ".shards-old")
         os.mkdir(path + ".shards-new")
-        _remove_older_shards(path, "checkpoint.pt.shards-new")
+        for name in (".history-old", ".history-new"):
+            open(path + name, "w").close()
+        remove(superseded(path, {"checkpoint.pt.shards-new", "checkpoint.pt.history-new"}))
         assert open(os.path.join(theirs, "__0_0.distcp")).read() == "their shard"
+        assert open(path + ".history-theirs").read() == "their history"
         assert os.path.islink(path + ".shards-link") and os.path.exists(os.path.join(mine_before, "keep"))
         assert not os.path.exists(path + ".shards-old") and os.path.isdir(path + ".shards-new")
+        assert not os.path.exists(path + ".history-old") and os.path.exists(path + ".history-new")
     finally:
         subprocess.run(["rm", "-rf", shared, mine_before])
 

@@ -15,6 +15,7 @@ from nbtrain.kernel.diagnostics.failures import RankFailedError
 from nbtrain.kernel.lifecycle import entry
 from nbtrain.kernel.lifecycle.entry import format_summary
 from nbtrain.kernel.request.config import ConfigError, LaunchRequest, resolve
+from nbtrain.rank.train.history_file import read_rank
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -184,7 +185,7 @@ def test_a_sharded_checkpoint_resumes_4_to_2_to_4_ranks_and_then_unsharded(pools
                            checkpoint=str(tmp_path / "straight"))
     four, _ = run_cell(pools, cell.replace("EPOCHS", "2"), out="curve", shard="full", checkpoint=checkpoint, nprocs=4)
     saved = sorted(n for n in os.listdir(checkpoint) if n != ".nbtrain-lock")  # the lock a running cell holds
-    assert len(saved) == 2 and saved[0] == "checkpoint.pt" and ".shards-" in saved[1], saved
+    assert len(saved) == 3 and saved[0] == "checkpoint.pt" and ".history-" in saved[1] and ".shards-" in saved[2], saved
     two, _ = run_cell(pools, cell.replace("EPOCHS", "4"), out="curve", shard="full", checkpoint=checkpoint)
     four_again, _ = run_cell(pools, cell.replace("EPOCHS", "6"), out="curve", shard="full", checkpoint=checkpoint,
                              nprocs=4)
@@ -215,7 +216,9 @@ def test_a_sharded_saves_file_holds_every_ranks_own_state_gathered_beside_the_wr
     assert [entry["rank"] for entry in saved["ranks"]] == [0, 1], "every rank's entry, in rank order"
     states = [entry["rng"]["torch"] for entry in saved["ranks"]]
     assert not torch.equal(states[0], states[1]), "each rank's own generator"
-    assert [entry["metric_history"]["rank_was"]["values"].tolist() for entry in saved["ranks"]] == [[0.0], [1.0]]
+    history = str(tmp_path / saved["history"]["file"])
+    assert [read_rank(history, saved["history"]["length"], rank)["rank_was"][2].tolist() for rank in (0, 1)] == [
+        [0.0], [1.0]], "each rank's logged series, in the checkpoint's history file"
 
 
 def test_a_rank_killed_during_a_sharded_save_leaves_the_previous_checkpoint(pools, tmp_path):

@@ -32,9 +32,12 @@ def refuse_foreign_folder(folder: str, checkpoint_file: str) -> None:
 
 
 def refuse_foreign_checkpoint(path: str) -> None:
-    """A checkpoint file, the folder that holds it and its ``--shard`` folders (``PATH.shards-*``) with their files."""
+    """A checkpoint file, the folder that holds it, its metric history files (``PATH.history-*``) and its ``--shard``
+    folders (``PATH.shards-*``) with their files."""
     _refuse_foreign(os.path.dirname(os.path.abspath(path)))
     _refuse_foreign(path)
+    for history in glob.glob(glob.escape(path) + ".history-*"):
+        _refuse_foreign(history)
     for shards in glob.glob(glob.escape(path) + ".shards-*"):
         _refuse_foreign(shards)
         for name in os.listdir(shards):

@@ -5,12 +5,15 @@ collective, like ``barrier()``); rank 0 writes one file, ``DIR/checkpoint.pt`` f
 or the ``path`` given. The file holds the prepared models (plain ``state_dict``, without DDP's
 ``module.`` prefix), optimizers, LR schedulers, the GradScaler, each prepared DataLoader's position
 (epoch, batches read), the step and epoch counters, every rank's RNG states (Python, NumPy, torch CPU and
-CUDA), metric step counters and logged series, and whatever ``**extra`` you pass (tensors and plain values).
+CUDA), metric step counters, and whatever ``**extra`` you pass (tensors and plain values). The series logged with
+``nbtrain.log()`` go to a file beside it, ``PATH.history-<id>``, that each save appends what was logged since the
+last save to (:mod:`.history_saves`): a save costs the same at the millionth step as at the first.
 
 **Reading** (:func:`read_checkpoint`) runs no code: ``torch.load(weights_only=True)`` rebuilds only tensors and
-plain values (so the NumPy RNG state and the logged series are saved as tensors), and a file another user owns,
-or that group or others may write, is refused first (:mod:`nbtrain.wire.checkpoint_files`); a ``--shard``
-folder is read through :mod:`.dcp_reading`.
+plain values (so the NumPy RNG state is saved as tensors), and a file another user owns, or that group or others
+may write, is refused first (:mod:`nbtrain.wire.checkpoint_files`); a ``--shard``
+folder is read through :mod:`.dcp_reading`, and the history file by :mod:`.history_file`, which parses numbers and
+unpickles nothing.
 
 It is written atomically (:mod:`.checkpoint_write`): to a temporary file in the same directory, flushed and
 ``fsync``-ed, then ``os.replace``-d over the old checkpoint, and the directory is ``fsync``-ed. A rank killed while saving
@@ -43,8 +46,6 @@ import glob
 import os
 import pickle
 import re
-import shutil
-import stat
 import threading
 import time
 import warnings
@@ -55,9 +56,10 @@ import torch
 
 from ...wire.checkpoint_files import ForeignCheckpointError, refuse_foreign_checkpoint
 from ...common.words import checkpoint_position
-from . import dcp_resume, metrics, save_gather, shard
+from . import dcp_resume, history_file, metrics, save_gather, shard, superseded
+from .history_saves import HistoryFile, HistoryPlan
 from .rng_state import rng_state, set_rng_state
-from .plain_gather import all_gather_plain, broadcast_text
+from .plain_gather import broadcast_text, gather_plain
 from .checkpoint_write import StagedFile, writable_by_owner_only, write_atomic
 from .state import SaveGroup, TrainContext, current
 
@@ -66,6 +68,15 @@ FORMAT = 1
 
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written, read or applied; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class _Save:
+    """One save_checkpoint() call: the file, who writes it, and the history file rank 0 appends to."""
+
+    target: str
+    group: SaveGroup
+    history: HistoryPlan
 
 
 @dataclass
@@ -88,18 +99,21 @@ def save_checkpoint(path: str | None = None, **extra) -> str:
     group = context.save_group()
     if not group.writes:
         return target  # --ft: another replica group, which holds the same state, writes it
+    token, history = save_gather.rank0s_plan(context.device, group,
+                                             context.saved_history.plan(target) if group.rank == 0 else None)
+    save = _Save(target, group, history)
     mine: dict[str, object] = {"rank": context.rank, "rng": rng_state(context.device),
-                               "metric_steps": metrics.step_counters(), "metric_history": metrics.logged_history()}
+                               "metric_steps": metrics.step_counters(), "history": _logged_since(context, save)}
     sharded = any(shard.is_sharded(m) for m in context.models)
-    if sharded and context.settings.checkpoint_async and path is None:
-        return _save_in_background(context, group, target, mine, extra)
-    if sharded:  # the ranks' states reach rank 0 while DCP writes (_save_now): only the folder's name first
-        folder: str | None = _shards_folder(context, target, save_gather.rank0s_token(context.device, group))
+    folder = _shards_folder(context, target, token) if sharded else None
+    if folder is not None and context.settings.checkpoint_async and path is None:
+        return _save_in_background(context, save, mine, extra, folder)
+    if sharded or group.size <= 1:  # --shard: the ranks' states reach rank 0 while DCP writes (_save_now)
         ranks = [mine]
     else:
-        folder, ranks = None, all_gather_plain(mine, context.device) if group.size > 1 else [mine]
+        ranks = gather_plain(mine, context.device) or [mine]  # on rank 0; the others' snapshot is never written
     snapshot = _snapshot(context, ranks, extra, shard.checkpoint_entries(context, folder) if folder else None)
-    error = _save_now(context, group, target, snapshot, folder)
+    error = _save_now(context, save, snapshot, folder)
     error = _rank0s_error(context.device, group, error)
     if error:
         raise CheckpointError(f"rank 0 could not write the checkpoint {target}: {error}. The previous checkpoint "
@@ -118,6 +132,14 @@ def _target(context: TrainContext, path: str | None) -> str:
     return context.settings.checkpoint_path
 
 
+def _logged_since(context: TrainContext, save: _Save) -> torch.Tensor:
+    """What this rank logged since the save that the history file it goes to last took, as history chunks."""
+    lengths, delta = metrics.logged_since(context.saved_history.sent_by(save.target, save.history))
+    context.saved_history.sending(save.target, save.history, lengths)
+    data = history_file.encode(context.rank, delta)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+
+
 def _rank0s_error(device, group: SaveGroup, error: str | None) -> str | None:
     """Rank 0's error in writing the file, on every rank: its length first, its words only when there is one."""
     if group.size <= 1:
@@ -132,14 +154,16 @@ def _shards_folder(context: TrainContext, target: str, token: str) -> str:
     return os.path.join(os.path.dirname(target), f"{os.path.basename(target)}.shards-{context.step}-{token}")
 
 
-def _save_now(context: TrainContext, group: SaveGroup, target: str, snapshot: dict, folder: str | None) -> str | None:
-    """Each rank writes its shards to ``folder`` (under --shard) while rank 0 writes the file that will name them
-    under a temporary name; the file replaces the old one once every rank's shards are written. Under --shard the
-    ranks' own states (``snapshot["ranks"]``: this rank's) are gathered on rank 0 meanwhile, over the background
-    saves' group, on the thread that writes the file. Returns rank 0's error in writing the file (a failed DCP write
-    raises on every rank, and the old file stays)."""
-    gathering = save_gather.beside_the_write(group, snapshot) if folder is not None else None
-    staged = StagedFile(gathering or snapshot, target) if group.rank == 0 else None
+def _save_now(context: TrainContext, save: _Save, snapshot: dict, folder: str | None) -> str | None:
+    """Each rank writes its shards to ``folder`` (under --shard) while rank 0 appends the ranks' new history to its
+    file and writes the file that will name them under a temporary name; the file replaces the old one once every
+    rank's shards are written. Under --shard the ranks' own states (``snapshot["ranks"]``: this rank's) are gathered
+    on rank 0 meanwhile, over the background saves' group, on the thread that writes the file. Returns rank 0's
+    error in writing the file (a failed DCP write raises on every rank, and the old file stays)."""
+    gathering = save_gather.beside_the_write(save.group, snapshot) if folder is not None else None
+    whole: Callable[[], dict] = gathering or (lambda: snapshot)
+    staged = StagedFile(lambda: context.saved_history.write(save.target, save.history, whole()),
+                        save.target) if save.group.rank == 0 else None
     try:
         if folder is not None:
             shard.save_states(context, folder)
@@ -153,14 +177,15 @@ def _save_now(context: TrainContext, group: SaveGroup, target: str, snapshot: di
         return None
     try:
         staged.put_in_place(first=lambda: writable_by_owner_only(folder) if folder is not None else None)
-        context.wait_for_removal()  # the last save's (long over): listed after it, no folder is removed twice
-        _remove_older_shards_later(context, target, os.path.basename(folder) if folder is not None else None)
+        named = {context.saved_history.in_place(save.target), os.path.basename(folder) if folder else None}
+        context.wait_for_removal()  # the last save's (long over): listed after it, nothing is removed twice
+        superseded.remove_later(context, save.target, {name for name in named if name})
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
 
 
-def _save_in_background(context: TrainContext, group: SaveGroup, target: str, mine: dict, extra: dict) -> str:
+def _save_in_background(context: TrainContext, save: _Save, mine: dict, extra: dict, folder: str) -> str:
     """--checkpoint-async: the shards are copied now and written in the background; rank 0 writes the file that
     names them once DCP has finished (every rank's part), and the next wait raises what went wrong. Training waits
     for one collective of its own, rank 0's name for the shard folder: the ranks' RNG states and metric counters
@@ -173,11 +198,12 @@ def _save_in_background(context: TrainContext, group: SaveGroup, target: str, mi
     def done(error: str | None) -> None:
         taken.wait()
         try:
-            snapshot["ranks"] = save_gather.gathered_on_rank0(group, mine, shard.background_group())  # every rank, always
-            if error is None and group.rank == 0:
-                writable_by_owner_only(os.path.join(os.path.dirname(target), snapshot["models"][0]["dcp"]))
-                write_atomic(snapshot, target)
-                _remove_older_shards(target, snapshot["models"][0]["dcp"])
+            snapshot["ranks"] = save_gather.gathered_on_rank0(save.group, mine, shard.background_group())  # every rank
+            if error is None and save.group.rank == 0:
+                writable_by_owner_only(folder)
+                write_atomic(context.saved_history.write(save.target, save.history, snapshot), save.target)
+                named = context.saved_history.in_place(save.target)
+                superseded.remove(superseded.superseded(save.target, {os.path.basename(folder), named or ""}))
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
         finally:
@@ -185,7 +211,7 @@ def _save_in_background(context: TrainContext, group: SaveGroup, target: str, mi
                 failure.append(error)
             finished.set()
 
-    states = shard.save_states(context, _shards_folder(context, target, save_gather.rank0s_token(context.device, group)), done)
+    states = shard.save_states(context, folder, done)
     snapshot.update(_snapshot(context, [mine], extra, states))  # its "ranks": every rank's, once gathered
     taken.set()
     written = context.pending_save
@@ -198,47 +224,10 @@ def _save_in_background(context: TrainContext, group: SaveGroup, target: str, mi
             written()
         finished.wait()
         if failure:
-            raise CheckpointError(f"the background save of {target} failed: {failure[0]}. The previous checkpoint "
+            raise CheckpointError(f"the background save of {save.target} failed: {failure[0]}. The previous checkpoint "
                                   "there is unchanged.")
     context.save_in_background(wait)
-    return target
-
-
-def _remove_older_shards_later(context: TrainContext, target: str, keep: str | None) -> None:
-    """Remove the shard folders the new file no longer names on a thread of their own (deleting a large model's
-    folder takes a while, and training need not wait for it); the next save, once its shards are written, and the
-    cell's end wait for it. The folders are listed now: a later save's new folder is never among them."""
-    older = _older_shards(target, keep)
-    if not older:
-        return
-    remover = threading.Thread(target=_remove_folders, args=(older,), name="nbtrain-old-shards", daemon=True)
-    remover.start()
-    context.remove_in_background(remover.join)
-
-
-def _remove_older_shards(target: str, keep: str | None) -> None:
-    """The shard folders the file at ``target`` no longer names (all of them once a run without --shard saved) —
-    this user's own folders only: in a folder others can write (``--checkpoint /tmp/run``) another user's shards, or
-    a link, under the same names are left as they are."""
-    _remove_folders(_older_shards(target, keep))
-
-
-def _older_shards(target: str, keep: str | None) -> list[str]:
-    return [folder for folder in glob.glob(f"{glob.escape(target)}.shards-*")
-            if os.path.basename(folder) != keep and _own_folder(folder)]
-
-
-def _remove_folders(folders: list[str]) -> None:
-    for folder in folders:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def _own_folder(path: str) -> bool:
-    try:
-        info = os.lstat(path)
-    except OSError:
-        return False
-    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid()
+    return save.target
 
 
 def _snapshot(context: TrainContext, ranks: list, extra: dict, states: tuple[list, list] | None = None) -> dict:
@@ -343,8 +332,10 @@ def load_for_resume(context: TrainContext, path: str, announce: bool) -> Checkpo
     if entry is not None:
         set_rng_state(entry["rng"], context.device)
         metrics.restore_step_counters(entry["metric_steps"])
-        if own:
-            metrics.restore_history(entry.get("metric_history"))
+    if entry is not None and own:
+        _restore_history(context, path, state, entry)
+    elif state.get("history"):  # another rank's series: this rank sends all of its own at the next save
+        _resumed_history(context, path, state, None)
     restore_prepared(context, list(enumerate(context.models)), list(enumerate(context.optimizers)))
     for index, scheduler in enumerate(context.schedulers):
         restore_scheduler(context, scheduler, index)
@@ -358,6 +349,33 @@ def load_for_resume(context: TrainContext, path: str, announce: bool) -> Checkpo
                   f"wrote {os.path.basename(folder)}): it is dropped, and this run resumes from the save before it, "
                   f"at step {state['step']}. The next save removes the unfinished folder.", flush=True)
     return _info(state, path)
+
+
+def _restore_history(context: TrainContext, path: str, state: dict, entry: dict) -> None:
+    """This rank's logged series, to the kernel before anything it logs next; later saves to ``path`` append to the
+    history file it came from. A damaged or missing history file costs the curves, not the resume."""
+    if "metric_history" in entry:  # a checkpoint that holds its series itself, as nbtrain wrote them before
+        metrics.restore_history(entry["metric_history"])
+        context.saved_history.series_replaced()
+        return
+    if not state.get("history"):
+        return
+    try:
+        history = HistoryFile.from_entry(state["history"])
+        series = history_file.read_rank(os.path.join(os.path.dirname(path), history.name(path)), history.length,
+                                        context.rank)
+    except (history_file.HistoryFileError, KeyError, TypeError, ValueError) as exc:
+        print(f"nbtrain: rank {context.rank}: the metric history of {path} cannot be read ({exc}): the curves "
+              "logged before it are not restored; the training state is.", flush=True)
+        return
+    metrics.restore_history({name: {"steps": steps, "times": times, "values": values}
+                             for name, (steps, times, values) in series.items()})
+    _resumed_history(context, path, state, {name: len(columns[0]) for name, columns in series.items()})
+
+
+def _resumed_history(context: TrainContext, path: str, state: dict, restored: dict[str, int] | None) -> None:
+    with contextlib.suppress(KeyError, TypeError, ValueError):  # an entry that does not say: the next save starts a file
+        context.saved_history.resumed(path, HistoryFile.from_entry(state["history"]), restored)
 
 
 def _rank_entry(context: TrainContext, ranks: list) -> tuple[dict | None, bool]:

@@ -20,9 +20,10 @@ stop button escalated) sends what it buffered before it goes (:func:`flush_befor
 handler), so the kernel's ``history`` ends where the rank's logging ended.
 
 Each rank also keeps, compactly (:class:`LoggedSeries`), every value it has sent in this cell:
-``nbtrain.save_checkpoint()`` stores it (:func:`logged_history`), and a run resumed from that checkpoint
-sends it to the kernel first (:func:`restore_history`), so the notebook's ``history`` — and the
-dashboard of a freshly started cell — holds the curves of every earlier attempt, continued.
+``nbtrain.save_checkpoint()`` stores what was logged since the last save (:func:`logged_since`, appended to the
+checkpoint's history file: :mod:`.history_saves`), and a run resumed from that checkpoint sends it to the kernel
+first (:func:`restore_history`), so the notebook's ``history`` — and the dashboard of a freshly started cell —
+holds the curves of every earlier attempt, continued.
 """
 
 from __future__ import annotations
@@ -95,11 +96,13 @@ class MetricsBuffer:
             self._logged.add(numbers)
             self._send(Metrics(self.rank, numbers))
 
-    def logged_history(self) -> dict:
-        """Every value logged in this cell (restored ones first), after sending what is buffered."""
+    def logged_since(self, starts: dict[str, int]) -> tuple[dict[str, int], dict]:
+        """After sending what is buffered: how many points each series holds (restored ones first), and each series'
+        points from ``starts[name]`` on (0 for a name not in it) — ``{name: (start, steps, times, values)}``,
+        copies of only those points, leaving out a series with none."""
         self.flush()
         with self._flush_lock:
-            return self._logged.to_plain()
+            return self._logged.lengths(), self._logged.since(starts)
 
     def restore_history(self, saved: dict) -> None:
         """A resumed run: send the checkpoint's series to the kernel (before anything logged after it)."""
@@ -153,11 +156,14 @@ class LoggedSeries:
     def records(self) -> list[tuple[int, float, dict[str, float]]]:
         return [(step, when, {name: value}) for name, columns in self._data.items() for step, when, value in zip(*columns, strict=True)]
 
-    def to_plain(self) -> dict:
-        """Copies of the columns as tensors: a checkpoint grows by 24 bytes a point, and tensors are what a
-        checkpoint is loaded with (``torch.load(weights_only=True)``: no other object is unpickled)."""
-        return {name: {"steps": _tensor(s, "int64"), "times": _tensor(t, "float64"), "values": _tensor(v, "float64")}
-                for name, (s, t, v) in self._data.items()}
+    def lengths(self) -> dict[str, int]:
+        return {name: len(steps) for name, (steps, _, _) in self._data.items()}
+
+    def since(self, starts: dict[str, int]) -> dict[str, tuple[int, array, array, array]]:
+        chosen = {name: (min(starts.get(name, 0), len(steps)), steps, times, values)
+                  for name, (steps, times, values) in self._data.items()}
+        return {name: (start, steps[start:], times[start:], values[start:])
+                for name, (start, steps, times, values) in chosen.items() if start < len(steps)}
 
     @classmethod
     def from_plain(cls, saved: dict) -> LoggedSeries:
@@ -168,15 +174,11 @@ class LoggedSeries:
         return logged
 
 
-def _tensor(column: array, dtype: str):
-    import torch
-
-    kind = getattr(torch, dtype)
-    return torch.frombuffer(bytearray(column), dtype=kind) if column else torch.empty(0, dtype=kind)  # a copy
-
-
 def _column(typecode: str, saved) -> array:
-    """A saved column back as an array: a tensor, or the arrays of checkpoints written before tensors."""
+    """A saved column back as an array: one read from a history file, a tensor (checkpoints that held their series
+    themselves), or a list (those written before tensors)."""
+    if isinstance(saved, array) and saved.typecode == typecode:
+        return saved
     if hasattr(saved, "numpy"):
         column = array(typecode)
         column.frombytes(saved.cpu().contiguous().numpy().tobytes())  # loaded onto the rank's GPU with the rest
@@ -271,9 +273,10 @@ def restore_step_counters(counters: dict[str, int]) -> None:
         _sink.restore_step_counters(counters)
 
 
-def logged_history() -> dict:
-    """Every value this rank logged in the cell (saved in checkpoints)."""
-    return _sink.logged_history() if _sink is not None else {}
+def logged_since(starts: dict[str, int]) -> tuple[dict[str, int], dict]:
+    """How many points each series this rank logged holds, and the points from ``starts`` on (saved in checkpoints:
+    :meth:`MetricsBuffer.logged_since`)."""
+    return _sink.logged_since(starts) if _sink is not None else ({}, {})
 
 
 def restore_history(saved: dict | None) -> None:

@@ -1,9 +1,9 @@
 """Every rank's own part of a checkpoint (its RNG states, metric step counters and logged series) on rank 0, which
-writes the checkpoint file; and rank 0's name for a new shard folder, on every rank.
+writes the checkpoint file; and rank 0's word for a save on every rank: a new shard folder's name, and which history
+file the ranks' new logged points go to (:mod:`.history_saves`).
 
-Under ``--shard`` the gather runs over the background saves' own gloo group while DCP writes the shards (a
-run's logged series grow with it: gathered before the write, they would block training for their whole length),
-so training waits for one small broadcast of its own, the folder's name.
+Under ``--shard`` the gather runs over the background saves' own gloo group while DCP writes the shards, so training
+waits for one small broadcast of its own, rank 0's word.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from . import shard
+from .history_saves import HistoryPlan
 from .plain_gather import gather_plain
 from .state import SaveGroup
 
@@ -43,12 +44,15 @@ def beside_the_write(group: SaveGroup, snapshot: dict) -> Callable[[], dict] | N
     return joined
 
 
-def rank0s_token(device, group: SaveGroup) -> str:
-    """A random name part for the new shard folder, rank 0's, on every rank (one small broadcast)."""
-    token = torch.tensor([secrets.randbits(31)], dtype=torch.int64, device=device)
+def rank0s_plan(device, group: SaveGroup, history: HistoryPlan | None) -> tuple[str, HistoryPlan]:
+    """Rank 0's word for a save, on every rank, in one small broadcast: a random name part for a new shard folder,
+    and the history file the ranks' new points go to (``history``: rank 0's plan; None elsewhere)."""
+    words = torch.tensor([secrets.randbits(31), *((history.token, history.saves) if history else (0, 0))],
+                         dtype=torch.int64, device=device)
     if group.size > 1:
-        dist.broadcast(token, src=0)
-    return f"{int(token.item()):08x}"
+        dist.broadcast(words, src=0)
+    token, file_token, saves = (int(word) for word in words.tolist())
+    return f"{token:08x}", HistoryPlan(file_token, saves)
 
 
 def gathered_on_rank0(group: SaveGroup, mine: dict, background) -> list | None:

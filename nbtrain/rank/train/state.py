@@ -6,8 +6,9 @@ nothing prepared in one cell leaks into the next one on a warm rank. ``nbtrain.p
 ``nbtrain.backward()``, ``nbtrain.save_checkpoint()`` and the rest find it with :func:`current`.
 
 This module is the floor of ``rank/train/``: it imports only what builds a context (:mod:`.amp`'s dtype and
-scaler, :mod:`.accumulate`'s window, :mod:`.stepmeter`, the settings) and every other module imports it — prepare, data,
-optim, checkpoint, steps — so none of them needs an import inside a function to dodge a cycle.
+scaler, :mod:`.accumulate`'s window, :mod:`.stepmeter`, :mod:`.history_saves`' account, the settings) and every
+other module imports it — prepare, data, optim, checkpoint, steps — so none of them needs an import inside a function
+to dodge a cycle.
 What they share beyond the context lives here too (:class:`PreparedError`).
 
 Outside a ``%%distributed`` cell — a script started by ``torchrun`` — :func:`current` builds a context
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from ...wire.settings import TrainSettings, settings_from_environment
 from . import amp, stepmeter
 from .accumulate import Accumulation
+from .history_saves import SavedHistory
 
 _active: TrainContext | None = None
 
@@ -71,6 +73,7 @@ class TrainContext:
         self.auto_resume_checked = False  # see nbtrain.rank.train.checkpoint.auto_resume
         self.pending_save: Callable[[], object] | None = None  # --checkpoint-async: waits for the save in progress
         self.pending_removal: Callable[[], object] | None = None  # waits for older shard folders' removal
+        self.saved_history = SavedHistory()  # which logged points each checkpoint's history file holds
         self.sharded_params: dict[int, object] = {}  # id of a parameter before --shard -> the sharded one (rank/train/shard.py)
         self.meter = stepmeter.for_device(rank, device, self.amp_dtype, world_size)  # step rate, MFU, data wait
         self._save_group: Callable[[], SaveGroup] | None = None  # --ft: its replica groups decide who writes
