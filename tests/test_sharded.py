@@ -185,7 +185,7 @@ def test_a_sharded_checkpoint_resumes_4_to_2_to_4_ranks_and_then_unsharded(pools
                            checkpoint=str(tmp_path / "straight"))
     four, _ = run_cell(pools, cell.replace("EPOCHS", "2"), out="curve", shard="full", checkpoint=checkpoint, nprocs=4)
     saved = sorted(n for n in os.listdir(checkpoint) if n != ".nbtrain-lock")  # the lock a running cell holds
-    assert len(saved) == 3 and saved[0] == "checkpoint.pt" and ".history-" in saved[1] and ".shards-" in saved[2], saved
+    assert len(saved) == 2 and saved[0] == "checkpoint.pt" and ".shards-" in saved[1], saved  # nothing logged: no history
     two, _ = run_cell(pools, cell.replace("EPOCHS", "4"), out="curve", shard="full", checkpoint=checkpoint)
     four_again, _ = run_cell(pools, cell.replace("EPOCHS", "6"), out="curve", shard="full", checkpoint=checkpoint,
                              nprocs=4)
