@@ -217,3 +217,26 @@ def test_a_damaged_history_file_costs_the_curves_not_the_resume(pools, tmp_path)
     assert result.history.series("loss", rank=0).steps == list(range(8, 13)), "only what this run logged"
     fresh, _ = history_of(tmp_path)
     assert fresh != name and not os.path.exists(tmp_path / name), "a new file, and the damaged one removed"
+
+
+LOADS_THE_BEST_AT_THE_END = """
+import torch, nbtrain
+net = torch.nn.Linear(4, 4)
+model, opt = nbtrain.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
+for step in range(10):
+    nbtrain.log(loss=float(step))
+    if step == 4:
+        nbtrain.save_checkpoint(BEST)
+nbtrain.load_checkpoint(BEST)   # the best model back, twice over
+nbtrain.load_checkpoint(BEST)
+nbtrain.save_checkpoint()
+"""
+
+
+def test_a_checkpoint_loaded_after_the_cell_logged_adds_no_point_to_history(pools, tmp_path):
+    best = str(tmp_path / "best.pt")
+    _, result = run_cell(pools, LOADS_THE_BEST_AT_THE_END.replace("BEST", repr(best)), checkpoint=str(tmp_path / "run"))
+    for rank in (0, 1):
+        assert result.history.series("loss", rank=rank).steps == list(range(10)), "each point once"
+    name, length = history_of(tmp_path / "run")
+    assert read_rank(str(tmp_path / "run" / name), length, 1)["loss"][0].tolist() == list(range(10))

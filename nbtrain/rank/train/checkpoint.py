@@ -356,7 +356,6 @@ def _restore_history(context: TrainContext, path: str, state: dict, entry: dict)
     history file it came from. A damaged or missing history file costs the curves, not the resume."""
     if "metric_history" in entry:  # a checkpoint that holds its series itself, as nbtrain wrote them before
         metrics.restore_history(entry["metric_history"])
-        context.saved_history.series_replaced()
         return
     if not state.get("history"):
         return
@@ -368,9 +367,9 @@ def _restore_history(context: TrainContext, path: str, state: dict, entry: dict)
         print(f"nbtrain: rank {context.rank}: the metric history of {path} cannot be read ({exc}): the curves "
               "logged before it are not restored; the training state is.", flush=True)
         return
-    metrics.restore_history({name: {"steps": steps, "times": times, "values": values}
-                             for name, (steps, times, values) in series.items()})
-    _resumed_history(context, path, state, {name: len(columns[0]) for name, columns in series.items()})
+    restored = metrics.restore_history({name: {"steps": steps, "times": times, "values": values}
+                                        for name, (steps, times, values) in series.items()})
+    _resumed_history(context, path, state, restored)  # a series not restored is sent again whole
 
 
 def _resumed_history(context: TrainContext, path: str, state: dict, restored: dict[str, int] | None) -> None:

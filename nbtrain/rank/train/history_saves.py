@@ -113,14 +113,13 @@ class SavedHistory:
 
     def resumed(self, target: str, history: HistoryFile, restored: dict[str, int] | None) -> None:
         """The cell resumed from ``target``, whose checkpoint names ``history``: later saves go on appending to it.
-        ``restored``: how many points of each series this rank read back from it (None: it read none of its own, so
-        it sends all). What was sent to other paths' files is forgotten: this rank's series changed."""
+        ``restored``: how many points of each series this rank read back from it and took as its own (a series it
+        did not take is sent whole; None: it took none). A resume only adds series this rank had no point of, so
+        what it sent to other paths' files stays as counted."""
         self._files[target] = history
-        self._sent = {target: (history.token, {history.saves: restored})} if restored is not None else {}
-
-    def series_replaced(self) -> None:
-        """This rank's series were replaced (a checkpoint that held them itself was loaded): it sends all of them."""
-        self._sent = {}
+        token, by_save = self._sent.get(target, (0, {}))
+        known = by_save.get(history.saves, {}) if token == history.token else {}  # this cell wrote it: still so
+        self._sent[target] = (history.token, {history.saves: {**known, **(restored or {})}})
 
 
 def _as_bytes(chunks) -> bytes:

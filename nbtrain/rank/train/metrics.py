@@ -104,16 +104,19 @@ class MetricsBuffer:
         with self._flush_lock:
             return self._logged.lengths(), self._logged.since(starts)
 
-    def restore_history(self, saved: dict) -> None:
-        """A resumed run: send the checkpoint's series to the kernel (before anything logged after it)."""
+    def restore_history(self, saved: dict) -> dict[str, int]:
+        """A resumed run: send the checkpoint's series to the kernel (before anything logged after it). Only a
+        series this cell has no point of yet is restored: a checkpoint loaded after the cell logged (the best one,
+        at the end of training), or loaded twice, would otherwise put its points into ``history`` a second time.
+        Returns how many points of each series were restored."""
         self.flush()
         with self._flush_lock:
-            restored = LoggedSeries.from_plain(saved)
+            restored = LoggedSeries.from_plain(saved).without(self._logged.lengths())
             records = restored.records()
-            restored.add(self._logged.records())  # anything logged in this cell before the checkpoint was loaded
             if records:
-                self._logged = restored
+                self._logged.take(restored)
                 self._send(Metrics(self.rank, records, restored=True))
+            return restored.lengths()
 
     def step_counters(self) -> dict[str, int]:
         with self._lock:
@@ -155,6 +158,16 @@ class LoggedSeries:
 
     def records(self) -> list[tuple[int, float, dict[str, float]]]:
         return [(step, when, {name: value}) for name, columns in self._data.items() for step, when, value in zip(*columns, strict=True)]
+
+    def without(self, names) -> LoggedSeries:
+        """These series less the names in ``names``, and less empty ones."""
+        kept = LoggedSeries()
+        kept._data = {name: columns for name, columns in self._data.items() if name not in names and columns[0]}
+        return kept
+
+    def take(self, other: LoggedSeries) -> None:
+        """Add ``other``'s series, none of which this one has (:meth:`without`)."""
+        self._data.update(other._data)
 
     def lengths(self) -> dict[str, int]:
         return {name: len(steps) for name, (steps, _, _) in self._data.items()}
@@ -279,9 +292,9 @@ def logged_since(starts: dict[str, int]) -> tuple[dict[str, int], dict]:
     return _sink.logged_since(starts) if _sink is not None else ({}, {})
 
 
-def restore_history(saved: dict | None) -> None:
-    if _sink is not None and saved:
-        _sink.restore_history(saved)
+def restore_history(saved: dict | None) -> dict[str, int]:
+    """The checkpoint's series this cell has no point of yet, to the kernel; how many points of each it restored."""
+    return _sink.restore_history(saved) if _sink is not None and saved else {}
 
 
 def log(step: int | None = None, reduce: str | None = None, **values) -> None:
