@@ -30,6 +30,7 @@ def test_a_chunk_replaces_its_series_from_its_start_and_other_ranks_chunks_are_s
     assert list(mine["loss"][0]) == [0, 1, 2, 3] and list(mine["loss"][2]) == [0.0, 2.0, 4.0, 6.0]
     assert list(mine["loss"][1]) == [0.5, 1.5, 2.5, 3.5] and list(mine["acc"][0]) == [1]
     assert list(read_rank(path, length, 1)["loss"][0]) == [7]
+    assert list(read_rank(path, length, 0, known={"loss"})) == ["acc"], "a series the rank has is left unread"
     assert read_rank(path, 0, 0) == {}
 
 

@@ -362,7 +362,7 @@ def _restore_history(context: TrainContext, path: str, state: dict, entry: dict)
     try:
         history = HistoryFile.from_entry(state["history"])
         series = history_file.read_rank(os.path.join(os.path.dirname(path), history.name(path)), history.length,
-                                        context.rank)
+                                        context.rank, metrics.logged_names())  # those are not restored
     except (history_file.HistoryFileError, KeyError, TypeError, ValueError) as exc:
         print(f"nbtrain: rank {context.rank}: the metric history of {path} cannot be read ({exc}): the curves "
               "logged before it are not restored; the training state is.", flush=True)

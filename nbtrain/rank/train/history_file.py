@@ -25,6 +25,7 @@ import stat
 import struct
 import sys
 from array import array
+from collections.abc import Collection
 
 MAGIC = b"NBH1"
 HEADER = struct.Struct("<4siqqi")
@@ -98,8 +99,9 @@ def intact(path: str, length: int) -> bool:
     return stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid() and info.st_size >= length
 
 
-def read_rank(path: str, length: int, rank: int) -> Series:
-    """``rank``'s series from the first ``length`` bytes of ``path``; the other ranks' chunks are skipped unread."""
+def read_rank(path: str, length: int, rank: int, known: Collection[str] = ()) -> Series:
+    """``rank``'s series from the first ``length`` bytes of ``path``, less those named in ``known``: the other
+    ranks' chunks, and those series, are skipped unread."""
     if length == 0:
         return {}  # nothing was logged: there may be no file
     try:
@@ -117,12 +119,13 @@ def read_rank(path: str, length: int, rank: int) -> Series:
             offset += used
             if offset + 24 * count > length:
                 raise HistoryFileError(f"the history file {path} ends inside the series {name!r}")
-            if chunk_rank == rank:
+            if chunk_rank == rank and name not in known:
                 file.seek(offset)
                 points = file.read(24 * count)
                 if len(points) != 24 * count:
                     raise HistoryFileError(f"the history file {path} ends inside the series {name!r}")
-                columns = [_column(kind, points[8 * count * i:8 * count * (i + 1)]) for i, kind in enumerate(_COLUMNS)]
+                view = memoryview(points)
+                columns = [_column(kind, view[8 * count * i:8 * count * (i + 1)]) for i, kind in enumerate(_COLUMNS)]
                 _replace_from(series, name, start, columns, path)
             offset += 24 * count
             file.seek(offset)
@@ -154,7 +157,7 @@ def _replace_from(series: Series, name: str, start: int, columns: list[array], p
         kept.extend(new)
 
 
-def _column(kind: str, data: bytes) -> array:
+def _column(kind: str, data: bytes | memoryview) -> array:
     column = array(kind)
     column.frombytes(data)
     if sys.byteorder != "little":

@@ -39,6 +39,7 @@ from ...wire.protocol import Metrics, Setup
 from .reduce import reduce_values
 
 FLUSH_INTERVAL_S = 0.25
+RESTORED_BATCH = 65536  # points of a checkpoint's series a message carries: the kernel takes them a batch at a time
 LAST_FLUSH_WAIT_S = 0.5  # a rank being stopped waits at most this long for its last flush
 
 _sink: MetricsBuffer | None = None
@@ -55,6 +56,7 @@ class MetricsBuffer:
         self._records: deque[tuple[int, float, dict]] = deque()
         self._counters: dict[str, int] = {}
         self._logged = LoggedSeries()  # everything sent in this cell (with what was restored)
+        self._restored: deque[LoggedSeries] = deque()  # a checkpoint's series, sent before anything logged after it
         self._wake = threading.Event()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="nbtrain-metrics", daemon=True)
@@ -89,6 +91,9 @@ class MetricsBuffer:
                 self._flush_lock.release()
 
     def _send_buffered(self) -> None:
+        while self._restored:
+            for batch in self._restored.popleft().batches(RESTORED_BATCH):
+                self._send(Metrics(self.rank, batch, restored=True))
         buffered = self._records
         records = [buffered.popleft() for _ in range(len(buffered))]  # what is there now; later ones wait
         if records:
@@ -104,6 +109,11 @@ class MetricsBuffer:
         with self._flush_lock:
             return self._logged.lengths(), self._logged.since(starts)
 
+    def logged_names(self) -> set[str]:
+        self.flush()
+        with self._flush_lock:
+            return set(self._logged.lengths())
+
     def restore_history(self, saved: dict) -> dict[str, int]:
         """A resumed run: send the checkpoint's series to the kernel (before anything logged after it). Only a
         series this cell has no point of yet is restored: a checkpoint loaded after the cell logged (the best one,
@@ -112,10 +122,9 @@ class MetricsBuffer:
         self.flush()
         with self._flush_lock:
             restored = LoggedSeries.from_plain(saved).without(self._logged.lengths())
-            records = restored.records()
-            if records:
-                self._logged.take(restored)
-                self._send(Metrics(self.rank, records, restored=True))
+            self._logged.take(restored)
+            if restored.lengths():
+                self._restored.append(restored)  # sent by the next flush: the resume does not wait for it
             return restored.lengths()
 
     def step_counters(self) -> dict[str, int]:
@@ -156,8 +165,13 @@ class LoggedSeries:
                 times.append(when)
                 numbers.append(value)
 
-    def records(self) -> list[tuple[int, float, dict[str, float]]]:
-        return [(step, when, {name: value}) for name, columns in self._data.items() for step, when, value in zip(*columns, strict=True)]
+    def batches(self, size: int | None) -> Iterator[list[tuple[int, float, dict[str, float]]]]:
+        """The points as records, ``size`` at a time (None: a series at a time), made as they are asked for."""
+        for name, (steps, times, values) in self._data.items():
+            step = size or len(steps) or 1
+            for start in range(0, len(steps), step):
+                yield [(s, t, {name: v}) for s, t, v in zip(steps[start:start + step], times[start:start + step],
+                                                            values[start:start + step], strict=True)]
 
     def without(self, names) -> LoggedSeries:
         """These series less the names in ``names``, and less empty ones."""
@@ -290,6 +304,11 @@ def logged_since(starts: dict[str, int]) -> tuple[dict[str, int], dict]:
     """How many points each series this rank logged holds, and the points from ``starts`` on (saved in checkpoints:
     :meth:`MetricsBuffer.logged_since`)."""
     return _sink.logged_since(starts) if _sink is not None else ({}, {})
+
+
+def logged_names() -> set[str]:
+    """The series this rank has points of in this cell (logged or restored)."""
+    return _sink.logged_names() if _sink is not None else set()
 
 
 def restore_history(saved: dict | None) -> dict[str, int]:
