@@ -9,11 +9,12 @@ ranks pick what to send, so nobody has to guess whether the last save reached th
 * every rank remembers, for each save it took part in, how many points of each series it had sent by then. The
   file holds what a rank had sent by the save the broadcast names, so the rank sends only what it logged after
   that. A save that failed is not counted: the next one sends its points again (the file is cut back first);
-* a file the rank knows nothing of — a new one, after the writer changed (``--ft``), or after a resume from
-  another path — gets every point. A chunk replaces its series from its start, so sending too much is harmless;
-  too little never happens.
+* a file the rank knows nothing of — a new one, after the writer changed (``--ft``) or the last one was lost —
+  gets every point. A chunk replaces its series from its start, so sending too much is harmless; too little never
+  happens.
 
-A resume from the same path goes on appending to the file the checkpoint names.
+A resume goes on appending to the file its checkpoint names; the series it restores (only ones the rank had no
+point of) count as sent to that file.
 """
 
 from __future__ import annotations
