@@ -133,7 +133,7 @@ def test_bad_start_timeouts_are_usage_errors_before_any_process(shell, monkeypat
 
 
 def test_start_timeout_bounds_the_start_of_real_ranks(shell, capsys):
-    result = shell.run_cell("%%distributed 2 --cpu --fresh --keep-alive 0 --start-timeout 0.01\nx = 1\n")
+    result = shell.run_cell("%%distributed 2 --cpu --fresh --keep-alive 0 --start-timeout 0.001\nx = 1\n")
     assert type(result.error_in_exec).__name__ == "RankFailedError"
     shown = capsys.readouterr()
     assert "did not join the process group within 0 s (--start-timeout SECONDS" in shown.out + shown.err
