@@ -120,16 +120,22 @@ def _groups_per_step(history, survivors: tuple[int, ...]) -> dict[int, float]:
     return merged
 
 
-def _reference(groups_per_step: list[float], everyone: int) -> list[torch.Tensor]:
-    """The cell's training redone in one process: at each step the gradient averaged over the groups that took part
-    (all of them, or, at fewer, the ones that were not lost: every group but the last)."""
+def _members_per_step(marks, ranks: int, steps: int) -> list[list[int]]:
+    """The ranks whose gradients each committed step averaged, from their marks: a rank's step counter reaches ``s``
+    by its own commit of step ``s`` only (a failed step leaves it, a heal from a peer writes no mark). Not always the
+    survivors: a survivor whose step failed heals while the new rank in place of the lost one takes part."""
+    taken = [{step for _, step, _ in _marks(marks, rank)} for rank in range(ranks)]
+    return [[rank for rank in range(ranks) if step + 1 in taken[rank]] for step in range(steps)]
+
+
+def _reference(members_per_step: list[list[int]]) -> list[torch.Tensor]:
+    """The cell's training redone in one process: at each step the gradient averaged over the ranks that took part."""
     import torch.nn.functional as F
 
     torch.manual_seed(0)  # the first group's weights, which every group takes at step 0
     net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
-    for step, groups in enumerate(groups_per_step):
-        members = range(everyone) if groups == everyone else range(int(groups))
+    for step, members in enumerate(members_per_step):
         opt.zero_grad()
         for member in members:
             g = torch.Generator().manual_seed(1000 * member + step)
@@ -143,7 +149,7 @@ def _reference(groups_per_step: list[float], everyone: int) -> list[torch.Tensor
 def test_torchft_nodes_the_groups_end_where_a_reference_run_of_the_same_quorums_does(nodes, tmp_path, capsys):
     """3 nodes × 1 rank and an idle fourth; the agent of rank 2's node SIGKILLed at step 20 of 60. Every group's
     final parameters equal (float tolerance) a reference run in which each step averages the groups that took part
-    in it, as the survivors' ``ft_groups`` recorded."""
+    in it: as many as the survivors' ``ft_groups`` recorded, which ones as the ranks' marks say."""
     for address in ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"):
         nodes.start(address)
     nodes.wait_joined(4)
@@ -159,7 +165,9 @@ def test_torchft_nodes_the_groups_end_where_a_reference_run_of_the_same_quorums_
     assert sent and "nbtrain: --ft: node" in text, text
     groups = _groups_per_step(result.history, survivors=(0, 1))
     assert sorted(groups) == list(range(60)) and 2.0 in groups.values(), groups  # steps at 2 groups, then 3
-    expected = _reference([groups[step] for step in range(60)], everyone=3)
+    members = _members_per_step(marks, ranks=3, steps=60)
+    assert [len(ranks) for ranks in members] == [groups[step] for step in range(60)], members  # as ft_groups says
+    expected = _reference(members)
     for rank in range(3):
         for mine, theirs in zip(torch.load(marks / f"final{rank}.pt"), expected, strict=True):
             assert torch.allclose(mine, theirs, atol=1e-5), (rank, (mine - theirs).abs().max())
