@@ -226,10 +226,10 @@ def test_a_rank_killed_during_a_sharded_save_leaves_the_previous_checkpoint(pool
 import os
 from nbtrain.rank.train import shard
 written = shard.save_states
-def dying_while_the_others_write(context, directory, done=None):   # the second save: rank 1 dies, rank 0 writes
+def dying_while_the_others_write(context, directory, *args, **kwargs):   # the second save: rank 1 dies, rank 0 writes
     if rank == 1 and context.step == 2 and KILL:
         os._exit(9)
-    return written(context, directory, done)
+    return written(context, directory, *args, **kwargs)
 shard.save_states = dying_while_the_others_write
 model = nbtrain.prepare(Net())
 opt = torch.optim.SGD(model.parameters(), lr=0.1)

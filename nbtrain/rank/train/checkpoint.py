@@ -158,19 +158,30 @@ def _save_now(context: TrainContext, save: _Save, snapshot: dict, folder: str | 
     """Each rank writes its shards to ``folder`` (under --shard) while rank 0 appends the ranks' new history to its
     file and writes the file that will name them under a temporary name; the file replaces the old one once every
     rank's shards are written. Under --shard the ranks' own states (``snapshot["ranks"]``: this rank's) are gathered
-    on rank 0 meanwhile, over the background saves' group, on the thread that writes the file. Returns rank 0's
-    error in writing the file (a failed DCP write raises on every rank, and the old file stays)."""
-    gathering = save_gather.beside_the_write(save.group, snapshot) if folder is not None else None
-    whole: Callable[[], dict] = gathering or (lambda: snapshot)
-    staged = StagedFile(lambda: context.saved_history.write(save.target, save.history, whole()),
-                        save.target) if save.group.rank == 0 else None
+    on rank 0 meanwhile, over the background saves' group, on the thread that writes the file; both begin once DCP's
+    plan is agreed (:mod:`.save_planner`). Returns rank 0's error in writing the file (a failed DCP write raises on
+    every rank, and the old file stays)."""
+    begun: list[tuple[Callable[[], dict] | None, StagedFile | None]] = []
+
+    def begin() -> None:
+        gathering = save_gather.beside_the_write(save.group, snapshot) if folder is not None else None
+        whole: Callable[[], dict] = gathering or (lambda: snapshot)
+        begun.append((gathering, StagedFile(lambda: context.saved_history.write(save.target, save.history, whole()),
+                                            save.target) if save.group.rank == 0 else None))
+
+    if folder is None:
+        begin()
+    elif save.group.size > 1:
+        shard.background_group()  # here, not in begin(): making a group is a collective of the default one
     try:
         if folder is not None:
-            shard.save_states(context, folder)
+            shard.save_states(context, folder, planned=begin)
     except BaseException:
-        if staged is not None:
-            staged.discard()
+        for _, staged in begun:
+            if staged is not None:
+                staged.discard()
         raise
+    gathering, staged = begun[0]
     if staged is None:
         if gathering is not None:
             gathering()  # this rank's part of the gather: over before the next save's

@@ -45,6 +45,7 @@ from torch import nn
 from ...common.words import count
 from ...wire.payload import StaysOnTheRanks
 from . import dtensor_results, metrics, speed
+from .save_planner import save_planner
 from .state import PreparedError, TrainContext, current
 
 META_COPY = "_nbtrain_meta_copy"  # rank 0: the plain model's structure, parameters on the meta device
@@ -406,13 +407,13 @@ def checkpoint_entries(context: TrainContext, directory: str) -> tuple[list, lis
     return models, optimizers
 
 
-def save_states(context: TrainContext, directory: str, done=None) -> tuple[list, list]:
+def save_states(context: TrainContext, directory: str, done=None, planned=None) -> tuple[list, list]:
     """Write every prepared model and optimizer to ``directory`` with DCP (each rank its own shards); the
-    entries the checkpoint file keeps in their place (:func:`checkpoint_entries`). With ``done``
+    entries the checkpoint file keeps in their place (:func:`checkpoint_entries`). ``planned()``, if given, runs
+    once the ranks have agreed on DCP's plan, before the write (:mod:`.save_planner`). With ``done``
     (--checkpoint-async) the state is copied and written in the background: ``done(error or None)`` runs when
     this rank's part is over, and ``context.pending_save`` waits for it."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import DefaultSavePlanner
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
     state: dict[str, Any] = {}
@@ -422,7 +423,7 @@ def save_states(context: TrainContext, directory: str, done=None) -> tuple[list,
         owner = owner_of(context, optimizer)
         if owner is not None:
             state[f"optim{index}"] = get_optimizer_state_dict(plain(owner), optimizer.optimizer)
-    planner = DefaultSavePlanner(enable_plan_caching=True)  # the same state each save: its plan is made once
+    planner = save_planner(planned)
     if done is None:
         dcp.save(state, checkpoint_id=directory, planner=planner)
         return checkpoint_entries(context, directory)
