@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import glob
 import os
-import shutil
-import stat
 import threading
 
+from ...common.leftovers import owned_by_me, remove_entry
 from .state import TrainContext
 
 KINDS = (".shards-", ".history-")
@@ -33,23 +32,9 @@ def remove_later(context: TrainContext, target: str, keep: set[str]) -> None:
 def superseded(target: str, keep: set[str]) -> list[str]:
     """This user's shard folders and history files of ``target`` whose names are not in ``keep``."""
     found = [path for kind in KINDS for path in glob.glob(f"{glob.escape(target)}{kind}*")]
-    return [path for path in found if os.path.basename(path) not in keep and _own(path)]
+    return [path for path in found if os.path.basename(path) not in keep and owned_by_me(path)]
 
 
 def remove(paths: list[str]) -> None:
     for path in paths:
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass  # gone already, or not ours to remove: tidying never fails a save
-
-
-def _own(path: str) -> bool:
-    try:
-        info = os.lstat(path)
-    except OSError:
-        return False
-    return (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)) and info.st_uid == os.geteuid()
+        remove_entry(path)  # a link unlinked, never followed; what cannot go stays: tidying never fails a save
