@@ -77,7 +77,8 @@ def test_torchft_nodes_a_killed_node_is_replaced_while_the_others_keep_stepping(
     for survivor in (0, 1):
         times = [when for _, step, when in _marks(marks, survivor) if step <= 40]  # then it waits for the new rank 2
         taken = [step for _, step, _ in _marks(marks, survivor)]
-        assert taken == sorted(taken) and taken[-1] == steps and len(set(taken)) == steps, taken
+        assert taken == sorted(taken) and taken[-1] == steps, taken
+        assert _only_healed_over(taken, steps), taken
         assert max(b - a for a, b in zip(times, times[1:], strict=False)) < KEPT_STEPPING_S, times
     assert [step for pid, step, _ in _marks(marks, 2) if pid != sent["pid"]][-1] == steps
     finals = [torch.load(marks / f"final{rank}.pt") for rank in range(3)]
@@ -118,6 +119,14 @@ def _groups_per_step(history, survivors: tuple[int, ...]) -> dict[int, float]:
         for step, groups in zip(series.steps, series.values, strict=True):
             assert merged.setdefault(step, groups) == groups, (rank, step, merged[step], groups)
     return merged
+
+
+def _only_healed_over(taken: list[int], steps: int) -> bool:
+    """Whether every step a survivor's marks lack follows a step of its that failed. Its counter is written after each
+    attempt, so a failed one writes the same step again; the survivor then heals from a peer that committed the next
+    step (as when the new rank joins the quorum mid-step), and never writes it: ``20, 21, 21, 23``."""
+    missing = set(range(1, steps + 1)) - set(taken)
+    return len(missing) <= 2 and all(taken.count(step - 1) >= 2 for step in missing)
 
 
 def _members_per_step(marks, ranks: int, steps: int) -> list[list[int]]:
