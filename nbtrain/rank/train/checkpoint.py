@@ -283,8 +283,9 @@ def own_snapshot(context: TrainContext) -> dict:
 def resume_from_peer(context: TrainContext, state: dict, peer: str) -> None:
     """A peer's :func:`own_snapshot`, for a ``--ft`` replica group that is behind. At its first ``prepare()`` (a
     group that joins late) it is applied to each object as it is prepared, as a checkpoint is. In the middle of the
-    run (a step the others committed and this group did not) it goes into what is prepared at once — the loaders
-    stay: every group read the same batches. Its RNG and metric steps are this rank's from now on."""
+    run (a step the others committed and this group did not) it goes into what is prepared at once, and each loader
+    passes over the batches the peer read beyond it (a failed attempt costs each group a batch, and the groups' failed
+    attempts differ). Its RNG and metric steps are this rank's from now on."""
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"the state copied from {peer} is not an nbtrain training state.")
     if context.models or context.optimizers:
@@ -295,6 +296,8 @@ def resume_from_peer(context: TrainContext, state: dict, peer: str) -> None:
         if context.scaler is not None and state.get("scaler"):
             context.scaler.load_state_dict(state["scaler"])
         context.caught_up(int(state["step"]))
+        for loader, position in zip(context.loaders, state["loaders"], strict=False):
+            loader.catch_up(position)
     else:
         context.resume_from(state, peer)
     set_rng_state(state["ranks"][0]["rng"], context.device)

@@ -90,6 +90,9 @@ class PreparedLoader(DataLoader):
                 if self._context is not None and accum is not None and (accum.closing or not accum.backward_used):
                     if (ft := ft_cell.active()) is not None:
                         ft.boundary()  # --ft: the step's quorum, where a peer's copy holds this loader's position
+                        current = self._caught_up(iterator, current)
+                        if current is _END:
+                            break
                     preempt_checkpoint.at_boundary(self._context)  # a notice: the checkpoint goes here (rank/train/preempt_checkpoint.py)
                 following = self._next(iterator)
                 self.at_last_batch = following is _END
@@ -102,6 +105,30 @@ class PreparedLoader(DataLoader):
             self.at_last_batch = False
             if accum is not None and self in accum.active_loaders:
                 accum.active_loaders.remove(self)
+
+    def catch_up(self, position: dict) -> None:
+        """--ft: this group copied a peer's state in the middle of the run, at this step's boundary; the peer's loader
+        was at ``position`` there (:meth:`_caught_up` moves on to it)."""
+        self._peer_position = position
+
+    _peer_position: dict | None = None
+
+    def _caught_up(self, iterator, current):
+        """After :meth:`catch_up`: the batches the peer had read beyond this loader are passed over — a group whose
+        failed attempts were fewer than the peer's would otherwise have batches left when the others finish, and
+        take steps alone. Returns the batch to hand out, or ``_END`` where the peer is in a later pass (the next
+        pass then starts where the peer is). A loader further on than the peer's stays where it is."""
+        peer, self._peer_position = self._peer_position, None
+        if peer is None:
+            return current
+        epoch, batches = int(peer["epoch"]), int(peer.get("batches", 0))
+        if epoch > self.epoch:
+            self._resume_batches = batches
+            return _END
+        while epoch == self.epoch and self.batches_read < batches and current is not _END:
+            self.batches_read += 1  # passed over: the peer's committed steps stand for it
+            current = self._next(iterator)
+        return current
 
     def _next(self, iterator):
         """The next batch, its wait counted as the step's data wait (rank/train/stepmeter.py)."""
