@@ -455,6 +455,29 @@ def test_torchft_cell_the_stop_button_ends_every_rank_and_the_lighthouse(fresh_p
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_torchft_cell_a_group_left_out_of_quorums_copies_a_peer_and_reads_as_many_batches(fresh_pools, tmp_path):
+    """Rank 0 stalls 3 s after step 10 (a pause of its own, no failure): the others' quorums leave it out after the
+    Lighthouse's join timeout and commit steps without it; it then copies a peer's state. Its loader moves on to the
+    peer's position too, so it ends with the others — not a batch behind, stepping alone after they finished."""
+    stall = ("        if rank == 0 and nbtrain.training_state().step == 10:\n"
+             "            time.sleep(3.0)\n")
+    cell = CELL.replace("        time.sleep(0.1)\n", "        time.sleep(0.1)\n" + stall, 1)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    ns, result = run_cell(fresh_pools, cell, {"MARKS": str(marks)}, nprocs=3, ft="on", out="steps")
+    assert ns["steps"] == STEPS  # no step failed: the others' steps without rank 0 count, and rank 0 took them over
+    taken = [step for _, step, _ in _marks(marks, 0)]
+    assert taken[:10] == list(range(1, 11)) and taken[10] > 11, taken  # it went on from the peer's step
+    assert taken[-1] == STEPS and len(taken) == len(set(taken)), taken
+    assert all(len(_marks(marks, rank)) == STEPS for rank in (1, 2))
+    assert 2.0 in result.history.series("ft_groups", 1).values  # the steps taken without rank 0
+    finals = [torch.load(marks / f"final{rank}.pt") for rank in range(3)]
+    for other in finals[1:]:
+        for mine, theirs in zip(finals[0], other, strict=True):
+            assert torch.allclose(mine, theirs, atol=1e-6)
+
+
 def test_torchft_cell_runs_again_on_its_warm_ranks(fresh_pools, tmp_path):
     """A second --ft cell takes the same warm ranks, with a Lighthouse and secret of its own; none is left after."""
     source = CELL.replace("nbtrain.epochs(3)", "nbtrain.epochs(1)").replace("time.sleep(0.1)", "pass")
