@@ -181,6 +181,8 @@ def _save_now(context: TrainContext, save: _Save, snapshot: dict, folder: str | 
             if staged is not None:
                 staged.discard()
         raise
+    if not begun:  # DCP calls finish_plan on every rank; should a later DCP not, the side work starts after the write
+        begin()
     gathering, staged = begun[0]
     if staged is None:
         if gathering is not None:
