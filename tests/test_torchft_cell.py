@@ -149,7 +149,7 @@ def test_torchft_cell_still_fails_on_an_exception(fresh_pools, tmp_path):
 @pytest.mark.parametrize("options, says", [
     ({"nprocs": 1}, "needs 2 ranks or more"),
     ({"session": "s1"}, "use one of --session and --ft"),
-    ({"detach": True}, "does not go with --detach"),
+    ({"detach": True}, "--ft does not go with --detach yet: a detached run's agent restarts the whole run"),
     ({"shard": "full"}, "use --shard hybrid --ft"),
     ({"shard": "hybrid"}, "give the groups 2 ranks or more"),
     ({"nprocs": 3, "ft": "replicas=2"}, "give a number of ranks that 2 divides"),

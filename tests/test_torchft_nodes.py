@@ -234,6 +234,7 @@ def test_torchft_nodes_a_later_cell_on_the_same_agents_gets_none_of_an_earlier_c
 @pytest.mark.parametrize("options, says", [
     ({"nodes": "2:3", "last_call": 1.0}, "takes a fixed number of nodes"),
     ({"nodes": "2", "ft": "replicas=2"}, "each node is one replica group"),
+    ({"nodes": "2", "detach": True}, "--ft does not go with --detach yet"),
 ])
 def test_torchft_nodes_refuses_what_it_does_not_go_with_before_anything_starts(options, says):
     request = LaunchRequest(**{"nproc_per_node": 1, "rdzv_host": "127.0.0.1", "cpu": True, "ft": "on", **options})

@@ -48,9 +48,14 @@ def _on_one_machine(request, pool: PoolSpec, replicas: int) -> PoolSpec:
 def _on_nodes(pool: PoolSpec, replicas: int) -> PoolSpec:
     """``--ft --nodes N``: each node is a replica group of its ``--nproc-per-node`` ranks."""
     assert pool.nodes is not None
-    if pool.nodes.detached or pool.nodes.min_nodes:
-        raise ConfigError("--ft with --nodes takes a fixed number of nodes (--nodes 3), and does not go with --detach "
-                          "or an elastic --nodes MIN:MAX yet: under --ft a lost node's place is taken by the next "
+    if pool.nodes.detached:
+        raise ConfigError("--ft does not go with --detach yet: a detached run's agent restarts the whole run, and "
+                          "does not replace one replica group while the others keep stepping. Run the cell with "
+                          "--ft in the notebook, or detach it with --max-restarts N --checkpoint DIR (a lost rank "
+                          "restarts the run from its last checkpoint).")
+    if pool.nodes.min_nodes:
+        raise ConfigError("--ft with --nodes takes a fixed number of nodes (--nodes 3), not an elastic --nodes "
+                          "MIN:MAX yet: under --ft a lost node's place is taken by the next "
                           "node that joins, while the others keep stepping.")
     if replicas:
         raise ConfigError(f"with --nodes each node is one replica group; leave replicas={replicas} out of --ft.")
