@@ -1,5 +1,6 @@
-"""--ft: a replica group that copies a peer's state in the middle of the run moves its prepared loader on to the
-peer's position, so every group reads as many batches and none is left with batches (steps alone) at the end.
+"""--ft: a replica group that copies a peer's state in the middle of the run moves its prepared loader to the peer's
+position — on, when it is behind; back to the peer's batch, when it is ahead in the same pass — so every group reads
+as many batches and none is left with batches (steps alone) at the end.
 
 In one process, without torchft: the step boundary's quorum is a stand-in whose heal hands the loader the peer's
 position, as :func:`nbtrain.rank.train.checkpoint.resume_from_peer` does. The run that found it (three emulated
@@ -10,7 +11,6 @@ alone, and its weights differed from the others' by 0.019.
 
 from __future__ import annotations
 
-import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -52,9 +52,33 @@ def test_a_peer_in_the_next_pass_ends_this_one_and_the_next_starts_where_the_pee
     assert second == [8, 12, 16, 20, 24, 28, 32, 36]
 
 
-@pytest.mark.parametrize("peer", [{"epoch": 0, "batches": 2}, {"epoch": 0, "batches": 1}], ids=["level", "behind"])
-def test_a_loader_level_with_or_further_than_the_peer_stays(monkeypatch, peer):
-    first, second = _passes(monkeypatch, Heal(at=3, peer=peer))
+def test_a_loader_level_with_the_peer_stays(monkeypatch):
+    first, second = _passes(monkeypatch, Heal(at=3, peer={"epoch": 0, "batches": 2}))
+    assert first == second == list(range(0, 40, 4))
+
+
+def test_a_group_ahead_of_the_peer_reads_again_from_the_peers_batch(monkeypatch):
+    # at the 4th boundary this loader has handed out 3 batches (0, 4, 8); the peer had read 1 at its own boundary
+    first, second = _passes(monkeypatch, Heal(at=4, peer={"epoch": 0, "batches": 1}))
+    assert first == [0, 4, 8, 4, 8, *range(12, 40, 4)], "batches 1 and 2 again, then on to the end of the pass"
+    assert second == list(range(0, 40, 4)), "the next pass is whole"
+
+
+def test_a_group_ahead_reads_as_many_batches_as_the_peer_from_then_on_in_a_shuffled_order(monkeypatch):
+    monkeypatch.setattr(ft_cell, "active", lambda: heal)
+    heal = Heal(at=6, peer={"epoch": 0, "batches": 3})
+    with state.scope(state.TrainSettings(), torch.device("cpu"), rank=0, world_size=1) as context:
+        loader = data.prepare_loader(context, DataLoader(TensorDataset(torch.arange(40)), batch_size=4, shuffle=True))
+        heal.loader = loader
+        seen = [batch[0].tolist() for batch in loader]
+    order = seen[:5]  # the pass's own order, up to the heal
+    assert seen[5:7] == order[3:5], "the peer's 4th and 5th batches: the same samples as this pass's"
+    assert len(seen) == 5 + (10 - 3) and loader.position() == {"epoch": 1, "batches": 0}
+    assert sorted(sum(order[:3] + seen[5:], [])) == list(range(40)), "from the peer's batch on, the rest of the pass"
+
+
+def test_a_peer_in_an_earlier_pass_leaves_the_loader_where_it_is(monkeypatch):
+    first, second = _passes(monkeypatch, Heal(at=12, peer={"epoch": 0, "batches": 9}))
     assert first == second == list(range(0, 40, 4))
 
 

@@ -90,7 +90,7 @@ class PreparedLoader(DataLoader):
                 if self._context is not None and accum is not None and (accum.closing or not accum.backward_used):
                     if (ft := ft_cell.active()) is not None:
                         ft.boundary()  # --ft: the step's quorum, where a peer's copy holds this loader's position
-                        current = self._caught_up(iterator, current)
+                        iterator, current = self._caught_up(iterator, current)
                         if current is _END:
                             break
                     preempt_checkpoint.at_boundary(self._context)  # a notice: the checkpoint goes here (rank/train/preempt_checkpoint.py)
@@ -114,21 +114,35 @@ class PreparedLoader(DataLoader):
     _peer_position: dict | None = None
 
     def _caught_up(self, iterator, current):
-        """After :meth:`catch_up`: the batches the peer had read beyond this loader are passed over — a group whose
-        failed attempts were fewer than the peer's would otherwise have batches left when the others finish, and
-        take steps alone. Returns the batch to hand out, or ``_END`` where the peer is in a later pass (the next
-        pass then starts where the peer is). A loader further on than the peer's stays where it is."""
+        """After :meth:`catch_up`: this loader moves to the peer's position, so that every group reads as many batches
+        — a group with batches left when the others finish would take steps alone. Behind the peer in the same pass,
+        the batches the peer read beyond it are passed over (the peer's committed steps stand for them); the peer in
+        a later pass ends this one (``_END``), and the next starts at the peer's batch; ahead of the peer in the same
+        pass (more failed attempts than the peer's attempts), the pass starts again at the peer's batch, and the
+        batches of the failed attempts are read again. Returns the iterator and the batch to hand out. A peer in an
+        earlier pass leaves it where it is: the pass it would go back to is over in the cell's own loop."""
         peer, self._peer_position = self._peer_position, None
         if peer is None:
-            return current
+            return iterator, current
         epoch, batches = int(peer["epoch"]), int(peer.get("batches", 0))
         if epoch > self.epoch:
             self._resume_batches = batches
-            return _END
+            return iterator, _END
+        if epoch == self.epoch and batches < self.batches_read:
+            return self._rewound(batches)
         while epoch == self.epoch and self.batches_read < batches and current is not _END:
             self.batches_read += 1  # passed over: the peer's committed steps stand for it
             current = self._next(iterator)
-        return current
+        return iterator, current
+
+    def _rewound(self, batches: int):
+        """This pass again from its ``batches``-th batch: a new iterator of the same epoch's order (the sampler's
+        order depends on the seed and the epoch alone), and its first batch."""
+        self.sampler.set_epoch(self.epoch)
+        self.sampler.skip = batches * self.batch_size
+        self.batches_read = batches
+        iterator = super().__iter__()
+        return iterator, self._next(iterator)
 
     def _next(self, iterator):
         """The next batch, its wait counted as the step's data wait (rank/train/stepmeter.py)."""
