@@ -109,3 +109,27 @@ def test_honest_ranks_gather_their_tensors_and_plain_values(tmp_path):
     out = _exchange("all", "honest", str(tmp_path / "ran"))
     assert out.strip() == ("GOT [{'rng': tensor([0, 1, 2]), 'python': (3, (1, 2), None)}, "
                            "{'rng': tensor([0, 1, 2, 3, 4]), 'python': (3, (4,), None)}]")
+
+
+def test_a_pickle_carried_in_a_ranks_dcp_plan_is_refused_and_runs_nothing(tmp_path):
+    """Under --shard a sync save's per-rank parts reach rank 0 inside DCP's plans (rank/train/save_planner.py): DCP
+    unpickles the plans, as torch does (docs/security.md), and nbtrain reads its part with weights_only=True."""
+    import pickle
+
+    import torch
+
+    from nbtrain.rank.train.plain_gather import PeerValueError, plain_bytes
+    from nbtrain.rank.train.save_gather import with_every_rank
+
+    marker = tmp_path / "ran"
+
+    class Planted:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    snapshot = {"step": 3, "ranks": [{"rng": torch.arange(3)}]}
+    with pytest.raises(PeerValueError, match="rank 1 of the group sent nbtrain's checkpoint state that is not tensors"):
+        with_every_rank(snapshot, [None, pickle.dumps(Planted(), protocol=2)])
+    assert not marker.exists()
+    honest = with_every_rank(snapshot, [None, plain_bytes({"rng": torch.arange(5)})])
+    assert [entry["rng"].tolist() for entry in honest["ranks"]] == [[0, 1, 2], [0, 1, 2, 3, 4]]

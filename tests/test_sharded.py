@@ -208,9 +208,18 @@ def test_a_background_save_is_written_by_the_cells_end_and_resumes_as_a_plain_on
     assert first["curve"] + then["curve"] == pytest.approx(straight["curve"], rel=1e-4)
 
 
-@pytest.mark.parametrize("background", [True, False], ids=["async", "sync"])
-def test_a_sharded_saves_file_holds_every_ranks_own_state_gathered_beside_the_write(pools, tmp_path, background):
-    cell = CURVE.replace("curve = []", "curve = []\ntorch.manual_seed(rank)\nnbtrain.log(rank_was=float(rank))")
+# a DCP that did not call its planner's finish_plan, which hands rank 0 the parts the plans carried: gathered after
+_NO_PLAN_HOOK = """
+from torch.distributed.checkpoint import DefaultSavePlanner
+from nbtrain.rank.train import shard
+shard.save_planner = lambda planned, part: DefaultSavePlanner(enable_plan_caching=True)
+"""
+
+
+@pytest.mark.parametrize("background, hook", [(True, ""), (False, ""), (False, _NO_PLAN_HOOK)],
+                         ids=["async", "sync", "sync-without-the-plan-hook"])
+def test_a_sharded_saves_file_holds_every_ranks_own_state(pools, tmp_path, background, hook):
+    cell = hook + CURVE.replace("curve = []", "curve = []\ntorch.manual_seed(rank)\nnbtrain.log(rank_was=float(rank))")
     run_cell(pools, cell.replace("EPOCHS", "1"), shard="full", checkpoint_async=background, checkpoint=str(tmp_path))
     saved = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert [entry["rank"] for entry in saved["ranks"]] == [0, 1], "every rank's entry, in rank order"

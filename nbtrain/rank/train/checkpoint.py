@@ -157,39 +157,32 @@ def _shards_folder(context: TrainContext, target: str, token: str) -> str:
 def _save_now(context: TrainContext, save: _Save, snapshot: dict, folder: str | None) -> str | None:
     """Each rank writes its shards to ``folder`` (under --shard) while rank 0 appends the ranks' new history to its
     file and writes the file that will name them under a temporary name; the file replaces the old one once every
-    rank's shards are written. Under --shard the ranks' own states (``snapshot["ranks"]``: this rank's) are gathered
-    on rank 0 meanwhile, over the background saves' group, on the thread that writes the file; both begin once DCP's
-    plan is agreed (:mod:`.save_planner`). Returns rank 0's error in writing the file (a failed DCP write raises on
-    every rank, and the old file stays)."""
-    begun: list[tuple[Callable[[], dict] | None, StagedFile | None]] = []
+    rank's shards are written. Under --shard the ranks' own states reach rank 0 with their DCP plans, and the file is
+    begun once the plan is agreed (:mod:`.save_planner`). Returns rank 0's error in writing the file (a failed DCP
+    write raises on every rank, and the old file stays)."""
+    staged: list[StagedFile | None] = []
 
-    def begin() -> None:
-        gathering = save_gather.beside_the_write(save.group, snapshot) if folder is not None else None
-        whole: Callable[[], dict] = gathering or (lambda: snapshot)
-        begun.append((gathering, StagedFile(lambda: context.saved_history.write(save.target, save.history, whole()),
-                                            save.target) if save.group.rank == 0 else None))
+    def begin(whole: Callable[[], dict]) -> None:
+        staged.append(StagedFile(lambda: context.saved_history.write(save.target, save.history, whole()),
+                                 save.target) if save.group.rank == 0 else None)
 
     if folder is None:
-        begin()
-    elif save.group.size > 1:
-        shard.background_group()  # here, not in begin(): making a group is a collective of the default one
+        begin(lambda: snapshot)
     try:
         if folder is not None:
-            shard.save_states(context, folder, planned=begin)
+            shard.save_states(context, folder, planned=lambda parts: begin(lambda: save_gather.with_every_rank(
+                snapshot, parts)), part=save_gather.part_for_rank0(save.group, snapshot))
+            if not staged:  # DCP calls finish_plan on every rank; should a later one not, the parts come after it
+                begin(save_gather.after_the_write(save.group, snapshot))
     except BaseException:
-        for _, staged in begun:
-            if staged is not None:
-                staged.discard()
+        for file in staged:
+            if file is not None:
+                file.discard()
         raise
-    if not begun:  # DCP calls finish_plan on every rank; should a later DCP not, the side work starts after the write
-        begin()
-    gathering, staged = begun[0]
-    if staged is None:
-        if gathering is not None:
-            gathering()  # this rank's part of the gather: over before the next save's
+    if staged[0] is None:
         return None
     try:
-        staged.put_in_place(first=lambda: writable_by_owner_only(folder) if folder is not None else None)
+        staged[0].put_in_place(first=lambda: writable_by_owner_only(folder) if folder is not None else None)
         named = {context.saved_history.in_place(save.target), os.path.basename(folder) if folder else None}
         context.wait_for_removal()  # the last save's (long over): listed after it, nothing is removed twice
         superseded.remove_later(context, save.target, {name for name in named if name})

@@ -61,10 +61,28 @@ def broadcast_text(text: str | None, device, src: int = 0) -> str:
     return buffer.cpu().numpy().tobytes().decode("utf-8", errors="replace")
 
 
-def _encoded(value, device) -> torch.Tensor:
+def plain_bytes(value) -> bytes:
+    """``value`` (tensors and plain values) as the bytes of ``torch.save``, which :func:`from_plain_bytes` reads."""
     buffer = io.BytesIO()
     torch.save(value, buffer)
-    return _as_tensor(buffer.getvalue(), device)
+    return buffer.getvalue()
+
+
+def from_plain_bytes(data: bytes, rank: int):
+    """What rank ``rank`` sent as :func:`plain_bytes`, read with ``weights_only=True``: a PeerValueError, and nothing
+    run, for bytes that are not tensors and plain values, or over :data:`MAX_BYTES`."""
+    _checked_size(len(data), rank)
+    try:
+        return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as exc:
+        raise PeerValueError(f"rank {rank} of the group sent nbtrain's checkpoint state that is not tensors and "
+                             f"plain values ({type(exc).__name__}): refused, nothing of it was run. Something "
+                             "other than the run's ranks may have joined its process group; run on a machine "
+                             "whose other users you trust.") from exc
+
+
+def _encoded(value, device) -> torch.Tensor:
+    return _as_tensor(plain_bytes(value), device)
 
 
 def _as_tensor(data: bytes, device) -> torch.Tensor:
@@ -94,11 +112,4 @@ def _padded(data: torch.Tensor, length: int) -> torch.Tensor:
 
 
 def _decoded(part: torch.Tensor, size: int, rank: int):
-    data = part[:size].cpu().numpy().tobytes()
-    try:
-        return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as exc:
-        raise PeerValueError(f"rank {rank} of the group sent nbtrain's checkpoint state that is not tensors and "
-                             f"plain values ({type(exc).__name__}): refused, nothing of it was run. Something "
-                             "other than the run's ranks may have joined its process group; run on a machine "
-                             "whose other users you trust.") from exc
+    return from_plain_bytes(part[:size].cpu().numpy().tobytes(), rank)

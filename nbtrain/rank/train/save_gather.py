@@ -2,14 +2,15 @@
 writes the checkpoint file; and rank 0's word for a save on every rank: a new shard folder's name, and which history
 file the ranks' new logged points go to (:mod:`.history_saves`).
 
-Under ``--shard`` the gather runs over the background saves' own gloo group while DCP writes the shards, so training
-waits for one small broadcast of its own, rank 0's word.
+Under ``--shard`` a sync save's parts travel with the ranks' DCP plans (:mod:`.save_planner`), in the gather DCP
+makes anyway; a background save's go over the background saves' own gloo group while DCP writes the shards. Either
+way training waits for one small broadcast of its own, rank 0's word. Each part is the bytes of ``torch.save``,
+read with ``weights_only=True`` (:mod:`.plain_gather`).
 """
 
 from __future__ import annotations
 
 import secrets
-import threading
 from collections.abc import Callable
 
 import torch
@@ -17,31 +18,42 @@ import torch.distributed as dist
 
 from . import shard
 from .history_saves import HistoryPlan
-from .plain_gather import gather_plain
+from .plain_gather import PeerValueError, from_plain_bytes, gather_plain, plain_bytes
 from .state import SaveGroup
 
 
-def beside_the_write(group: SaveGroup, snapshot: dict) -> Callable[[], dict] | None:
-    """The snapshot with every rank's state, gathered on rank 0 over the background saves' group — on a thread
-    started now on the other ranks (what is returned joins it), on rank 0 by whoever calls what is returned (the
-    file's writer). None for one rank: the snapshot holds its state already."""
-    if group.size <= 1:
-        return None
-    background = shard.background_group()  # made on this thread: making a group is a collective of the default one
-    mine = snapshot["ranks"][0]
+def part_for_rank0(group: SaveGroup, snapshot: dict) -> bytes | None:
+    """This rank's own state, as the bytes its DCP plan carries to rank 0; None on rank 0 (its own is at hand there)
+    and for one rank."""
+    return plain_bytes(snapshot["ranks"][0]) if group.size > 1 and group.rank != 0 else None
 
-    def gathered() -> dict:
-        return {**snapshot, "ranks": gathered_on_rank0(group, mine, background)}
 
-    if group.rank == 0:
-        return gathered
-    helper = threading.Thread(target=gathered, name="nbtrain-save-gather", daemon=True)
-    helper.start()
-
-    def joined() -> dict:
-        helper.join()
+def with_every_rank(snapshot: dict, parts: list[bytes | None] | None) -> dict:
+    """Rank 0's snapshot with every rank's own state (``parts``: what each rank's plan carried, rank 0's None), read
+    as plain values; a PeerValueError, and nothing run, for a part that is not."""
+    if not parts or len(parts) <= 1:
         return snapshot
-    return joined
+    own = snapshot["ranks"][0]
+    return {**snapshot, "ranks": [own if rank == 0 else from_plain_bytes(part or b"", rank)
+                                  for rank, part in enumerate(parts)]}
+
+
+def after_the_write(group: SaveGroup, snapshot: dict) -> Callable[[], dict]:
+    """Every rank's part gathered on rank 0 now, over the background saves' group: should a DCP not call its
+    planner's ``finish_plan``, which hands the parts over. Returns what rank 0's file holds (a part that is not plain
+    values raises when it is asked for: rank 0's error in writing the file)."""
+    if group.size <= 1:
+        return lambda: snapshot
+    try:
+        ranks = gathered_on_rank0(group, snapshot["ranks"][0], shard.background_group())
+    except PeerValueError as exc:
+        refusal = exc  # the except clause unbinds exc
+
+        def refused() -> dict:
+            raise refusal
+        return refused
+    whole = {**snapshot, "ranks": ranks} if ranks is not None else snapshot
+    return lambda: whole
 
 
 def rank0s_plan(device, group: SaveGroup, history: HistoryPlan | None) -> tuple[str, HistoryPlan]:

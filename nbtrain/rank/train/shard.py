@@ -407,10 +407,12 @@ def checkpoint_entries(context: TrainContext, directory: str) -> tuple[list, lis
     return models, optimizers
 
 
-def save_states(context: TrainContext, directory: str, done=None, planned=None) -> tuple[list, list]:
+def save_states(context: TrainContext, directory: str, done=None, planned=None,
+                part: bytes | None = None) -> tuple[list, list]:
     """Write every prepared model and optimizer to ``directory`` with DCP (each rank its own shards); the
-    entries the checkpoint file keeps in their place (:func:`checkpoint_entries`). ``planned()``, if given, runs
-    once the ranks have agreed on DCP's plan, before the write (:mod:`.save_planner`). With ``done``
+    entries the checkpoint file keeps in their place (:func:`checkpoint_entries`). ``planned(parts)``, if given, runs
+    once the ranks have agreed on DCP's plan, before the write, with every rank's ``part`` on rank 0
+    (:mod:`.save_planner`). With ``done``
     (--checkpoint-async) the state is copied and written in the background: ``done(error or None)`` runs when
     this rank's part is over, and ``context.pending_save`` waits for it."""
     import torch.distributed.checkpoint as dcp
@@ -423,7 +425,7 @@ def save_states(context: TrainContext, directory: str, done=None, planned=None) 
         owner = owner_of(context, optimizer)
         if owner is not None:
             state[f"optim{index}"] = get_optimizer_state_dict(plain(owner), optimizer.optimizer)
-    planner = save_planner(planned)
+    planner = save_planner(planned, part)
     if done is None:
         dcp.save(state, checkpoint_id=directory, planner=planner)
         return checkpoint_entries(context, directory)
