@@ -260,6 +260,39 @@ for epoch in nbtrain.epochs(3):
     assert "opt" not in ns  # a sharded optimizer's state stays on the ranks
 
 
+_FILE_FAILS = MODEL + """
+from nbtrain.rank.train import checkpoint_write
+from nbtrain.rank.train.checkpoint import CheckpointError
+model = nbtrain.prepare(Net())
+opt = nbtrain.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
+nbtrain.backward(F.cross_entropy(model(X), Y)); opt.step(); opt.zero_grad()
+nbtrain.save_checkpoint(marker="old")
+def full_disk(state, path):
+    raise OSError(28, "No space left on device")
+if rank == 0:  # the shards are written; the file that would name them is not
+    checkpoint_write._write_temporary = full_disk
+try:
+    nbtrain.save_checkpoint(marker="new")
+    outcome = "saved"
+except CheckpointError as exc:
+    outcome = str(exc)
+said = [None, None]
+torch.distributed.all_gather_object(said, outcome)  # the test's own ranks: what each said
+"""
+
+
+def test_rank_0s_failure_to_write_a_sharded_saves_file_is_said_on_every_rank_and_the_old_checkpoint_stays(
+        pools, tmp_path):
+    ns, _ = run_cell(pools, _FILE_FAILS, out="said", shard="full", checkpoint=str(tmp_path), resume=False)
+    for outcome in ns["said"]:  # the same words on both ranks: rank 1 heard them in DCP's last broadcast
+        assert outcome == ns["said"][0] and "rank 0 could not write the checkpoint" in outcome, ns["said"]
+        assert "OSError: [Errno 28] No space left on device" in outcome and "previous checkpoint there is " \
+            "unchanged" in outcome, outcome
+    saved = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert saved["extra"] == {"marker": "old"}
+    assert os.path.isdir(tmp_path / saved["models"][0]["dcp"]), "the folder the old file names is still there"
+
+
 def test_a_ddp_checkpoint_resumes_in_a_sharded_run(pools, tmp_path):
     cell = CURVE
     straight, _ = run_cell(pools, cell.replace("EPOCHS", "4"), out="curve", checkpoint=str(tmp_path / "a"))
