@@ -5,6 +5,7 @@ whole, DCP checkpoints that resume at another world size and across DDP and shar
 from __future__ import annotations
 
 import os
+import textwrap
 
 import pytest
 import torch
@@ -212,14 +213,20 @@ def test_a_background_save_is_written_by_the_cells_end_and_resumes_as_a_plain_on
 _NO_PLAN_HOOK = """
 from torch.distributed.checkpoint import DefaultSavePlanner
 from nbtrain.rank.train import shard
+planner_before = shard.save_planner
 shard.save_planner = lambda planned, part: DefaultSavePlanner(enable_plan_caching=True)
+try:
+{body}
+finally:
+    shard.save_planner = planner_before  # the ranks stay warm for the next cell
 """
 
 
 @pytest.mark.parametrize("background, hook", [(True, ""), (False, ""), (False, _NO_PLAN_HOOK)],
                          ids=["async", "sync", "sync-without-the-plan-hook"])
 def test_a_sharded_saves_file_holds_every_ranks_own_state(pools, tmp_path, background, hook):
-    cell = hook + CURVE.replace("curve = []", "curve = []\ntorch.manual_seed(rank)\nnbtrain.log(rank_was=float(rank))")
+    cell = CURVE.replace("curve = []", "curve = []\ntorch.manual_seed(rank)\nnbtrain.log(rank_was=float(rank))")
+    cell = hook.format(body=textwrap.indent(cell, "    ")) if hook else cell
     run_cell(pools, cell.replace("EPOCHS", "1"), shard="full", checkpoint_async=background, checkpoint=str(tmp_path))
     saved = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert [entry["rank"] for entry in saved["ranks"]] == [0, 1], "every rank's entry, in rank order"
@@ -269,6 +276,7 @@ nbtrain.backward(F.cross_entropy(model(X), Y)); opt.step(); opt.zero_grad()
 nbtrain.save_checkpoint(marker="old")
 def full_disk(state, path):
     raise OSError(28, "No space left on device")
+written = checkpoint_write._write_temporary
 if rank == 0:  # the shards are written; the file that would name them is not
     checkpoint_write._write_temporary = full_disk
 try:
@@ -276,6 +284,8 @@ try:
     outcome = "saved"
 except CheckpointError as exc:
     outcome = str(exc)
+finally:
+    checkpoint_write._write_temporary = written  # the rank stays warm for the next cell
 said = [None, None]
 torch.distributed.all_gather_object(said, outcome)  # the test's own ranks: what each said
 """

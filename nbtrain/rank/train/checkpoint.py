@@ -196,13 +196,12 @@ def _save_in_background(context: TrainContext, save: _Save, mine: dict, extra: d
     names them once DCP has finished (every rank's part), and the next wait raises what went wrong. Training waits
     for one collective of its own, rank 0's name for the shard folder: the ranks' RNG states and metric counters
     (``mine``, taken now) reach rank 0 in the background, over the background saves' own group."""
-    snapshot: dict = {}
-    failure: list[str] = []
-    taken = threading.Event()  # the snapshot below is complete (the write may finish before it is)
+    # taken before DCP's write starts: its thread takes the GIL from whatever training still does here
+    snapshot = _snapshot(context, [mine], extra, shard.checkpoint_entries(context, folder))  # its "ranks": every
+    failure: list[str] = []  # rank's, once gathered
     finished = threading.Event()  # done() is over: the file written, older folders removed (rank 0)
 
     def done(error: str | None) -> None:
-        taken.wait()
         try:
             snapshot["ranks"] = save_gather.gathered_on_rank0(save.group, mine, shard.background_group())  # every rank
             if error is None and save.group.rank == 0:
@@ -217,9 +216,7 @@ def _save_in_background(context: TrainContext, save: _Save, mine: dict, extra: d
                 failure.append(error)
             finished.set()
 
-    states = shard.save_states(context, folder, done)
-    snapshot.update(_snapshot(context, [mine], extra, states))  # its "ranks": every rank's, once gathered
-    taken.set()
+    shard.save_states(context, folder, done)
     written = context.pending_save
     assert written is not None  # set by the background save
 

@@ -407,10 +407,9 @@ def checkpoint_entries(context: TrainContext, directory: str) -> tuple[list, lis
     return models, optimizers
 
 
-def save_states(context: TrainContext, directory: str, done=None, planned=None,
-                part: bytes | None = None) -> tuple[list, list]:
-    """Write every prepared model and optimizer to ``directory`` with DCP (each rank its own shards); the
-    entries the checkpoint file keeps in their place (:func:`checkpoint_entries`). ``planned(parts)``, if given, runs
+def save_states(context: TrainContext, directory: str, done=None, planned=None, part: bytes | None = None) -> None:
+    """Write every prepared model and optimizer to ``directory`` with DCP (each rank its own shards; the checkpoint
+    file keeps :func:`checkpoint_entries` in their place). ``planned(parts)``, if given, runs
     once the ranks have agreed on DCP's plan, before the write, with every rank's ``part`` on rank 0
     (:mod:`.save_planner`). With ``done``
     (--checkpoint-async) the state is copied and written in the background: ``done(error or None)`` runs when
@@ -428,7 +427,7 @@ def save_states(context: TrainContext, directory: str, done=None, planned=None,
     planner = save_planner(planned, part)
     if done is None:
         dcp.save(state, checkpoint_id=directory, planner=planner)
-        return checkpoint_entries(context, directory)
+        return
     future = dcp.async_save(state, checkpoint_id=directory, process_group=background_group(), planner=planner)
     assert isinstance(future, Future)  # the thread checkpointer's answer (a response object is the process one's)
 
@@ -439,7 +438,6 @@ def save_states(context: TrainContext, directory: str, done=None, planned=None,
 
     future.add_done_callback(finished)
     context.save_in_background(future.result)
-    return checkpoint_entries(context, directory)
 
 
 def background_group():
