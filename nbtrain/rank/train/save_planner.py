@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
+from typing import Any
 
 _CARRIED = "nbtrain-rank-part"  # marks a local plan's planner_data that carries a rank's part beside DCP's own data
 
@@ -49,8 +50,9 @@ def _planner_class():
             return dataclasses.replace(plan, planner_data=(_CARRIED, plan.planner_data, self._part))
 
         def create_global_plan(self, all_plans):
-            self._parts = [_carried(plan) for plan in all_plans]
-            return super().create_global_plan([_without_part(plan) for plan in all_plans])
+            split = [_split(plan) for plan in all_plans]
+            self._parts = [part for _, part in split]
+            return super().create_global_plan([plan for plan, _ in split])
 
         def finish_plan(self, new_plan):
             plan = super().finish_plan(new_plan)
@@ -63,15 +65,9 @@ def _planner_class():
     return NbtrainSavePlanner
 
 
-def _carried(plan) -> bytes | None:
+def _split(plan: Any) -> tuple[Any, bytes | None]:  # DCP's SavePlan, imported only when a save is made
+    """A local plan as DCP made it, and the part it carried (None if it carried none)."""
     data = plan.planner_data
-    if isinstance(data, tuple) and len(data) == 3 and data[0] == _CARRIED and isinstance(data[2], bytes):
-        return data[2]
-    return None
-
-
-def _without_part(plan):
-    data = plan.planner_data
-    if isinstance(data, tuple) and len(data) == 3 and data[0] == _CARRIED:
-        return dataclasses.replace(plan, planner_data=data[1])
-    return plan
+    if not (isinstance(data, tuple) and len(data) == 3 and data[0] == _CARRIED):
+        return plan, None
+    return dataclasses.replace(plan, planner_data=data[1]), data[2] if isinstance(data[2], bytes) else None
