@@ -25,7 +25,8 @@ state dicts made, and written, beforehand. Both reading cells also time torch's 
 for resuming by hand (``get_state_dict``, ``dcp.load``, ``set_state_dict``, as DCP's tutorial writes it) into a
 fresh optimizer: the work a user would write, which the bare ``dcp.load`` leaves out.
 Each figure is the median over the rounds of the slowest rank's time (barriers around each call); which of the
-two saves goes first alternates from round to round. The ranks are forked from a zygote started first, as
+two saves goes first alternates from round to round. Each line also gives the median and quartiles of the rounds'
+own ratios (both sides of a round timed back to back): on a loaded machine, how far the ratio is from noise. The ranks are forked from a zygote started first, as
 ``%load_ext nbtrain`` starts it in a notebook.
 Goal: nbtrain ≤ 1.05× raw for each. ``--logged STEPS`` first logs two series for STEPS steps in each rank, as a long
 run has by the time it saves: the saves' lines then include what keeping that history costs (the first save writes
@@ -237,7 +238,18 @@ def zygote():
 
 def line(what: str, ours: list[float], raw: list[float]) -> str:
     ours_s, raw_s = statistics.median(ours), statistics.median(raw)
-    return f"{what:<28} nbtrain {ours_s * 1000:8.1f} ms   raw {raw_s * 1000:8.1f} ms   ratio {ours_s / raw_s:5.2f}×"
+    return (f"{what:<28} nbtrain {ours_s * 1000:8.1f} ms   raw {raw_s * 1000:8.1f} ms   ratio {ours_s / raw_s:5.2f}×"
+            f"   {paired(ours, raw)}")
+
+
+def paired(ours: list[float], raw: list[float]) -> str:
+    """The rounds' own ratios: each round times both back to back, so a load that comes and goes between rounds
+    moves both sides of its ratio; their median and quartiles say how far the ratio above is from noise."""
+    ratios = sorted(o / r for o, r in zip(ours, raw, strict=True) if r > 0)
+    if len(ratios) < 4:
+        return ""
+    low, middle, high = statistics.quantiles(ratios, n=4)
+    return f"(per round: median {middle:.2f}×, quartiles {low:.2f}–{high:.2f}×)"
 
 
 def checkpointers(process: list[float], thread: list[float], left: list[int]) -> str:

@@ -211,6 +211,8 @@ class Zygote:
         def work() -> int:
             _leave_zygote(closing=self._zygotes_descriptors())
             name_process(b"nbtrain-spare")
+            if kind == "rank":
+                warmup.warm_in_spare()
             request, fds = forking.receive(channel)
             channel.close()
             if request is None:

@@ -13,7 +13,6 @@ Importing this module imports nothing heavy.
 
 from __future__ import annotations
 
-import glob
 import os
 import pwd
 import stat
@@ -34,14 +33,25 @@ def refuse_foreign_folder(folder: str, checkpoint_file: str) -> None:
 def refuse_foreign_checkpoint(path: str) -> None:
     """A checkpoint file, the folder that holds it, its metric history files (``PATH.history-*``) and its ``--shard``
     folders (``PATH.shards-*``) with their files."""
-    _refuse_foreign(os.path.dirname(os.path.abspath(path)))
+    folder = os.path.dirname(os.path.abspath(path))
+    _refuse_foreign(folder)
     _refuse_foreign(path)
-    for history in glob.glob(glob.escape(path) + ".history-*"):
-        _refuse_foreign(history)
-    for shards in glob.glob(glob.escape(path) + ".shards-*"):
-        _refuse_foreign(shards)
-        for name in os.listdir(shards):
-            _refuse_foreign(os.path.join(shards, name))
+    base = os.path.basename(path)
+    for name in _listed(folder, (f"{base}.history-", f"{base}.shards-")):
+        _refuse_foreign(os.path.join(folder, name))
+        if name.startswith(f"{base}.shards-"):
+            for inner in _listed(os.path.join(folder, name)):
+                _refuse_foreign(os.path.join(folder, name, inner))
+
+
+def _listed(folder: str, prefixes: tuple[str, ...] = ("",)) -> list[str]:
+    """The names in ``folder`` that start with one of ``prefixes``; none where it is not a folder (any more: a save
+    may remove a superseded one meanwhile). One listing, where a glob compiled a pattern for each new path (a rank's
+    first resume paid for it)."""
+    try:
+        return sorted(name for name in os.listdir(folder) if name.startswith(prefixes))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 def _refuse_foreign(path: str) -> None:
