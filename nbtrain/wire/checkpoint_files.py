@@ -18,6 +18,9 @@ import pwd
 import stat
 
 
+HISTORY, SHARDS = ".history-", ".shards-"  # what follows a checkpoint file's name in its history files and shard folders
+
+
 class ForeignCheckpointError(ValueError):
     """A checkpoint folder or file that someone other than this user could have written; says which and how to fix it."""
 
@@ -36,18 +39,23 @@ def refuse_foreign_checkpoint(path: str) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     _refuse_foreign(folder)
     _refuse_foreign(path)
-    base = os.path.basename(path)
-    for name in _listed(folder, (f"{base}.history-", f"{base}.shards-")):
-        _refuse_foreign(os.path.join(folder, name))
-        if name.startswith(f"{base}.shards-"):
-            for inner in _listed(os.path.join(folder, name)):
-                _refuse_foreign(os.path.join(folder, name, inner))
+    for entry in beside(path):
+        _refuse_foreign(entry)
+        if os.path.basename(entry).startswith(f"{os.path.basename(path)}{SHARDS}"):
+            for name in _listed(entry):
+                _refuse_foreign(os.path.join(entry, name))
+
+
+def beside(path: str, kinds: tuple[str, ...] = (HISTORY, SHARDS)) -> list[str]:
+    """The checkpoint file ``path``'s entries of ``kinds`` beside it (``PATH.history-*``, ``PATH.shards-*``), sorted.
+    One listing, where a glob compiled a pattern for each new path (a rank's first resume paid for it)."""
+    folder, base = os.path.split(os.path.abspath(path))
+    return [os.path.join(folder, name) for name in _listed(folder, tuple(base + kind for kind in kinds))]
 
 
 def _listed(folder: str, prefixes: tuple[str, ...] = ("",)) -> list[str]:
     """The names in ``folder`` that start with one of ``prefixes``; none where it is not a folder (any more: a save
-    may remove a superseded one meanwhile). One listing, where a glob compiled a pattern for each new path (a rank's
-    first resume paid for it)."""
+    may remove a superseded one meanwhile)."""
     try:
         return sorted(name for name in os.listdir(folder) if name.startswith(prefixes))
     except (FileNotFoundError, NotADirectoryError):

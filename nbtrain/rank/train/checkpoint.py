@@ -42,7 +42,6 @@ Gradients accumulated inside an unfinished ``--grad-accum`` window are not saved
 from __future__ import annotations
 
 import contextlib
-import glob
 import os
 import pickle
 import re
@@ -54,7 +53,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ...wire.checkpoint_files import ForeignCheckpointError, refuse_foreign_checkpoint
+from ...wire.checkpoint_files import SHARDS, ForeignCheckpointError, beside, refuse_foreign_checkpoint
 from ...common.words import checkpoint_position
 from . import dcp_resume, history_file, metrics, save_gather, shard, superseded
 from .history_saves import HistoryFile, HistoryPlan
@@ -401,8 +400,8 @@ def _unfinished_saves(path: str, state: dict) -> list[tuple[int, str]]:
     folder is named ``checkpoint.pt.shards-<step>-<id>`` before its shards are written, the file only after."""
     named = {entry["dcp"] for entry in state.get("models", []) if isinstance(entry, dict) and "dcp" in entry}
     found = []
-    for folder in glob.glob(f"{glob.escape(path)}.shards-*"):
-        step = os.path.basename(folder)[len(os.path.basename(path)) + len(".shards-"):].split("-")[0]
+    for folder in beside(path, (SHARDS,)):
+        step = os.path.basename(folder)[len(os.path.basename(path)) + len(SHARDS):].split("-")[0]
         if os.path.basename(folder) not in named and step.isdigit() and int(step) > int(state["step"]):
             found.append((int(step), folder))
     return sorted(found)

@@ -8,15 +8,12 @@ save leaves it to a thread of its own (:func:`remove_later`), which the next sav
 
 from __future__ import annotations
 
-import glob
 import os
 import threading
 
 from ...common.leftovers import owned_by_me, remove_entry
+from ...wire.checkpoint_files import beside
 from .state import TrainContext
-
-KINDS = (".shards-", ".history-")
-
 
 def remove_later(context: TrainContext, target: str, keep: set[str]) -> None:
     """Remove, on a thread of its own, what the file at ``target`` does not name (``keep``: the names it does). The
@@ -31,8 +28,7 @@ def remove_later(context: TrainContext, target: str, keep: set[str]) -> None:
 
 def superseded(target: str, keep: set[str]) -> list[str]:
     """This user's shard folders and history files of ``target`` whose names are not in ``keep``."""
-    found = [path for kind in KINDS for path in glob.glob(f"{glob.escape(target)}{kind}*")]
-    return [path for path in found if os.path.basename(path) not in keep and owned_by_me(path)]
+    return [path for path in beside(target) if os.path.basename(path) not in keep and owned_by_me(path)]
 
 
 def remove(paths: list[str]) -> None:
