@@ -182,3 +182,24 @@ def test_checkpoints_saved_under_a_umask_that_lets_the_group_write_are_accepted_
     modes = {p: oct(os.stat(p).st_mode & 0o777) for p in [str(folder), *paths]}
     assert any(p.endswith(".metadata") for p in modes) and any(p.endswith("checkpoint.pt") for p in modes)
     assert all(not int(mode, 8) & 0o022 for mode in modes.values()), modes
+
+
+def test_the_entries_beside_a_checkpoint_are_its_own_and_an_odd_one_is_checked_without_failing(tmp_path):
+    from nbtrain.wire.checkpoint_files import ForeignCheckpointError, beside, refuse_foreign_checkpoint
+
+    path = tmp_path / "checkpoint.pt"
+    path.write_bytes(b"")
+    for name in ("checkpoint.pt.history-1", "checkpoint.pt.shards-4-ab", "other.pt.shards-4-ab", ".checkpoint.pt.tmp-1",
+                 "checkpoint.pt.shards-8-cd"):
+        (tmp_path / name).mkdir() if "shards" in name else (tmp_path / name).write_bytes(b"")
+    (tmp_path / "checkpoint.pt.shards-4-ab" / ".metadata").write_bytes(b"")
+    (tmp_path / "checkpoint.pt.shards-8-cd").rmdir()
+    (tmp_path / "checkpoint.pt.shards-8-cd").write_bytes(b"")  # a file where a shard folder would be
+    assert [os.path.basename(p) for p in beside(str(path))] == [
+        "checkpoint.pt.history-1", "checkpoint.pt.shards-4-ab", "checkpoint.pt.shards-8-cd"]
+    assert [os.path.basename(p) for p in beside(str(path), (".shards-",))] == [
+        "checkpoint.pt.shards-4-ab", "checkpoint.pt.shards-8-cd"]
+    refuse_foreign_checkpoint(str(path))  # the odd file is checked as an entry, not listed as a folder
+    os.chmod(tmp_path / "checkpoint.pt.shards-4-ab" / ".metadata", 0o666)
+    with pytest.raises(ForeignCheckpointError, match=r"shards-4-ab/\.metadata can be written by group and others"):
+        refuse_foreign_checkpoint(str(path))
