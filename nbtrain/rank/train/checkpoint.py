@@ -150,7 +150,7 @@ def _shards_folder(context: TrainContext, target: str, token: str) -> str:
     """--shard: every rank writes its shards to a new DCP folder beside the checkpoint file, which names it only
     once all are written — a save killed half-way leaves the previous checkpoint, and its folder, as they were.
     ``token``: rank 0's random part of the folder's name, the same on every rank."""
-    return os.path.join(os.path.dirname(target), f"{os.path.basename(target)}.shards-{context.step}-{token}")
+    return os.path.join(os.path.dirname(target), f"{os.path.basename(target)}{SHARDS}{context.step}-{token}")
 
 
 def _save_now(context: TrainContext, save: _Save, snapshot: dict, folder: str | None) -> str | None:

@@ -23,6 +23,7 @@ import os
 import secrets
 from dataclasses import dataclass
 
+from ...wire.checkpoint_files import HISTORY
 from .history_file import HistoryFileError, append, check, intact
 
 
@@ -43,7 +44,7 @@ class HistoryFile:
     saves: int
 
     def name(self, target: str) -> str:
-        return f"{os.path.basename(target)}.history-{self.token:08x}"
+        return f"{os.path.basename(target)}{HISTORY}{self.token:08x}"
 
     def entry(self, target: str) -> dict:
         """What the checkpoint file records of it."""
